@@ -1,0 +1,152 @@
+"""JupyterHub configuration for GPU Workbench, driven by WORKBENCH_* variables.
+
+`make run` starts the hub with this file; the hub image does too. Everything
+an operator is expected to change is an environment variable (see the README
+table); anything finer can go in a `jupyterhub_config.local.py` next to this
+file, which is loaded last.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import nativeauthenticator
+
+from workbench_gpu_monitor.devices import DeviceSpecError, discover_devices
+
+c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(name, default).strip()
+
+
+def fail(message: str) -> None:
+    print(f"\nGPU Workbench: {message}\n", file=sys.stderr)
+    raise SystemExit(2)
+
+
+backend = env("WORKBENCH_BACKEND", "local").lower()
+port_text = env("WORKBENCH_PORT", "8000")
+if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+    fail(f"WORKBENCH_PORT must be a port number, not {port_text!r}")
+port = int(port_text)
+ip = env("WORKBENCH_IP", "127.0.0.1")
+data_dir = Path(env("WORKBENCH_DATA_DIR") or REPO / "data").resolve()
+data_dir.mkdir(parents=True, exist_ok=True)
+# The spawners read these too: one place decides where state lives.
+os.environ["WORKBENCH_DATA_DIR"] = str(data_dir)
+admin_users = {u.strip() for u in env("WORKBENCH_ADMIN_USERS", "admin").split(",") if u.strip()}
+admin_token = env("WORKBENCH_ADMIN_TOKEN")
+simulated = env("WORKBENCH_SIMULATED_GPUS")
+
+# -- the hub and its proxy ---------------------------------------------------
+c.JupyterHub.bind_url = f"http://{ip}:{port}"
+c.JupyterHub.hub_ip = env("WORKBENCH_HUB_IP", "127.0.0.1")
+c.JupyterHub.hub_port = int(env("WORKBENCH_HUB_API_PORT", "8081"))
+c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{int(env('WORKBENCH_PROXY_API_PORT', '8001'))}"
+c.JupyterHub.db_url = f"sqlite:///{data_dir / 'jupyterhub.sqlite'}"
+c.JupyterHub.cookie_secret_file = str(data_dir / "jupyterhub_cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = str(data_dir / "jupyterhub-proxy.pid")
+chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+if chp.exists():
+    c.ConfigurableHTTPProxy.command = [str(chp)]
+# Servers outlive the hub: a hub restart (upgrade, config change) must not
+# kill anyone's training run. The hub re-attaches to them on start.
+c.JupyterHub.cleanup_servers = False
+
+# -- who can log in ------------------------------------------------------------
+c.JupyterHub.authenticator_class = "native"
+c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
+c.Authenticator.admin_users = admin_users
+c.NativeAuthenticator.minimum_password_length = 8
+c.NativeAuthenticator.check_common_password = True
+
+# -- custom scopes and automation tokens ---------------------------------------------
+roles = []
+services = []
+if admin_token:
+    if len(admin_token) < 16:
+        fail("WORKBENCH_ADMIN_TOKEN must be at least 16 characters (try: openssl rand -hex 32)")
+    services.append({"name": "workbench-admin", "api_token": admin_token})
+    roles.append(
+        {
+            "name": "workbench-automation",
+            "description": "Scripts that manage users, groups and servers (WORKBENCH_ADMIN_TOKEN)",
+            "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:hub", "tokens"],
+            "services": ["workbench-admin"],
+        }
+    )
+
+cull_after = env("WORKBENCH_CULL_IDLE_SECONDS", "3600")
+if cull_after not in ("", "0"):
+    if not cull_after.isdigit():
+        fail(f"WORKBENCH_CULL_IDLE_SECONDS must be a number of seconds, not {cull_after!r}")
+    # Idle servers give their GPUs back: the culler stops them through the
+    # REST API, which runs the spawner's stop() and so releases the lease.
+    services.append(
+        {
+            "name": "idle-culler",
+            "command": [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={cull_after}"],
+        }
+    )
+    roles.append(
+        {
+            "name": "idle-culler",
+            "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+            "services": ["idle-culler"],
+        }
+    )
+c.JupyterHub.services = services
+c.JupyterHub.load_roles = roles
+
+# -- the GPU spawner --------------------------------------------------------------
+if backend == "local":
+    c.JupyterHub.spawner_class = "gpu-local"
+    c.Spawner.cmd = [str(BIN / "jupyterhub-singleuser")]
+    c.LocalGPUSpawner.starter_notebooks_dir = str(REPO / "notebooks")
+elif backend == "docker":
+    c.JupyterHub.spawner_class = "gpu-docker"
+else:
+    fail(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local' or 'docker'")
+c.Spawner.default_url = "/lab"
+
+try:
+    inventory = discover_devices(simulated)
+except DeviceSpecError as exc:
+    fail(str(exc))
+
+# -- what the operator sees first ------------------------------------------------------
+if inventory.source == "simulated":
+    gpu_line = f"GPUs: {len(inventory.devices)} SIMULATED ({simulated}); no real hardware is used"
+elif inventory.devices:
+    gpu_line = f"GPUs: {len(inventory.devices)} found by NVML: " + ", ".join(
+        sorted({d.name for d in inventory.devices})
+    )
+else:
+    gpu_line = f"GPUs: none, servers will be CPU only ({inventory.message})"
+print(
+    "\n".join(
+        [
+            "",
+            "=" * 72,
+            f"GPU Workbench ({backend} backend) at http://{'127.0.0.1' if ip in ('0.0.0.0', '') else ip}:{port}/",
+            gpu_line,
+            f"Data: {data_dir}",
+            f"First admin: open http://127.0.0.1:{port}/hub/signup and sign up as "
+            f"{' or '.join(sorted(admin_users)) or '(set WORKBENCH_ADMIN_USERS)'}; "
+            "admins are authorized at once, other sign-ups wait for an admin at /hub/authorize",
+            "=" * 72,
+            "",
+        ]
+    ),
+    file=sys.stderr,
+    flush=True,
+)
+
+local_config = Path(__file__).with_name("jupyterhub_config.local.py")
+if local_config.exists():
+    load_subconfig(str(local_config))  # noqa: F821

@@ -1,0 +1,94 @@
+"""The local backend: user servers as processes on the hub's own machine.
+
+For one trusted workstation or a try-out (`make run`). Servers run as the
+hub's own system user with a home under the data dir; a GPU is pinned only
+through ``CUDA_VISIBLE_DEVICES``, so a user who unsets it can reach every GPU.
+That is isolation by convention, not enforcement: use the docker backend
+where users do not trust each other.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from jupyterhub.spawner import SimpleLocalProcessSpawner
+from traitlets import Unicode, default
+
+from .mixin import GPUSpawnerMixin, default_data_dir
+from .store import Lease
+
+
+class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
+    """Local processes pinned to their GPUs by CUDA_VISIBLE_DEVICES."""
+
+    @default("home_dir_template")
+    def _default_home_dir_template(self):
+        return os.path.join(os.path.abspath(default_data_dir()), "homes", "{username}")
+
+    @default("home_dir")
+    def _default_home_dir(self):
+        return self.home_dir_template.format(username=safe_dir_name(self.user.name))
+
+    starter_notebooks_dir = Unicode(
+        help="""
+        Folder of starter notebooks copied into ``~/notebooks`` of each user
+        when their server starts. Only files the user does not have yet are
+        copied, so an edited notebook is never overwritten. Empty: copy none.
+        """,
+    ).tag(config=True)
+
+    async def start(self):
+        if self.starter_notebooks_dir:
+            copy_missing(Path(self.starter_notebooks_dir), Path(self.home_dir) / "notebooks")
+        return await super().start()
+
+    def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
+        # An empty CUDA_VISIBLE_DEVICES hides every GPU: a CPU-only server
+        # must not see the cards other users hold.
+        return {"CUDA_VISIBLE_DEVICES": ",".join(uuids), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def gpu_lease_ref(self) -> str:
+        return f"pid:{self.pid}" if self.pid else ""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        if not lease.ref.startswith("pid:"):
+            return False  # the start never finished before the hub went away
+        return pid_runs_jupyter(int(lease.ref[4:]))
+
+
+def pid_runs_jupyter(pid: int) -> bool:
+    """True if ``pid`` is alive and is a Jupyter server, not a recycled pid."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ")
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != b"Z" and b"jupyter" in cmdline
+
+
+def safe_dir_name(name: str) -> str:
+    """A user name as one path component: no separators, no dot tricks."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.@+-]", lambda m: f"-{ord(m.group()):x}-", name)
+    return cleaned if cleaned.strip(".") else f"user-{cleaned.encode().hex()}"
+
+
+def copy_missing(source: Path, target: Path) -> list[Path]:
+    """Copy files from ``source`` that ``target`` lacks; never overwrite."""
+    copied = []
+    if not source.is_dir():
+        return copied
+    for path in sorted(source.rglob("*")):
+        if not path.is_file() or ".ipynb_checkpoints" in path.parts:
+            continue
+        dest = target / path.relative_to(source)
+        if dest.exists():
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dest)
+        copied.append(dest)
+    return copied

@@ -1,0 +1,401 @@
+"""Everything a spawner needs to know about GPUs, for any backend.
+
+``GPUSpawnerMixin`` goes in front of a JupyterHub spawner class. It reads and
+checks the spawn options, waits in line for free GPUs, records the lease in
+the allocation store, puts ``WORKBENCH_GPUS`` in the server's environment and
+releases the GPUs on every way a server can end: stop, failed or timed-out
+start, and a poll that finds it dead. A backend subclass adds only what is
+specific to its runtime: ``gpu_environment`` (how to pin), ``gpu_lease_ref``
+(how to find the server again) and ``gpu_lease_alive`` (whether it still runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jupyterhub.spawner import SpawnException
+from traitlets import Dict, Float, Integer, List, Unicode, default
+
+from workbench_gpu_monitor.devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
+
+from .options import OptionError, SpawnRequest, options_from_form, parse_options
+from .policy import GPUPolicy, NoGPUAvailable, shared_policy
+from .store import AllocationStore, Lease
+
+_TEMPLATES = Path(__file__).parent / "templates"
+_jinja = Environment(loader=FileSystemLoader(str(_TEMPLATES)), autoescape=select_autoescape(["html"]))
+
+
+def default_data_dir() -> str:
+    return os.environ.get("WORKBENCH_DATA_DIR") or os.path.join(os.getcwd(), "data")
+
+
+class GPUSpawnerMixin:
+    """GPU policy for a JupyterHub spawner; put it first in the bases."""
+
+    simulated_gpus = Unicode(
+        help="""
+        Pretend these GPUs exist instead of asking NVML, for CI, demos and laptops.
+
+        A count (``"4"``: four H100-80GB) or a list such as
+        ``"2xH100-80GB,2xA100-40GB"``. The simulated devices have stable UUIDs
+        (``GPU-sim-00-h100-80gb``), and every page that shows them says
+        "simulated". Empty (the default) means: use NVML, or run CPU-only
+        servers when no driver is found. Defaults to $WORKBENCH_SIMULATED_GPUS.
+        """,
+    ).tag(config=True)
+
+    @default("simulated_gpus")
+    def _default_simulated_gpus(self):
+        return os.environ.get("WORKBENCH_SIMULATED_GPUS", "")
+
+    static_gpus = List(
+        Dict(),
+        help="""
+        A fixed GPU list for hubs that cannot see the driver (the hub runs on a
+        different machine or in a container without NVIDIA utilities).
+
+        Each entry needs ``uuid`` and ``name``; ``memory_total_bytes``,
+        ``model`` and ``index`` are optional. Example::
+
+            c.LocalGPUSpawner.static_gpus = [
+                {"uuid": "GPU-5f3c...", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB"},
+            ]
+
+        When set, it wins over NVML and ``simulated_gpus``.
+        """,
+    ).tag(config=True)
+
+    gpu_db_url = Unicode(
+        help="""
+        SQLAlchemy URL of the database that holds GPU leases and the usage ledger.
+
+        It must survive hub restarts: that is how running servers keep their
+        GPUs. Defaults to $WORKBENCH_DB_URL, else a SQLite file ``workbench.sqlite``
+        in $WORKBENCH_DATA_DIR (``./data``). Use PostgreSQL
+        (``postgresql+psycopg://...``) when several processes share it.
+        """,
+    ).tag(config=True)
+
+    @default("gpu_db_url")
+    def _default_gpu_db_url(self):
+        if os.environ.get("WORKBENCH_DB_URL"):
+            return os.environ["WORKBENCH_DB_URL"]
+        data_dir = default_data_dir()
+        os.makedirs(data_dir, exist_ok=True)
+        return "sqlite:///" + os.path.join(os.path.abspath(data_dir), "workbench.sqlite")
+
+    servers_per_gpu = Integer(
+        1,
+        min=1,
+        help="""
+        How many servers may share one GPU. 1 (the default) is exclusive mode:
+        a GPU belongs to at most one running server. Larger values time-slice a
+        GPU between several servers, which suits intro courses with small
+        models; the spawn form then marks GPUs as shared.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_timeout = Float(
+        300.0,
+        min=0,
+        help="""
+        Seconds a spawn waits in line for free GPUs before it is refused with
+        a message. Spawns wait first come, first served, and the spawn page
+        shows how many are ahead. 0 refuses at once when nothing is free.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_recheck_interval = Float(
+        2.0,
+        min=0.05,
+        help="""
+        Seconds between re-checks of the database while waiting in line. A
+        release in this hub wakes the line at once; the re-check catches
+        releases made elsewhere (an admin editing the database, another hub).
+        """,
+    ).tag(config=True)
+
+    default_max_gpus = Integer(
+        1,
+        min=0,
+        help="""
+        How many GPUs one user may hold at once, over all their servers, when
+        no quota says otherwise. Set it to the inventory size on a trusted
+        single-team machine, or 0 to make servers CPU-only by default.
+        """,
+    ).tag(config=True)
+
+    default_gpus = Integer(
+        1,
+        min=0,
+        help="""
+        GPUs a server gets when the spawn request does not say ``gpus``. It is
+        lowered to what the user's quota and the inventory allow, so CPU-only
+        hubs still start servers with the default.
+        """,
+    ).tag(config=True)
+
+    offered_images = List(
+        Unicode(),
+        help="""
+        Images a user may pick on the spawn form (``image`` option). Empty
+        means no choice is offered. Only meaningful for container backends.
+        """,
+    ).tag(config=True)
+
+    @default("start_timeout")
+    def _default_start_timeout(self):
+        # A spawn may wait in line for the whole queue timeout before its
+        # server even starts; the hub must not give up on it first.
+        return int(self.gpu_queue_timeout) + 120
+
+    @default("options_form")
+    def _default_options_form(self):
+        return self._render_options_form
+
+    @default("options_from_form")
+    def _default_options_from_form(self):
+        return options_from_form
+
+    @default("apply_user_options")
+    def _default_apply_user_options(self):
+        return type(self)._apply_gpu_options
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gpu_request = SpawnRequest(gpus=0)
+        self.gpu_uuids: list[str] = []
+        self._gpu_events: list[dict] = []
+        self._gpu_event_added = asyncio.Event()
+        self._gpu_starting = False
+
+    # -- the shared policy ----------------------------------------------------
+
+    @property
+    def gpu_policy(self) -> GPUPolicy:
+        key = (self.gpu_db_url, self.simulated_gpus, repr(self.static_gpus), self.servers_per_gpu)
+        policy = shared_policy(key, self._build_policy)
+        policy.waitlist.recheck_interval = self.gpu_queue_recheck_interval
+        policy.reconcile(self.gpu_lease_alive)
+        return policy
+
+    def _build_policy(self) -> GPUPolicy:
+        inventory = self._discover_inventory()
+        self.log.info("GPU inventory (%s): %s", inventory.source, inventory.message)
+        for device in inventory.devices:
+            self.log.info("  %s  %s  %.0f GiB", device.uuid, device.name, device.memory_total_bytes / 2**30)
+        return GPUPolicy(inventory, AllocationStore(self.gpu_db_url), self.servers_per_gpu,
+                         self.gpu_queue_recheck_interval)
+
+    def _discover_inventory(self) -> DeviceInventory:
+        if self.static_gpus:
+            devices = []
+            for i, entry in enumerate(self.static_gpus):
+                if "uuid" not in entry or "name" not in entry:
+                    raise ValueError(f"static_gpus entry {i} needs 'uuid' and 'name': {entry!r}")
+                devices.append(
+                    GPUDevice(
+                        uuid=str(entry["uuid"]),
+                        index=int(entry.get("index", i)),
+                        name=str(entry["name"]),
+                        memory_total_bytes=int(entry.get("memory_total_bytes", 0)),
+                        model=str(entry.get("model", "")),
+                    )
+                )
+            return DeviceInventory("static", devices, f"{len(devices)} GPU(s) from the static_gpus setting")
+        try:
+            return discover_devices(self.simulated_gpus)
+        except DeviceSpecError as exc:
+            raise ValueError(str(exc)) from None
+
+    # -- what a backend provides ----------------------------------------------
+
+    def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
+        """Extra environment that pins the server to ``uuids``."""
+        return {}
+
+    def gpu_lease_ref(self) -> str:
+        """Something that finds this server again after a hub restart."""
+        return ""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        """Whether the server behind a stored lease still runs (None: unknown)."""
+        return None
+
+    # -- quota ------------------------------------------------------------------
+
+    def gpu_quota(self) -> tuple[int, str]:
+        """(most GPUs this user may hold at once, where that limit comes from)."""
+        return self.default_max_gpus, "the default quota"
+
+    def gpu_limit_now(self) -> tuple[int, int, str]:
+        """(GPUs this server may ask for now, the quota, where it comes from)."""
+        quota, source = self.gpu_quota()
+        held_elsewhere = sum(
+            len(lease.gpu_uuids)
+            for lease in self.gpu_policy.store.leases()
+            if lease.user == self.user.name and lease.server != self.name
+        )
+        return max(0, min(quota - held_elsewhere, len(self.gpu_policy.devices))), quota, source
+
+    # -- options ----------------------------------------------------------------
+
+    async def _render_options_form(self, spawner=None) -> str:
+        policy = self.gpu_policy
+        allowed, quota, source = self.gpu_limit_now()
+        status = await asyncio.to_thread(policy.status)
+        return _jinja.get_template("options_form.html").render(
+            gpus=status,
+            source=policy.inventory.source,
+            message=policy.inventory.message,
+            allowed=allowed,
+            quota=quota,
+            quota_source=source,
+            default=min(self.default_gpus, allowed),
+            free=sum(1 for s in status if s.free_slots > 0),
+            shared=policy.shared,
+            models=policy.models(),
+            images=self.offered_images,
+            user=self.user.name,
+        )
+
+    def _refuse(self, message: str, reason: str, status_code: int = 400):
+        raise SpawnException(message, reason=reason, status_code=status_code)
+
+    def _apply_gpu_options(self, user_options: dict) -> None:
+        policy = self.gpu_policy
+        allowed, quota, source = self.gpu_limit_now()
+        try:
+            request = parse_options(
+                user_options,
+                inventory_size=len(policy.devices),
+                models=policy.models(),
+                default_gpus=min(self.default_gpus, allowed),
+                allowed_images=self.offered_images,
+            )
+        except OptionError as exc:
+            self._refuse(f"Cannot start the server: {exc}.", "bad_options")
+        if request.gpus > allowed:
+            held = quota - allowed if quota > allowed else 0
+            self._refuse(
+                f"Cannot start the server: you asked for {request.gpus} GPU(s), but {source} allows "
+                f"{quota} at once{f' and your other servers hold {held}' if held else ''}. "
+                "Ask for fewer, or ask a hub admin to raise your GPU quota.",
+                "quota",
+                status_code=403,
+            )
+        self.gpu_request = request
+        self.apply_gpu_request(request)
+
+    def apply_gpu_request(self, request: SpawnRequest) -> None:
+        """Hook for backends that act on more than the GPU count (the image)."""
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    def _event(self, message: str, progress: int | None = None) -> None:
+        event: dict = {"message": message}
+        if progress is not None:
+            event["progress"] = progress
+        self._gpu_events.append(event)
+        self._gpu_event_added.set()
+
+    async def _acquire(self, request: SpawnRequest) -> Lease:
+        policy = self.gpu_policy
+        what = f"{request.gpus} {request.gpu_model + ' ' if request.gpu_model else ''}GPU(s)"
+
+        def report(ahead: int) -> None:
+            if ahead:
+                self._event(f"Waiting for {what}: {ahead} ahead of you in line", 5)
+            else:
+                self._event(f"Waiting for {what} to become free (you are next in line)", 5)
+
+        try:
+            lease = await policy.acquire(
+                self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout, report
+            )
+        except NoGPUAvailable as exc:
+            self._refuse(str(exc), "no_gpu", status_code=503)
+        self._event(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)
+        return lease
+
+    async def start(self):
+        self._gpu_events = []
+        self._gpu_starting = True
+        try:
+            request = self.gpu_request
+            self.gpu_uuids = list((await self._acquire(request)).gpu_uuids) if request.gpus else []
+            if not request.gpus:
+                self._event("Starting a CPU-only server (no GPU requested)", 10)
+            try:
+                result = await super().start()
+            except BaseException:
+                await asyncio.to_thread(self._release, "start failed")
+                raise
+            ref = self.gpu_lease_ref()
+            if self.gpu_uuids and ref:
+                await asyncio.to_thread(self.gpu_policy.store.set_ref, self.user.name, self.name, ref)
+            return result
+        finally:
+            self._gpu_starting = False
+
+    async def stop(self, now=False):
+        try:
+            await super().stop(now=now)
+        finally:
+            await asyncio.to_thread(self._release, "stopped")
+
+    async def poll(self):
+        status = await super().poll()
+        if status is not None and self.gpu_uuids and not self._gpu_starting:
+            await asyncio.to_thread(self._release, "server exited")
+        return status
+
+    def _release(self, reason: str) -> None:
+        self.gpu_policy.release(self.user.name, self.name, reason)
+        self.gpu_uuids = []
+
+    async def progress(self):
+        seen = 0
+        while True:
+            while seen < len(self._gpu_events):
+                yield self._gpu_events[seen]
+                seen += 1
+            if not self._gpu_starting and seen:
+                break
+            self._gpu_event_added.clear()
+            try:
+                await asyncio.wait_for(self._gpu_event_added.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+        async for event in super().progress():
+            yield event
+
+    # -- environment and state ------------------------------------------------------
+
+    def get_env(self):
+        env = super().get_env()
+        env["WORKBENCH_GPUS"] = ",".join(self.gpu_uuids)
+        if self.gpu_policy.inventory.source == "simulated":
+            env["WORKBENCH_SIMULATED_GPUS"] = self.simulated_gpus
+        env.update(self.gpu_environment(list(self.gpu_uuids)))
+        return env
+
+    def get_state(self):
+        state = super().get_state()
+        if self.gpu_uuids:
+            state["gpu_uuids"] = list(self.gpu_uuids)
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        lease = self.gpu_policy.store.lease_of(self.user.name, self.name)
+        # The store wins over the saved state: it is what other spawns see.
+        self.gpu_uuids = list(lease.gpu_uuids) if lease else []
+
+    def clear_state(self):
+        super().clear_state()
+        self.gpu_uuids = []

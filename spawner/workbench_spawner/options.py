@@ -1,0 +1,112 @@
+"""Reading and checking spawn options, the same for the form and the REST API.
+
+The spawn form sends lists of strings; a JSON body sends numbers and
+strings. Both end up here, and every refusal is an ``OptionError`` whose
+message a student can act on without reading a traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+KNOWN_OPTIONS = ("gpus", "gpu_model", "image")
+
+
+class OptionError(ValueError):
+    """A spawn option that cannot be honoured; str(err) is shown to the user."""
+
+
+@dataclass(frozen=True)
+class SpawnRequest:
+    gpus: int
+    gpu_model: str | None = None
+    image: str | None = None
+
+
+def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
+    """Form fields arrive as lists of strings; keep the first of each, as typed.
+
+    Conversion and checks happen in ``parse_options`` so a JSON body and the
+    form go through one path.
+    """
+    options: dict[str, Any] = {}
+    for key, values in formdata.items():
+        if key.startswith("_") or not values:
+            continue
+        value = values[0].strip() if isinstance(values[0], str) else values[0]
+        if value == "":
+            continue
+        options[key] = value
+    return options
+
+
+def _as_count(value: Any) -> int:
+    if isinstance(value, bool):
+        raise OptionError("gpus must be a whole number such as 0, 1 or 2, not true/false")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if value.is_integer():
+            return int(value)
+        raise OptionError(f"gpus must be a whole number of GPUs, not {value:g}")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lstrip("-").isdigit():
+            return int(text)
+        raise OptionError(f"gpus must be a whole number such as 0, 1 or 2, not {text[:40]!r}")
+    raise OptionError("gpus must be a whole number such as 0, 1 or 2")
+
+
+def parse_options(
+    options: Mapping[str, Any] | None,
+    *,
+    inventory_size: int,
+    models: Iterable[str],
+    default_gpus: int,
+    allowed_images: Iterable[str] = (),
+) -> SpawnRequest:
+    """Check raw user options against what this hub has.
+
+    ``default_gpus`` is used when ``gpus`` is absent. Quota limits are not
+    checked here: they depend on who asks and are checked at spawn time.
+    """
+    options = dict(options or {})
+    unknown = sorted(k for k in options if k not in KNOWN_OPTIONS)
+    if unknown:
+        raise OptionError(
+            f"unknown spawn option(s): {', '.join(repr(k)[:40] for k in unknown)}; "
+            f"accepted options are {', '.join(KNOWN_OPTIONS)}"
+        )
+    gpus = _as_count(options["gpus"]) if options.get("gpus") is not None else default_gpus
+    if gpus < 0:
+        raise OptionError(f"gpus cannot be negative (asked for {gpus})")
+    if gpus > inventory_size:
+        if inventory_size == 0:
+            raise OptionError(f"this hub has no GPUs, so it can only start CPU servers (gpus=0), not gpus={gpus}")
+        raise OptionError(f"asked for {gpus} GPUs but this hub has only {inventory_size}")
+
+    model = options.get("gpu_model")
+    if model is not None:
+        if not isinstance(model, str):
+            raise OptionError("gpu_model must be a model name such as H100-80GB")
+        known = sorted(set(models))
+        matches = [m for m in known if m.lower() == model.strip().lower()]
+        if not matches:
+            shown = ", ".join(known) if known else "none"
+            raise OptionError(f"unknown gpu_model {model.strip()[:40]!r}; this hub has: {shown}")
+        model = matches[0]
+        if gpus == 0:
+            model = None
+
+    image = options.get("image")
+    if image is not None:
+        allowed = list(allowed_images)
+        if not isinstance(image, str) or not image.strip():
+            raise OptionError("image must be the name of one of the offered images")
+        if not allowed:
+            raise OptionError("this hub does not offer a choice of image")
+        if image.strip() not in allowed:
+            raise OptionError(f"image {image.strip()[:80]!r} is not offered here; choose one of: {', '.join(allowed)}")
+        image = image.strip()
+    return SpawnRequest(gpus=gpus, gpu_model=model, image=image)
