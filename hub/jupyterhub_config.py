@@ -62,6 +62,9 @@ c.JupyterHub.cleanup_servers = False
 c.JupyterHub.authenticator_class = "native"
 c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
 c.Authenticator.admin_users = admin_users
+# NativeAuthenticator itself refuses sign-ups an admin has not authorized;
+# every authorized account may use the hub.
+c.Authenticator.allow_all = True
 c.NativeAuthenticator.minimum_password_length = 8
 c.NativeAuthenticator.check_common_password = True
 
@@ -113,6 +116,21 @@ elif backend == "docker":
 else:
     fail(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local' or 'docker'")
 c.Spawner.default_url = "/lab"
+
+
+def number(name: str, default: str, kind=float):
+    text = env(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        fail(f"{name} must be a non-negative {'whole ' if kind is int else ''}number, not {text!r}")
+    return value
+
+
+c.GPUSpawnerMixin.gpu_queue_timeout = number("WORKBENCH_QUEUE_TIMEOUT", "300")
+c.GPUSpawnerMixin.servers_per_gpu = max(1, number("WORKBENCH_SERVERS_PER_GPU", "1", int))
 
 try:
     inventory = discover_devices(simulated)

@@ -45,6 +45,14 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
             copy_missing(Path(self.starter_notebooks_dir), Path(self.home_dir) / "notebooks")
         return await super().start()
 
+    def get_args(self):
+        args = super().get_args()
+        if os.geteuid() == 0:
+            # The server runs as the hub's own user; in a root container or
+            # CI that is root, which Jupyter refuses without this flag.
+            args.append("--ServerApp.allow_root=True")
+        return args
+
     def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
         # An empty CUDA_VISIBLE_DEVICES hides every GPU: a CPU-only server
         # must not see the cards other users hold.

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from jupyterhub.spawner import SpawnException
+from jupyterhub.spawner import SpawnException, Spawner
 from traitlets import Dict, Float, Integer, List, Unicode, default
 
 from workbench_gpu_monitor.devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
@@ -33,8 +33,12 @@ def default_data_dir() -> str:
     return os.environ.get("WORKBENCH_DATA_DIR") or os.path.join(os.getcwd(), "data")
 
 
-class GPUSpawnerMixin:
-    """GPU policy for a JupyterHub spawner; put it first in the bases."""
+class GPUSpawnerMixin(Spawner):
+    """GPU policy for a JupyterHub spawner; put it first in the bases.
+
+    It derives from Spawner only so that its traits are real, configurable
+    traits; the backend class after it in the bases does the spawning.
+    """
 
     simulated_gpus = Unicode(
         help="""
@@ -349,8 +353,10 @@ class GPUSpawnerMixin:
             await asyncio.to_thread(self._release, "stopped")
 
     async def poll(self):
+        # Read before polling: a backend's poll may clear_state() a dead server.
+        held = bool(self.gpu_uuids)
         status = await super().poll()
-        if status is not None and self.gpu_uuids and not self._gpu_starting:
+        if status is not None and held and not self._gpu_starting:
             await asyncio.to_thread(self._release, "server exited")
         return status
 

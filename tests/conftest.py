@@ -1,0 +1,250 @@
+"""Shared fixtures: a real JupyterHub (with its real proxy) and a real browser.
+
+`running_hub` starts `jupyterhub -f hub/jupyterhub_config.py` exactly as
+`make run` does, on free loopback ports with a private data dir, and cleans
+up every process it caused: the hub, configurable-http-proxy and the user
+servers (which outlive the hub on purpose, so they are found by their cwd).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+REPO = Path(__file__).resolve().parent.parent
+ARTIFACTS = REPO / "tests" / "artifacts"
+STRICT = os.environ.get("WORKBENCH_STRICT_TESTS") == "1" or os.environ.get("CI") == "true"
+CHROMIUM = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def missing(reason: str):
+    """Skip where a part is simply not installed, fail in CI where it must be."""
+    if STRICT:
+        pytest.fail(f"required for this test run: {reason}")
+    pytest.skip(reason)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Hub:
+    def __init__(self, data_dir: Path, env: dict[str, str], args: list[str]):
+        self.data_dir = data_dir
+        self.token = secrets.token_hex(16)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            **os.environ,
+            "WORKBENCH_DATA_DIR": str(data_dir),
+            "WORKBENCH_PORT": str(self.port),
+            "WORKBENCH_HUB_API_PORT": str(free_port()),
+            "WORKBENCH_PROXY_API_PORT": str(free_port()),
+            "WORKBENCH_ADMIN_TOKEN": self.token,
+            "WORKBENCH_CULL_IDLE_SECONDS": "0",
+            **env,
+        }
+        self.args = args
+        self.proc: subprocess.Popen | None = None
+        self.log_path = data_dir / "hub.log"
+
+    # -- process ----------------------------------------------------------------
+    def start(self, timeout: float = 90) -> "Hub":
+        chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+        if not chp.exists():
+            missing("configurable-http-proxy is not installed (run `npm install` or `make test`)")
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py"), *self.args],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the hub exited with {self.proc.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if requests.get(f"{self.url}/hub/api/", timeout=2).status_code == 200:
+                    return self
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise RuntimeError(f"the hub did not answer within {timeout} s:\n{self.log()[-3000:]}")
+
+    def stop(self) -> None:
+        """Stop the hub and its proxy, as Ctrl-C would; user servers keep running."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self.proc = None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def kill_everything(self) -> None:
+        for user in self.api("GET", "/users").json() if self.proc else []:
+            for name in user.get("servers", {}):
+                self.api("DELETE", f"/users/{user['name']}/servers/{name}" if name else f"/users/{user['name']}/server")
+        self.stop()
+        for pid in self.server_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        pid_file = self.data_dir / "jupyterhub-proxy.pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+            except (ValueError, ProcessLookupError):
+                pass
+
+    def server_pids(self) -> list[int]:
+        """Single-user servers this hub started: their cwd is a home under the data dir."""
+        pids = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cwd = os.readlink(entry / "cwd")
+            except OSError:
+                continue
+            if cwd.startswith(str(self.data_dir / "homes")):
+                pids.append(int(entry.name))
+        return pids
+
+    # -- REST API -------------------------------------------------------------------
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        headers = {"Authorization": f"token {self.token}", **kwargs.pop("headers", {})}
+        return requests.request(method, f"{self.url}/hub/api{path}", headers=headers, timeout=30, **kwargs)
+
+    def create_users(self, *names: str) -> None:
+        r = self.api("POST", "/users", json={"usernames": list(names)})
+        assert r.status_code in (201, 409), r.text
+
+    def spawn(self, user: str, **options) -> requests.Response:
+        return self.api("POST", f"/users/{user}/server", json=options)
+
+    def server(self, user: str) -> dict | None:
+        return self.api("GET", f"/users/{user}").json()["servers"].get("")
+
+    def wait_ready(self, user: str, timeout: float = 90) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            server = self.server(user)
+            if server and server.get("ready"):
+                return server
+            if server is None:
+                raise AssertionError(f"{user}'s server went away:\n{self.log()[-3000:]}")
+            time.sleep(0.5)
+        raise AssertionError(f"{user}'s server was not ready within {timeout} s:\n{self.log()[-3000:]}")
+
+    def wait_stopped(self, user: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.server(user) is None:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{user}'s server still listed after {timeout} s")
+
+    def progress_messages(self, user: str, until: str, timeout: float = 30) -> list[str]:
+        """Read the spawn progress stream the spawn page shows, up to a message containing ``until``."""
+        messages: list[str] = []
+        with self.api("GET", f"/users/{user}/server/progress", stream=True) as r:
+            deadline = time.monotonic() + timeout
+            for line in r.iter_lines(decode_unicode=True):
+                if line and line.startswith("data:"):
+                    event = json.loads(line[5:])
+                    messages.append(event.get("message", ""))
+                    if until in messages[-1] or event.get("failed") or event.get("ready"):
+                        break
+                if time.monotonic() > deadline:
+                    break
+        return messages
+
+    def user_token(self, user: str) -> str:
+        r = self.api("POST", f"/users/{user}/tokens", json={"note": "tests", "expires_in": 3600})
+        assert r.status_code == 201, r.text
+        return r.json()["token"]
+
+    def leases(self) -> dict[str, list[str]]:
+        """What the allocation store holds, read straight from its SQLite file."""
+        import sqlite3
+
+        with sqlite3.connect(self.data_dir / "workbench.sqlite") as db:
+            rows = db.execute("SELECT user, gpu_uuid FROM gpu_leases ORDER BY gpu_uuid").fetchall()
+        result: dict[str, list[str]] = {}
+        for user, uuid in rows:
+            result.setdefault(user, []).append(uuid)
+        return result
+
+
+def process_env(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+@pytest.fixture
+def running_hub(tmp_path):
+    """A factory: running_hub(env={...}, args=[...]) -> a started Hub."""
+    hubs: list[Hub] = []
+
+    def start(env: dict[str, str] | None = None, args: list[str] | None = None) -> Hub:
+        hub = Hub(tmp_path / f"hub{len(hubs)}", env or {}, args or [])
+        hub.data_dir.mkdir()
+        hubs.append(hub)
+        return hub.start()
+
+    yield start
+    for hub in hubs:
+        try:
+            hub.kill_everything()
+        except Exception:
+            hub.stop()
+        if os.environ.get("WORKBENCH_KEEP_TEST_LOGS"):
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
+            shutil.copy(hub.log_path, ARTIFACTS / f"{hub.data_dir.parent.name}-{hub.data_dir.name}.log")
+
+
+@pytest.fixture
+def chromium_browser():
+    """Debian's Chromium driven by Playwright (no browser download needed)."""
+    if not Path(CHROMIUM).exists():
+        missing(f"{CHROMIUM} is not installed (apt-get install chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("the playwright Python package is not installed")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()

@@ -1,0 +1,175 @@
+"""A real JupyterHub with the real proxy and the local backend, driven over REST."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+
+from conftest import process_env
+
+pytestmark = pytest.mark.integration
+
+SIM = {f"gpu{i}": f"GPU-sim-{i:02d}-h100-80gb" for i in range(4)}
+
+
+def server_pid(hub, user: str) -> int:
+    return int(hub.server(user)["state"]["pid"])
+
+
+def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4"}, ["--GPUSpawnerMixin.default_max_gpus=2"])
+    hub.create_users("alice", "bob", "carol")
+    assert hub.spawn("alice", gpus=2).status_code in (201, 202)
+    assert hub.spawn("bob", user_options={"gpus": 1}).status_code in (201, 202)
+    assert hub.spawn("carol", gpus=0).status_code in (201, 202)
+    for user in ("alice", "bob", "carol"):
+        hub.wait_ready(user)
+
+    envs = {user: process_env(server_pid(hub, user)) for user in ("alice", "bob", "carol")}
+    alice = envs["alice"]["WORKBENCH_GPUS"].split(",")
+    bob = envs["bob"]["WORKBENCH_GPUS"].split(",")
+    assert len(alice) == 2 and len(bob) == 1 and not set(alice) & set(bob)
+    assert set(alice + bob) <= set(SIM.values())
+    for user in ("alice", "bob"):
+        assert envs[user]["CUDA_VISIBLE_DEVICES"] == envs[user]["WORKBENCH_GPUS"]
+    # A CPU-only server is told it has no GPU and sees none.
+    assert envs["carol"]["WORKBENCH_GPUS"] == "" and envs["carol"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert hub.leases() == {"alice": sorted(alice), "bob": bob}
+
+    # The server answers through the proxy with the user's own token.
+    token = hub.user_token("alice")
+    r = requests.get(f"{hub.url}/user/alice/api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+
+    # Stopping gives the GPUs back.
+    assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
+    hub.wait_stopped("alice")
+    assert hub.leases() == {"bob": bob}
+
+
+@pytest.mark.parametrize(
+    "body, status, message",
+    [
+        ({"gpus": "two"}, 400, "gpus must be a whole number"),
+        ({"gpus": -1}, 400, "cannot be negative"),
+        ({"gpus": 1.5}, 400, "whole number of GPUs"),
+        ({"gpus": 5}, 400, "asked for 5 GPUs but this hub has only 4"),
+        ({"gpus": 2}, 403, "the default quota allows 1 at once"),
+        ({"gpus": 1, "gpu_model": "V100"}, 400, "unknown gpu_model"),
+        ({"gpus": 1, "colour": "red"}, 400, "unknown spawn option"),
+    ],
+)
+def test_bad_spawn_requests_get_a_readable_4xx(running_hub_module, body, status, message):
+    hub = running_hub_module
+    r = hub.spawn("dave", **body)
+    assert r.status_code == status, r.text
+    assert message in r.json()["message"]
+    assert hub.leases().get("dave") is None
+    assert hub.server("dave") is None
+
+
+@pytest.fixture(scope="module")
+def running_hub_module(tmp_path_factory):
+    from conftest import Hub
+
+    hub = Hub(tmp_path_factory.mktemp("hub"), {"WORKBENCH_SIMULATED_GPUS": "4"}, [])
+    hub.start()
+    hub.create_users("dave")
+    yield hub
+    hub.kill_everything()
+
+
+def test_full_hub_queues_in_order_then_times_out(running_hub):
+    hub = running_hub(
+        {"WORKBENCH_SIMULATED_GPUS": "2", "WORKBENCH_QUEUE_TIMEOUT": "60"},
+        ["--GPUSpawnerMixin.gpu_queue_recheck_interval=0.5"],
+    )
+    hub.create_users("u1", "u2", "w1", "w2")
+    for user in ("u1", "u2"):
+        hub.spawn(user, gpus=1)
+    for user in ("u1", "u2"):
+        hub.wait_ready(user)
+
+    # Both GPUs are taken: w1 then w2 wait in line, and the spawn page says so.
+    assert hub.spawn("w1", gpus=1).status_code == 202
+    assert "you are next in line" in hub.progress_messages("w1", until="next in line")[-1]
+    assert hub.spawn("w2", gpus=1).status_code == 202
+    assert "1 ahead of you" in hub.progress_messages("w2", until="ahead of you")[-1]
+
+    # One GPU frees up: the first in line gets it, not the second.
+    hub.api("DELETE", "/users/u1/server")
+    hub.wait_ready("w1")
+    assert hub.server("w2")["pending"] == "spawn"
+    held = hub.leases()
+    assert set(held) == {"u2", "w1"} and not set(held["u2"]) & set(held["w1"])
+
+
+def test_queue_timeout_gives_a_clear_error(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_QUEUE_TIMEOUT": "3"})
+    hub.create_users("holder", "late")
+    hub.spawn("holder", gpus=1)
+    hub.wait_ready("holder")
+    # The timeout is shorter than the hub's slow-spawn wait (10 s), so the
+    # REST call itself answers with the reason.
+    r = hub.spawn("late", gpus=1)
+    assert r.status_code == 503, r.text
+    assert "No 1 GPU became free within 3 seconds" in r.json()["message"]
+    assert "CPU-only server (0 GPUs)" in r.json()["message"]
+    hub.wait_stopped("late", timeout=30)
+    assert set(hub.leases()) == {"holder"}
+
+
+def test_a_server_that_dies_releases_its_gpu_on_poll(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1"}, ["--Spawner.poll_interval=2"])
+    hub.create_users("crash", "next")
+    hub.spawn("crash", gpus=1)
+    hub.wait_ready("crash")
+    os.kill(server_pid(hub, "crash"), signal.SIGKILL)
+    hub.wait_stopped("crash", timeout=30)
+    assert hub.leases() == {}
+    hub.spawn("next", gpus=1)
+    hub.wait_ready("next")
+    assert hub.leases() == {"next": [SIM["gpu0"]]}
+
+
+def test_hub_restart_loses_nothing(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"})
+    hub.create_users("alice", "bob", "carol")
+    hub.spawn("alice", gpus=1)
+    hub.wait_ready("alice")
+    alice_pid = server_pid(hub, "alice")
+    before = hub.leases()
+    token = hub.user_token("alice")
+
+    # bob is in the middle of starting when the hub goes down.
+    def spawn_bob():
+        try:
+            hub.spawn("bob", gpus=1)
+        except requests.ConnectionError:
+            pass  # the hub went down under the request, as it should here
+
+    spawning = threading.Thread(target=spawn_bob)
+    spawning.start()
+    time.sleep(0.5)
+    hub.stop()
+    spawning.join()
+    hub.start()
+
+    hub.wait_ready("alice")
+    assert server_pid(hub, "alice") == alice_pid, "alice's server was not restarted"
+    assert hub.leases()["alice"] == before["alice"]
+    r = requests.get(f"{hub.url}/user/alice/api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+
+    # Whatever happened to bob's half-finished spawn, no GPU is held twice.
+    for user in ("bob", "carol"):
+        hub.spawn(user, gpus=1)
+    time.sleep(3)
+    held = [uuid for uuids in hub.leases().values() for uuid in uuids]
+    assert len(held) == len(set(held)) <= 2
+    assert before["alice"][0] in hub.leases()["alice"]

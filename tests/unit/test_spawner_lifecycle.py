@@ -1,0 +1,138 @@
+"""Every way a server ends gives its GPUs back: the mixin over a fake backend."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from jupyterhub.spawner import SpawnException, Spawner
+
+from workbench_spawner.mixin import GPUSpawnerMixin
+from workbench_spawner.policy import _policies
+
+
+class FakeBackend(Spawner):
+    """A runtime whose start can succeed, fail or hang, and whose server can die."""
+
+    behaviour = "ok"
+    alive = False
+
+    async def start(self):
+        if self.behaviour == "fail":
+            raise RuntimeError("image not found")
+        if self.behaviour == "hang":
+            await asyncio.sleep(3600)
+        self.alive = True
+        return "http://127.0.0.1:9999"
+
+    async def stop(self, now=False):
+        self.alive = False
+
+    async def poll(self):
+        return None if self.alive else 0
+
+
+class FakeGPUSpawner(GPUSpawnerMixin, FakeBackend):
+    pass
+
+
+@pytest.fixture
+def make_spawner(tmp_path):
+    _policies.clear()
+
+    def make(user="alice", name="", **traits):
+        traits = {"gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}", "simulated_gpus": "2"} | traits
+        user_obj = SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user)
+        hub = SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/")
+        orm = SimpleNamespace(name=name, server=None)
+        return FakeGPUSpawner(user=user_obj, hub=hub, orm_spawner=orm, **traits)
+
+    yield make
+    _policies.clear()
+
+
+def held(spawner):
+    return {lease.user: lease.gpu_uuids for lease in spawner.gpu_policy.store.leases()}
+
+
+async def start(spawner, options):
+    spawner._apply_gpu_options(options)
+    return await spawner.start()
+
+
+async def test_start_pins_and_stop_releases(make_spawner):
+    spawner = make_spawner()
+    await start(spawner, {"gpus": 1})
+    assert spawner.get_env()["WORKBENCH_GPUS"] == "GPU-sim-00-h100-80gb"
+    assert spawner.get_state()["gpu_uuids"] == ["GPU-sim-00-h100-80gb"]
+    assert held(spawner) == {"alice": ("GPU-sim-00-h100-80gb",)}
+    await spawner.stop()
+    assert held(spawner) == {} and spawner.get_env()["WORKBENCH_GPUS"] == ""
+
+
+async def test_failed_start_releases(make_spawner):
+    spawner = make_spawner()
+    spawner.behaviour = "fail"
+    with pytest.raises(RuntimeError):
+        await start(spawner, {"gpus": 1})
+    assert held(spawner) == {}
+
+
+async def test_timed_out_start_releases(make_spawner):
+    spawner = make_spawner()
+    spawner.behaviour = "hang"
+    # JupyterHub wraps start() in asyncio.wait_for(start_timeout).
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(start(spawner, {"gpus": 1}), 0.5)
+    assert held(spawner) == {}
+
+
+async def test_poll_that_finds_the_server_dead_releases(make_spawner):
+    spawner = make_spawner()
+    await start(spawner, {"gpus": 1})
+    spawner.alive = False  # crashed, OOM-killed, killed by hand
+    assert await spawner.poll() == 0
+    assert held(spawner) == {}
+
+
+async def test_quota_counts_gpus_held_by_other_servers(make_spawner):
+    first = make_spawner(name="one", default_max_gpus=2)
+    await start(first, {"gpus": 1})
+    second = make_spawner(name="two", default_max_gpus=2)
+    with pytest.raises(SpawnException) as err:
+        second._apply_gpu_options({"gpus": 2})
+    assert err.value.status_code == 403
+    assert "allows 2 at once and your other servers hold 1" in err.value.message
+    second._apply_gpu_options({"gpus": 1})
+
+
+async def test_waiting_spawn_reports_progress_then_times_out(make_spawner):
+    holder = make_spawner("holder", default_max_gpus=2)
+    await start(holder, {"gpus": 2})
+    waiter = make_spawner("waiter", gpu_queue_timeout=0.5, gpu_queue_recheck_interval=0.05)
+    events = []
+
+    async def watch():
+        async for event in waiter.progress():
+            events.append(event["message"])
+
+    watcher = asyncio.create_task(watch())
+    with pytest.raises(SpawnException) as err:
+        await start(waiter, {"gpus": 1})
+    assert err.value.status_code == 503 and "No 1 GPU became free within 0.5 seconds" in err.value.message
+    await asyncio.sleep(0.1)
+    watcher.cancel()
+    assert any("Waiting for 1 GPU(s)" in e for e in events), events
+
+
+async def test_restored_spawner_reads_its_gpus_from_the_store(make_spawner):
+    spawner = make_spawner()
+    await start(spawner, {"gpus": 1})
+    state = spawner.get_state()
+    _policies.clear()  # a new hub process
+    restored = make_spawner()
+    restored.load_state(state)
+    assert restored.gpu_uuids == ["GPU-sim-00-h100-80gb"]
+
+
+def test_start_timeout_leaves_room_for_the_queue(make_spawner):
+    assert make_spawner(gpu_queue_timeout=600).start_timeout == 720
