@@ -59,7 +59,7 @@ if chp.exists():
 c.JupyterHub.cleanup_servers = False
 
 # -- who can log in ------------------------------------------------------------
-c.JupyterHub.authenticator_class = "native"
+c.JupyterHub.authenticator_class = "workbench_hub.auth.WorkbenchAuthenticator"
 c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
 c.Authenticator.admin_users = admin_users
 # NativeAuthenticator itself refuses sign-ups an admin has not authorized;

@@ -1,0 +1,1 @@
+"""Hub-side pieces of GPU Workbench that are not the spawner."""
