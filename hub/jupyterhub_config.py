@@ -29,6 +29,17 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+def number(name: str, default: str, kind=float):
+    text = env(name, default)
+    try:
+        value = kind(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        fail(f"{name} must be a non-negative {'whole ' if kind is int else ''}number, not {text!r}")
+    return value
+
+
 backend = env("WORKBENCH_BACKEND", "local").lower()
 port_text = env("WORKBENCH_PORT", "8000")
 if not port_text.isdigit() or not 0 < int(port_text) < 65536:
@@ -84,10 +95,8 @@ if admin_token:
         }
     )
 
-cull_after = env("WORKBENCH_CULL_IDLE_SECONDS", "3600")
-if cull_after not in ("", "0"):
-    if not cull_after.isdigit():
-        fail(f"WORKBENCH_CULL_IDLE_SECONDS must be a number of seconds, not {cull_after!r}")
+cull_after = number("WORKBENCH_CULL_IDLE_SECONDS", "3600", int)
+if cull_after:
     # Idle servers give their GPUs back: the culler stops them through the
     # REST API, which runs the spawner's stop() and so releases the lease.
     services.append(
@@ -113,20 +122,38 @@ if backend == "local":
     c.LocalGPUSpawner.starter_notebooks_dir = str(REPO / "notebooks")
 elif backend == "docker":
     c.JupyterHub.spawner_class = "gpu-docker"
+    if not env("WORKBENCH_IMAGE"):
+        fail("the docker backend needs WORKBENCH_IMAGE, the single-user image (e.g. gpu-workbench/singleuser:latest)")
+    c.DockerGPUSpawner.image = env("WORKBENCH_IMAGE")
+    offered = [i.strip() for i in env("WORKBENCH_IMAGES").split(",") if i.strip()]
+    if offered:
+        c.DockerGPUSpawner.offered_images = offered
+    network = env("WORKBENCH_DOCKER_NETWORK")
+    if network:
+        # The hub runs in a container on this network (docker compose):
+        # user containers join it and are reached by their internal address.
+        c.DockerGPUSpawner.network_name = network
+        c.DockerGPUSpawner.use_internal_ip = True
+        c.JupyterHub.hub_ip = env("WORKBENCH_HUB_IP", "0.0.0.0")
+        c.JupyterHub.hub_connect_ip = env("WORKBENCH_HUB_CONNECT_IP", "hub")
+    else:
+        # The hub runs on the host: containers reach it through the default
+        # bridge's gateway address, which is a local address of the host.
+        import docker
+
+        try:
+            bridge = docker.from_env().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+        except Exception as exc:
+            fail(f"the docker backend cannot reach the Docker engine ({exc}); is dockerd running?")
+        c.JupyterHub.hub_ip = env("WORKBENCH_HUB_IP", bridge)
+        c.JupyterHub.hub_connect_ip = env("WORKBENCH_HUB_CONNECT_IP", bridge)
+    if env("WORKBENCH_MEM_LIMIT"):
+        c.DockerGPUSpawner.mem_limit = env("WORKBENCH_MEM_LIMIT")
+    if env("WORKBENCH_CPU_LIMIT"):
+        c.DockerGPUSpawner.cpu_limit = number("WORKBENCH_CPU_LIMIT", "1")
 else:
     fail(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local' or 'docker'")
 c.Spawner.default_url = "/lab"
-
-
-def number(name: str, default: str, kind=float):
-    text = env(name, default)
-    try:
-        value = kind(text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        fail(f"{name} must be a non-negative {'whole ' if kind is int else ''}number, not {text!r}")
-    return value
 
 
 c.GPUSpawnerMixin.gpu_queue_timeout = number("WORKBENCH_QUEUE_TIMEOUT", "300")

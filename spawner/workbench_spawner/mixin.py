@@ -184,7 +184,7 @@ class GPUSpawnerMixin(Spawner):
         key = (self.gpu_db_url, self.simulated_gpus, repr(self.static_gpus), self.servers_per_gpu)
         policy = shared_policy(key, self._build_policy)
         policy.waitlist.recheck_interval = self.gpu_queue_recheck_interval
-        policy.reconcile(self.gpu_lease_alive)
+        policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
         return policy
 
     def _build_policy(self) -> GPUPolicy:
@@ -229,6 +229,9 @@ class GPUSpawnerMixin(Spawner):
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
         """Whether the server behind a stored lease still runs (None: unknown)."""
         return None
+
+    def gpu_reconcile_orphans(self) -> None:
+        """After a restart: deal with servers that run without a lease."""
 
     # -- quota ------------------------------------------------------------------
 

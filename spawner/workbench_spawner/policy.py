@@ -107,12 +107,15 @@ class GPUPolicy:
             self.waitlist.notify()
         return released
 
-    def reconcile(self, is_alive: Callable[[Lease], bool | None]) -> list[Lease]:
+    def reconcile(
+        self, is_alive: Callable[[Lease], bool | None], orphans: Callable[[], None] = lambda: None
+    ) -> list[Lease]:
         """Release leases whose server is gone; run once per hub start.
 
         ``is_alive`` answers for one lease: True keep, False release, None
-        unknown (kept; the spawner's poll will settle it). Returns the leases
-        released.
+        unknown (kept; the spawner's poll will settle it). ``orphans`` then
+        lets the backend deal with servers that run without a lease. Returns
+        the leases released.
         """
         with self._reconcile_lock:
             if self._reconciled:
@@ -130,6 +133,7 @@ class GPUPolicy:
             else:
                 log.info("Kept lease of %s/%s on %s after restart", lease.user, lease.server or "default",
                          ", ".join(lease.gpu_uuids))
+        orphans()
         return released
 
 

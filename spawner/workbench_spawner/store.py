@@ -158,6 +158,22 @@ class AllocationStore:
                 time.sleep(0.01 * (attempt + 1))
         raise RuntimeError(f"could not allocate GPUs for {user}/{server}: the database stayed contended")
 
+    def adopt(self, user: str, server: str, gpu_uuids: Sequence[str], ref: str, since: datetime | None = None) -> bool:
+        """Record a lease for a server found running without one (after a
+        lost database row). Refused, with no change, if any of its GPUs is
+        held by someone else now."""
+        try:
+            with self._sessions.begin() as session:
+                taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
+                if taken & set(gpu_uuids):
+                    return False
+                for uuid in gpu_uuids:
+                    session.add(LeaseRow(gpu_uuid=uuid, slot=0, user=user, server=server,
+                                         since=since or utcnow(), ref=ref))
+            return True
+        except IntegrityError:
+            return False
+
     def release(self, user: str, server: str, reason: str = "stopped") -> tuple[str, ...]:
         """Free whatever ``user``/``server`` holds; safe to call twice."""
         with self._sessions.begin() as session:
