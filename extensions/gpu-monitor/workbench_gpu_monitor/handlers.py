@@ -1,0 +1,299 @@
+"""The jupyter-server side: one sampler per server, a JSON snapshot and one SSE stream.
+
+Endpoints (all need the server's normal authentication: token, cookie or the
+JupyterHub OAuth cookie; unauthenticated requests get 403):
+
+``GET {base_url}api/gpu/metrics``
+    The latest sample (shape pinned in DESIGN.md).  ``?history=1`` adds the
+    last ten minutes as per-GPU arrays, so a panel opened late can draw them.
+``GET {base_url}api/gpu/stream``
+    ``text/event-stream``; one ``data: {...}`` event per sample, the same
+    bytes to every client.  The sampler thread produces the sample, the event
+    loop serialises it once and writes it to each open stream; a client never
+    causes an NVML call, so ten tabs cost what one costs plus a socket write.
+
+Configure with ``c.GPUMonitorServer.<trait>`` in ``jupyter_server_config.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import json
+import os
+import tempfile
+import time
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.iostream import StreamClosedError
+from traitlets import Bool, Float, Unicode, default
+from traitlets.config import LoggingConfigurable
+
+from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, compact_history, make_source
+
+MAX_CLIENT_BACKLOG_BYTES = 1 << 20
+
+
+class GPUMonitorServer(LoggingConfigurable):
+    """Owns the sampler thread and the list of open streams of one Jupyter server."""
+
+    sample_interval = Float(
+        1.0,
+        config=True,
+        help=f"""Seconds between two GPU readings.
+
+        One reading serves every open browser tab, notebook widget and API
+        client, so this is the only knob that changes the monitor's cost.
+        Values below {MIN_INTERVAL_SECONDS} s are raised to it: clients cannot
+        ask for faster sampling.  Example: ``c.GPUMonitorServer.sample_interval = 2``
+        on a busy shared host.
+        """,
+    )
+
+    history_seconds = Float(
+        600.0,
+        config=True,
+        help="""How much history the server keeps for charts (seconds).
+
+        The side panel asks for it when it opens, so the charts show the last
+        ten minutes even if the panel was closed.  Memory cost is one small
+        dict per GPU per sample.
+        """,
+    )
+
+    write_snapshot_file = Bool(
+        True,
+        config=True,
+        help="""Write each sample to a file that notebook kernels can read.
+
+        The ipywidgets ``GPUMonitor`` in a kernel reads this file rather than
+        opening NVML itself, so the widget shows exactly what the status bar
+        shows and the server stays the only sampler.  The path is passed to
+        kernels in the ``WORKBENCH_GPU_MONITOR_SNAPSHOT`` environment variable.
+        Turn off on read-only runtime directories.
+        """,
+    )
+
+    snapshot_path = Unicode(
+        config=True,
+        help="""Where to write the snapshot file (see ``write_snapshot_file``).
+
+        Defaults to ``gpu-monitor-<pid>.json`` in the Jupyter runtime directory.
+        """,
+    )
+
+    @default("snapshot_path")
+    def _default_snapshot_path(self):
+        runtime_dir = getattr(self.parent, "runtime_dir", None) or tempfile.gettempdir()
+        return os.path.join(runtime_dir, f"gpu-monitor-{os.getpid()}.json")
+
+    def __init__(self, serverapp=None, source=None, **kwargs):
+        super().__init__(parent=serverapp, **kwargs)
+        self.serverapp = serverapp
+        self.sampler = Sampler(source or make_source(), self.sample_interval, self.history_seconds)
+        self.clients: set[GPUStreamHandler] = set()
+        self.latest_payload: bytes | None = None
+        self.latest: dict | None = None
+        self.last_fanout = 0.0
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- life cycle -----------------------------------------------------
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop or asyncio.get_event_loop()
+        self.sampler.add_listener(self._from_thread)
+        if self.write_snapshot_file:
+            os.environ[SNAPSHOT_ENV] = self.snapshot_path  # kernels started later inherit it
+            atexit.register(self._remove_snapshot)
+        self.sampler.start()
+        s = self.sampler.latest or {}
+        self.log.info(
+            "GPU monitor: %s source, %d GPU(s), every %.2fs%s",
+            s.get("source"),
+            len(s.get("gpus", [])),
+            self.sampler.interval,
+            f" ({s.get('message')})" if s.get("message") else "",
+        )
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        for client in list(self.clients):
+            client.close_stream()
+        self._remove_snapshot()
+
+    def _remove_snapshot(self) -> None:
+        try:
+            os.unlink(self.snapshot_path)
+        except OSError:
+            pass
+
+    # -- fan-out --------------------------------------------------------
+    def _from_thread(self, sample: dict) -> None:
+        if self.write_snapshot_file:
+            self._write_snapshot(sample)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._publish, sample)
+            except RuntimeError:  # loop closing during shutdown
+                pass
+
+    def _write_snapshot(self, sample: dict) -> None:
+        tmp = f"{self.snapshot_path}.tmp"
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(sample, fh)
+            os.replace(tmp, self.snapshot_path)
+        except OSError as exc:
+            self.log.warning("GPU monitor: cannot write %s: %s", self.snapshot_path, exc)
+            self.write_snapshot_file = False
+
+    def kernel_activity(self) -> dict:
+        """How many kernels run and how many are busy: input for the idle-GPU hint."""
+        manager = getattr(self.serverapp, "kernel_manager", None)
+        busy = total = 0
+        if manager is not None:
+            for kernel_id in list(getattr(manager, "_kernels", {})):
+                try:
+                    state = manager.get_kernel(kernel_id).execution_state
+                except Exception:  # noqa: BLE001 - a kernel that just died
+                    continue
+                total += 1
+                busy += state == "busy"
+        return {"busy": busy, "total": total}
+
+    def _publish(self, sample: dict) -> None:
+        started = time.perf_counter()
+        sample = dict(
+            sample,
+            kernels=self.kernel_activity(),
+            monitor={
+                "clients": len(self.clients),
+                "sample_ms": round(self.sampler.last_duration * 1e3, 3),
+                "fanout_ms": round(self.last_fanout * 1e3, 3),
+            },
+        )
+        self.latest = sample
+        payload = b"data: " + json.dumps(sample, separators=(",", ":")).encode() + b"\n\n"
+        self.latest_payload = payload
+        # Serialise and frame once; every client gets the same bytes.
+        chunk = b"%x\r\n%s\r\n" % (len(payload), payload)
+        for client in list(self.clients):
+            client.push(payload, chunk)
+        self.last_fanout = time.perf_counter() - started
+
+    def snapshot(self, history: bool = False) -> dict:
+        sample = self.latest or self.sampler.latest or {}
+        out = dict(sample)
+        out.setdefault("kernels", self.kernel_activity())
+        if history:
+            out["history"] = compact_history(self.sampler.history_since(time.time() - self.history_seconds))
+        return out
+
+
+class GPUMetricsHandler(APIHandler):
+    auth_resource = "api"
+
+    @property
+    def monitor(self) -> GPUMonitorServer:
+        return self.settings["workbench_gpu_monitor"]
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        history = self.get_argument("history", "0").lower() in ("1", "true", "yes")
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(self.monitor.snapshot(history=history)))
+
+
+class GPUStreamHandler(APIHandler):
+    """Server-sent events: one ``data:`` line per sample until the client goes away."""
+
+    auth_resource = "api"
+
+    @property
+    def monitor(self) -> GPUMonitorServer:
+        return self.settings["workbench_gpu_monitor"]
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.set_header("Content-Type", "text/event-stream; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Accel-Buffering", "no")  # no proxy buffering (nginx)
+        self._closed = asyncio.Event()
+        monitor = self.monitor
+        first = monitor.latest_payload
+        if first is None and monitor.sampler.latest is not None:
+            monitor._publish(monitor.sampler.latest)
+            first = monitor.latest_payload
+        self.write(b"retry: 2000\n\n")
+        if first is not None:
+            self.write(first)
+        try:
+            await self.flush()
+        except StreamClosedError:
+            return
+        # Fast path: once the headers are out, write the pre-framed HTTP/1.1
+        # chunk straight to the socket's stream.  This skips tornado's
+        # per-write handler machinery, which was most of the per-client cost
+        # (see benchmarks/monitor_overhead.py).  Any other transport uses
+        # plain write()/flush().
+        connection = self.request.connection
+        stream = getattr(connection, "stream", None)
+        self._raw_stream = stream if getattr(connection, "_chunking_output", False) and stream is not None else None
+        monitor.clients.add(self)
+        try:
+            await self._closed.wait()
+        finally:
+            monitor.clients.discard(self)
+        if not self._finished:
+            try:
+                self.finish()
+            except Exception:  # noqa: BLE001 - the connection is already gone
+                pass
+
+    def push(self, payload: bytes, chunk: bytes | None = None) -> None:
+        if self._closed.is_set():
+            return
+        try:
+            stream = self._raw_stream
+            if stream is not None and chunk is not None:
+                if stream.closed():
+                    raise StreamClosedError()
+                # A client that stopped reading: drop it rather than buffer forever.
+                if getattr(stream, "_write_buffer_size", 0) > MAX_CLIENT_BACKLOG_BYTES:
+                    raise StreamClosedError()
+                stream.write(chunk)
+            else:
+                self.write(payload)
+                self.flush().add_done_callback(self._flushed)
+        except (StreamClosedError, RuntimeError):
+            self.close_stream()
+
+    def _flushed(self, future) -> None:
+        if future.exception() is not None:
+            self.close_stream()
+
+    def close_stream(self) -> None:
+        closed = getattr(self, "_closed", None)
+        if closed is not None:
+            closed.set()
+
+    def on_connection_close(self):
+        self.close_stream()
+
+
+def setup_handlers(serverapp, monitor: GPUMonitorServer) -> None:
+    web_app = serverapp.web_app
+    web_app.settings["workbench_gpu_monitor"] = monitor
+    base_url = web_app.settings["base_url"]
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base_url, "api/gpu/metrics"), GPUMetricsHandler),
+            (url_path_join(base_url, "api/gpu/stream"), GPUStreamHandler),
+        ],
+    )

@@ -1,0 +1,56 @@
+"""Fixtures for the GPU monitor tests (helpers live in monitor_support.py)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from monitor_support import ARTIFACTS, EXTENSION_DIR, RunningServer, skip_or_fail, start_server, stop_server
+
+
+@pytest.fixture(scope="module")
+def pinned_server(tmp_path_factory):
+    """Four simulated GPUs on the machine; this server owns only the third."""
+    tmp = tmp_path_factory.mktemp("pinned")
+    server = start_server(
+        tmp, {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_GPUS": "GPU-sim-02-h100-80gb"}
+    )
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture
+def server_factory(tmp_path):
+    started = []
+
+    def factory(env: dict, **kwargs) -> RunningServer:
+        sub = tmp_path / f"s{len(started)}"
+        sub.mkdir()
+        server = start_server(sub, env, **kwargs)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        stop_server(server)
+
+
+@pytest.fixture
+def artifacts_dir() -> Path:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture
+def chromium_path() -> str:
+    path = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
+    if not (os.path.exists(path) and os.access(path, os.X_OK)):
+        skip_or_fail(f"Chromium not found at {path}: install Debian's chromium package")
+    built = EXTENSION_DIR / "workbench_gpu_monitor" / "labextension" / "package.json"
+    installed = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "workbench-gpu-monitor" / "package.json"
+    if not (built.exists() or installed.exists()):
+        skip_or_fail("the labextension is neither built (jlpm build in extensions/gpu-monitor) nor installed")
+    return path
