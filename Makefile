@@ -1,9 +1,10 @@
 # GPU Workbench: `make run` starts the hub, `make test` runs every test.
-# Both create and reuse .venv and node_modules; nothing needs installing by hand.
+# Both create and reuse .venv, node_modules and the GPU monitor wheel;
+# nothing needs installing by hand.
 
 PYTHON ?= python3
 VENV   := .venv
-BIN    := $(VENV)/bin
+BIN    := $(abspath $(VENV)/bin)
 # The PyTorch the local backend's servers use. The default is the CPU wheel
 # that lies on this machine kind's disk; on a CUDA workstation pick a CUDA
 # build, e.g. make run TORCH="torch==2.7.1 --index-url https://download.pytorch.org/whl/cu126"
@@ -11,12 +12,19 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: run test test-unit test-images install clean
+MONITOR       := extensions/gpu-monitor
+MONITOR_WHEEL := $(MONITOR)/dist/.built
+MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workbench_gpu_monitor $(MONITOR)/jupyter-config \
+                   -type f -not -path '*/labextension/*' -not -path '*/__pycache__/*' 2>/dev/null) \
+                 $(MONITOR)/package.json $(MONITOR)/pyproject.toml $(MONITOR)/yarn.lock
+
+.PHONY: run test test-unit test-ts test-images install clean
 
 run: install
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
 
 test: install
+	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm test
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: install
@@ -27,17 +35,31 @@ test-images:
 
 install: $(STAMP) node_modules/.bin/configurable-http-proxy
 
-$(STAMP): pyproject.toml extensions/gpu-monitor/pyproject.toml Makefile
+$(VENV)/.tools:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+	# jupyterlab brings jlpm (the extension's build tool); build + hatch build the wheel.
+	$(BIN)/pip install --quiet jupyterlab==4.6.6 build==1.6.1 hatchling==1.33.0 hatch-jupyter-builder==0.10.0
+	touch $@
+
+# The GPU monitor ships as a wheel with the prebuilt JupyterLab extension,
+# exactly as the user image installs it.
+$(MONITOR_WHEEL): $(VENV)/.tools $(MONITOR_SRC)
+	rm -rf $(MONITOR)/dist
+	cd $(MONITOR) && export PATH="$(BIN):$$PATH" \
+	  && jlpm install && jlpm clean:all && python -m build --wheel --no-isolation .
+	touch $@
+
+$(STAMP): $(VENV)/.tools $(MONITOR_WHEEL) pyproject.toml Makefile
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet -e extensions/gpu-monitor
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(MONITOR)/dist/*.whl
+	$(BIN)/pip install --quiet $(MONITOR)/dist/*.whl
 	$(BIN)/pip install --quiet -e ".[singleuser,test]"
-	touch $(STAMP)
+	touch $@
 
 node_modules/.bin/configurable-http-proxy: package.json
 	npm install --no-audit --no-fund
 	touch $@
 
 clean:
-	rm -rf $(VENV) node_modules
+	rm -rf $(VENV) node_modules $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib

@@ -17,9 +17,9 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from conftest import CHROMIUM, CHROMIUM_ARGS, Hub  # noqa: E402
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
 
 PASSWORD = "correct-horse-battery"

@@ -112,6 +112,55 @@ if cull_after:
             "services": ["idle-culler"],
         }
     )
+# -- the workbench service ------------------------------------------------------
+# GPU quotas, the fleet view and Prometheus metrics at /services/workbench/
+# (hub/workbench_hub/service). It checks the custom scopes below itself on
+# every request: custom:workbench:admin reads and changes quotas,
+# custom:workbench:read only reads; any user may read their own usage.
+service_port = number("WORKBENCH_SERVICE_PORT", "10101", int)
+c.GPUSpawnerMixin.default_max_gpus = number("WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
+c.GPUSpawnerMixin.cpu_servers_allowed = env("WORKBENCH_CPU_SERVERS", "1").lower() not in ("0", "false", "no")
+if env("WORKBENCH_QUOTA_CONTACT"):
+    c.GPUSpawnerMixin.quota_contact = env("WORKBENCH_QUOTA_CONTACT")
+c.JupyterHub.custom_scopes = {
+    "custom:workbench:admin": {"description": "Read and change GPU quotas; see every GPU, lease and user's usage"},
+    "custom:workbench:read": {"description": "See every GPU, lease, quota and user's usage on the workbench service"},
+}
+services.append(
+    {
+        "name": "workbench",
+        "url": f"http://127.0.0.1:{service_port}",
+        "command": [sys.executable, "-m", "workbench_hub.service", f"--port={service_port}"],
+        "environment": {
+            "WORKBENCH_DATA_DIR": str(data_dir),
+            "WORKBENCH_DB_URL": env("WORKBENCH_DB_URL"),
+            "WORKBENCH_SIMULATED_GPUS": simulated,
+            "WORKBENCH_DEFAULT_MAX_GPUS": str(number("WORKBENCH_DEFAULT_MAX_GPUS", "1", int)),
+            "WORKBENCH_SERVERS_PER_GPU": str(max(1, number("WORKBENCH_SERVERS_PER_GPU", "1", int))),
+            "WORKBENCH_SESSION_CHECK_SECONDS": str(number("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
+        },
+        "oauth_no_confirm": True,
+        "oauth_client_allowed_scopes": ["custom:workbench:admin", "custom:workbench:read"],
+    }
+)
+roles.append(
+    {
+        "name": "workbench-service",
+        "description": "What the workbench service reads from the hub, and stopping over-long sessions",
+        "scopes": ["list:users", "read:users", "list:groups", "read:groups", "read:servers", "delete:servers"],
+        "services": ["workbench"],
+    }
+)
+roles.append(
+    {
+        "name": "workbench-admins",
+        "description": "GPU quota admins: the hub admins (WORKBENCH_ADMIN_USERS) and the automation token",
+        "scopes": ["custom:workbench:admin", "custom:workbench:read", "access:services!service=workbench"],
+        "users": sorted(admin_users),
+        "services": ["workbench-admin"] if admin_token else [],
+    }
+)
+
 c.JupyterHub.services = services
 c.JupyterHub.load_roles = roles
 
@@ -139,14 +188,19 @@ elif backend == "docker":
     else:
         # The hub runs on the host: containers reach it through the default
         # bridge's gateway address, which is a local address of the host.
+        import ipaddress
+
         import docker
 
         try:
-            bridge = docker.from_env().networks.get("bridge").attrs["IPAM"]["Config"][0]["Gateway"]
+            ipam = docker.from_env().networks.get("bridge").attrs["IPAM"]["Config"][0]
+            # The gateway is the bridge's first address when the engine does not name it.
+            bridge = ipam.get("Gateway") or str(next(ipaddress.ip_network(ipam["Subnet"]).hosts()))
         except Exception as exc:
             fail(f"the docker backend cannot reach the Docker engine ({exc}); is dockerd running?")
         c.JupyterHub.hub_ip = env("WORKBENCH_HUB_IP", bridge)
         c.JupyterHub.hub_connect_ip = env("WORKBENCH_HUB_CONNECT_IP", bridge)
+    c.DockerGPUSpawner.datasets_volume = env("WORKBENCH_DATASETS_VOLUME", "workbench-datasets")
     if env("WORKBENCH_MEM_LIMIT"):
         c.DockerGPUSpawner.mem_limit = env("WORKBENCH_MEM_LIMIT")
     if env("WORKBENCH_CPU_LIMIT"):

@@ -26,7 +26,7 @@ import os
 
 import docker
 from dockerspawner import DockerSpawner
-from traitlets import Dict, Unicode, default
+from traitlets import Unicode, default
 
 from .mixin import GPUSpawnerMixin
 from .store import Lease
@@ -65,13 +65,6 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         """,
     ).tag(config=True)
 
-    image_notes = Dict(
-        help="""
-        Labels for ``offered_images`` on the spawn form, e.g.
-        ``{"gpu-workbench/singleuser:cu128": "CUDA 12.8 (Blackwell)"}``.
-        """,
-    ).tag(config=True)
-
     @default("volumes")
     def _default_volumes(self):
         volumes: dict = {self.home_volume_template: "/home/jovyan"}
@@ -90,6 +83,12 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
     @default("image")
     def _default_image(self):
         return os.environ.get("WORKBENCH_IMAGE", "gpu-workbench/singleuser:latest")
+
+    @default("allowed_images")
+    def _default_allowed_images(self):
+        # DockerSpawner checks user_options["image"] against this itself; keep
+        # it in step with the images our form offers.
+        return {image: image for image in self.offered_images}
 
     def apply_gpu_request(self, request) -> None:
         if request.image:

@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import asyncio
 import os
+from dataclasses import replace
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.spawner import SpawnException, Spawner
-from traitlets import Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from workbench_gpu_monitor.devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 
 from .options import OptionError, SpawnRequest, options_from_form, parse_options
 from .policy import GPUPolicy, NoGPUAvailable, shared_policy
+from .quota import EffectiveQuota, Quota, QuotaBook, gpu_hours_used
 from .store import AllocationStore, Lease
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -235,18 +237,64 @@ class GPUSpawnerMixin(Spawner):
 
     # -- quota ------------------------------------------------------------------
 
+    cpu_servers_allowed = Bool(
+        True,
+        help="""
+        Whether users may start CPU-only servers (``gpus=0``). True (the
+        default) keeps them allowed even when a GPU quota is 0 or a GPU-hours
+        budget is spent, so students can still edit notebooks. Set it to False
+        on a hub that exists only to hand out GPUs. Defaults from
+        $WORKBENCH_CPU_SERVERS in the shipped config.
+        """,
+    ).tag(config=True)
+
+    quota_contact = Unicode(
+        "a hub admin",
+        help="""
+        Who a student should ask for more GPUs; named in every quota refusal,
+        e.g. ``"your course staff (gpu-help@example.edu)"``.
+        """,
+    ).tag(config=True)
+
+    @property
+    def gpu_quota_book(self) -> QuotaBook:
+        """The quota tables, in the allocation store's database (one per policy)."""
+        policy = self.gpu_policy
+        book = getattr(policy, "_workbench_quota_book", None)
+        if book is None:
+            book = policy._workbench_quota_book = QuotaBook(policy.store)
+        return book
+
+    def gpu_default_quota(self) -> Quota:
+        return Quota(max_gpus=self.default_max_gpus)
+
+    def gpu_effective_quota(self) -> EffectiveQuota:
+        """The user's quota by the rule in ``workbench_spawner.quota``: own, best group, default."""
+        groups = [g.name for g in getattr(self.user, "groups", None) or []]
+        return self.gpu_quota_book.effective(self.user.name, groups, self.gpu_default_quota())
+
     def gpu_quota(self) -> tuple[int, str]:
         """(most GPUs this user may hold at once, where that limit comes from)."""
-        return self.default_max_gpus, "the default quota"
+        effective = self.gpu_effective_quota()
+        return effective.quota.max_gpus, effective.describe
+
+    def gpu_hours_used(self) -> float:
+        return gpu_hours_used(self.gpu_policy.store, self.user.name)
 
     def gpu_limit_now(self) -> tuple[int, int, str]:
-        """(GPUs this server may ask for now, the quota, where it comes from)."""
-        quota, source = self.gpu_quota()
+        """(GPUs this server may ask for now, the quota, where it comes from).
+
+        0 when the GPU-hours budget of the week is spent."""
+        effective = self.gpu_effective_quota()
+        quota, source = effective.quota.max_gpus, effective.describe
         held_elsewhere = sum(
             len(lease.gpu_uuids)
             for lease in self.gpu_policy.store.leases()
             if lease.user == self.user.name and lease.server != self.name
         )
+        budget = effective.quota.gpu_hours_per_week
+        if budget is not None and self.gpu_hours_used() >= budget:
+            return 0, quota, source
         return max(0, min(quota - held_elsewhere, len(self.gpu_policy.devices))), quota, source
 
     # -- options ----------------------------------------------------------------
@@ -254,7 +302,10 @@ class GPUSpawnerMixin(Spawner):
     async def _render_options_form(self, spawner=None) -> str:
         policy = self.gpu_policy
         allowed, quota, source = self.gpu_limit_now()
+        effective = self.gpu_effective_quota()
         status = await asyncio.to_thread(policy.status)
+        held = policy.held_by_user(self.user.name)
+        models = [m for m in policy.models() if effective.quota.allows_model(m)]
         return _jinja.get_template("options_form.html").render(
             gpus=status,
             source=policy.inventory.source,
@@ -265,9 +316,16 @@ class GPUSpawnerMixin(Spawner):
             default=min(self.default_gpus, allowed),
             free=sum(1 for s in status if s.free_slots > 0),
             shared=policy.shared,
-            models=policy.models(),
+            models=models,
             images=self.offered_images,
             user=self.user.name,
+            held=held,
+            hours_used=self.gpu_hours_used(),
+            hours_budget=effective.quota.gpu_hours_per_week,
+            allowed_models=effective.quota.allowed_models,
+            max_session_hours=effective.quota.max_session_hours,
+            cpu_allowed=self.cpu_servers_allowed,
+            contact=self.quota_contact,
         )
 
     def _refuse(self, message: str, reason: str, status_code: int = 400):
@@ -276,6 +334,8 @@ class GPUSpawnerMixin(Spawner):
     def _apply_gpu_options(self, user_options: dict) -> None:
         policy = self.gpu_policy
         allowed, quota, source = self.gpu_limit_now()
+        effective = self.gpu_effective_quota()
+        ask = f"ask {self.quota_contact} to raise your GPU quota"
         try:
             request = parse_options(
                 user_options,
@@ -286,15 +346,58 @@ class GPUSpawnerMixin(Spawner):
             )
         except OptionError as exc:
             self._refuse(f"Cannot start the server: {exc}.", "bad_options")
+        if request.gpus == 0 and not self.cpu_servers_allowed:
+            self._refuse(
+                "Cannot start the server: CPU-only servers are switched off on this hub; ask for at least one GPU.",
+                "quota",
+                status_code=403,
+            )
+        budget = effective.quota.gpu_hours_per_week
+        if request.gpus and budget is not None:
+            used = self.gpu_hours_used()
+            if used >= budget:
+                self._refuse(
+                    f"Cannot start the server: {source} allows {budget:g} GPU-hours per week and you "
+                    f"used {used:.1f} in the last 7 days. Start a CPU-only server (0 GPUs), wait until "
+                    f"older use leaves the 7-day window, or {ask}.",
+                    "quota",
+                    status_code=403,
+                )
         if request.gpus > allowed:
             held = quota - allowed if quota > allowed else 0
             self._refuse(
                 f"Cannot start the server: you asked for {request.gpus} GPU(s), but {source} allows "
                 f"{quota} at once{f' and your other servers hold {held}' if held else ''}. "
-                "Ask for fewer, or ask a hub admin to raise your GPU quota.",
+                f"Ask for fewer, or {ask}.",
                 "quota",
                 status_code=403,
             )
+        models = effective.quota.allowed_models
+        if request.gpus and models is not None:
+            if request.gpu_model is not None and not effective.quota.allows_model(request.gpu_model):
+                self._refuse(
+                    f"Cannot start the server: {source} allows only these GPU models: "
+                    f"{', '.join(models) or 'none'}, not {request.gpu_model}. Pick one of those, or {ask}.",
+                    "quota",
+                    status_code=403,
+                )
+            if request.gpu_model is None:
+                # Only allowed models may be handed out: pick the allowed model
+                # with the most free GPUs now (the policy allocates by model).
+                offered = [m for m in policy.models() if effective.quota.allows_model(m)]
+                if not offered:
+                    self._refuse(
+                        f"Cannot start the server: {source} allows only GPU models this hub does not have "
+                        f"({', '.join(models) or 'none'}). Start a CPU-only server (0 GPUs), or {ask}.",
+                        "quota",
+                        status_code=403,
+                    )
+                if len(offered) < len(policy.models()):
+                    best = max(offered, key=lambda m: (policy.free_count(m), -offered.index(m)))
+                    request = replace(request, gpu_model=best)
+        # The session limit in force now; the workbench service stops servers
+        # that run longer. A later quota change does not touch this server.
+        self.gpu_quota_book.record_session_limit(self.user.name, self.name, effective.quota.max_session_hours)
         self.gpu_request = request
         self.apply_gpu_request(request)
 

@@ -111,7 +111,11 @@ class AllocationStore:
     def __init__(self, url: str):
         self.url = url
         self.engine = make_engine(url)
-        Base.metadata.create_all(self.engine)
+        # Bring the schema to the newest revision (Alembic); a database made
+        # by an older create_all is adopted by the first revision.
+        from .migrations import upgrade
+
+        upgrade(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
     # -- writes -------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import ARTIFACTS, process_env
+from tests.conftest import ARTIFACTS, process_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from conftest import process_env
+from tests.conftest import process_env
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def test_bad_spawn_requests_get_a_readable_4xx(running_hub_module, body, status,
 
 @pytest.fixture(scope="module")
 def running_hub_module(tmp_path_factory):
-    from conftest import Hub
+    from tests.conftest import Hub
 
     hub = Hub(tmp_path_factory.mktemp("hub"), {"WORKBENCH_SIMULATED_GPUS": "4"}, [])
     hub.start()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from monitor_support import ARTIFACTS, EXTENSION_DIR, RunningServer, skip_or_fail, start_server, stop_server
+from tests.monitor.monitor_support import ARTIFACTS, EXTENSION_DIR, RunningServer, skip_or_fail, start_server, stop_server
 
 
 @pytest.fixture(scope="module")

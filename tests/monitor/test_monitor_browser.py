@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from monitor_support import skip_or_fail, start_server, stop_server
+from tests.monitor.monitor_support import skip_or_fail, start_server, stop_server
 
 pytestmark = pytest.mark.browser
 

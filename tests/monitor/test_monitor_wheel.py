@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from monitor_support import EXTENSION_DIR, skip_or_fail
+from tests.monitor.monitor_support import EXTENSION_DIR, skip_or_fail
 
 JUPYTERLAB = os.environ.get("WORKBENCH_TEST_JUPYTERLAB", "jupyterlab==4.6.6")
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from monitor_support import EXTENSION_DIR
+from tests.monitor.monitor_support import EXTENSION_DIR
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
