@@ -1,0 +1,163 @@
+"""``workbench``: manage GPU quotas from a shell, through the workbench service's REST API.
+
+Examples::
+
+    export WORKBENCH_URL=http://127.0.0.1:8000        # the hub
+    export WORKBENCH_ADMIN_TOKEN=...                  # a token with custom:workbench:admin
+    workbench quota set alice --max-gpus 2 --gpu-hours-per-week 10 --models H100-80GB
+    workbench quota set-group ml-course --max-gpus 1 --max-session-hours 4
+    workbench quota show alice          # own quota and the effective one
+    workbench quota show                # every quota
+    workbench quota delete alice
+    workbench quota delete-group ml-course
+
+Exit codes: 0 done, 1 the service refused (the message says why), 2 bad
+command line or the service could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from urllib.parse import quote
+
+SERVICE_PATH = "/services/workbench/"
+
+
+class CLIError(Exception):
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def _number(kind):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
+    return parse
+
+
+def _optional_number(text: str):
+    if text.lower() in ("none", "null", "unlimited", ""):
+        return None
+    return _number(float)(text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default=os.environ.get("WORKBENCH_URL", "http://127.0.0.1:8000"),
+                        help="the hub's URL (default $WORKBENCH_URL or http://127.0.0.1:8000)")
+    parser.add_argument("--token", default=os.environ.get("WORKBENCH_ADMIN_TOKEN", ""),
+                        help="a hub API token with custom:workbench:admin (default $WORKBENCH_ADMIN_TOKEN)")
+    parser.add_argument("--json", action="store_true", help="print the service's JSON answer")
+    top = parser.add_subparsers(dest="area", required=True)
+    quota = top.add_parser("quota", help="GPU quotas of users and groups").add_subparsers(dest="action", required=True)
+    for action, kind in (("set", "user"), ("set-group", "group")):
+        p = quota.add_parser(action, help=f"set the quota of a {kind} (applies to the next spawn)")
+        p.add_argument("name")
+        p.add_argument("--max-gpus", type=_number(int), required=True, help="GPUs held at once")
+        p.add_argument("--gpu-hours-per-week", type=_optional_number, default=None,
+                       help="GPU-hours in the rolling last 7 days (default: no limit)")
+        p.add_argument("--models", default=None,
+                       help="comma-separated allowed GPU models, e.g. H100-80GB,A100-40GB (default: any)")
+        p.add_argument("--max-session-hours", type=_optional_number, default=None,
+                       help="servers are stopped after this many hours (default: no limit)")
+    for action, kind in (("show", "user"), ("show-group", "group")):
+        p = quota.add_parser(action, help=f"show the quota of a {kind}, or every quota without a name")
+        p.add_argument("name", nargs="?" if kind == "user" else None)
+    for action, kind in (("delete", "user"), ("delete-group", "group")):
+        p = quota.add_parser(action, help=f"delete the quota of a {kind} (falls back to groups or the default)")
+        p.add_argument("name")
+    return parser
+
+
+def call(url: str, token: str, method: str, path: str, body=None):
+    if not token:
+        raise CLIError("no token: set WORKBENCH_ADMIN_TOKEN or pass --token", 2)
+    request = urllib.request.Request(
+        url.rstrip("/") + SERVICE_PATH + path,
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json",
+                 "Accept": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw = response.read()
+            return json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            message = json.loads(raw)["message"]
+        except (ValueError, KeyError, TypeError):
+            message = raw.decode(errors="replace")[:200] or exc.reason
+        raise CLIError(f"{method} {path} failed ({exc.code}): {message}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise CLIError(f"cannot reach the workbench service at {url}: {getattr(exc, 'reason', exc)}", 2) from None
+
+
+def _describe(q: dict | None) -> str:
+    if not q:
+        return "none"
+    parts = [f"{q['max_gpus']} GPU(s) at once"]
+    parts.append(f"{q['gpu_hours_per_week']:g} GPU-hours/week" if q.get("gpu_hours_per_week") is not None
+                 else "no GPU-hour limit")
+    parts.append(f"models {', '.join(q['allowed_models']) or 'none'}" if q.get("allowed_models") is not None
+                 else "any model")
+    if q.get("max_session_hours") is not None:
+        parts.append(f"sessions up to {q['max_session_hours']:g} h")
+    return ", ".join(parts)
+
+
+def run(args) -> tuple[object, str]:
+    action = args.action
+    kind = "groups" if action.endswith("-group") else "users"
+    if action in ("set", "set-group"):
+        body = {
+            "max_gpus": args.max_gpus,
+            "gpu_hours_per_week": args.gpu_hours_per_week,
+            "allowed_models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None
+            else None,
+            "max_session_hours": args.max_session_hours,
+        }
+        data = call(args.url, args.token, "PUT", f"api/quotas/{kind}/{quote(args.name, safe='')}", body)
+        return data, f"Set the quota of {kind[:-1]} {args.name}: {_describe(data['quota'])}. It applies to the next spawn."
+    if action in ("delete", "delete-group"):
+        call(args.url, args.token, "DELETE", f"api/quotas/{kind}/{quote(args.name, safe='')}")
+        return None, f"Deleted the quota of {kind[:-1]} {args.name}."
+    if action == "show" and not args.name:
+        data = call(args.url, args.token, "GET", "api/quotas")
+        lines = [f"default: {_describe(data['default'])}"]
+        lines += [f"user {q['name']}: {_describe(q)}" for q in data["users"]]
+        lines += [f"group {q['name']}: {_describe(q)}" for q in data["groups"]]
+        return data, "\n".join(lines)
+    data = call(args.url, args.token, "GET", f"api/quotas/{kind}/{quote(args.name, safe='')}")
+    lines = [f"{kind[:-1]} {args.name}: own quota: {_describe(data['quota'])}"]
+    if "effective" in data:
+        eff = data["effective"]
+        lines.append(f"effective: {_describe(eff)} ({eff['origin']})")
+    if "users" in data:
+        lines.append(f"members: {', '.join(data['users']) or 'none'}")
+    return data, "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        data, text = run(args)
+    except CLIError as exc:
+        print(f"workbench: {exc}", file=sys.stderr)
+        return exc.code
+    print(json.dumps(data, indent=2) if args.json and data is not None else text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

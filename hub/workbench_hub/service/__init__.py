@@ -1,0 +1,25 @@
+"""The workbench service: GPU quotas, the fleet view and metrics, for hub admins.
+
+JupyterHub starts it as a managed service at ``/services/workbench/`` (see the
+``# -- the workbench service`` block of ``hub/jupyterhub_config.py``)::
+
+    python -m workbench_hub.service --port 10101
+
+It serves
+
+* an admin page (server-rendered, the hub's Bootstrap, a little JavaScript for
+  live numbers): every GPU with its holder and live use, every user and group
+  with the effective quota and where it comes from, GPU-hours this week, and
+  forms to set or delete quotas;
+* a REST API (``api/gpus``, ``api/allocations``, ``api/quotas/...``,
+  ``api/usage``), described by ``api/openapi.json``;
+* ``metrics``: Prometheus text with DCGM-exporter names.
+
+Who may do what is decided here, on every request, from the caller's hub
+scopes: ``custom:workbench:admin`` reads and writes everything,
+``custom:workbench:read`` reads everything, and any hub user may read their
+own usage. It shares the workbench database with the spawner, so a quota
+saved here applies to the next spawn; running servers are never touched by a
+quota change. The one thing it stops is a server that outlives the session
+length its quota had when it started (``max_session_hours``).
+"""

@@ -1,0 +1,66 @@
+"""Fixtures for the workbench service tests: a hub with the service, shared per module."""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import ARTIFACTS, Hub, free_port  # noqa: F401  (ARTIFACTS is re-exported)
+
+
+class WorkbenchHub(Hub):
+    """A Hub plus calls to the workbench service through the proxy."""
+
+    def service(self, method: str, path: str, token=None, **kwargs) -> requests.Response:
+        headers = dict(kwargs.pop("headers", {}))
+        if token is not False:
+            headers.setdefault("Authorization", f"token {token or self.token}")
+        return requests.request(method, f"{self.url}/services/workbench/{path}", headers=headers,
+                                timeout=30, allow_redirects=False, **kwargs)
+
+    def wait_service(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.service("GET", "api/openapi.json").status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"the workbench service did not answer:\n{self.log()[-3000:]}")
+
+
+def start_workbench_hub(data_dir: Path, env: dict[str, str] | None = None,
+                        args: list[str] | None = None) -> WorkbenchHub:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    hub = WorkbenchHub(data_dir, {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_SERVICE_PORT": str(free_port()),
+                                  **(env or {})}, args or [])
+    hub.start()
+    hub.wait_service()
+    return hub
+
+
+def shut_down(hub: WorkbenchHub) -> None:
+    try:
+        hub.kill_everything()
+    except Exception:
+        hub.stop()
+
+
+@pytest.fixture(scope="module")
+def workbench_hub(tmp_path_factory):
+    """One hub (2 H100 + 2 A100, simulated) with the service, for a whole test module."""
+    hub = start_workbench_hub(tmp_path_factory.mktemp("hub") / "hub",
+                              {"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB,2xA100-40GB",
+                               "WORKBENCH_SESSION_CHECK_SECONDS": "1"})
+    yield hub
+    shut_down(hub)
+
+
+def browser_flow():
+    """The sign-up and login steps of tests/browser/test_login_to_lab.py (one copy of them)."""
+    return importlib.import_module("tests.browser.test_login_to_lab")

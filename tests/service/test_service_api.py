@@ -1,0 +1,246 @@
+"""The workbench service against a real hub: its REST API, scopes, bad input and quotas at spawn."""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import quote
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+GOOD = {"max_gpus": 2, "gpu_hours_per_week": 10, "allowed_models": ["H100-80GB"], "max_session_hours": 8}
+
+
+@pytest.fixture(scope="module")
+def hub(workbench_hub):
+    workbench_hub.create_users("alice", "bob", "carol", "dave", "erin")
+    r = workbench_hub.api("POST", "/groups/ml-course", json={"users": ["bob"]})
+    assert r.status_code in (201, 409), r.text
+    workbench_hub.student = workbench_hub.user_token("carol")
+    return workbench_hub
+
+
+def quota_of(hub, kind: str, name: str):
+    r = hub.service("GET", f"api/quotas/{kind}/{quote(name, safe='')}")
+    assert r.status_code == 200, r.text
+    return r.json()["quota"]
+
+
+def test_set_read_and_delete_a_user_quota(hub):
+    r = hub.service("PUT", "api/quotas/users/alice", json=GOOD)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert {k: body["quota"][k] for k in GOOD} == {**GOOD, "gpu_hours_per_week": 10.0, "max_session_hours": 8.0}
+    assert body["effective"]["origin"] == "own quota"
+    assert body["quota"]["updated_by"] == "service:workbench-admin"
+    listing = hub.service("GET", "api/quotas").json()
+    assert [q["name"] for q in listing["users"]] == ["alice"] and listing["default"]["max_gpus"] == 1
+    r = hub.service("DELETE", "api/quotas/users/alice")
+    assert r.status_code == 204
+    assert quota_of(hub, "users", "alice") is None
+    assert hub.service("GET", "api/quotas/users/alice").json()["effective"]["origin"] == "default"
+
+
+def test_group_quota_reaches_its_members_and_shows_where_it_comes_from(hub):
+    r = hub.service("PUT", "api/quotas/groups/ml-course", json={"max_gpus": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["users"] == ["bob"]
+    bob = hub.service("GET", "api/quotas/users/bob").json()["effective"]
+    assert bob["max_gpus"] == 2 and bob["origin"] == "from group ml-course"
+    usage = hub.service("GET", "api/usage?user=bob").json()["users"][0]
+    assert usage["quota"]["origin"] == "from group ml-course"
+
+
+BAD_BODIES = [
+    ({"max_gpus": -1}, "max_gpus must be at least 0"),
+    ({"max_gpus": 1.5}, "whole number"),
+    ({"max_gpus": 10**15}, "at most 1024"),
+    ({"max_gpus": "two"}, "must be a whole number"),
+    ({"max_gpus": None}, "max_gpus is required"),
+    ({"max_gpus": 1, "gpu_hours_per_week": -5}, "at least 0"),
+    ({"max_gpus": 1, "gpu_hours_per_week": "lots"}, "must be a number"),
+    ({"max_gpus": 1, "allowed_models": ["V100"]}, "unknown GPU model"),
+    ({"max_gpus": 1, "allowed_models": ["<img src=x onerror=alert(1)>"]}, "not a GPU model name"),
+    ({"max_gpus": 1, "max_session_hours": -1}, "more than 0"),
+    ({"max_gpus": 1, "is_admin": True}, "unknown field"),
+    ([{"max_gpus": 1}], "JSON object"),
+]
+
+
+@pytest.mark.parametrize("kind, name", [("users", "dave"), ("groups", "ml-course")])
+@pytest.mark.parametrize("body, message", BAD_BODIES)
+def test_bad_quotas_are_400_and_change_nothing(hub, kind, name, body, message):
+    before = quota_of(hub, kind, name)
+    r = hub.service("PUT", f"api/quotas/{kind}/{name}", json=body)
+    assert r.status_code == 400, r.text
+    assert r.headers["Content-Type"].startswith("application/json")
+    assert message in r.json()["message"]
+    assert quota_of(hub, kind, name) == before
+
+
+@pytest.mark.parametrize("raw", ["{max_gpus: 1", "", "NaN", '{"max_gpus": NaN}', b"\xff\xfe"])
+def test_malformed_json_is_400(hub, raw):
+    before = quota_of(hub, "users", "dave")
+    r = hub.service("PUT", "api/quotas/users/dave", data=raw, headers={"Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    assert r.json()["message"]
+    assert quota_of(hub, "users", "dave") == before
+
+
+@pytest.mark.parametrize("kind", ["users", "groups"])
+@pytest.mark.parametrize("name", ["nobody", "<script>alert(1)</script>", "../admin", "a/b", "x" * 300, "bob\"'&"])
+def test_unknown_and_odd_names_are_404_as_json(hub, kind, name):
+    path = f"api/quotas/{kind}/{quote(name, safe='')}"
+    for method in ("GET", "PUT", "DELETE"):
+        r = hub.service(method, path, json={"max_gpus": 1} if method == "PUT" else None)
+        assert r.status_code == 404, (method, r.text)
+        assert r.headers["Content-Type"].startswith("application/json")
+        message = r.json()["message"]
+        assert message.startswith("no ")
+        assert "<" not in r.text and ">" not in r.text  # escaped even in JSON
+    listing = hub.service("GET", "api/quotas").json()
+    assert name not in [q["name"] for q in listing["users"] + listing["groups"]]
+
+
+def test_missing_or_wrong_auth_is_403(hub):
+    before = quota_of(hub, "users", "dave")
+    for token in (False, "not-a-token"):
+        for method, path in [("GET", "api/gpus"), ("PUT", "api/quotas/users/dave"), ("GET", "api/usage"),
+                             ("GET", "metrics"), ("DELETE", "api/quotas/users/dave")]:
+            r = hub.service(method, path, token=token, json={"max_gpus": 0} if method == "PUT" else None)
+            assert r.status_code == 403, (token, method, path, r.text)
+            assert "authentication required" in r.json()["message"]
+    # A cookie without the XSRF token is no login either.
+    r = hub.service("PUT", "api/quotas/users/dave", token=False, json={"max_gpus": 0},
+                    cookies={"jupyterhub-services-workbench": "forged"})
+    assert r.status_code == 403
+    assert quota_of(hub, "users", "dave") == before
+    # The page sends browsers to the hub's login instead.
+    r = hub.service("GET", "", token=False)
+    assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"]
+
+
+def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
+    student = hub.student
+    before = quota_of(hub, "users", "carol")
+    for method, path in [("PUT", "api/quotas/users/carol"), ("DELETE", "api/quotas/users/carol"),
+                         ("PUT", "api/quotas/groups/ml-course")]:
+        r = hub.service(method, path, token=student, json={"max_gpus": 4} if method == "PUT" else None)
+        assert r.status_code == 403, r.text
+        assert "only hub admins may change quotas" in r.json()["message"]
+    for path in ("api/gpus", "api/allocations", "api/quotas", "api/quotas/users/carol", "metrics"):
+        assert hub.service("GET", path, token=student).status_code == 403
+    assert quota_of(hub, "users", "carol") == before
+    own = hub.service("GET", "api/usage", token=student)
+    assert own.status_code == 200 and [u["name"] for u in own.json()["users"]] == ["carol"]
+    assert hub.service("GET", "api/usage?user=carol", token=student).status_code == 200
+    other = hub.service("GET", "api/usage?user=alice", token=student)
+    assert other.status_code == 403 and "only your own usage" in other.json()["message"]
+    # The page says no, escaped, without leaking anything.
+    page = hub.service("GET", "", token=student)
+    assert page.status_code == 403 and "Not allowed" in page.text and "alice" not in page.text
+
+
+def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
+    assert hub.service("PUT", "api/quotas/users/alice", json={"max_gpus": 0}).status_code == 200
+    r = hub.spawn("alice", gpus=1)
+    assert r.status_code == 403, r.text
+    message = r.json()["message"]
+    assert "your own GPU quota allows 0 at once" in message and "ask a hub admin" in message
+    assert hub.leases().get("alice") is None
+
+    # A group quota: bob (ml-course, 2 GPUs) may take two; only allowed models.
+    assert hub.service("PUT", "api/quotas/groups/ml-course",
+                       json={"max_gpus": 2, "allowed_models": ["A100-40GB"]}).status_code == 200
+    r = hub.spawn("bob", gpus=1, gpu_model="H100-80GB")
+    assert r.status_code == 403 and "allows only these GPU models: A100-40GB" in r.json()["message"]
+    assert hub.spawn("bob", gpus=2).status_code in (201, 202)
+    hub.wait_ready("bob")
+    assert hub.leases()["bob"] == ["GPU-sim-02-a100-40gb", "GPU-sim-03-a100-40gb"]
+    gpus = {g["uuid"]: g for g in hub.service("GET", "api/gpus").json()["gpus"]}
+    assert gpus["GPU-sim-02-a100-40gb"]["holders"][0]["user"] == "bob"
+    assert [a["user"] for a in hub.service("GET", "api/allocations").json()["allocations"]] == ["bob"]
+    metrics = hub.service("GET", "metrics").text
+    assert 'DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-sim-02-a100-40gb"' in metrics
+    assert 'user="bob"' in metrics and "DCGM_FI_DEV_FB_USED" in metrics and "DCGM_FI_DEV_FB_FREE" in metrics
+
+    # Lowering bob's quota does not touch his running server.
+    assert hub.service("PUT", "api/quotas/groups/ml-course", json={"max_gpus": 0}).status_code == 200
+    time.sleep(1)
+    assert hub.server("bob")["ready"] and len(hub.leases()["bob"]) == 2
+    usage = hub.service("GET", "api/usage?user=bob").json()["users"][0]
+    assert usage["held_gpus"] == 2 and usage["gpu_hours_week"] > 0
+
+    # An exhausted GPU-hours budget: refused, CPU still fine.
+    assert hub.service("PUT", "api/quotas/users/alice",
+                       json={"max_gpus": 1, "gpu_hours_per_week": 0}).status_code == 200
+    r = hub.spawn("alice", gpus=1)
+    assert r.status_code == 403 and "0 GPU-hours per week" in r.json()["message"]
+    hub.api("DELETE", "/users/bob/server")
+    hub.wait_stopped("bob")
+
+
+def test_over_long_sessions_are_stopped_by_the_service(hub):
+    # 0.002 h = 7.2 s; the service checks every second in this hub.
+    assert hub.service("PUT", "api/quotas/users/erin", json={"max_gpus": 1, "max_session_hours": 0.002}).status_code == 200
+    assert hub.spawn("erin", gpus=1).status_code in (201, 202)
+    hub.wait_ready("erin")
+    hub.wait_stopped("erin", timeout=60)
+    assert hub.leases().get("erin") is None
+    assert "ran longer than its 0.002-hour session limit" in hub.log()
+
+
+def test_every_route_is_in_the_openapi_document(hub):
+    doc = hub.service("GET", "api/openapi.json", token=False).json()
+    assert doc["openapi"].startswith("3.")
+    for path, item in doc["paths"].items():
+        for method in ("get", "put", "delete"):
+            if method not in item:
+                continue
+            concrete = path.replace("{name}", "dave" if "users" in path else "ml-course").lstrip("/")
+            body = {"max_gpus": 1} if method == "put" else None
+            r = hub.service(method.upper(), concrete, json=body)
+            assert r.status_code != 404 and r.status_code < 500, (method, path, r.status_code, r.text)
+            assert str(r.status_code) in item[method]["responses"] or (path == "/" and r.status_code == 200), (
+                method, path, r.status_code)
+    # An unknown API path is a JSON 404.
+    r = hub.service("GET", "api/nothing-here")
+    assert r.status_code == 404 and "openapi.json" in r.json()["message"]
+
+
+def cli(hub, *args, token=None):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "WORKBENCH_URL": hub.url, "WORKBENCH_ADMIN_TOKEN": hub.token if token is None else token}
+    return subprocess.run([sys.executable, "-m", "workbench_hub.cli", *args], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_the_cli_sets_shows_and_deletes_quotas(hub):
+    r = cli(hub, "quota", "set", "dave", "--max-gpus", "2", "--gpu-hours-per-week", "10", "--models", "H100-80GB")
+    assert r.returncode == 0, r.stderr
+    assert "Set the quota of user dave: 2 GPU(s) at once, 10 GPU-hours/week, models H100-80GB" in r.stdout
+    assert quota_of(hub, "users", "dave")["max_gpus"] == 2
+    r = cli(hub, "quota", "show", "dave")
+    assert r.returncode == 0 and "effective: 2 GPU(s) at once" in r.stdout and "(own quota)" in r.stdout
+    r = cli(hub, "quota", "set-group", "ml-course", "--max-gpus", "1", "--max-session-hours", "4")
+    assert r.returncode == 0 and "sessions up to 4 h" in r.stdout
+    assert "group ml-course" in cli(hub, "quota", "show").stdout
+    # Errors: a readable message on stderr and a non-zero exit code; nothing changes.
+    r = cli(hub, "quota", "set", "dave", "--max-gpus", "-3")
+    assert r.returncode == 1 and "max_gpus must be at least 0" in r.stderr
+    r = cli(hub, "quota", "set", "nobody", "--max-gpus", "1")
+    assert r.returncode == 1 and "no user named" in r.stderr
+    r = cli(hub, "quota", "set", "dave", "--max-gpus", "lots")
+    assert r.returncode == 2 and "not a whole number" in r.stderr
+    r = cli(hub, "quota", "set", "dave", "--max-gpus", "1", token=hub.student)
+    assert r.returncode == 1 and "only hub admins" in r.stderr
+    r = cli(hub, "quota", "show", "dave", token="")
+    assert r.returncode == 2 and "no token" in r.stderr
+    assert quota_of(hub, "users", "dave")["max_gpus"] == 2
+    r = cli(hub, "quota", "delete", "dave")
+    assert r.returncode == 0 and quota_of(hub, "users", "dave") is None
+    assert cli(hub, "quota", "delete-group", "ml-course").returncode == 0

@@ -1,0 +1,209 @@
+"""The effective-quota rule, quota validation and the GPU-hours ledger."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+
+from workbench_spawner.migrations import HEAD, current
+from workbench_spawner.quota import (
+    Quota,
+    QuotaBook,
+    QuotaError,
+    effective_quota,
+    gpu_hours_by_user,
+    gpu_hours_used,
+    parse_quota,
+)
+from workbench_spawner.store import AllocationStore, Base, UsageRow
+
+DEFAULT = Quota(max_gpus=1)
+MODELS = ["A100-40GB", "H100-80GB"]
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    yield s
+    s.dispose()
+
+
+# -- the rule -------------------------------------------------------------------------
+
+
+def test_own_quota_wins_even_when_a_group_is_more_generous():
+    eff = effective_quota(Quota(0), {"ml-course": Quota(4)}, DEFAULT)
+    assert eff.quota.max_gpus == 0 and eff.source == "user" and eff.origin == "own quota"
+    assert eff.describe == "your own GPU quota"
+
+
+def test_most_generous_group_wins_part_by_part():
+    groups = {
+        "intro": Quota(1, gpu_hours_per_week=None),
+        "ml-course": Quota(2, gpu_hours_per_week=10),
+        "thesis": Quota(2, gpu_hours_per_week=20),
+    }
+    eff = effective_quota(None, groups, DEFAULT)
+    assert (eff.source, eff.group, eff.origin) == ("group", "thesis", "from group thesis")
+    # No limit beats any limit; any model beats a list.
+    eff = effective_quota(None, {"a": Quota(2, 20), "b": Quota(2, None)}, DEFAULT)
+    assert eff.group == "b"
+    eff = effective_quota(None, {"a": Quota(1, allowed_models=("A100-40GB",)), "b": Quota(1)}, DEFAULT)
+    assert eff.group == "b"
+    assert eff.describe == "the GPU quota of group b"
+
+
+def test_ties_go_to_the_group_name_that_sorts_first():
+    eff = effective_quota(None, {"zeta": Quota(1), "alpha": Quota(1)}, DEFAULT)
+    assert eff.group == "alpha"
+
+
+def test_default_when_nothing_is_set():
+    eff = effective_quota(None, {}, DEFAULT)
+    assert eff.quota == DEFAULT and eff.source == "default" and eff.describe == "the default quota"
+
+
+def test_the_book_applies_the_rule_and_ignores_other_groups(store):
+    book = QuotaBook(store)
+    book.set("group", "ml-course", Quota(2, 10.0, ("H100-80GB",)), by="user:admin")
+    book.set("group", "other", Quota(4))
+    eff = book.effective("alice", ["ml-course"], DEFAULT)
+    assert eff.origin == "from group ml-course"
+    assert eff.quota == Quota(2, 10.0, ("H100-80GB",))
+    book.set("user", "alice", Quota(0))
+    assert book.effective("alice", ["ml-course"], DEFAULT).quota.max_gpus == 0
+    assert book.delete("user", "alice") and not book.delete("user", "alice")
+    assert book.effective("bob", [], DEFAULT).source == "default"
+    assert book.get("group", "ml-course").updated_by == "user:admin"
+
+
+# -- validation -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ({"max_gpus": -1}, "at least 0"),
+        ({"max_gpus": 1.5}, "whole number"),
+        ({"max_gpus": 10**12}, "at most 1024"),
+        ({"max_gpus": "two"}, "must be a whole number"),
+        ({"max_gpus": True}, "must be a whole number"),
+        ({"max_gpus": math.inf}, "finite"),
+        ({"max_gpus": math.nan}, "finite"),
+        ({}, "max_gpus is required"),
+        ({"max_gpus": None}, "max_gpus is required"),
+        ({"max_gpus": 1, "gpu_hours_per_week": -2}, "at least 0"),
+        ({"max_gpus": 1, "gpu_hours_per_week": "ten"}, "must be a number"),
+        ({"max_gpus": 1, "gpu_hours_per_week": 1e300}, "at most"),
+        ({"max_gpus": 1, "max_session_hours": 0}, "more than 0"),
+        ({"max_gpus": 1, "allowed_models": "H100-80GB"}, "must be a list"),
+        ({"max_gpus": 1, "allowed_models": ["<script>"]}, "not a GPU model name"),
+        ({"max_gpus": 1, "allowed_models": ["V100"]}, "unknown GPU model"),
+        ({"max_gpus": 1, "colour": "red"}, "unknown field"),
+        ([1, 2], "JSON object"),
+        ("max_gpus=1", "JSON object"),
+    ],
+)
+def test_bad_quotas_are_refused_with_a_reason(body, message):
+    with pytest.raises(QuotaError, match=message):
+        parse_quota(body, MODELS)
+
+
+def test_a_good_quota_is_normalised():
+    quota = parse_quota({"max_gpus": 2.0, "gpu_hours_per_week": 10, "allowed_models": [" h100-80gb ", "H100-80GB"],
+                         "max_session_hours": 4}, MODELS)
+    assert quota == Quota(2, 10.0, ("H100-80GB",), 4.0)
+    assert parse_quota({"max_gpus": 0, "allowed_models": []}, MODELS).allowed_models == ()
+
+
+# -- the ledger ----------------------------------------------------------------------------
+
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+
+
+def _usage(store, user, started, ended, gpu="GPU-sim-00-h100-80gb"):
+    with store._sessions.begin() as session:
+        session.add(UsageRow(gpu_uuid=gpu, user=user, server="", started=started, ended=ended, reason="stopped"))
+
+
+def test_usage_is_clipped_at_the_start_of_the_rolling_week(store):
+    # 10 hours, of which the last 4 are inside the week ending NOW.
+    week_start = NOW - timedelta(days=7)
+    _usage(store, "alice", week_start - timedelta(hours=6), week_start + timedelta(hours=4))
+    # Entirely before the window: not counted.
+    _usage(store, "alice", week_start - timedelta(days=2), week_start - timedelta(days=1))
+    # Two GPUs for 1.5 hours yesterday: 3 GPU-hours.
+    for gpu in ("GPU-sim-00-h100-80gb", "GPU-sim-01-h100-80gb"):
+        _usage(store, "alice", NOW - timedelta(days=1), NOW - timedelta(days=1) + timedelta(hours=1.5), gpu)
+    _usage(store, "bob", NOW - timedelta(hours=2), NOW - timedelta(hours=1))
+    assert gpu_hours_used(store, "alice", now=NOW) == pytest.approx(7.0)
+    assert gpu_hours_by_user(store, now=NOW) == pytest.approx({"alice": 7.0, "bob": 1.0})
+    # A day later the 4 hours at the old boundary have left the window.
+    assert gpu_hours_used(store, "alice", now=NOW + timedelta(days=1)) == pytest.approx(3.0)
+    # Eight days later nothing is left.
+    assert gpu_hours_used(store, "alice", now=NOW + timedelta(days=8)) == 0.0
+
+
+def test_running_leases_count_until_now_and_survive_a_restart(tmp_path):
+    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
+    first = AllocationStore(url)
+    first.allocate("alice", "", 2, ["GPU-a", "GPU-b", "GPU-c"])
+    lease = first.lease_of("alice", "")
+    QuotaBook(first).set("user", "alice", Quota(2, 5.0))
+    first.dispose()
+
+    # The hub restarts: a new store on the same database sees the same lease and quota.
+    second = AllocationStore(url)
+    later = lease.since + timedelta(hours=1)
+    assert gpu_hours_used(second, "alice", now=later) == pytest.approx(2.0)
+    assert QuotaBook(second).get("user", "alice").quota == Quota(2, 5.0)
+    second.release("alice", "", "stopped")
+    used = gpu_hours_used(second, "alice")
+    assert 0 <= used < 0.01  # released seconds after allocation
+    second.dispose()
+    third = AllocationStore(url)
+    assert gpu_hours_used(third, "alice") == pytest.approx(used, abs=1e-6)
+    third.dispose()
+
+
+def test_session_limits_are_recorded_per_server(store):
+    book = QuotaBook(store)
+    book.record_session_limit("alice", "", 2.0)
+    book.record_session_limit("alice", "", 3.0)
+    book.record_session_limit("bob", "big", None)
+    assert book.session_limits() == {("alice", ""): 3.0}
+
+
+# -- migrations -------------------------------------------------------------------------
+
+
+def test_a_new_database_is_migrated_to_head(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'new.sqlite'}")
+    tables = set(inspect(store.engine).get_table_names())
+    assert {"gpu_leases", "gpu_usage", "gpu_quotas", "gpu_session_limits", "alembic_version"} <= tables
+    assert current(store.engine) == HEAD
+    store.dispose()
+
+
+def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+    engine = create_engine(url)
+    Base.metadata.tables["gpu_leases"].create(engine)
+    Base.metadata.tables["gpu_usage"].create(engine)
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason) VALUES "
+                          "('GPU-a', 'alice', '', '2026-12-01 10:00:00', '2026-12-01 12:00:00', 'stopped')"))
+    engine.dispose()
+    store = AllocationStore(url)
+    assert current(store.engine) == HEAD
+    assert "gpu_quotas" in inspect(store.engine).get_table_names()
+    assert len(store.usage(user="alice")) == 1
+    QuotaBook(store).set("user", "alice", Quota(1))
+    store.dispose()
+    # Opening it again is a no-op.
+    again = AllocationStore(url)
+    assert QuotaBook(again).get("user", "alice").quota == Quota(1)
+    again.dispose()
