@@ -55,6 +55,9 @@ $(STAMP): $(VENV)/.tools $(MONITOR_WHEEL) pyproject.toml Makefile
 	$(BIN)/pip install --quiet --force-reinstall --no-deps $(MONITOR)/dist/*.whl
 	$(BIN)/pip install --quiet $(MONITOR)/dist/*.whl
 	$(BIN)/pip install --quiet -e ".[singleuser,test]"
+	# Kernels answer the GPU monitor's torch-memory question without a %load_ext.
+	mkdir -p $(VENV)/etc/ipython
+	printf 'c.InteractiveShellApp.extensions = ["workbench_gpu_monitor"]\n' > $(VENV)/etc/ipython/ipython_kernel_config.py
 	touch $@
 
 node_modules/.bin/configurable-http-proxy: package.json

@@ -160,6 +160,20 @@ roles.append(
         "services": ["workbench-admin"] if admin_token else [],
     }
 )
+metrics_token = env("WORKBENCH_METRICS_TOKEN")
+if metrics_token:
+    if len(metrics_token) < 16:
+        fail("WORKBENCH_METRICS_TOKEN must be at least 16 characters (try: openssl rand -hex 32)")
+    # Prometheus scrapes /services/workbench/metrics with this token (read only).
+    services.append({"name": "workbench-metrics", "api_token": metrics_token})
+    roles.append(
+        {
+            "name": "workbench-metrics",
+            "description": "Prometheus: read the fleet metrics of the workbench service",
+            "scopes": ["custom:workbench:read", "access:services!service=workbench"],
+            "services": ["workbench-metrics"],
+        }
+    )
 
 c.JupyterHub.services = services
 c.JupyterHub.load_roles = roles
