@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Start a Docker Engine for the test suite, unless one already answers.
+#
+# - Idempotent: if `docker info` works, it prints the server version and exits 0.
+# - Otherwise starts dockerd in the background with tests/docker/stand-in-nvidia
+#   first on ITS PATH, so GPU device requests (driver "nvidia") are accepted on a
+#   machine without the NVIDIA Container Toolkit, then waits until `docker info`
+#   works (WORKBENCH_DOCKERD_TIMEOUT seconds, default 60) or fails with the log tail.
+#
+# Environment:
+#   WORKBENCH_DOCKERD_LOG      dockerd log file (default /tmp/workbench-dockerd.log)
+#   WORKBENCH_DOCKERD_TIMEOUT  seconds to wait for the daemon (default 60)
+#   DOCKERD_EXTRA_ARGS         extra dockerd arguments (e.g. --storage-driver=vfs)
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+hookdir="$here/stand-in-nvidia"
+log="${WORKBENCH_DOCKERD_LOG:-/tmp/workbench-dockerd.log}"
+timeout="${WORKBENCH_DOCKERD_TIMEOUT:-60}"
+
+if docker info >/dev/null 2>&1; then
+    echo "dockerd already running (server $(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+    exit 0
+fi
+
+if ! command -v dockerd >/dev/null 2>&1; then
+    echo "start-dockerd: dockerd not found (apt-get install docker.io)" >&2
+    exit 1
+fi
+if [ "$(id -u)" != 0 ]; then
+    echo "start-dockerd: no dockerd answers and starting one needs root" >&2
+    exit 1
+fi
+
+chmod +x "$hookdir/nvidia-container-runtime-hook"
+echo "starting dockerd (log: $log, stand-in NVIDIA hook: $hookdir)"
+# setsid: the daemon must outlive this script and the caller's process group.
+# shellcheck disable=SC2086
+PATH="$hookdir:$PATH" setsid dockerd ${DOCKERD_EXTRA_ARGS:-} >>"$log" 2>&1 </dev/null &
+pid=$!
+echo "$pid" > /tmp/workbench-dockerd.pid
+
+for _ in $(seq "$timeout"); do
+    if docker info >/dev/null 2>&1; then
+        echo "dockerd ready (pid $pid, server $(docker version --format '{{.Server.Version}}'))"
+        exit 0
+    fi
+    if ! kill -0 "$pid" 2>/dev/null; then
+        echo "start-dockerd: dockerd exited; last lines of $log:" >&2
+        tail -n 30 "$log" >&2
+        exit 1
+    fi
+    sleep 1
+done
+echo "start-dockerd: dockerd did not answer within ${timeout}s; last lines of $log:" >&2
+tail -n 30 "$log" >&2
+exit 1

@@ -1,0 +1,211 @@
+"""The gpu-docker backend on a real Docker Engine: a real hub spawns real containers.
+
+The engine has the stand-in NVIDIA hook on its PATH (tests/docker/start-dockerd.sh),
+so it honours GPU device requests and sets NVIDIA_VISIBLE_DEVICES; the hub runs
+with simulated GPUs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import time
+import uuid
+
+import pytest
+import requests
+
+from tests.docker.conftest import docker, inspect
+
+pytestmark = [pytest.mark.docker, pytest.mark.integration]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:6]}"
+
+
+def container_env(name: str) -> dict[str, str]:
+    """The environment of the container's main process, as the runtime set it."""
+    out = docker("exec", name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def container_of(hub, user: str) -> str:
+    return hub.server(user)["state"]["object_name"]
+
+
+@pytest.fixture
+def docker_hub(running_hub, singleuser_image, docker_volume):
+    datasets = docker_volume("wb-datasets")
+    users: list[str] = []
+
+    def start(args: list[str] | None = None, **env: str):
+        hub = running_hub(
+            {
+                "WORKBENCH_BACKEND": "docker",
+                "WORKBENCH_IMAGE": singleuser_image,
+                "WORKBENCH_SIMULATED_GPUS": "4",
+                "WORKBENCH_DATASETS_VOLUME": datasets,
+                **env,
+            },
+            ["--Spawner.poll_interval=2", *(args or [])],
+        )
+        hub.track_users = users
+        return hub
+
+    yield start
+    for user in users:
+        docker("rm", "-f", f"jupyter-{user}", check=False)
+        docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", check=False)
+
+
+def make_users(hub, *prefixes: str) -> list[str]:
+    names = [unique(p) for p in prefixes]
+    hub.track_users.extend(names)
+    hub.create_users(*names)
+    return names
+
+
+def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
+    hub = docker_hub(["--GPUSpawnerMixin.default_max_gpus=2"])
+    alice, bob = make_users(hub, "alice", "bob")
+    hub.spawn(alice, gpus=2)
+    hub.spawn(bob, gpus=0)
+    hub.wait_ready(alice, timeout=180)
+    hub.wait_ready(bob, timeout=180)
+    leased = hub.leases()[alice]
+    assert len(leased) == 2 and bob not in hub.leases()
+
+    info = inspect(container_of(hub, alice))
+    host = info["HostConfig"]
+    assert [(r["Driver"], sorted(r["DeviceIDs"]), r["Capabilities"]) for r in host["DeviceRequests"]] == [
+        ("nvidia", leased, [["gpu"]])
+    ]
+    labels = info["Config"]["Labels"]
+    assert labels["workbench.user"] == alice and labels["workbench.server"] == ""
+    assert sorted(labels["workbench.gpus"].split(",")) == leased
+    assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+    assert host["Privileged"] is False
+    mounts = {m["Destination"]: m for m in info["Mounts"]}
+    assert mounts["/home/jovyan"]["Name"] == f"workbench-home-{alice}" and mounts["/home/jovyan"]["RW"]
+    assert mounts["/checkpoints"]["RW"] and not mounts["/datasets"]["RW"]
+    assert not any("docker.sock" in m.get("Source", "") for m in info["Mounts"])
+
+    name = container_of(hub, alice)
+    env = container_env(name)
+    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == leased
+    assert env["WORKBENCH_GPUS"] == env["NVIDIA_VISIBLE_DEVICES"]
+    assert docker("exec", name, "id", "-u").stdout.strip() != "0", "user servers never run as root"
+    assert docker("exec", name, "touch", "/datasets/x", check=False).returncode != 0, "datasets are read-only"
+    docker("exec", name, "touch", "/checkpoints/model.pt")
+
+    # A CPU-only container gets no device request and sees no GPU.
+    cpu = inspect(container_of(hub, bob))
+    assert not cpu["HostConfig"]["DeviceRequests"]
+    env = container_env(container_of(hub, bob))
+    assert env["WORKBENCH_GPUS"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+    # Reachable through the proxy, and stopping removes the container and frees the GPUs.
+    token = hub.user_token(alice)
+    r = requests.get(f"{hub.url}/user/{alice}/api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    hub.api("DELETE", f"/users/{alice}/server")
+    hub.wait_stopped(alice)
+    assert alice not in hub.leases()
+    assert docker("inspect", name, check=False).returncode != 0
+
+
+def test_killed_container_releases_its_gpu_within_a_poll(docker_hub):
+    hub = docker_hub(WORKBENCH_SIMULATED_GPUS="1")
+    victim, nxt = make_users(hub, "victim", "next")
+    hub.spawn(victim, gpus=1)
+    hub.wait_ready(victim, timeout=180)
+    docker("kill", container_of(hub, victim))
+    started = time.monotonic()
+    hub.wait_stopped(victim, timeout=30)
+    assert hub.leases() == {}
+    print(f"released {time.monotonic() - started:.1f} s after docker kill (poll interval 2 s)")
+    hub.spawn(nxt, gpus=1)
+    hub.wait_ready(nxt, timeout=180)
+    assert hub.leases() == {nxt: ["GPU-sim-00-h100-80gb"]}
+
+
+def test_home_survives_stop_removal_and_an_image_upgrade(docker_hub, singleuser_image):
+    upgraded = f"{singleuser_image}-upgrade"
+    build = subprocess.run(
+        ["docker", "build", "-t", upgraded, "-"],
+        input=f"FROM {singleuser_image}\nLABEL workbench.test-upgrade=1\n",
+        capture_output=True, text=True, timeout=300,
+    )
+    assert build.returncode == 0, build.stderr
+    hub = docker_hub(WORKBENCH_IMAGES=f"{singleuser_image},{upgraded}")
+    (carol,) = make_users(hub, "carol")
+    hub.spawn(carol, gpus=1)
+    hub.wait_ready(carol, timeout=180)
+    name = container_of(hub, carol)
+    # Fill the home a little, and edit a bundled notebook.
+    docker("exec", name, "sh", "-c",
+           "head -c 50000000 /dev/urandom > ~/data.bin && sha256sum ~/data.bin | cut -c1-64 > ~/data.sha "
+           "&& echo '{\"edited\": true}' > ~/notebooks/00-environment-check.ipynb")
+    digest = docker("exec", name, "cat", "/home/jovyan/data.sha").stdout.strip()
+    hub.api("DELETE", f"/users/{carol}/server")
+    hub.wait_stopped(carol)
+    assert docker("inspect", name, check=False).returncode != 0, "the container was removed"
+
+    r = hub.spawn(carol, gpus=1, image=upgraded)
+    assert r.status_code in (201, 202), r.text
+    hub.wait_ready(carol, timeout=180)
+    name = container_of(hub, carol)
+    assert inspect(name)["Config"]["Image"] == upgraded
+    out = docker("exec", name, "sh", "-c", "sha256sum ~/data.bin | cut -c1-64").stdout.strip()
+    assert out == digest, "the home volume lost or changed data"
+    notebook = docker("exec", name, "cat", "/home/jovyan/notebooks/00-environment-check.ipynb").stdout
+    assert json.loads(notebook) == {"edited": True}, "an edited notebook was overwritten"
+    assert docker("exec", name, "test", "-f", "/home/jovyan/notebooks/01-torch-compile.ipynb").returncode == 0
+    r = hub.spawn(unique("x"), image="alpine:latest")
+    assert r.status_code in (400, 404)
+    docker("rmi", "-f", upgraded, check=False)
+
+
+def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, base_image, docker_container):
+    hub = docker_hub()
+    alice, bob = make_users(hub, "alice", "bob")
+    for user in (alice, bob):
+        hub.spawn(user, gpus=1)
+    for user in (alice, bob):
+        hub.wait_ready(user, timeout=180)
+    alice_container = inspect(container_of(hub, alice))["Id"]
+    alice_gpus = hub.leases()[alice]
+    bob_gpus = hub.leases()[bob]
+    bob_container = container_of(hub, bob)
+    token = hub.user_token(alice)
+
+    hub.stop()
+    # While the hub is down: bob's container dies, and two containers appear
+    # that the database knows nothing about (a lost row).
+    docker("kill", bob_container)
+    free_gpu = next(g for g in (f"GPU-sim-{i:02d}-h100-80gb" for i in range(4)) if g not in alice_gpus + bob_gpus)
+    adopt = docker_container("--label", "workbench.user=orphan", "--label", "workbench.server=",
+                             "--label", f"workbench.gpus={free_gpu}", base_image, "sleep", "600")
+    clash = docker_container("--label", "workbench.user=intruder", "--label", "workbench.server=",
+                             "--label", f"workbench.gpus={alice_gpus[0]}", base_image, "sleep", "600")
+    hub.start()
+
+    hub.wait_ready(alice, timeout=60)
+    assert inspect(container_of(hub, alice))["Id"] == alice_container, "alice's container was replaced"
+    r = requests.get(f"{hub.url}/user/{alice}/api/status", headers={"Authorization": f"token {token}"}, timeout=10)
+    assert r.status_code == 200, r.text
+    hub.api("GET", f"/users/{bob}")  # the first request creates the spawners and runs reconcile
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and bob in hub.leases():
+        time.sleep(1)
+    leases = hub.leases()
+    assert bob not in leases, "the lease of a dead container was not released"
+    assert leases[alice] == alice_gpus
+    assert leases.get("orphan") == [free_gpu], "a lease-less container with free GPUs is adopted"
+    assert "intruder" not in leases
+    assert inspect(clash)["State"]["Running"] is False, "a container on someone else's GPU is stopped"
+    held = [g for gs in leases.values() for g in gs]
+    assert len(held) == len(set(held))
+    docker("rm", "-f", adopt, check=False)
