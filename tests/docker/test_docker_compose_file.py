@@ -76,3 +76,27 @@ def test_singleuser_service_only_builds(compose):
     su = compose["services"]["singleuser"]
     assert su["entrypoint"] == ["/bin/true"]
     assert su["restart"] == "no"
+
+
+def test_hub_listens_beyond_its_container(compose):
+    assert compose["services"]["hub"]["environment"]["WORKBENCH_IP"] == "0.0.0.0"
+
+
+def test_monitoring_profile_mounts_the_shipped_config(compose):
+    yaml = pytest.importorskip("yaml")
+    for name in ("prometheus", "grafana"):
+        assert compose["services"][name]["profiles"] == ["monitoring"], "monitoring starts only with its profile"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")}
+    proc = subprocess.run(
+        [shutil.which("docker-compose"), "-f", str(COMPOSE_FILE), "--profile", "monitoring", "config"],
+        capture_output=True, text=True, timeout=60, cwd=REPO, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    services = yaml.safe_load(proc.stdout)["services"]
+    for name in ("prometheus", "grafana"):
+        for volume in services[name]["volumes"]:
+            source = volume["source"] if isinstance(volume, dict) else volume.split(":")[0]
+            if source.startswith(("/", ".")):
+                assert os.path.exists(source if source.startswith("/") else REPO / source), source
+    assert "WORKBENCH_METRICS_TOKEN" in services["prometheus"]["environment"]
+    assert "WORKBENCH_METRICS_TOKEN" in services["hub"]["environment"]
