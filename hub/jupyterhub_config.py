@@ -82,18 +82,24 @@ c.NativeAuthenticator.check_common_password = True
 # -- custom scopes and automation tokens ---------------------------------------------
 roles = []
 services = []
-if admin_token:
-    if len(admin_token) < 16:
-        fail("WORKBENCH_ADMIN_TOKEN must be at least 16 characters (try: openssl rand -hex 32)")
-    services.append({"name": "workbench-admin", "api_token": admin_token})
-    roles.append(
-        {
-            "name": "workbench-automation",
-            "description": "Scripts that manage users, groups and servers (WORKBENCH_ADMIN_TOKEN)",
-            "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:hub", "tokens"],
-            "services": ["workbench-admin"],
-        }
-    )
+
+
+def token_service(variable: str, name: str, role: str, description: str, scopes: list[str]) -> str:
+    """Register the API token in ``variable`` (if set) as service ``name`` with ``scopes``."""
+    token = env(variable)
+    if token:
+        if len(token) < 16:
+            fail(f"{variable} must be at least 16 characters (try: openssl rand -hex 32)")
+        services.append({"name": name, "api_token": token})
+        roles.append({"name": role, "description": description, "scopes": scopes, "services": [name]})
+    return token
+
+
+token_service(
+    "WORKBENCH_ADMIN_TOKEN", "workbench-admin", "workbench-automation",
+    "Scripts that manage users, groups and servers (WORKBENCH_ADMIN_TOKEN)",
+    ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:hub", "tokens"],
+)
 
 cull_after = number("WORKBENCH_CULL_IDLE_SECONDS", "3600", int)
 if cull_after:
@@ -160,20 +166,12 @@ roles.append(
         "services": ["workbench-admin"] if admin_token else [],
     }
 )
-metrics_token = env("WORKBENCH_METRICS_TOKEN")
-if metrics_token:
-    if len(metrics_token) < 16:
-        fail("WORKBENCH_METRICS_TOKEN must be at least 16 characters (try: openssl rand -hex 32)")
-    # Prometheus scrapes /services/workbench/metrics with this token (read only).
-    services.append({"name": "workbench-metrics", "api_token": metrics_token})
-    roles.append(
-        {
-            "name": "workbench-metrics",
-            "description": "Prometheus: read the fleet metrics of the workbench service",
-            "scopes": ["custom:workbench:read", "access:services!service=workbench"],
-            "services": ["workbench-metrics"],
-        }
-    )
+# Prometheus scrapes /services/workbench/metrics with this token (read only).
+token_service(
+    "WORKBENCH_METRICS_TOKEN", "workbench-metrics", "workbench-metrics",
+    "Prometheus: read the fleet metrics of the workbench service",
+    ["custom:workbench:read", "access:services!service=workbench"],
+)
 
 c.JupyterHub.services = services
 c.JupyterHub.load_roles = roles

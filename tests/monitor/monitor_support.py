@@ -11,7 +11,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -19,28 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ARTIFACTS, free_port
+from tests.conftest import missing as skip_or_fail  # skip, or fail in CI
+
 requests = pytest.importorskip("requests")
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION_DIR = REPO / "extensions" / "gpu-monitor"
-ARTIFACTS = REPO / "tests" / "artifacts"
-STRICT = os.environ.get("WORKBENCH_STRICT_TESTS") == "1"
 
 if str(EXTENSION_DIR) not in sys.path:
     sys.path.insert(0, str(EXTENSION_DIR))
-
-
-def skip_or_fail(reason: str):
-    """Skip with a visible reason, or fail when WORKBENCH_STRICT_TESTS=1."""
-    if STRICT:
-        pytest.fail(f"{reason} (WORKBENCH_STRICT_TESTS=1)")
-    pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RunningServer:

@@ -11,18 +11,11 @@ import time
 
 import pytest
 
+from tests.conftest import CHROMIUM_ARGS
 from tests.monitor.monitor_support import skip_or_fail, start_server, stop_server
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 
 @pytest.fixture(scope="module")

@@ -193,13 +193,17 @@ class GPUMonitorServer(LoggingConfigurable):
         return out
 
 
-class GPUMetricsHandler(APIHandler):
+class _MonitorHandler(APIHandler):
+    """Authenticated like the rest of the server's API; reads the one shared sampler."""
+
     auth_resource = "api"
 
     @property
     def monitor(self) -> GPUMonitorServer:
         return self.settings["workbench_gpu_monitor"]
 
+
+class GPUMetricsHandler(_MonitorHandler):
     @web.authenticated
     @authorized
     async def get(self):
@@ -208,14 +212,8 @@ class GPUMetricsHandler(APIHandler):
         self.finish(json.dumps(self.monitor.snapshot(history=history)))
 
 
-class GPUStreamHandler(APIHandler):
+class GPUStreamHandler(_MonitorHandler):
     """Server-sent events: one ``data:`` line per sample until the client goes away."""
-
-    auth_resource = "api"
-
-    @property
-    def monitor(self) -> GPUMonitorServer:
-        return self.settings["workbench_gpu_monitor"]
 
     @web.authenticated
     @authorized
