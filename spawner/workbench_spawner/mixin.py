@@ -259,11 +259,7 @@ class GPUSpawnerMixin(Spawner):
     @property
     def gpu_quota_book(self) -> QuotaBook:
         """The quota tables, in the allocation store's database (one per policy)."""
-        policy = self.gpu_policy
-        book = getattr(policy, "_workbench_quota_book", None)
-        if book is None:
-            book = policy._workbench_quota_book = QuotaBook(policy.store)
-        return book
+        return self.gpu_policy.quotas
 
     def gpu_default_quota(self) -> Quota:
         return Quota(max_gpus=self.default_max_gpus)

@@ -17,6 +17,7 @@ from typing import Callable
 
 from workbench_gpu_monitor.devices import DeviceInventory, GPUDevice
 
+from .quota import QuotaBook
 from .store import AllocationStore, Lease
 from .waitlist import WaitList, WaitTimeout
 
@@ -43,6 +44,7 @@ class GPUPolicy:
                  recheck_interval: float = 2.0):
         self.inventory = inventory
         self.store = store
+        self.quotas = QuotaBook(store)
         self.slots_per_gpu = max(1, slots_per_gpu)
         self.waitlist: WaitList[Lease] = WaitList(recheck_interval)
         self._reconciled = False
