@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -45,12 +44,9 @@ def artifacts_dir() -> Path:
 
 
 @pytest.fixture
-def chromium_path() -> str:
-    path = os.environ.get("WORKBENCH_CHROMIUM", "/usr/bin/chromium")
-    if not (os.path.exists(path) and os.access(path, os.X_OK)):
-        skip_or_fail(f"Chromium not found at {path}: install Debian's chromium package")
+def labextension_built() -> None:
+    """The browser tests need the JupyterLab extension's frontend, built in the checkout or installed."""
     built = EXTENSION_DIR / "workbench_gpu_monitor" / "labextension" / "package.json"
     installed = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "workbench-gpu-monitor" / "package.json"
     if not (built.exists() or installed.exists()):
         skip_or_fail("the labextension is neither built (jlpm build in extensions/gpu-monitor) nor installed")
-    return path

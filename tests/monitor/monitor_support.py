@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
@@ -25,6 +24,18 @@ requests = pytest.importorskip("requests")
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION_DIR = REPO / "extensions" / "gpu-monitor"
+
+# The per-GPU keys DESIGN.md pins for `GET api/gpu/metrics` and the stream.
+PINNED_KEYS = {
+    "uuid",
+    "name",
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "utilization_percent",
+    "temperature_c",
+    "power_w",
+    "processes",
+}
 
 if str(EXTENSION_DIR) not in sys.path:
     sys.path.insert(0, str(EXTENSION_DIR))

@@ -7,6 +7,7 @@ import types
 
 import pytest
 
+from tests.monitor.monitor_support import PINNED_KEYS
 from workbench_gpu_monitor.devices import DeviceInventory, GPUDevice, discover_devices
 from workbench_gpu_monitor.sampler import (
     ATTRIBUTION_NOTE,
@@ -19,17 +20,6 @@ from workbench_gpu_monitor.sampler import (
     make_source,
     select_devices,
 )
-
-PINNED_KEYS = {
-    "uuid",
-    "name",
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "utilization_percent",
-    "temperature_c",
-    "power_w",
-    "processes",
-}
 
 
 def sim(spec="4"):

@@ -9,16 +9,8 @@ import time
 import pytest
 import requests
 
-PINNED_KEYS = {
-    "uuid",
-    "name",
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "utilization_percent",
-    "temperature_c",
-    "power_w",
-    "processes",
-}
+from tests.monitor.monitor_support import PINNED_KEYS
+
 ENDPOINTS = ["api/gpu/metrics", "api/gpu/metrics?history=1", "api/gpu/stream"]
 
 

@@ -17,8 +17,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 from tests.monitor.monitor_support import EXTENSION_DIR, skip_or_fail
 
 JUPYTERLAB = os.environ.get("WORKBENCH_TEST_JUPYTERLAB", "jupyterlab==4.6.6")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import textwrap
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -16,8 +18,9 @@ pytest.importorskip("ipykernel")
 pytest.importorskip("ipywidgets")
 
 
-def run_in_kernel(env: dict, code: str, busy_seconds: float = 3.0):
-    """Execute `code` in a fresh kernel, collect widget comm messages until the cell finishes."""
+@contextlib.contextmanager
+def started_kernel(env: dict) -> Iterator[jupyter_client.BlockingKernelClient]:
+    """A fresh python3 kernel: the extension from this checkout, none of the test run's own GPU pins."""
     kernel_env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKBENCH_", "CUDA_VISIBLE"))}
     kernel_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")]))
     kernel_env.update(env)
@@ -27,6 +30,15 @@ def run_in_kernel(env: dict, code: str, busy_seconds: float = 3.0):
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=60)
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def run_in_kernel(env: dict, code: str, busy_seconds: float = 3.0):
+    """Execute `code` in a fresh kernel, collect widget comm messages until the cell finishes."""
+    with started_kernel(env) as kc:
         msg_id = kc.execute(code)
         opened, updates, outputs, error = None, [], [], None
         deadline = time.time() + 60 + busy_seconds
@@ -48,9 +60,6 @@ def run_in_kernel(env: dict, code: str, busy_seconds: float = 3.0):
             elif kind == "status" and content["execution_state"] == "idle" and msg["parent_header"].get("msg_id") == msg_id:
                 break
         return opened, updates, outputs, error
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 CODE = textwrap.dedent(
@@ -125,14 +134,7 @@ def test_render_html_states():
 
 def test_kernel_answers_torch_memory_on_control_channel_while_busy():
     """The panel's question: answered by the control thread while a cell runs; no torch import forced."""
-    kernel_env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKBENCH_", "CUDA_VISIBLE"))}
-    kernel_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")]))
-    km = jupyter_client.KernelManager(kernel_name="python3")
-    km.start_kernel(env=kernel_env)
-    kc = km.client()
-    kc.start_channels()
-    try:
-        kc.wait_for_ready(timeout=60)
+    with started_kernel({}) as kc:
         reply = kc.execute_interactive("%load_ext workbench_gpu_monitor", timeout=30)
         assert reply["content"]["status"] == "ok"
 
@@ -172,6 +174,3 @@ def test_kernel_answers_torch_memory_on_control_channel_while_busy():
         assert content["devices"] == [
             {"cuda_index": 0, "allocated_bytes": 1 << 30, "reserved_bytes": 3 << 30, "uuid": "GPU-sim-01"}
         ]
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
