@@ -29,6 +29,21 @@ def run_in(image: str, *cmd: str, args: tuple[str, ...] = (), timeout: float = 1
     return docker("run", "--rm", *args, image, *cmd, timeout=timeout).stdout
 
 
+def wait_for_json(container: str, url: str, failure: str, timeout: float = 90) -> object:
+    """The JSON `url` answers once the server in `container` is up; the container's logs on failure."""
+    deadline = time.time() + timeout
+    last: Exception | None = None
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return json.load(r)
+        except Exception as e:  # noqa: BLE001 - retry until the deadline
+            last = e
+            time.sleep(1)
+    logs = docker("logs", container, check=False)
+    pytest.fail(f"{failure}: {last}\n{logs.stdout[-2000:]}{logs.stderr[-3000:]}")
+
+
 # ------------------------------------------------------------------ GPUs
 
 
@@ -196,19 +211,8 @@ def test_singleuser_server_starts_and_answers(singleuser_image, docker_container
         "--ServerApp.token=", "--ServerApp.password=", "--no-browser",
     )
     ip = inspect(name)["NetworkSettings"]["IPAddress"]
-    deadline = time.time() + 90
-    last = None
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://{ip}:8888/api/status", timeout=5) as r:
-                assert r.status == 200
-                break
-        except Exception as e:  # noqa: BLE001 - retry until the deadline
-            last = e
-            time.sleep(1)
-    else:
-        logs = docker("logs", name, check=False).stderr[-3000:]
-        pytest.fail(f"JupyterLab did not answer: {last}\n{logs}")
+    status = wait_for_json(name, f"http://{ip}:8888/api/status", "JupyterLab did not answer")
+    assert "started" in status and "kernels" in status, status
     if list((CACHE / "wheelhouse").glob("workbench_gpu_monitor-*.whl")):
         with urllib.request.urlopen(f"http://{ip}:8888/api/gpu/metrics", timeout=10) as r:
             snap = json.load(r)
@@ -238,19 +242,8 @@ def test_hub_image_starts_jupyterhub_with_its_proxy(hub_image, docker_container)
     answers through it: the proxy and Node.js in the image work."""
     name = docker_container(hub_image, "jupyterhub", "--ip=0.0.0.0", "--port=8000")
     ip = inspect(name)["NetworkSettings"]["IPAddress"]
-    deadline = time.time() + 90
-    last = None
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://{ip}:8000/hub/api", timeout=5) as r:
-                assert json.load(r)["version"] == "6.1.1"
-                break
-        except Exception as e:  # noqa: BLE001
-            last = e
-            time.sleep(1)
-    else:
-        logs = docker("logs", name, check=False)
-        pytest.fail(f"hub did not answer through the proxy: {last}\n{logs.stdout[-2000:]}{logs.stderr[-3000:]}")
+    info = wait_for_json(name, f"http://{ip}:8000/hub/api", "the hub did not answer through the proxy")
+    assert info["version"] == "6.1.1"
     top = docker("top", name).stdout
     assert "configurable-http-proxy" in top
 

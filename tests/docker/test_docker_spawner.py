@@ -7,7 +7,6 @@ with simulated GPUs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
 import time

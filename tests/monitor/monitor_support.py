@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS, free_port
+from tests.conftest import ARTIFACTS, free_port  # noqa: F401  (ARTIFACTS is re-exported)
 from tests.conftest import missing as skip_or_fail  # skip, or fail in CI
 
 requests = pytest.importorskip("requests")

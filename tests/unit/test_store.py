@@ -64,7 +64,6 @@ def test_concurrent_multi_gpu_requests_are_all_or_nothing(db_url):
     assert sum(len(l.gpu_uuids) for l in granted) <= 8
     # Nothing free is left that a one-GPU request could still get, or the
     # allocator refused someone while it could serve them.
-    store = AllocationStore(db_url)
     free = 8 - sum(held.values())
     refused_single = [i for i, lease in results.items() if lease is None and 1 + i % 3 == 1]
     assert free == 0 or not refused_single
