@@ -13,6 +13,7 @@ from pathlib import Path
 import nativeauthenticator
 
 from workbench_gpu_monitor.devices import DeviceSpecError, discover_devices
+from workbench_spawner.profiles import ProfileError, parse_profiles, profiles_from_text
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
 
@@ -224,6 +225,13 @@ c.Spawner.default_url = "/lab"
 
 c.GPUSpawnerMixin.gpu_queue_timeout = number("WORKBENCH_QUEUE_TIMEOUT", "300")
 c.GPUSpawnerMixin.servers_per_gpu = max(1, number("WORKBENCH_SERVERS_PER_GPU", "1", int))
+if env("WORKBENCH_PROFILES"):
+    try:
+        profiles = profiles_from_text(env("WORKBENCH_PROFILES"))
+        parse_profiles(profiles)
+    except ProfileError as exc:
+        fail(f"WORKBENCH_PROFILES: {exc}")
+    c.GPUSpawnerMixin.resource_profiles = profiles
 
 try:
     inventory = discover_devices(simulated)

@@ -18,12 +18,13 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.spawner import SpawnException, Spawner
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
 
 from workbench_gpu_monitor.devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 
 from .options import OptionError, SpawnRequest, options_from_form, parse_options
 from .policy import GPUPolicy, NoGPUAvailable, shared_policy
+from .profiles import ProfileError, ResourceProfile, default_profile, parse_profiles
 from .quota import EffectiveQuota, Quota, QuotaBook, gpu_hours_used
 from .store import AllocationStore, Lease
 
@@ -153,6 +154,33 @@ class GPUSpawnerMixin(Spawner):
         """,
     ).tag(config=True)
 
+    resource_profiles = List(
+        Dict(),
+        help="""
+        Named CPU and memory sizes offered on the spawn form (``profile``
+        option), e.g. ``[{"slug": "small", "cpu_limit": 2, "mem_limit": "8G"},
+        {"slug": "large", "cpu_limit": 16, "mem_limit": "64G", "default": True}]``.
+        Keys: ``slug`` (what the API takes), ``display_name``, ``description``,
+        ``cpu_limit`` (cores), ``mem_limit`` (bytes or K/M/G/T), ``default``. A
+        limit a profile leaves out stays at the spawner's ``cpu_limit`` /
+        ``mem_limit``. The docker backend enforces the limits; the local
+        backend only passes them on as ``CPU_LIMIT``/``MEM_LIMIT``. Empty: no
+        choice, every server gets the spawner's limits.
+        """,
+    ).tag(config=True)
+
+    @validate("resource_profiles")
+    def _check_resource_profiles(self, proposal):
+        try:
+            parse_profiles(proposal["value"])
+        except ProfileError as exc:
+            raise TraitError(str(exc)) from exc
+        return proposal["value"]
+
+    @property
+    def gpu_profiles(self) -> list[ResourceProfile]:
+        return parse_profiles(self.resource_profiles)
+
     @default("start_timeout")
     def _default_start_timeout(self):
         # A spawn may wait in line for the whole queue timeout before its
@@ -173,6 +201,9 @@ class GPUSpawnerMixin(Spawner):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # What the configuration says, so that a profile picked for one start
+        # does not stick to the next start without one.
+        self._configured_limits = (self.cpu_limit, self.mem_limit)
         self.gpu_request = SpawnRequest(gpus=0)
         self.gpu_uuids: list[str] = []
         self._gpu_events: list[dict] = []
@@ -314,6 +345,8 @@ class GPUSpawnerMixin(Spawner):
             shared=policy.shared,
             models=models,
             images=self.offered_images,
+            profiles=self.gpu_profiles,
+            default_profile=default_profile(self.gpu_profiles),
             user=self.user.name,
             held=held,
             hours_used=self.gpu_hours_used(),
@@ -339,6 +372,7 @@ class GPUSpawnerMixin(Spawner):
                 models=policy.models(),
                 default_gpus=min(self.default_gpus, allowed),
                 allowed_images=self.offered_images,
+                profiles=[p.slug for p in self.gpu_profiles],
             )
         except OptionError as exc:
             self._refuse(f"Cannot start the server: {exc}.", "bad_options")
@@ -394,8 +428,23 @@ class GPUSpawnerMixin(Spawner):
         # The session limit in force now; the workbench service stops servers
         # that run longer. A later quota change does not touch this server.
         self.gpu_quota_book.record_session_limit(self.user.name, self.name, effective.quota.max_session_hours)
-        self.gpu_request = request
-        self.apply_gpu_request(request)
+        profile = self._apply_profile(request.profile)
+        self.gpu_request = replace(request, profile=profile.slug if profile else None)
+        self.apply_gpu_request(self.gpu_request)
+
+    def _apply_profile(self, slug: str | None) -> ResourceProfile | None:
+        """Size this start by the chosen profile (or the default one); None when none are offered."""
+        cpu_limit, mem_limit = self._configured_limits
+        profiles = self.gpu_profiles
+        profile = next((p for p in profiles if p.slug == slug), None) or default_profile(profiles)
+        if profile is not None:
+            cpu_limit = profile.cpu_limit if profile.cpu_limit is not None else cpu_limit
+            mem_limit = profile.mem_limit if profile.mem_limit is not None else mem_limit
+            self.log.info("Server %s of %s: resource profile %s (%s)", self.name or "(default)",
+                          self.user.name, profile.slug, profile.summary())
+        self.cpu_limit = cpu_limit
+        self.mem_limit = mem_limit
+        return profile
 
     def apply_gpu_request(self, request: SpawnRequest) -> None:
         """Hook for backends that act on more than the GPU count (the image)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-KNOWN_OPTIONS = ("gpus", "gpu_model", "image")
+KNOWN_OPTIONS = ("gpus", "gpu_model", "image", "profile")
 
 
 class OptionError(ValueError):
@@ -22,6 +22,7 @@ class SpawnRequest:
     gpus: int
     gpu_model: str | None = None
     image: str | None = None
+    profile: str | None = None
 
 
 def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -65,6 +66,7 @@ def parse_options(
     models: Iterable[str],
     default_gpus: int,
     allowed_images: Iterable[str] = (),
+    profiles: Iterable[str] = (),
 ) -> SpawnRequest:
     """Check raw user options against what this hub has.
 
@@ -109,4 +111,15 @@ def parse_options(
         if image.strip() not in allowed:
             raise OptionError(f"image {image.strip()[:80]!r} is not offered here; choose one of: {', '.join(allowed)}")
         image = image.strip()
-    return SpawnRequest(gpus=gpus, gpu_model=model, image=image)
+
+    profile = options.get("profile")
+    if profile is not None:
+        offered = list(profiles)
+        if not isinstance(profile, str) or not profile.strip():
+            raise OptionError("profile must be the name of one of the offered resource profiles")
+        if not offered:
+            raise OptionError("this hub does not offer resource profiles")
+        profile = profile.strip().lower()
+        if profile not in offered:
+            raise OptionError(f"unknown profile {profile[:40]!r}; choose one of: {', '.join(offered)}")
+    return SpawnRequest(gpus=gpus, gpu_model=model, image=image, profile=profile)

@@ -8,6 +8,7 @@ needed for these.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 
@@ -20,21 +21,45 @@ pytestmark = pytest.mark.docker
 COMPOSE_FILE = REPO / "docker-compose.yml"
 
 
-@pytest.fixture(scope="module")
-def compose() -> dict:
+def resolved_compose(settings: dict[str, str]) -> dict:
+    """`docker-compose config` with only these WORKBENCH_* variables in the environment."""
     yaml = pytest.importorskip("yaml")
     tool = shutil.which("docker-compose")
     if tool is None:
         if os.environ.get("WORKBENCH_STRICT_TESTS") == "1":
             pytest.fail("docker-compose not installed (apt-get install docker-compose)")
         pytest.skip("docker-compose not installed (apt-get install docker-compose)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")} | settings
     proc = subprocess.run(
         [tool, "-f", str(COMPOSE_FILE), "config"],
         capture_output=True, text=True, timeout=60, cwd=REPO, env=env,
     )
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return resolved_compose({})
+
+
+# Set by the compose file itself (the container's own paths, ports and network).
+SET_BY_COMPOSE = {"WORKBENCH_BACKEND", "WORKBENCH_IP", "WORKBENCH_PORT", "WORKBENCH_DATA_DIR",
+                  "WORKBENCH_SERVICE_PORT", "WORKBENCH_HUB_API_PORT", "WORKBENCH_PROXY_API_PORT"}
+
+
+def test_every_documented_setting_reaches_the_hub_container():
+    """What the README's configuration table (and its docker settings) documents, an operator can set
+    in .env for `docker compose up`; a setting compose silently dropped would look ignored."""
+    readme = (REPO / "README.md").read_text()
+    table = re.findall(r"^\| (`WORKBENCH_[A-Z_]+`(?:, `WORKBENCH_[A-Z_]+`)*) \|", readme, re.MULTILINE)
+    documented = {name for cell in table for name in re.findall(r"WORKBENCH_[A-Z_]+", cell)}
+    documented |= {"WORKBENCH_IMAGES", "WORKBENCH_MEM_LIMIT", "WORKBENCH_CPU_LIMIT"}
+    assert {"WORKBENCH_PROFILES", "WORKBENCH_QUEUE_TIMEOUT"} <= documented, "the README table was not found"
+    settings = {name: f"value-of-{name.lower()}" for name in documented - SET_BY_COMPOSE}
+    env = resolved_compose(settings)["services"]["hub"]["environment"]
+    dropped = sorted(name for name, value in settings.items() if env.get(name) != value)
+    assert not dropped, f"docker-compose.yml does not pass these through to the hub: {dropped}"
 
 
 def test_compose_builds_both_images_from_the_real_dockerfiles(compose):

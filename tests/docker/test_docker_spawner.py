@@ -67,10 +67,10 @@ def make_users(hub, *prefixes: str) -> list[str]:
 
 
 def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
-    hub = docker_hub(["--GPUSpawnerMixin.default_max_gpus=2"])
+    hub = docker_hub(["--GPUSpawnerMixin.default_max_gpus=2"], WORKBENCH_PROFILES="small:1.5:1G,standard*:2:2G")
     alice, bob = make_users(hub, "alice", "bob")
-    hub.spawn(alice, gpus=2)
-    hub.spawn(bob, gpus=0)
+    hub.spawn(alice, gpus=2, profile="small")
+    hub.spawn(bob, gpus=0)  # no profile named: the default one, "standard"
     hub.wait_ready(alice, timeout=180)
     hub.wait_ready(bob, timeout=180)
     leased = hub.leases()[alice]
@@ -86,6 +86,7 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
     assert sorted(labels["workbench.gpus"].split(",")) == leased
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     assert host["Privileged"] is False
+    assert (host["Memory"], host["CpuPeriod"], host["CpuQuota"]) == (1 << 30, 100_000, 150_000)
     mounts = {m["Destination"]: m for m in info["Mounts"]}
     assert mounts["/home/jovyan"]["Name"] == f"workbench-home-{alice}" and mounts["/home/jovyan"]["RW"]
     assert mounts["/checkpoints"]["RW"] and not mounts["/datasets"]["RW"]
@@ -95,6 +96,7 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
     env = container_env(name)
     assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == leased
     assert env["WORKBENCH_GPUS"] == env["NVIDIA_VISIBLE_DEVICES"]
+    assert (env["MEM_LIMIT"], env["CPU_LIMIT"]) == (str(1 << 30), "1.5")
     assert docker("exec", name, "id", "-u").stdout.strip() != "0", "user servers never run as root"
     assert docker("exec", name, "touch", "/datasets/x", check=False).returncode != 0, "datasets are read-only"
     docker("exec", name, "touch", "/checkpoints/model.pt")
@@ -102,6 +104,7 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
     # A CPU-only container gets no device request and sees no GPU.
     cpu = inspect(container_of(hub, bob))
     assert not cpu["HostConfig"]["DeviceRequests"]
+    assert (cpu["HostConfig"]["Memory"], cpu["HostConfig"]["CpuQuota"]) == (2 << 30, 200_000)
     env = container_env(container_of(hub, bob))
     assert env["WORKBENCH_GPUS"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
 

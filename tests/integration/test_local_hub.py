@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import process_env
+from tests.conftest import REPO, process_env
 
 pytestmark = pytest.mark.integration
 
@@ -22,10 +25,11 @@ def server_pid(hub, user: str) -> int:
 
 
 def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4"}, ["--GPUSpawnerMixin.default_max_gpus=2"])
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_PROFILES": "small:1:2G,large:2:4G"},
+                      ["--GPUSpawnerMixin.default_max_gpus=2"])
     hub.create_users("alice", "bob", "carol")
     assert hub.spawn("alice", gpus=2).status_code in (201, 202)
-    assert hub.spawn("bob", user_options={"gpus": 1}).status_code in (201, 202)
+    assert hub.spawn("bob", user_options={"gpus": 1, "profile": "large"}).status_code in (201, 202)
     assert hub.spawn("carol", gpus=0).status_code in (201, 202)
     for user in ("alice", "bob", "carol"):
         hub.wait_ready(user)
@@ -37,6 +41,9 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
     assert set(alice + bob) <= set(SIM.values())
     for user in ("alice", "bob"):
         assert envs[user]["CUDA_VISIBLE_DEVICES"] == envs[user]["WORKBENCH_GPUS"]
+    # The resource profile reaches the server (the local backend passes it on; docker enforces it).
+    assert (envs["alice"]["MEM_LIMIT"], envs["alice"]["CPU_LIMIT"]) == (str(2 << 30), "1.0")
+    assert (envs["bob"]["MEM_LIMIT"], envs["bob"]["CPU_LIMIT"]) == (str(4 << 30), "2.0")
     # A CPU-only server is told it has no GPU and sees none.
     assert envs["carol"]["WORKBENCH_GPUS"] == "" and envs["carol"]["CUDA_VISIBLE_DEVICES"] == ""
     assert hub.leases() == {"alice": sorted(alice), "bob": bob}
@@ -62,6 +69,7 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
         ({"gpus": 2}, 403, "the default quota allows 1 at once"),
         ({"gpus": 1, "gpu_model": "V100"}, 400, "unknown gpu_model"),
         ({"gpus": 1, "colour": "red"}, 400, "unknown spawn option"),
+        ({"gpus": 1, "profile": "large"}, 400, "this hub does not offer resource profiles"),
     ],
 )
 def test_bad_spawn_requests_get_a_readable_4xx(running_hub_module, body, status, message):
@@ -173,3 +181,13 @@ def test_hub_restart_loses_nothing(running_hub):
     held = [uuid for uuids in hub.leases().values() for uuid in uuids]
     assert len(held) == len(set(held)) <= 2
     assert before["alice"][0] in hub.leases()["alice"]
+
+
+def test_bad_profiles_stop_the_hub_with_a_message(tmp_path):
+    """A typo in WORKBENCH_PROFILES stops `make run` at once instead of failing spawns later."""
+    env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path), "WORKBENCH_SIMULATED_GPUS": "2",
+           "WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"}
+    r = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores" in r.stderr

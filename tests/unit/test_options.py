@@ -60,3 +60,14 @@ def test_images_must_be_offered():
     assert parse({"image": offered[1]}, allowed_images=offered).image == offered[1]
     with pytest.raises(OptionError, match="not offered here"):
         parse({"image": "alpine"}, allowed_images=offered)
+
+
+def test_profile_must_be_offered():
+    assert parse({"profile": " Large "}, profiles=["small", "large"]).profile == "large"
+    assert parse({}, profiles=["small", "large"]).profile is None  # the spawner picks the default
+    with pytest.raises(OptionError, match="unknown profile 'huge'; choose one of: small, large"):
+        parse({"profile": "huge"}, profiles=["small", "large"])
+    with pytest.raises(OptionError, match="does not offer resource profiles"):
+        parse({"profile": "small"})
+    with pytest.raises(OptionError, match="name of one of the offered resource profiles"):
+        parse({"profile": 3}, profiles=["small"])

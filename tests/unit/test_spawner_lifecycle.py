@@ -136,3 +136,58 @@ async def test_restored_spawner_reads_its_gpus_from_the_store(make_spawner):
 
 def test_start_timeout_leaves_room_for_the_queue(make_spawner):
     assert make_spawner(gpu_queue_timeout=600).start_timeout == 720
+
+
+PROFILES = [
+    {"slug": "small", "cpu_limit": 2, "mem_limit": "8G"},
+    {"slug": "standard", "cpu_limit": 4, "mem_limit": "16G", "default": True},
+    {"slug": "bigmem", "mem_limit": "64G"},
+]
+
+
+async def test_profile_sizes_the_server_and_does_not_stick(make_spawner):
+    spawner = make_spawner(resource_profiles=PROFILES, cpu_limit=1.0, mem_limit="1G")
+    await start(spawner, {"gpus": 0, "profile": "small"})
+    env = spawner.get_env()
+    assert (spawner.cpu_limit, spawner.mem_limit) == (2.0, 8 << 30)
+    assert env["CPU_LIMIT"] == "2.0" and env["MEM_LIMIT"] == str(8 << 30)
+    assert spawner.gpu_request.profile == "small"
+    await spawner.stop()
+    # no profile named: the default profile, not the last one used
+    await start(spawner, {"gpus": 0})
+    assert (spawner.cpu_limit, spawner.mem_limit, spawner.gpu_request.profile) == (4.0, 16 << 30, "standard")
+    await spawner.stop()
+    # a profile that leaves the CPU out keeps the configured CPU limit
+    await start(spawner, {"gpus": 0, "profile": "bigmem"})
+    assert (spawner.cpu_limit, spawner.mem_limit) == (1.0, 64 << 30)
+
+
+async def test_unknown_profile_is_a_400_and_holds_nothing(make_spawner):
+    spawner = make_spawner(resource_profiles=PROFILES)
+    with pytest.raises(SpawnException) as err:
+        spawner._apply_gpu_options({"gpus": 1, "profile": "huge"})
+    assert err.value.status_code == 400
+    assert "unknown profile 'huge'; choose one of: small, standard, bigmem" in err.value.message
+    assert held(spawner) == {}
+
+
+def test_bad_profile_configuration_is_a_trait_error(make_spawner):
+    from traitlets import TraitError
+
+    with pytest.raises(TraitError, match="'x' sets neither cpu_limit nor mem_limit"):
+        make_spawner(resource_profiles=[{"slug": "x"}])
+
+
+async def test_without_profiles_the_configured_limits_apply(make_spawner):
+    spawner = make_spawner(cpu_limit=3.0)
+    await start(spawner, {"gpus": 0})
+    assert spawner.cpu_limit == 3.0 and spawner.gpu_request.profile is None
+    assert "profile" not in await spawner._render_options_form()
+
+
+async def test_form_offers_the_profiles_with_the_default_checked(make_spawner):
+    html = await make_spawner(resource_profiles=PROFILES)._render_options_form()
+    assert 'id="workbench-profiles"' in html
+    assert 'value="standard" checked' in html and 'value="small">' in html
+    assert "small: <span class=\"workbench-profile-summary\">2 CPUs, 8 GiB memory</span>" in html
+    assert "64 GiB memory" in html
