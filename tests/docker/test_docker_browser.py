@@ -17,6 +17,7 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
     hub = running_hub({
         "WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "2",
         "WORKBENCH_ADMIN_USERS": admin, "WORKBENCH_DATASETS_VOLUME": docker_volume("wb-datasets"),
+        "WORKBENCH_PROFILES": "small:1:2G,large*:2:3G",
     })
     page = chromium_browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
@@ -25,6 +26,8 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         log_in(page, hub.url, admin)
         page.wait_for_url("**/hub/spawn**")
         page.fill("#workbench-gpus", "1")
+        assert page.is_checked("#workbench-profile-large"), "the default profile is preselected"
+        page.check("#workbench-profile-small")
         page.click("form#spawn_form [type=submit]")
         page.wait_for_url(f"**/user/{admin}/lab**", timeout=180_000)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
@@ -32,6 +35,7 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         page.screenshot(path=str(_artifact("jupyterlab-docker.png")))
         info = inspect(f"jupyter-{admin}")
         assert info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == hub.leases()[admin]
+        assert info["HostConfig"]["Memory"] == 2 << 30, "the profile picked on the form sizes the container"
     finally:
         docker("rm", "-f", f"jupyter-{admin}", check=False)
         docker("volume", "rm", "-f", f"workbench-home-{admin}", f"workbench-checkpoints-{admin}", check=False)
