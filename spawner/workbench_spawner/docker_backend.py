@@ -39,6 +39,8 @@ LABEL_GPUS = "workbench.gpus"
 class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
     """DockerSpawner with GPU leases, device requests and locked-down containers."""
 
+    enforces_resource_limits = True  # Docker's memory limit and CPU quota
+
     datasets_volume = Unicode(
         "workbench-datasets",
         help="""

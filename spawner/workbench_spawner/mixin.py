@@ -177,6 +177,10 @@ class GPUSpawnerMixin(Spawner):
             raise TraitError(str(exc)) from exc
         return proposal["value"]
 
+    # Whether the runtime holds a server to its cpu_limit/mem_limit (containers
+    # do; a local process only sees them as CPU_LIMIT/MEM_LIMIT). The form says so.
+    enforces_resource_limits = False
+
     @property
     def gpu_profiles(self) -> list[ResourceProfile]:
         return parse_profiles(self.resource_profiles)
@@ -347,6 +351,7 @@ class GPUSpawnerMixin(Spawner):
             images=self.offered_images,
             profiles=self.gpu_profiles,
             default_profile=default_profile(self.gpu_profiles),
+            limits_enforced=self.enforces_resource_limits,
             user=self.user.name,
             held=held,
             hours_used=self.gpu_hours_used(),

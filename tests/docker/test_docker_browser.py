@@ -27,6 +27,7 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         page.wait_for_url("**/hub/spawn**")
         page.fill("#workbench-gpus", "1")
         assert page.is_checked("#workbench-profile-large"), "the default profile is preselected"
+        assert page.locator("#workbench-profile-note").count() == 0, "containers do enforce the size"
         page.check("#workbench-profile-small")
         page.click("form#spawn_form [type=submit]")
         page.wait_for_url(f"**/user/{admin}/lab**", timeout=180_000)

@@ -191,3 +191,9 @@ async def test_form_offers_the_profiles_with_the_default_checked(make_spawner):
     assert 'value="standard" checked' in html and 'value="small">' in html
     assert "small: <span class=\"workbench-profile-summary\">2 CPUs, 8 GiB memory</span>" in html
     assert "64 GiB memory" in html
+    assert "but not enforced" in html  # FakeGPUSpawner, like the local backend, cannot hold a process to it
+    FakeGPUSpawner.enforces_resource_limits = True
+    try:
+        assert "but not enforced" not in await make_spawner(resource_profiles=PROFILES)._render_options_form()
+    finally:
+        FakeGPUSpawner.enforces_resource_limits = False
