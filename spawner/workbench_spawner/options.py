@@ -59,6 +59,21 @@ def _as_count(value: Any) -> int:
     raise OptionError("gpus must be a whole number such as 0, 1 or 2")
 
 
+def _one_of(value: Any, offered: Iterable[str], *, name: str, plural: str, fold_case: bool = False) -> str | None:
+    """A pick among what this hub offers (an image, a resource profile); None when not asked."""
+    if value is None:
+        return None
+    offered = list(offered)
+    if not isinstance(value, str) or not value.strip():
+        raise OptionError(f"{name} must be the name of one of the offered {plural}")
+    if not offered:
+        raise OptionError(f"this hub does not offer a choice of {plural}")
+    choice = value.strip().lower() if fold_case else value.strip()
+    if choice not in offered:
+        raise OptionError(f"{name} {choice[:80]!r} is not offered here; choose one of: {', '.join(offered)}")
+    return choice
+
+
 def parse_options(
     options: Mapping[str, Any] | None,
     *,
@@ -101,25 +116,6 @@ def parse_options(
         if gpus == 0:
             model = None
 
-    image = options.get("image")
-    if image is not None:
-        allowed = list(allowed_images)
-        if not isinstance(image, str) or not image.strip():
-            raise OptionError("image must be the name of one of the offered images")
-        if not allowed:
-            raise OptionError("this hub does not offer a choice of image")
-        if image.strip() not in allowed:
-            raise OptionError(f"image {image.strip()[:80]!r} is not offered here; choose one of: {', '.join(allowed)}")
-        image = image.strip()
-
-    profile = options.get("profile")
-    if profile is not None:
-        offered = list(profiles)
-        if not isinstance(profile, str) or not profile.strip():
-            raise OptionError("profile must be the name of one of the offered resource profiles")
-        if not offered:
-            raise OptionError("this hub does not offer resource profiles")
-        profile = profile.strip().lower()
-        if profile not in offered:
-            raise OptionError(f"unknown profile {profile[:40]!r}; choose one of: {', '.join(offered)}")
+    image = _one_of(options.get("image"), allowed_images, name="image", plural="images")
+    profile = _one_of(options.get("profile"), profiles, name="profile", plural="resource profiles", fold_case=True)
     return SpawnRequest(gpus=gpus, gpu_model=model, image=image, profile=profile)

@@ -69,7 +69,7 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
         ({"gpus": 2}, 403, "the default quota allows 1 at once"),
         ({"gpus": 1, "gpu_model": "V100"}, 400, "unknown gpu_model"),
         ({"gpus": 1, "colour": "red"}, 400, "unknown spawn option"),
-        ({"gpus": 1, "profile": "large"}, 400, "this hub does not offer resource profiles"),
+        ({"gpus": 1, "profile": "large"}, 400, "this hub does not offer a choice of resource profiles"),
     ],
 )
 def test_bad_spawn_requests_get_a_readable_4xx(running_hub_module, body, status, message):

@@ -65,9 +65,9 @@ def test_images_must_be_offered():
 def test_profile_must_be_offered():
     assert parse({"profile": " Large "}, profiles=["small", "large"]).profile == "large"
     assert parse({}, profiles=["small", "large"]).profile is None  # the spawner picks the default
-    with pytest.raises(OptionError, match="unknown profile 'huge'; choose one of: small, large"):
+    with pytest.raises(OptionError, match="profile 'huge' is not offered here; choose one of: small, large"):
         parse({"profile": "huge"}, profiles=["small", "large"])
-    with pytest.raises(OptionError, match="does not offer resource profiles"):
+    with pytest.raises(OptionError, match="does not offer a choice of resource profiles"):
         parse({"profile": "small"})
     with pytest.raises(OptionError, match="name of one of the offered resource profiles"):
         parse({"profile": 3}, profiles=["small"])

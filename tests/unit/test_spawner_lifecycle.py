@@ -167,7 +167,7 @@ async def test_unknown_profile_is_a_400_and_holds_nothing(make_spawner):
     with pytest.raises(SpawnException) as err:
         spawner._apply_gpu_options({"gpus": 1, "profile": "huge"})
     assert err.value.status_code == 400
-    assert "unknown profile 'huge'; choose one of: small, standard, bigmem" in err.value.message
+    assert "profile 'huge' is not offered here; choose one of: small, standard, bigmem" in err.value.message
     assert held(spawner) == {}
 
 
