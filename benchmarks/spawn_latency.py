@@ -156,9 +156,10 @@ def main() -> None:
             for hub in hubs.values():
                 hub.kill_everything()
             for name in BACKENDS:
-                for container in client.containers.list(all=True, filters={"name": f"jupyter-{users[name]}"}):
-                    if container.name == f"jupyter-{users[name]}":
-                        container.remove(force=True)
+                try:
+                    client.containers.get(f"jupyter-{users[name]}").remove(force=True)
+                except docker.errors.NotFound:
+                    pass
             remove_bench_volumes(client)
     print(f"\n{args.runs} runs each, interleaved"
           + (", plain DockerSpawner with a home volume" if args.plain_home_volume else ""))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.spawner import SpawnException, Spawner
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, observe, validate
 
 from workbench_gpu_monitor.devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 
@@ -177,13 +177,20 @@ class GPUSpawnerMixin(Spawner):
             raise TraitError(str(exc)) from exc
         return proposal["value"]
 
+    # Parsed once when configured, not on every form and spawn.
+    _parsed_profiles: list[ResourceProfile] = []
+
+    @observe("resource_profiles")
+    def _parse_resource_profiles(self, change):
+        self._parsed_profiles = parse_profiles(change["new"])
+
     # Whether the runtime holds a server to its cpu_limit/mem_limit (containers
     # do; a local process only sees them as CPU_LIMIT/MEM_LIMIT). The form says so.
     enforces_resource_limits = False
 
     @property
     def gpu_profiles(self) -> list[ResourceProfile]:
-        return parse_profiles(self.resource_profiles)
+        return self._parsed_profiles
 
     @default("start_timeout")
     def _default_start_timeout(self):

@@ -70,7 +70,7 @@ def parse_cpus(value: Any, where: str) -> float:
         cpus = float(value)
     except (TypeError, ValueError) as exc:
         raise ProfileError(f"{where}: cpu_limit must be a number of cores such as 4 or 0.5, not {value!r}") from exc
-    if not cpus > 0 or cpus != cpus or cpus == float("inf"):
+    if not 0 < cpus < float("inf"):  # also refuses nan
         raise ProfileError(f"{where}: cpu_limit must be more than 0 cores, not {value!r}")
     return cpus
 
