@@ -10,13 +10,13 @@ where users do not trust each other.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Unicode, default
 
+from . import slugs
 from .mixin import GPUSpawnerMixin, default_data_dir
 from .store import Lease
 
@@ -30,7 +30,12 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
 
     @default("home_dir")
     def _default_home_dir(self):
-        return self.home_dir_template.format(username=safe_dir_name(self.user.name))
+        # The collision-free slug, or the user's existing home under the old
+        # mapping where that is unambiguously theirs (slugs.home_dir says when).
+        choice = slugs.home_dir(self.home_dir_template, self.user.name)
+        if choice.warning:
+            self.log.warning(choice.warning)
+        return choice.path
 
     starter_notebooks_dir = Unicode(
         help="""
@@ -80,9 +85,12 @@ def pid_runs_jupyter(pid: int) -> bool:
 
 
 def safe_dir_name(name: str) -> str:
-    """A user name as one path component: no separators, no dot tricks."""
-    cleaned = re.sub(r"[^A-Za-z0-9_.@+-]", lambda m: f"-{ord(m.group()):x}-", name)
-    return cleaned if cleaned.strip(".") else f"user-{cleaned.encode().hex()}"
+    """A user name as one path component, different for every name.
+
+    No separators, no dot tricks, and collision-free by construction (the
+    escape character is escaped too); the rule and its proof are in slugs.py.
+    """
+    return slugs.dir_slug(name)
 
 
 def copy_missing(source: Path, target: Path) -> list[Path]:

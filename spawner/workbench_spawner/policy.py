@@ -1,31 +1,35 @@
-"""The GPU policy: one object per hub process that decides who gets which GPU.
+"""The GPU policy: admission, placement and the ledger, one per hub process.
 
-Spawner instances are per user server and come and go; the inventory, the
-allocation store and the wait list must be shared by all of them, so the
-spawner mixin asks ``shared_policy`` for the one instance that matches its
-configuration. Backends never touch the store directly: they only turn a
-lease into their runtime's words (environment, device requests).
+Spawner instances are per user server and come and go; the settings, the
+ledger (the allocation store), the quota book and the placement must be
+shared by all of them, so the spawner mixin asks ``shared_policy`` for the
+one instance that matches its settings. Backends never touch the store
+directly: they translate a lease into their runtime's words (environment,
+device requests, a batch job).
+
+Every method that reads or writes the database blocks: the spawner calls
+them through ``asyncio.to_thread`` so the hub's event loop never waits on
+SQL. ``place`` is the one coroutine.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from workbench_gpu_monitor.devices import DeviceInventory, GPUDevice
+from workbench_devices import DeviceInventory, GPUDevice
 
-from .quota import QuotaBook
+from .admission import AdmissionContext
+from .placement import HostAllocator, NoGPUAvailable, Placement, Report
+from .quota import QuotaBook, gpu_hours_used
+from .settings import PolicySettings
 from .store import AllocationStore, Lease
-from .waitlist import WaitList, WaitTimeout
 
 log = logging.getLogger("workbench.policy")
 
-
-class NoGPUAvailable(Exception):
-    """The wait list timed out; str(err) is meant for the user."""
+__all__ = ["GPUPolicy", "GPUStatus", "NoGPUAvailable", "shared_policy"]
 
 
 @dataclass
@@ -40,26 +44,36 @@ class GPUStatus:
 
 
 class GPUPolicy:
-    def __init__(self, inventory: DeviceInventory, store: AllocationStore, slots_per_gpu: int = 1,
+    def __init__(self, settings: PolicySettings, store: AllocationStore, placement: Placement | None = None,
                  recheck_interval: float = 2.0):
-        self.inventory = inventory
+        self.settings = settings
         self.store = store
         self.quotas = QuotaBook(store)
-        self.slots_per_gpu = max(1, slots_per_gpu)
-        self.waitlist: WaitList[Lease] = WaitList(recheck_interval)
+        self.placement = placement or HostAllocator(store, settings.inventory, settings.node,
+                                                    settings.servers_per_gpu, recheck_interval)
         self._reconciled = False
         self._reconcile_lock = threading.Lock()
+
+    @property
+    def inventory(self) -> DeviceInventory:
+        return self.settings.inventory
 
     @property
     def devices(self) -> list[GPUDevice]:
         return self.inventory.devices
 
     @property
+    def slots_per_gpu(self) -> int:
+        return max(1, self.settings.servers_per_gpu)
+
+    @property
     def shared(self) -> bool:
         return self.slots_per_gpu > 1
 
     def models(self) -> list[str]:
-        return sorted({d.model for d in self.devices if d.model})
+        return self.settings.models()
+
+    # -- reads (blocking) ---------------------------------------------------------
 
     def status(self) -> list[GPUStatus]:
         holders = self.store.holders()
@@ -72,42 +86,57 @@ class GPUPolicy:
     def held_by_user(self, user: str) -> int:
         return sum(len(lease.gpu_uuids) for lease in self.store.leases() if lease.user == user)
 
-    def candidates(self, model: str | None) -> list[str]:
-        return [d.uuid for d in self.devices if model is None or d.model == model]
+    def admission_context(self, user: str, server: str, groups: list[str], **rules) -> AdmissionContext:
+        """Everything admission looks at for one spawn, read in one go.
 
-    async def acquire(
-        self,
-        user: str,
-        server: str,
-        count: int,
-        model: str | None,
-        timeout: float,
-        report: Callable[[int], None] = lambda ahead: None,
-    ) -> Lease:
-        """A lease of ``count`` GPUs, waiting in line when none are free."""
-        candidates = self.candidates(model)
+        ``rules`` are the spawner's own settings (default_gpus, offered_images,
+        profiles); the quota default, CPU rule and contact come from the
+        stored settings so the hub and the service agree.
+        """
+        effective = self.quotas.effective(user, groups, self.settings.default_quota)
+        leases = self.store.leases()
+        held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)
+        status = self.status()
+        free_by_model: dict[str, int] = {}
+        for s in status:
+            if s.free_slots > 0 and s.device.model:
+                free_by_model[s.device.model] = free_by_model.get(s.device.model, 0) + 1
+        return AdmissionContext(
+            quota=effective,
+            inventory_size=len(self.devices),
+            inventory_models=self.models(),
+            held_elsewhere=held_elsewhere,
+            gpu_hours_used=gpu_hours_used(self.store, user),
+            free_by_model=free_by_model,
+            cpu_servers_allowed=self.settings.cpu_servers_allowed,
+            contact=self.settings.quota_contact,
+            **rules,
+        )
 
-        async def try_take() -> Lease | None:
-            return await asyncio.to_thread(
-                self.store.allocate, user, server, count, candidates, self.slots_per_gpu
-            )
+    # -- placement ------------------------------------------------------------------
 
-        try:
-            return await self.waitlist.wait_for(f"{user}/{server}", count, try_take, timeout, report)
-        except WaitTimeout:
-            what = f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
-            raise NoGPUAvailable(
-                f"No {what} became free within {timeout:g} seconds "
-                f"({self.free_count(model)} free now, {len(self.waitlist.waiting())} still waiting). "
-                "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
-            ) from None
+    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
+                    report: Report = lambda ahead: None) -> Lease:
+        return await self.placement.place(user, server, count, model, timeout, report)
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
-        released = self.store.release(user, server, reason)
-        if released:
-            log.info("Released GPU(s) %s of %s/%s (%s)", ", ".join(released), user, server or "default", reason)
-            self.waitlist.notify()
-        return released
+        return self.placement.release(user, server, reason)
+
+    def restore(self, user: str, server: str, saved: list[str], ref: str) -> tuple[str, ...] | None:
+        """After a restart: the GPUs a running server holds, by the ledger.
+
+        A server whose lease row was lost gets the GPUs it saved back, if
+        nobody else holds them now (None: they are taken, stop the server).
+        """
+        lease = self.store.lease_of(user, server)
+        if lease is not None:
+            return lease.gpu_uuids
+        if not saved:
+            return ()
+        if self.store.adopt(user, server, saved, ref, node=self.settings.node):
+            log.info("Re-leased GPU(s) %s to running server %s/%s", ", ".join(saved), user, server or "default")
+            return tuple(saved)
+        return None
 
     def reconcile(
         self, is_alive: Callable[[Lease], bool | None], orphans: Callable[[], None] = lambda: None

@@ -42,6 +42,11 @@ class ResourceProfile:
             parts.append(f"{format_bytes(self.mem_limit)} memory")
         return ", ".join(parts) or "the hub's default size"
 
+    def limits(self, cpu_limit: float | None, mem_limit: int | None) -> tuple[float | None, int | None]:
+        """(cpu, memory) for a start: this profile's, else the configured ones it leaves out."""
+        return (self.cpu_limit if self.cpu_limit is not None else cpu_limit,
+                self.mem_limit if self.mem_limit is not None else mem_limit)
+
 
 def format_bytes(value: int) -> str:
     for unit, size in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -137,3 +142,8 @@ def profiles_from_text(text: str) -> list[dict[str, Any]]:
             entry["mem_limit"] = memory
         entries.append(entry)
     return entries
+
+
+def pick_profile(profiles: list[ResourceProfile], slug: str | None) -> ResourceProfile | None:
+    """The profile a start asked for, else the default one; None when none are offered."""
+    return next((p for p in profiles if p.slug == slug), None) or default_profile(profiles)

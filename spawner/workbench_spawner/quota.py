@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 from typing import Any, Iterable, Mapping
 
 from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
-from sqlalchemy.orm import Mapped, mapped_column, sessionmaker
+from sqlalchemy.orm import Mapped, mapped_column
 
 from .store import AllocationStore, Base, _aware, utcnow
 
@@ -42,6 +42,11 @@ WEEK = timedelta(days=7)
 MAX_GPUS_LIMIT = 1024
 MAX_GPU_HOURS_LIMIT = 1_000_000.0
 MAX_SESSION_HOURS_LIMIT = 24.0 * 366
+# The shortest session limit: 0.01 h = 36 s. A server needs tens of seconds
+# to start, so anything shorter stops it before its owner could use it; it
+# still lets a demo or a test watch the session stopper at work. Smaller
+# values (1e-130) are typos, refused like the huge ones.
+MIN_SESSION_HOURS = 0.01
 MAX_MODELS = 64
 MODEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+ -]{0,63}$")
 QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours")
@@ -177,6 +182,9 @@ def parse_quota(body: Any, known_models: Iterable[str] | None = None) -> Quota:
     hours = _number(body, "gpu_hours_per_week", whole=False, minimum=0, maximum=MAX_GPU_HOURS_LIMIT)
     session = _number(body, "max_session_hours", whole=False, minimum=0, maximum=MAX_SESSION_HOURS_LIMIT,
                       exclusive_min=True)
+    if session is not None and session < MIN_SESSION_HOURS:
+        raise QuotaError(f"max_session_hours must be at least {MIN_SESSION_HOURS:g} "
+                         f"({MIN_SESSION_HOURS * 3600:g} seconds), not {session:g}")
     models = body.get("allowed_models")
     if models is not None:
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
@@ -228,15 +236,16 @@ class QuotaBook:
 
     def __init__(self, store: AllocationStore):
         self.store = store
-        self._sessions = sessionmaker(store.engine, expire_on_commit=False)
+        self._sessions = store.writes()
+        self._reads = store.reads()
 
     def get(self, kind: str, name: str) -> StoredQuota | None:
-        with self._sessions() as session:
+        with self._reads() as session:
             row = session.scalar(select(QuotaRow).where(QuotaRow.kind == kind, QuotaRow.name == name))
             return self._stored(row) if row else None
 
     def all(self, kind: str | None = None) -> list[StoredQuota]:
-        with self._sessions() as session:
+        with self._reads() as session:
             query = select(QuotaRow).order_by(QuotaRow.kind, QuotaRow.name)
             if kind:
                 query = query.where(QuotaRow.kind == kind)
@@ -270,6 +279,21 @@ class QuotaBook:
         return effective_quota(own.quota if own else None,
                                {g: group_rows[g] for g in groups if g in group_rows}, default)
 
+    def effective_many(self, users: Mapping[str, Iterable[str]], default: Quota) -> dict[str, EffectiveQuota]:
+        """The effective quota of many users (name -> their groups) from ONE query.
+
+        The admin page, ``api/usage`` and the metrics show every user: one
+        read of ``gpu_quotas`` for all of them, not two per user.
+        """
+        own: dict[str, Quota] = {}
+        group_rows: dict[str, Quota] = {}
+        for stored in self.all():
+            (own if stored.kind == "user" else group_rows)[stored.name] = stored.quota
+        return {
+            name: effective_quota(own.get(name), {g: group_rows[g] for g in groups if g in group_rows}, default)
+            for name, groups in users.items()
+        }
+
     # -- session limits ---------------------------------------------------------
 
     def record_session_limit(self, user: str, server: str, hours: float | None) -> None:
@@ -281,7 +305,7 @@ class QuotaBook:
                 session.add(SessionLimitRow(user=user, server=server, max_session_hours=hours, recorded=utcnow()))
 
     def session_limits(self) -> dict[tuple[str, str], float]:
-        with self._sessions() as session:
+        with self._reads() as session:
             return {(r.user, r.server): r.max_session_hours for r in session.scalars(select(SessionLimitRow))}
 
     @staticmethod

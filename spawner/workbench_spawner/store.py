@@ -3,9 +3,15 @@
 The database, not any process's memory, is the source of truth. Every
 allocation is one transaction, and a unique constraint on (gpu_uuid, slot)
 means two spawns can never hold the same GPU slot even if two hub processes
-race on PostgreSQL. On SQLite the transaction starts with BEGIN IMMEDIATE, so
-writers queue instead of failing. Released leases move to a usage ledger,
-which quotas on GPU-hours read later.
+race on PostgreSQL. On SQLite a write transaction starts with BEGIN
+IMMEDIATE, so writers queue instead of failing; reads go through a second
+engine whose transactions are deferred, so with WAL a read never waits for a
+writer and never blocks one. Released leases move to a usage ledger, which
+quotas on GPU-hours read later.
+
+Every lease names the **node** its GPUs are on (the host name on a single
+host, the Slurm node on a cluster), so the fleet view, metrics and ledger can
+tell two nodes' GPU 0 apart.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ class LeaseRow(Base):
     since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     # What the backend needs to find the server again: a pid, a container id.
     ref: Mapped[str] = mapped_column(String(255), default="")
+    node: Mapped[str] = mapped_column(String(255), default="")
 
 
 class UsageRow(Base):
@@ -61,6 +68,7 @@ class UsageRow(Base):
     started: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     ended: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     reason: Mapped[str] = mapped_column(String(64), default="")
+    node: Mapped[str] = mapped_column(String(255), default="")
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class Lease:
     gpu_uuids: tuple[str, ...]
     since: datetime
     ref: str = ""
+    node: str = ""
 
 
 def utcnow() -> datetime:
@@ -83,8 +92,12 @@ def _aware(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
-def make_engine(url: str):
-    """An engine that is safe to share between threads and processes."""
+def make_engine(url: str, *, readonly: bool = False):
+    """An engine that is safe to share between threads and processes.
+
+    ``readonly`` engines (SQLite) open deferred transactions: with WAL a
+    reader sees the last commit and takes no lock a writer waits for.
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -99,7 +112,7 @@ def make_engine(url: str):
 
         @event.listens_for(engine, "begin")
         def _sqlite_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True)
@@ -117,6 +130,16 @@ class AllocationStore:
 
         upgrade(self.engine)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.read_engine = make_engine(url, readonly=True) if url.startswith("sqlite") else self.engine
+        self._reads = sessionmaker(self.read_engine, expire_on_commit=False)
+
+    def writes(self) -> sessionmaker:
+        """Sessions for transactions that change something (BEGIN IMMEDIATE on SQLite)."""
+        return self._sessions
+
+    def reads(self) -> sessionmaker:
+        """Sessions for reads only: they never take the write lock."""
+        return self._reads
 
     # -- writes -------------------------------------------------------------
 
@@ -128,6 +151,7 @@ class AllocationStore:
         candidates: Sequence[str],
         slots_per_gpu: int = 1,
         retries: int = 20,
+        node: str = "",
     ) -> Lease | None:
         """Give ``user``/``server`` ``count`` distinct GPUs from ``candidates``.
 
@@ -154,15 +178,17 @@ class AllocationStore:
                     chosen = free[:count]
                     for uuid in chosen:
                         slot = min(set(range(slots_per_gpu)) - taken.get(uuid, set()))
-                        session.add(LeaseRow(gpu_uuid=uuid, slot=slot, user=user, server=server, since=now))
-                return Lease(user, server, tuple(chosen), now)
+                        session.add(LeaseRow(gpu_uuid=uuid, slot=slot, user=user, server=server, since=now,
+                                             node=node))
+                return Lease(user, server, tuple(chosen), now, node=node)
             except (IntegrityError, OperationalError):
                 # Another writer won the race for a slot (PostgreSQL) or the
                 # database was busy for longer than busy_timeout: try again.
                 time.sleep(0.01 * (attempt + 1))
         raise RuntimeError(f"could not allocate GPUs for {user}/{server}: the database stayed contended")
 
-    def adopt(self, user: str, server: str, gpu_uuids: Sequence[str], ref: str, since: datetime | None = None) -> bool:
+    def adopt(self, user: str, server: str, gpu_uuids: Sequence[str], ref: str, since: datetime | None = None,
+              node: str = "") -> bool:
         """Record a lease for a server found running without one (after a
         lost database row). Refused, with no change, if any of its GPUs is
         held by someone else now."""
@@ -173,7 +199,7 @@ class AllocationStore:
                     return False
                 for uuid in gpu_uuids:
                     session.add(LeaseRow(gpu_uuid=uuid, slot=0, user=user, server=server,
-                                         since=since or utcnow(), ref=ref))
+                                         since=since or utcnow(), ref=ref, node=node))
             return True
         except IntegrityError:
             return False
@@ -202,6 +228,7 @@ class AllocationStore:
                     started=_aware(row.since),
                     ended=now,
                     reason=reason[:64],
+                    node=row.node or "",
                 )
             )
         session.execute(delete(LeaseRow).where(LeaseRow.id.in_([r.id for r in rows])))
@@ -210,12 +237,12 @@ class AllocationStore:
     # -- reads --------------------------------------------------------------
 
     def leases(self) -> list[Lease]:
-        with self._sessions() as session:
+        with self._reads() as session:
             rows = list(session.scalars(select(LeaseRow).order_by(LeaseRow.id)))
         return _group(rows)
 
     def lease_of(self, user: str, server: str) -> Lease | None:
-        with self._sessions() as session:
+        with self._reads() as session:
             rows = list(
                 session.scalars(
                     select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server).order_by(LeaseRow.id)
@@ -233,7 +260,7 @@ class AllocationStore:
         return result
 
     def usage(self, since: datetime | None = None, user: str | None = None) -> list[UsageRow]:
-        with self._sessions() as session:
+        with self._reads() as session:
             query = select(UsageRow).order_by(UsageRow.id)
             if since is not None:
                 query = query.where(UsageRow.ended >= since)
@@ -243,6 +270,7 @@ class AllocationStore:
 
     def dispose(self) -> None:
         self.engine.dispose()
+        self.read_engine.dispose()
 
 
 def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
@@ -256,6 +284,7 @@ def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
             gpu_uuids=tuple(r.gpu_uuid for r in group),
             since=_aware(min(r.since for r in group)),
             ref=group[0].ref,
+            node=group[0].node or "",
         )
         for (user, server), group in grouped.items()
     ]

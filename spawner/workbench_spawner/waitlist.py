@@ -4,11 +4,17 @@ Only the spawn at the head of the list may take GPUs, so a stream of small
 requests cannot starve a large one. Everyone else is told how many are ahead
 of them. A release in this hub wakes the head at once; a periodic re-check
 covers releases the hub did not see (another process, a manual database fix).
+
+Releases happen in worker threads (the database write runs in
+``asyncio.to_thread``), and asyncio objects may only be touched from their
+own loop's thread, so ``notify`` hands each wake-up to the waiter's loop with
+``call_soon_threadsafe`` instead of setting the event itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Generic, TypeVar
@@ -31,7 +37,8 @@ class WaitList(Generic[T]):
     def __init__(self, recheck_interval: float = 2.0):
         self.recheck_interval = recheck_interval
         self._tickets: list[Ticket] = []
-        self._wakers: set[asyncio.Event] = set()
+        self._wakers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._wakers_lock = threading.Lock()
 
     def waiting(self) -> list[Ticket]:
         return list(self._tickets)
@@ -41,9 +48,16 @@ class WaitList(Generic[T]):
         return self._tickets.index(ticket)
 
     def notify(self) -> None:
-        """Something was released (or a ticket left): let the head try again."""
-        for waker in self._wakers:
-            waker.set()
+        """Something was released (or a ticket left): let the head try again.
+
+        Safe to call from any thread."""
+        with self._wakers_lock:
+            wakers = list(self._wakers)
+        for loop, event in wakers:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: nobody is waiting on it any more
+                pass
 
     async def wait_for(
         self,
@@ -60,14 +74,16 @@ class WaitList(Generic[T]):
         seconds; a cancelled wait leaves the list cleanly.
         """
         ticket = Ticket(key, count)
+        loop = asyncio.get_running_loop()
         self._tickets.append(ticket)
         deadline = time.monotonic() + timeout
         last_reported: int | None = None
         try:
             while True:
                 # Registered before looking, so a release during try_take is not missed.
-                waker = asyncio.Event()
-                self._wakers.add(waker)
+                waker = (loop, asyncio.Event())
+                with self._wakers_lock:
+                    self._wakers.add(waker)
                 try:
                     ahead = self.position(ticket)
                     if ahead == 0:
@@ -81,11 +97,12 @@ class WaitList(Generic[T]):
                     if remaining <= 0:
                         raise WaitTimeout(f"no GPU became free within {timeout:g} s")
                     try:
-                        await asyncio.wait_for(waker.wait(), min(self.recheck_interval, remaining))
+                        await asyncio.wait_for(waker[1].wait(), min(self.recheck_interval, remaining))
                     except asyncio.TimeoutError:
                         pass
                 finally:
-                    self._wakers.discard(waker)
+                    with self._wakers_lock:
+                        self._wakers.discard(waker)
         finally:
             self._tickets.remove(ticket)
             self.notify()

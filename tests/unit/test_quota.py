@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import socket
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -191,8 +192,12 @@ def test_a_new_database_is_migrated_to_head(tmp_path):
 def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     engine = create_engine(url)
-    Base.metadata.tables["gpu_leases"].create(engine)
-    Base.metadata.tables["gpu_usage"].create(engine)
+    with engine.begin() as conn:  # the tables as create_all made them before migrations (no node column)
+        conn.execute(text("CREATE TABLE gpu_leases (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), slot INTEGER, "
+                          "user VARCHAR(255), server VARCHAR(255), since DATETIME, ref VARCHAR(255), "
+                          "CONSTRAINT one_holder_per_slot UNIQUE (gpu_uuid, slot))"))
+        conn.execute(text("CREATE TABLE gpu_usage (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), user VARCHAR(255), "
+                          "server VARCHAR(255), started DATETIME, ended DATETIME, reason VARCHAR(64))"))
     with engine.begin() as conn:
         conn.execute(text("INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason) VALUES "
                           "('GPU-a', 'alice', '', '2026-12-01 10:00:00', '2026-12-01 12:00:00', 'stopped')"))
@@ -201,6 +206,7 @@ def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
     assert current(store.engine) == HEAD
     assert "gpu_quotas" in inspect(store.engine).get_table_names()
     assert len(store.usage(user="alice")) == 1
+    assert store.usage(user="alice")[0].node == socket.gethostname(), "old rows came from this host"
     QuotaBook(store).set("user", "alice", Quota(1))
     store.dispose()
     # Opening it again is a no-op.

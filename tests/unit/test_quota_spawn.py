@@ -45,83 +45,84 @@ def make_spawner(tmp_path):
     _policies.clear()
 
 
-def refused(spawner, options) -> str:
+async def refused(spawner, options) -> str:
     with pytest.raises(SpawnException) as info:
-        spawner._apply_gpu_options(options)
+        await spawner._apply_gpu_options(options)
     assert info.value.status_code == 403
     return str(info.value)
 
 
-def test_quota_zero_refuses_gpus_but_allows_cpu(make_spawner):
+async def test_quota_zero_refuses_gpus_but_allows_cpu(make_spawner):
     spawner = make_spawner(quota_contact="the course staff")
     spawner.gpu_quota_book.set("user", "alice", Quota(0))
-    message = refused(spawner, {"gpus": 1})
+    message = await refused(spawner, {"gpus": 1})
     assert "your own GPU quota allows 0 at once" in message and "ask the course staff" in message
-    spawner._apply_gpu_options({"gpus": 0})
+    await spawner._apply_gpu_options({"gpus": 0})
     assert spawner.gpu_request.gpus == 0
     # Without a gpus option the default is lowered to what the quota allows.
-    spawner._apply_gpu_options({})
+    await spawner._apply_gpu_options({})
     assert spawner.gpu_request.gpus == 0
 
 
-def test_cpu_servers_can_be_forbidden(make_spawner):
+async def test_cpu_servers_can_be_forbidden(make_spawner):
     spawner = make_spawner(cpu_servers_allowed=False)
-    assert "CPU-only servers are switched off" in refused(spawner, {"gpus": 0})
+    assert "CPU-only servers are switched off" in await refused(spawner, {"gpus": 0})
 
 
-def test_the_most_generous_group_quota_applies(make_spawner):
+async def test_the_most_generous_group_quota_applies(make_spawner):
     spawner = make_spawner(groups=["intro", "ml-course"])
     spawner.gpu_quota_book.set("group", "intro", Quota(1))
     spawner.gpu_quota_book.set("group", "ml-course", Quota(3))
-    assert spawner.gpu_quota() == (3, "the GPU quota of group ml-course")
-    spawner._apply_gpu_options({"gpus": 3})
+    ctx = spawner.gpu_admission_context()
+    assert (ctx.quota.quota.max_gpus, ctx.quota.describe) == (3, "the GPU quota of group ml-course")
+    await spawner._apply_gpu_options({"gpus": 3})
     assert spawner.gpu_request.gpus == 3
-    assert "the GPU quota of group ml-course allows 3 at once" in refused(spawner, {"gpus": 4})
+    assert "the GPU quota of group ml-course allows 3 at once" in await refused(spawner, {"gpus": 4})
 
 
-def test_exhausted_gpu_hours_budget_is_refused(make_spawner):
+async def test_exhausted_gpu_hours_budget_is_refused(make_spawner):
     spawner = make_spawner()
     spawner.gpu_quota_book.set("user", "alice", Quota(2, gpu_hours_per_week=1.0))
     store = spawner.gpu_policy.store
-    with store._sessions.begin() as session:
+    with store.writes().begin() as session:
         now = utcnow()
         session.add(UsageRow(gpu_uuid="GPU-sim-00-h100-80gb", user="alice", server="",
                              started=now - timedelta(hours=3), ended=now - timedelta(hours=1), reason="stopped"))
-    message = refused(spawner, {"gpus": 1})
+    message = await refused(spawner, {"gpus": 1})
     assert "allows 1 GPU-hours per week" in message and "used 2.0" in message
-    assert spawner.gpu_limit_now()[0] == 0
-    spawner._apply_gpu_options({"gpus": 0})  # CPU stays allowed
+    assert spawner.gpu_admission_context().allowed_now() == 0
+    await spawner._apply_gpu_options({"gpus": 0})  # CPU stays allowed
 
 
-def test_allowed_models(make_spawner):
+async def test_allowed_models(make_spawner):
     spawner = make_spawner()
     spawner.gpu_quota_book.set("user", "alice", Quota(1, allowed_models=("A100-40GB",)))
-    message = refused(spawner, {"gpus": 1, "gpu_model": "H100-80GB"})
+    message = await refused(spawner, {"gpus": 1, "gpu_model": "H100-80GB"})
     assert "allows only these GPU models: A100-40GB" in message
     # No model asked: only allowed models are handed out.
-    spawner._apply_gpu_options({"gpus": 1})
+    await spawner._apply_gpu_options({"gpus": 1})
     assert spawner.gpu_request.gpu_model == "A100-40GB"
     spawner.gpu_quota_book.set("user", "alice", Quota(1, allowed_models=()))
-    assert "GPU models this hub does not have" in refused(spawner, {"gpus": 1})
+    assert "GPU models this hub does not have" in await refused(spawner, {"gpus": 1})
 
 
-def test_session_limit_is_recorded_at_spawn_and_kept_when_the_quota_changes(make_spawner):
+async def test_session_limit_is_recorded_at_spawn_and_kept_when_the_quota_changes(make_spawner):
     spawner = make_spawner()
     book = spawner.gpu_quota_book
     book.set("user", "alice", Quota(1, max_session_hours=2.0))
-    spawner._apply_gpu_options({"gpus": 1})
+    await spawner._apply_gpu_options({"gpus": 1})
     book.set("user", "alice", Quota(1, max_session_hours=0.5))
     assert book.session_limits() == {("alice", ""): 2.0}
 
 
 async def test_a_quota_change_never_touches_a_running_server(make_spawner):
     spawner = make_spawner()
-    spawner._apply_gpu_options({"gpus": 1})
+    await spawner._apply_gpu_options({"gpus": 1})
     await spawner.start()
     spawner.gpu_quota_book.set("user", "alice", Quota(0))
     assert len(spawner.gpu_policy.store.lease_of("alice", "").gpu_uuids) == 1
     other = make_spawner(name="second")
-    assert "allows 0 at once" in refused(other, {"gpus": 1})
+    assert "allows 0 at once" in await refused(other, {"gpus": 1})
 
 
 async def test_the_form_shows_quota_held_and_free(make_spawner):

@@ -55,7 +55,7 @@ def held(spawner):
 
 
 async def start(spawner, options):
-    spawner._apply_gpu_options(options)
+    await spawner._apply_gpu_options(options)
     return await spawner.start()
 
 
@@ -99,10 +99,10 @@ async def test_quota_counts_gpus_held_by_other_servers(make_spawner):
     await start(first, {"gpus": 1})
     second = make_spawner(name="two", default_max_gpus=2)
     with pytest.raises(SpawnException) as err:
-        second._apply_gpu_options({"gpus": 2})
+        await second._apply_gpu_options({"gpus": 2})
     assert err.value.status_code == 403
     assert "allows 2 at once and your other servers hold 1" in err.value.message
-    second._apply_gpu_options({"gpus": 1})
+    await second._apply_gpu_options({"gpus": 1})
 
 
 async def test_waiting_spawn_reports_progress_then_times_out(make_spawner):
@@ -165,7 +165,7 @@ async def test_profile_sizes_the_server_and_does_not_stick(make_spawner):
 async def test_unknown_profile_is_a_400_and_holds_nothing(make_spawner):
     spawner = make_spawner(resource_profiles=PROFILES)
     with pytest.raises(SpawnException) as err:
-        spawner._apply_gpu_options({"gpus": 1, "profile": "huge"})
+        await spawner._apply_gpu_options({"gpus": 1, "profile": "huge"})
     assert err.value.status_code == 400
     assert "profile 'huge' is not offered here; choose one of: small, standard, bigmem" in err.value.message
     assert held(spawner) == {}

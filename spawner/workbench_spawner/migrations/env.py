@@ -4,6 +4,7 @@ from alembic import context
 from sqlalchemy import engine_from_config, pool
 
 from workbench_spawner import quota as _quota  # noqa: F401  (registers the quota tables)
+from workbench_spawner import settings as _settings  # noqa: F401  (registers the settings table)
 from workbench_spawner.store import Base
 
 config = context.config
