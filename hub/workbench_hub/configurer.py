@@ -1,0 +1,362 @@
+"""Turn the WORKBENCH_* environment into JupyterHub configuration.
+
+``hub/jupyterhub_config.py`` calls these functions and does nothing else but
+side effects (directories, the Docker engine, the banner, the local config
+file, publishing the GPU policy's settings). Each ``update_*`` function
+manages one area, reads each of its variables exactly once from the ``env``
+dict it is given (never from ``os.environ``) and writes plain values into a
+traitlets ``Config``; a bad value raises :class:`ConfigError` with one
+sentence, which the config file prints as ``GPU Workbench: <sentence>``
+before it exits with status 2. In the manner of The Littlest JupyterHub's
+``configurer.py``, so that tests can check environment -> config tables
+without starting anything::
+
+    c = Config()
+    update_spawner(c, {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x"}, repo, docker_bridge)
+    assert c.JupyterHub.spawner_class == "gpu-docker"
+
+The README's configuration table lists every variable and its default.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from traitlets.config import Config
+
+from workbench_spawner.profiles import ProfileError, parse_profiles, profiles_from_text
+
+Env = Mapping[str, str]
+
+# The launcher that ends a managed service when the hub process dies
+# (workbench_hub/parent_guard.py explains why it is needed).
+GUARD = [sys.executable, "-m", "workbench_hub.parent_guard"]
+
+
+class ConfigError(ValueError):
+    """A WORKBENCH_* value that cannot be used; the message names it and says why."""
+
+
+# -- reading values ----------------------------------------------------------------
+
+
+def text(env: Env, name: str, default: str = "") -> str:
+    """The variable, stripped; ``default`` only when it is not set at all."""
+    return str(env.get(name, default)).strip()
+
+
+def number(env: Env, name: str, default: str, kind: type = float) -> float | int:
+    """A non-negative number (``kind=int``: a whole one)."""
+    value_text = text(env, name, default)
+    try:
+        value = kind(value_text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        whole = "whole " if kind is int else ""
+        raise ConfigError(f"{name} must be a non-negative {whole}number, not {value_text!r}")
+    return value
+
+
+def port(env: Env, name: str, default: str) -> int:
+    value_text = text(env, name, default)
+    if not value_text.isdigit() or not 0 < int(value_text) < 65536:
+        raise ConfigError(f"{name} must be a port number, not {value_text!r}")
+    return int(value_text)
+
+
+def flag(env: Env, name: str, default: str) -> bool:
+    return text(env, name, default).lower() not in ("0", "false", "no")
+
+
+def comma_list(env: Env, name: str, default: str = "") -> list[str]:
+    return [item.strip() for item in text(env, name, default).split(",") if item.strip()]
+
+
+# -- areas ---------------------------------------------------------------------------
+
+
+def data_dir(env: Env, repo: Path) -> Path:
+    """Where the hub keeps its state: $WORKBENCH_DATA_DIR, else ``data`` in the checkout."""
+    return Path(text(env, "WORKBENCH_DATA_DIR") or repo / "data").resolve()
+
+
+def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
+    """The public address, the proxy and the hub's own database."""
+    public_port = port(env, "WORKBENCH_PORT", "8000")
+    ip = text(env, "WORKBENCH_IP", "127.0.0.1")
+    c.JupyterHub.bind_url = f"http://{ip}:{public_port}"
+    c.JupyterHub.hub_port = port(env, "WORKBENCH_HUB_API_PORT", "8081")
+    c.ConfigurableHTTPProxy.api_url = f"http://127.0.0.1:{port(env, 'WORKBENCH_PROXY_API_PORT', '8001')}"
+    c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
+    c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
+    c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+    chp = repo / "node_modules" / ".bin" / "configurable-http-proxy"
+    if chp.exists():
+        c.ConfigurableHTTPProxy.command = [str(chp)]
+    # Servers outlive the hub: a hub restart (upgrade, config change) must not
+    # kill anyone's training run. The hub re-attaches to them on start.
+    c.JupyterHub.cleanup_servers = False
+
+
+def update_auth(c: Config, env: Env) -> None:
+    """Who can log in: NativeAuthenticator sign-ups, admins by name."""
+    import nativeauthenticator
+
+    c.JupyterHub.authenticator_class = "workbench_hub.auth.WorkbenchAuthenticator"
+    c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
+    c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "admin"))
+    # NativeAuthenticator itself refuses sign-ups an admin has not authorized;
+    # every authorized account may use the hub.
+    c.Authenticator.allow_all = True
+    c.NativeAuthenticator.minimum_password_length = 8
+    c.NativeAuthenticator.check_common_password = True
+
+
+def _token_service(c: Config, env: Env, variable: str, name: str, role: dict) -> bool:
+    """Register the API token in ``variable`` (if set) as service ``name`` with ``role``."""
+    token = text(env, variable)
+    if not token:
+        return False
+    if len(token) < 16:
+        raise ConfigError(f"{variable} must be at least 16 characters (try: openssl rand -hex 32)")
+    c.JupyterHub.services.append({"name": name, "api_token": token})
+    c.JupyterHub.load_roles.append({**role, "services": [name]})
+    return True
+
+
+def guarded(command: list[str], hub_pid: int | None = None) -> list[str]:
+    """``command`` behind the launcher that ends it when the hub process dies."""
+    parent = [f"--parent-pid={hub_pid}"] if hub_pid else []
+    return [*GUARD, *parent, "--", *command]
+
+
+def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
+    """Custom scopes, the automation tokens, the idle culler and the workbench service.
+
+    The workbench service's command gets its ``--db-url`` later, from
+    :func:`point_service_at_settings`, once the GPU policy's settings are
+    resolved (after the local config file).
+    """
+    c.JupyterHub.services = []
+    c.JupyterHub.load_roles = []
+    admin_users = sorted(c.Authenticator.admin_users) if "admin_users" in c.Authenticator else []
+
+    automation = _token_service(
+        c, env, "WORKBENCH_ADMIN_TOKEN", "workbench-admin",
+        {
+            "name": "workbench-automation",
+            "description": "Scripts that manage users, groups and servers (WORKBENCH_ADMIN_TOKEN)",
+            "scopes": ["admin:users", "admin:servers", "admin:groups", "access:servers", "read:hub", "tokens"],
+        },
+    )
+
+    cull_after = number(env, "WORKBENCH_CULL_IDLE_SECONDS", "3600", int)
+    if cull_after:
+        # Idle servers give their GPUs back: the culler stops them through the
+        # REST API, which runs the spawner's stop() and so releases the lease.
+        c.JupyterHub.services.append(
+            {
+                "name": "idle-culler",
+                "command": guarded([sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={cull_after}"],
+                                   hub_pid),
+            }
+        )
+        c.JupyterHub.load_roles.append(
+            {
+                "name": "idle-culler",
+                "scopes": ["list:users", "read:users:activity", "read:servers", "delete:servers"],
+                "services": ["idle-culler"],
+            }
+        )
+
+    # The workbench service: GPU quotas, the fleet view and Prometheus metrics
+    # at /services/workbench/ (hub/workbench_hub/service). It checks the
+    # custom scopes below itself on every request: custom:workbench:admin
+    # reads and changes quotas, custom:workbench:read only reads; any user may
+    # read their own usage. It reads the policy's settings from the GPU
+    # database, so it gets no WORKBENCH_* environment.
+    service_port = number(env, "WORKBENCH_SERVICE_PORT", "10101", int)
+    session_check = number(env, "WORKBENCH_SESSION_CHECK_SECONDS", "60")
+    c.JupyterHub.custom_scopes = {
+        "custom:workbench:admin": {"description": "Read and change GPU quotas; see every GPU, lease and user's usage"},
+        "custom:workbench:read": {"description": "See every GPU, lease, quota and user's usage on the workbench service"},
+    }
+    c.JupyterHub.services.append(
+        {
+            "name": "workbench",
+            "url": f"http://127.0.0.1:{service_port}",
+            "command": guarded(
+                [sys.executable, "-m", "workbench_hub.service", f"--port={service_port}",
+                 f"--session-check-seconds={session_check}"],
+                hub_pid,
+            ),
+            "oauth_no_confirm": True,
+            "oauth_client_allowed_scopes": ["custom:workbench:admin", "custom:workbench:read"],
+        }
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "workbench-service",
+            "description": "What the workbench service reads from the hub, and stopping over-long sessions",
+            "scopes": ["list:users", "read:users", "list:groups", "read:groups", "read:servers", "delete:servers"],
+            "services": ["workbench"],
+        }
+    )
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "workbench-admins",
+            "description": "GPU quota admins: the hub admins (WORKBENCH_ADMIN_USERS) and the automation token",
+            "scopes": ["custom:workbench:admin", "custom:workbench:read", "access:services!service=workbench"],
+            "users": admin_users,
+            "services": ["workbench-admin"] if automation else [],
+        }
+    )
+    # Prometheus scrapes /services/workbench/metrics with this token (read only).
+    _token_service(
+        c, env, "WORKBENCH_METRICS_TOKEN", "workbench-metrics",
+        {
+            "name": "workbench-metrics",
+            "description": "Prometheus: read the fleet metrics of the workbench service",
+            "scopes": ["custom:workbench:read", "access:services!service=workbench"],
+        },
+    )
+
+
+def point_service_at_settings(c: Config, db_url: str) -> None:
+    """Give the workbench service the GPU database its settings were published to.
+
+    Called after the local config file, so a ``gpu_db_url`` set only there
+    counts; the service reads everything else from that database.
+    """
+    for service in c.JupyterHub.services:
+        if service.get("name") == "workbench" and service.get("command"):
+            command = [arg for arg in service["command"] if not arg.startswith("--db-url=")]
+            at = next(i for i, arg in enumerate(command) if arg.startswith("--port=")) + 1
+            service["command"] = [*command[:at], f"--db-url={db_url}", *command[at:]]
+
+
+def update_spawner(
+    c: Config,
+    env: Env,
+    data: Path,
+    repo: Path,
+    docker_bridge: Callable[[], str] | None = None,
+) -> str:
+    """The GPU spawner: backend, how servers reach the hub, the GPU policy's settings.
+
+    ``docker_bridge`` returns the Docker default bridge's gateway address; it
+    is called only for the docker backend with the hub on the host (it asks
+    the engine, so it stays with the config file). Returns the backend name.
+    """
+    backend = text(env, "WORKBENCH_BACKEND", "local").lower()
+    bin_dir = Path(sys.executable).parent
+    if backend == "local":
+        c.JupyterHub.spawner_class = "gpu-local"
+        c.JupyterHub.hub_ip = text(env, "WORKBENCH_HUB_IP", "127.0.0.1")
+        c.Spawner.cmd = [str(bin_dir / "jupyterhub-singleuser")]
+        c.LocalGPUSpawner.starter_notebooks_dir = str(repo / "notebooks")
+    elif backend == "docker":
+        _update_docker(c, env, docker_bridge)
+    else:
+        raise ConfigError(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local' or 'docker'")
+    c.Spawner.default_url = "/lab"
+
+    mixin = c.GPUSpawnerMixin
+    mixin.gpu_db_url = text(env, "WORKBENCH_DB_URL") or f"sqlite:///{data / 'workbench.sqlite'}"
+    simulated = text(env, "WORKBENCH_SIMULATED_GPUS")
+    if simulated:
+        mixin.simulated_gpus = simulated
+    mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
+    mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
+    mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
+    mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
+    contact = text(env, "WORKBENCH_QUOTA_CONTACT")
+    if contact:
+        mixin.quota_contact = contact
+    profiles_text = text(env, "WORKBENCH_PROFILES")
+    if profiles_text:
+        try:
+            profiles = profiles_from_text(profiles_text)
+            parse_profiles(profiles)
+        except ProfileError as exc:
+            raise ConfigError(f"WORKBENCH_PROFILES: {exc}") from None
+        mixin.resource_profiles = profiles
+    return backend
+
+
+def _update_docker(c: Config, env: Env, docker_bridge: Callable[[], str] | None) -> None:
+    c.JupyterHub.spawner_class = "gpu-docker"
+    image = text(env, "WORKBENCH_IMAGE")
+    if not image:
+        raise ConfigError(
+            "the docker backend needs WORKBENCH_IMAGE, the single-user image (e.g. gpu-workbench/singleuser:latest)"
+        )
+    spawner = c.DockerGPUSpawner
+    spawner.image = image
+    offered = comma_list(env, "WORKBENCH_IMAGES")
+    if offered:
+        spawner.offered_images = offered
+    hub_ip = env.get("WORKBENCH_HUB_IP")
+    connect_ip = env.get("WORKBENCH_HUB_CONNECT_IP")
+    network = text(env, "WORKBENCH_DOCKER_NETWORK")
+    if network:
+        # The hub runs in a container on this network (docker compose):
+        # user containers join it and are reached by their internal address.
+        spawner.network_name = network
+        spawner.use_internal_ip = True
+        c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else "0.0.0.0").strip()
+        c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else "hub").strip()
+    else:
+        # The hub runs on the host: containers reach it through the default
+        # bridge's gateway address, which is a local address of the host.
+        if hub_ip is None or connect_ip is None:
+            if docker_bridge is None:
+                raise ConfigError("the docker backend needs the Docker bridge address and none was looked up")
+            bridge = docker_bridge()
+        c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else bridge).strip()
+        c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else bridge).strip()
+    spawner.datasets_volume = text(env, "WORKBENCH_DATASETS_VOLUME", "workbench-datasets")
+    if text(env, "WORKBENCH_MEM_LIMIT"):
+        spawner.mem_limit = text(env, "WORKBENCH_MEM_LIMIT")
+    if text(env, "WORKBENCH_CPU_LIMIT"):
+        spawner.cpu_limit = number(env, "WORKBENCH_CPU_LIMIT", "1")
+
+
+# -- what the operator sees first --------------------------------------------------
+
+
+def banner(c: Config, backend: str, data: Path, inventory) -> str:
+    """The lines printed at start: where the hub is, which GPUs, where state lives, how to begin."""
+    bind = c.JupyterHub.bind_url.removeprefix("http://")
+    ip, _, public_port = bind.rpartition(":")
+    admins = sorted(c.Authenticator.admin_users)
+    devices = inventory.devices
+    if inventory.source == "simulated":
+        counts: dict[str, int] = {}
+        for device in devices:
+            counts[device.model or device.name] = counts.get(device.model or device.name, 0) + 1
+        spec = ",".join(f"{n}x{model}" for model, n in counts.items())
+        gpu_line = f"GPUs: {len(devices)} SIMULATED ({spec}); no real hardware is used"
+    elif devices:
+        gpu_line = f"GPUs: {len(devices)} found by {'NVML' if inventory.source == 'nvml' else inventory.source}: " + (
+            ", ".join(sorted({d.name for d in devices}))
+        )
+    else:
+        gpu_line = f"GPUs: none, servers will be CPU only ({inventory.message})"
+    return "\n".join(
+        [
+            "",
+            "=" * 72,
+            f"GPU Workbench ({backend} backend) at http://{'127.0.0.1' if ip in ('0.0.0.0', '') else ip}:{public_port}/",
+            gpu_line,
+            f"Data: {data}",
+            f"First admin: open http://127.0.0.1:{public_port}/hub/signup and sign up as "
+            f"{' or '.join(admins) or '(set WORKBENCH_ADMIN_USERS)'}; "
+            "admins are authorized at once, other sign-ups wait for an admin at /hub/authorize",
+            "=" * 72,
+            "",
+        ]
+    )

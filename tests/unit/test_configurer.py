@@ -1,0 +1,404 @@
+"""The environment -> JupyterHub config tables (workbench_hub.configurer), without starting anything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from traitlets.config import Config
+
+from workbench_devices import DeviceInventory, GPUDevice
+from workbench_hub import configurer, parent_guard
+from workbench_hub.configurer import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = Path("/srv/workbench-data")
+
+
+def bridge() -> str:
+    return "172.17.0.1"
+
+
+def no_bridge() -> str:
+    raise AssertionError("the Docker engine was asked although nothing needed it")
+
+
+def build(env: dict[str, str], repo: Path = REPO, docker_bridge=bridge) -> Config:
+    """What jupyterhub_config.py builds from ``env`` (before the local config file)."""
+    c = Config()
+    data = configurer.data_dir(env, repo)
+    configurer.update_hub(c, env, data, repo)
+    configurer.update_auth(c, env)
+    configurer.update_services(c, env)
+    configurer.update_spawner(c, env, data, repo, docker_bridge)
+    return c
+
+
+def get(c: Config, dotted: str):
+    section, _, name = dotted.rpartition(".")
+    node = c
+    for part in section.split("."):
+        node = node[part]
+    return node[name]
+
+
+def service(c: Config, name: str) -> dict | None:
+    return next((s for s in c.JupyterHub.services if s["name"] == name), None)
+
+
+def role(c: Config, name: str) -> dict | None:
+    return next((r for r in c.JupyterHub.load_roles if r["name"] == name), None)
+
+
+# -- defaults and single settings ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, trait, expected",
+    [
+        ({}, "JupyterHub.bind_url", "http://127.0.0.1:8000"),
+        ({"WORKBENCH_PORT": "9000", "WORKBENCH_IP": "0.0.0.0"}, "JupyterHub.bind_url", "http://0.0.0.0:9000"),
+        ({"WORKBENCH_PORT": " 8443 "}, "JupyterHub.bind_url", "http://127.0.0.1:8443"),
+        ({}, "JupyterHub.hub_port", 8081),
+        ({"WORKBENCH_HUB_API_PORT": "18081"}, "JupyterHub.hub_port", 18081),
+        ({}, "ConfigurableHTTPProxy.api_url", "http://127.0.0.1:8001"),
+        ({"WORKBENCH_PROXY_API_PORT": "18001"}, "ConfigurableHTTPProxy.api_url", "http://127.0.0.1:18001"),
+        ({"WORKBENCH_DATA_DIR": str(DATA)}, "JupyterHub.db_url", f"sqlite:///{DATA}/jupyterhub.sqlite"),
+        ({"WORKBENCH_DATA_DIR": str(DATA)}, "JupyterHub.cookie_secret_file", f"{DATA}/jupyterhub_cookie_secret"),
+        ({"WORKBENCH_DATA_DIR": str(DATA)}, "ConfigurableHTTPProxy.pid_file", f"{DATA}/jupyterhub-proxy.pid"),
+        ({}, "JupyterHub.db_url", f"sqlite:///{REPO}/data/jupyterhub.sqlite"),
+        ({}, "JupyterHub.cleanup_servers", False),
+        # who can log in
+        ({}, "JupyterHub.authenticator_class", "workbench_hub.auth.WorkbenchAuthenticator"),
+        ({}, "Authenticator.admin_users", {"admin"}),
+        ({"WORKBENCH_ADMIN_USERS": "ada, grace,,"}, "Authenticator.admin_users", {"ada", "grace"}),
+        ({"WORKBENCH_ADMIN_USERS": ""}, "Authenticator.admin_users", set()),
+        ({}, "Authenticator.allow_all", True),
+        ({}, "NativeAuthenticator.minimum_password_length", 8),
+        # the spawner
+        ({}, "JupyterHub.spawner_class", "gpu-local"),
+        ({"WORKBENCH_BACKEND": "LOCAL"}, "JupyterHub.spawner_class", "gpu-local"),
+        ({}, "JupyterHub.hub_ip", "127.0.0.1"),
+        ({"WORKBENCH_HUB_IP": "10.0.0.5"}, "JupyterHub.hub_ip", "10.0.0.5"),
+        ({}, "Spawner.cmd", [str(Path(sys.executable).parent / "jupyterhub-singleuser")]),
+        ({}, "LocalGPUSpawner.starter_notebooks_dir", str(REPO / "notebooks")),
+        ({}, "Spawner.default_url", "/lab"),
+        ({"WORKBENCH_DATA_DIR": str(DATA)}, "GPUSpawnerMixin.gpu_db_url", f"sqlite:///{DATA}/workbench.sqlite"),
+        ({"WORKBENCH_DB_URL": "postgresql+psycopg://db/gpus"}, "GPUSpawnerMixin.gpu_db_url",
+         "postgresql+psycopg://db/gpus"),
+        ({"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB"}, "GPUSpawnerMixin.simulated_gpus", "2xH100-80GB"),
+        ({}, "GPUSpawnerMixin.gpu_queue_timeout", 300.0),
+        ({"WORKBENCH_QUEUE_TIMEOUT": "2.5"}, "GPUSpawnerMixin.gpu_queue_timeout", 2.5),
+        ({}, "GPUSpawnerMixin.servers_per_gpu", 1),
+        ({"WORKBENCH_SERVERS_PER_GPU": "4"}, "GPUSpawnerMixin.servers_per_gpu", 4),
+        ({"WORKBENCH_SERVERS_PER_GPU": "0"}, "GPUSpawnerMixin.servers_per_gpu", 1),
+        ({}, "GPUSpawnerMixin.default_max_gpus", 1),
+        ({"WORKBENCH_DEFAULT_MAX_GPUS": "0"}, "GPUSpawnerMixin.default_max_gpus", 0),
+        ({}, "GPUSpawnerMixin.cpu_servers_allowed", True),
+        ({"WORKBENCH_CPU_SERVERS": "0"}, "GPUSpawnerMixin.cpu_servers_allowed", False),
+        ({"WORKBENCH_CPU_SERVERS": "No"}, "GPUSpawnerMixin.cpu_servers_allowed", False),
+        ({"WORKBENCH_CPU_SERVERS": "yes"}, "GPUSpawnerMixin.cpu_servers_allowed", True),
+        ({"WORKBENCH_QUOTA_CONTACT": "gpu-help@example.edu"}, "GPUSpawnerMixin.quota_contact",
+         "gpu-help@example.edu"),
+    ],
+)
+def test_environment_becomes_config(env, trait, expected):
+    assert get(build(env), trait) == expected
+
+
+def test_profiles_arrive_as_entries_that_were_checked():
+    profiles = build({"WORKBENCH_PROFILES": "small:1:2G,large*:4:16G"}).GPUSpawnerMixin.resource_profiles
+    assert [(p["slug"], bool(p.get("default"))) for p in profiles] == [("small", False), ("large", True)]
+
+
+@pytest.mark.parametrize(
+    "env, unset",
+    [
+        ({}, "GPUSpawnerMixin.simulated_gpus"),  # empty: the trait's own default (NVML)
+        ({}, "GPUSpawnerMixin.quota_contact"),
+        ({}, "GPUSpawnerMixin.resource_profiles"),
+        ({}, "JupyterHub.hub_connect_ip"),
+        ({}, "DockerGPUSpawner.image"),
+    ],
+)
+def test_unset_variables_leave_the_traits_defaults(env, unset):
+    c = build(env)
+    section, _, name = unset.rpartition(".")
+    assert name not in c[section]
+
+
+# -- the docker backend ------------------------------------------------------------------
+
+DOCKER = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "gpu-workbench/singleuser:latest"}
+
+
+@pytest.mark.parametrize(
+    "env, trait, expected",
+    [
+        (DOCKER, "JupyterHub.spawner_class", "gpu-docker"),
+        ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x"}, "JupyterHub.spawner_class", "gpu-docker"),
+        (DOCKER, "DockerGPUSpawner.image", "gpu-workbench/singleuser:latest"),
+        ({**DOCKER, "WORKBENCH_IMAGES": "a:1, b:2,"}, "DockerGPUSpawner.offered_images", ["a:1", "b:2"]),
+        (DOCKER, "DockerGPUSpawner.datasets_volume", "workbench-datasets"),
+        ({**DOCKER, "WORKBENCH_DATASETS_VOLUME": "corpora"}, "DockerGPUSpawner.datasets_volume", "corpora"),
+        ({**DOCKER, "WORKBENCH_MEM_LIMIT": "32G"}, "DockerGPUSpawner.mem_limit", "32G"),
+        ({**DOCKER, "WORKBENCH_CPU_LIMIT": "8"}, "DockerGPUSpawner.cpu_limit", 8.0),
+        # the hub on the host: containers reach it on the default bridge's gateway
+        (DOCKER, "JupyterHub.hub_ip", "172.17.0.1"),
+        (DOCKER, "JupyterHub.hub_connect_ip", "172.17.0.1"),
+        ({**DOCKER, "WORKBENCH_HUB_IP": "0.0.0.0"}, "JupyterHub.hub_ip", "0.0.0.0"),
+        ({**DOCKER, "WORKBENCH_HUB_IP": "0.0.0.0"}, "JupyterHub.hub_connect_ip", "172.17.0.1"),
+        # the hub in compose: containers join its network
+        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "DockerGPUSpawner.network_name", "wb"),
+        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "DockerGPUSpawner.use_internal_ip", True),
+        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "JupyterHub.hub_ip", "0.0.0.0"),
+        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "JupyterHub.hub_connect_ip", "hub"),
+        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb", "WORKBENCH_HUB_CONNECT_IP": "hub.wb"},
+         "JupyterHub.hub_connect_ip", "hub.wb"),
+    ],
+)
+def test_docker_backend(env, trait, expected):
+    assert get(build(env), trait) == expected
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"},
+        {**DOCKER, "WORKBENCH_HUB_IP": "10.1.1.1", "WORKBENCH_HUB_CONNECT_IP": "10.1.1.1"},
+        {},  # local backend
+    ],
+)
+def test_the_docker_engine_is_asked_only_when_its_bridge_is_needed(env):
+    build(env, docker_bridge=no_bridge)
+
+
+def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
+    def unreachable() -> str:
+        raise ConfigError("the docker backend cannot reach the Docker engine (refused); is dockerd running?")
+
+    with pytest.raises(ConfigError, match="is dockerd running"):
+        build(DOCKER, docker_bridge=unreachable)
+
+
+# -- bad values: one sentence each -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"WORKBENCH_PORT": "http"}, "WORKBENCH_PORT must be a port number, not 'http'"),
+        ({"WORKBENCH_PORT": "0"}, "WORKBENCH_PORT must be a port number, not '0'"),
+        ({"WORKBENCH_PORT": "70000"}, "WORKBENCH_PORT must be a port number, not '70000'"),
+        ({"WORKBENCH_PORT": ""}, "WORKBENCH_PORT must be a port number, not ''"),
+        ({"WORKBENCH_HUB_API_PORT": "x"}, "WORKBENCH_HUB_API_PORT must be a port number, not 'x'"),
+        ({"WORKBENCH_PROXY_API_PORT": "-1"}, "WORKBENCH_PROXY_API_PORT must be a port number, not '-1'"),
+        ({"WORKBENCH_BACKEND": "slurm"}, "WORKBENCH_BACKEND='slurm' is not available; use 'local' or 'docker'"),
+        ({"WORKBENCH_BACKEND": "docker"}, "the docker backend needs WORKBENCH_IMAGE, the single-user image"),
+        ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": " "}, "the docker backend needs WORKBENCH_IMAGE"),
+        ({"WORKBENCH_ADMIN_TOKEN": "short"},
+         "WORKBENCH_ADMIN_TOKEN must be at least 16 characters (try: openssl rand -hex 32)"),
+        ({"WORKBENCH_METRICS_TOKEN": "abc"}, "WORKBENCH_METRICS_TOKEN must be at least 16 characters"),
+        ({"WORKBENCH_CULL_IDLE_SECONDS": "1h"},
+         "WORKBENCH_CULL_IDLE_SECONDS must be a non-negative whole number, not '1h'"),
+        ({"WORKBENCH_CULL_IDLE_SECONDS": "-5"},
+         "WORKBENCH_CULL_IDLE_SECONDS must be a non-negative whole number, not '-5'"),
+        ({"WORKBENCH_SERVICE_PORT": "port"},
+         "WORKBENCH_SERVICE_PORT must be a non-negative whole number, not 'port'"),
+        ({"WORKBENCH_SESSION_CHECK_SECONDS": "often"},
+         "WORKBENCH_SESSION_CHECK_SECONDS must be a non-negative number, not 'often'"),
+        ({"WORKBENCH_QUEUE_TIMEOUT": "-1"}, "WORKBENCH_QUEUE_TIMEOUT must be a non-negative number, not '-1'"),
+        ({"WORKBENCH_SERVERS_PER_GPU": "1.5"},
+         "WORKBENCH_SERVERS_PER_GPU must be a non-negative whole number, not '1.5'"),
+        ({"WORKBENCH_DEFAULT_MAX_GPUS": "two"},
+         "WORKBENCH_DEFAULT_MAX_GPUS must be a non-negative whole number, not 'two'"),
+        ({**DOCKER, "WORKBENCH_CPU_LIMIT": "many"}, "WORKBENCH_CPU_LIMIT must be a non-negative number, not 'many'"),
+        ({"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
+         "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores"),
+    ],
+)
+def test_bad_values_raise_one_config_error_with_a_sentence(env, message):
+    with pytest.raises(ConfigError) as caught:
+        build(env)
+    assert message in str(caught.value)
+
+
+# -- services --------------------------------------------------------------------------------
+
+
+def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_guard():
+    c = Config()
+    env = {"WORKBENCH_SERVICE_PORT": "10222", "WORKBENCH_SESSION_CHECK_SECONDS": "5",
+           "WORKBENCH_SIMULATED_GPUS": "2", "WORKBENCH_DB_URL": "sqlite:////x.sqlite"}
+    configurer.update_auth(c, env)
+    configurer.update_services(c, env, hub_pid=4242)
+    workbench = service(c, "workbench")
+    assert workbench["url"] == "http://127.0.0.1:10222"
+    assert "environment" not in workbench
+    assert workbench["command"] == [
+        sys.executable, "-m", "workbench_hub.parent_guard", "--parent-pid=4242", "--",
+        sys.executable, "-m", "workbench_hub.service", "--port=10222", "--session-check-seconds=5.0",
+    ]
+    configurer.point_service_at_settings(c, "sqlite:////data/workbench.sqlite")
+    assert workbench["command"][-3:] == [
+        "--port=10222", "--db-url=sqlite:////data/workbench.sqlite", "--session-check-seconds=5.0",
+    ]
+    # Publishing again (a config file calling it twice) replaces, never appends.
+    configurer.point_service_at_settings(c, "sqlite:////other.sqlite")
+    assert [a for a in workbench["command"] if a.startswith("--db-url")] == ["--db-url=sqlite:////other.sqlite"]
+
+
+@pytest.mark.parametrize(
+    "env, services, roles",
+    [
+        ({}, ["idle-culler", "workbench"], ["idle-culler", "workbench-service", "workbench-admins"]),
+        ({"WORKBENCH_CULL_IDLE_SECONDS": "0"}, ["workbench"], ["workbench-service", "workbench-admins"]),
+        ({"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
+         ["workbench-admin", "workbench"], ["workbench-automation", "workbench-service", "workbench-admins"]),
+        ({"WORKBENCH_METRICS_TOKEN": "m" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
+         ["workbench", "workbench-metrics"], ["workbench-service", "workbench-admins", "workbench-metrics"]),
+    ],
+)
+def test_services_and_roles(env, services, roles):
+    c = build(env)
+    assert [s["name"] for s in c.JupyterHub.services] == services
+    assert [r["name"] for r in c.JupyterHub.load_roles] == roles
+
+
+def test_tokens_and_admin_roles():
+    c = build({"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_METRICS_TOKEN": "m" * 32,
+               "WORKBENCH_ADMIN_USERS": "zoe,ada"})
+    assert service(c, "workbench-admin") == {"name": "workbench-admin", "api_token": "a" * 32}
+    assert service(c, "workbench-metrics") == {"name": "workbench-metrics", "api_token": "m" * 32}
+    assert "admin:users" in role(c, "workbench-automation")["scopes"]
+    assert role(c, "workbench-automation")["services"] == ["workbench-admin"]
+    admins = role(c, "workbench-admins")
+    assert admins["users"] == ["ada", "zoe"] and admins["services"] == ["workbench-admin"]
+    assert role(c, "workbench-metrics")["scopes"] == ["custom:workbench:read", "access:services!service=workbench"]
+    assert set(c.JupyterHub.custom_scopes) == {"custom:workbench:admin", "custom:workbench:read"}
+    assert role(build({}), "workbench-admins")["services"] == []
+
+
+def test_the_idle_culler_runs_behind_the_guard_with_the_timeout():
+    culler = service(build({"WORKBENCH_CULL_IDLE_SECONDS": "600"}), "idle-culler")
+    assert culler["command"] == [sys.executable, "-m", "workbench_hub.parent_guard", "--",
+                                 sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=600"]
+
+
+def test_the_proxy_from_the_checkout_is_used_when_it_is_installed(tmp_path):
+    assert "command" not in build({}, repo=tmp_path).ConfigurableHTTPProxy
+    chp = tmp_path / "node_modules" / ".bin" / "configurable-http-proxy"
+    chp.parent.mkdir(parents=True)
+    chp.touch()
+    assert build({}, repo=tmp_path).ConfigurableHTTPProxy.command == [str(chp)]
+
+
+def test_configurer_never_reads_the_process_environment(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_BACKEND", "docker")
+    monkeypatch.setenv("WORKBENCH_PORT", "not a port")
+    assert build({}).JupyterHub.spawner_class == "gpu-local"
+
+
+# -- the banner --------------------------------------------------------------------------------
+
+
+def device(i: int, model: str, source: str = "simulated") -> GPUDevice:
+    return GPUDevice(uuid=f"GPU-{i}", index=i, name=f"NVIDIA {model}", memory_total_bytes=0, model=model,
+                     simulated=source == "simulated")
+
+
+@pytest.mark.parametrize(
+    "inventory, line",
+    [
+        (DeviceInventory("simulated", [device(0, "H100-80GB"), device(1, "H100-80GB"), device(2, "A100-40GB")]),
+         "GPUs: 3 SIMULATED (2xH100-80GB,1xA100-40GB); no real hardware is used"),
+        (DeviceInventory("nvml", [device(0, "H200", "nvml"), device(1, "H200", "nvml")]),
+         "GPUs: 2 found by NVML: NVIDIA H200"),
+        (DeviceInventory("static", [device(0, "A100-40GB", "static")]), "GPUs: 1 found by static: NVIDIA A100-40GB"),
+        (DeviceInventory("none", [], "no NVIDIA driver"), "GPUs: none, servers will be CPU only (no NVIDIA driver)"),
+    ],
+)
+def test_banner_names_the_gpus(inventory, line):
+    env = {"WORKBENCH_PORT": "8123", "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ADMIN_USERS": "ada"}
+    c = build(env)
+    text = configurer.banner(c, "local", DATA, inventory)
+    assert line in text.splitlines()
+    assert "GPU Workbench (local backend) at http://127.0.0.1:8123/" in text
+    assert f"Data: {DATA}" in text
+    assert "open http://127.0.0.1:8123/hub/signup and sign up as ada;" in text
+
+
+# -- the parent guard ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, parsed",
+    [
+        (["--", "sleep", "1"], (None, ["sleep", "1"])),
+        (["--parent-pid=12", "--", "a", "--b"], (12, ["a", "--b"])),
+        (["--", "a", "--", "b"], (None, ["a", "--", "b"])),
+    ],
+)
+def test_parent_guard_arguments(argv, parsed):
+    assert parent_guard.parse(argv) == parsed
+
+
+@pytest.mark.parametrize("argv", [[], ["sleep"], ["--"], ["--what", "--", "x"], ["--parent-pid=me", "--", "x"]])
+def test_parent_guard_refuses_bad_arguments(argv):
+    with pytest.raises(SystemExit):
+        parent_guard.parse(argv)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie is dead, only not yet reaped by its new parent)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_parent_guard_ends_the_command_when_its_parent_is_killed(tmp_path):
+    """A middle process starts `parent_guard -- sleep`; killing the middle one ends the sleep."""
+    pid_file = tmp_path / "child.pid"
+    middle = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         f"p = subprocess.Popen([sys.executable, '-m', 'workbench_hub.parent_guard', '--', "
+         f"'sh', '-c', 'echo $$ > {pid_file}; exec sleep 300'])\n"
+         "time.sleep(300)\n"],
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        child = int(pid_file.read_text())
+        assert alive(child)
+        os.kill(middle.pid, signal.SIGKILL)
+        middle.wait(10)
+        deadline = time.monotonic() + 10
+        while alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(child), "the command outlived its killed parent"
+    finally:
+        if middle.poll() is None:
+            os.killpg(middle.pid, signal.SIGKILL)
+            middle.wait(10)
+        try:
+            os.killpg(middle.pid, signal.SIGKILL)  # the sleep is in the middle's session
+        except ProcessLookupError:
+            pass
+
+
+def test_parent_guard_does_not_start_when_the_parent_is_already_gone():
+    r = subprocess.run([sys.executable, "-m", "workbench_hub.parent_guard", "--parent-pid=1", "--", "true"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    assert "parent process 1 is gone; not starting true" in r.stderr
