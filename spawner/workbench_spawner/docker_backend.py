@@ -14,6 +14,24 @@ promises about every user container:
 * no Docker socket, no privileged mode, every capability dropped and
   ``no-new-privileges``.
 
+The lock-down cannot be configured away by accident. Settings that would
+undo it (privileged mode, added capabilities, host devices, the host's
+PID/network/IPC/UTS/user/cgroup namespaces, security options that turn off
+no-new-privileges, seccomp, AppArmor or SELinux, sysctls, another
+container's volumes, host paths mounted through ``volumes``,
+``read_only_volumes``, ``mounts`` or binds) are refused twice:
+
+* at hub start, by :func:`check_lockdown` on the loaded config (the hub
+  configuration prints each sentence and exits 2);
+* at every spawn, on the spawner's own settings and on the final create call
+  (so a callable ``extra_host_config``, a hook or a subclass cannot slip one
+  through): the spawn fails with the same sentence.
+
+An operator who means it lists the setting in
+``c.DockerGPUSpawner.allowed_host_config_keys``. Two things cannot be
+allowed: the Docker socket (root on the host for anyone who can reach it) and
+device requests (they would replace the ones made from the GPU lease).
+
 Reconcile rule after a hub restart: a lease whose container is gone is
 released. A running ``workbench.*`` container without a lease is adopted (its
 GPUs are leased to it again) when none of its GPUs is held by another server,
@@ -22,11 +40,17 @@ and stopped otherwise, because its GPUs belong to someone else now.
 
 from __future__ import annotations
 
+import copy
 import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import docker
 from dockerspawner import DockerSpawner
-from traitlets import Unicode, default
+from jupyterhub.spawner import SpawnException
+from traitlets import Set, TraitError, Unicode, default, validate
+from traitlets.config import Config, LazyConfigValue
 
 from .mixin import GPUSpawnerMixin
 from .store import Lease
@@ -34,6 +58,245 @@ from .store import Lease
 LABEL_USER = "workbench.user"
 LABEL_SERVER = "workbench.server"
 LABEL_GPUS = "workbench.gpus"
+
+ALLOW_TRAIT = "c.DockerGPUSpawner.allowed_host_config_keys"
+
+
+def _shares_namespace(value: Any) -> bool:
+    """True for a namespace mode that joins the host's or another container's."""
+    return isinstance(value, str) and (value == "host" or value.startswith("container:"))
+
+
+def _unsafe_security_opt(opt: Any) -> bool:
+    """True for a ``--security-opt`` that turns a kernel protection off.
+
+    Docker takes both ``key=value`` and ``key:value``; a bare
+    ``no-new-privileges`` means true. A custom seccomp or AppArmor profile is
+    not refused: it is a profile, not the absence of one.
+    """
+    key, _, value = re.match(r"([^=:]*)([=:]?)(.*)", str(opt).strip(), re.S).groups()
+    key, value = key.strip().lower(), value.strip().lower()
+    return (
+        (key == "no-new-privileges" and value in ("false", "0", "no"))
+        or (key in ("seccomp", "apparmor", "systempaths") and value == "unconfined")
+        or (key == "label" and value in ("disable", "type:spc_t"))
+    )
+
+
+def _unsafe_security_opts(value: Any) -> bool:
+    return any(_unsafe_security_opt(opt) for opt in value or [])
+
+
+@dataclass(frozen=True)
+class Risk:
+    """A host-config setting that undoes part of the lock-down.
+
+    ``key`` is the Docker Engine API name (what a container's ``HostConfig``
+    and the allow-list use), ``kwarg`` the docker-py keyword that
+    ``extra_host_config`` uses for it, ``why`` the harm, said in one clause.
+    """
+
+    key: str
+    kwarg: str
+    why: str
+    unsafe: Callable[[Any], bool] = bool
+    allowable: bool = True
+
+
+RISKS: tuple[Risk, ...] = (
+    Risk("Privileged", "privileged", "gives the user root on the host"),
+    Risk("CapAdd", "cap_add",
+         "gives back Linux capabilities the lock-down drops (SYS_ADMIN alone is as good as root on the host)"),
+    Risk("Devices", "devices",
+         "hands host devices to the user (a GPU device node there bypasses the GPU pinning)"),
+    Risk("DeviceCgroupRules", "device_cgroup_rules", "lets the user's container open host devices"),
+    Risk("Sysctls", "sysctls", "changes kernel settings for the user's container"),
+    Risk("PidMode", "pid_mode",
+         "lets the user see and signal the processes of the host or of another container", _shares_namespace),
+    Risk("NetworkMode", "network_mode",
+         "puts the user on the network of the host or of another container "
+         "(every service on its loopback, other users' servers included)", _shares_namespace),
+    Risk("IpcMode", "ipc_mode",
+         "shares memory and semaphores with the host or another container", _shares_namespace),
+    Risk("UTSMode", "uts_mode", "shares the host's hostname namespace with the user", _shares_namespace),
+    Risk("UsernsMode", "userns_mode",
+         "turns off user-namespace remapping, so root in the container is root on the host", _shares_namespace),
+    Risk("CgroupnsMode", "cgroupns", "shows the user the host's cgroup tree", _shares_namespace),
+    Risk("SecurityOpt", "security_opt",
+         "turns off a kernel protection of the lock-down (no-new-privileges, seccomp, AppArmor or SELinux)",
+         _unsafe_security_opts),
+    Risk("VolumesFrom", "volumes_from", "mounts the volumes of another container, such as another user's home"),
+    Risk("DeviceRequests", "device_requests",
+         "would replace the device request GPU Workbench makes from the user's GPU lease, "
+         "so users could get GPUs that are not theirs", allowable=False),
+)
+_RISK_BY_NAME: dict[str, Risk] = {**{r.key: r for r in RISKS}, **{r.kwarg: r for r in RISKS}}
+# Host paths: not one value but each entry of a list, so checked on their own.
+HOST_PATH_KEYS = {"Binds": "binds", "Mounts": "mounts"}
+ALLOWABLE_KEYS: frozenset[str] = frozenset({r.key for r in RISKS if r.allowable} | set(HOST_PATH_KEYS))
+# The traits (of DockerSpawner) through which an operator reaches the create call.
+LOCKED_SETTINGS = ("extra_host_config", "extra_create_kwargs", "volumes", "read_only_volumes", "mounts", "network_name")
+
+
+def _sentence(where: str, what: str, why: str, key: str | None) -> str:
+    if key is None:
+        return f"GPU Workbench: {where} {what}, which {why}; remove it (this cannot be allowed)."
+    return (f"GPU Workbench: {where} {what}, which {why}; remove it, or list {key!r} in "
+            f"{ALLOW_TRAIT} if you mean it.")
+
+
+def canonical_allowed(names: Iterable[str]) -> tuple[set[str], list[str]]:
+    """The allow-list in Docker Engine API names, and a sentence per bad entry.
+
+    Either spelling is accepted (``Privileged`` or ``privileged``,
+    ``CapAdd`` or ``cap_add``), so the allow-list can be written the way the
+    setting it allows was.
+    """
+    allowed, problems = set(), []
+    aliases = {**{r.kwarg: r.key for r in RISKS}, **{v: k for k, v in HOST_PATH_KEYS.items()}}
+    for name in names or ():
+        key = aliases.get(name, name)
+        if key in ALLOWABLE_KEYS:
+            allowed.add(key)
+        elif key in _RISK_BY_NAME:
+            risk = _RISK_BY_NAME[key]
+            problems.append(f"GPU Workbench: {ALLOW_TRAIT} lists {name!r}, which cannot be allowed: "
+                            f"{risk.key} {risk.why}; remove it from the list.")
+        else:
+            problems.append(f"GPU Workbench: {ALLOW_TRAIT} lists {name!r}, which is not a setting the "
+                            f"lock-down refuses; it takes {', '.join(sorted(ALLOWABLE_KEYS))}.")
+    return allowed, problems
+
+
+def _binds(value: Any) -> Iterator[tuple[str, bool]]:
+    """(source, read-only) of each bind, from the list or dict forms docker-py takes."""
+    if isinstance(value, Mapping):
+        for source, target in value.items():
+            if isinstance(target, Mapping):
+                ro = target.get("ro") is True or "ro" in str(target.get("mode", "")).split(",")
+            else:
+                ro = False
+            yield str(source), ro
+    elif isinstance(value, (list, tuple)):
+        for bind in value:
+            parts = str(bind).split(":")
+            yield parts[0], len(parts) > 2 and "ro" in parts[2].split(",")
+
+
+def _mounts(value: Any) -> Iterator[tuple[str, str, bool]]:
+    """(type, source, read-only) of each mount, in DockerSpawner's or the API's spelling."""
+    for mount in value or []:
+        if isinstance(mount, Mapping):
+            get = lambda *keys: next((mount[k] for k in keys if k in mount), None)  # noqa: E731
+            yield (str(get("type", "Type") or "volume"), str(get("source", "Source") or ""),
+                   bool(get("read_only", "ReadOnly")))
+
+
+def _host_path_problems(where: str, key: str, entries: Iterable[tuple[str, bool]], allowed: set[str],
+                        datasets: str) -> list[str]:
+    problems = []
+    for source, read_only in entries:
+        if "docker.sock" in source:
+            problems.append(_sentence(where, f"mounts the Docker socket {source!r} into every user's container",
+                                      "gives every user root on the host", None))
+        elif source.startswith("/") and key not in allowed and not (source == datasets and read_only):
+            problems.append(_sentence(where, f"mounts the host path {source!r} into every user's container",
+                                      "lets users reach the host's files (use a named volume instead)", key))
+    return problems
+
+
+def host_config_problems(host: Mapping[str, Any], where: str, allowed: set[str], datasets: str) -> list[str]:
+    """Sentences for each lock-down breach in one host config.
+
+    ``host`` is either docker-py keywords (``extra_host_config``) or Docker
+    Engine API names (``extra_create_kwargs['host_config']``, the final
+    create call); each breach is named the way it was written.
+    """
+    problems = []
+    for name, value in host.items():
+        risk = _RISK_BY_NAME.get(name)
+        if risk and risk.unsafe(value) and not (risk.allowable and risk.key in allowed):
+            key = risk.key if risk.allowable else None
+            problems.append(_sentence(where, f"sets {name}={value!r}", risk.why, key))
+        elif name in ("Binds", "binds"):
+            problems += _host_path_problems(where, "Binds", _binds(value), allowed, datasets)
+        elif name in ("Mounts", "mounts"):
+            entries = [(source, ro) for kind, source, ro in _mounts(value)
+                       if kind == "bind" or "docker.sock" in source]
+            problems += _host_path_problems(where, "Mounts", entries, allowed, datasets)
+    return problems
+
+
+def settings_problems(settings: Mapping[str, Any], owners: Mapping[str, str], allowed: set[str],
+                      datasets: str) -> list[str]:
+    """Sentences for each lock-down breach in DockerSpawner's settings.
+
+    ``settings`` maps the names in LOCKED_SETTINGS to their values (a missing
+    one is not set), ``owners`` each name to the config section that set it
+    (``c.DockerGPUSpawner``). Callables are skipped: they are only known at
+    spawn time, where the final create call is checked.
+    """
+    problems: list[str] = []
+
+    def where(name: str) -> str:
+        return f"{owners.get(name, 'c.DockerGPUSpawner')}.{name}"
+
+    host = settings.get("extra_host_config")
+    if isinstance(host, Mapping):
+        problems += host_config_problems(host, where("extra_host_config"), allowed, datasets)
+    create = settings.get("extra_create_kwargs")
+    if isinstance(create, Mapping) and isinstance(create.get("host_config"), Mapping):
+        problems += host_config_problems(create["host_config"], f"{where('extra_create_kwargs')}['host_config']",
+                                         allowed, datasets)
+    for name, read_only in (("volumes", False), ("read_only_volumes", True)):
+        volumes = settings.get(name)
+        if isinstance(volumes, Mapping):
+            entries = [(source, read_only or ro) for source, ro in _binds(volumes)]
+            problems += _host_path_problems(where(name), "Binds", entries, allowed, datasets)
+    entries = [(source, ro) for kind, source, ro in _mounts(settings.get("mounts"))
+               if kind == "bind" or "docker.sock" in source]
+    problems += _host_path_problems(where("mounts"), "Mounts", entries, allowed, datasets)
+    network = settings.get("network_name")
+    if _shares_namespace(network) and "NetworkMode" not in allowed:
+        problems.append(_sentence(where("network_name"), f"is {network!r}", _RISK_BY_NAME["NetworkMode"].why,
+                                  "NetworkMode"))
+    return problems
+
+
+def _empty_like(trait_name: str) -> Any:
+    return [] if trait_name in ("mounts",) else set() if trait_name == "allowed_host_config_keys" else {}
+
+
+def check_lockdown(config: Config) -> list[str]:
+    """Every way ``config`` undoes the lock-down of user containers, one sentence each.
+
+    For the hub configuration to call at start, when an empty list means the
+    lock-down holds and anything else should be printed and end the hub with
+    exit 2: a spawner's own checks only run when a user spawns, which is too
+    late to find out that the hub is misconfigured.
+
+    Reads the values the way traitlets would give them to a DockerGPUSpawner:
+    every section of its class hierarchy (``c.Spawner``, ``c.DockerSpawner``,
+    ``c.DockerGPUSpawner``...), the more specific one winning, and lazy
+    ``c.DockerSpawner.volumes.update(...)`` values applied to an empty start
+    (the defaults hold only named volumes). Each sentence names the section
+    that set the value. The config is not changed.
+    """
+    merged, owners = Config(), {}
+    for section in DockerGPUSpawner.section_names():
+        if config._has_section(section):
+            part = copy.deepcopy(config[section])
+            merged.merge(part)
+            for name in part:
+                owners[name] = f"c.{section}"
+    values: dict[str, Any] = {}
+    for name in (*LOCKED_SETTINGS, "allowed_host_config_keys", "datasets_volume"):
+        if name in merged:
+            value = merged[name]
+            values[name] = value.get_value(_empty_like(name)) if isinstance(value, LazyConfigValue) else value
+    allowed, problems = canonical_allowed(values.get("allowed_host_config_keys") or ())
+    datasets = values.get("datasets_volume", DockerGPUSpawner.class_traits()["datasets_volume"].default_value)
+    return problems + settings_problems(values, owners, allowed, datasets)
 
 
 class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
@@ -53,8 +316,12 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         "workbench-home-{username}",
         help="""
         Named volume that holds a user's home (``/home/jovyan``). It survives
-        stop, container removal and image upgrades. ``{username}`` is the
-        escaped user name; add ``{servername}`` for one home per named server.
+        stop, container removal and image upgrades. ``{username}`` is
+        DockerSpawner's escape of the user name, which is collision-free
+        (``[a-z0-9]`` kept, every other byte, ``-`` included, written as
+        ``-`` and two hex digits), so two users never share a volume. Add
+        ``--{servername}`` for one home per named server: ``--`` never occurs
+        in an escaped name, so the two parts cannot run into each other.
         """,
     ).tag(config=True)
 
@@ -66,6 +333,65 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         separately). Empty: none.
         """,
     ).tag(config=True)
+
+    allowed_host_config_keys = Set(
+        Unicode(),
+        help="""
+        Lock-down settings this hub lets through, by Docker Engine API name:
+        any of ``Privileged``, ``CapAdd``, ``Devices``, ``DeviceCgroupRules``,
+        ``Sysctls``, ``PidMode``, ``NetworkMode``, ``IpcMode``, ``UTSMode``,
+        ``UsernsMode``, ``CgroupnsMode``, ``SecurityOpt``, ``VolumesFrom``,
+        ``Binds`` (host paths in ``volumes``, ``read_only_volumes`` or binds)
+        and ``Mounts`` (bind mounts in ``mounts``). The docker-py spelling
+        (``cap_add``) is accepted too.
+
+        Empty (the default), the hub refuses to start, and a spawn is refused,
+        when ``extra_host_config``, ``extra_create_kwargs``, ``volumes``,
+        ``read_only_volumes``, ``mounts`` or ``network_name`` set one of them,
+        because each lets a user out of their container: privileged mode or an
+        added capability is root on the host, a host device or device rule
+        bypasses the GPU pinning, a host namespace shows the host's processes
+        or network (the hub's API included), a host path hands over the host's
+        files. List one only for a hub whose users are trusted with it, such
+        as a single-user workstation that needs a host folder::
+
+            c.DockerGPUSpawner.volumes = {"/srv/projects": "/home/jovyan/projects"}
+            c.DockerGPUSpawner.allowed_host_config_keys = {"Binds"}
+
+        A listed setting is passed through as configured; everything else is
+        still forced to its safe value. The Docker socket and device requests
+        cannot be listed: the first is root on the host for everyone, the
+        second would replace the GPU lease's device request. The datasets
+        volume may be a host path without listing anything, as it is mounted
+        read-only.
+        """,
+    ).tag(config=True)
+
+    @validate("allowed_host_config_keys")
+    def _validate_allowed_host_config_keys(self, proposal):
+        allowed, problems = canonical_allowed(proposal.value)
+        if problems:
+            raise TraitError(" ".join(problems))
+        return allowed
+
+    def lockdown_problems(self, create_kwargs: Mapping[str, Any] | None = None) -> list[str]:
+        """Sentences for each lock-down breach in this spawner's settings or create call.
+
+        The settings are checked first, so a sentence names the setting as
+        check_lockdown does at hub start; the final ``create_container``
+        arguments only when the settings are clean, to catch what a callable
+        ``extra_host_config``, a hook or a subclass added.
+        """
+        owner = f"c.{type(self).__name__}"
+        settings = {name: getattr(self, name) for name in LOCKED_SETTINGS}
+        allowed = set(self.allowed_host_config_keys)
+        problems = settings_problems(settings, {name: owner for name in settings}, allowed, self.datasets_volume)
+        if not problems and create_kwargs is not None:
+            where = (f"the create call of {self.user.name}'s container (from a callable extra_host_config "
+                     f"or extra_create_kwargs, a hook or a subclass)")
+            problems = host_config_problems(create_kwargs.get("host_config") or {}, where, allowed,
+                                            self.datasets_volume)
+        return problems
 
     @default("volumes")
     def _default_volumes(self):
@@ -102,16 +428,38 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
             env["NVIDIA_VISIBLE_DEVICES"] = "void"
         return env
 
+    async def create_object(self):
+        # Refuse on the settings before DockerSpawner builds anything from
+        # them (docker-py would otherwise fail first on some, with a message
+        # that does not say why the setting is a problem).
+        self._refuse_breaches(self.lockdown_problems())
+        return await super().create_object()
+
+    def _refuse_breaches(self, problems: list[str]) -> None:
+        if problems:
+            self.log.error("Refusing to create %s's container: %s", self.user.name, " ".join(problems))
+            raise SpawnException(" ".join(problems), reason="lockdown", status_code=500)
+
     async def docker(self, method, *args, **kwargs):
         # Every container is created through here, whatever extra_create_kwargs
-        # or extra_host_config an operator configured: the GPU pinning and the
-        # lock-down cannot be configured away by accident.
+        # or extra_host_config an operator configured: a breach of the
+        # lock-down fails the spawn with the sentence check_lockdown gives at
+        # hub start, and the safe values are forced on the rest.
         if method == "create_container":
+            self._refuse_breaches(self.lockdown_problems(kwargs))
             self._lock_down(kwargs)
         return await super().docker(method, *args, **kwargs)
 
     def _lock_down(self, kwargs: dict) -> None:
+        """Force the GPU pinning, the labels and the safe host config onto a create call.
+
+        Runs after lockdown_problems found nothing, so this is the second
+        line: whatever is not allow-listed is set to its safe value even if a
+        check missed it. Host paths and a shared network cannot be made safe
+        by changing a value, so they are only refused, never rewritten.
+        """
         uuids = list(self.gpu_uuids)
+        allowed = set(self.allowed_host_config_keys)
         labels = dict(kwargs.get("labels") or {})
         labels.update({LABEL_USER: self.user.name, LABEL_SERVER: self.name, LABEL_GPUS: ",".join(uuids)})
         kwargs["labels"] = labels
@@ -119,13 +467,27 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         host["DeviceRequests"] = (
             [{"Driver": "nvidia", "DeviceIDs": uuids, "Capabilities": [["gpu"]]}] if uuids else []
         )
-        host["Privileged"] = False
+        if "Privileged" not in allowed:
+            host["Privileged"] = False
         host["CapDrop"] = ["ALL"]
-        host["SecurityOpt"] = sorted(set(host.get("SecurityOpt") or []) | {"no-new-privileges"})
+        for risk in RISKS:
+            if risk.key in ("Privileged", "DeviceRequests", "SecurityOpt", "NetworkMode") or risk.key in allowed:
+                continue
+            if risk.key in host and risk.unsafe(host[risk.key]):
+                del host[risk.key]
+        options = list(host.get("SecurityOpt") or [])
+        if "SecurityOpt" not in allowed:
+            options = [o for o in options if not _unsafe_security_opt(o)]
+        if not any(str(o).startswith("no-new-privileges") for o in options):
+            options.append("no-new-privileges")
+        host["SecurityOpt"] = sorted(set(options))
         binds = [b for b in host.get("Binds") or [] if "docker.sock" not in b]
-        if len(binds) != len(host.get("Binds") or []):
+        mounts = [m for m in host.get("Mounts") or [] if "docker.sock" not in str(m.get("Source", ""))]
+        if len(binds) != len(host.get("Binds") or []) or len(mounts) != len(host.get("Mounts") or []):
             self.log.warning("Refusing to mount the Docker socket into %s's container", self.user.name)
         host["Binds"] = binds
+        if "Mounts" in host:
+            host["Mounts"] = mounts
 
     def gpu_lease_ref(self) -> str:
         return f"container:{self.container_id}" if self.container_id else ""
