@@ -1,5 +1,5 @@
 # GPU Workbench: `make run` starts the hub, `make test` runs every test.
-# Both create and reuse .venv, node_modules and the GPU monitor wheel;
+# Both create and reuse .venv, node_modules, the workbench-devices and GPU monitor wheels;
 # nothing needs installing by hand.
 
 PYTHON ?= python3
@@ -12,6 +12,11 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
+# The GPU inventory (pure Python), which the hub and the monitor both depend on.
+DEVICES       := devices
+DEVICES_WHEEL := $(DEVICES)/dist/.built
+DEVICES_SRC   := $(shell find $(DEVICES)/workbench_devices -type f -not -path '*/__pycache__/*' 2>/dev/null) \
+                 $(DEVICES)/pyproject.toml $(DEVICES)/README.md
 MONITOR       := extensions/gpu-monitor
 MONITOR_WHEEL := $(MONITOR)/dist/.built
 MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workbench_gpu_monitor $(MONITOR)/jupyter-config \
@@ -42,18 +47,26 @@ $(VENV)/.tools:
 	$(BIN)/pip install --quiet jupyterlab==4.6.6 build==1.6.1 hatchling==1.33.0 hatch-jupyter-builder==0.10.0
 	touch $@
 
+# workbench-devices is built and installed first: the monitor's wheel and the
+# root package depend on it, and pip finds it installed rather than on an index.
+$(DEVICES_WHEEL): $(VENV)/.tools $(DEVICES_SRC)
+	rm -rf $(DEVICES)/dist
+	$(BIN)/python -m build --wheel --no-isolation --outdir $(DEVICES)/dist $(DEVICES)
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(DEVICES)/dist/*.whl
+	touch $@
+
 # The GPU monitor ships as a wheel with the prebuilt JupyterLab extension,
 # exactly as the user image installs it.
-$(MONITOR_WHEEL): $(VENV)/.tools $(MONITOR_SRC)
+$(MONITOR_WHEEL): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_SRC)
 	rm -rf $(MONITOR)/dist
 	cd $(MONITOR) && export PATH="$(BIN):$$PATH" \
 	  && jlpm install && jlpm clean:all && python -m build --wheel --no-isolation .
 	touch $@
 
-$(STAMP): $(VENV)/.tools $(MONITOR_WHEEL) pyproject.toml Makefile
+$(STAMP): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_WHEEL) pyproject.toml Makefile
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet --force-reinstall --no-deps $(MONITOR)/dist/*.whl
-	$(BIN)/pip install --quiet $(MONITOR)/dist/*.whl
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl
+	$(BIN)/pip install --quiet $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl
 	$(BIN)/pip install --quiet -e ".[singleuser,test]"
 	# Kernels answer the GPU monitor's torch-memory question without a %load_ext.
 	mkdir -p $(VENV)/etc/ipython
@@ -65,4 +78,4 @@ node_modules/.bin/configurable-http-proxy: package.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) node_modules $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib
+	rm -rf $(VENV) node_modules $(DEVICES)/dist $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib

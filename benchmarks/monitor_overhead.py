@@ -44,6 +44,7 @@ import requests
 
 REPO = Path(__file__).resolve().parents[1]
 EXTENSION_DIR = REPO / "extensions" / "gpu-monitor"
+DEVICES_DIR = REPO / "devices"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -91,7 +92,7 @@ def start_server(tmp: Path, env_overrides: dict, interval: float):
     env.update(
         JUPYTER_CONFIG_DIR=str(tmp / "config"),
         JUPYTER_RUNTIME_DIR=str(tmp / "runtime"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(EXTENSION_DIR), env.get("PYTHONPATH", "")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(EXTENSION_DIR), str(DEVICES_DIR), env.get("PYTHONPATH", "")])),
     )
     env.update(env_overrides)
     cmd = [
@@ -230,8 +231,8 @@ def measure(pid, url, headers, clients: int, duration: float, warmup: float, rea
 
 
 def sample_latency(env_overrides: dict, n: int = 200) -> tuple[float, float, str]:
-    sys.path.insert(0, str(EXTENSION_DIR))
-    from workbench_gpu_monitor.sampler import make_source
+    sys.path.insert(0, str(DEVICES_DIR))
+    from workbench_devices import make_source
 
     env = dict(os.environ)
     env.update(env_overrides)

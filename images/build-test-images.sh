@@ -9,7 +9,9 @@
 #               and `docker import` as gpu-workbench/base:bookworm (~90 s cold).
 #   wheelhouse  every wheel both images need, made on the host (pip inside the
 #               containers cannot verify TLS here) in .cache/wheelhouse, plus the
-#               workbench-gpu-monitor wheel built from extensions/gpu-monitor.
+#               workbench-devices wheel built from devices/ (both images) and the
+#               workbench-gpu-monitor wheel built from extensions/gpu-monitor
+#               (single-user image only).
 #   chp         configurable-http-proxy and its npm dependencies, installed on the
 #               host into .cache/chp (copied into the hub image).
 #   singleuser  docker build -f images/singleuser/Dockerfile with the base and the
@@ -56,7 +58,8 @@ hash_paths() {
                 -o -name .ipynb_checkpoints -o -name '*.tsbuildinfo' \
                 -o -path 'extensions/gpu-monitor/node_modules' -o -path 'extensions/gpu-monitor/lib' \
                 -o -path 'extensions/gpu-monitor/workbench_gpu_monitor/labextension' \
-                -o -path 'extensions/gpu-monitor/workbench_gpu_monitor/_version.py' \) -prune \
+                -o -path 'extensions/gpu-monitor/workbench_gpu_monitor/_version.py' \
+                -o -path 'devices/dist' -o -path 'extensions/gpu-monitor/dist' \) -prune \
                 -o -type f -print
         done | LC_ALL=C sort | while IFS= read -r f; do
             printf '%s %s\n' "$f" "$(sha256sum < "$f" | cut -c1-64)"
@@ -113,6 +116,23 @@ build_base() {
 }
 
 # ---------------------------------------------------------------- wheelhouse
+# workbench-devices (the GPU inventory, pure Python): built once per source hash
+# into .cache/devices-wheel/<hash>/, like the monitor below.
+build_devices_wheel() { # -> prints the wheel path
+    local h out
+    [ -f "$repo/devices/pyproject.toml" ] || die "devices/pyproject.toml missing (workbench-devices, the GPU inventory both images need)"
+    h="$(hash_paths devices)"
+    out="$cache/devices-wheel/$h"
+    if ! ls "$out"/workbench_devices-*.whl >/dev/null 2>&1; then
+        log "wheelhouse: building workbench-devices wheel"
+        rm -rf "$out"; mkdir -p "$out"
+        "$python" -m pip wheel --no-deps --wheel-dir "$out" "$repo/devices" > "$cache/devices-wheel.log" 2>&1 \
+            || { tail -n 30 "$cache/devices-wheel.log" >&2; rm -rf "$out"; die "building devices/ failed (log: $cache/devices-wheel.log)"; }
+        find "$cache/devices-wheel" -mindepth 1 -maxdepth 1 ! -name "$h" -exec rm -rf {} +
+    fi
+    ls "$out"/workbench_devices-*.whl | head -n1
+}
+
 # The GPU monitor wheel is not byte-reproducible (timestamps), so it is built
 # once per source hash and kept in .cache/monitor-wheel/<hash>/.
 build_monitor_wheel() { # -> prints the wheel path or nothing
@@ -184,28 +204,36 @@ pick_python() {
 }
 
 build_wheelhouse() {
-    local wh="$cache/wheelhouse" monitor h tmp t0=$SECONDS
+    local wh="$cache/wheelhouse" devices monitor h tmp t0=$SECONDS
     mkdir -p "$cache"
     pick_python
+    devices="$(build_devices_wheel)"
     monitor="$(build_monitor_wheel)"
     # The third-party wheels depend on the requirement files, the pyprojects and
-    # the Python version, not on the monitor's code: when only that changed, its
-    # wheel is swapped in place (a full rebuild takes minutes).
-    local inputs=(images/singleuser/requirements.txt images/hub/requirements.txt extensions/gpu-monitor/pyproject.toml)
+    # the Python version, not on our own packages' code: when only that changed,
+    # their wheels are swapped in place (a full rebuild takes minutes).
+    local inputs=(images/singleuser/requirements.txt images/hub/requirements.txt
+                  devices/pyproject.toml extensions/gpu-monitor/pyproject.toml)
     [ -f "$repo/pyproject.toml" ] && inputs+=(pyproject.toml)
     h="$( { hash_paths "${inputs[@]}"; echo "monitor:${monitor:+yes}"; "$python" -V; } | sha256sum | cut -c1-64)"
     if [ "$force" != 1 ] && [ -f "$wh/.input-hash" ] && [ "$(cat "$wh/.input-hash")" = "$h" ]; then
-        if [ -n "$monitor" ] && ! cmp -s "$monitor" "$wh/${monitor##*/}"; then
-            rm -f "$wh"/workbench_gpu_monitor-*.whl
-            cp "$monitor" "$wh/"
-            log "wheelhouse: swapped in the new ${monitor##*/}"
-        fi
+        local own
+        for own in "$devices" "$monitor"; do
+            [ -n "$own" ] || continue
+            if ! cmp -s "$own" "$wh/${own##*/}"; then
+                rm -f "$wh/${own##*/}"
+                cp "$own" "$wh/"
+                log "wheelhouse: swapped in the new ${own##*/}"
+            fi
+        done
         log "wheelhouse: $wh up to date ($(ls "$wh" | wc -l) files)"
         return
     fi
     log "wheelhouse: building $wh"
     tmp="$cache/wheelhouse.new"
     rm -rf "$tmp"; mkdir -p "$tmp"
+    # our own wheels first: the monitor's and the hub's requirements name them
+    cp "$devices" "$tmp/"
     [ -n "$monitor" ] && cp "$monitor" "$tmp/"
     local pipw=(pip_logged "$python" -m pip wheel --wheel-dir "$tmp" --find-links "$tmp")
     : > "$cache/wheelhouse.log"
@@ -270,10 +298,12 @@ docker_build() { # tag dockerfile hash [build args...]
 }
 
 wheelhouse_listing() { (cd "$cache/wheelhouse" && ls | LC_ALL=C sort | while read -r f; do echo "$f $(sha256sum < "$f" | cut -c1-64)"; done) }
+# the hub installs no GPU monitor: a new monitor wheel alone does not rebuild it
+hub_wheelhouse_listing() { wheelhouse_listing | grep -v '^workbench_gpu_monitor-' || true; }
 
 build_singleuser() {
     local h
-    h="$( { hash_paths images/singleuser notebooks extensions/gpu-monitor .dockerignore; wheelhouse_listing;
+    h="$( { hash_paths images/singleuser notebooks devices extensions/gpu-monitor .dockerignore; wheelhouse_listing;
             docker image inspect --format '{{.Id}}' "$BASE_TAG"; } | sha256sum | cut -c1-64)"
     if up_to_date "$SINGLEUSER_TAG" "$h"; then log "build: $SINGLEUSER_TAG up to date"; return; fi
     docker_build "$SINGLEUSER_TAG" images/singleuser/Dockerfile "$h"
@@ -282,7 +312,7 @@ build_singleuser() {
 build_hub() {
     [ -f "$repo/pyproject.toml" ] || die "hub: root pyproject.toml missing (the hub distribution); cannot build $HUB_TAG yet"
     local h
-    h="$( { hash_paths images/hub pyproject.toml README.md hub spawner extensions/gpu-monitor .dockerignore; wheelhouse_listing;
+    h="$( { hash_paths images/hub pyproject.toml README.md hub spawner devices .dockerignore; hub_wheelhouse_listing;
             cat "$cache/chp/.version"; docker image inspect --format '{{.Id}}' "$BASE_TAG"; } | sha256sum | cut -c1-64)"
     if up_to_date "$HUB_TAG" "$h"; then log "build: $HUB_TAG up to date"; return; fi
     docker_build "$HUB_TAG" images/hub/Dockerfile "$h" --build-arg "CHP_DIR=.cache/chp"

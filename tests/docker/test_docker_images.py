@@ -226,7 +226,7 @@ def test_hub_image_versions_and_layout(hub_image):
     out = run_in(
         hub_image, "sh", "-c",
         "jupyterhub --version; configurable-http-proxy --version; "
-        "python -c 'import workbench_spawner, dockerspawner, nativeauthenticator, pynvml; print(\"ok\")'; "
+        "python -c 'import workbench_spawner, workbench_devices, dockerspawner, nativeauthenticator, pynvml; print(\"ok\")'; "
         "test -f /srv/workbench/hub/jupyterhub_config.py && echo config; pwd; echo $WORKBENCH_BACKEND",
     )
     lines = out.split()
@@ -235,6 +235,17 @@ def test_hub_image_versions_and_layout(hub_image):
     assert lines[2:] == ["ok", "config", "/srv/workbench/data", "docker"]
     config = inspect(hub_image)["Config"]
     assert config["Cmd"] == ["jupyterhub", "-f", "/srv/workbench/hub/jupyterhub_config.py"]
+
+
+def test_hub_image_has_the_inventory_but_no_gpu_monitor(hub_image):
+    """The hub gets the GPU inventory from workbench-devices; no JupyterLab extension is built for it."""
+    out = run_in(
+        hub_image, "sh", "-c",
+        "pip list --format=freeze 2>/dev/null | grep -i '^workbench'; "
+        "python -c 'import workbench_gpu_monitor' 2>/dev/null && echo monitor || echo no-monitor; "
+        "ls /opt/workbench/venv/share/jupyter/labextensions 2>/dev/null | wc -l",
+    )
+    assert out.split() == ["workbench-devices==0.1.0", "no-monitor", "0"], out
 
 
 def test_hub_image_starts_jupyterhub_with_its_proxy(hub_image, docker_container):

@@ -1,8 +1,9 @@
 """Helpers for the GPU monitor tests: a real ``jupyter server`` / ``jupyter lab`` on loopback.
 
 The server runs as a subprocess with simulated GPUs, the extension enabled by
-a throw-away config dir, and the extension's source on ``PYTHONPATH`` so the
-tests work from a checkout as well as against an installed wheel.
+a throw-away config dir, and the sources of the extension and of
+workbench-devices on ``PYTHONPATH`` so the tests work from a checkout as well
+as against installed wheels.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ requests = pytest.importorskip("requests")
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENSION_DIR = REPO / "extensions" / "gpu-monitor"
+DEVICES_DIR = REPO / "devices"
 
-# The per-GPU keys DESIGN.md pins for `GET api/gpu/metrics` and the stream.
+# The per-GPU keys pinned for `GET api/gpu/metrics` and the stream
+# ("Snapshot shape" in extensions/gpu-monitor/README.md).
 PINNED_KEYS = {
     "uuid",
     "name",
@@ -37,8 +40,9 @@ PINNED_KEYS = {
     "processes",
 }
 
-if str(EXTENSION_DIR) not in sys.path:
-    sys.path.insert(0, str(EXTENSION_DIR))
+for _source in (DEVICES_DIR, EXTENSION_DIR):
+    if str(_source) not in sys.path:
+        sys.path.insert(0, str(_source))
 
 
 class RunningServer:
@@ -87,7 +91,7 @@ def start_server(
         JUPYTER_CONFIG_DIR=str(config_dir),
         JUPYTER_RUNTIME_DIR=str(runtime_dir),
         JUPYTER_DATA_DIR=str(tmp_path / "data"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(EXTENSION_DIR), env.get("PYTHONPATH", "")])),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(EXTENSION_DIR), str(DEVICES_DIR), env.get("PYTHONPATH", "")])),
     )
     env.update(env_overrides)
     cmd = [

@@ -37,19 +37,26 @@ class FakeStream:
     def __init__(self):
         self.queued = b""
         self.is_closed = False
+        self.pending: list[Future] = []
 
-    @property
-    def _write_buffer_size(self) -> int:
-        return len(self.queued)
+    def writing(self) -> bool:
+        return bool(self.queued)
 
     def closed(self) -> bool:
         return self.is_closed
 
     def write(self, data: bytes) -> Future:
         self.queued += data
-        done: Future = Future()
-        done.set_result(None)
-        return done
+        future: Future = Future()
+        self.pending.append(future)
+        return future
+
+    def drain(self) -> None:
+        """The kernel took everything: each write's future resolves, as tornado's do."""
+        self.queued = b""
+        for future in self.pending:
+            future.set_result(None)
+        self.pending = []
 
 
 def handler(sock: FakeSocket | None, stream: FakeStream) -> GPUStreamHandler:
@@ -57,6 +64,7 @@ def handler(sock: FakeSocket | None, stream: FakeStream) -> GPUStreamHandler:
     h._closed = asyncio.Event()
     h._raw_stream = stream
     h._raw_socket = sock
+    h._queued_bytes = 0
     return h
 
 
@@ -79,7 +87,8 @@ def test_partial_send_queues_the_rest_and_later_chunks_follow_it_in_order():
     h.push(b"", chunk(0))  # the kernel takes 5 bytes
     h.push(b"", chunk(1))  # something is queued: no send, straight behind it
     assert sock.sent == chunk(0)[:5] and stream.queued == chunk(0)[5:] + chunk(1)
-    stream.queued, sock.answers = b"", [BlockingIOError()]  # tornado drained the queue
+    stream.drain()  # tornado sent the queue
+    sock.answers = [BlockingIOError()]
     h.push(b"", chunk(2))  # the socket is full: all of it is queued
     h.push(b"", chunk(3))
     assert stream.queued == chunk(2) + chunk(3)
@@ -96,11 +105,23 @@ def test_a_reset_connection_closes_the_stream():
 
 
 def test_a_client_that_stopped_reading_is_dropped_not_buffered_forever():
-    sock, stream = FakeSocket(), FakeStream()
-    stream.queued = b"x" * (MAX_CLIENT_BACKLOG_BYTES + 1)
+    big = b"x" * (MAX_CLIENT_BACKLOG_BYTES + 1)
+    sock, stream = FakeSocket(BlockingIOError()), FakeStream()
     h = handler(sock, stream)
+    h.push(b"", big)  # the socket takes nothing: all of it waits in the stream
+    assert not h._closed.is_set() and stream.queued == big
+    h.push(b"", chunk(0))  # still not read: this client is dropped
+    assert h._closed.is_set() and stream.queued == big and sock.sent == b""
+
+
+def test_the_backlog_counts_down_as_tornado_sends():
+    big = b"x" * (MAX_CLIENT_BACKLOG_BYTES + 1)
+    sock, stream = FakeSocket(BlockingIOError()), FakeStream()
+    h = handler(sock, stream)
+    h.push(b"", big)
+    stream.drain()
     h.push(b"", chunk(0))
-    assert h._closed.is_set() and sock.sent == b""
+    assert not h._closed.is_set() and sock.sent == chunk(0)
 
 
 def test_without_a_plain_socket_the_stream_queues_everything():

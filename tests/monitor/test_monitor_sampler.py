@@ -8,18 +8,18 @@ import types
 import pytest
 
 from tests.monitor.monitor_support import PINNED_KEYS
-from workbench_gpu_monitor.devices import DeviceInventory, GPUDevice, discover_devices
-from workbench_gpu_monitor.sampler import (
-    ATTRIBUTION_NOTE,
-    MIN_INTERVAL_SECONDS,
-    NO_GPU_MESSAGE,
+from workbench_devices import (
+    DeviceInventory,
+    GPUDevice,
     NVMLSource,
-    Sampler,
     SimulatedSource,
-    compact_history,
+    discover_devices,
     make_source,
     select_devices,
 )
+from workbench_devices.selection import NO_GPU_MESSAGE
+from workbench_devices.sources import ATTRIBUTION_NOTE
+from workbench_gpu_monitor.sampler import MIN_INTERVAL_SECONDS, Sampler, compact_history
 
 
 def sim(spec="4"):

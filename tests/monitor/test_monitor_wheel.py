@@ -1,12 +1,14 @@
 """The built wheel alone, in a fresh virtualenv without node, is a working JupyterLab extension.
 
-Build the wheel first (needs node, jlpm comes from the jupyterlab package)::
+Build the wheels first (``make install`` does; the monitor's needs node, jlpm
+comes from the jupyterlab package)::
 
+    python -m build --wheel --no-isolation --outdir devices/dist devices
     cd extensions/gpu-monitor && jlpm install && jlpm clean:all && python -m build --wheel --no-isolation .
 
-Skipped with the reason when ``extensions/gpu-monitor/dist/*.whl`` is absent,
-failed instead when ``WORKBENCH_STRICT_TESTS=1``.  Installs from PyPI (or the
-configured index) the wheel's dependencies plus jupyterlab, nothing else.
+Skipped with the reason when either ``dist/*.whl`` is absent, failed instead
+when ``WORKBENCH_STRICT_TESTS=1``.  Installs the two wheels, and from PyPI (or
+the configured index) their dependencies plus jupyterlab, nothing else.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.monitor.monitor_support import EXTENSION_DIR, skip_or_fail
+from tests.monitor.monitor_support import DEVICES_DIR, EXTENSION_DIR, skip_or_fail
 
 JUPYTERLAB = os.environ.get("WORKBENCH_TEST_JUPYTERLAB", "jupyterlab==4.6.6")
 
@@ -33,6 +35,10 @@ def test_wheel_installs_without_node_and_reports_enabled_ok(tmp_path):
     if not wheels:
         skip_or_fail(f"no wheel in {EXTENSION_DIR / 'dist'}: build it with python -m build --wheel")
     wheel = wheels[-1]
+    # workbench-devices is no index's: the monitor's one requirement of our own comes from devices/dist.
+    devices_wheels = sorted((DEVICES_DIR / "dist").glob("workbench_devices-*.whl"))
+    if not devices_wheels:
+        skip_or_fail(f"no wheel in {DEVICES_DIR / 'dist'}: build it with python -m build --wheel devices")
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
@@ -46,7 +52,7 @@ def test_wheel_installs_without_node_and_reports_enabled_ok(tmp_path):
     assert shutil.which("npm", path=env["PATH"]) is None
 
     py = str(venv / "bin" / "python")
-    run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), JUPYTERLAB], env)
+    run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(devices_wheels[-1]), str(wheel), JUPYTERLAB], env)
 
     servers = run([py, "-m", "jupyter", "server", "extension", "list"], env)
     assert re.search(r"workbench_gpu_monitor\s+(\x1b\[\d+m)?enabled", servers), servers
@@ -61,10 +67,12 @@ def test_wheel_installs_without_node_and_reports_enabled_ok(tmp_path):
         [
             py,
             "-c",
-            "import workbench_gpu_monitor, os; from workbench_gpu_monitor.sampler import make_source; "
+            "import workbench_gpu_monitor, os; from workbench_devices import make_source; "
             "print(workbench_gpu_monitor.__file__); "
             "print(make_source({'WORKBENCH_SIMULATED_GPUS': '2', 'WORKBENCH_GPUS': 'GPU-sim-01-h100-80gb'}).read()['gpus'][0]['uuid'])",
         ],
         env,
     )
     assert str(venv) in out and "GPU-sim-01-h100-80gb" in out
+    requires = next(l for l in run([py, "-m", "pip", "show", "workbench-gpu-monitor"], env).splitlines() if l.startswith("Requires:"))
+    assert "workbench-devices" in requires, requires

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.monitor.monitor_support import EXTENSION_DIR
+from tests.monitor.monitor_support import DEVICES_DIR, EXTENSION_DIR
 
 jupyter_client = pytest.importorskip("jupyter_client")
 pytest.importorskip("ipykernel")
@@ -22,7 +22,9 @@ pytest.importorskip("ipywidgets")
 def started_kernel(env: dict) -> Iterator[jupyter_client.BlockingKernelClient]:
     """A fresh python3 kernel: the extension from this checkout, none of the test run's own GPU pins."""
     kernel_env = {k: v for k, v in os.environ.items() if not k.startswith(("WORKBENCH_", "CUDA_VISIBLE"))}
-    kernel_env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(EXTENSION_DIR), os.environ.get("PYTHONPATH", "")]))
+    kernel_env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(EXTENSION_DIR), str(DEVICES_DIR), os.environ.get("PYTHONPATH", "")])
+    )
     kernel_env.update(env)
     km = jupyter_client.KernelManager(kernel_name="python3")
     km.start_kernel(env=kernel_env)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench_gpu_monitor.devices import DeviceSpecError, discover_devices, parse_simulated_spec
+from workbench_devices import DeviceSpecError, discover_devices, parse_simulated_spec
 
 
 def test_a_count_gives_that_many_stable_h100s():

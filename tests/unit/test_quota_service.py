@@ -1,16 +1,28 @@
-"""The workbench service without a hub: its OpenAPI document matches its routes, its
-page escapes what it shows, and its metrics are valid Prometheus text."""
+"""The workbench service without a hub: its OpenAPI document matches its routes and is valid,
+its page escapes what it shows, its metrics are valid Prometheus text, and it reads the
+policy settings the hub stored (503 with a sentence before there are any)."""
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 
-from workbench_gpu_monitor.devices import discover_devices
-from workbench_hub.service.app import Fleet, _jinja, make_app
+import jsonschema
+import pytest
+from tornado.httpclient import AsyncHTTPClient
+
+from workbench_devices import DeviceInventory, GPUDevice, discover_devices
+from workbench_hub.service import handlers
+from workbench_hub.service.app import make_app
+from workbench_hub.service.fleet import NO_SETTINGS, Fleet, SettingsMissing
+from workbench_hub.service.handlers import _jinja
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import openapi_document
 from workbench_spawner.quota import Quota
+from workbench_spawner.settings import PolicySettings, store_policy_settings
 from workbench_spawner.store import AllocationStore
+from tests.service.openapi_check import check
 
 PREFIX = "/services/workbench/"
 NOT_API = ("oauth_callback", "api/.*")
@@ -39,14 +51,60 @@ def test_every_route_is_documented_and_every_documented_route_exists():
     assert app_routes() == documented
 
 
-def test_the_document_is_openapi_3_with_resolvable_refs():
+def test_the_document_is_openapi_3_1_with_valid_schemas_for_every_response():
     doc = openapi_document(PREFIX)
-    assert doc["openapi"].startswith("3.0")
+    assert doc["openapi"].startswith("3.1")
     text = repr(doc)
     for ref in set(re.findall(r"#/components/(\w+)/(\w+)", text)):
         assert ref[1] in doc["components"][ref[0]], ref
-    quota = doc["components"]["schemas"]["Quota"]
-    assert set(quota["properties"]) == {"max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours"}
+    for schema in doc["components"]["schemas"].values():
+        jsonschema.Draft202012Validator.check_schema(schema)
+    body = doc["components"]["schemas"]["QuotaBody"]
+    assert set(body["properties"]) == {"max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours"}
+    assert body["properties"]["max_session_hours"]["minimum"] == 0.01
+    for path, item in doc["paths"].items():
+        for method, operation in item.items():
+            if method == "parameters":
+                continue
+            for status, response in operation["responses"].items():
+                if status not in ("204", "302"):
+                    assert response.get("content"), (method, path, status)
+                for media in (response.get("content") or {}).values():
+                    assert "schema" in media, (method, path, status)
+
+
+def settings_for(url: str, spec: str = "2", node: str = "gpu-node-7", default: int = 1) -> PolicySettings:
+    return PolicySettings(url, discover_devices(spec), servers_per_gpu=1, default_quota=Quota(default), node=node)
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    yield s
+    s.dispose()
+
+
+def test_answers_validate_against_the_document(store):
+    doc = openapi_document(PREFIX)
+    fleet = Fleet(store, settings_for(store.url))
+    store.allocate("alice", "", 1, [d.uuid for d in fleet.inventory.devices], node="gpu-node-7")
+    inventory = {"node": fleet.node, "source": "simulated", "simulated": True, "message": "", "gpus": fleet.gpus()}
+    check(doc, "GET", "api/gpus", 200, "application/json", json.dumps(inventory).encode())
+    allocations = {"node": fleet.node, "allocations": fleet.allocations()}
+    assert allocations["allocations"][0]["node"] == "gpu-node-7"
+    check(doc, "GET", "api/allocations", 200, "application/json", json.dumps(allocations).encode())
+    stored = fleet.book.set("user", "alice", Quota(2, 10.0, ("H100-80GB",), 4.0), by="user:admin")
+    view = {"kind": "user", "name": "alice", "quota": stored.to_json(),
+            "effective": fleet.book.effective("alice", [], fleet.default).to_json()}
+    check(doc, "PUT", "api/quotas/users/alice", 200, "application/json", json.dumps(view).encode())
+    listing = {"default": fleet.default.to_json(), "users": [stored.to_json()], "groups": []}
+    check(doc, "GET", "api/quotas", 200, "application/json", json.dumps(listing).encode())
+    error = {"status": 404, "message": "no user named \"x\" on this hub"}
+    check(doc, "GET", "api/quotas/users/x", 404, "application/json", json.dumps(error).encode())
+    with pytest.raises(jsonschema.ValidationError):
+        check(doc, "GET", "api/quotas", 200, "application/json", json.dumps({"default": {}}).encode())
+    with pytest.raises(AssertionError, match="not documented"):
+        check(doc, "GET", "api/gpus", 418, "application/json", b"{}")
 
 
 EVIL = '<img src=x onerror="alert(1)">'
@@ -55,7 +113,7 @@ EVIL = '<img src=x onerror="alert(1)">'
 def test_the_admin_page_escapes_names():
     inventory = discover_devices("1")
     html = _jinja.get_template("admin.html").render(
-        prefix=PREFIX, hub_prefix="/hub/", caller={"name": EVIL}, admin=True, inventory=inventory,
+        prefix=PREFIX, hub_prefix="/hub/", caller={"name": EVIL}, admin=True, inventory=inventory, node=EVIL,
         simulated=True, gpus=[{"index": 0, "uuid": EVIL, "name": EVIL, "model": "x", "memory_total_bytes": 0,
                                "holders": [{"user": EVIL, "server": EVIL, "since": "2026-12-02T10:00:00"}],
                                "utilization_percent": None, "memory_used_bytes": None}],
@@ -70,17 +128,62 @@ def test_the_admin_page_escapes_names():
     assert "&lt;img src=x onerror=" in html
 
 
-def test_metrics_are_prometheus_text_with_dcgm_names(tmp_path):
-    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    inventory = discover_devices("2")
-    store.allocate('al"ice', "", 1, [d.uuid for d in inventory.devices])
-    fleet = Fleet(inventory, store, Quota(1))
-    text = render_metrics(fleet)
-    store.dispose()
+def test_metrics_are_prometheus_text_with_dcgm_names(store):
+    fleet = Fleet(store, settings_for(store.url, default=2))
+    store.allocate('al"ice', "", 1, [d.uuid for d in fleet.inventory.devices])
+    fleet.book.set("group", "ml", Quota(3))
+    text = render_metrics(fleet, [{"name": 'al"ice', "groups": []}, {"name": "bob", "groups": ["ml"]}])
     line = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*\{([a-zA-Z_]\w*="(?:[^"\\]|\\.)*",?)*\} -?[0-9.e+-]+$')
     for row in text.splitlines():
         assert row.startswith("# ") or line.match(row), row
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-sim-00-h100-80gb",modelName=' in text
+    assert 'Hostname="gpu-node-7"' in text and "hostname=" not in text
     assert 'user="al\\"ice"' in text and 'simulated="true"' in text
+    assert 'workbench_user_quota_max_gpus{user="bob"} 3' in text
+    assert 'workbench_user_quota_max_gpus{user="al\\"ice"} 2' in text
     for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "workbench_gpus_free", "workbench_user_gpus_held"):
         assert f"# TYPE {name} gauge" in text
+
+
+def test_the_fleet_reads_the_settings_the_hub_stored_and_notices_a_change(store):
+    fleet = Fleet(store, refresh_seconds=0)
+    with pytest.raises(SettingsMissing, match="has not published its GPU settings yet"):
+        fleet.inventory
+    static = DeviceInventory("static", [GPUDevice("GPU-static-1", 0, "NVIDIA L4", 24 << 30, "L4-24GB")],
+                             "1 GPU(s) from the static_gpus setting")
+    store_policy_settings(store, PolicySettings(store.url, static, servers_per_gpu=3,
+                                                default_quota=Quota(2), node="head-1"))
+    assert fleet.default == Quota(2) and fleet.slots == 3 and fleet.node == "head-1"
+    assert [g["uuid"] for g in fleet.gpus()] == ["GPU-static-1"] and fleet.models() == ["L4-24GB"]
+    assert fleet.gpus()[0]["utilization_percent"] is None  # static GPUs cannot be read by the hub
+    store_policy_settings(store, settings_for(store.url, spec="3", node="head-2", default=4))
+    assert fleet.default == Quota(4) and len(fleet.gpus()) == 3 and fleet.node == "head-2"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_the_api_answers_503_with_a_sentence_until_the_hub_stored_its_settings(store, monkeypatch):
+    monkeypatch.setattr(handlers, "SETTINGS_WAIT_SECONDS", 0.3)
+    monkeypatch.setattr(handlers.WorkbenchHandler, "get_current_user",
+                        lambda self: {"kind": "user", "name": "admin", "scopes": [handlers.ADMIN_SCOPE]})
+    fleet = Fleet(store, refresh_seconds=0)
+    port = _free_port()
+    server = make_app(fleet, None, PREFIX).listen(port, "127.0.0.1")
+    doc = openapi_document(PREFIX)
+    client = AsyncHTTPClient()
+    try:
+        for path in ("api/gpus", "api/allocations", "api/quotas", "metrics"):
+            r = await client.fetch(f"http://127.0.0.1:{port}{PREFIX}{path}", raise_error=False)
+            assert r.code == 503, (path, r.body)
+            assert json.loads(r.body) == {"status": 503, "message": NO_SETTINGS}
+            check(doc, "GET", path, r.code, r.headers["Content-Type"], r.body)
+        store_policy_settings(store, settings_for(store.url))
+        r = await client.fetch(f"http://127.0.0.1:{port}{PREFIX}api/gpus", raise_error=False)
+        assert r.code == 200 and json.loads(r.body)["node"] == "gpu-node-7"
+        check(doc, "GET", "api/gpus", r.code, r.headers["Content-Type"], r.body)
+    finally:
+        server.stop()

@@ -27,7 +27,15 @@ def _load_jupyter_server_extension(serverapp):
     setup_handlers(serverapp, monitor)
     io_loop = getattr(serverapp, "io_loop", None)
     monitor.start(getattr(io_loop, "asyncio_loop", None))
-    serverapp._workbench_gpu_monitor = monitor
+
+
+def _unload_jupyter_server_extension(serverapp):
+    """Stop the sampler thread (and close the streams) when the server stops."""
+    from .handlers import monitor_of
+
+    monitor = monitor_of(serverapp)
+    if monitor is not None:
+        monitor.stop()
 
 
 def load_ipython_extension(ipython):
@@ -35,10 +43,6 @@ def load_ipython_extension(ipython):
     from .kernel import load_ipython_extension as load
 
     load(ipython)
-
-
-# Older name kept for jupyter_server < 2 / notebook-style loaders.
-load_jupyter_server_extension = _load_jupyter_server_extension
 
 
 def __getattr__(name):

@@ -4,7 +4,7 @@ Endpoints (all need the server's normal authentication: token, cookie or the
 JupyterHub OAuth cookie; unauthenticated requests get 403):
 
 ``GET {base_url}api/gpu/metrics``
-    The latest sample (shape pinned in DESIGN.md).  ``?history=1`` adds the
+    The latest sample (shape: "Snapshot shape" in extensions/gpu-monitor/README.md).  ``?history=1`` adds the
     last ten minutes as per-GPU arrays, so a panel opened late can draw them.
 ``GET {base_url}api/gpu/stream``
     ``text/event-stream``; one ``data: {...}`` event per sample, the same
@@ -31,10 +31,13 @@ from tornado import web
 from tornado.iostream import IOStream, StreamClosedError
 from traitlets import Bool, Float, Unicode, default
 from traitlets.config import LoggingConfigurable
+from workbench_devices import make_source
 
-from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, compact_history, make_source
+from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, compact_history
 
 MAX_CLIENT_BACKLOG_BYTES = 1 << 20
+# Where the server's one monitor lives: its tornado settings, which every handler reads.
+SETTINGS_KEY = "workbench_gpu_monitor"
 
 
 class GPUMonitorServer(LoggingConfigurable):
@@ -155,7 +158,7 @@ class GPUMonitorServer(LoggingConfigurable):
         manager = getattr(self.serverapp, "kernel_manager", None)
         busy = total = 0
         if manager is not None:
-            for kernel_id in list(getattr(manager, "_kernels", {})):
+            for kernel_id in manager.list_kernel_ids():
                 try:
                     state = manager.get_kernel(kernel_id).execution_state
                 except Exception:  # noqa: BLE001 - a kernel that just died
@@ -200,7 +203,7 @@ class _MonitorHandler(APIHandler):
 
     @property
     def monitor(self) -> GPUMonitorServer:
-        return self.settings["workbench_gpu_monitor"]
+        return self.settings[SETTINGS_KEY]
 
 
 class GPUMetricsHandler(_MonitorHandler):
@@ -242,21 +245,30 @@ class GPUStreamHandler(_MonitorHandler):
         # kernel does not take at once is queued in the stream, and later
         # chunks follow it there, so the byte order never changes.  TLS
         # streams and HTTP/1.0 (no chunking) use plain write()/flush().
+        #
+        # Tornado has no public API for this: RequestHandler.write/flush and
+        # IOStream.write always buffer, make a Future and go through the
+        # stream's write machinery, which is the cost being avoided, and no
+        # public call sends without that.  So the fast path uses only public
+        # attributes (HTTP1Connection.stream, IOStream.socket, .writing(),
+        # .closed(), .write()) and decides chunking the way tornado does: an
+        # HTTP/1.1 request, a 200 without Content-Length (never set here).
         connection = self.request.connection
         stream = getattr(connection, "stream", None)
-        chunked = getattr(connection, "_chunking_output", False) and stream is not None
+        chunked = self.request.version == "HTTP/1.1" and isinstance(stream, IOStream)
         self._raw_stream = stream if chunked else None
+        # SSLIOStream is an IOStream too, but its socket would bypass TLS.
         self._raw_socket = stream.socket if chunked and type(stream) is IOStream else None
+        self._queued_bytes = 0  # what we handed the stream and it has not sent yet
         monitor.clients.add(self)
         try:
             await self._closed.wait()
         finally:
             monitor.clients.discard(self)
-        if not self._finished:
-            try:
-                self.finish()
-            except Exception:  # noqa: BLE001 - the connection is already gone
-                pass
+        try:
+            self.finish()
+        except Exception:  # noqa: BLE001 - already finished, or the connection is gone
+            pass
 
     def push(self, payload: bytes, chunk: bytes | None = None) -> None:
         if self._closed.is_set():
@@ -266,12 +278,11 @@ class GPUStreamHandler(_MonitorHandler):
             if stream is not None and chunk is not None:
                 if stream.closed():
                     raise StreamClosedError()
-                backlog = getattr(stream, "_write_buffer_size", 0)
                 # A client that stopped reading: drop it rather than buffer forever.
-                if backlog > MAX_CLIENT_BACKLOG_BYTES:
+                if self._queued_bytes > MAX_CLIENT_BACKLOG_BYTES:
                     raise StreamClosedError()
                 sent = 0
-                if backlog == 0 and self._raw_socket is not None:
+                if self._raw_socket is not None and not stream.writing():
                     try:
                         sent = self._raw_socket.send(chunk)
                     except (BlockingIOError, InterruptedError):
@@ -279,12 +290,18 @@ class GPUStreamHandler(_MonitorHandler):
                     except OSError as exc:  # reset or broken pipe: the client is gone
                         raise StreamClosedError() from exc
                 if sent < len(chunk):
-                    stream.write(chunk[sent:]).add_done_callback(self._flushed)
+                    rest = len(chunk) - sent
+                    self._queued_bytes += rest
+                    stream.write(chunk[sent:]).add_done_callback(lambda f: self._sent(f, rest))
             else:
                 self.write(payload)
                 self.flush().add_done_callback(self._flushed)
         except (StreamClosedError, RuntimeError):
             self.close_stream()
+
+    def _sent(self, future, size: int) -> None:
+        self._queued_bytes -= size
+        self._flushed(future)
 
     def _flushed(self, future) -> None:
         if future.exception() is not None:
@@ -299,9 +316,15 @@ class GPUStreamHandler(_MonitorHandler):
         self.close_stream()
 
 
+def monitor_of(serverapp) -> GPUMonitorServer | None:
+    """The monitor ``setup_handlers`` registered with this server, if any."""
+    web_app = getattr(serverapp, "web_app", None)
+    return None if web_app is None else web_app.settings.get(SETTINGS_KEY)
+
+
 def setup_handlers(serverapp, monitor: GPUMonitorServer) -> None:
     web_app = serverapp.web_app
-    web_app.settings["workbench_gpu_monitor"] = monitor
+    web_app.settings[SETTINGS_KEY] = monitor
     base_url = web_app.settings["base_url"]
     web_app.add_handlers(
         ".*$",

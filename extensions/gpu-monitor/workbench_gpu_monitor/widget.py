@@ -24,10 +24,11 @@ import threading
 import time
 
 import ipywidgets as widgets
+from workbench_devices import make_source
 
 from .kernel import register as register_kernel_handler
 from .kernel import torch_memory
-from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, make_source
+from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler
 
 _GIB = 1024**3
 

@@ -1,8 +1,8 @@
 """Which GPUs exist: NVML discovery and the simulated fleet.
 
-Both the hub (to build its inventory) and the user server (to know which
-devices it may show) need one answer to "which GPUs are there", so it lives
-here, in the small package that every image installs.
+The hub needs this answer to hand out GPUs and every user server needs the
+same answer to show them; neither may ask Jupyter for it, so discovery lives
+in this package rather than in the hub or the monitor.
 
 Simulated GPUs stand in for a driver on CI machines and laptops. A spec such
 as ``4`` or ``2xH100-80GB,2xA100-40GB`` always yields the same devices with the
@@ -44,17 +44,6 @@ class GPUDevice:
     model: str = ""
     mig: bool = False
     simulated: bool = False
-
-    def to_dict(self) -> dict:
-        return {
-            "uuid": self.uuid,
-            "index": self.index,
-            "name": self.name,
-            "model": self.model,
-            "memory_total_bytes": self.memory_total_bytes,
-            "mig": self.mig,
-            "simulated": self.simulated,
-        }
 
 
 @dataclass
