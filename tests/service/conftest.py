@@ -10,23 +10,38 @@ import pytest
 import requests
 
 from tests.conftest import ARTIFACTS, Hub, free_port  # noqa: F401  (ARTIFACTS is re-exported)
+from tests.service.openapi_check import check
 
 
 class WorkbenchHub(Hub):
-    """A Hub plus calls to the workbench service through the proxy."""
+    """A Hub plus calls to the workbench service through the proxy, each answer checked
+    against the service's own OpenAPI document."""
 
-    def service(self, method: str, path: str, token=None, **kwargs) -> requests.Response:
+    _openapi: dict | None = None
+
+    def openapi(self) -> dict:
+        if self._openapi is None:
+            r = requests.get(f"{self.url}/services/workbench/api/openapi.json", timeout=30)
+            r.raise_for_status()
+            self._openapi = r.json()
+        return self._openapi
+
+    def service(self, method: str, path: str, token=None, validate: bool = True, **kwargs) -> requests.Response:
         headers = dict(kwargs.pop("headers", {}))
         if token is not False:
             headers.setdefault("Authorization", f"token {token or self.token}")
-        return requests.request(method, f"{self.url}/services/workbench/{path}", headers=headers,
-                                timeout=30, allow_redirects=False, **kwargs)
+        r = requests.request(method, f"{self.url}/services/workbench/{path}", headers=headers,
+                             timeout=30, allow_redirects=False, **kwargs)
+        proxy_error = r.status_code in (502, 503) and "json" not in r.headers.get("Content-Type", "")
+        if validate and not proxy_error:  # the proxy's own 503 (service not up) is not the service's answer
+            check(self.openapi(), method, path, r.status_code, r.headers.get("Content-Type", ""), r.content)
+        return r
 
     def wait_service(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if self.service("GET", "api/openapi.json").status_code == 200:
+                if self.service("GET", "api/openapi.json", validate=False).status_code == 200:
                     return
             except requests.RequestException:
                 pass

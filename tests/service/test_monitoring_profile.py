@@ -56,7 +56,7 @@ def test_series_carry_dcgm_labels_and_the_holder(scraped):
     body = scraped[0].text
     util = [line for line in body.splitlines() if line.startswith("DCGM_FI_DEV_GPU_UTIL{")]
     assert len(util) == 4
-    for label in ("gpu=", "UUID=", "modelName=", "hostname=", "user="):
+    for label in ("gpu=", "UUID=", "modelName=", "Hostname=", "user="):
         assert all(label in line for line in util), label
     assert any('user="alice"' in line for line in util)
     assert all('simulated="true"' in line for line in util)
@@ -68,6 +68,9 @@ def test_every_dashboard_query_uses_a_served_metric(scraped):
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     exprs += [v["query"] for v in dashboard["templating"]["list"]]
     used = {name for expr in exprs for name in METRIC.findall(expr)}
+    # dcgm-exporter's label is Hostname (capital H); the service serves the same.
+    assert not [e for e in exprs if re.search(r"\bhostname\s*[=!]~?|, hostname\)", e)], exprs
+    assert 'Hostname="' in scraped[0].text
     assert used and used <= served, f"the dashboard queries metrics nobody serves: {sorted(used - served)}"
     datasource = (MONITORING / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
     uids = {p["datasource"]["uid"] for p in dashboard["panels"]}

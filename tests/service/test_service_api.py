@@ -63,6 +63,7 @@ BAD_BODIES = [
     ({"max_gpus": 1, "allowed_models": ["V100"]}, "unknown GPU model"),
     ({"max_gpus": 1, "allowed_models": ["<img src=x onerror=alert(1)>"]}, "not a GPU model name"),
     ({"max_gpus": 1, "max_session_hours": -1}, "more than 0"),
+    ({"max_gpus": 1, "max_session_hours": 1e-130}, "max_session_hours must be at least 0.01 (36 seconds)"),
     ({"max_gpus": 1, "is_admin": True}, "unknown field"),
     ([{"max_gpus": 1}], "JSON object"),
 ]
@@ -158,11 +159,16 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
     assert hub.spawn("bob", gpus=2).status_code in (201, 202)
     hub.wait_ready("bob")
     assert hub.leases()["bob"] == ["GPU-sim-02-a100-40gb", "GPU-sim-03-a100-40gb"]
-    gpus = {g["uuid"]: g for g in hub.service("GET", "api/gpus").json()["gpus"]}
+    inventory = hub.service("GET", "api/gpus").json()
+    node = inventory["node"]
+    assert node and all(g["node"] == node for g in inventory["gpus"])
+    gpus = {g["uuid"]: g for g in inventory["gpus"]}
     assert gpus["GPU-sim-02-a100-40gb"]["holders"][0]["user"] == "bob"
-    assert [a["user"] for a in hub.service("GET", "api/allocations").json()["allocations"]] == ["bob"]
+    allocations = hub.service("GET", "api/allocations").json()["allocations"]
+    assert [(a["user"], a["node"]) for a in allocations] == [("bob", node)]
     metrics = hub.service("GET", "metrics").text
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-sim-02-a100-40gb"' in metrics
+    assert f'Hostname="{node}"' in metrics
     assert 'user="bob"' in metrics and "DCGM_FI_DEV_FB_USED" in metrics and "DCGM_FI_DEV_FB_FREE" in metrics
 
     # Lowering bob's quota does not touch his running server.
@@ -182,13 +188,13 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
 
 
 def test_over_long_sessions_are_stopped_by_the_service(hub):
-    # 0.002 h = 7.2 s; the service checks every second in this hub.
-    assert hub.service("PUT", "api/quotas/users/erin", json={"max_gpus": 1, "max_session_hours": 0.002}).status_code == 200
+    # 0.01 h = 36 s, the shortest limit; the service checks every second in this hub.
+    assert hub.service("PUT", "api/quotas/users/erin", json={"max_gpus": 1, "max_session_hours": 0.01}).status_code == 200
     assert hub.spawn("erin", gpus=1).status_code in (201, 202)
     hub.wait_ready("erin")
-    hub.wait_stopped("erin", timeout=60)
+    hub.wait_stopped("erin", timeout=90)
     assert hub.leases().get("erin") is None
-    assert "ran longer than its 0.002-hour session limit" in hub.log()
+    assert "ran longer than its 0.01-hour session limit" in hub.log()
 
 
 def test_every_route_is_in_the_openapi_document(hub):
@@ -233,7 +239,7 @@ def test_the_cli_sets_shows_and_deletes_quotas(hub):
     r = cli(hub, "quota", "set", "dave", "--max-gpus", "-3")
     assert r.returncode == 1 and "max_gpus must be at least 0" in r.stderr
     r = cli(hub, "quota", "set", "nobody", "--max-gpus", "1")
-    assert r.returncode == 1 and "no user named" in r.stderr
+    assert r.returncode == 1 and "no user named" in r.stderr and "/hub/signup" in r.stderr
     r = cli(hub, "quota", "set", "dave", "--max-gpus", "lots")
     assert r.returncode == 2 and "not a whole number" in r.stderr
     r = cli(hub, "quota", "set", "dave", "--max-gpus", "1", token=hub.student)

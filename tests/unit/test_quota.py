@@ -81,6 +81,31 @@ def test_the_book_applies_the_rule_and_ignores_other_groups(store):
     assert book.get("group", "ml-course").updated_by == "user:admin"
 
 
+def test_effective_many_applies_the_rule_to_every_user_in_one_query(store):
+    from sqlalchemy import event
+
+    book = QuotaBook(store)
+    book.set("group", "ml-course", Quota(2))
+    book.set("group", "thesis", Quota(3, 40.0))
+    book.set("user", "carol", Quota(0))
+    users = {"alice": ["ml-course"], "bob": ["ml-course", "thesis"], "carol": ["thesis"], "dave": [],
+             "erin": ["nobody-set-this"]}
+    statements = []
+    listener = lambda *args: statements.append(args[2])  # noqa: E731
+    event.listen(store.read_engine, "before_cursor_execute", listener)
+    try:
+        many = book.effective_many(users, DEFAULT)
+    finally:
+        event.remove(store.read_engine, "before_cursor_execute", listener)
+    assert len([s for s in statements if "gpu_quotas" in s]) == 1, statements
+    assert many == {name: book.effective(name, groups, DEFAULT) for name, groups in users.items()}
+    assert (many["bob"].group, many["carol"].source, many["dave"].source) == ("thesis", "user", "default")
+
+
+def test_the_shortest_session_limit_is_accepted():
+    assert parse_quota({"max_gpus": 1, "max_session_hours": 0.01}).max_session_hours == 0.01
+
+
 # -- validation -------------------------------------------------------------------------
 
 
@@ -100,6 +125,8 @@ def test_the_book_applies_the_rule_and_ignores_other_groups(store):
         ({"max_gpus": 1, "gpu_hours_per_week": "ten"}, "must be a number"),
         ({"max_gpus": 1, "gpu_hours_per_week": 1e300}, "at most"),
         ({"max_gpus": 1, "max_session_hours": 0}, "more than 0"),
+        ({"max_gpus": 1, "max_session_hours": 1e-130}, r"at least 0.01 \(36 seconds\), not 1e-130"),
+        ({"max_gpus": 1, "max_session_hours": 0.009}, "at least 0.01"),
         ({"max_gpus": 1, "allowed_models": "H100-80GB"}, "must be a list"),
         ({"max_gpus": 1, "allowed_models": ["<script>"]}, "not a GPU model name"),
         ({"max_gpus": 1, "allowed_models": ["V100"]}, "unknown GPU model"),

@@ -3,7 +3,7 @@
 JupyterHub starts it as a managed service at ``/services/workbench/`` (see the
 ``# -- the workbench service`` block of ``hub/jupyterhub_config.py``)::
 
-    python -m workbench_hub.service --port 10101
+    python -m workbench_hub.service --port=10101 --db-url=sqlite:////srv/data/workbench.sqlite
 
 It serves
 

@@ -2,14 +2,18 @@
 
 Dashboards written for dcgm-exporter (``DCGM_FI_DEV_GPU_UTIL``,
 ``DCGM_FI_DEV_FB_USED``/``_FREE`` in MiB, ``DCGM_FI_DEV_GPU_TEMP``,
-``DCGM_FI_DEV_POWER_USAGE``) work unchanged, with one extra label, ``user``:
-who holds the GPU (empty when free). Readings come from the gpu-monitor
-package's source (NVML, or its simulated source, in which case every series
-carries ``simulated="true"``); allocation and quota numbers come from the
-workbench database (``workbench_*``).
+``DCGM_FI_DEV_POWER_USAGE``) work unchanged: the labels are dcgm-exporter's
+(``gpu``, ``UUID``, ``modelName``, ``Hostname``: the node the hub stored in
+its settings) plus ``user``: who holds the GPU (empty when free). Readings
+come from ``workbench_devices`` (NVML, or the simulated source, in which
+case every series carries ``simulated="true"``); allocation and quota
+numbers come from the workbench database (``workbench_*``). The effective
+quota of every hub user is one query (``QuotaBook.effective_many``).
 """
 
 from __future__ import annotations
+
+from typing import Iterable, Mapping
 
 from workbench_spawner.quota import gpu_hours_by_user
 
@@ -22,7 +26,12 @@ def _labels(labels: dict[str, str]) -> str:
     return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
 
 
-def render_metrics(fleet) -> str:
+def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
+    """The metrics text; ``users`` are the hub's user models (name, groups) for the quota series.
+
+    Without them (the hub's API did not answer) the quota series cover the
+    users with an own quota or a lease only, as if they had no groups.
+    """
     lines: list[str] = []
     series: dict[str, list[str]] = {}
     help_text = {
@@ -37,7 +46,7 @@ def render_metrics(fleet) -> str:
         "workbench_gpus_free": ("gauge", "GPUs with a free slot."),
         "workbench_user_gpus_held": ("gauge", "GPUs a user holds now."),
         "workbench_user_gpu_hours_week": ("gauge", "GPU-hours a user used in the last 7 days."),
-        "workbench_user_quota_max_gpus": ("gauge", "The most GPUs a user may hold at once (own quota only)."),
+        "workbench_user_quota_max_gpus": ("gauge", "The most GPUs a user may hold at once (effective quota)."),
     }
 
     def add(name: str, labels: dict[str, str], value) -> None:
@@ -46,10 +55,11 @@ def render_metrics(fleet) -> str:
         series.setdefault(name, []).append(f"{name}{_labels(labels)} {float(value):g}")
 
     gpus = fleet.gpus()
+    node = fleet.node
     for gpu in gpus:
-        users = ",".join(sorted({h["user"] for h in gpu["holders"]}))
+        holders = ",".join(sorted({h["user"] for h in gpu["holders"]}))
         labels = {"gpu": str(gpu["index"]), "UUID": gpu["uuid"], "modelName": gpu["name"],
-                  "hostname": fleet.hostname, "user": users}
+                  "Hostname": node, "user": holders}
         if fleet.simulated:
             labels["simulated"] = "true"
         add("DCGM_FI_DEV_GPU_UTIL", labels, gpu["utilization_percent"])
@@ -61,15 +71,21 @@ def render_metrics(fleet) -> str:
         add("DCGM_FI_DEV_POWER_USAGE", labels, gpu["power_w"])
         add("workbench_gpu_allocated", labels, len(gpu["holders"]))
         add("workbench_gpu_memory_total_bytes", labels, total)
-    add("workbench_gpus", {"hostname": fleet.hostname}, len(gpus))
-    add("workbench_gpus_free", {"hostname": fleet.hostname}, sum(1 for g in gpus if g["free_slots"] > 0))
+    add("workbench_gpus", {"Hostname": node}, len(gpus))
+    add("workbench_gpus_free", {"Hostname": node}, sum(1 for g in gpus if g["free_slots"] > 0))
     held = fleet.held_by_user()
     hours = gpu_hours_by_user(fleet.store)
     for user in sorted(set(held) | set(hours)):
         add("workbench_user_gpus_held", {"user": user}, held.get(user, 0))
         add("workbench_user_gpu_hours_week", {"user": user}, round(hours.get(user, 0.0), 4))
-    for stored in fleet.book.all("user"):
-        add("workbench_user_quota_max_gpus", {"user": stored.name}, stored.quota.max_gpus)
+    if users is None:
+        names = set(held) | set(hours) | {q.name for q in fleet.book.all("user")}
+        groups_of: dict[str, list[str]] = {name: [] for name in names}
+    else:
+        groups_of = {u["name"]: list(u.get("groups") or []) for u in users}
+    effective = fleet.book.effective_many(groups_of, fleet.default)
+    for name in sorted(effective):
+        add("workbench_user_quota_max_gpus", {"user": name}, effective[name].quota.max_gpus)
     for name, (kind, text) in help_text.items():
         if name in series:
             lines.append(f"# HELP {name} {text}")

@@ -1,0 +1,215 @@
+"""The fleet as the workbench service shows it: GPUs, who holds them, live readings, quota summaries.
+
+Everything here is read from the GPU database the hub writes:
+
+* the **policy settings** (inventory, static GPUs included, servers per
+  GPU, the default quota, the node name) that the hub resolved from its
+  configuration at start and stored (``workbench_spawner.settings``). The
+  service never derives them itself, so a setting made only as a trait
+  (``c.GPUSpawnerMixin.default_max_gpus = 2``) shows here as it is enforced.
+  The row's ``updated`` stamp is looked at every few seconds; a hub restart
+  with other settings is picked up without restarting the service. Before
+  any hub stored them, ``SettingsMissing`` tells the handlers to answer 503;
+* the **leases** (who holds which GPU on which node, since when);
+* the **quota book** and the GPU-hours ledger.
+
+Live utilization and memory come from ``workbench_devices`` (NVML, or the
+simulated readings for a simulated inventory), cached for a second.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Iterable, Mapping
+
+from sqlalchemy import select
+
+from workbench_devices import DeviceInventory
+from workbench_spawner.quota import Quota, QuotaBook
+from workbench_spawner.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
+from workbench_spawner.store import AllocationStore
+
+log = logging.getLogger("workbench.service")
+
+NO_SETTINGS = ("the hub has not published its GPU settings yet (it writes them to the GPU database when it "
+               "starts); try again in a few seconds, and if this persists check that the hub and this service "
+               "use the same database (--db-url)")
+
+
+class SettingsMissing(Exception):
+    """No hub has stored its policy settings in this database yet."""
+
+    def __str__(self) -> str:
+        return NO_SETTINGS
+
+
+class Fleet:
+    """The store, the quota book, the hub's stored settings and live readings."""
+
+    def __init__(self, store: AllocationStore, settings: PolicySettings | None = None,
+                 refresh_seconds: float = 2.0):
+        self.store = store
+        self.book = QuotaBook(store)
+        self.refresh_seconds = refresh_seconds
+        self._settings = settings
+        self._updated: datetime | None = None
+        # Settings handed in directly (tests) are never replaced by the database's.
+        self._fixed = settings is not None
+        self._checked_at = 0.0
+        self._lock = threading.Lock()
+        self._source = None
+        self._reading: dict | None = None
+        self._reading_at = 0.0
+
+    # -- the hub's settings ----------------------------------------------------------
+
+    def refresh(self) -> PolicySettings | None:
+        """Re-read the settings row if its ``updated`` stamp changed (looked at every few seconds)."""
+        if self._fixed:
+            return self._settings
+        with self._lock:
+            if self._settings is not None and time.monotonic() - self._checked_at < self.refresh_seconds:
+                return self._settings
+            with self.store.reads()() as session:
+                updated = session.scalar(select(SettingsRow.updated).where(SettingsRow.key == POLICY_KEY))
+            self._checked_at = time.monotonic()
+            if updated is None:
+                return self._settings
+            if self._settings is None or updated != self._updated:
+                loaded = load_policy_settings(self.store)
+                if loaded is not None:
+                    if self._settings is not None:
+                        log.info("The hub published new GPU settings (%s); using them", loaded[1].isoformat())
+                    self._settings, _ = loaded
+                    self._updated = updated
+                    self._source, self._reading = None, None
+            return self._settings
+
+    @property
+    def settings(self) -> PolicySettings:
+        settings = self._settings if self._fixed else self.refresh()
+        if settings is None:
+            raise SettingsMissing()
+        return settings
+
+    @property
+    def inventory(self) -> DeviceInventory:
+        return self.settings.inventory
+
+    @property
+    def default(self) -> Quota:
+        return self.settings.default_quota
+
+    @property
+    def slots(self) -> int:
+        return max(1, self.settings.servers_per_gpu)
+
+    @property
+    def node(self) -> str:
+        return self.settings.node
+
+    @property
+    def simulated(self) -> bool:
+        return self.settings.simulated
+
+    def models(self) -> list[str]:
+        return self.settings.models()
+
+    # -- live readings -------------------------------------------------------------------
+
+    def readings(self) -> dict[str, dict]:
+        """Live readings by GPU UUID (cached 1 s); empty when they cannot be read."""
+        if time.monotonic() - self._reading_at < 1.0 and self._reading is not None:
+            return self._reading
+        result: dict[str, dict] = {}
+        inventory = self.inventory
+        try:
+            if self._source is None:
+                from workbench_devices import SimulatedSource, make_source, select_devices
+
+                if inventory.source == "simulated":
+                    # An empty environment selects the whole fleet (no WORKBENCH_GPUS).
+                    self._source = SimulatedSource(select_devices(inventory, {}))
+                elif inventory.source == "nvml" and inventory.devices:
+                    self._source = make_source({})
+                else:
+                    return {}  # static GPUs: the hub cannot read them
+            snapshot = self._source.read()
+            for gpu in snapshot.get("gpus", []):
+                result[gpu["uuid"]] = {**gpu, "source": snapshot.get("source")}
+        except Exception as exc:  # never let a monitoring hiccup break the page
+            log.warning("Could not read live GPU numbers: %s", exc)
+        self._reading, self._reading_at = result, time.monotonic()
+        return result
+
+    # -- views -----------------------------------------------------------------------------
+
+    def gpus(self) -> list[dict]:
+        settings = self.settings
+        holders: dict[str, list[dict]] = {}
+        for lease in self.store.leases():
+            for uuid in lease.gpu_uuids:
+                holders.setdefault(uuid, []).append(
+                    {"user": lease.user, "server": lease.server, "since": lease.since.isoformat(),
+                     "node": lease.node or settings.node}
+                )
+        readings = self.readings()
+        result = []
+        for device in settings.inventory.devices:
+            reading = readings.get(device.uuid, {})
+            held = holders.get(device.uuid, [])
+            result.append(
+                {
+                    "index": device.index,
+                    "uuid": device.uuid,
+                    "name": device.name,
+                    "model": device.model,
+                    "node": settings.node,
+                    "memory_total_bytes": device.memory_total_bytes,
+                    "simulated": settings.simulated,
+                    "holders": held,
+                    "free_slots": max(0, self.slots - len(held)),
+                    "utilization_percent": reading.get("utilization_percent"),
+                    "memory_used_bytes": reading.get("memory_used_bytes"),
+                    "temperature_c": reading.get("temperature_c"),
+                    "power_w": reading.get("power_w"),
+                    "reading_source": reading.get("source"),
+                }
+            )
+        return result
+
+    def allocations(self) -> list[dict]:
+        node = self.settings.node
+        return [
+            {"user": lease.user, "server": lease.server, "node": lease.node or node,
+             "gpu_uuids": list(lease.gpu_uuids), "since": lease.since.isoformat(), "ref": lease.ref}
+            for lease in self.store.leases()
+        ]
+
+    def held_by_user(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for lease in self.store.leases():
+            held[lease.user] = held.get(lease.user, 0) + len(lease.gpu_uuids)
+        return held
+
+    def user_summaries(self, users: Iterable[Mapping], hours: Mapping[str, float],
+                       held: Mapping[str, int]) -> list[dict]:
+        """One row per hub user model (name, groups): effective quota, held GPUs, GPU-hours.
+
+        The quotas of all of them come from one query (``QuotaBook.effective_many``).
+        """
+        users = list(users)
+        effective = self.book.effective_many({u["name"]: u.get("groups") or [] for u in users}, self.default)
+        return [
+            {
+                "name": u["name"],
+                "groups": list(u.get("groups") or []),
+                "quota": effective[u["name"]].to_json(),
+                "held_gpus": held.get(u["name"], 0),
+                "gpu_hours_week": round(hours.get(u["name"], 0.0), 4),
+            }
+            for u in users
+        ]

@@ -1,0 +1,384 @@
+"""The workbench service's HTTP handlers: the admin page and the REST API under /services/workbench/.
+
+Every handler identifies the caller through the hub (``HubOAuthenticated``:
+an API token, or the browser's cookie with an ``X-XSRFToken`` header for
+changes) and decides from the caller's scopes itself: ``custom:workbench:admin``
+reads and changes everything, ``custom:workbench:read`` reads everything,
+any hub user reads their own usage. Every answer of the API is JSON, errors
+included (``{"status": 4xx, "message": "..."}``, one sentence saying what to
+do); each is described in ``api/openapi.json``. 503 means the service cannot
+answer yet: the hub has not stored its GPU settings, or its API did not
+answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from jupyterhub.services.auth import HubOAuthenticated
+from tornado import web
+from tornado.escape import xhtml_escape
+
+from workbench_spawner.quota import WEEK, QuotaError, gpu_hours_by_user, parse_quota
+from workbench_spawner.store import utcnow
+
+from .fleet import Fleet, SettingsMissing
+from .hub_client import HubClient, HubUnavailable
+from .metrics import render_metrics
+from .openapi import openapi_document
+
+log = logging.getLogger("workbench.service")
+
+ADMIN_SCOPE = "custom:workbench:admin"
+READ_SCOPE = "custom:workbench:read"
+MAX_NAME = 255
+# How long a request waits for the hub to publish its settings before a 503.
+SETTINGS_WAIT_SECONDS = 2.0
+UNAVAILABLE = (SettingsMissing, HubUnavailable)
+
+
+def _json(data: Any) -> str:
+    """JSON that is also safe if a browser ever sniffs it as HTML."""
+    return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+_jinja = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
+                     autoescape=select_autoescape(["html"]))
+
+
+def unknown_user(name: str) -> str:
+    return (f"no user named {json.dumps(name)} on this hub: they must sign up at /hub/signup and be "
+            f"authorized at /hub/authorize, or be created on the hub's admin page")
+
+
+class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
+    """Identifies the caller through the hub; every handler checks scopes itself."""
+
+    needs_settings = True
+
+    @property
+    def hub_scopes(self):
+        # Any identified hub user or service gets past HubAuthenticated;
+        # the handlers below decide with the custom scopes.
+        return None
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.settings["fleet"]
+
+    @property
+    def hub(self) -> HubClient:
+        return self.settings["hub"]
+
+    def get_current_user(self):
+        try:
+            return super().get_current_user()
+        except web.HTTPError as exc:
+            if exc.status_code >= 500:  # HubAuth could not reach or use the hub's API
+                log.warning("Could not identify the caller: %s", exc.log_message)
+                raise HubUnavailable("the hub's API did not answer while checking the caller's token; "
+                                     "try again in a moment") from None
+            raise
+
+    @property
+    def caller(self) -> dict | None:
+        return self.get_current_user()
+
+    def scopes(self) -> set[str]:
+        return set((self.caller or {}).get("scopes") or [])
+
+    def is_admin(self) -> bool:
+        return ADMIN_SCOPE in self.scopes()
+
+    def can_read(self) -> bool:
+        return bool({ADMIN_SCOPE, READ_SCOPE} & self.scopes())
+
+    def caller_name(self) -> str:
+        caller = self.caller or {}
+        return f"{caller.get('kind', 'user')}:{caller.get('name', '?')}"
+
+    async def wait_for_settings(self) -> None:
+        """Give a hub that is starting a moment to publish its settings; then SettingsMissing (503)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SETTINGS_WAIT_SECONDS
+        while True:
+            try:
+                await asyncio.to_thread(lambda: self.fleet.settings)
+                return
+            except SettingsMissing:
+                if loop.time() >= deadline:
+                    raise
+                await asyncio.sleep(0.25)
+
+    def log_exception(self, typ, value, tb):
+        if isinstance(value, UNAVAILABLE):
+            log.warning("%s %s: 503: %s", self.request.method, self.request.path, value)
+            return
+        super().log_exception(typ, value, tb)
+
+    @staticmethod
+    def error_status(status_code: int, exc) -> int:
+        return 503 if isinstance(exc, UNAVAILABLE) else status_code
+
+
+class APIHandler(WorkbenchHandler):
+    def set_default_headers(self):
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
+
+    # XSRF: token requests need none; a cookie request that changes something
+    # must carry X-XSRFToken, checked by HubOAuth while it identifies the
+    # caller (HubAuthenticated.check_xsrf_cookie). A failed check means: no caller.
+
+    def get_login_url(self):
+        raise web.HTTPError(403)
+
+    def fail(self, status: int, message: str):
+        raise web.HTTPError(status, "%s", message)
+
+    def write_error(self, status_code: int, **kwargs):
+        message = None
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        status_code = self.error_status(status_code, exc)
+        if isinstance(exc, UNAVAILABLE):
+            message = str(exc)
+        elif isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+        if message is None:
+            message = {400: "bad request", 401: "authentication required", 403: "forbidden", 404: "not found",
+                       405: "method not allowed; see api/openapi.json"}.get(
+                status_code, "the workbench service failed to answer; the service log says why")
+        self.set_status(status_code)
+        self.set_header("Content-Type", "application/json; charset=utf-8")
+        self.finish(_json({"status": status_code, "message": message}))
+
+    def require_caller(self) -> dict:
+        if not self.caller:
+            self.fail(403, "authentication required: send a hub API token (Authorization: token ...) "
+                           "or log in through the hub (cookie requests need an X-XSRFToken header)")
+        return self.caller
+
+    async def require_read(self) -> None:
+        self.require_caller()
+        if not self.can_read():
+            self.fail(403, f"this needs the {READ_SCOPE} or {ADMIN_SCOPE} scope; ask a hub admin")
+        await self.wait_for_settings()
+
+    async def require_admin(self) -> None:
+        self.require_caller()
+        if not self.is_admin():
+            self.fail(403, f"only hub admins may change quotas (scope {ADMIN_SCOPE})")
+        await self.wait_for_settings()
+
+    def json_body(self) -> Any:
+        try:
+            return json.loads(self.request.body or b"")
+        except (ValueError, UnicodeDecodeError) as exc:
+            self.fail(400, f"the body is not valid JSON ({str(exc)[:80]}); send e.g. {{\"max_gpus\": 1}}")
+
+    def send(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.finish(_json(data))
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not name or len(name) > MAX_NAME:
+        raise web.HTTPError(404, "%s", f"no {kind} with a name of that length")
+    return name
+
+
+class GPUsHandler(APIHandler):
+    async def get(self):
+        await self.require_read()
+        fleet = self.fleet
+        gpus = await asyncio.to_thread(fleet.gpus)
+        inventory = fleet.inventory
+        self.send({"node": fleet.node, "source": inventory.source, "simulated": fleet.simulated,
+                   "message": inventory.message, "gpus": gpus})
+
+
+class AllocationsHandler(APIHandler):
+    async def get(self):
+        await self.require_read()
+        self.send({"node": self.fleet.node, "allocations": await asyncio.to_thread(self.fleet.allocations)})
+
+
+class QuotaListHandler(APIHandler):
+    async def get(self):
+        await self.require_read()
+        stored = await asyncio.to_thread(self.fleet.book.all)
+        self.send({
+            "default": self.fleet.default.to_json(),
+            "users": [q.to_json() for q in stored if q.kind == "user"],
+            "groups": [q.to_json() for q in stored if q.kind == "group"],
+        })
+
+
+class QuotaHandler(APIHandler):
+    kind = "user"
+
+    async def _target(self, name: str) -> dict:
+        _check_name(self.kind, name)
+        model = await (self.hub.user(name) if self.kind == "user" else self.hub.group(name))
+        if model is None:
+            self.fail(404, unknown_user(name) if self.kind == "user"
+                      else f"no group named {json.dumps(name)} on this hub")
+        return model
+
+    async def _view(self, name: str, model: dict) -> dict:
+        stored = await asyncio.to_thread(self.fleet.book.get, self.kind, name)
+        result: dict[str, Any] = {"kind": self.kind, "name": name,
+                                  "quota": stored.to_json() if stored else None}
+        if self.kind == "user":
+            result["effective"] = (
+                await asyncio.to_thread(self.fleet.book.effective, name, model.get("groups") or [],
+                                        self.fleet.default)
+            ).to_json()
+        else:
+            result["users"] = model.get("users") or []
+        return result
+
+    async def get(self, name: str):
+        await self.require_read()
+        model = await self._target(name)
+        self.send(await self._view(name, model))
+
+    async def put(self, name: str):
+        await self.require_admin()
+        body = self.json_body()
+        try:
+            quota = parse_quota(body, self.fleet.models())
+        except QuotaError as exc:
+            self.fail(400, f"invalid quota: {exc}")
+        model = await self._target(name)
+        await asyncio.to_thread(self.fleet.book.set, self.kind, name, quota, self.caller_name())
+        log.info("%s set the quota of %s %s to %s", self.caller_name(), self.kind, name, quota.to_json())
+        self.send(await self._view(name, model))
+
+    async def delete(self, name: str):
+        await self.require_admin()
+        await self._target(name)
+        await asyncio.to_thread(self.fleet.book.delete, self.kind, name)
+        log.info("%s deleted the quota of %s %s", self.caller_name(), self.kind, name)
+        self.set_status(204)
+        self.finish()
+
+
+class GroupQuotaHandler(QuotaHandler):
+    kind = "group"
+
+
+class UsageHandler(APIHandler):
+    async def get(self):
+        caller = self.require_caller()
+        wanted = self.get_argument("user", None)
+        if not self.can_read():
+            if caller.get("kind") != "user":
+                self.fail(403, f"this needs the {READ_SCOPE} scope")
+            if wanted is not None and wanted != caller["name"]:
+                self.fail(403, "you may read only your own usage")
+            wanted = caller["name"]
+        await self.wait_for_settings()
+        if wanted is not None:
+            _check_name("user", wanted)
+            model = await self.hub.user(wanted)
+            if model is None:
+                self.fail(404, unknown_user(wanted))
+            models = [model]
+        else:
+            models = await self.hub.users()
+        now = utcnow()
+        fleet = self.fleet
+
+        def summarise():
+            hours = gpu_hours_by_user(fleet.store, now, user=wanted)
+            return fleet.user_summaries(models, hours, fleet.held_by_user())
+
+        users = await asyncio.to_thread(summarise)
+        self.send({"window_start": (now - WEEK).isoformat(), "window_end": now.isoformat(), "users": users})
+
+
+class MetricsHandler(APIHandler):
+    def set_default_headers(self):
+        self.set_header("Cache-Control", "no-store")
+
+    async def get(self):
+        await self.require_read()
+        try:
+            users = await self.hub.users()
+        except HubUnavailable as exc:
+            # Fleet series matter more than quota series: scrape what we can.
+            log.warning("metrics without per-user quotas: %s", exc)
+            users = None
+        text = await asyncio.to_thread(render_metrics, self.fleet, users)
+        self.set_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.finish(text)
+
+
+class OpenAPIHandler(APIHandler):
+    def get(self):
+        self.send(openapi_document(self.settings["prefix"]))
+
+
+class NotFoundHandler(APIHandler):
+    def prepare(self):
+        self.fail(404, "no such endpoint; see api/openapi.json")
+
+
+class PageHandler(WorkbenchHandler):
+    def write_error(self, status_code: int, **kwargs):
+        exc = kwargs.get("exc_info", (None, None, None))[1]
+        status_code = self.error_status(status_code, exc)
+        self.set_status(status_code)
+        text = str(exc) if isinstance(exc, UNAVAILABLE) else self._reason
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(f"<!doctype html><title>GPU Workbench</title><p>{xhtml_escape(text)}</p>")
+
+    @web.authenticated
+    async def get(self):
+        if not self.can_read():
+            self.set_status(403)
+            self.finish(_jinja.get_template("forbidden.html").render(
+                name=(self.caller or {}).get("name", ""), scope=ADMIN_SCOPE, hub_prefix=self.settings["hub_prefix"]))
+            return
+        await self.wait_for_settings()
+        fleet = self.fleet
+        users = await self.hub.users()
+        groups = await self.hub.groups()
+        now = utcnow()
+
+        def gather():
+            stored_groups = {q.name: q for q in fleet.book.all("group")}
+            hours = gpu_hours_by_user(fleet.store, now)
+            return (fleet.user_summaries(users, hours, fleet.held_by_user()), stored_groups, fleet.gpus())
+
+        summaries, stored_groups, gpus = await asyncio.to_thread(gather)
+        group_rows = [
+            {"name": g["name"], "users": g.get("users") or [],
+             "quota": stored_groups[g["name"]].quota.to_json() if g["name"] in stored_groups else None}
+            for g in groups
+        ]
+        self.set_header("Cache-Control", "no-store")
+        self.finish(_jinja.get_template("admin.html").render(
+            prefix=self.settings["prefix"],
+            hub_prefix=self.settings["hub_prefix"],
+            static=self.settings["hub_prefix"] + "static/",
+            caller=self.caller,
+            admin=self.is_admin(),
+            inventory=fleet.inventory,
+            node=fleet.node,
+            simulated=fleet.simulated,
+            gpus=gpus,
+            users=summaries,
+            groups=group_rows,
+            default=fleet.default.to_json(),
+            models=fleet.models(),
+            xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
+            now=now,
+        ))
