@@ -1,0 +1,81 @@
+"""A sign-up an admin authorized gets a GPU quota before its first login (real hub, no browser):
+authorized at /hub/authorize, authorized before hub users were made at authorization (carried
+over when the hub starts), and the 404 for an unknown name says how to add them."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+import requests
+
+from tests.service.conftest import shut_down, start_workbench_hub
+
+pytestmark = pytest.mark.integration
+PASSWORD = "a-long-enough-passphrase-42"
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory):
+    hub = start_workbench_hub(tmp_path_factory.mktemp("hub") / "hub", {"WORKBENCH_ADMIN_USERS": "admin"})
+    yield hub
+    shut_down(hub)
+
+
+def sign_up(hub, name: str) -> str:
+    session = requests.Session()
+    session.get(f"{hub.url}/hub/signup", timeout=30)
+    r = session.post(f"{hub.url}/hub/signup", timeout=30, data={
+        "username": name, "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD,
+        "_xsrf": session.cookies.get("_xsrf", "")})
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+def admin_session(hub) -> requests.Session:
+    """The admin signs up (authorized at once) and logs in, as on the sign-up page."""
+    assert "The signup was successful" in sign_up(hub, "admin")
+    session = requests.Session()
+    session.get(f"{hub.url}/hub/login", timeout=30)
+    r = session.post(f"{hub.url}/hub/login", timeout=30, allow_redirects=False,
+                     data={"username": "admin", "password": PASSWORD, "_xsrf": session.cookies.get("_xsrf", "")})
+    assert r.status_code == 302, r.text
+    return session
+
+
+def hub_user(hub, name: str) -> int:
+    return hub.api("GET", f"/users/{name}").status_code
+
+
+def test_an_authorized_sign_up_gets_a_quota_before_the_first_login(hub):
+    admin = admin_session(hub)
+    assert "sent to the admin" in sign_up(hub, "newbie")
+    r = hub.service("PUT", "api/quotas/users/newbie", json={"max_gpus": 2})
+    assert r.status_code == 404
+    assert ("no user named \"newbie\" on this hub: they must sign up at /hub/signup and be authorized at "
+            "/hub/authorize, or be created on the hub's admin page") == r.json()["message"]
+    r = admin.get(f"{hub.url}/hub/authorize/newbie", timeout=30, allow_redirects=False)
+    assert r.status_code == 302, r.text
+    assert hub_user(hub, "newbie") == 200
+    r = hub.service("PUT", "api/quotas/users/newbie", json={"max_gpus": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["effective"]["max_gpus"] == 2
+    # Taking the authorization back keeps the hub user (and the quota); they cannot log in.
+    assert admin.get(f"{hub.url}/hub/authorize/newbie", timeout=30, allow_redirects=False).status_code == 302
+    assert hub_user(hub, "newbie") == 200
+    # An unknown sign-up name is a 404, not a 500.
+    assert admin.get(f"{hub.url}/hub/authorize/nobody-signed-up", timeout=30).status_code == 404
+
+
+def test_sign_ups_authorized_before_are_hub_users_after_a_restart(hub):
+    assert "sent to the admin" in sign_up(hub, "oldtimer")
+    assert hub_user(hub, "oldtimer") == 404
+    hub.stop()
+    # Authorized the old way: only NativeAuthenticator's table knows.
+    with sqlite3.connect(hub.data_dir / "jupyterhub.sqlite") as db:
+        db.execute("UPDATE users_info SET is_authorized = 1 WHERE username = 'oldtimer'")
+    hub.start()
+    hub.wait_service()
+    assert hub_user(hub, "oldtimer") == 200
+    r = hub.service("PUT", "api/quotas/users/oldtimer", json={"max_gpus": 0})
+    assert r.status_code == 200, r.text
