@@ -102,6 +102,8 @@ def test_full_hub_queues_in_order_then_times_out(running_hub):
         hub.spawn(user, gpus=1)
     for user in ("u1", "u2"):
         hub.wait_ready(user)
+    first = hub.leases()
+    assert sorted(first["u1"] + first["u2"]) == [SIM["gpu0"], SIM["gpu1"]]
 
     # Both GPUs are taken: w1 then w2 wait in line, and the spawn page says so.
     assert hub.spawn("w1", gpus=1).status_code == 202
@@ -113,8 +115,8 @@ def test_full_hub_queues_in_order_then_times_out(running_hub):
     hub.api("DELETE", "/users/u1/server")
     hub.wait_ready("w1")
     assert hub.server("w2")["pending"] == "spawn"
-    held = hub.leases()
-    assert set(held) == {"u2", "w1"} and not set(held["u2"]) & set(held["w1"])
+    # w1 holds exactly the GPU u1 gave back; w2, still in line, holds nothing.
+    assert hub.leases() == {"u2": first["u2"], "w1": first["u1"]}
 
 
 def test_queue_timeout_gives_a_clear_error(running_hub):
@@ -146,15 +148,18 @@ def test_a_server_that_dies_releases_its_gpu_on_poll(running_hub):
 
 
 def test_hub_restart_loses_nothing(running_hub):
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"})
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--GPUSpawnerMixin.gpu_queue_recheck_interval=0.5"])
     hub.create_users("alice", "bob", "carol")
     hub.spawn("alice", gpus=1)
     hub.wait_ready("alice")
     alice_pid = server_pid(hub, "alice")
     before = hub.leases()
+    assert list(before) == ["alice"] and len(before["alice"]) == 1
+    (free,) = {SIM["gpu0"], SIM["gpu1"]} - set(before["alice"])
     token = hub.user_token("alice")
 
-    # bob is in the middle of starting when the hub goes down.
+    # bob is in the middle of starting when the hub goes down: he holds the
+    # other GPU, his server is not up yet.
     def spawn_bob():
         try:
             hub.spawn("bob", gpus=1)
@@ -163,24 +168,35 @@ def test_hub_restart_loses_nothing(running_hub):
 
     spawning = threading.Thread(target=spawn_bob)
     spawning.start()
-    time.sleep(0.5)
+    deadline = time.monotonic() + 30
+    while "bob" not in hub.leases() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hub.leases() == {"alice": before["alice"], "bob": [free]}
     hub.stop()
     spawning.join()
+    # Whatever bob's start had got to, it does not survive the hub's absence.
+    for pid in set(hub.server_pids()) - {alice_pid}:
+        os.kill(pid, signal.SIGKILL)
     hub.start()
 
     hub.wait_ready("alice")
     assert server_pid(hub, "alice") == alice_pid, "alice's server was not restarted"
-    assert hub.leases()["alice"] == before["alice"]
     r = requests.get(f"{hub.url}/user/alice/api/status", headers={"Authorization": f"token {token}"}, timeout=10)
     assert r.status_code == 200, r.text
+    # alice kept her GPU; bob's half-started lease was released, and his server is gone.
+    deadline = time.monotonic() + 30
+    while hub.leases() != before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert hub.leases() == before
+    assert hub.server("bob") is None
 
-    # Whatever happened to bob's half-finished spawn, no GPU is held twice.
-    for user in ("bob", "carol"):
-        hub.spawn(user, gpus=1)
-    time.sleep(3)
-    held = [uuid for uuids in hub.leases().values() for uuid in uuids]
-    assert len(held) == len(set(held)) <= 2
-    assert before["alice"][0] in hub.leases()["alice"]
+    # The freed GPU is handed out again, once: bob gets it, carol waits in line.
+    assert hub.spawn("bob", gpus=1).status_code in (201, 202)
+    hub.wait_ready("bob")
+    assert process_env(server_pid(hub, "bob"))["WORKBENCH_GPUS"] == free
+    assert hub.spawn("carol", gpus=1).status_code == 202
+    assert "you are next in line" in hub.progress_messages("carol", until="next in line")[-1]
+    assert hub.leases() == {"alice": before["alice"], "bob": [free]}
 
 
 def test_bad_profiles_stop_the_hub_with_a_message(tmp_path):
