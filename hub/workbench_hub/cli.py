@@ -11,6 +11,13 @@ Examples::
     workbench quota delete alice
     workbench quota delete-group ml-course
 
+It has no database URL of its own: every command goes through the service,
+which uses the GPU database the hub passes it (``--db-url``, the hub's
+``gpu_db_url``), so what it sets is what the hub enforces. ``quota show``
+(without a name) prints that database (URL without password; admins only)
+and the GPU models of the inventory the hub stored, which are what
+``--models`` may name; an unknown model is refused with that list.
+
 Exit codes: 0 done, 1 the service refused (the message says why), 2 bad
 command line or the service could not be reached.
 """
@@ -134,7 +141,12 @@ def run(args) -> tuple[object, str]:
         return None, f"Deleted the quota of {kind[:-1]} {args.name}."
     if action == "show" and not args.name:
         data = call(args.url, args.token, "GET", "api/quotas")
-        lines = [f"default: {_describe(data['default'])}"]
+        lines = []
+        if data.get("database"):
+            lines.append(f"database: {data['database']} (the hub's GPU database, through {args.url})")
+        if "models" in data:
+            lines.append(f"GPU models on {data.get('node') or 'this hub'}: {', '.join(data['models']) or 'none'}")
+        lines.append(f"default: {_describe(data['default'])}")
         lines += [f"user {q['name']}: {_describe(q)}" for q in data["users"]]
         lines += [f"group {q['name']}: {_describe(q)}" for q in data["groups"]]
         return data, "\n".join(lines)

@@ -234,7 +234,12 @@ def test_the_cli_sets_shows_and_deletes_quotas(hub):
     assert r.returncode == 0 and "effective: 2 GPU(s) at once" in r.stdout and "(own quota)" in r.stdout
     r = cli(hub, "quota", "set-group", "ml-course", "--max-gpus", "1", "--max-session-hours", "4")
     assert r.returncode == 0 and "sessions up to 4 h" in r.stdout
-    assert "group ml-course" in cli(hub, "quota", "show").stdout
+    listing = cli(hub, "quota", "show").stdout
+    assert "group ml-course" in listing
+    assert f"database: sqlite:///{hub.data_dir / 'workbench.sqlite'}" in listing
+    assert "GPU models on " in listing and "A100-40GB, H100-80GB" in listing
+    r = cli(hub, "quota", "set", "dave", "--max-gpus", "1", "--models", "V100")
+    assert r.returncode == 1 and "unknown GPU model \"V100\"; this hub has: A100-40GB, H100-80GB" in r.stderr
     # Errors: a readable message on stderr and a non-zero exit code; nothing changes.
     r = cli(hub, "quota", "set", "dave", "--max-gpus", "-3")
     assert r.returncode == 1 and "max_gpus must be at least 0" in r.stderr

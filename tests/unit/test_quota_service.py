@@ -97,7 +97,8 @@ def test_answers_validate_against_the_document(store):
     view = {"kind": "user", "name": "alice", "quota": stored.to_json(),
             "effective": fleet.book.effective("alice", [], fleet.default).to_json()}
     check(doc, "PUT", "api/quotas/users/alice", 200, "application/json", json.dumps(view).encode())
-    listing = {"default": fleet.default.to_json(), "users": [stored.to_json()], "groups": []}
+    listing = {"default": fleet.default.to_json(), "models": fleet.models(), "node": fleet.node,
+               "users": [stored.to_json()], "groups": []}
     check(doc, "GET", "api/quotas", 200, "application/json", json.dumps(listing).encode())
     error = {"status": 404, "message": "no user named \"x\" on this hub"}
     check(doc, "GET", "api/quotas/users/x", 404, "application/json", json.dumps(error).encode())

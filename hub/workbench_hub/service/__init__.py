@@ -15,6 +15,18 @@ It serves
   ``api/usage``), described by ``api/openapi.json``;
 * ``metrics``: Prometheus text with DCGM-exporter names.
 
+The hub passes only the GPU database's URL; the policy's settings
+(inventory, servers per GPU, default quota, node) are the ones the hub
+stored there at start, never re-derived here. One job per module:
+
+* ``app``: the command line and the tornado application;
+* ``lifetime``: a busy port, SIGINT/SIGTERM, ending with the hub;
+* ``fleet``: the stored settings, leases, live readings, quota summaries;
+* ``hub_client``: the hub REST calls (users, groups, stopping a server);
+* ``session_limits``: stopping servers past their session length;
+* ``handlers``: the page and the REST API; ``openapi``: their description;
+* ``metrics``: Prometheus text.
+
 Who may do what is decided here, on every request, from the caller's hub
 scopes: ``custom:workbench:admin`` reads and writes everything,
 ``custom:workbench:read`` reads everything, and any hub user may read their

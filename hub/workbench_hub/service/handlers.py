@@ -213,11 +213,17 @@ class QuotaListHandler(APIHandler):
     async def get(self):
         await self.require_read()
         stored = await asyncio.to_thread(self.fleet.book.all)
-        self.send({
-            "default": self.fleet.default.to_json(),
+        settings = self.fleet.settings
+        answer = {
+            "default": settings.default_quota.to_json(),
+            "models": settings.models(),
+            "node": settings.node,
             "users": [q.to_json() for q in stored if q.kind == "user"],
             "groups": [q.to_json() for q in stored if q.kind == "group"],
-        })
+        }
+        if self.is_admin():  # which database the hub and this service share (no password)
+            answer["database"] = settings.to_json()["db_url"]
+        self.send(answer)
 
 
 class QuotaHandler(APIHandler):

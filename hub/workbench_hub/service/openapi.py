@@ -96,8 +96,13 @@ def _schemas() -> dict:
         "GroupQuotaView": _object(["kind", "name", "quota", "users"], {
             "kind": {"const": "group"}, "name": STRING, "quota": _nullable(_ref("StoredQuota")),
             "users": STRINGS}),
-        "QuotaList": _object(["default", "users", "groups"], {
+        "QuotaList": _object(["default", "models", "node", "users", "groups"], {
             "default": _ref("Quota"),
+            "models": {"type": "array", "items": STRING, "description": "the GPU models of the inventory the hub "
+                                                                        "stored: what allowed_models may name"},
+            "node": STRING,
+            "database": {"type": "string", "description": "admins only: the GPU database the hub and the service "
+                                                          "share (URL without its password)"},
             "users": {"type": "array", "items": _ref("StoredQuota")},
             "groups": {"type": "array", "items": _ref("StoredQuota")}}),
         "GPU": _object(
