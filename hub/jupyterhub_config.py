@@ -63,29 +63,42 @@ if local_config.exists():
     load_subconfig(str(local_config))  # noqa: F821
 
 # -- after the local config: what is now final ------------------------------------------
-if backend == "docker":
-    from workbench_spawner import docker_backend
+def final_config():
+    """This file's and the local file's settings, with the command line's on top (as the hub will apply them).
 
-    if hasattr(docker_backend, "check_lockdown"):
-        problems = docker_backend.check_lockdown(c)
-        for problem in problems:
-            print(f"\nGPU Workbench: {problem}", file=sys.stderr)
-        if problems:
-            print(file=sys.stderr)
-            raise SystemExit(2)
-    else:
-        # TODO(docker backend): check_lockdown(c) is not in this checkout yet.
-        print("GPU Workbench: the docker backend's lockdown check is not available in this version",
-              file=sys.stderr)
+    ``c`` alone lacks the command line's options (traitlets merges them after
+    the files are read); the running JupyterHub has them parsed already.
+    """
+    from jupyterhub.app import JupyterHub
+    from traitlets.config import Config
+
+    final = Config()
+    final.merge(c)
+    if JupyterHub.initialized():
+        final.merge(JupyterHub.instance().cli_config)
+    return final
+
+
+final = final_config()
+
+if backend == "docker":
+    from workbench_spawner.docker_backend import check_lockdown
+
+    problems = check_lockdown(final)
+    for problem in problems:
+        print(f"\nGPU Workbench: {problem.removeprefix('GPU Workbench: ')}", file=sys.stderr)
+    if problems:
+        print(file=sys.stderr)
+        raise SystemExit(2)
 
 from workbench_spawner.settings import publish_policy_settings  # noqa: E402
 
 try:
-    # The spawner class's effective traits (this file, the local file, their
-    # defaults), stored once in the GPU database for the workbench service.
-    settings = publish_policy_settings(c)
+    # The spawner class's effective traits (these files, the command line,
+    # their defaults), stored once in the GPU database for the workbench service.
+    settings = publish_policy_settings(final)
 except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url)
 
-print(configurer.banner(c, backend, data_dir, settings.inventory), file=sys.stderr, flush=True)
+print(configurer.banner(final, backend, data_dir, settings.inventory), file=sys.stderr, flush=True)

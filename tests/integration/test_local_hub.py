@@ -24,6 +24,16 @@ def server_pid(hub, user: str) -> int:
     return int(hub.server(user)["state"]["pid"])
 
 
+def stored_policy_settings(hub) -> dict:
+    """What the hub published for the workbench service (spawner/workbench_spawner/settings.py)."""
+    import json
+    import sqlite3
+
+    with sqlite3.connect(hub.data_dir / "workbench.sqlite") as db:
+        (value,) = db.execute("SELECT value FROM workbench_settings WHERE key = 'policy'").fetchone()
+    return json.loads(value)
+
+
 def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
     hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_PROFILES": "small:1:2G,large:2:4G"},
                       ["--GPUSpawnerMixin.default_max_gpus=2"])
@@ -47,6 +57,8 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
     # A CPU-only server is told it has no GPU and sees none.
     assert envs["carol"]["WORKBENCH_GPUS"] == "" and envs["carol"]["CUDA_VISIBLE_DEVICES"] == ""
     assert hub.leases() == {"alice": sorted(alice), "bob": bob}
+    # The service reads the settings the hub resolved, command line included.
+    assert stored_policy_settings(hub)["default_quota"]["max_gpus"] == 2
 
     # The server answers through the proxy with the user's own token.
     token = hub.user_token("alice")
@@ -199,11 +211,27 @@ def test_hub_restart_loses_nothing(running_hub):
     assert hub.leases() == {"alice": before["alice"], "bob": [free]}
 
 
-def test_bad_profiles_stop_the_hub_with_a_message(tmp_path):
-    """A typo in WORKBENCH_PROFILES stops `make run` at once instead of failing spawns later."""
-    env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path), "WORKBENCH_SIMULATED_GPUS": "2",
-           "WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"}
-    r = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py")],
-                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+@pytest.mark.parametrize(
+    "env, args, message",
+    [
+        # A typo in WORKBENCH_PROFILES stops `make run` at once instead of failing spawns later.
+        ({"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"}, [],
+         "GPU Workbench: WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores"),
+        ({"WORKBENCH_PORT": "80a"}, [], "GPU Workbench: WORKBENCH_PORT must be a port number, not '80a'"),
+        # Found when the policy's settings are resolved, after the local config file.
+        ({"WORKBENCH_SIMULATED_GPUS": "lots"}, [], "GPU Workbench: WORKBENCH_SIMULATED_GPUS: cannot read 'lots'"),
+        ({}, ["--GPUSpawnerMixin.simulated_gpus=100"], "GPU Workbench: WORKBENCH_SIMULATED_GPUS=100: at most 64"),
+        # The docker backend's lock-down, checked on the final config (no engine is asked: both addresses given).
+        ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x", "WORKBENCH_HUB_IP": "127.0.0.1",
+          "WORKBENCH_HUB_CONNECT_IP": "127.0.0.1"}, ["--DockerGPUSpawner.network_name=host"],
+         "GPU Workbench: c.DockerGPUSpawner.network_name is 'host'"),
+    ],
+)
+def test_bad_settings_stop_the_hub_with_a_message(tmp_path, env, args, message):
+    env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path), "WORKBENCH_SIMULATED_GPUS": "2", **env}
+    r = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py"),
+                        *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
-    assert "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores" in r.stderr
+    assert message in r.stderr
+    assert "GPU Workbench: GPU Workbench:" not in r.stderr
+    assert "Traceback" not in r.stderr
