@@ -83,7 +83,7 @@ class HubClient:
 
     async def _named(self, kind: str, name: str) -> dict | None:
         model = await self.call("GET", f"/{kind}/{_segment(name)}")
-        # Only the model of exactly this name counts (never whatever a odd path resolved to).
+        # Only the model of exactly this name counts (never whatever an odd path resolved to).
         if not isinstance(model, dict) or model.get("name") != name:
             return None
         return model
