@@ -63,6 +63,8 @@ if local_config.exists():
     load_subconfig(str(local_config))  # noqa: F821
 
 # -- after the local config: what is now final ------------------------------------------
+
+
 def final_config():
     """This file's and the local file's settings, with the command line's on top (as the hub will apply them).
 
