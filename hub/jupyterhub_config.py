@@ -58,7 +58,10 @@ try:
 except ConfigError as exc:
     fail(str(exc))
 
-local_config = Path(__file__).with_name("jupyterhub_config.local.py")
+# WORKBENCH_LOCAL_CONFIG names another local file (tests, several hubs on one checkout).
+local_config = Path(env.get("WORKBENCH_LOCAL_CONFIG") or Path(__file__).with_name("jupyterhub_config.local.py"))
+if env.get("WORKBENCH_LOCAL_CONFIG") and not local_config.is_file():
+    fail(f"WORKBENCH_LOCAL_CONFIG={local_config} is not a file")
 if local_config.exists():
     load_subconfig(str(local_config))  # noqa: F821
 
