@@ -21,16 +21,16 @@ import socket
 from dataclasses import replace
 
 from jupyterhub.spawner import SpawnException, Spawner
-from traitlets import Bool, Dict, Float, Integer, List, TraitError, Unicode, default, observe, validate
+from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
 
 from .admission import AdmissionContext, Refusal, admit
 from .form import render_options_form
 from .options import SpawnRequest, options_from_form
 from .policy import GPUPolicy, NoGPUAvailable, shared_policy
 from .progress import SpawnEvents
-from .profiles import ProfileError, ResourceProfile, parse_profiles, pick_profile
 from .quota import QuotaBook
 from .settings import resolve_policy_settings
+from .sizing import ServerSizing
 from .store import AllocationStore, Lease
 
 
@@ -38,11 +38,12 @@ def default_data_dir() -> str:
     return os.environ.get("WORKBENCH_DATA_DIR") or os.path.join(os.getcwd(), "data")
 
 
-class GPUSpawnerMixin(Spawner):
+class GPUSpawnerMixin(ServerSizing, Spawner):
     """GPU policy for a JupyterHub spawner; put it first in the bases.
 
-    It derives from Spawner only so that its traits are real, configurable
-    traits; the backend class after it in the bases does the spawning.
+    It derives from Spawner only so that its traits
+    are real, configurable traits; the backend class after it in the bases
+    does the spawning.
     """
 
     simulated_gpus = Unicode(
@@ -169,40 +170,6 @@ class GPUSpawnerMixin(Spawner):
         """,
     ).tag(config=True)
 
-    resource_profiles = List(
-        Dict(),
-        help="""
-        Named CPU and memory sizes offered on the spawn form (``profile``
-        option), e.g. ``[{"slug": "small", "cpu_limit": 2, "mem_limit": "8G"},
-        {"slug": "large", "cpu_limit": 16, "mem_limit": "64G", "default": True}]``.
-        Keys: ``slug`` (what the API takes), ``display_name``, ``description``,
-        ``cpu_limit`` (cores), ``mem_limit`` (bytes or K/M/G/T), ``default``. A
-        limit a profile leaves out stays at the spawner's ``cpu_limit`` /
-        ``mem_limit``. The docker backend enforces the limits; the local
-        backend only passes them on as ``CPU_LIMIT``/``MEM_LIMIT``. Empty: no
-        choice, every server gets the spawner's limits.
-        """,
-    ).tag(config=True)
-
-    @validate("resource_profiles")
-    def _check_resource_profiles(self, proposal):
-        try:
-            parse_profiles(proposal["value"])
-        except ProfileError as exc:
-            raise TraitError(str(exc)) from exc
-        return proposal["value"]
-
-    # Parsed once when configured, not on every form and spawn.
-    _parsed_profiles: list[ResourceProfile] = []
-
-    @observe("resource_profiles")
-    def _parse_resource_profiles(self, change):
-        self._parsed_profiles = parse_profiles(change["new"])
-
-    # Whether the runtime holds a server to its cpu_limit/mem_limit (containers
-    # do; a local process only sees them as CPU_LIMIT/MEM_LIMIT). The form says so.
-    enforces_resource_limits = False
-
     cpu_servers_allowed = Bool(
         True,
         help="""
@@ -221,10 +188,6 @@ class GPUSpawnerMixin(Spawner):
         e.g. ``"your course staff (gpu-help@example.edu)"``.
         """,
     ).tag(config=True)
-
-    @property
-    def gpu_profiles(self) -> list[ResourceProfile]:
-        return self._parsed_profiles
 
     @default("start_timeout")
     def _default_start_timeout(self):
@@ -246,9 +209,6 @@ class GPUSpawnerMixin(Spawner):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # What the configuration says, so that a profile picked for one start
-        # does not stick to the next start without one.
-        self._configured_limits = (self.cpu_limit, self.mem_limit)
         self.gpu_request = SpawnRequest(gpus=0)
         self.gpu_uuids: list[str] = []
         self._gpu_events = SpawnEvents()
@@ -322,12 +282,7 @@ class GPUSpawnerMixin(Spawner):
         # that run longer. A later quota change does not touch this server.
         await asyncio.to_thread(self.gpu_quota_book.record_session_limit, self.user.name, self.name,
                                 verdict.max_session_hours)
-        profile = pick_profile(self.gpu_profiles, verdict.request.profile)
-        self.cpu_limit, self.mem_limit = profile.limits(*self._configured_limits) if profile else \
-            self._configured_limits
-        if profile:
-            self.log.info("Server %s of %s: resource profile %s (%s)", self.name or "(default)",
-                          self.user.name, profile.slug, profile.summary())
+        profile = self.size_server(verdict.request.profile)
         self.gpu_request = replace(verdict.request, profile=profile.slug if profile else None)
         self.apply_gpu_request(self.gpu_request)
 
