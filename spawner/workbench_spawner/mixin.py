@@ -280,8 +280,8 @@ class GPUSpawnerMixin(ServerSizing, Spawner):
             raise SpawnException(verdict.message, reason=verdict.reason, status_code=verdict.status)
         # The session limit in force now; the workbench service stops servers
         # that run longer. A later quota change does not touch this server.
-        await asyncio.to_thread(self.gpu_quota_book.record_session_limit, self.user.name, self.name,
-                                verdict.max_session_hours)
+        await asyncio.to_thread(lambda: self.gpu_quota_book.record_session_limit(
+            self.user.name, self.name, verdict.max_session_hours))
         profile = self.size_server(verdict.request.profile)
         self.gpu_request = replace(verdict.request, profile=profile.slug if profile else None)
         self.apply_gpu_request(self.gpu_request)
@@ -321,7 +321,7 @@ class GPUSpawnerMixin(ServerSizing, Spawner):
                 raise
             ref = self.gpu_lease_ref()
             if self.gpu_uuids and ref:
-                await asyncio.to_thread(self.gpu_policy.store.set_ref, self.user.name, self.name, ref)
+                await asyncio.to_thread(lambda: self.gpu_policy.store.set_ref(self.user.name, self.name, ref))
             return result
         finally:
             self._gpu_starting = False

@@ -197,3 +197,33 @@ async def test_form_offers_the_profiles_with_the_default_checked(make_spawner):
         assert "but not enforced" not in await make_spawner(resource_profiles=PROFILES)._render_options_form()
     finally:
         FakeGPUSpawner.enforces_resource_limits = False
+
+
+async def test_no_sql_runs_on_the_event_loop(make_spawner):
+    """Form, options, start, progress, poll, restore and stop query the database
+    only from worker threads: a busy database must never stall the hub."""
+    import threading
+
+    from sqlalchemy import event
+
+    spawner = make_spawner(default_max_gpus=2)
+    loop_thread = threading.get_ident()
+    on_loop: list[str] = []
+
+    def check(conn, cursor, statement, *args):
+        if threading.get_ident() == loop_thread:
+            on_loop.append(statement)
+
+    policy = await spawner._policy()
+    for engine in {policy.store.engine, policy.store.read_engine}:
+        event.listen(engine, "before_cursor_execute", check)
+    await spawner._render_options_form()
+    await spawner._apply_gpu_options({"gpus": 1})
+    await spawner.start()
+    assert any(m.startswith("Got 1 GPU(s)") for m in [e["message"] async for e in spawner.progress()])
+    assert await spawner.poll() is None
+    spawner.load_state(spawner.get_state())  # as after a hub restart
+    assert await spawner.poll() is None
+    await spawner.stop()
+    assert on_loop == [], on_loop
+    assert held(spawner) == {}  # held() itself reads on the loop, so only after the check
