@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 from jupyterhub.spawner import SpawnException, Spawner
+from sqlalchemy import text
 
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.policy import _policies
@@ -227,3 +228,34 @@ async def test_no_sql_runs_on_the_event_loop(make_spawner):
     await spawner.stop()
     assert on_loop == [], on_loop
     assert held(spawner) == {}  # held() itself reads on the loop, so only after the check
+
+
+async def test_a_running_server_whose_lease_row_was_lost_gets_its_gpus_back(make_spawner):
+    spawner = make_spawner()
+    await start(spawner, {"gpus": 1})
+    state = spawner.get_state()
+    with spawner.gpu_policy.store.writes().begin() as session:  # a restored, older GPU database
+        session.execute(text("DELETE FROM gpu_leases"))
+    _policies.clear()  # a new hub process
+    restored = make_spawner()
+    restored.alive = True
+    restored.load_state(state)
+    assert await restored.poll() is None
+    assert held(restored) == {"alice": ("GPU-sim-00-h100-80gb",)}
+    assert restored.get_env()["WORKBENCH_GPUS"] == "GPU-sim-00-h100-80gb"
+
+
+async def test_a_running_server_whose_gpus_went_to_someone_else_is_stopped(make_spawner):
+    spawner = make_spawner()
+    await start(spawner, {"gpus": 1})
+    state = spawner.get_state()
+    store = spawner.gpu_policy.store
+    store.release("alice", "", "lost")
+    assert store.allocate("bob", "", 1, ["GPU-sim-00-h100-80gb"]) is not None
+    _policies.clear()
+    restored = make_spawner()
+    restored.alive = True
+    restored.load_state(state)
+    assert await restored.poll() == 1
+    assert restored.alive is False, "the server was stopped"
+    assert held(restored) == {"bob": ("GPU-sim-00-h100-80gb",)}, "bob keeps his GPU"
