@@ -17,7 +17,8 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Unicode, default
 
 from . import slugs
-from .mixin import GPUSpawnerMixin, default_data_dir
+from .mixin import GPUSpawnerMixin
+from .policy_config import default_data_dir
 from .store import Lease
 
 

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 from dataclasses import replace
 
 from jupyterhub.spawner import SpawnException, Spawner
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Float, Integer, List, Unicode, default
 
 from .admission import AdmissionContext, Refusal, admit
 from .form import render_options_form
@@ -29,108 +27,21 @@ from .options import SpawnRequest, options_from_form
 from .policy import GPUPolicy, NoGPUAvailable, shared_policy
 from .progress import SpawnEvents
 from .quota import QuotaBook
+from .policy_config import GPUPolicyConfig
 from .settings import resolve_policy_settings
 from .sizing import ServerSizing
 from .store import AllocationStore, Lease
 
 
-def default_data_dir() -> str:
-    return os.environ.get("WORKBENCH_DATA_DIR") or os.path.join(os.getcwd(), "data")
-
-
-class GPUSpawnerMixin(ServerSizing, Spawner):
+class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
     """GPU policy for a JupyterHub spawner; put it first in the bases.
 
-    It derives from Spawner only so that its traits
-    are real, configurable traits; the backend class after it in the bases
-    does the spawning.
+    It derives from Spawner only so that its traits are real, configurable
+    traits; the backend class after it in the bases does the spawning. The
+    policy's own settings (inventory, database, quota default, queue
+    timeout...) are in ``GPUPolicyConfig``, so the hub can resolve them at
+    start without making a spawner.
     """
-
-    simulated_gpus = Unicode(
-        help="""
-        Pretend these GPUs exist instead of asking NVML, for CI, demos and laptops.
-
-        A count (``"4"``: four H100-80GB) or a list such as
-        ``"2xH100-80GB,2xA100-40GB"``. The simulated devices have stable UUIDs
-        (``GPU-sim-00-h100-80gb``), and every page that shows them says
-        "simulated". Empty (the default) means: use NVML, or run CPU-only
-        servers when no driver is found. Defaults to $WORKBENCH_SIMULATED_GPUS.
-        """,
-    ).tag(config=True)
-
-    @default("simulated_gpus")
-    def _default_simulated_gpus(self):
-        return os.environ.get("WORKBENCH_SIMULATED_GPUS", "")
-
-    static_gpus = List(
-        Dict(),
-        help="""
-        A fixed GPU list for hubs that cannot see the driver (the hub runs on a
-        different machine or in a container without NVIDIA utilities).
-
-        Each entry needs ``uuid`` and ``name``; ``memory_total_bytes``,
-        ``model`` and ``index`` are optional. Example::
-
-            c.LocalGPUSpawner.static_gpus = [
-                {"uuid": "GPU-5f3c...", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB"},
-            ]
-
-        When set, it wins over NVML and ``simulated_gpus``.
-        """,
-    ).tag(config=True)
-
-    gpu_node = Unicode(
-        help="""
-        The node this hub's GPUs are on, recorded on every lease and shown
-        in the fleet view and metrics (``Hostname``). Defaults to this
-        machine's host name; set it when the hub runs in a container whose
-        host name is not the GPU host's.
-        """,
-    ).tag(config=True)
-
-    @default("gpu_node")
-    def _default_gpu_node(self) -> str:
-        return socket.gethostname()
-
-    gpu_db_url = Unicode(
-        help="""
-        SQLAlchemy URL of the database that holds GPU leases and the usage ledger.
-
-        It must survive hub restarts: that is how running servers keep their
-        GPUs. Defaults to $WORKBENCH_DB_URL, else a SQLite file ``workbench.sqlite``
-        in $WORKBENCH_DATA_DIR (``./data``). Use PostgreSQL
-        (``postgresql+psycopg://...``) when several processes share it.
-        """,
-    ).tag(config=True)
-
-    @default("gpu_db_url")
-    def _default_gpu_db_url(self) -> str:
-        if os.environ.get("WORKBENCH_DB_URL"):
-            return os.environ["WORKBENCH_DB_URL"]
-        data_dir = default_data_dir()
-        os.makedirs(data_dir, exist_ok=True)
-        return "sqlite:///" + os.path.join(os.path.abspath(data_dir), "workbench.sqlite")
-
-    servers_per_gpu = Integer(
-        1,
-        min=1,
-        help="""
-        How many servers may share one GPU. 1 (the default) is exclusive mode:
-        a GPU belongs to at most one running server. Larger values time-slice a
-        GPU between several servers, which suits intro courses with small
-        models; the spawn form then marks GPUs as shared.
-        """,
-    ).tag(config=True)
-
-    gpu_queue_timeout = Float(
-        300.0,
-        min=0,
-        help="""
-        Seconds a spawn waits in line for free GPUs before it is refused with
-        a message. Spawns wait first come, first served, and the spawn page
-        shows how many are ahead. 0 refuses at once when nothing is free.
-        """,
-    ).tag(config=True)
 
     gpu_queue_recheck_interval = Float(
         2.0,
@@ -139,16 +50,6 @@ class GPUSpawnerMixin(ServerSizing, Spawner):
         Seconds between re-checks of the database while waiting in line. A
         release in this hub wakes the line at once; the re-check catches
         releases made elsewhere (an admin editing the database, another hub).
-        """,
-    ).tag(config=True)
-
-    default_max_gpus = Integer(
-        1,
-        min=0,
-        help="""
-        How many GPUs one user may hold at once, over all their servers, when
-        no quota says otherwise. Set it to the inventory size on a trusted
-        single-team machine, or 0 to make servers CPU-only by default.
         """,
     ).tag(config=True)
 
@@ -167,25 +68,6 @@ class GPUSpawnerMixin(ServerSizing, Spawner):
         help="""
         Images a user may pick on the spawn form (``image`` option). Empty
         means no choice is offered. Only meaningful for container backends.
-        """,
-    ).tag(config=True)
-
-    cpu_servers_allowed = Bool(
-        True,
-        help="""
-        Whether users may start CPU-only servers (``gpus=0``). True (the
-        default) keeps them allowed even when a GPU quota is 0 or a GPU-hours
-        budget is spent, so students can still edit notebooks. Set it to False
-        on a hub that exists only to hand out GPUs. Defaults from
-        $WORKBENCH_CPU_SERVERS in the shipped config.
-        """,
-    ).tag(config=True)
-
-    quota_contact = Unicode(
-        "a hub admin",
-        help="""
-        Who a student should ask for more GPUs; named in every quota refusal,
-        e.g. ``"your course staff (gpu-help@example.edu)"``.
         """,
     ).tag(config=True)
 

@@ -177,8 +177,8 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
     return inventory
 
 
-def resolve_policy_settings(spawner) -> PolicySettings:
-    """The effective settings from a GPU spawner's traits (instance or class-configured)."""
+def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettings:
+    """The effective settings from a GPU spawner's traits (or a GPUPolicyConfig's)."""
     return PolicySettings(
         db_url=spawner.gpu_db_url,
         inventory=discover_inventory(list(spawner.static_gpus), spawner.simulated_gpus),
@@ -188,7 +188,7 @@ def resolve_policy_settings(spawner) -> PolicySettings:
         cpu_servers_allowed=bool(spawner.cpu_servers_allowed),
         quota_contact=str(spawner.quota_contact),
         node=spawner.gpu_node,
-        backend=type(spawner).__name__,
+        backend=backend or type(spawner).__name__,
     )
 
 
@@ -207,12 +207,25 @@ def publish_policy_settings(config) -> PolicySettings:
     """Resolve the configured spawner's settings and store them for the workbench service.
 
     Called by the hub's config file after every config file is loaded, so
-    settings made only in ``jupyterhub_config.local.py`` count. The spawner
-    class is instantiated without a user: only its policy traits are read.
+    settings made only in ``jupyterhub_config.local.py`` count. The values
+    are read through a ``GPUPolicyConfig`` that loads the config sections of
+    the spawner class and all its bases (``c.Spawner``, ``c.GPUSpawnerMixin``,
+    ``c.LocalGPUSpawner``...), most specific last, as the spawner would:
+    no spawner is made, since a spawner needs a user.
     """
+    from .policy_config import GPUPolicyConfig
+
     cls = spawner_class_from(config)
-    probe = cls(config=config)
-    settings = resolve_policy_settings(probe)
+    if not issubclass(cls, GPUPolicyConfig):
+        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
+                         "(gpu-local, gpu-docker)")
+
+    class SpawnerPolicyConfig(GPUPolicyConfig):
+        @classmethod
+        def section_names(cls_):  # noqa: N805  (traitlets' classmethod)
+            return cls.section_names()
+
+    settings = resolve_policy_settings(SpawnerPolicyConfig(config=config), backend=cls.__name__)
     store = AllocationStore(settings.db_url)
     try:
         store_policy_settings(store, settings)
