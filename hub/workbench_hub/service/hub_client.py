@@ -55,31 +55,25 @@ class HubClient:
         except ValueError:
             raise HubUnavailable(f"the hub's API answered {method} {path.split('?')[0]} with no JSON") from None
 
-    async def users(self) -> list[dict]:
-        users: list[dict] = []
+    async def _all(self, collection: str) -> list[dict]:
+        """Every item of a paged hub collection (``users``, ``groups``)."""
+        items: list[dict] = []
         offset = 0
         while True:
-            page = await self.call("GET", f"/users?offset={offset}&limit={PAGE}")
+            page = await self.call("GET", f"/{collection}?offset={offset}&limit={PAGE}")
             if not page:
                 break
-            users.extend(page)
+            items.extend(page)
             if len(page) < PAGE:
                 break
             offset += PAGE
-        return users
+        return items
+
+    async def users(self) -> list[dict]:
+        return await self._all("users")
 
     async def groups(self) -> list[dict]:
-        groups: list[dict] = []
-        offset = 0
-        while True:
-            page = await self.call("GET", f"/groups?offset={offset}&limit={PAGE}")
-            if not page:
-                break
-            groups.extend(page)
-            if len(page) < PAGE:
-                break
-            offset += PAGE
-        return groups
+        return await self._all("groups")
 
     async def _named(self, kind: str, name: str) -> dict | None:
         model = await self.call("GET", f"/{kind}/{_segment(name)}")
