@@ -1,62 +1,126 @@
-"""The server extension's life cycle: loading starts one sampler thread, unloading stops it."""
+"""The server extension's life cycle: the sampler thread starts with a real server and stops with it.
+
+jupyter_server 2 calls shutdown hooks only on ``ExtensionApp`` instances
+(``ServerApp._cleanup`` -> ``cleanup_extensions`` -> ``stop_all_extensions`` ->
+``ExtensionApp.stop_extension``), so these tests stop a real ``jupyter server``
+(and ``jupyter lab``) the ways a user server is stopped and look at what the
+stop path leaves: its log line and the removed snapshot file.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import os
-import threading
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
 pytest.importorskip("jupyter_server")
 
-from tornado import web  # noqa: E402
-from traitlets.config import Configurable  # noqa: E402
+from tests.monitor.monitor_support import RunningServer, requests, start_server, stop_server  # noqa: E402
 
-from tests.monitor import monitor_support  # noqa: E402,F401  (puts the extension on sys.path)
-import workbench_gpu_monitor  # noqa: E402
-from workbench_gpu_monitor.handlers import monitor_of  # noqa: E402
-from workbench_gpu_monitor.sampler import SNAPSHOT_ENV  # noqa: E402
+STOPPED_LINE = "GPU monitor: sampler stopped"
 
 
-class FakeServerApp(Configurable):
-    """What the extension uses of a ServerApp: its web app, loop, kernels and runtime dir."""
-
-    def __init__(self, runtime_dir: str, loop: asyncio.AbstractEventLoop):
-        super().__init__()
-        self.web_app = web.Application(base_url="/")
-        self.io_loop = type("Loop", (), {"asyncio_loop": loop})()
-        self.kernel_manager = None
-        self.runtime_dir = runtime_dir
+def snapshot_file(server: RunningServer) -> Path:
+    # GPUMonitorServer.snapshot_path's default: the runtime dir, named after the server's pid.
+    return server.runtime_dir / f"gpu-monitor-{server.proc.pid}.json"
 
 
-def sampler_threads() -> list[threading.Thread]:
+def started(tmp_path: Path, app: str = "server") -> RunningServer:
+    server = start_server(tmp_path, {"WORKBENCH_SIMULATED_GPUS": "2"}, app=app)
+    metrics = server.get("api/gpu/metrics")
+    assert metrics.status_code == 200, metrics.text
+    assert len(metrics.json()["gpus"]) == 2
+    deadline = time.time() + 10
+    while not snapshot_file(server).exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert snapshot_file(server).exists(), sorted(p.name for p in server.runtime_dir.iterdir())
+    assert STOPPED_LINE not in server.log_text()
+    return server
+
+
+def assert_stopped_with_the_server(server: RunningServer) -> None:
+    try:
+        rc = server.proc.wait(30)
+    except subprocess.TimeoutExpired:
+        stop_server(server)
+        pytest.fail(f"the server did not exit:\n{server.log_text()}")
+    log = server.log_text()
+    assert rc == 0, log
+    assert STOPPED_LINE in log, f"the sampler was not stopped by the server's shutdown:\n{log}"
+    # ... by ServerApp.cleanup_extensions(), which logs "Shutting down N extensions" first
+    cleanup = re.search(r"Shutting down \d+ extensions?\n", log)
+    assert cleanup is not None and cleanup.end() <= log.index(STOPPED_LINE), log
+    assert not snapshot_file(server).exists()
+
+
+@pytest.mark.parametrize("app", ["server", "lab"])
+def test_sigterm_stops_the_sampler(tmp_path, app):
+    server = started(tmp_path, app)
+    try:
+        server.proc.send_signal(signal.SIGTERM)
+        assert_stopped_with_the_server(server)
+    finally:
+        stop_server(server)
+
+
+def test_api_shutdown_stops_the_sampler_and_closes_streams(tmp_path):
+    server = started(tmp_path)
+    try:
+        stream = requests.get(
+            server.url + "api/gpu/stream",
+            headers={"Authorization": f"token {server.token}"},
+            stream=True,
+            timeout=10,
+        )
+        assert stream.status_code == 200
+        lines = stream.iter_lines()
+        assert any(line.startswith(b"data: ") for line, _ in zip(lines, range(5)))
+
+        answer = requests.post(
+            server.url + "api/shutdown", headers={"Authorization": f"token {server.token}"}, timeout=30
+        )
+        assert answer.status_code in (200, 204), answer.text
+        assert_stopped_with_the_server(server)
+        for _ in lines:  # the stream ends (EOF) rather than hanging
+            pass
+    finally:
+        stop_server(server)
+
+
+def sampler_threads() -> list:
+    import threading
+
     return [t for t in threading.enumerate() if t.name == "gpu-monitor-sampler"]
 
 
-def test_unload_stops_the_sampler_thread_and_removes_the_snapshot(tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_SIMULATED_GPUS", "2")
-    monkeypatch.setenv(SNAPSHOT_ENV, "")  # restored after the test; load sets it
+def test_stop_is_harmless_twice_and_without_a_loaded_monitor(tmp_path, monkeypatch):
+    import asyncio
+
+    from traitlets.config import Configurable
+
+    from workbench_gpu_monitor.app import GPUMonitorApp
+    from workbench_gpu_monitor.handlers import GPUMonitorServer
+    from workbench_gpu_monitor.sampler import SNAPSHOT_ENV
+
+    asyncio.run(GPUMonitorApp().stop_extension())  # the extension failed to load: nothing to stop
+
+    monkeypatch.setenv("WORKBENCH_SIMULATED_GPUS", "1")
+    monkeypatch.setenv(SNAPSHOT_ENV, "")  # restored after the test; start() sets it
+    parent = Configurable()
+    parent.runtime_dir = str(tmp_path)
     loop = asyncio.new_event_loop()
-    serverapp = FakeServerApp(str(tmp_path), loop)
     before = set(sampler_threads())
     try:
-        workbench_gpu_monitor._load_jupyter_server_extension(serverapp)
-        monitor = monitor_of(serverapp)
-        assert monitor is not None and len(set(sampler_threads()) - before) == 1
-        assert os.path.exists(monitor.snapshot_path)
-
-        workbench_gpu_monitor._unload_jupyter_server_extension(serverapp)
-        assert set(sampler_threads()) - before == set(), "the sampler thread outlived the server"
-        assert not os.path.exists(monitor.snapshot_path)
-        workbench_gpu_monitor._unload_jupyter_server_extension(serverapp)  # a second unload is harmless
-    finally:
-        loop.close()
-
-
-def test_unload_without_load_does_nothing(tmp_path):
-    loop = asyncio.new_event_loop()
-    try:
-        workbench_gpu_monitor._unload_jupyter_server_extension(FakeServerApp(str(tmp_path), loop))
+        monitor = GPUMonitorServer(serverapp=parent)
+        monitor.start(loop)
+        assert Path(monitor.snapshot_path).exists() and len(set(sampler_threads()) - before) == 1
+        monitor.stop()
+        assert not Path(monitor.snapshot_path).exists()
+        assert set(sampler_threads()) - before == set(), "the sampler thread outlived stop()"
+        monitor.stop()
     finally:
         loop.close()

@@ -1,6 +1,7 @@
 """GPU Workbench GPU monitor: live GPU memory and utilization in JupyterLab.
 
-* a jupyter-server extension with one sampler thread per server
+* a jupyter-server extension (``GPUMonitorApp`` in ``app.py``) with one sampler
+  thread per server that starts and stops with the server
   (``GET api/gpu/metrics``, ``GET api/gpu/stream``), see ``handlers.py``;
 * a JupyterLab extension (status bar item and side panel), prebuilt in the wheel;
 * ``GPUMonitor``, an ipywidgets widget for notebooks::
@@ -17,25 +18,10 @@ def _jupyter_labextension_paths():
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "workbench_gpu_monitor"}]
+    # Imported here: the kernel-side parts of the package must not need jupyter_server.
+    from .app import GPUMonitorApp
 
-
-def _load_jupyter_server_extension(serverapp):
-    from .handlers import GPUMonitorServer, setup_handlers
-
-    monitor = GPUMonitorServer(serverapp=serverapp)
-    setup_handlers(serverapp, monitor)
-    io_loop = getattr(serverapp, "io_loop", None)
-    monitor.start(getattr(io_loop, "asyncio_loop", None))
-
-
-def _unload_jupyter_server_extension(serverapp):
-    """Stop the sampler thread (and close the streams) when the server stops."""
-    from .handlers import monitor_of
-
-    monitor = monitor_of(serverapp)
-    if monitor is not None:
-        monitor.stop()
+    return [{"module": "workbench_gpu_monitor", "app": GPUMonitorApp}]
 
 
 def load_ipython_extension(ipython):

@@ -13,6 +13,8 @@ JupyterHub OAuth cookie; unauthenticated requests get 403):
     causes an NVML call, so ten tabs cost what one costs plus a socket write.
 
 Configure with ``c.GPUMonitorServer.<trait>`` in ``jupyter_server_config.py``.
+``GPUMonitorApp`` (``app.py``) registers the handlers and starts and stops the
+monitor with the server.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import time
 
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
-from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.iostream import IOStream, StreamClosedError
 from traitlets import Bool, Float, Unicode, default
@@ -37,7 +38,8 @@ from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, compact_histor
 
 MAX_CLIENT_BACKLOG_BYTES = 1 << 20
 # Where the server's one monitor lives: its tornado settings, which every handler reads.
-SETTINGS_KEY = "workbench_gpu_monitor"
+# (Not "workbench_gpu_monitor": ExtensionApp keeps the GPUMonitorApp under its name.)
+SETTINGS_KEY = "workbench_gpu_monitor_server"
 
 
 class GPUMonitorServer(LoggingConfigurable):
@@ -102,6 +104,7 @@ class GPUMonitorServer(LoggingConfigurable):
         self.latest: dict | None = None
         self.last_fanout = 0.0
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopped = False
 
     # -- life cycle -----------------------------------------------------
     def start(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
@@ -121,10 +124,15 @@ class GPUMonitorServer(LoggingConfigurable):
         )
 
     def stop(self) -> None:
+        """Stop the sampler thread, end the open streams and remove the snapshot file; once."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.sampler.stop()
         for client in list(self.clients):
             client.close_stream()
         self._remove_snapshot()
+        self.log.info("GPU monitor: sampler stopped after %d sample(s)", self.sampler.samples_taken)
 
     def _remove_snapshot(self) -> None:
         try:
@@ -314,22 +322,3 @@ class GPUStreamHandler(_MonitorHandler):
 
     def on_connection_close(self):
         self.close_stream()
-
-
-def monitor_of(serverapp) -> GPUMonitorServer | None:
-    """The monitor ``setup_handlers`` registered with this server, if any."""
-    web_app = getattr(serverapp, "web_app", None)
-    return None if web_app is None else web_app.settings.get(SETTINGS_KEY)
-
-
-def setup_handlers(serverapp, monitor: GPUMonitorServer) -> None:
-    web_app = serverapp.web_app
-    web_app.settings[SETTINGS_KEY] = monitor
-    base_url = web_app.settings["base_url"]
-    web_app.add_handlers(
-        ".*$",
-        [
-            (url_path_join(base_url, "api/gpu/metrics"), GPUMetricsHandler),
-            (url_path_join(base_url, "api/gpu/stream"), GPUStreamHandler),
-        ],
-    )

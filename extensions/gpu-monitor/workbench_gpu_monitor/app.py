@@ -1,0 +1,51 @@
+"""The server extension as a jupyter_server ``ExtensionApp``, so the sampler stops with the server.
+
+jupyter_server 2 runs shutdown hooks only for ``ExtensionApp`` instances: on
+SIGTERM, on ``POST api/shutdown``, on ``shutdown_no_activity_timeout`` and on a
+confirmed Ctrl-C in a terminal, ``ServerApp._cleanup`` awaits
+``ExtensionManager.stop_all_extensions()``, which awaits ``stop_extension()`` of
+each ExtensionApp and of nothing else; a plain module extension has no such
+hook.  (A SIGINT without a terminal ends the event loop with KeyboardInterrupt
+and no cleanup at all; then only the monitor's atexit hook removes the
+snapshot file, and the daemon sampler thread dies with the process.)
+"""
+
+from __future__ import annotations
+
+from jupyter_server.extension.application import ExtensionApp
+
+from .handlers import SETTINGS_KEY, GPUMetricsHandler, GPUMonitorServer, GPUStreamHandler
+
+
+class GPUMonitorApp(ExtensionApp):
+    """Adds ``{base_url}api/gpu/metrics`` and ``api/gpu/stream`` and owns the server's one sampler.
+
+    Configuration stays on ``GPUMonitorServer`` (``c.GPUMonitorServer.<trait>``
+    in any ``jupyter_server_config`` file); this class only ties the monitor's
+    life cycle to the server's.
+    """
+
+    name = "workbench_gpu_monitor"
+    description = "GPU Workbench GPU monitor: live GPU memory and utilization."
+
+    monitor: GPUMonitorServer | None = None
+
+    def initialize_settings(self):
+        # The ServerApp is the monitor's parent: its config (c.GPUMonitorServer.*),
+        # runtime dir, log and kernel manager.
+        self.monitor = GPUMonitorServer(serverapp=self.serverapp)
+        self.settings[SETTINGS_KEY] = self.monitor
+
+    def initialize_handlers(self):
+        # ExtensionApp prepends the server's base_url.
+        self.handlers.extend([("api/gpu/metrics", GPUMetricsHandler), ("api/gpu/stream", GPUStreamHandler)])
+
+    def initialize(self):
+        super().initialize()
+        # Sample before the first request can arrive, as soon as the extension is loaded.
+        io_loop = getattr(self.serverapp, "io_loop", None)
+        self.monitor.start(getattr(io_loop, "asyncio_loop", None))
+
+    async def stop_extension(self):
+        if self.monitor is not None:
+            self.monitor.stop()
