@@ -18,7 +18,7 @@ import math
 import os
 import time
 from dataclasses import replace
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 from .inventory import GPUDevice, discover_devices
 from .selection import NO_GPU_MESSAGE, Selection, select_devices
@@ -49,24 +49,51 @@ def _device_stub(device: GPUDevice, cuda_index: int | None) -> dict:
     }
 
 
+# What a driver keeps on an idle GPU with no process on it (NVML's "reserved"):
+# the only memory a free simulated GPU shows.
+SIMULATED_DRIVER_RESERVED_BYTES = 512 << 20
+
+
 class SimulatedSource:
     """Made-up but deterministic readings: a function of the wall clock and device index.
 
     Two servers (or a server and a kernel) looking at the same simulated GPU at
     the same second see the same numbers, and numbers change every second so a
     browser test can watch them move.
+
+    Only a GPU that some server holds shows made-up load.  A free one reads as
+    a real idle card does: 0 % utilization, only the driver's reservation of
+    memory, idle power and temperature, no processes.  ``held`` says which are
+    held: ``None`` (the default) means every selected GPU, which is right for a
+    user server's monitor (its GPUs are its own); the hub's fleet view, which
+    reads the whole inventory, passes a callable that returns the UUIDs the
+    ledger has leases for at that moment (or a fixed collection).
     """
 
     source = "simulated"
 
-    def __init__(self, selection: Selection, clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        selection: Selection,
+        clock: Callable[[], float] = time.time,
+        held: Callable[[], Collection[str]] | Collection[str] | None = None,
+    ):
         self.selection = selection
         self.clock = clock
+        self.held = held
+
+    def _held_now(self) -> Collection[str] | None:
+        held = self.held
+        return held() if callable(held) else held
 
     def read(self) -> dict:
         now = self.clock()
+        held = self._held_now()
         gpus = []
         for device in self.selection.devices:
+            if held is not None and device.uuid not in held:
+                gpus.append(self._idle(device, now))
+                continue
             i = device.index
             util = 55 + 35 * math.sin(0.21 * now + 1.3 * i) + 9 * math.sin(1.7 * now + 2.1 * i)
             util = max(0.0, min(100.0, util))
@@ -74,7 +101,7 @@ class SimulatedSource:
             fraction = max(0.02, min(0.97, fraction))
             total = device.memory_total_bytes
             used = int(total * fraction) // (1 << 20) * (1 << 20)
-            limit = 700.0 if "H1" in device.model.upper() or "H2" in device.model.upper() else 400.0
+            limit = _simulated_power_limit(device)
             reading = _device_stub(device, self.selection.cuda_index.get(device.uuid))
             reading.update(
                 memory_used_bytes=used,
@@ -94,6 +121,27 @@ class SimulatedSource:
             )
             gpus.append(reading)
         return _snapshot(self.source, self.selection, gpus, now)
+
+    def _idle(self, device: GPUDevice, now: float) -> dict:
+        """A free GPU: no load and no processes, only the driver's reservation."""
+        total = device.memory_total_bytes
+        reserved = min(total, SIMULATED_DRIVER_RESERVED_BYTES)
+        limit = _simulated_power_limit(device)
+        reading = _device_stub(device, self.selection.cuda_index.get(device.uuid))
+        reading.update(
+            memory_used_bytes=reserved,
+            memory_reserved_bytes=reserved,
+            utilization_percent=0.0,
+            temperature_c=round(30 + 1 * math.sin(0.05 * now + device.index), 1),
+            power_w=round(0.1 * limit, 1),
+            power_limit_w=limit,
+            processes=[],
+        )
+        return reading
+
+
+def _simulated_power_limit(device: GPUDevice) -> float:
+    return 700.0 if "H1" in device.model.upper() or "H2" in device.model.upper() else 400.0
 
 
 def _snapshot(source: str, selection: Selection, gpus: list[dict], now: float | None = None) -> dict:

@@ -32,3 +32,66 @@ def test_discovery_labels_its_source():
     assert real.source in ("nvml", "none")
     if real.source == "none":
         assert real.devices == [] and "CPU only" in real.message
+
+
+# -- simulated readings: only a held GPU shows load ------------------------------------------
+
+from workbench_devices import SimulatedSource, select_devices  # noqa: E402
+from workbench_devices.sources import SIMULATED_DRIVER_RESERVED_BYTES  # noqa: E402
+
+
+def _read(held, clock=1000.0):
+    source = SimulatedSource(select_devices(discover_devices("3"), {}), clock=lambda: clock, held=held)
+    return {g["uuid"]: g for g in source.read()["gpus"]}
+
+
+@pytest.mark.parametrize("clock", [0.0, 1000.0, 12345.6])
+def test_a_free_simulated_gpu_reads_idle(clock):
+    gpus = _read(held={"GPU-sim-01-h100-80gb"}, clock=clock)
+    for uuid in ("GPU-sim-00-h100-80gb", "GPU-sim-02-h100-80gb"):
+        free = gpus[uuid]
+        assert free["utilization_percent"] == 0.0
+        assert free["memory_used_bytes"] == free["memory_reserved_bytes"] == SIMULATED_DRIVER_RESERVED_BYTES
+        assert free["processes"] == []
+        assert free["power_w"] <= 0.1 * free["power_limit_w"]
+        assert free["temperature_c"] < 32
+    held = gpus["GPU-sim-01-h100-80gb"]
+    assert held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES and held["processes"]
+
+
+def test_held_may_be_a_callable_read_at_every_sample():
+    holders = [set()]
+    source = SimulatedSource(select_devices(discover_devices("1"), {}), clock=lambda: 1000.0, held=lambda: holders[0])
+    assert source.read()["gpus"][0]["utilization_percent"] == 0.0
+    holders[0] = {"GPU-sim-00-h100-80gb"}
+    assert source.read()["gpus"][0]["processes"], "a lease taken between two reads shows at the next"
+
+
+def test_a_user_servers_own_gpus_are_held_by_default():
+    gpus = _read(held=None)
+    assert all(g["processes"] and g["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES for g in gpus.values())
+
+
+def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
+    from workbench_hub.service.fleet import Fleet
+    from workbench_hub.service.metrics import render_metrics
+    from workbench_spawner.quota import Quota
+    from workbench_spawner.settings import PolicySettings
+    from workbench_spawner.store import AllocationStore
+
+    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    try:
+        fleet = Fleet(store, PolicySettings(store.url, discover_devices("2"), servers_per_gpu=1,
+                                            default_quota=Quota(1), node="n"))
+        store.allocate("alice", "", 1, ["GPU-sim-01-h100-80gb"])
+        rows = {g["uuid"]: g for g in fleet.gpus()}
+        free, held = rows["GPU-sim-00-h100-80gb"], rows["GPU-sim-01-h100-80gb"]
+        assert not free["holders"] and free["utilization_percent"] == 0.0
+        assert free["memory_used_bytes"] == SIMULATED_DRIVER_RESERVED_BYTES
+        assert held["holders"][0]["user"] == "alice" and held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES
+        text = render_metrics(fleet, [{"name": "alice", "groups": []}])
+        util = [line for line in text.splitlines()
+                if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'UUID="GPU-sim-00-h100-80gb"' in line]
+        assert util and float(util[0].rsplit(" ", 1)[1]) == 0.0, util
+    finally:
+        store.dispose()

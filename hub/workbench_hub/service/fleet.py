@@ -131,8 +131,9 @@ class Fleet:
                 from workbench_devices import SimulatedSource, make_source, select_devices
 
                 if inventory.source == "simulated":
-                    # An empty environment selects the whole fleet (no WORKBENCH_GPUS).
-                    self._source = SimulatedSource(select_devices(inventory, {}))
+                    # An empty environment selects the whole fleet (no WORKBENCH_GPUS); only
+                    # GPUs with a lease in the ledger show simulated load, free ones read idle.
+                    self._source = SimulatedSource(select_devices(inventory, {}), held=self.held_uuids)
                 elif inventory.source == "nvml" and inventory.devices:
                     self._source = make_source({})
                 else:
@@ -188,6 +189,10 @@ class Fleet:
              "gpu_uuids": list(lease.gpu_uuids), "since": lease.since.isoformat(), "ref": lease.ref}
             for lease in self.store.leases()
         ]
+
+    def held_uuids(self) -> set[str]:
+        """The GPUs that some server holds now, from the ledger."""
+        return {uuid for lease in self.store.leases() for uuid in lease.gpu_uuids}
 
     def held_by_user(self) -> dict[str, int]:
         held: dict[str, int] = {}
