@@ -8,9 +8,10 @@ file, which is loaded after the environment's settings.
 The environment becomes config in workbench_hub/configurer.py (plain
 functions, tested with tables). This file only does what has side effects:
 it creates the data directory, asks the Docker engine for its bridge
-address, loads the local config file, publishes the GPU policy's settings to
-the GPU database (where the workbench service reads them) and prints the
-banner.
+address, loads the local config file, checks on the final config that plain
+HTTP is served on loopback only and that the certificate can be served (the
+files are read), publishes the GPU policy's settings to the GPU database
+(where the workbench service reads them) and prints the banner.
 """
 
 import os
@@ -51,6 +52,7 @@ try:
     # The spawners read this too: one place decides where state lives.
     os.environ["WORKBENCH_DATA_DIR"] = str(data_dir)
     configurer.update_hub(c, env, data_dir, REPO)
+    configurer.update_tls(c, env)
     configurer.update_auth(c, env)
     # Managed services end with this process (workbench_hub/parent_guard.py).
     configurer.update_services(c, env, hub_pid=os.getpid())
@@ -86,6 +88,12 @@ def final_config():
 
 final = final_config()
 
+try:
+    # Plain HTTP only on loopback; the certificate that will be served is usable now.
+    transport = configurer.check_transport(final, env)
+except ConfigError as exc:
+    fail(str(exc))
+
 if backend == "docker":
     from workbench_spawner.docker_backend import check_lockdown
 
@@ -106,4 +114,4 @@ except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url)
 
-print(configurer.banner(final, backend, data_dir, settings.inventory), file=sys.stderr, flush=True)
+print(configurer.banner(final, backend, data_dir, settings.inventory, transport), file=sys.stderr, flush=True)

@@ -33,6 +33,7 @@ def build(env: dict[str, str], repo: Path = REPO, docker_bridge=bridge) -> Confi
     c = Config()
     data = configurer.data_dir(env, repo)
     configurer.update_hub(c, env, data, repo)
+    configurer.update_tls(c, env)
     configurer.update_auth(c, env)
     configurer.update_services(c, env)
     configurer.update_spawner(c, env, data, repo, docker_bridge)
@@ -302,6 +303,199 @@ def test_configurer_never_reads_the_process_environment(monkeypatch):
     monkeypatch.setenv("WORKBENCH_BACKEND", "docker")
     monkeypatch.setenv("WORKBENCH_PORT", "not a port")
     assert build({}).JupyterHub.spawner_class == "gpu-local"
+
+
+# -- HTTPS -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    """A test CA's certificate for workbench.test (valid), an expired one, and a key of neither."""
+    from tests.https.certs import CA, NOW
+    import datetime as dt
+
+    directory = tmp_path_factory.mktemp("certs")
+    ca = CA.make()
+    good = ca.write(directory, "good", "workbench.test", "127.0.0.1")
+    expired = ca.write(directory, "expired", "workbench.test",
+                       not_before=NOW - dt.timedelta(days=90), not_after=NOW - dt.timedelta(days=2))
+    other = ca.write(directory, "other", "elsewhere.test")
+    return {"cert": str(good[0]), "key": str(good[1]), "expired": str(expired[0]), "expired_key": str(expired[1]),
+            "other_key": str(other[1])}
+
+
+HSTS = {"headers": {"Strict-Transport-Security": "max-age=31536000"}}
+CHP = "configurable-http-proxy"
+
+
+@pytest.mark.parametrize(
+    "env, trait, expected",
+    [
+        # the operator's certificate: the proxy serves HTTPS, the hub pages carry HSTS
+        ({"TLS": 1}, "JupyterHub.bind_url", "https://127.0.0.1:8000"),
+        ({"TLS": 1, "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PORT": "443"}, "JupyterHub.bind_url", "https://0.0.0.0:443"),
+        ({"TLS": 1}, "JupyterHub.ssl_cert", "<cert>"),
+        ({"TLS": 1}, "JupyterHub.ssl_key", "<key>"),
+        ({"TLS": 1}, "JupyterHub.tornado_settings", HSTS),
+        ({"TLS": 1, "WORKBENCH_HSTS_SECONDS": "600"}, "JupyterHub.tornado_settings",
+         {"headers": {"Strict-Transport-Security": "max-age=600"}}),
+        # our proxy keeps adding X-Forwarded-Proto: https for the hub
+        ({"TLS": 1}, "ConfigurableHTTPProxy.command", None),
+        # a TLS-terminating proxy in front: its X-Forwarded-Proto reaches the hub untouched
+        ({"WORKBENCH_ALLOW_HTTP": "1"}, "ConfigurableHTTPProxy.command", [CHP, "--no-x-forward"]),
+        ({"WORKBENCH_ALLOW_HTTP": "1"}, "JupyterHub.tornado_settings", HSTS),
+        ({"WORKBENCH_ALLOW_HTTP": "1"}, "JupyterHub.bind_url", "http://127.0.0.1:8000"),
+        ({"WORKBENCH_ALLOW_HTTP": "1"}, "JupyterHub.public_url", None),
+        ({"WORKBENCH_DOMAIN": "GPU.example.org"}, "JupyterHub.public_url", "https://gpu.example.org/"),
+        ({"WORKBENCH_DOMAIN": "gpu.example.org"}, "ConfigurableHTTPProxy.command", [CHP, "--no-x-forward"]),
+        ({"WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_HSTS_SECONDS": "0"}, "JupyterHub.tornado_settings", None),
+        # the certificate wins over a proxy in front: our proxy serves TLS itself
+        ({"TLS": 1, "WORKBENCH_ALLOW_HTTP": "1"}, "ConfigurableHTTPProxy.command", None),
+        # plain HTTP (loopback): nothing changes
+        ({}, "JupyterHub.bind_url", "http://127.0.0.1:8000"),
+        ({}, "JupyterHub.ssl_cert", None),
+        ({}, "JupyterHub.tornado_settings", None),
+        ({}, "ConfigurableHTTPProxy.command", None),
+        ({"WORKBENCH_ALLOW_HTTP": "0"}, "ConfigurableHTTPProxy.command", None),
+    ],
+)
+def test_https_settings_become_config(certs, env, trait, expected):
+    env = dict(env)
+    if env.pop("TLS", None):
+        env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["key"]}
+    c = build(env, repo=Path("/nonexistent"))  # no proxy in a checkout: the command is JupyterHub's own
+    section, _, name = trait.rpartition(".")
+    if expected is None:
+        assert name not in c[section], (trait, c[section])
+        return
+    expected = {"<cert>": certs["cert"], "<key>": certs["key"]}.get(expected, expected) if isinstance(expected, str) else expected
+    assert get(c, trait) == expected
+
+
+def test_the_checkouts_proxy_gets_no_x_forward_behind_a_tls_proxy(tmp_path):
+    chp = tmp_path / "node_modules" / ".bin" / "configurable-http-proxy"
+    chp.parent.mkdir(parents=True)
+    chp.touch()
+    c = build({"WORKBENCH_ALLOW_HTTP": "yes"}, repo=tmp_path)
+    assert c.ConfigurableHTTPProxy.command == [str(chp), "--no-x-forward"]
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"WORKBENCH_SSL_CERT": "/etc/ssl/hub.pem"},
+         "WORKBENCH_SSL_KEY is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither"),
+        ({"WORKBENCH_SSL_KEY": "/etc/ssl/hub.key"},
+         "WORKBENCH_SSL_CERT is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither"),
+        ({"WORKBENCH_DOMAIN": "https://gpu.example.org/"},
+         "WORKBENCH_DOMAIN must be a host name such as gpu.example.org, not 'https://gpu.example.org/'"),
+        ({"WORKBENCH_DOMAIN": "gpu.example.org:443"}, "WORKBENCH_DOMAIN must be a host name"),
+        ({"WORKBENCH_HSTS_SECONDS": "a year"}, "WORKBENCH_HSTS_SECONDS must be a non-negative whole number, not 'a year'"),
+    ],
+)
+def test_bad_https_settings_raise_one_sentence(env, message):
+    with pytest.raises(ConfigError) as raised:
+        build(env)
+    assert str(raised.value) == message or str(raised.value).startswith(message)
+
+
+REFUSAL = ("serves other machines over plain HTTP, so passwords and tokens would cross the network in clear: "
+           "set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, or set WORKBENCH_ALLOW_HTTP=1 "
+           "if a TLS-terminating proxy in front forwards X-Forwarded-Proto (README: Serving other machines)")
+
+
+def _local_bind_all(c):
+    c.JupyterHub.bind_url = "http://:8000"
+
+
+def _local_ip(c):
+    c.JupyterHub.ip = "10.1.2.3"
+
+
+def _local_loopback(c):
+    c.JupyterHub.bind_url = "http://[::1]:8000"
+
+
+@pytest.mark.parametrize(
+    "env, local, outcome",
+    [
+        ({}, None, "http"),  # make run
+        ({"WORKBENCH_IP": "127.0.0.2"}, None, "http"),
+        ({"WORKBENCH_IP": "localhost"}, None, "http"),
+        ({"WORKBENCH_IP": "::1"}, None, "http"),
+        ({"WORKBENCH_IP": "0.0.0.0"}, None, "the proxy's address 0.0.0.0 " + REFUSAL),
+        ({"WORKBENCH_IP": "192.168.1.20"}, None, "the proxy's address 192.168.1.20 " + REFUSAL),
+        ({"WORKBENCH_IP": "gpu.example.org"}, None, "the proxy's address gpu.example.org " + REFUSAL),
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1"}, None, "behind-proxy"),
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_DOMAIN": "gpu.example.org"}, None,
+         "the proxy's address 0.0.0.0 " + REFUSAL),  # a domain alone is no proof of a TLS proxy
+        ({"WORKBENCH_IP": "0.0.0.0", "TLS": 1}, None, "https"),
+        ({"WORKBENCH_IP": "0.0.0.0", "TLS": "expired"}, None, "the certificate in WORKBENCH_SSL_CERT="),
+        ({"WORKBENCH_IP": "0.0.0.0", "TLS": "mismatch"}, None, "WORKBENCH_SSL_KEY="),
+        # docker compose: inside the container 0.0.0.0; what counts is where the host publishes the port
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "127.0.0.1"}, None, "http"),
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "0.0.0.0"}, None, "WORKBENCH_PUBLISH_IP=0.0.0.0 " + REFUSAL),
+        ({"WORKBENCH_PUBLISH_IP": "127.0.0.1", "WORKBENCH_DOMAIN": "gpu.example.org"}, None, "behind-proxy"),
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "0.0.0.0", "TLS": 1}, None, "https"),
+        # the local config file and the command line are checked too (the final config)
+        ({}, _local_bind_all, "the proxy's address (every address) " + REFUSAL),
+        ({}, _local_ip, "the proxy's address 10.1.2.3 " + REFUSAL),
+        ({"WORKBENCH_IP": "0.0.0.0"}, _local_loopback, "http"),
+    ],
+)
+def test_plain_http_is_served_on_loopback_only(certs, env, local, outcome):
+    env = dict(env)
+    tls_case = env.pop("TLS", None)
+    if tls_case == 1:
+        env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["key"]}
+    elif tls_case == "expired":
+        env |= {"WORKBENCH_SSL_CERT": certs["expired"], "WORKBENCH_SSL_KEY": certs["expired_key"]}
+    elif tls_case == "mismatch":
+        env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["other_key"]}
+    c = build(env)
+    if local:
+        local(c)
+    if outcome in ("http", "https", "behind-proxy"):
+        assert configurer.check_transport(c, env).mode == outcome
+    else:
+        with pytest.raises(ConfigError) as raised:
+            configurer.check_transport(c, env)
+        assert str(raised.value).startswith(outcome), str(raised.value)
+
+
+def test_a_certificate_set_only_in_the_local_config_is_checked_and_named_so(certs):
+    c = build({})
+    c.JupyterHub.ssl_cert = certs["cert"]
+    c.JupyterHub.ssl_key = certs["other_key"]
+    with pytest.raises(ConfigError, match=r"^c.JupyterHub.ssl_key=.* is not the key of the certificate in c.JupyterHub.ssl_cert="):
+        configurer.check_transport(c, {})
+    c.JupyterHub.ssl_key = certs["key"]
+    assert configurer.check_transport(c, {}).certificate.names == ("workbench.test", "127.0.0.1")
+
+
+@pytest.mark.parametrize(
+    "env, lines",
+    [
+        ({"TLS": 1, "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PORT": "8443"},
+         ["GPU Workbench (local backend) at https://workbench.test:8443/",
+          "First admin: open https://workbench.test:8443/hub/signup and sign up as admin;"]),
+        ({"WORKBENCH_DOMAIN": "gpu.example.org", "WORKBENCH_PUBLISH_IP": "127.0.0.1", "WORKBENCH_IP": "0.0.0.0"},
+         ["GPU Workbench (local backend) at https://gpu.example.org/",
+          "HTTPS: terminated by the proxy in front (it must forward X-Forwarded-Proto)"]),
+        ({}, ["GPU Workbench (local backend) at http://127.0.0.1:8000/"]),
+    ],
+)
+def test_banner_says_where_https_is_served(certs, env, lines):
+    env = dict(env)
+    if env.pop("TLS", None):
+        env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["key"]}
+    c = build(env)
+    text = configurer.banner(c, "local", DATA, DeviceInventory("none", [], "no driver"),
+                             configurer.check_transport(c, env))
+    for line in lines:
+        assert any(row.startswith(line) for row in text.splitlines()), text
+    if "TLS" in str(env) or env.get("WORKBENCH_SSL_CERT"):
+        assert "HTTPS: certificate for workbench.test, 127.0.0.1, valid until " in text
 
 
 # -- the banner --------------------------------------------------------------------------------
