@@ -5,11 +5,16 @@ The kernel is always the Python running pytest (a throw-away kernelspec pointing
 packages of the test environment (torch 2.13.0 CPU, ipykernel, ...).
 
 ``run_notebook(name)`` executes ``notebooks/<name>`` with its working directory in a
-temporary folder and returns (output text, parsed markdown tables, seconds).
+temporary folder laid out like a user's ``~/notebooks`` (the helper modules of ``notebooks/``,
+such as ``workbench_timing.py``, are copied next to it, as both backends copy the whole folder),
+with ``WORKBENCH_NOTEBOOK_QUICK=1`` (short timing blocks), and returns (output text, parsed
+markdown tables, seconds). Table rows whose cell count differs from the header's are collected
+in ``markdown_tables.bad_rows`` so the tests can refuse them.
 """
 import json
 import os
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -67,6 +72,7 @@ def output_text(nb):
 def markdown_tables(text):
     """Parse printed markdown tables: {title: [row dicts]}; title is the '#### ' line above."""
     tables, title, lines = {}, None, text.splitlines()
+    markdown_tables.bad_rows = []
     i = 0
     while i < len(lines):
         line = lines[i].strip()
@@ -78,6 +84,8 @@ def markdown_tables(text):
             i += 2
             while i < len(lines) and lines[i].strip().startswith("|"):
                 cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
+                if len(cells) != len(header):
+                    markdown_tables.bad_rows.append((title, len(header), cells))
                 rows.append(dict(zip(header, cells)))
                 i += 1
             tables[title or f"table {len(tables)}"] = rows
@@ -87,10 +95,20 @@ def markdown_tables(text):
     return tables
 
 
+def copy_helpers(workdir):
+    """Put the helper modules of notebooks/ next to the executed notebook, as in a user's home."""
+    for helper in NOTEBOOK_DIR.glob("*.py"):
+        shutil.copy2(helper, workdir / helper.name)
+
+
 @pytest.fixture
-def run_notebook(kernel_name, tmp_path):
+def run_notebook(kernel_name, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_NOTEBOOK_QUICK", "1")   # the kernel inherits it
+
     def run(name):
+        copy_helpers(tmp_path)
         nb, seconds = execute_notebook(NOTEBOOK_DIR / name, kernel_name, tmp_path)
         text = output_text(nb)
-        return text, markdown_tables(text), seconds
+        tables = markdown_tables(text)
+        return text, tables, seconds, list(markdown_tables.bad_rows)
     return run
