@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench_hub import configurer
+from workbench_hub import configurer, hub_db
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
@@ -44,6 +44,9 @@ def docker_bridge() -> str:
     except Exception as exc:
         raise ConfigError(f"the docker backend cannot reach the Docker engine ({exc}); is dockerd running?") from None
 
+
+# JupyterHub's database in WAL mode: its commits on the event loop stop waiting for fsync.
+hub_db.tune_sqlite()
 
 env = dict(os.environ)
 try:

@@ -9,6 +9,7 @@ where users do not trust each other.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from pathlib import Path
@@ -48,7 +49,8 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
 
     async def start(self):
         if self.starter_notebooks_dir:
-            copy_missing(Path(self.starter_notebooks_dir), Path(self.home_dir) / "notebooks")
+            # File copies block: off the event loop, like every database call of a spawn.
+            await asyncio.to_thread(copy_missing, Path(self.starter_notebooks_dir), Path(self.home_dir) / "notebooks")
         return await super().start()
 
     def get_args(self):

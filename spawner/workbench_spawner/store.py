@@ -107,6 +107,8 @@ def make_engine(url: str, *, readonly: bool = False):
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
+            # In WAL mode a crash may lose the last commits, never the database.
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
