@@ -1,0 +1,184 @@
+"""The hub serves other machines over HTTPS only: the operator's certificate, a proxy in front, or nothing.
+
+A real hub with its real proxy (configurable-http-proxy) and the local backend;
+the certificates come from a CA the test makes (tests/https/certs.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
+from tests.conftest import ARTIFACTS, REPO, free_port
+from tests.https.certs import CA, NOW
+from tests.https.conftest import TEST_NAME
+
+pytestmark = pytest.mark.integration
+
+HSTS = "max-age=31536000"
+
+
+def start_refused(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Start the hub as `make run` does; it must stop before anything listens."""
+    env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path / "data"), "WORKBENCH_SIMULATED_GPUS": "1",
+           "WORKBENCH_PORT": str(free_port()), **env}
+    return subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def assert_one_sentence_exit_2(r: subprocess.CompletedProcess, sentence: str) -> None:
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = [line for line in r.stderr.splitlines() if line.startswith("GPU Workbench: ")]
+    assert len(lines) == 1, r.stderr[-2000:]
+    assert sentence in lines[0], lines[0]
+    assert "Traceback" not in r.stderr
+    # nothing started: no proxy, no database
+    assert "Starting proxy" not in r.stderr
+    assert not (Path(r.args[0]).parent / "jupyterhub.sqlite").exists()
+
+
+def test_plain_http_on_every_address_is_refused_with_the_two_ways_out(tmp_path):
+    r = start_refused(tmp_path, {"WORKBENCH_IP": "0.0.0.0"})
+    assert_one_sentence_exit_2(
+        r, "GPU Workbench: the proxy's address 0.0.0.0 serves other machines over plain HTTP, so passwords and tokens "
+           "would cross the network in clear: set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, "
+           "or set WORKBENCH_ALLOW_HTTP=1 if a TLS-terminating proxy in front forwards X-Forwarded-Proto")
+
+
+@pytest.fixture(scope="module")
+def bad_certs(test_ca):
+    d, ca = test_ca["dir"], test_ca["ca"]
+    expired = ca.write(d, "expired", TEST_NAME, not_before=NOW - dt.timedelta(days=400),
+                       not_after=NOW - dt.timedelta(days=3))
+    other = ca.write(d, "other", TEST_NAME)
+    (d / "not-a-cert.pem").write_text("this is a password, not a certificate\n")
+    return {"expired": expired, "other": other, "garbage": d / "not-a-cert.pem"}
+
+
+@pytest.mark.parametrize(
+    "case, sentence",
+    [
+        ("missing", "WORKBENCH_SSL_CERT={cert}.missing does not exist"),
+        ("not PEM", "WORKBENCH_SSL_CERT={garbage} is not a PEM certificate"),
+        ("key of another certificate", "WORKBENCH_SSL_KEY={other_key} is not the key of the certificate in "
+                                       "WORKBENCH_SSL_CERT={cert} (their public keys differ)"),
+        ("expired", "the certificate in WORKBENCH_SSL_CERT={expired} (CN=workbench.test) expired on {expired_on}"),
+        ("only the certificate", "WORKBENCH_SSL_KEY is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY"),
+    ],
+)
+def test_a_bad_certificate_stops_the_hub_at_start(tmp_path, test_ca, bad_certs, case, sentence):
+    cert, key = str(test_ca["cert"]), str(test_ca["key"])
+    env = {
+        "missing": {"WORKBENCH_SSL_CERT": cert + ".missing", "WORKBENCH_SSL_KEY": key},
+        "not PEM": {"WORKBENCH_SSL_CERT": str(bad_certs["garbage"]), "WORKBENCH_SSL_KEY": key},
+        "key of another certificate": {"WORKBENCH_SSL_CERT": cert, "WORKBENCH_SSL_KEY": str(bad_certs["other"][1])},
+        "expired": {"WORKBENCH_SSL_CERT": str(bad_certs["expired"][0]), "WORKBENCH_SSL_KEY": str(bad_certs["expired"][1])},
+        "only the certificate": {"WORKBENCH_SSL_CERT": cert},
+    }[case]
+    r = start_refused(tmp_path, {"WORKBENCH_IP": "0.0.0.0", **env})
+    assert_one_sentence_exit_2(r, "GPU Workbench: " + sentence.format(
+        cert=cert, garbage=bad_certs["garbage"], other_key=bad_certs["other"][1], expired=bad_certs["expired"][0],
+        expired_on=f"{NOW - dt.timedelta(days=3):%Y-%m-%d}"))
+
+
+def test_an_unreadable_key_stops_the_hub_at_start(tmp_path, test_ca):
+    if os.geteuid() == 0:
+        pytest.skip("root reads every file; tests/https/test_tls_checks.py checks this as an unprivileged user")
+    key = tmp_path / "key.pem"
+    key.write_bytes(test_ca["key"].read_bytes())
+    key.chmod(0)
+    r = start_refused(tmp_path, {"WORKBENCH_SSL_CERT": str(test_ca["cert"]), "WORKBENCH_SSL_KEY": str(key)})
+    assert_one_sentence_exit_2(r, f"WORKBENCH_SSL_KEY={key} cannot be read by the hub")
+
+
+# -- behind a TLS-terminating proxy ---------------------------------------------------------------
+
+
+def signed_up_and_logged_in(url: str, headers: dict[str, str]) -> requests.Response:
+    """Sign up as admin and log in with forms, as a browser would; the login's answer (not followed)."""
+    s = requests.Session()
+    s.get(f"{url}/hub/signup", headers=headers, timeout=30)
+    xsrf = s.cookies.get("_xsrf")
+    data = {"username": "admin", "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD,
+            "_xsrf": xsrf}
+    r = s.post(f"{url}/hub/signup", data=data, headers=headers, timeout=30)
+    assert "The signup was successful" in r.text, r.text[-1500:]
+    return s.post(f"{url}/hub/login?next=", data={"username": "admin", "password": PASSWORD, "_xsrf": xsrf},
+                  headers=headers, allow_redirects=False, timeout=30)
+
+
+def set_cookies(r: requests.Response) -> dict[str, str]:
+    """name -> the whole Set-Cookie line (attributes lower-cased), from the raw answer."""
+    return {line.split("=", 1)[0]: line.lower() for line in r.raw.headers.getlist("Set-Cookie")}
+
+
+def test_behind_a_tls_proxy_the_hub_trusts_x_forwarded_proto(running_hub):
+    """WORKBENCH_ALLOW_HTTP=1: no refusal on 0.0.0.0, and what a TLS proxy in front says about the
+    browser's connection reaches the hub through our proxy, so its session cookies are Secure."""
+    hub = running_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_SIMULATED_GPUS": "1"})
+    login = signed_up_and_logged_in(hub.url, {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"})
+    assert login.status_code == 302, login.text[-1000:]
+    cookies = set_cookies(login)
+    for name in ("jupyterhub-session-id", "jupyterhub-hub-login"):
+        assert "; secure" in cookies[name] and "; httponly" in cookies[name], cookies
+    assert login.headers["Strict-Transport-Security"] == HSTS
+    assert "HTTPS: terminated by the proxy in front" in hub.log()
+
+    # A request that did not come through the TLS proxy (no header) is not taken for HTTPS.
+    r = requests.get(f"{hub.url}/hub/login", timeout=30)
+    assert all("; secure" not in line for line in set_cookies(r).values()), set_cookies(r)
+
+
+# -- the operator's certificate -------------------------------------------------------------------
+
+
+@pytest.mark.browser
+def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, trusting_chromium, test_ca):
+    hub = tls_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_SSL_CERT": str(test_ca["cert"]),
+                   "WORKBENCH_SSL_KEY": str(test_ca["key"]), "WORKBENCH_SIMULATED_GPUS": "2"},
+                  ca_pem=test_ca["ca_pem"])
+    assert f"at https://{TEST_NAME}:{hub.port}/" in hub.log()
+    assert "HTTPS: certificate for workbench.test, 127.0.0.1, valid until" in hub.log()
+
+    # Plain HTTP to the HTTPS port gets no page and no cookie.
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{hub.port}/hub/login", timeout=10)
+    # The certificate is verified against the test CA, not ignored.
+    r = requests.get(f"{hub.url}/hub/login", timeout=10, verify=str(test_ca["ca_pem"]))
+    assert r.status_code == 200 and r.headers["Strict-Transport-Security"] == HSTS
+    with pytest.raises(requests.exceptions.SSLError):
+        requests.get(f"{hub.url}/hub/login", timeout=10, verify=True if not os.environ.get("REQUESTS_CA_BUNDLE")
+                     else "/etc/ssl/certs/ca-certificates.crt")
+
+    browser = trusting_chromium(test_ca["ca_pem"], {TEST_NAME: "127.0.0.1"})
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    url = f"https://{TEST_NAME}:{hub.port}"
+    first = page.goto(f"{url}/hub/login")
+    assert first.headers["strict-transport-security"] == HSTS
+    assert "The signup was successful!" in sign_up(page, url, "admin")
+    log_in(page, url, "admin")
+    page.wait_for_url("**/hub/spawn**")
+    page.click("form#spawn_form [type=submit]")
+    page.wait_for_url(re.compile(rf"^https://{re.escape(TEST_NAME)}:{hub.port}/user/admin/lab"), timeout=120_000)
+    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    page.wait_for_selector(".jp-Launcher, .jp-DirListing-item", timeout=60_000)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "https-operator-cert-lab.png"))
+
+    cookies = {c["name"]: c for c in context.cookies()}
+    for name in ("jupyterhub-session-id", "jupyterhub-hub-login", "jupyterhub-user-admin"):
+        assert cookies[name]["secure"] and cookies[name]["httpOnly"], cookies.get(name)
+    # The browser remembers HSTS for the host: a plain http:// link is upgraded before it leaves the browser.
+    page.goto(f"http://{TEST_NAME}:{hub.port}/hub/home")
+    assert page.url.startswith(f"https://{TEST_NAME}:{hub.port}/hub/home"), page.url
+    context.close()
