@@ -65,14 +65,14 @@ def test_status_bar_and_panel(chromium_browser, labextension_built, lab_server, 
     assert "GPU-sim-00" not in panel.inner_text()
     page.wait_for_timeout(3000)  # a few samples so every line has segments
     for metric in ("util", "mem", "temp", "power"):
-        path = panel.locator(f'.jp-WorkbenchGPU-chart[data-metric="{metric}"] path')
+        path = panel.locator(f'.jp-WorkbenchGPU-chart[data-metric="{metric}"] path.jp-WorkbenchGPU-line')
         d = path.get_attribute("d") or ""
         assert d.startswith("M") and "L" in d, (metric, d)
     # drawn, not just present: the line has a real extent on screen
-    # (one evaluate, because the panel re-renders every second)
+    # (one evaluate, because the line is redrawn every second)
     width = page.evaluate(
         """() => document.querySelector(
-            '#workbench-gpu-monitor-panel .jp-WorkbenchGPU-chart[data-metric="util"] path'
+            '#workbench-gpu-monitor-panel .jp-WorkbenchGPU-chart[data-metric="util"] path.jp-WorkbenchGPU-line'
         ).getBoundingClientRect().height"""
     )
     assert width > 0

@@ -174,13 +174,20 @@ export interface IPoint {
   power: number | null;
 }
 
-/** Ten minutes of points per GPU, keyed by UUID. */
+/** Seconds between two samples at the fastest the server allows (sampler.MIN_INTERVAL_SECONDS). */
+export const MIN_INTERVAL_SECONDS = 0.25;
+
+/**
+ * Ten minutes of points per GPU, keyed by UUID.  The default capacity holds
+ * the whole window at the fastest sample interval, so a faster sampler never
+ * shortens what the charts show.
+ */
 export class GPUHistory {
   readonly series = new Map<string, RingBuffer<IPoint>>();
 
   constructor(
     readonly windowSeconds = 600,
-    readonly capacity = 1200
+    readonly capacity = Math.ceil(windowSeconds / MIN_INTERVAL_SECONDS) + 16
   ) {}
 
   private ring(uuid: string): RingBuffer<IPoint> {
@@ -367,10 +374,4 @@ export function formatTorchMemory(report: ITorchReport | null | undefined, cudaI
     return 'torch has not used this GPU';
   }
   return `torch ${formatBytes(device.allocated_bytes)} allocated · ${formatBytes(device.reserved_bytes)} reserved (caching allocator)`;
-}
-
-/** Seconds the charts span: the history so far, at least 1 and at most 10 minutes. */
-export function chartWindow(points: { t: number }[], now: number, min = 60, max = 600): number {
-  const span = points.length ? now - points[0].t : 0;
-  return Math.min(max, Math.max(min, Math.ceil(span / 60) * 60));
 }

@@ -166,13 +166,14 @@ describe('formatTorchMemory', () => {
   });
 });
 
-import { chartWindow } from '../model';
-
-describe('chartWindow', () => {
-  it('grows with the history from 1 to 10 minutes', () => {
-    expect(chartWindow([], 100)).toBe(60);
-    expect(chartWindow([{ t: 90 }], 100)).toBe(60);
-    expect(chartWindow([{ t: 0 }], 130)).toBe(180);
-    expect(chartWindow([{ t: 0 }], 5000)).toBe(600);
+describe('GPUHistory capacity', () => {
+  it('holds ten minutes at the fastest sample interval (0.25 s)', () => {
+    const h = new GPUHistory(600);
+    for (let i = 0; i <= 2400; i++) {
+      h.add(snap(1000 + i * 0.25, 10));
+    }
+    const pts = h.points('GPU-sim-00-h100-80gb');
+    expect(pts[0].t).toBe(1000);
+    expect(pts[pts.length - 1].t).toBe(1600);
   });
 });
