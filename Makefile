@@ -71,6 +71,7 @@ $(STAMP): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_WHEEL) pyproject.toml Makefi
 	# Kernels answer the GPU monitor's torch-memory question without a %load_ext.
 	mkdir -p $(VENV)/etc/ipython
 	printf 'c.InteractiveShellApp.extensions = ["workbench_gpu_monitor"]\n' > $(VENV)/etc/ipython/ipython_kernel_config.py
+	install -D -m 0644 images/singleuser/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json  # no Jupyter news prompt
 	touch $@
 
 node_modules/.bin/configurable-http-proxy: package.json
