@@ -95,6 +95,8 @@ sections, failures, found = [], [], {}
 for path in sorted((repo / "notebooks").glob("*.ipynb")):
     work = executed_dir / path.stem
     work.mkdir(parents=True, exist_ok=True)
+    for helper in (repo / "notebooks").glob("*.py"):   # workbench_timing.py: next to the notebook, as in a home
+        shutil.copy2(helper, work / helper.name)
     nb = nbformat.read(str(path), as_version=4)
     client = NotebookClient(nb, kernel_name="gpu-nb", timeout=900, resources={"metadata": {"path": str(work)}})
     print(f"running {path.name} ...", flush=True)
@@ -116,27 +118,45 @@ for path in sorted((repo / "notebooks").glob("*.ipynb")):
     sections.append(f"## {path.stem} ({seconds:.0f} s, {status})\n\n" +
                     "\n\n".join(render(b) for b in blocks))
 
-def pick(prefix):
+def table_rows(prefix):
     for title, r in found.items():
         if title.startswith(prefix):
-            return {next(iter(x.values())): x for x in r}
-    return {}
+            return r
+    return []
+
+def pick(prefix):
+    return {next(iter(x.values())): x for x in table_rows(prefix)}
+
+def timing(r):
+    """median, spread and repeats of a row, as the notebooks print them (workbench_timing.py)."""
+    return f"spread {r.get('spread')}, {r.get('repeats x steps')} repeats x steps, {r.get('fp32 precision')}"
 
 summary = []
-mm = pick("Matmul throughput")
-for label, r in mm.items():
-    summary.append([f"matmul {label}", f"{r.get('achieved TFLOP/s')} TFLOP/s of {r.get('peak TFLOP/s')} peak ({r.get('% of peak')})"])
+for r in table_rows("Matmul throughput"):      # one row per GPU and precision
+    if r.get("achieved TFLOP/s", "").startswith("skipped"):
+        summary.append([f"matmul {r.get('precision')} on {r.get('device')}", r.get("achieved TFLOP/s")])
+        continue
+    summary.append([f"matmul {r.get('precision')} on {r.get('device')}",
+                    f"{r.get('achieved TFLOP/s')} TFLOP/s of {r.get('peak TFLOP/s')} peak ({r.get('% of peak')}), {timing(r)}"])
 for label, r in pick("torch.compile results").items():
     if label != "eager":
         summary.append([label, r.get("note") if r.get("note", "").startswith("skipped") else
-                        f"{r.get('speedup vs eager')} vs eager, warm-up {r.get('warm-up 3 steps (s)')} s, peak {r.get('peak memory (MiB)')} MiB"])
+                        f"{r.get('speedup vs eager')} vs eager, warm-up {r.get('warm-up (s)')} s, "
+                        f"peak {r.get('peak memory, warm-up (MiB)')} MiB, CUDA graphs: {r.get('CUDA graphs')}, {timing(r)}"])
 for label, r in pick("Mixed precision results").items():
     if label != "fp32":
-        summary.append([label, f"{r.get('speedup vs fp32')} vs fp32, memory saving {r.get('memory saving')}"])
+        summary.append([label, r.get("note") if r.get("note", "").startswith("skipped") else
+                        f"{r.get('speedup vs fp32')} vs fp32, {r.get('speedup vs TF32')} vs TF32, "
+                        f"memory saving {r.get('memory saving')}, {timing(r)}"])
 for label, r in pick("Input pipeline results").items():
-    summary.append([f"input pipeline: {label}", f"{r.get('samples/s')} samples/s, busy {r.get('busy (est.)')}"])
+    summary.append([f"input pipeline: {label}", f"{r.get('samples/s')} samples/s, busy {r.get('busy (est.)')}, "
+                    f"first epoch {r.get('warm-up: first epoch incl. worker start-up (s)')} s, {timing(r)}"])
+for label, r in pick("Host-to-device copies").items():
+    summary.append([f"copy: {label}", f"{r.get('median (ms)')} ms/step, {r.get('GB/s copied')} GB/s, {timing(r)}"])
 for label, r in pick("Multi-GPU results").items():
-    summary.append([label, f"{r.get('speedup vs 1 process')} ({r.get('scaling efficiency')} efficiency) {r.get('note')}".strip()])
+    summary.append([label, f"{r.get('speedup vs 1 process')} ({r.get('scaling efficiency')} efficiency), "
+                    f"state {r.get('param+grad+AdamW state per rank (MiB)')} MiB/rank, "
+                    f"peak +{r.get('peak memory above baseline per rank (MiB)')} MiB, {timing(r)} {r.get('note')}".strip()])
 
 head = [
     f"# Starter notebooks on {gpu}",
