@@ -152,7 +152,8 @@ for label, r in pick("Input pipeline results").items():
     summary.append([f"input pipeline: {label}", f"{r.get('samples/s')} samples/s, busy {r.get('busy (est.)')}, "
                     f"first epoch {r.get('warm-up: first epoch incl. worker start-up (s)')} s, {timing(r)}"])
 for label, r in pick("Host-to-device copies").items():
-    summary.append([f"copy: {label}", f"{r.get('median (ms)')} ms/step, {r.get('GB/s copied')} GB/s, {timing(r)}"])
+    summary.append([f"copy: {label}", r.get("note") if r.get("note", "").startswith("skipped") else
+                    f"{r.get('median (ms)')} ms/step, {r.get('GB/s copied')} GB/s, {timing(r)}"])
 for label, r in pick("Multi-GPU results").items():
     summary.append([label, f"{r.get('speedup vs 1 process')} ({r.get('scaling efficiency')} efficiency), "
                     f"state {r.get('param+grad+AdamW state per rank (MiB)')} MiB/rank, "
