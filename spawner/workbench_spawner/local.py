@@ -102,7 +102,8 @@ def copy_missing(source: Path, target: Path) -> list[Path]:
     if not source.is_dir():
         return copied
     for path in sorted(source.rglob("*")):
-        if not path.is_file() or ".ipynb_checkpoints" in path.parts:
+        # Editor and interpreter droppings stay behind (the shared timing module is imported by tests).
+        if not path.is_file() or {".ipynb_checkpoints", "__pycache__"} & set(path.relative_to(source).parts):
             continue
         dest = target / path.relative_to(source)
         if dest.exists():
