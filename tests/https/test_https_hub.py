@@ -124,6 +124,7 @@ def test_behind_a_tls_proxy_the_hub_trusts_x_forwarded_proto(running_hub):
     """WORKBENCH_ALLOW_HTTP=1: no refusal on 0.0.0.0, and what a TLS proxy in front says about the
     browser's connection reaches the hub through our proxy, so its session cookies are Secure."""
     hub = running_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_SIMULATED_GPUS": "1"})
+    assert "--no-x-forward" in _proxy_command(hub)
     login = signed_up_and_logged_in(hub.url, {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"})
     assert login.status_code == 302, login.text[-1000:]
     cookies = set_cookies(login)
@@ -135,6 +136,26 @@ def test_behind_a_tls_proxy_the_hub_trusts_x_forwarded_proto(running_hub):
     # A request that did not come through the TLS proxy (no header) is not taken for HTTPS.
     r = requests.get(f"{hub.url}/hub/login", timeout=30)
     assert all("; secure" not in line for line in set_cookies(r).values()), set_cookies(r)
+
+
+def _proxy_command(hub) -> str:
+    pid = int((hub.data_dir / "jupyterhub-proxy.pid").read_text())
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def test_why_our_proxy_must_not_add_its_own_x_forwarded_proto(running_hub, tmp_path):
+    """The reason for --no-x-forward, kept as a fact: configurable-http-proxy appends ",http" to the
+    front proxy's X-Forwarded-Proto and JupyterHub (tornado: the last entry) then sets no Secure.
+    If a JupyterHub release reads the first entry instead, this test says the flag is no longer needed."""
+    local = tmp_path / "local_config.py"
+    chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
+    local.write_text(f"c = get_config()  # noqa\nc.ConfigurableHTTPProxy.command = [{str(chp)!r}]\n")
+    hub = running_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_SIMULATED_GPUS": "1",
+                       "WORKBENCH_LOCAL_CONFIG": str(local)})
+    assert "--no-x-forward" not in _proxy_command(hub)
+    login = signed_up_and_logged_in(hub.url, {"X-Forwarded-Proto": "https"})
+    assert login.status_code == 302, login.text[-1000:]
+    assert "; secure" not in set_cookies(login)["jupyterhub-session-id"], set_cookies(login)
 
 
 # -- the operator's certificate -------------------------------------------------------------------
