@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 import requests
 
 from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
-from tests.conftest import ARTIFACTS, REPO, free_port
+from tests.conftest import ARTIFACTS, REPO, free_port, missing
 from tests.https.certs import CA, NOW
 from tests.https.conftest import TEST_NAME
 
@@ -26,12 +27,12 @@ pytestmark = pytest.mark.integration
 HSTS = "max-age=31536000"
 
 
-def start_refused(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+def start_refused(tmp_path: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.CompletedProcess:
     """Start the hub as `make run` does; it must stop before anything listens."""
     env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path / "data"), "WORKBENCH_SIMULATED_GPUS": "1",
            "WORKBENCH_PORT": str(free_port()), **env}
-    return subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py")],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    command = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py")]
+    return subprocess.run([*(prefix or []), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
 def assert_one_sentence_exit_2(r: subprocess.CompletedProcess, sentence: str) -> None:
@@ -90,13 +91,17 @@ def test_a_bad_certificate_stops_the_hub_at_start(tmp_path, test_ca, bad_certs, 
 
 
 def test_an_unreadable_key_stops_the_hub_at_start(tmp_path, test_ca):
-    if os.geteuid() == 0:
-        pytest.skip("root reads every file; tests/https/test_tls_checks.py checks this as an unprivileged user")
     key = tmp_path / "key.pem"
     key.write_bytes(test_ca["key"].read_bytes())
     key.chmod(0)
-    r = start_refused(tmp_path, {"WORKBENCH_SSL_CERT": str(test_ca["cert"]), "WORKBENCH_SSL_KEY": str(key)})
-    assert_one_sentence_exit_2(r, f"WORKBENCH_SSL_KEY={key} cannot be read by the hub")
+    prefix = []
+    if os.geteuid() == 0:
+        # root reads every file: start the hub without the capabilities that let it (util-linux's setpriv)
+        if shutil.which("setpriv") is None:
+            missing("setpriv is not installed (apt-get install util-linux)")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+    r = start_refused(tmp_path, {"WORKBENCH_SSL_CERT": str(test_ca["cert"]), "WORKBENCH_SSL_KEY": str(key)}, prefix)
+    assert_one_sentence_exit_2(r, f"GPU Workbench: WORKBENCH_SSL_KEY={key} cannot be read by the hub (uid {os.geteuid()})")
 
 
 # -- behind a TLS-terminating proxy ---------------------------------------------------------------
