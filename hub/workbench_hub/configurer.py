@@ -15,6 +15,11 @@ without starting anything::
     update_spawner(c, {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x"}, repo, docker_bridge)
     assert c.JupyterHub.spawner_class == "gpu-docker"
 
+HTTPS (README, "Serving other machines"): :func:`update_tls` sets up the
+operator's certificate or a TLS proxy in front; :func:`check_transport`, run
+on the final config after the local file, refuses plain HTTP off loopback and
+checks the certificate with :mod:`workbench_hub.tls`.
+
 The README's configuration table lists every variable and its default.
 """
 
@@ -73,6 +78,16 @@ def port(env: Env, name: str, default: str) -> int:
 
 def flag(env: Env, name: str, default: str) -> bool:
     return text(env, name, default).lower() not in ("0", "false", "no")
+
+
+def opt_in(env: Env, name: str) -> bool:
+    """A switch that lowers a safeguard: on only when clearly said (1, true, yes); empty or unset is off."""
+    value = text(env, name).lower()
+    if value in ("", "0", "false", "no"):
+        return False
+    if value in ("1", "true", "yes"):
+        return True
+    raise ConfigError(f"{name} must be 1 or 0, not {value!r}")
 
 
 def comma_list(env: Env, name: str, default: str = "") -> list[str]:
@@ -139,7 +154,7 @@ def update_tls(c: Config, env: Env) -> None:
     """
     cert = text(env, "WORKBENCH_SSL_CERT")
     key = text(env, "WORKBENCH_SSL_KEY")
-    allow_http = flag(env, "WORKBENCH_ALLOW_HTTP", "0")
+    allow_http = opt_in(env, "WORKBENCH_ALLOW_HTTP")
     domain = text(env, "WORKBENCH_DOMAIN").lower()
     hsts_seconds = number(env, "WORKBENCH_HSTS_SECONDS", HSTS_DEFAULT, int)
     if bool(cert) != bool(key):
@@ -188,7 +203,7 @@ def check_transport(c: Config, env: Env) -> Transport:
     listens.
     """
     published = text(env, "WORKBENCH_PUBLISH_IP")
-    allow_http = flag(env, "WORKBENCH_ALLOW_HTTP", "0")
+    allow_http = opt_in(env, "WORKBENCH_ALLOW_HTTP")
     domain = text(env, "WORKBENCH_DOMAIN")
     env_cert, env_key = text(env, "WORKBENCH_SSL_CERT"), text(env, "WORKBENCH_SSL_KEY")
     hub = c.JupyterHub

@@ -391,6 +391,7 @@ def test_the_checkouts_proxy_gets_no_x_forward_behind_a_tls_proxy(tmp_path):
          "WORKBENCH_DOMAIN must be a host name such as gpu.example.org, not 'https://gpu.example.org/'"),
         ({"WORKBENCH_DOMAIN": "gpu.example.org:443"}, "WORKBENCH_DOMAIN must be a host name"),
         ({"WORKBENCH_HSTS_SECONDS": "a year"}, "WORKBENCH_HSTS_SECONDS must be a non-negative whole number, not 'a year'"),
+        ({"WORKBENCH_ALLOW_HTTP": "on-the-lan"}, "WORKBENCH_ALLOW_HTTP must be 1 or 0, not 'on-the-lan'"),
     ],
 )
 def test_bad_https_settings_raise_one_sentence(env, message):
@@ -427,6 +428,10 @@ def _local_loopback(c):
         ({"WORKBENCH_IP": "192.168.1.20"}, None, "the proxy's address 192.168.1.20 " + REFUSAL),
         ({"WORKBENCH_IP": "gpu.example.org"}, None, "the proxy's address gpu.example.org " + REFUSAL),
         ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1"}, None, "behind-proxy"),
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "true"}, None, "behind-proxy"),
+        # an empty value (`WORKBENCH_ALLOW_HTTP=` in .env) lowers no safeguard
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": ""}, None, "the proxy's address 0.0.0.0 " + REFUSAL),
+        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "0"}, None, "the proxy's address 0.0.0.0 " + REFUSAL),
         ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_DOMAIN": "gpu.example.org"}, None,
          "the proxy's address 0.0.0.0 " + REFUSAL),  # a domain alone is no proof of a TLS proxy
         ({"WORKBENCH_IP": "0.0.0.0", "TLS": 1}, None, "https"),
