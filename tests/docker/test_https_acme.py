@@ -246,3 +246,22 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         compose("down", "-v", "--remove-orphans", timeout=180)
         docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", datasets, check=False)
         docker("network", "rm", net, check=False)
+
+
+@pytest.mark.parametrize("env, sentence", [
+    ({}, "GPU Workbench https: set WORKBENCH_DOMAIN to the host name browsers use"),
+    ({"WORKBENCH_DOMAIN": DOMAIN}, "GPU Workbench https: set WORKBENCH_ACME_EMAIL, the admin e-mail the certificate "
+                                   f"authority writes to before {DOMAIN}'s certificate expires"),
+])
+def test_caddy_refuses_to_start_without_a_domain_and_an_admin_email(https_image, env, sentence):
+    args = [arg for name, value in env.items() for arg in ("-e", f"{name}={value}")]
+    proc = docker("run", "--rm", *args, https_image, check=False, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().startswith(sentence), proc.stderr
+
+
+def test_caddy_runs_unprivileged_from_debians_package(https_image):
+    out = docker("run", "--rm", "--entrypoint", "sh", https_image, "-c",
+                 "id -un; dpkg-query -W -f '${Version}\\n' caddy").stdout.split()
+    assert out[0] == "caddy", out  # not root
+    assert out[1].startswith("2.6."), out  # bookworm's caddy package
