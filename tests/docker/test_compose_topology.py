@@ -27,6 +27,8 @@ def test_hub_container_spawns_a_pinned_user_container(hub_image, singleuser_imag
             "-p", "127.0.0.1::8000", "-v", "/var/run/docker.sock:/var/run/docker.sock",
             "-e", "WORKBENCH_BACKEND=docker", "-e", f"WORKBENCH_IMAGE={singleuser_image}",
             "-e", f"WORKBENCH_DOCKER_NETWORK={network}", "-e", "WORKBENCH_IP=0.0.0.0",
+            # published on the host's loopback only (below), as compose does by default
+            "-e", "WORKBENCH_PUBLISH_IP=127.0.0.1",
             "-e", "WORKBENCH_SIMULATED_GPUS=2", "-e", f"WORKBENCH_ADMIN_TOKEN={token}",
             "-e", f"WORKBENCH_DATASETS_VOLUME={datasets}", "-e", "WORKBENCH_CULL_IDLE_SECONDS=0",
             hub_image,
