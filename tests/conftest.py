@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -211,26 +212,39 @@ def process_env(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-@pytest.fixture
-def running_hub(tmp_path):
-    """A factory: running_hub(env={...}, args=[...]) -> a started Hub."""
+@contextmanager
+def hub_pool(tmp_path: Path, prepare=None):
+    """start(env, args) -> a started Hub with its own data dir; every hub cleaned up at the end.
+
+    ``prepare(hub)`` may adjust a hub before it starts (its URL scheme, say)."""
     hubs: list[Hub] = []
 
     def start(env: dict[str, str] | None = None, args: list[str] | None = None) -> Hub:
         hub = Hub(tmp_path / f"hub{len(hubs)}", env or {}, args or [])
         hub.data_dir.mkdir()
+        if prepare:
+            prepare(hub)
         hubs.append(hub)
         return hub.start()
 
-    yield start
-    for hub in hubs:
-        try:
-            hub.kill_everything()
-        except Exception:
-            hub.stop()
-        if os.environ.get("WORKBENCH_KEEP_TEST_LOGS"):
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            shutil.copy(hub.log_path, ARTIFACTS / f"{hub.data_dir.parent.name}-{hub.data_dir.name}.log")
+    try:
+        yield start
+    finally:
+        for hub in hubs:
+            try:
+                hub.kill_everything()
+            except Exception:
+                hub.stop()
+            if os.environ.get("WORKBENCH_KEEP_TEST_LOGS"):
+                ARTIFACTS.mkdir(parents=True, exist_ok=True)
+                shutil.copy(hub.log_path, ARTIFACTS / f"{hub.data_dir.parent.name}-{hub.data_dir.name}.log")
+
+
+@pytest.fixture
+def running_hub(tmp_path):
+    """A factory: running_hub(env={...}, args=[...]) -> a started Hub."""
+    with hub_pool(tmp_path) as start:
+        yield start
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub, missing
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub, hub_pool, missing
 from tests.https.certs import CA, nss_home
 
 TEST_NAME = "workbench.test"  # resolved to 127.0.0.1 by Chromium's --host-resolver-rules
@@ -29,24 +29,17 @@ def tls_hub(tmp_path, monkeypatch):
 
     requests (the fixture's own polling and Hub.api) verifies against ``ca_pem``.
     """
-    hubs: list[Hub] = []
-
-    def start(env: dict[str, str], ca_pem: Path | None = None) -> Hub:
-        if ca_pem:
-            monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_pem))
-        hub = Hub(tmp_path / f"hub{len(hubs)}", env, [])
-        hub.data_dir.mkdir()
-        if env.get("WORKBENCH_SSL_CERT"):
+    def https_url(hub: Hub) -> None:
+        if hub.env.get("WORKBENCH_SSL_CERT"):
             hub.url = f"https://127.0.0.1:{hub.port}"
-        hubs.append(hub)
-        return hub.start()
 
-    yield start
-    for hub in hubs:
-        try:
-            hub.kill_everything()
-        except Exception:
-            hub.stop()
+    with hub_pool(tmp_path, https_url) as start_hub:
+        def start(env: dict[str, str], ca_pem: Path | None = None) -> Hub:
+            if ca_pem:
+                monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_pem))
+            return start_hub(env)
+
+        yield start
 
 
 @pytest.fixture
