@@ -18,7 +18,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench_hub import configurer, hub_db
+from workbench_hub import banner, configurer, hub_db, transport
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
@@ -55,7 +55,7 @@ try:
     # The spawners read this too: one place decides where state lives.
     os.environ["WORKBENCH_DATA_DIR"] = str(data_dir)
     configurer.update_hub(c, env, data_dir, REPO)
-    configurer.update_tls(c, env)
+    transport.update_tls(c, env)
     configurer.update_auth(c, env)
     # Managed services end with this process (workbench_hub/parent_guard.py).
     configurer.update_services(c, env, hub_pid=os.getpid())
@@ -93,7 +93,7 @@ final = final_config()
 
 try:
     # Plain HTTP only on loopback; the certificate that will be served is usable now.
-    transport = configurer.check_transport(final, env)
+    served = transport.check_transport(final, env)
 except ConfigError as exc:
     fail(str(exc))
 
@@ -117,4 +117,4 @@ except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url)
 
-print(configurer.banner(final, backend, data_dir, settings.inventory, transport), file=sys.stderr, flush=True)
+print(banner.banner(final, backend, data_dir, settings.inventory, served), file=sys.stderr, flush=True)

@@ -15,26 +15,21 @@ without starting anything::
     update_spawner(c, {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x"}, repo, docker_bridge)
     assert c.JupyterHub.spawner_class == "gpu-docker"
 
-HTTPS (README, "Serving other machines"): :func:`update_tls` sets up the
-operator's certificate or a TLS proxy in front; :func:`check_transport`, run
-on the final config after the local file, refuses plain HTTP off loopback and
-checks the certificate with :mod:`workbench_hub.tls`.
+HTTPS has its own module (``transport.py``: the certificate or the proxy in
+front, and the refusal of plain HTTP off loopback); the start-up banner too
+(``banner.py``).
 
 The README's configuration table lists every variable and its default.
 """
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from workbench_hub import tls
 from workbench_spawner.profiles import ProfileError, parse_profiles, profiles_from_text
 
 Env = Mapping[str, str]
@@ -119,118 +114,6 @@ def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
     # Servers outlive the hub: a hub restart (upgrade, config change) must not
     # kill anyone's training run. The hub re-attaches to them on start.
     c.JupyterHub.cleanup_servers = False
-
-
-# -- HTTPS ---------------------------------------------------------------------------
-
-HSTS_DEFAULT = "31536000"  # one year, this host only
-# a DNS name (labels of letters, digits, hyphens), no scheme, port or path
-_DOMAIN = re.compile(r"^(?=.{1,253}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$")
-
-
-def update_tls(c: Config, env: Env) -> None:
-    """HTTPS: the operator's certificate served by the proxy, or a TLS-terminating proxy in front.
-
-    Call after :func:`update_hub` (it changes the scheme of ``bind_url`` and
-    the proxy's command). Three modes:
-
-    * ``WORKBENCH_SSL_CERT`` and ``WORKBENCH_SSL_KEY``: configurable-http-proxy
-      serves HTTPS with them (JupyterHub's ``ssl_cert``/``ssl_key``); it tells
-      the hub ``X-Forwarded-Proto: https``, so the hub's cookies are
-      ``Secure``. The files are checked by :func:`check_transport`.
-    * ``WORKBENCH_ALLOW_HTTP=1`` or ``WORKBENCH_DOMAIN`` (and no certificate): a
-      proxy in front terminates TLS and forwards ``X-Forwarded-Proto``. Our
-      proxy then adds no X-Forwarded-* headers of its own
-      (``--no-x-forward``): it would append ``,http`` and tornado, which reads
-      the last entry, would take the connection for plain HTTP and leave the
-      hub's cookies without ``Secure``. ``WORKBENCH_DOMAIN`` also sets
-      ``public_url`` to ``https://<domain>/`` (absolute URLs and ``Secure``
-      cookies even when a proxy forgets the header).
-    * neither: plain HTTP, which :func:`check_transport` allows on loopback only.
-
-    HSTS (``WORKBENCH_HSTS_SECONDS``, default one year, 0 = off) goes on every
-    hub page in the first two modes; browsers apply it to the whole host
-    (user servers included) and ignore it on plain HTTP.
-    """
-    cert = text(env, "WORKBENCH_SSL_CERT")
-    key = text(env, "WORKBENCH_SSL_KEY")
-    allow_http = opt_in(env, "WORKBENCH_ALLOW_HTTP")
-    domain = text(env, "WORKBENCH_DOMAIN").lower()
-    hsts_seconds = number(env, "WORKBENCH_HSTS_SECONDS", HSTS_DEFAULT, int)
-    if bool(cert) != bool(key):
-        missing = "WORKBENCH_SSL_KEY" if cert else "WORKBENCH_SSL_CERT"
-        raise ConfigError(f"{missing} is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither")
-    if domain and not _DOMAIN.match(domain):
-        raise ConfigError(f"WORKBENCH_DOMAIN must be a host name such as gpu.example.org, not {domain!r}")
-
-    behind_proxy = not cert and (allow_http or bool(domain))
-    if cert:
-        c.JupyterHub.ssl_cert = cert
-        c.JupyterHub.ssl_key = key
-        c.JupyterHub.bind_url = "https://" + c.JupyterHub.bind_url.partition("://")[2]
-    elif behind_proxy:
-        command = c.ConfigurableHTTPProxy.command if "command" in c.ConfigurableHTTPProxy else ["configurable-http-proxy"]
-        c.ConfigurableHTTPProxy.command = [*command, "--no-x-forward"]
-        if domain:
-            c.JupyterHub.public_url = f"https://{domain}/"
-    if (cert or behind_proxy) and hsts_seconds:
-        c.JupyterHub.tornado_settings = {"headers": {"Strict-Transport-Security": tls.hsts(hsts_seconds)}}
-
-
-@dataclass(frozen=True)
-class Transport:
-    """How the hub reaches browsers, as decided at start (for the banner)."""
-
-    mode: str  # "https" (our proxy serves TLS), "behind-proxy" (TLS in front) or "http" (loopback only)
-    certificate: tls.CertificateInfo | None = None
-
-
-def _listen_host(c: Config) -> str:
-    if "ip" in c.JupyterHub:  # the deprecated trait wins over bind_url in JupyterHub
-        return c.JupyterHub.ip
-    bind_url = c.JupyterHub.bind_url if "bind_url" in c.JupyterHub else "http://:8000"
-    return urlparse(bind_url).hostname or ""
-
-
-def check_transport(c: Config, env: Env) -> Transport:
-    """Refuse plain HTTP on an address other machines reach; check the certificate that will be served.
-
-    ``c`` is the final config (environment, local file, command line), so a
-    ``bind_url`` or ``ssl_cert`` set in ``jupyterhub_config.local.py`` is
-    checked too. The address checked is ``WORKBENCH_PUBLISH_IP`` when set
-    (docker compose: the host address the container's port is published on;
-    inside the container the hub listens on 0.0.0.0), else where the proxy
-    listens.
-    """
-    published = text(env, "WORKBENCH_PUBLISH_IP")
-    allow_http = opt_in(env, "WORKBENCH_ALLOW_HTTP")
-    domain = text(env, "WORKBENCH_DOMAIN")
-    env_cert, env_key = text(env, "WORKBENCH_SSL_CERT"), text(env, "WORKBENCH_SSL_KEY")
-    hub = c.JupyterHub
-    cert = hub.ssl_cert if "ssl_cert" in hub else ""
-    key = hub.ssl_key if "ssl_key" in hub else ""
-    if cert or key:
-        if not (cert and key):
-            raise ConfigError("c.JupyterHub.ssl_cert and c.JupyterHub.ssl_key must be set together")
-        try:
-            info = tls.check_certificate(
-                cert, key,
-                cert_variable="WORKBENCH_SSL_CERT" if cert == env_cert else "c.JupyterHub.ssl_cert",
-                key_variable="WORKBENCH_SSL_KEY" if key == env_key else "c.JupyterHub.ssl_key",
-            )
-        except tls.TLSError as exc:
-            raise ConfigError(str(exc)) from None
-        return Transport("https", info)
-    host = published or _listen_host(c)
-    if not tls.is_loopback(host) and not allow_http:
-        where = f"WORKBENCH_PUBLISH_IP={published}" if published else f"the proxy's address {host or '(every address)'}"
-        raise ConfigError(
-            f"{where} serves other machines over plain HTTP, so passwords and tokens would cross the network "
-            "in clear: set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, or set "
-            "WORKBENCH_ALLOW_HTTP=1 if a TLS-terminating proxy in front forwards X-Forwarded-Proto "
-            "(README: Serving other machines)"
-        )
-    return Transport("behind-proxy" if (allow_http or domain) else "http")
 
 
 def update_auth(c: Config, env: Env) -> None:
@@ -455,64 +338,3 @@ def _update_docker(c: Config, env: Env, docker_bridge: Callable[[], str] | None)
         spawner.mem_limit = text(env, "WORKBENCH_MEM_LIMIT")
     if text(env, "WORKBENCH_CPU_LIMIT"):
         spawner.cpu_limit = number(env, "WORKBENCH_CPU_LIMIT", "1")
-
-
-# -- what the operator sees first --------------------------------------------------
-
-
-def public_address(c: Config, transport: Transport | None = None) -> str:
-    """Where a browser opens the hub: the public URL, else the certificate's name, else this machine."""
-    if "public_url" in c.JupyterHub and c.JupyterHub.public_url:
-        return c.JupyterHub.public_url.rstrip("/")
-    scheme, _, bind = c.JupyterHub.bind_url.partition("://")
-    ip, _, public_port = bind.rstrip("/").rpartition(":")
-    host = ip.strip("[]")
-    if transport and transport.certificate and transport.certificate.names:
-        host = transport.certificate.names[0]
-    elif host in ("0.0.0.0", "::", ""):
-        host = "127.0.0.1"
-    return f"{scheme}://{host}:{public_port}"
-
-
-def banner(c: Config, backend: str, data: Path, inventory, transport: Transport | None = None) -> str:
-    """The lines printed at start: where the hub is, which GPUs, where state lives, how to begin."""
-    address = public_address(c, transport)
-    admins = sorted(c.Authenticator.admin_users)
-    devices = inventory.devices
-    if inventory.source == "simulated":
-        counts: dict[str, int] = {}
-        for device in devices:
-            counts[device.model or device.name] = counts.get(device.model or device.name, 0) + 1
-        spec = ",".join(f"{n}x{model}" for model, n in counts.items())
-        gpu_line = f"GPUs: {len(devices)} SIMULATED ({spec}); no real hardware is used"
-    elif devices:
-        gpu_line = f"GPUs: {len(devices)} found by {'NVML' if inventory.source == 'nvml' else inventory.source}: " + (
-            ", ".join(sorted({d.name for d in devices}))
-        )
-    else:
-        gpu_line = f"GPUs: none, servers will be CPU only ({inventory.message})"
-    transport_lines = []
-    if transport and transport.certificate:
-        cert = transport.certificate
-        left = cert.days_left()
-        transport_lines.append(
-            f"HTTPS: certificate for {', '.join(cert.names) or cert.subject}, valid until "
-            f"{cert.not_after:%Y-%m-%d}" + (f" (ONLY {left:.0f} DAYS LEFT: renew it)" if left < 14 else "")
-        )
-    elif transport and transport.mode == "behind-proxy":
-        transport_lines.append("HTTPS: terminated by the proxy in front (it must forward X-Forwarded-Proto)")
-    return "\n".join(
-        [
-            "",
-            "=" * 72,
-            f"GPU Workbench ({backend} backend) at {address}/",
-            gpu_line,
-            *transport_lines,
-            f"Data: {data}",
-            f"First admin: open {address}/hub/signup and sign up as "
-            f"{' or '.join(admins) or '(set WORKBENCH_ADMIN_USERS)'}; "
-            "admins are authorized at once, other sign-ups wait for an admin at /hub/authorize",
-            "=" * 72,
-            "",
-        ]
-    )

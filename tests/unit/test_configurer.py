@@ -13,7 +13,7 @@ import pytest
 from traitlets.config import Config
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_hub import configurer, parent_guard
+from workbench_hub import banner, configurer, parent_guard, transport
 from workbench_hub.configurer import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,7 +33,7 @@ def build(env: dict[str, str], repo: Path = REPO, docker_bridge=bridge) -> Confi
     c = Config()
     data = configurer.data_dir(env, repo)
     configurer.update_hub(c, env, data, repo)
-    configurer.update_tls(c, env)
+    transport.update_tls(c, env)
     configurer.update_auth(c, env)
     configurer.update_services(c, env)
     configurer.update_spawner(c, env, data, repo, docker_bridge)
@@ -461,10 +461,10 @@ def test_plain_http_is_served_on_loopback_only(certs, env, local, outcome):
     if local:
         local(c)
     if outcome in ("http", "https", "behind-proxy"):
-        assert configurer.check_transport(c, env).mode == outcome
+        assert transport.check_transport(c, env).mode == outcome
     else:
         with pytest.raises(ConfigError) as raised:
-            configurer.check_transport(c, env)
+            transport.check_transport(c, env)
         assert str(raised.value).startswith(outcome), str(raised.value)
 
 
@@ -473,9 +473,9 @@ def test_a_certificate_set_only_in_the_local_config_is_checked_and_named_so(cert
     c.JupyterHub.ssl_cert = certs["cert"]
     c.JupyterHub.ssl_key = certs["other_key"]
     with pytest.raises(ConfigError, match=r"^c.JupyterHub.ssl_key=.* is not the key of the certificate in c.JupyterHub.ssl_cert="):
-        configurer.check_transport(c, {})
+        transport.check_transport(c, {})
     c.JupyterHub.ssl_key = certs["key"]
-    assert configurer.check_transport(c, {}).certificate.names == ("workbench.test", "127.0.0.1")
+    assert transport.check_transport(c, {}).certificate.names == ("workbench.test", "127.0.0.1")
 
 
 @pytest.mark.parametrize(
@@ -495,8 +495,8 @@ def test_banner_says_where_https_is_served(certs, env, lines):
     if env.pop("TLS", None):
         env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["key"]}
     c = build(env)
-    text = configurer.banner(c, "local", DATA, DeviceInventory("none", [], "no driver"),
-                             configurer.check_transport(c, env))
+    text = banner.banner(c, "local", DATA, DeviceInventory("none", [], "no driver"),
+                             transport.check_transport(c, env))
     for line in lines:
         assert any(row.startswith(line) for row in text.splitlines()), text
     if "TLS" in str(env) or env.get("WORKBENCH_SSL_CERT"):
@@ -525,7 +525,7 @@ def device(i: int, model: str, source: str = "simulated") -> GPUDevice:
 def test_banner_names_the_gpus(inventory, line):
     env = {"WORKBENCH_PORT": "8123", "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ADMIN_USERS": "ada"}
     c = build(env)
-    text = configurer.banner(c, "local", DATA, inventory)
+    text = banner.banner(c, "local", DATA, inventory)
     assert line in text.splitlines()
     assert "GPU Workbench (local backend) at http://127.0.0.1:8123/" in text
     assert f"Data: {DATA}" in text
