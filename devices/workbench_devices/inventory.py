@@ -127,16 +127,7 @@ def nvml_devices() -> list[GPUDevice]:
             if mig_slices:
                 devices.extend(mig_slices)
                 continue
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            devices.append(
-                GPUDevice(
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    index=index,
-                    name=name,
-                    memory_total_bytes=int(memory.total),
-                    model=_model_from_name(name, int(memory.total)),
-                )
-            )
+            devices.append(_device(pynvml, handle, index, name, name))
         return devices
     finally:
         pynvml.nvmlShutdown()
@@ -155,18 +146,16 @@ def _mig_slices(pynvml, handle, index: int, name: str) -> list[GPUDevice]:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
         except pynvml.NVMLError:
             continue
-        memory = pynvml.nvmlDeviceGetMemoryInfo(mig)
-        slices.append(
-            GPUDevice(
-                uuid=_text(pynvml.nvmlDeviceGetUUID(mig)),
-                index=index,
-                name=f"{name} MIG {mig_index}",
-                memory_total_bytes=int(memory.total),
-                model=_model_from_name(name, int(memory.total)) + "-MIG",
-                mig=True,
-            )
-        )
+        slices.append(_device(pynvml, mig, index, f"{name} MIG {mig_index}", name, mig=True))
     return slices
+
+
+def _device(pynvml, handle, index: int, name: str, board: str, mig: bool = False) -> GPUDevice:
+    """One GPUDevice from an NVML handle (a whole GPU, or a MIG slice of board ``board``)."""
+    total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    model = _model_from_name(board, total) + ("-MIG" if mig else "")
+    return GPUDevice(uuid=_text(pynvml.nvmlDeviceGetUUID(handle)), index=index, name=name,
+                     memory_total_bytes=total, model=model, mig=mig)
 
 
 def _text(value) -> str:
