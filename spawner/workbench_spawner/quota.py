@@ -70,6 +70,8 @@ class QuotaRow(Base):
     gpu_hours_per_week: Mapped[float | None] = mapped_column(Float, nullable=True)
     allowed_models: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list
     max_session_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_idle_minutes: Mapped[float | None] = mapped_column(Float, nullable=True)  # migration 0003
+    gpu_idle_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent
     updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_by: Mapped[str] = mapped_column(String(255), default="")
 

@@ -5,6 +5,8 @@ from sqlalchemy import engine_from_config, pool
 
 from workbench_spawner import quota as _quota  # noqa: F401  (registers the quota tables)
 from workbench_spawner import settings as _settings  # noqa: F401  (registers the settings table)
+from workbench_spawner import idle_book as _idle_book  # noqa: F401  (idle tracks, exemptions: 0003)
+from workbench_spawner import notices as _notices  # noqa: F401  (notices: 0003)
 from workbench_spawner.store import Base
 
 config = context.config
