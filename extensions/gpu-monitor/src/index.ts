@@ -5,6 +5,7 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { GPUMetricsClient } from './client';
+import { NoticeStatusItem } from './notices';
 import { askNotebooks } from './torch';
 import { GPUPanel, GPUStatusItem } from './views';
 
@@ -51,6 +52,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         rank: 1
       });
     }
+    // The hub's notices ("your server will be stopped at ..."): a notification, and a countdown in the status bar.
+    const notices = new NoticeStatusItem(app.serviceManager.serverSettings);
+    if (statusBar) {
+      statusBar.registerStatusItem('workbench-gpu-monitor:notice', { item: notices, align: 'left', rank: 0 });
+    }
+    notices.start();
     client.start();
   }
 };

@@ -15,10 +15,11 @@ from __future__ import annotations
 from jupyter_server.extension.application import ExtensionApp
 
 from .handlers import SETTINGS_KEY, GPUMetricsHandler, GPUMonitorServer, GPUStreamHandler
+from .notices import GPUNoticesHandler
 
 
 class GPUMonitorApp(ExtensionApp):
-    """Adds ``{base_url}api/gpu/metrics`` and ``api/gpu/stream`` and owns the server's one sampler.
+    """Adds ``{base_url}api/gpu/metrics``, ``api/gpu/stream``, ``api/gpu/notices``; owns the one sampler.
 
     Configuration stays on ``GPUMonitorServer`` (``c.GPUMonitorServer.<trait>``
     in any ``jupyter_server_config`` file); this class only ties the monitor's
@@ -38,7 +39,8 @@ class GPUMonitorApp(ExtensionApp):
 
     def initialize_handlers(self):
         # ExtensionApp prepends the server's base_url.
-        self.handlers.extend([("api/gpu/metrics", GPUMetricsHandler), ("api/gpu/stream", GPUStreamHandler)])
+        self.handlers.extend([("api/gpu/metrics", GPUMetricsHandler), ("api/gpu/stream", GPUStreamHandler),
+                              ("api/gpu/notices", GPUNoticesHandler)])
 
     def initialize(self):
         super().initialize()

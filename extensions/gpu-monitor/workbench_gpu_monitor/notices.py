@@ -1,0 +1,128 @@
+"""What the hub side tells this server's user: "your server will be stopped at T because ...".
+
+The workbench service (on the hub) decides that a server is to be stopped
+(its GPUs stayed idle, a reservation takes them back) and, until then, posts
+the notice here on every pass; the JupyterLab extension reads it and shows a
+notification and a status-bar countdown. The hub pushes rather than this
+server pulling because every backend lets the hub reach a user server (the
+proxy routes to it) while the user server cannot always reach the service.
+
+``GET {base_url}api/gpu/notices``
+    ``{"now": iso, "notices": [{"id", "kind", "message", "hint", "stop_at",
+    "seconds_left"}]}``: the live notices, ``seconds_left`` counted from this
+    server's clock so a browser with a wrong clock still counts down right.
+``PUT {base_url}api/gpu/notices``
+    Replaces the whole list (``{"notices": [...]}``; an empty list withdraws
+    them). Under JupyterHub only a service (the workbench service's token,
+    with ``access:servers``) may do this; the user reads, never writes, so a
+    browser script cannot hide a warning from its user by accident.
+
+Notices live in memory: a server that restarts has none until the next pass
+of the service (seconds), which posts them again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+NOTICES_KEY = "workbench_gpu_monitor_notices"
+MAX_NOTICES = 16
+MAX_TEXT = 2000
+FIELDS = ("id", "kind", "message", "hint", "stop_at")
+
+
+class NoticeError(ValueError):
+    pass
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise NoticeError("stop_at must be an ISO 8601 time such as 2026-12-03T10:30:00+00:00, or null")
+    try:
+        when = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise NoticeError(f"stop_at {json.dumps(value)[:60]} is not an ISO 8601 time") from None
+    if when.tzinfo is None:
+        raise NoticeError("stop_at must carry a time zone (for example +00:00)")
+    return when
+
+
+def parse_notices(body: Any) -> list[dict]:
+    """Check a PUT body; raise NoticeError with a sentence."""
+    if not isinstance(body, dict) or not isinstance(body.get("notices"), list):
+        raise NoticeError('the body must be {"notices": [...]}')
+    if len(body["notices"]) > MAX_NOTICES:
+        raise NoticeError(f"at most {MAX_NOTICES} notices at once")
+    notices = []
+    for item in body["notices"]:
+        if not isinstance(item, dict):
+            raise NoticeError("each notice must be a JSON object")
+        unknown = sorted(set(item) - set(FIELDS) - {"seconds_left", "server", "user", "state", "reason",
+                                                   "created", "updated"})
+        if unknown:
+            raise NoticeError(f"unknown notice field(s): {', '.join(unknown)}")
+        if isinstance(item.get("id"), bool) or not isinstance(item.get("id"), (int, str)):
+            raise NoticeError("each notice needs an id (a number or a string)")
+        for key in ("kind", "message"):
+            if not isinstance(item.get(key), str) or not item[key].strip():
+                raise NoticeError(f"each notice needs a {key} (text)")
+        hint = item.get("hint") or ""
+        if not isinstance(hint, str):
+            raise NoticeError("hint must be text")
+        if any(len(str(item.get(k) or "")) > MAX_TEXT for k in ("message", "hint")):
+            raise NoticeError(f"message and hint are at most {MAX_TEXT} characters")
+        notices.append({"id": str(item["id"]), "kind": item["kind"][:32], "message": item["message"],
+                        "hint": hint, "stop_at": _parse_time(item.get("stop_at"))})
+    return notices
+
+
+def render(notices: list[dict], now: datetime | None = None) -> dict:
+    now = now or datetime.now(timezone.utc)
+    out = []
+    for n in notices:
+        stop_at = n["stop_at"]
+        left = None if stop_at is None else max(0.0, (stop_at - now).total_seconds())
+        out.append({**n, "stop_at": stop_at.isoformat() if stop_at else None, "seconds_left": left})
+    return {"now": now.isoformat(), "notices": out}
+
+
+class GPUNoticesHandler(APIHandler):
+    auth_resource = "api"
+
+    @property
+    def notices(self) -> list[dict]:
+        return self.settings.setdefault(NOTICES_KEY, [])
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(render(self.notices)))
+
+    @web.authenticated
+    @authorized
+    async def put(self):
+        hub_user = getattr(self.current_user, "hub_user", None)
+        if os.environ.get("JUPYTERHUB_API_TOKEN") and (not isinstance(hub_user, dict)
+                                                       or hub_user.get("kind") != "service"):
+            raise web.HTTPError(403, "only the hub's workbench service posts notices; users read them")
+        try:
+            body = json.loads(self.request.body or b"null")
+        except ValueError:
+            raise web.HTTPError(400, "the body is not JSON") from None
+        try:
+            parsed = parse_notices(body)
+        except NoticeError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        self.settings[NOTICES_KEY] = parsed
+        self.log.info("GPU monitor: %d notice(s) from the hub", len(parsed))
+        self.finish(json.dumps(render(parsed)))
