@@ -174,15 +174,18 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         policy = await self._policy()
         what = f"{request.gpus} {request.gpu_model + ' ' if request.gpu_model else ''}GPU(s)"
 
-        def report(ahead: int) -> None:
+        def report(ahead: int, why: str = "") -> None:
+            because = f" ({why})" if why else ""
             if ahead:
-                self._gpu_events.add(f"Waiting for {what}: {ahead} ahead of you in line", 5)
+                self._gpu_events.add(f"Waiting for {what}: {ahead} ahead of you in line{because}", 5)
             else:
-                self._gpu_events.add(f"Waiting for {what} to become free (you are next in line)", 5)
+                self._gpu_events.add(f"Waiting for {what} to become free (you are next in line){because}", 5)
 
+        # The hub's ORM may load the groups lazily: off the event loop, as admission does.
+        groups = await asyncio.to_thread(lambda: tuple(sorted(g.name for g in getattr(self.user, "groups", None) or [])))
         try:
             lease = await policy.place(self.user.name, self.name, request.gpus, request.gpu_model,
-                                       self.gpu_queue_timeout, report)
+                                       self.gpu_queue_timeout, report, groups=groups)
         except NoGPUAvailable as exc:
             raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
         self._gpu_events.add(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)

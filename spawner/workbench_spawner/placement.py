@@ -2,7 +2,10 @@
 
 Two kinds of backend place differently. On one host we place: a transaction
 in the GPU database picks free GPUs, and a first-come, first-served wait list
-holds the rest (``HostAllocator``, for the local and docker backends). On an
+holds the rest (``HostAllocator``, for the local and docker backends), in
+the order ``queue_order`` says (first come, first served, or fair share),
+and reservations are enforced inside the allocating transaction: a
+non-member gets only GPUs that leave what a reservation keeps. On an
 engine such as Slurm the engine places, and the backend learns the node and
 GPUs back; its queue is the wait. Both end in the same place: a ``Lease`` in
 the ledger (``AllocationStore``), which the fleet view, metrics, GPU-hours
@@ -14,16 +17,30 @@ from __future__ import annotations
 import asyncio
 import logging
 from abc import ABC, abstractmethod
-from typing import Callable
+from datetime import tzinfo
+from typing import Callable, Sequence
 
 from workbench_devices import DeviceInventory
 
+from .clock import Clock, real_now
+from .quota import gpu_hours_used
+from .reservation_book import ReservationBook
+from .reservations import Holding, Reservation, is_member, remaining_needs, takeable
 from .store import AllocationStore, Lease
 from .waitlist import WaitList, WaitTimeout
 
 log = logging.getLogger("workbench.placement")
 
-Report = Callable[[int], None]
+# report(ahead, why): how many are ahead, and in fair-share mode why ("" otherwise).
+Report = Callable[..., None]
+
+
+def _nothing(ahead: int, why: str = "") -> None:
+    return None
+
+
+def holdings(leases: Sequence[Lease]) -> list[Holding]:
+    return [Holding(l.user, l.server, l.gpu_uuids, frozenset(l.groups), l.since) for l in leases]
 
 
 class NoGPUAvailable(Exception):
@@ -38,8 +55,10 @@ class Placement(ABC):
 
     @abstractmethod
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = lambda ahead: None) -> Lease:
-        """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailable after ``timeout`` s."""
+                    report: Report = _nothing, groups: Sequence[str] = ()) -> Lease:
+        """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailable after ``timeout`` s.
+
+        ``groups``: the user's JupyterHub groups (reservations let members in)."""
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
         """End the lease (the ledger keeps it); blocking, so call it from a worker thread."""
@@ -58,18 +77,53 @@ class Placement(ABC):
 
 
 class HostAllocator(Placement):
-    """Our own placement on one host: a database transaction plus a FIFO wait list."""
+    """Our own placement on one host: a database transaction plus an ordered wait list."""
 
     def __init__(self, store: AllocationStore, inventory: DeviceInventory, node: str,
-                 slots_per_gpu: int = 1, recheck_interval: float = 2.0):
+                 slots_per_gpu: int = 1, recheck_interval: float = 2.0, queue_order: str = "fifo",
+                 aging_minutes: float = 30.0, tz: tzinfo | None = None, clock: Clock = real_now):
         super().__init__(store)
         self.inventory = inventory
         self.node = node
         self.slots_per_gpu = max(1, slots_per_gpu)
-        self.waitlist: WaitList[Lease] = WaitList(recheck_interval)
+        self.queue_order = queue_order
+        self.waitlist: WaitList[Lease] = WaitList(recheck_interval, queue_order, aging_minutes)
+        self.reservations = ReservationBook(store)
+        self.tz = tz
+        self.clock = clock
+        self.models = {d.uuid: d.model for d in inventory.devices}
+        # key -> (groups, count) of every request waiting now (members waiting count as "asked").
+        self._asking: dict[str, tuple[frozenset[str], int]] = {}
 
     def candidates(self, model: str | None) -> list[str]:
         return [d.uuid for d in self.inventory.devices if model is None or d.model == model]
+
+    def waiting_by_group(self) -> dict[str, int]:
+        demand: dict[str, int] = {}
+        for groups, count in list(self._asking.values()):
+            for group in groups:
+                demand[group] = demand.get(group, 0) + count
+        return demand
+
+    def active_reservations(self) -> list[Reservation]:
+        """Reservations whose window is open now (reads the database: call from a thread)."""
+        from datetime import timezone
+
+        now, tz = self.clock(), self.tz or timezone.utc
+        return [r for r in self.reservations.reservations() if r.window.current(now, tz) is not None]
+
+    def choose(self, groups: Sequence[str], count: int, active: Sequence[Reservation]):
+        """The in-transaction filter: the free GPUs this user may take under ``active`` reservations."""
+        from datetime import timezone
+
+        def pick(free: list[str], leases: list[Lease]) -> list[str]:
+            if not active:
+                return free
+            needs = remaining_needs(active, holdings(leases), self.models, self.clock(), self.tz or timezone.utc,
+                                    self.waiting_by_group(), exclude_groups=groups)
+            return takeable(free, self.models, count, needs)
+
+        return pick
 
     def free_count(self, model: str | None = None) -> int:
         """GPUs a new server could get right now (reads the database: call from a thread)."""
@@ -77,15 +131,30 @@ class HostAllocator(Placement):
         return sum(1 for uuid in self.candidates(model) if len(holders.get(uuid, [])) < self.slots_per_gpu)
 
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = lambda ahead: None) -> Lease:
+                    report: Report = _nothing, groups: Sequence[str] = ()) -> Lease:
         candidates = self.candidates(model)
+        groups = tuple(groups)
+        key = f"{user}/{server}"
+
+        def take() -> Lease | None:
+            active = self.active_reservations()
+            return self.store.allocate(user, server, count, candidates, self.slots_per_gpu, node=self.node,
+                                       groups=groups, choose=self.choose(groups, count, active))
+
+        def join() -> tuple[float, tuple]:
+            hours = gpu_hours_used(self.store, user) if self.queue_order == "fair-share" else 0.0
+            # The class: the model and the open reservations this user may use (waitlist.py).
+            mine = frozenset(r.id for r in self.active_reservations() if is_member(r, groups))
+            return hours, (model, mine)
 
         async def try_take() -> Lease | None:
-            return await asyncio.to_thread(self.store.allocate, user, server, count, candidates,
-                                           self.slots_per_gpu, node=self.node)
+            return await asyncio.to_thread(take)
 
+        hours, cls = await asyncio.to_thread(join)
+        self._asking[key] = (frozenset(groups), count)
         try:
-            return await self.waitlist.wait_for(f"{user}/{server}", count, try_take, timeout, report)
+            return await self.waitlist.wait_for(key, count, try_take, timeout, report, user=user,
+                                                gpu_hours=hours, cls=cls)
         except WaitTimeout:
             free = await asyncio.to_thread(self.free_count, model)
             what = f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
@@ -94,6 +163,8 @@ class HostAllocator(Placement):
                 f"({free} free now, {len(self.waitlist.waiting())} still waiting). "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
             ) from None
+        finally:
+            self._asking.pop(key, None)
 
     def released(self) -> None:
         self.waitlist.notify()

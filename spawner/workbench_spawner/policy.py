@@ -22,6 +22,7 @@ from typing import Callable
 from workbench_devices import DeviceInventory, GPUDevice
 
 from .admission import AdmissionContext
+from .clock import hub_clock, zone
 from .placement import HostAllocator, NoGPUAvailable, Placement, Report
 from .quota import QuotaBook, gpu_hours_used
 from .settings import PolicySettings
@@ -49,8 +50,12 @@ class GPUPolicy:
         self.settings = settings
         self.store = store
         self.quotas = QuotaBook(store)
+        self.tz = zone(settings.time_zone)
+        self.clock = hub_clock(settings.test_clock_file)
         self.placement = placement or HostAllocator(store, settings.inventory, settings.node,
-                                                    settings.servers_per_gpu, recheck_interval)
+                                                    settings.servers_per_gpu, recheck_interval,
+                                                    settings.queue_order, settings.queue_aging_minutes,
+                                                    self.tz, self.clock)
         self._reconciled = False
         self._reconcile_lock = threading.Lock()
 
@@ -116,8 +121,8 @@ class GPUPolicy:
     # -- placement ------------------------------------------------------------------
 
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = lambda ahead: None) -> Lease:
-        return await self.placement.place(user, server, count, model, timeout, report)
+                    report: Report = lambda ahead, why="": None, groups: tuple[str, ...] = ()) -> Lease:
+        return await self.placement.place(user, server, count, model, timeout, report, groups=groups)
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
         return self.placement.release(user, server, reason)

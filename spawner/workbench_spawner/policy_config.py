@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import socket
 
-from traitlets import Bool, Dict, Float, Integer, List, Unicode, default
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 
@@ -136,5 +136,63 @@ class GPUPolicyConfig(Configurable):
         help="""
         Who a student should ask for more GPUs; named in every quota refusal,
         e.g. ``"your course staff (gpu-help@example.edu)"``.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_order = Enum(
+        ["fifo", "fair-share"],
+        default_value="fifo",
+        help="""
+        The order in which waiting spawns get GPUs. ``fifo`` (the default):
+        first come, first served. ``fair-share``: the user with the fewest
+        GPU-hours in the last 7 days first, equal usage by arrival, and a
+        request that waited ``gpu_queue_aging_minutes`` goes ahead of all
+        that did not (nobody starves). Set from $WORKBENCH_QUEUE_ORDER in the
+        shipped config, which stops the hub on any other value.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_aging_minutes = Float(
+        30.0,
+        min=0,
+        help="""
+        Fair share's aging bound: once a request has waited this many minutes,
+        nobody who arrived after it is served before it. Lower it for short
+        classes; 0 makes fair share behave as first come, first served.
+        From $WORKBENCH_QUEUE_AGING_MINUTES in the shipped config.
+        """,
+    ).tag(config=True)
+
+    gpu_time_zone = Unicode(
+        help="""
+        The IANA time zone reservation windows are written in (``Tue 10:00-12:00``
+        means 10:00 there), e.g. ``Europe/Berlin``. Defaults to
+        $WORKBENCH_TIME_ZONE, else $TZ, else /etc/timezone, else UTC.
+        """,
+    ).tag(config=True)
+
+    @default("gpu_time_zone")
+    def _default_gpu_time_zone(self) -> str:
+        from .clock import default_time_zone
+
+        return os.environ.get("WORKBENCH_TIME_ZONE") or default_time_zone()
+
+    @validate("gpu_time_zone")
+    def _check_gpu_time_zone(self, proposal):
+        from .clock import ClockError, zone
+
+        try:
+            zone(proposal["value"])
+        except ClockError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal["value"]
+
+    gpu_test_clock_file = Unicode(
+        help="""
+        For tests and demos only: a file holding an ISO instant that
+        reservations and preemption take as "now" (plus the seconds since
+        the file was written), in the hub and the workbench service alike.
+        Empty (the default) uses the real clock. From
+        $WORKBENCH_TEST_CLOCK_FILE in the shipped config; see clock.py.
         """,
     ).tag(config=True)

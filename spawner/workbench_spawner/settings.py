@@ -55,6 +55,11 @@ class PolicySettings:
     # The node this hub places GPUs on (single host: its host name).
     node: str = field(default_factory=socket.gethostname)
     backend: str = ""
+    # Reservations and the wait list (queue_order.py, reservations.py, clock.py).
+    queue_order: str = "fifo"
+    queue_aging_minutes: float = 30.0
+    time_zone: str = "UTC"
+    test_clock_file: str = ""
 
     @property
     def simulated(self) -> bool:
@@ -78,6 +83,10 @@ class PolicySettings:
             "quota_contact": self.quota_contact,
             "node": self.node,
             "backend": self.backend,
+            "queue_order": self.queue_order,
+            "queue_aging_minutes": self.queue_aging_minutes,
+            "time_zone": self.time_zone,
+            "test_clock_file": self.test_clock_file,
         }
 
     @classmethod
@@ -101,6 +110,10 @@ class PolicySettings:
             quota_contact=str(data.get("quota_contact", "a hub admin")),
             node=str(data.get("node", "")),
             backend=str(data.get("backend", "")),
+            queue_order=str(data.get("queue_order", "fifo")),
+            queue_aging_minutes=float(data.get("queue_aging_minutes", 30.0)),
+            time_zone=str(data.get("time_zone", "UTC")),
+            test_clock_file=str(data.get("test_clock_file", "")),
         )
 
 
@@ -189,6 +202,10 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         quota_contact=str(spawner.quota_contact),
         node=spawner.gpu_node,
         backend=backend or type(spawner).__name__,
+        queue_order=str(spawner.gpu_queue_order),
+        queue_aging_minutes=float(spawner.gpu_queue_aging_minutes),
+        time_zone=str(spawner.gpu_time_zone),
+        test_clock_file=str(spawner.gpu_test_clock_file),
     )
 
 

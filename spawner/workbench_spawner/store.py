@@ -16,15 +16,17 @@ tell two nodes' GPU 0 apart.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from sqlalchemy import (
     DateTime,
     Integer,
     String,
+    Text,
     UniqueConstraint,
     create_engine,
     delete,
@@ -54,6 +56,9 @@ class LeaseRow(Base):
     # What the backend needs to find the server again: a pid, a container id.
     ref: Mapped[str] = mapped_column(String(255), default="")
     node: Mapped[str] = mapped_column(String(255), default="")
+    # The user's JupyterHub groups when the lease began (a JSON list):
+    # reservations count what their members hold, in the hub and the service alike.
+    groups: Mapped[str] = mapped_column(Text, default="[]")
 
 
 class UsageRow(Base):
@@ -81,6 +86,7 @@ class Lease:
     since: datetime
     ref: str = ""
     node: str = ""
+    groups: tuple[str, ...] = ()
 
 
 def utcnow() -> datetime:
@@ -154,12 +160,18 @@ class AllocationStore:
         slots_per_gpu: int = 1,
         retries: int = 20,
         node: str = "",
+        groups: Sequence[str] = (),
+        choose: Callable[[list[str], list[Lease]], list[str]] | None = None,
     ) -> Lease | None:
         """Give ``user``/``server`` ``count`` distinct GPUs from ``candidates``.
 
         Returns None when not enough are free; never a partial allocation.
         Any lease the same server still held is replaced, because a server that
-        is starting cannot also be running.
+        is starting cannot also be running. ``choose(free, leases)``, if
+        given, narrows the free GPUs (in preference order) inside the same
+        transaction, from the leases that transaction sees: reservations
+        are enforced there, so two spawns can never both take the last GPU
+        a reservation keeps.
         """
         if count < 1:
             raise ValueError("count must be at least 1")
@@ -176,13 +188,17 @@ class AllocationStore:
                         return None
                     # Least-shared GPUs first, then inventory order.
                     free.sort(key=lambda u: (len(taken.get(u, ())), order[u]))
+                    if choose is not None:
+                        free = choose(free, _group(session.scalars(select(LeaseRow).order_by(LeaseRow.id))))
+                        if len(free) < count:
+                            return None
                     now = utcnow()
                     chosen = free[:count]
                     for uuid in chosen:
                         slot = min(set(range(slots_per_gpu)) - taken.get(uuid, set()))
                         session.add(LeaseRow(gpu_uuid=uuid, slot=slot, user=user, server=server, since=now,
-                                             node=node))
-                return Lease(user, server, tuple(chosen), now, node=node)
+                                             node=node, groups=json.dumps(list(groups))))
+                return Lease(user, server, tuple(chosen), now, node=node, groups=tuple(groups))
             except (IntegrityError, OperationalError):
                 # Another writer won the race for a slot (PostgreSQL) or the
                 # database was busy for longer than busy_timeout: try again.
@@ -275,6 +291,14 @@ class AllocationStore:
         self.read_engine.dispose()
 
 
+def _groups(text: str | None) -> tuple[str, ...]:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    return tuple(str(g) for g in value) if isinstance(value, list) else ()
+
+
 def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
     grouped: dict[tuple[str, str], list[LeaseRow]] = {}
     for row in rows:
@@ -287,6 +311,7 @@ def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
             since=_aware(min(r.since for r in group)),
             ref=group[0].ref,
             node=group[0].node or "",
+            groups=_groups(group[0].groups),
         )
         for (user, server), group in grouped.items()
     ]

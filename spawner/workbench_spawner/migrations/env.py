@@ -7,6 +7,7 @@ from workbench_spawner import quota as _quota  # noqa: F401  (registers the quot
 from workbench_spawner import settings as _settings  # noqa: F401  (registers the settings table)
 from workbench_spawner import idle_book as _idle_book  # noqa: F401  (idle tracks, exemptions: 0003)
 from workbench_spawner import notices as _notices  # noqa: F401  (notices: 0003)
+from workbench_spawner import reservation_book as _reservation_book  # noqa: F401  (reservations: 0004)
 from workbench_spawner.store import Base
 
 config = context.config

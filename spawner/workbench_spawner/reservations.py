@@ -1,0 +1,336 @@
+"""Reservations: N GPUs held for a group's members during a window. Pure rules, no I/O.
+
+A reservation names a JupyterHub group, a number of GPUs (optionally of one
+model) and a window in the hub's time zone, either one-off
+(``2026-12-08 10:00-12:00``) or weekly (``Tue 10:00-12:00``). A window whose
+end is not after its start crosses midnight (``Tue 22:00-01:00`` ends on
+Wednesday). Reservations count GPUs, they do not pin UUIDs: during the
+window a non-member may take a free GPU only while enough free GPUs stay
+behind for the members who have not taken theirs yet, so whichever GPUs the
+members end up on, the count is what is protected.
+
+The rules, each a function of the reservations, the holdings and ``now``
+(every caller passes its clock, so tables can test any instant):
+
+* **held for members** (``held_for_members``): all N from the window's start
+  until ``start + grace``; after the grace period only what members hold or
+  wait for (the rest "nobody asked for" goes back to everyone); 0 outside.
+* **who may take what** (``takeable``): members of a reservation may take
+  any free GPU; everyone else only what leaves every other active
+  reservation's remaining need coverable (per model and in total).
+* **preemption** (``preemption_phase``, ``preemption_plan``): a reservation
+  with ``preempt`` warns the non-members who hold the GPUs it will need
+  ``warn_minutes`` before its start and stops them at the start (newest
+  servers first, only as many as the shortfall); without ``preempt`` they
+  keep their GPUs and the reservation fills as they stop.
+* **feasibility** (``check_feasible``): a new reservation must fit the
+  inventory at every instant it overlaps others, per model and in total.
+
+Time zone: every window is wall-clock time in the hub's zone
+(``WORKBENCH_TIME_ZONE``); a weekly window keeps its local time across DST.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from datetime import date, datetime, time, timedelta, timezone, tzinfo
+from typing import Callable, Iterable, Mapping, Sequence
+
+Clock = Callable[[], datetime]
+DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+FULL_DAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+DEFAULT_GRACE_MINUTES = 15.0
+DEFAULT_WARN_MINUTES = 10.0
+MAX_MINUTES = 24 * 60.0
+# How far ahead overlaps are looked for (weekly windows repeat; one-offs are
+# refused further out than this, so the check is complete).
+HORIZON = timedelta(days=400)
+_WINDOW = re.compile(
+    r"^\s*(?P<day>\d{4}-\d{2}-\d{2}|[A-Za-z]+)\s+(?P<start>\d{1,2}:\d{2})\s*[-\u2013\u2014]\s*(?P<end>\d{1,2}:\d{2})\s*$")
+
+
+class ReservationError(ValueError):
+    """A reservation that cannot be made; str(err) is one sentence for an admin."""
+
+
+def utc(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True)
+class Window:
+    """A weekly (``weekday`` 0-6) or one-off (``day``) window of wall-clock time."""
+
+    start: time
+    end: time
+    weekday: int | None = None
+    day: date | None = None
+
+    @property
+    def weekly(self) -> bool:
+        return self.weekday is not None
+
+    @property
+    def length(self) -> timedelta:
+        a = self.start.hour * 60 + self.start.minute
+        b = self.end.hour * 60 + self.end.minute
+        return timedelta(minutes=(b - a) % (24 * 60) or 24 * 60)
+
+    def text(self) -> str:
+        when = DAYS[self.weekday] if self.weekday is not None else self.day.isoformat()  # type: ignore[union-attr]
+        return f"{when} {self.start:%H:%M}-{self.end:%H:%M}"
+
+    def _at(self, day: date, tz: tzinfo) -> tuple[datetime, datetime]:
+        begin = datetime.combine(day, self.start).replace(tzinfo=tz)
+        # The end is the same wall clock + length (crossing midnight if end <= start).
+        end_day = day + timedelta(days=1) if self.end <= self.start else day
+        finish = datetime.combine(end_day, self.end).replace(tzinfo=tz)
+        return begin.astimezone(timezone.utc), finish.astimezone(timezone.utc)
+
+    def occurrences(self, since: datetime, until: datetime, tz: tzinfo) -> list[tuple[datetime, datetime]]:
+        """Every (start, end) in UTC that overlaps [since, until)."""
+        since, until = utc(since), utc(until)
+        if self.day is not None:
+            days: Iterable[date] = [self.day]
+        else:
+            first = since.astimezone(tz).date() - timedelta(days=1)
+            first += timedelta(days=(self.weekday - first.weekday()) % 7)  # type: ignore[operator]
+            count = (until - since).days // 7 + 2
+            days = [first + timedelta(weeks=i) for i in range(count)]
+        result = []
+        for day in days:
+            begin, finish = self._at(day, tz)
+            if begin < until and finish > since:
+                result.append((begin, finish))
+        return result
+
+    def current(self, now: datetime, tz: tzinfo) -> tuple[datetime, datetime] | None:
+        """The occurrence ``now`` is in, if any."""
+        found = self.occurrences(now, now + timedelta(microseconds=1), tz)
+        return found[0] if found else None
+
+    def next_start(self, now: datetime, tz: tzinfo) -> tuple[datetime, datetime] | None:
+        """The first occurrence that starts at or after ``now``."""
+        for begin, finish in self.occurrences(now, now + timedelta(days=8), tz):
+            if begin >= utc(now):
+                return begin, finish
+        return None
+
+
+def _clock_time(text: str, what: str) -> time:
+    hours, minutes = (int(p) for p in text.split(":"))
+    if hours > 23 or minutes > 59:
+        raise ReservationError(f"the window's {what} {text} is not a time of day (00:00 to 23:59)")
+    return time(hours, minutes)
+
+
+def parse_window(text: object, weekly: bool | None = None) -> Window:
+    """``"Tue 10:00-12:00"`` (weekly) or ``"2026-12-08 10:00-12:00"`` (one-off).
+
+    ``weekly`` True/False insists on one kind (the CLI's --weekly/--once)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ReservationError('the window is missing: give e.g. "Tue 10:00-12:00" (weekly) or '
+                               '"2026-12-08 10:00-12:00" (one-off)')
+    match = _WINDOW.match(text)
+    if not match:
+        raise ReservationError(f"the window {text.strip()[:60]!r} is malformed: write a weekday or a date, then "
+                               'start-end, e.g. "Tue 10:00-12:00" or "2026-12-08 10:00-12:00"')
+    start = _clock_time(match["start"], "start")
+    end = _clock_time(match["end"], "end")
+    if start == end:
+        raise ReservationError(f"the window {text.strip()!r} is empty: its start and end are the same time")
+    day_text = match["day"]
+    if day_text[0].isdigit():
+        try:
+            day = date.fromisoformat(day_text)
+        except ValueError:
+            raise ReservationError(f"{day_text} is not a date (YYYY-MM-DD)") from None
+        window = Window(start, end, day=day)
+    else:
+        name = day_text.lower()
+        index = next((i for i, d in enumerate(FULL_DAYS) if name in (d, d[:3])), None)
+        if index is None:
+            raise ReservationError(f"{day_text!r} is not a weekday: use Mon, Tue, Wed, Thu, Fri, Sat or Sun")
+        window = Window(start, end, weekday=index)
+    if weekly is True and not window.weekly:
+        raise ReservationError(f"--weekly needs a weekday, not a date: e.g. \"Tue {start:%H:%M}-{end:%H:%M}\"")
+    if weekly is False and window.weekly:
+        raise ReservationError(f"--once needs a date, not a weekday: e.g. \"2026-12-08 {start:%H:%M}-{end:%H:%M}\"")
+    return window
+
+
+@dataclass(frozen=True)
+class Reservation:
+    group: str
+    gpus: int
+    window: Window
+    model: str | None = None
+    grace_minutes: float = DEFAULT_GRACE_MINUTES
+    preempt: bool = False
+    warn_minutes: float = DEFAULT_WARN_MINUTES
+    id: int = 0
+
+    def describe(self) -> str:
+        what = f"{self.gpus} {self.model + ' ' if self.model else ''}GPU{'s' if self.gpus != 1 else ''}"
+        return f"{what} for {self.group}, {'weekly ' if self.window.weekly else ''}{self.window.text()}"
+
+    def in_pool(self, model: str | None) -> bool:
+        return self.model is None or (model or "").lower() == self.model.lower()
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One server's GPUs, with the groups its user was in when it started."""
+
+    user: str
+    server: str
+    gpus: tuple[str, ...]
+    groups: frozenset[str]
+    since: datetime
+
+
+def is_member(res: Reservation, groups: Iterable[str]) -> bool:
+    return res.group in set(groups)
+
+
+def held_for_members(res: Reservation, now: datetime, tz: tzinfo, member_demand: int) -> int:
+    """GPUs the reservation keeps for its members now (see the module docstring)."""
+    occurrence = res.window.current(now, tz)
+    if occurrence is None:
+        return 0
+    if utc(now) < occurrence[0] + timedelta(minutes=res.grace_minutes):
+        return res.gpus
+    return min(res.gpus, max(0, member_demand))
+
+
+def _member_use(res: Reservation, holdings: Sequence[Holding], models: Mapping[str, str]) -> int:
+    return sum(1 for h in holdings if res.group in h.groups for u in h.gpus if res.in_pool(models.get(u)))
+
+
+def remaining_needs(reservations: Sequence[Reservation], holdings: Sequence[Holding], models: Mapping[str, str],
+                    now: datetime, tz: tzinfo, waiting: Mapping[str, int] | None = None,
+                    exclude_groups: Iterable[str] = ()) -> list[tuple[Reservation, int]]:
+    """Active reservations (other than the caller's groups') and the free GPUs each still needs kept."""
+    skip = set(exclude_groups)
+    needs = []
+    for res in reservations:
+        if res.group in skip:
+            continue
+        used = _member_use(res, holdings, models)
+        keep = held_for_members(res, now, tz, used + (waiting or {}).get(res.group, 0)) - used
+        if keep > 0:
+            needs.append((res, keep))
+    return needs
+
+
+def deficit(free_models: Mapping[str, int], needs: Sequence[tuple[Reservation, int]]) -> int:
+    """How many kept GPUs the free ones cannot cover: per model, plus in total (any-model needs use the rest)."""
+    by_model: Counter = Counter()
+    for res, keep in needs:
+        if res.model:
+            by_model[res.model.lower()] += keep
+    lowered: Counter = Counter()
+    for model, n in free_models.items():
+        lowered[(model or "").lower()] += n
+    per_model = sum(max(0, n - lowered[m]) for m, n in by_model.items())
+    return per_model + max(0, sum(keep for _, keep in needs) - sum(free_models.values()))
+
+
+def takeable(free: Sequence[str], models: Mapping[str, str], count: int, needs: Sequence[tuple[Reservation, int]]
+             ) -> list[str]:
+    """Up to ``count`` of the ``free`` GPUs (in order) a user may take without leaving a need uncovered.
+
+    ``needs`` are those of reservations the user is not a member of
+    (``remaining_needs(..., exclude_groups=user's groups)``). A GPU may be
+    taken only if the deficit does not grow, so when a non-member kept
+    reserved GPUs at the start, GPUs that come free go to the members first.
+    Fewer than ``count`` back means the request must wait."""
+    left = Counter(models.get(u, "") for u in free)
+    short = deficit(left, needs)
+    chosen: list[str] = []
+    for uuid in free:
+        if len(chosen) == count:
+            break
+        model = models.get(uuid, "")
+        left[model] -= 1
+        if deficit(left, needs) <= short:
+            chosen.append(uuid)
+        else:
+            left[model] += 1
+    return chosen
+
+
+def preemption_phase(res: Reservation, now: datetime, tz: tzinfo) -> tuple[str, datetime] | None:
+    """("warn", start) within warn_minutes before a start; ("stop", start) from the start to the end of
+    the grace period; None otherwise or without ``preempt``."""
+    if not res.preempt:
+        return None
+    now = utc(now)
+    current = res.window.current(now, tz)
+    if current is not None and now < current[0] + timedelta(minutes=max(res.grace_minutes, 1.0)):
+        return "stop", current[0]
+    upcoming = res.window.next_start(now, tz)
+    if upcoming is not None and upcoming[0] - timedelta(minutes=res.warn_minutes) <= now < upcoming[0]:
+        return "warn", upcoming[0]
+    return None
+
+
+def preemption_plan(res: Reservation, holdings: Sequence[Holding], free: Sequence[str],
+                    models: Mapping[str, str]) -> list[Holding]:
+    """The non-member servers to stop (newest first) so that ``res.gpus`` of its pool are free or members'."""
+    have = sum(1 for u in free if res.in_pool(models.get(u))) + _member_use(res, holdings, models)
+    shortfall = res.gpus - have
+    plan = []
+    for holding in sorted(holdings, key=lambda h: h.since, reverse=True):
+        if shortfall <= 0:
+            break
+        if res.group in holding.groups:
+            continue
+        in_pool = sum(1 for u in holding.gpus if res.in_pool(models.get(u)))
+        if in_pool:
+            plan.append(holding)
+            shortfall -= in_pool
+    return plan
+
+
+def check_feasible(new: Reservation, existing: Sequence[Reservation], inventory: Mapping[str, int],
+                   now: datetime, tz: tzinfo) -> None:
+    """Raise ReservationError (a sentence) unless ``new`` fits beside ``existing`` at every instant.
+
+    ``inventory`` maps model -> GPUs of that model."""
+    total = sum(inventory.values())
+    if new.gpus < 1:
+        raise ReservationError("a reservation needs at least 1 GPU")
+    pool = total if new.model is None else inventory.get(new.model, 0)
+    what = "GPUs" if new.model is None else f"{new.model} GPUs"
+    if new.gpus > pool:
+        raise ReservationError(f"{new.gpus} {what} is more than this hub has ({pool}); reserve at most {pool}")
+    now = utc(now)
+    mine = new.window.occurrences(now, now + HORIZON, tz)
+    if not mine:
+        when = "is past" if new.window.day and new.window._at(new.window.day, tz)[1] <= now else "is too far ahead"
+        raise ReservationError(f"the window {new.window.text()} {when}: a one-off window must end after now "
+                               f"and start within {HORIZON.days} days")
+    for begin, finish in mine:
+        overlapping = [(r, b, f) for r in existing for b, f in r.window.occurrences(begin, finish, tz)]
+        if not overlapping:
+            continue
+        points = sorted({begin, finish, *(max(b, begin) for _, b, _ in overlapping),
+                         *(min(f, finish) for _, _, f in overlapping)})
+        for a, b in zip(points, points[1:]):
+            present = [r for r, rb, rf in overlapping if rb < b and rf > a]
+            by_model: Counter = Counter()
+            for r in [new, *present]:
+                if r.model:
+                    by_model[r.model] += r.gpus
+            demand = sum(r.gpus for r in [new, *present])
+            short = [m for m, n in by_model.items() if n > inventory.get(m, 0)]
+            if demand > total or short:
+                others = "; ".join(f"{r.describe()} ({r.gpus})" for r in present)
+                have = f"{total} GPUs" if not short else f"{inventory.get(short[0], 0)} {short[0]} GPUs"
+                need = demand if not short else by_model[short[0]]
+                raise ReservationError(
+                    f"it overlaps {others} from {a:%Y-%m-%d %H:%M} UTC: together {need} GPUs are reserved but this "
+                    f"hub has {have}; reserve fewer, pick another time, or delete the other reservation")

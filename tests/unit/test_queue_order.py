@@ -1,0 +1,187 @@
+"""The wait list's order as tables (fifo, fair share, aging), and placement under reservations with a test clock."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timezone
+from zoneinfo import ZoneInfo
+
+import pytest
+
+from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.clock import hub_clock, set_test_clock
+from workbench_spawner.placement import HostAllocator
+from workbench_spawner.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
+from workbench_spawner.reservation_book import ReservationBook, parse_reservation
+from workbench_spawner.reservations import ReservationError
+from workbench_spawner.store import AllocationStore
+
+from tests.unit.test_waitlist_threads import run_debug
+
+
+def w(user, joined, hours):
+    return Waiting(f"{user}/", user, joined, hours)
+
+
+A, B, C = w("ann", 0, 12.0), w("bob", 60, 2.0), w("cid", 120, 2.0)
+
+
+@pytest.mark.parametrize("mode, now, aging, expect", [
+    ("fifo", 200, 30, ["ann", "bob", "cid"]),
+    ("fair-share", 200, 30, ["bob", "cid", "ann"]),    # fewest GPU-hours first, ties by arrival
+    ("fair-share", 1800, 30, ["ann", "bob", "cid"]),   # ann waited 30 min: aged, goes first
+    ("fair-share", 1860, 30, ["ann", "bob", "cid"]),   # bob aged too: aged ones by arrival
+    ("fair-share", 1799, 30, ["bob", "cid", "ann"]),   # a second short of the bound
+    ("fair-share", 200, 0, ["ann", "bob", "cid"]),     # a 0 bound is first come, first served
+])
+def test_order(mode, now, aging, expect):
+    assert [x.user for x in order([A, B, C], mode, now, aging)] == expect
+
+
+def test_nobody_who_came_later_passes_an_aged_request():
+    late_light = [w(f"u{i}", 1000 + i, 0.0) for i in range(20)]
+    ordered = order([A, *late_light], "fair-share", 1800, 30)
+    assert ordered[0] is A
+
+
+def test_explain_says_how_many_who_used_less_are_ahead():
+    ordered = order([A, B, C], "fair-share", 200, 30)
+    assert explain(A, ordered, "fair-share", 200, 30) == \
+        "you used 12.0 GPU-hours this week; 2 users who used less are ahead"
+    assert explain(B, ordered, "fair-share", 200, 30) == "you used 2.0 GPU-hours this week"
+    assert explain(A, order([A, B], "fifo", 200), "fifo", 200) == ""
+    assert "nobody who came after you" in explain(A, order([A, B], "fair-share", 1900), "fair-share", 1900)
+
+
+@pytest.mark.parametrize("value, expect", [(None, "fifo"), ("", "fifo"), ("FIFO", "fifo"),
+                                           (" fair-share ", "fair-share")])
+def test_parse_queue_order(value, expect):
+    assert parse_queue_order(value) == expect
+
+
+@pytest.mark.parametrize("value", ["fairshare", "lifo", "fair_share", "1"])
+def test_unknown_queue_order_is_a_sentence(value):
+    with pytest.raises(QueueOrderError, match="use 'fifo'"):
+        parse_queue_order(value)
+
+
+BERLIN = ZoneInfo("Europe/Berlin")
+
+
+@pytest.fixture
+def allocator(tmp_path):
+    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
+    store = AllocationStore(url)
+    clock_file = tmp_path / "clock"
+    inventory = DeviceInventory("simulated", parse_simulated_spec("4"), "test")
+    alloc = HostAllocator(store, inventory, "n1", recheck_interval=0.05, tz=BERLIN,
+                          clock=hub_clock(str(clock_file)))
+    yield alloc, store, clock_file
+    store.dispose()
+
+
+def test_placement_keeps_reserved_gpus_for_members(allocator):
+    alloc, store, clock_file = allocator
+    book = ReservationBook(store)
+    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
+    body = {"group": "ml-course", "gpus": 3, "window": "Tue 10:00-12:00"}
+    book.create(parse_reservation(body, ["H100-80GB"]), {"H100-80GB": 4}, alloc.clock(), BERLIN)
+
+    async def main():
+        # Before the window anyone takes anything.
+        early = await alloc.place("early", "", 2, None, 1)
+        await asyncio.to_thread(alloc.release, "early", "", "stopped")
+        set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
+        out1 = await alloc.place("out1", "", 1, None, 1)
+        out2 = asyncio.create_task(alloc.place("out2", "", 1, None, 10))
+        await asyncio.sleep(0.3)
+        assert not out2.done()  # waits: the other 3 are reserved
+        member = await alloc.place("stud", "", 2, None, 2, groups=("ml-course",))  # passes the waiting outsider
+        assert not out2.done()
+        await asyncio.to_thread(alloc.release, "out1", "", "stopped")
+        assert len((await asyncio.wait_for(out2, 5)).gpu_uuids) == 1
+        return early, member
+
+    early, member = run_debug(main)
+    assert len(early.gpu_uuids) == 2 and len(member.gpu_uuids) == 2
+    assert store.lease_of("stud", "").groups == ("ml-course",)
+
+
+def test_after_the_grace_period_unasked_gpus_are_released(allocator):
+    alloc, store, clock_file = allocator
+    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
+    ReservationBook(store).create(parse_reservation({"group": "ml-course", "gpus": 4, "window": "Tue 10:00-12:00",
+                                                     "grace_minutes": 5}, []), {"": 4}, alloc.clock(), BERLIN)
+    set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
+    assert run_debug(lambda: _try(alloc, "out")) is None
+    set_test_clock(clock_file, datetime(2026, 12, 8, 10, 6, tzinfo=BERLIN))
+    assert run_debug(lambda: _try(alloc, "out")) is not None
+
+
+async def _try(alloc, user):
+    try:
+        return await alloc.place(user, "", 1, None, 0.2)
+    except Exception:
+        return None
+
+
+def test_fair_share_serves_the_lighter_user_first(tmp_path):
+    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
+    store = AllocationStore(url)
+    alloc = HostAllocator(store, DeviceInventory("simulated", parse_simulated_spec("1"), "t"), "n1",
+                          recheck_interval=0.05, queue_order="fair-share")
+    # heavy used the GPU before (a finished lease in the ledger).
+    from workbench_spawner.store import UsageRow, utcnow
+    from datetime import timedelta
+
+    with store.writes().begin() as session:
+        session.add(UsageRow(gpu_uuid="x", user="heavy", server="", started=utcnow() - timedelta(hours=12),
+                             ended=utcnow(), reason="stopped", node="n1"))
+    reports: list[tuple[int, str]] = []
+
+    async def main():
+        await alloc.place("holder", "", 1, None, 1)
+        heavy = asyncio.create_task(alloc.place("heavy", "", 1, None, 10, lambda a, why="": reports.append((a, why))))
+        await asyncio.sleep(0.2)
+        light = asyncio.create_task(alloc.place("light", "", 1, None, 10))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(alloc.release, "holder", "", "stopped")
+        done, _ = await asyncio.wait([heavy, light], return_when=asyncio.FIRST_COMPLETED)
+        first = done.pop().result().user
+        await asyncio.to_thread(alloc.release, first, "", "stopped")
+        await asyncio.wait_for(heavy, 5)
+        return first
+
+    assert run_debug(main) == "light"
+    assert (1, "you used 12.0 GPU-hours this week; 1 user who used less is ahead") in reports
+    store.dispose()
+
+
+@pytest.mark.parametrize("body, words", [
+    ([], "JSON object"),
+    ({"group": "g", "gpus": 1}, "window is missing"),
+    ({"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be"),
+    ({"group": "g", "gpus": "8", "window": "Tue 10:00-11:00"}, "whole number"),
+    ({"group": "g", "gpus": True, "window": "Tue 10:00-11:00"}, "whole number"),
+    ({"group": "g", "gpus": 0, "window": "Tue 10:00-11:00"}, "between 1"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "B200"}, "no B200 GPUs"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": -1}, "between 0"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": float("nan")}, "number of minutes"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "preempt": "yes"}, "true or false"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "colour": 1}, "unknown field"),
+])
+def test_bad_reservation_bodies(body, words):
+    with pytest.raises(ReservationError, match=words):
+        parse_reservation(body, ["H100-80GB"])
+
+
+def test_a_refused_reservation_stores_nothing(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    book = ReservationBook(store)
+    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    book.create(parse_reservation({"group": "a", "gpus": 3, "window": "Tue 10:00-12:00"}, []), {"": 4}, now, BERLIN)
+    with pytest.raises(ReservationError, match="together 5"):
+        book.create(parse_reservation({"group": "b", "gpus": 2, "window": "Tue 11:00-13:00"}, []), {"": 4}, now,
+                    BERLIN)
+    assert [s.reservation.group for s in book.all()] == ["a"]
+    store.dispose()
