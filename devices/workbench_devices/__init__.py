@@ -9,7 +9,9 @@ nothing but nvidia-ml-py underneath, installed on both sides.
   ``WORKBENCH_SIMULATED_GPUS``);
 * ``selection``: which of those belong to this server (``WORKBENCH_GPUS``,
   else ``CUDA_VISIBLE_DEVICES``) and their CUDA ordinals;
-* ``sources``: one reading of the selected GPUs, from NVML or simulated.
+* ``sources``: one reading of the selected GPUs, from NVML or simulated;
+* ``scripted``: utilization a test or demo scripts for simulated GPUs
+  (``WORKBENCH_SIMULATED_UTILIZATION``).
 """
 
 from .inventory import (
@@ -21,6 +23,7 @@ from .inventory import (
     nvml_devices,
     parse_simulated_spec,
 )
+from .scripted import SCRIPT_ENV, ScriptedUtilization
 from .selection import Selection, select_devices
 from .sources import NVMLSource, SimulatedSource, make_source
 
@@ -32,6 +35,8 @@ __all__ = [
     "DeviceSpecError",
     "GPUDevice",
     "NVMLSource",
+    "SCRIPT_ENV",
+    "ScriptedUtilization",
     "Selection",
     "SimulatedSource",
     "discover_devices",

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Callable, Collection, Mapping
 
 from .inventory import GPUDevice, discover_devices
+from .scripted import SCRIPT_ENV, ScriptedUtilization
 from .selection import NO_GPU_MESSAGE, Selection, select_devices
 
 ATTRIBUTION_NOTE = "device total, may include other processes"
@@ -68,6 +69,11 @@ class SimulatedSource:
     user server's monitor (its GPUs are its own); the hub's fleet view, which
     reads the whole inventory, passes a callable that returns the UUIDs the
     ledger has leases for at that moment (or a fixed collection).
+
+    A **script** (``WORKBENCH_SIMULATED_UTILIZATION``: the path of a JSON
+    file, see ``scripted_utilization``) overrides the made-up utilization of
+    the GPUs it names, so a test or a demo can make a GPU idle, busy, or
+    unreadable; it is read again whenever the file changes.
     """
 
     source = "simulated"
@@ -77,10 +83,12 @@ class SimulatedSource:
         selection: Selection,
         clock: Callable[[], float] = time.time,
         held: Callable[[], Collection[str]] | Collection[str] | None = None,
+        script: str | None = None,
     ):
         self.selection = selection
         self.clock = clock
         self.held = held
+        self.script = ScriptedUtilization(script) if script else None
 
     def _held_now(self) -> Collection[str] | None:
         held = self.held
@@ -119,8 +127,23 @@ class SimulatedSource:
                     }
                 ],
             )
-            gpus.append(reading)
+            gpus.append(self._scripted(reading, device))
         return _snapshot(self.source, self.selection, gpus, now)
+
+    def _scripted(self, reading: dict, device: GPUDevice) -> dict:
+        """The script's utilization for this GPU, if it names it; power and temperature follow."""
+        if self.script is None:
+            return reading
+        found, util = self.script.lookup(device)
+        if not found:
+            return reading
+        if util is None:
+            reading.update(utilization_percent=None, unsupported={"utilization_percent": "scripted: no reading"})
+            return reading
+        limit = reading.get("power_limit_w") or _simulated_power_limit(device)
+        reading.update(utilization_percent=util, power_w=round(60 + (limit - 60) * util / 100, 1),
+                       temperature_c=round(32 + util * 0.45, 1))
+        return reading
 
     def _idle(self, device: GPUDevice, now: float) -> dict:
         """A free GPU: no load and no processes, only the driver's reservation."""
@@ -388,7 +411,7 @@ def make_source(environ: Mapping[str, str] | None = None):
             inventory = discover_devices(spec)
         except ValueError as exc:
             return SimulatedSource(Selection([], {}, "unavailable", str(exc), "simulated"))
-        return SimulatedSource(select_devices(inventory, env))
+        return SimulatedSource(select_devices(inventory, env), script=env.get(SCRIPT_ENV) or None)
     if "WORKBENCH_GPUS" in env and not env["WORKBENCH_GPUS"].strip():
         # CPU-only server: do not even load NVML.
         return NVMLSource(Selection([], {}, "no-gpu", NO_GPU_MESSAGE, "none"))

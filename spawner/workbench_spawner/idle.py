@@ -76,10 +76,10 @@ def format_minutes(minutes: float) -> str:
 
 
 def rule_for(quota_minutes: float | None, quota_threshold: float | None, hub_minutes: float,
-             warn_minutes: float = DEFAULT_WARN_MINUTES) -> IdleRule:
-    """A quota's idle fields override the hub's default; None inherits it."""
+             hub_threshold: float = DEFAULT_THRESHOLD, warn_minutes: float = DEFAULT_WARN_MINUTES) -> IdleRule:
+    """A quota's idle fields override the hub's; None inherits them."""
     minutes = hub_minutes if quota_minutes is None else quota_minutes
-    threshold = DEFAULT_THRESHOLD if quota_threshold is None else quota_threshold
+    threshold = hub_threshold if quota_threshold is None else quota_threshold
     return IdleRule(minutes=float(minutes or 0), threshold=float(threshold), warn_minutes=float(warn_minutes))
 
 

@@ -23,6 +23,7 @@ from traitlets import Float, Integer, List, Unicode, default
 
 from .admission import AdmissionContext, Refusal, admit
 from .form import render_options_form
+from .notices import NoticeBook, render_stop_notice
 from .options import SpawnRequest, options_from_form
 from .policy import GPUPolicy, NoGPUAvailable, shared_policy
 from .progress import SpawnEvents
@@ -147,10 +148,12 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
     async def _render_options_form(self, spawner=None) -> str:
         def snapshot():
             policy = self.gpu_policy
-            return policy, self.gpu_admission_context(), policy.status(), policy.held_by_user(self.user.name)
+            return (policy, self.gpu_admission_context(), policy.status(), policy.held_by_user(self.user.name),
+                    NoticeBook(policy.store).last_done(self.user.name, self.name))
 
-        policy, ctx, status, held = await asyncio.to_thread(snapshot)
-        return render_options_form(
+        policy, ctx, status, held, stopped = await asyncio.to_thread(snapshot)
+        # Why the last server stopped (GPU idle, a reservation), above the form.
+        return render_stop_notice(stopped) + render_options_form(
             user=self.user.name, ctx=ctx, status=status, source=policy.inventory.source,
             message=policy.inventory.message, shared=policy.shared, profiles=self.gpu_profiles,
             limits_enforced=self.enforces_resource_limits, held=held)
@@ -195,6 +198,8 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         self._gpu_events.reset()
         self._gpu_starting = True
         try:
+            # Starting again: the spawn page's "why your server stopped" has been read.
+            await asyncio.to_thread(NoticeBook(self.gpu_policy.store).acknowledge, self.user.name, self.name)
             request = self.gpu_request
             self.gpu_uuids = list((await self._acquire(request)).gpu_uuids) if request.gpus else []
             if not request.gpus:
@@ -215,7 +220,15 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         try:
             await super().stop(now=now)
         finally:
-            await asyncio.to_thread(self._release, "stopped")
+            await asyncio.to_thread(self._release_on_stop)
+
+    def _release_on_stop(self) -> None:
+        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any."""
+        lease = self.gpu_policy.store.lease_of(self.user.name, self.name)
+        reason = None
+        if lease is not None:
+            reason = NoticeBook(self.gpu_policy.store).stop_reason(self.user.name, self.name, lease.since)
+        self._release(reason or "stopped")
 
     async def poll(self):
         # Read before polling: a backend's poll may clear_state() a dead server.
@@ -260,6 +273,8 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         env["WORKBENCH_GPUS"] = ",".join(self.gpu_uuids)
         if self.simulated_gpus and not self.static_gpus:
             env["WORKBENCH_SIMULATED_GPUS"] = self.simulated_gpus
+            if self.simulated_utilization:  # scripted utilization (tests, demos): the monitor reads it too
+                env["WORKBENCH_SIMULATED_UTILIZATION"] = self.simulated_utilization
         env.update(self.gpu_environment(list(self.gpu_uuids)))
         return env
 

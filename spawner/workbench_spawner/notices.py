@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from html import escape
 from typing import Any
 
 from sqlalchemy import DateTime, Integer, String, Text, delete, select
@@ -189,3 +190,12 @@ class NoticeBook:
             if server is not None:
                 query = query.where(NoticeRow.server == server)
             return [_notice(r) for r in session.scalars(query)]
+
+
+def render_stop_notice(notice: Notice | None) -> str:
+    """The spawn page's box that says why the last server stopped ('' when nothing to say)."""
+    if notice is None:
+        return ""
+    hint = f'<p class="workbench-stop-hint">{escape(notice.hint)}</p>' if notice.hint else ""
+    return (f'<div class="alert alert-warning workbench-stopped" role="status" data-kind="{escape(notice.kind)}">'
+            f'<p><strong>{escape(notice.message)}</strong></p>{hint}</div>')

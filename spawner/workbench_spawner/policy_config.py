@@ -14,14 +14,14 @@ import os
 import socket
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
-from traitlets.config import Configurable
+from .idle_config import IdlePolicyConfig
 
 
 def default_data_dir() -> str:
     return os.environ.get("WORKBENCH_DATA_DIR") or os.path.join(os.getcwd(), "data")
 
 
-class GPUPolicyConfig(Configurable):
+class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
     """The settings every part of the GPU policy must agree on; a base of GPUSpawnerMixin."""
 
     simulated_gpus = Unicode(

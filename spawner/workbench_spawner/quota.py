@@ -6,7 +6,11 @@ A quota is set for a JupyterHub user or a JupyterHub group and has four parts:
 * ``gpu_hours_per_week`` (optional): GPU-hours in the rolling last 7 days,
   counted from the usage ledger (finished leases) plus the leases held now;
 * ``allowed_models`` (optional): the GPU models this user may get;
-* ``max_session_hours`` (optional): how long one server may run.
+* ``max_session_hours`` (optional): how long one server may run;
+* ``gpu_idle_minutes`` and ``gpu_idle_threshold`` (optional): stop a server
+  whose GPUs all stayed under the threshold (percent) that long, so they go
+  to the next in line (``workbench_spawner.idle``). Null inherits the hub's
+  ``WORKBENCH_GPU_IDLE_MINUTES`` / threshold; 0 minutes turns it off.
 
 The effective quota of a user is (``effective_quota``):
 
@@ -35,6 +39,7 @@ from typing import Any, Iterable, Mapping
 from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from .idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 from .store import AllocationStore, Base, _aware, utcnow
 
 WEEK = timedelta(days=7)
@@ -49,7 +54,8 @@ MAX_SESSION_HOURS_LIMIT = 24.0 * 366
 MIN_SESSION_HOURS = 0.01
 MAX_MODELS = 64
 MODEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+ -]{0,63}$")
-QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours")
+QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours",
+                "gpu_idle_minutes", "gpu_idle_threshold")
 KINDS = ("user", "group")
 
 
@@ -95,6 +101,8 @@ class Quota:
     gpu_hours_per_week: float | None = None
     allowed_models: tuple[str, ...] | None = None
     max_session_hours: float | None = None
+    gpu_idle_minutes: float | None = None  # None: the hub's default; 0: never reclaimed
+    gpu_idle_threshold: float | None = None  # percent; None: the hub's default
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,6 +110,8 @@ class Quota:
             "gpu_hours_per_week": self.gpu_hours_per_week,
             "allowed_models": list(self.allowed_models) if self.allowed_models is not None else None,
             "max_session_hours": self.max_session_hours,
+            "gpu_idle_minutes": self.gpu_idle_minutes,
+            "gpu_idle_threshold": self.gpu_idle_threshold,
         }
 
     def generosity(self) -> tuple:
@@ -111,6 +121,8 @@ class Quota:
             inf if self.gpu_hours_per_week is None else self.gpu_hours_per_week,
             inf if self.allowed_models is None else len(self.allowed_models),
             inf if self.max_session_hours is None else self.max_session_hours,
+            # Idle reclaim last: off (0) beats any limit, a longer one a shorter; no opinion (None) is least.
+            -inf if self.gpu_idle_minutes is None else (inf if self.gpu_idle_minutes == 0 else self.gpu_idle_minutes),
         )
 
     def allows_model(self, model: str | None) -> bool:
@@ -187,6 +199,11 @@ def parse_quota(body: Any, known_models: Iterable[str] | None = None) -> Quota:
     if session is not None and session < MIN_SESSION_HOURS:
         raise QuotaError(f"max_session_hours must be at least {MIN_SESSION_HOURS:g} "
                          f"({MIN_SESSION_HOURS * 3600:g} seconds), not {session:g}")
+    idle = _number(body, "gpu_idle_minutes", whole=False, minimum=0, maximum=MAX_IDLE_MINUTES)
+    if idle and idle < MIN_IDLE_MINUTES:
+        raise QuotaError(f"gpu_idle_minutes must be 0 (never reclaimed) or at least {MIN_IDLE_MINUTES:g} "
+                         f"({MIN_IDLE_MINUTES * 60:g} seconds), not {idle:g}")
+    threshold = _number(body, "gpu_idle_threshold", whole=False, minimum=0, maximum=100, exclusive_min=True)
     models = body.get("allowed_models")
     if models is not None:
         if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
@@ -207,7 +224,8 @@ def parse_quota(body: Any, known_models: Iterable[str] | None = None) -> Quota:
             if model not in cleaned:
                 cleaned.append(model)
         models = tuple(cleaned)
-    return Quota(max_gpus=max_gpus, gpu_hours_per_week=hours, allowed_models=models, max_session_hours=session)
+    return Quota(max_gpus=max_gpus, gpu_hours_per_week=hours, allowed_models=models, max_session_hours=session,
+                 gpu_idle_minutes=idle, gpu_idle_threshold=threshold)
 
 
 def _row_to_quota(row: QuotaRow) -> Quota:
@@ -217,6 +235,8 @@ def _row_to_quota(row: QuotaRow) -> Quota:
         gpu_hours_per_week=row.gpu_hours_per_week,
         allowed_models=tuple(models) if models is not None else None,
         max_session_hours=row.max_session_hours,
+        gpu_idle_minutes=row.gpu_idle_minutes,
+        gpu_idle_threshold=row.gpu_idle_threshold,
     )
 
 
@@ -265,6 +285,8 @@ class QuotaBook:
             row.gpu_hours_per_week = quota.gpu_hours_per_week
             row.allowed_models = json.dumps(list(quota.allowed_models)) if quota.allowed_models is not None else None
             row.max_session_hours = quota.max_session_hours
+            row.gpu_idle_minutes = quota.gpu_idle_minutes
+            row.gpu_idle_threshold = quota.gpu_idle_threshold
             row.updated = utcnow()
             row.updated_by = by[:255]
             session.flush()

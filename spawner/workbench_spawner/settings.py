@@ -60,6 +60,11 @@ class PolicySettings:
     queue_aging_minutes: float = 30.0
     time_zone: str = "UTC"
     test_clock_file: str = ""
+    # Idle-GPU reclaim (idle.py, idle_config.py); 0 minutes: off unless a quota sets it.
+    gpu_idle_minutes: float = 0.0
+    gpu_idle_threshold: float = 5.0
+    gpu_idle_warn_minutes: float = 10.0
+    simulated_utilization: str = ""
 
     @property
     def simulated(self) -> bool:
@@ -87,6 +92,10 @@ class PolicySettings:
             "queue_aging_minutes": self.queue_aging_minutes,
             "time_zone": self.time_zone,
             "test_clock_file": self.test_clock_file,
+            "gpu_idle_minutes": self.gpu_idle_minutes,
+            "gpu_idle_threshold": self.gpu_idle_threshold,
+            "gpu_idle_warn_minutes": self.gpu_idle_warn_minutes,
+            "simulated_utilization": self.simulated_utilization,
         }
 
     @classmethod
@@ -114,6 +123,10 @@ class PolicySettings:
             queue_aging_minutes=float(data.get("queue_aging_minutes", 30.0)),
             time_zone=str(data.get("time_zone", "UTC")),
             test_clock_file=str(data.get("test_clock_file", "")),
+            gpu_idle_minutes=float(data.get("gpu_idle_minutes", 0.0)),
+            gpu_idle_threshold=float(data.get("gpu_idle_threshold", 5.0)),
+            gpu_idle_warn_minutes=float(data.get("gpu_idle_warn_minutes", 10.0)),
+            simulated_utilization=str(data.get("simulated_utilization", "")),
         )
 
 
@@ -206,6 +219,10 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         queue_aging_minutes=float(spawner.gpu_queue_aging_minutes),
         time_zone=str(spawner.gpu_time_zone),
         test_clock_file=str(spawner.gpu_test_clock_file),
+        gpu_idle_minutes=float(spawner.gpu_idle_minutes),
+        gpu_idle_threshold=float(spawner.gpu_idle_threshold),
+        gpu_idle_warn_minutes=float(spawner.gpu_idle_warn_minutes),
+        simulated_utilization=str(spawner.simulated_utilization),
     )
 
 
