@@ -24,9 +24,11 @@ The README's configuration table lists every variable and its default.
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from urllib.parse import urlparse
 
 from traitlets.config import Config
 
@@ -148,6 +150,36 @@ def guarded(command: list[str], hub_pid: int | None = None) -> list[str]:
     return [*GUARD, *parent, "--", *command]
 
 
+def proxy_url(c: Config) -> str:
+    """The public proxy's address as this machine reaches it (a wildcard bind address becomes loopback)."""
+    bind = urlparse(c.JupyterHub.bind_url if "bind_url" in c.JupyterHub else "http://:8000")
+    host = bind.hostname or ""
+    host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+    host = f"[{host}]" if ":" in host else host
+    return f"{bind.scheme or 'http'}://{host}:{bind.port or 8000}"
+
+
+def update_idle(mixin, env: Env) -> None:
+    """Idle-GPU reclaim: WORKBENCH_GPU_IDLE_MINUTES (0 = off), its threshold and warning lead."""
+    from workbench_spawner.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
+
+    minutes = number(env, "WORKBENCH_GPU_IDLE_MINUTES", "0")
+    if minutes and not (math.isfinite(minutes) and MIN_IDLE_MINUTES <= minutes <= MAX_IDLE_MINUTES):
+        raise ConfigError(f"WORKBENCH_GPU_IDLE_MINUTES must be 0 (off) or between {MIN_IDLE_MINUTES:g} and "
+                          f"{MAX_IDLE_MINUTES:g} minutes, not {text(env, 'WORKBENCH_GPU_IDLE_MINUTES')!r}")
+    threshold = number(env, "WORKBENCH_GPU_IDLE_THRESHOLD", "5")
+    if not (math.isfinite(threshold) and 0 < threshold <= 100):
+        raise ConfigError("WORKBENCH_GPU_IDLE_THRESHOLD must be a percentage above 0 and at most 100, "
+                          f"not {text(env, 'WORKBENCH_GPU_IDLE_THRESHOLD')!r}")
+    warn = number(env, "WORKBENCH_GPU_IDLE_WARN_MINUTES", "10")
+    if not math.isfinite(warn):
+        raise ConfigError(f"WORKBENCH_GPU_IDLE_WARN_MINUTES must be a number of minutes, not "
+                          f"{text(env, 'WORKBENCH_GPU_IDLE_WARN_MINUTES')!r}")
+    mixin.gpu_idle_minutes = float(minutes)
+    mixin.gpu_idle_threshold = float(threshold)
+    mixin.gpu_idle_warn_minutes = float(warn)
+
+
 def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     """Custom scopes, the automation tokens, the idle culler and the workbench service.
 
@@ -195,6 +227,8 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     # database, so it gets no WORKBENCH_* environment.
     service_port = number(env, "WORKBENCH_SERVICE_PORT", "10101", int)
     session_check = number(env, "WORKBENCH_SESSION_CHECK_SECONDS", "60")
+    # Idle-GPU reclaim and notice delivery (service/gpu_reclaim.py); the proxy is how it reaches user servers.
+    idle_check = number(env, "WORKBENCH_GPU_IDLE_CHECK_SECONDS", "30")
     c.JupyterHub.custom_scopes = {
         "custom:workbench:admin": {"description": "Read and change GPU quotas; see every GPU, lease and user's usage"},
         "custom:workbench:read": {"description": "See every GPU, lease, quota and user's usage on the workbench service"},
@@ -205,7 +239,8 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
             "url": f"http://127.0.0.1:{service_port}",
             "command": guarded(
                 [sys.executable, "-m", "workbench_hub.service", f"--port={service_port}",
-                 f"--session-check-seconds={session_check}"],
+                 f"--session-check-seconds={session_check}", f"--idle-check-seconds={idle_check}",
+                 f"--proxy-url={proxy_url(c)}"],
                 hub_pid,
             ),
             "oauth_no_confirm": True,
@@ -215,8 +250,10 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     c.JupyterHub.load_roles.append(
         {
             "name": "workbench-service",
-            "description": "What the workbench service reads from the hub, and stopping over-long sessions",
-            "scopes": ["list:users", "read:users", "list:groups", "read:groups", "read:servers", "delete:servers"],
+            "description": "What the workbench service reads from the hub, stopping over-long sessions and idle "
+                           "GPUs, and reaching user servers' GPU monitors (readings, notices)",
+            "scopes": ["list:users", "read:users", "list:groups", "read:groups", "read:servers", "delete:servers",
+                       "access:servers"],
             "services": ["workbench"],
         }
     )
@@ -288,6 +325,7 @@ def update_spawner(
     mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
     mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
     mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
+    update_idle(mixin, env)
     contact = text(env, "WORKBENCH_QUOTA_CONTACT")
     if contact:
         mixin.quota_contact = contact

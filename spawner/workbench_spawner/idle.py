@@ -159,12 +159,12 @@ def ledger_reason(rule: IdleRule) -> str:
 
 def warning_text(rule: IdleRule, stop_at: datetime, gpus: int, clock: str) -> tuple[str, str]:
     """The notice a user sees: (message, hint). ``clock`` is stop_at as the user reads it (HH:MM)."""
-    what = "Its GPU has" if gpus == 1 else f"Its {gpus} GPUs have"
-    message = (f"Your server will be stopped at {clock}: {what.lower()} been under "
-               f"{rule.threshold:g} % utilization for a while, and GPUs idle for "
-               f"{format_minutes(rule.minutes)} go to the next person waiting.")
-    hint = ("To keep the GPU, use it (run GPU work). A kernel busy on the CPU still leaves the GPU idle: "
-            "for CPU work, start a CPU-only server (0 GPUs). Your files stay either way.")
+    what = "its GPU has" if gpus == 1 else f"its {gpus} GPUs have"
+    # Short enough for a JupyterLab notification (140 characters); the hint has the rest.
+    message = f"Your server will be stopped at {clock}: {what} been idle (under {rule.threshold:g} % use)."
+    hint = (f"GPUs idle for {format_minutes(rule.minutes)} go to the next person waiting. To keep it, use the "
+            f"GPU (run GPU work). A kernel busy on the CPU still leaves the GPU idle: for CPU work, start a "
+            f"CPU-only server (0 GPUs). Your files stay either way.")
     return message, hint
 
 

@@ -60,7 +60,8 @@ def test_the_document_is_openapi_3_1_with_valid_schemas_for_every_response():
     for schema in doc["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
     body = doc["components"]["schemas"]["QuotaBody"]
-    assert set(body["properties"]) == {"max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours"}
+    assert set(body["properties"]) == {"max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours",
+                                       "gpu_idle_minutes", "gpu_idle_threshold"}
     assert body["properties"]["max_session_hours"]["minimum"] == 0.01
     for path, item in doc["paths"].items():
         for method, operation in item.items():

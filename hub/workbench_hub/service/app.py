@@ -6,7 +6,10 @@ decides (inventory, servers per GPU, the default quota, the node) is read
 from the settings the hub stored in that database, never from environment
 variables (see ``fleet.py``). ``--session-check-seconds`` (default
 ``$WORKBENCH_SESSION_CHECK_SECONDS`` or 60; 0 turns it off) sets how often
-over-long sessions are stopped. How it stops is in ``lifetime.py``.
+over-long sessions are stopped. ``--idle-check-seconds`` (default 30; 0 off)
+runs the idle-GPU reclaim loop and delivers notices (``gpu_reclaim.py``);
+``--proxy-url`` is how it reaches user servers (their GPU monitor). How it
+stops is in ``lifetime.py``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from . import handlers as h
 from .fleet import Fleet
 from .hub_client import HubClient
 from .lifetime import CannotListen, listen, run_until_stopped
+from .gpu_reclaim import make_reclaimer
+from .idle_handlers import idle_routes
 from .session_limits import stop_overlong_servers
 
 log = logging.getLogger("workbench.service")
@@ -49,6 +54,7 @@ def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/
         (prefix + "api/usage", h.UsageHandler),
         (prefix + "api/openapi.json", h.OpenAPIHandler),
         (prefix + "metrics", h.MetricsHandler),
+        *idle_routes(prefix),
         (prefix + "api/.*", h.NotFoundHandler),
     ]
     return web.Application(routes, fleet=fleet, hub=hub, prefix=prefix, hub_prefix=hub_prefix,
@@ -66,6 +72,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--session-check-seconds", type=float,
                         default=float(os.environ.get("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
                         help="how often to stop servers that outlived their session limit (0: never)")
+    parser.add_argument("--idle-check-seconds", type=float,
+                        default=float(os.environ.get("WORKBENCH_GPU_IDLE_CHECK_SECONDS", "30")),
+                        help="how often to read GPU utilization, warn and stop idle servers, and deliver "
+                             "notices (0: never)")
+    parser.add_argument("--proxy-url", default=os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000",
+                        help="the proxy's address as this machine reaches it: how user servers are reached")
     return parser.parse_args(argv)
 
 
@@ -106,10 +118,15 @@ async def serve(args: argparse.Namespace) -> int:
                     log.warning("Session limit check failed: %s", exc)
 
         checker = asyncio.create_task(check_sessions())
+    reclaimer = None
+    if args.idle_check_seconds > 0:
+        reclaimer = asyncio.create_task(make_reclaimer(fleet, hub, args).run_forever())
     reason = await run_until_stopped()
     log.info("Workbench service stopping: %s", reason)
     if checker is not None:
         checker.cancel()
+    if reclaimer is not None:
+        reclaimer.cancel()
     server.stop()
     store.dispose()
     return 0

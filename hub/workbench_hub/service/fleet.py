@@ -30,7 +30,8 @@ from sqlalchemy import select
 from workbench_devices import DeviceInventory
 from workbench_spawner.quota import Quota, QuotaBook
 from workbench_spawner.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.idle_book import IdleBook
+from workbench_spawner.store import AllocationStore, utcnow
 
 log = logging.getLogger("workbench.service")
 
@@ -133,7 +134,8 @@ class Fleet:
                 if inventory.source == "simulated":
                     # An empty environment selects the whole fleet (no WORKBENCH_GPUS); only
                     # GPUs with a lease in the ledger show simulated load, free ones read idle.
-                    self._source = SimulatedSource(select_devices(inventory, {}), held=self.held_uuids)
+                    self._source = SimulatedSource(select_devices(inventory, {}), held=self.held_uuids,
+                                                   script=self.settings.simulated_utilization or None)
                 elif inventory.source == "nvml" and inventory.devices:
                     self._source = make_source({})
                 else:
@@ -158,10 +160,14 @@ class Fleet:
                      "node": lease.node or settings.node}
                 )
         readings = self.readings()
+        now = utcnow()
+        idle = {t.gpu_uuid: t for t in IdleBook(self.store).tracks() if t.node in ("", settings.node)}
         result = []
         for device in settings.inventory.devices:
             reading = readings.get(device.uuid, {})
             held = holders.get(device.uuid, [])
+            track = idle.get(device.uuid) if held else None
+            idle_for = track.idle_for(now) if track else None
             result.append(
                 {
                     "index": device.index,
@@ -178,6 +184,8 @@ class Fleet:
                     "temperature_c": reading.get("temperature_c"),
                     "power_w": reading.get("power_w"),
                     "reading_source": reading.get("source"),
+                    # Idle reclaim's clock for a held GPU (None: busy, or no reading yet).
+                    "idle_seconds": None if idle_for is None else round(idle_for.total_seconds(), 1),
                 }
             )
         return result

@@ -21,6 +21,8 @@ from workbench_spawner.quota import (
     MIN_SESSION_HOURS,
 )
 
+from .openapi_idle import idle_paths, idle_quota_properties, idle_schemas
+
 READ = "custom:workbench:read"
 ADMIN = "custom:workbench:admin"
 MAX_NAME = 255
@@ -71,11 +73,13 @@ def _quota_properties() -> dict:
                               "description": f"a server is stopped after this many hours (at least "
                                              f"{MIN_SESSION_HOURS:g} h = {MIN_SESSION_HOURS * 3600:g} s: a "
                                              f"server takes that long to start); null: no limit"},
+        **idle_quota_properties(),
     }
 
 
 def _schemas() -> dict:
-    quota_fields = ["max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours"]
+    quota_fields = ["max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours", "gpu_idle_minutes",
+                    "gpu_idle_threshold"]
     holder = _object(["user", "server", "since", "node"],
                      {"user": STRING, "server": STRING, "since": TIME, "node": STRING})
     return {
@@ -117,7 +121,10 @@ def _schemas() -> dict:
              "memory_used_bytes": {"type": ["integer", "null"]},
              "temperature_c": {"type": ["number", "null"]},
              "power_w": {"type": ["number", "null"]},
-             "reading_source": {"type": ["string", "null"]}}),
+             "reading_source": {"type": ["string", "null"]},
+             "idle_seconds": {"type": ["number", "null"], "minimum": 0,
+                              "description": "held GPUs: how long idle reclaim has seen it idle; null: busy, "
+                                             "free, or no reading"}}),
         "Inventory": _object(["node", "source", "simulated", "message", "gpus"], {
             "node": STRING, "source": {"type": "string", "enum": ["nvml", "simulated", "static", "none"]},
             "simulated": {"type": "boolean"}, "message": STRING,
@@ -176,7 +183,7 @@ def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
         "servers": [{"url": prefix.rstrip("/")}],
         "components": {
             "securitySchemes": {"hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}},
-            "schemas": _schemas(),
+            "schemas": {**_schemas(), **idle_schemas()},
         },
         "security": [{"hubToken": []}],
         "paths": {
@@ -205,6 +212,7 @@ def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
             "/api/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {
                 "200": {"description": "OpenAPI 3.1", **_json(_object(["openapi", "info", "paths"], {
                     "openapi": STRING, "info": {"type": "object"}, "paths": {"type": "object"}}))}}}},
+            **idle_paths(FORBIDDEN, UNAVAILABLE),
             "/metrics": {"get": {"summary": "Prometheus text (DCGM-exporter names plus workbench_*)",
                                  "x-scope": READ,
                                  "responses": {"200": {"description": "text/plain; version=0.0.4",

@@ -1,0 +1,207 @@
+"""Idle GPUs come back: warn, then stop, servers whose GPUs all stayed idle; deliver every notice.
+
+What it does, every ``--idle-check-seconds`` (``WORKBENCH_GPU_IDLE_CHECK_SECONDS``,
+default 30; 0 turns the loop off), in the workbench service:
+
+1. lists the leases (the GPU database) and the hub's running servers;
+2. reads each held GPU's utilization where it is true (``utilization.py``:
+   the hub's NVML or simulated source for local and docker, the user
+   server's own monitor where the hub cannot see the node's GPUs);
+3. advances each GPU's idle clock and judges each server by the rules of
+   ``workbench_spawner.idle`` with the user's rule (quota, else the hub's
+   ``WORKBENCH_GPU_IDLE_MINUTES``) and the exempt groups;
+4. warns (a notice: JupyterLab shows it with a countdown), withdraws the
+   warning when a GPU got busy again, or stops the server through the hub
+   API, exactly as the session-length stopper does. Before stopping it
+   writes the ``done`` notice whose reason the spawner's stop records in
+   the usage ledger ("reclaimed: GPU idle 30 min"); the spawn page then says
+   why the server stopped. The hub's release wakes the wait list, so the
+   GPUs go to the next in line. Files are untouched (a stop, not a delete).
+5. puts every pending notice, of any rule (reservations' preemption too), on
+   the user servers (``notice_delivery.py``).
+
+A server is stopped only after a warning it could see: if a pass finds a
+server past its limit with no warning yet (the loop was down, the limit was
+lowered), it warns now and stops a lead time later. A server whose readings
+are missing is left alone, and the log says so once per server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from zoneinfo import ZoneInfo
+
+from workbench_spawner.idle import (
+    BUSY, STOP, UNKNOWN, WARN, GpuTrack, IdleRule, advance, is_exempt, judge, ledger_reason, rule_for,
+    stopped_text, warning_text,
+)
+from workbench_spawner.idle_book import IdleBook
+from workbench_spawner.notices import NoticeBook
+from workbench_spawner.store import utcnow
+
+from .fleet import Fleet
+from .hub_client import HubClient
+from .notice_delivery import NoticeDelivery
+from .utilization import SourceChooser
+
+log = logging.getLogger("workbench.service")
+
+KIND = "idle"
+
+
+@dataclass
+class PassReport:
+    """What one pass did (tests and the log read it)."""
+
+    warned: list[tuple[str, str]] = field(default_factory=list)
+    stopped: list[tuple[str, str]] = field(default_factory=list)
+    cleared: list[tuple[str, str]] = field(default_factory=list)
+    unknown: list[tuple[str, str]] = field(default_factory=list)
+
+
+def _clock_text(when: datetime, zone_name: str) -> str:
+    try:
+        zone = ZoneInfo(zone_name or "UTC")
+    except Exception:
+        zone = timezone.utc
+    return when.astimezone(zone).strftime("%H:%M")
+
+
+class Reclaimer:
+    def __init__(self, fleet: Fleet, hub: HubClient, chooser: SourceChooser, delivery: NoticeDelivery | None,
+                 clock=utcnow, interval: float = 30.0):
+        self.fleet = fleet
+        self.hub = hub
+        self.chooser = chooser
+        self.delivery = delivery
+        self.notices = NoticeBook(fleet.store, clock=clock)
+        self.idle = IdleBook(fleet.store)
+        self.clock = clock
+        self.interval = interval
+        self._unknown_logged: set[tuple[str, str]] = set()
+
+    @property
+    def stale_after(self) -> timedelta:
+        # A reading older than three passes is no reading.
+        return timedelta(seconds=max(3 * self.interval, 10.0))
+
+    async def running_servers(self) -> tuple[dict[tuple[str, str], str], dict[str, list[str]]]:
+        """(user, server) -> URL path of every ready server; user -> groups."""
+        running: dict[tuple[str, str], str] = {}
+        groups: dict[str, list[str]] = {}
+        for user in await self.hub.users():
+            groups[user["name"]] = list(user.get("groups") or [])
+            for name, server in (user.get("servers") or {}).items():
+                if server.get("ready") and not server.get("pending"):
+                    running[(user["name"], name)] = server.get("url") or ""
+        return running, groups
+
+    async def run_pass(self) -> PassReport:
+        report = PassReport()
+        settings = await asyncio.to_thread(lambda: self.fleet.settings)
+        leases = await asyncio.to_thread(self.fleet.store.leases)
+        running, groups = await self.running_servers()
+        now = self.clock()
+        effective = await asyncio.to_thread(
+            self.fleet.book.effective_many, {lease.user: groups.get(lease.user, []) for lease in leases},
+            settings.default_quota)
+        exempt_groups = await asyncio.to_thread(self.idle.exempt_groups)
+        old = {(t.node, t.gpu_uuid): t for t in await asyncio.to_thread(self.idle.tracks)}
+        pending = {(n.user, n.server): n for n in await asyncio.to_thread(self.notices.pending)
+                   if n.kind == KIND}
+        tracks: list[GpuTrack] = []
+        for lease in leases:
+            key = (lease.user, lease.server)
+            if key not in running:
+                continue  # starting or stopping: its start is not idle time
+            quota = effective[lease.user].quota
+            rule = rule_for(quota.gpu_idle_minutes, quota.gpu_idle_threshold, settings.gpu_idle_minutes,
+                            settings.gpu_idle_threshold, settings.gpu_idle_warn_minutes)
+            source = self.chooser.for_lease(lease)
+            readings = await source.read(lease, running[key])
+            node = lease.node or settings.node
+            server_tracks = []
+            for uuid in lease.gpu_uuids:
+                previous = old.get((node, uuid))
+                if previous is None or (previous.user, previous.server) != key:
+                    previous = GpuTrack(node=node, gpu_uuid=uuid, user=lease.user, server=lease.server)
+                server_tracks.append(advance(previous, readings.get(uuid), rule.threshold, now, source.name))
+            tracks.extend(server_tracks)
+            exempt = is_exempt(groups.get(lease.user, []), exempt_groups)
+            verdict = judge(server_tracks, rule, now, exempt=exempt, stale_after=self.stale_after)
+            await self._act(key, lease, rule, verdict, pending.get(key), settings, report, now)
+        judged = {(lease.user, lease.server) for lease in leases if (lease.user, lease.server) in running}
+        for key in pending.keys() - judged:
+            if key not in running or not any((lease.user, lease.server) == key for lease in leases):
+                # Stopped by its owner, or gave its GPUs back: the warning is moot.
+                await asyncio.to_thread(self.notices.clear, key[0], key[1], kind=KIND)
+                report.cleared.append(key)
+        await asyncio.to_thread(self.idle.save, tracks)
+        if self.delivery is not None:
+            await self.delivery.deliver(running)
+        return report
+
+    async def _act(self, key, lease, rule: IdleRule, verdict, notice, settings, report: PassReport, now) -> None:
+        user, server = key
+        label = f"{user}/{server or 'default'}"
+        if verdict.action == UNKNOWN:
+            report.unknown.append(key)
+            if key not in self._unknown_logged:
+                log.warning("Idle reclaim leaves %s alone: %s", label, verdict.detail)
+                self._unknown_logged.add(key)
+        else:
+            self._unknown_logged.discard(key)
+        if verdict.action not in (WARN, STOP):
+            if notice is not None:
+                await asyncio.to_thread(self.notices.clear, user, server, kind=KIND)
+                report.cleared.append(key)
+                log.info("Idle warning for %s withdrawn (%s)", label,
+                         "its GPU is busy again" if verdict.action == BUSY else verdict.action)
+            return
+        stop_at = verdict.stop_at
+        if notice is not None and notice.stop_at is not None:
+            stop_at = max(stop_at, notice.stop_at)  # never sooner than the user was told
+        elif verdict.action == STOP:
+            stop_at = now + rule.lead  # past the limit but never warned: warn first
+        if verdict.action == STOP and notice is not None and stop_at <= now:
+            clock = _clock_text(now, settings.time_zone)
+            await asyncio.to_thread(self.notices.done, user, server, kind=KIND, message=stopped_text(rule, clock),
+                                    hint="", reason=ledger_reason(rule))
+            log.info("Stopping %s: its GPUs %s stayed under %g %% for %s (reclaimed for others)", label,
+                     ", ".join(lease.gpu_uuids), rule.threshold, verdict.idle_for)
+            try:
+                await self.hub.stop_server(user, server)
+                report.stopped.append(key)
+            except Exception as exc:
+                log.warning("Could not stop %s: %s", label, exc)
+            return
+        message, hint = warning_text(rule, stop_at, len(lease.gpu_uuids), _clock_text(stop_at, settings.time_zone))
+        if notice is None or notice.stop_at != stop_at or notice.message != message:
+            await asyncio.to_thread(self.notices.warn, user, server, kind=KIND, message=message, hint=hint,
+                                    stop_at=stop_at)
+            if notice is None:
+                log.info("Warned %s: its GPUs are idle; stopping at %s unless they are used", label,
+                         stop_at.isoformat())
+        report.warned.append(key)
+
+    async def run_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.run_pass()
+            except Exception as exc:  # the hub restarting, the database busy: next pass
+                log.warning("Idle reclaim pass failed: %s", exc)
+
+
+def make_reclaimer(fleet: Fleet, hub: HubClient, args) -> Reclaimer:
+    """The loop as the service runs it: host readings where the hub sees the GPUs, else the server's monitor."""
+    from .user_servers import UserServers
+    from .utilization import HostReadings, ServerMonitorReadings
+
+    servers = UserServers(args.proxy_url, hub.token)
+    chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(servers))
+    return Reclaimer(fleet, hub, chooser, NoticeDelivery(NoticeBook(fleet.store), servers),
+                     interval=args.idle_check_seconds)

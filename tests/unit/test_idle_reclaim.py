@@ -1,0 +1,229 @@
+"""The reclaim pass (service/gpu_reclaim.py) against a real GPU database, a fake hub API and a test clock."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from workbench_devices import discover_devices
+from workbench_hub.service.fleet import Fleet
+from workbench_hub.service.gpu_reclaim import Reclaimer
+from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
+from workbench_spawner.idle_book import IdleBook
+from workbench_spawner.notices import NoticeBook
+from workbench_spawner.quota import Quota, QuotaBook
+from workbench_spawner.settings import PolicySettings
+from workbench_spawner.store import AllocationStore
+
+T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
+NODE = "node-1"
+GPU = "GPU-sim-00-h100-80gb"
+
+
+class Clock:
+    def __init__(self):
+        self.now = T0
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def at(self, minutes: float) -> None:
+        self.now = T0 + timedelta(minutes=minutes)
+
+
+class FakeHub:
+    """The two hub API calls the pass makes; stopping marks the server as no longer ready."""
+
+    def __init__(self):
+        self.models = {}
+        self.stopped = []
+        self.token = "t"
+
+    def add(self, user: str, server: str = "", groups=(), ready: bool = True):
+        model = self.models.setdefault(user, {"name": user, "groups": list(groups), "servers": {}})
+        model["servers"][server] = {"ready": ready, "pending": None if ready else "spawn",
+                                    "url": f"/user/{user}/{server}"}
+
+    async def users(self):
+        return list(self.models.values())
+
+    async def stop_server(self, user, server):
+        self.stopped.append((user, server))
+        self.models[user]["servers"][server].update(ready=False, pending="stop")
+
+
+class FakeSource:
+    name = "host"
+
+    def __init__(self):
+        self.values: dict[str, float | None] = {}
+
+    async def read(self, lease, server_path):
+        return {uuid: self.values.get(uuid) for uuid in lease.gpu_uuids}
+
+
+class FakeDelivery:
+    def __init__(self):
+        self.calls = []
+
+    async def deliver(self, running):
+        self.calls.append(dict(running))
+        return []
+
+
+@pytest.fixture
+def world(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    settings = PolicySettings(store.url, discover_devices("4"), node=NODE, default_quota=Quota(2),
+                              gpu_idle_minutes=30, gpu_idle_threshold=5, gpu_idle_warn_minutes=10)
+    fleet = Fleet(store, settings=settings)
+    hub, source, clock, delivery = FakeHub(), FakeSource(), Clock(), FakeDelivery()
+    chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
+    chooser.register(NODE, source)
+    reclaimer = Reclaimer(fleet, hub, chooser, delivery, clock=clock, interval=60)
+    yield store, fleet, hub, source, clock, reclaimer, delivery
+    store.dispose()
+
+
+def hold(store, hub, user="alice", gpus=(GPU,), groups=()):
+    store.allocate(user, "", len(gpus), list(gpus), node=NODE)
+    hub.add(user, "", groups)
+
+
+async def passes(reclaimer, clock, minutes):
+    reports = []
+    for m in minutes:
+        clock.at(m)
+        reports.append(await reclaimer.run_pass())
+    return reports
+
+
+async def test_an_idle_server_is_warned_then_stopped_and_the_ledger_says_why(world):
+    store, fleet, hub, source, clock, reclaimer, delivery = world
+    hold(store, hub)
+    source.values[GPU] = 0.0
+    reports = await passes(reclaimer, clock, [0, 10, 19])
+    assert not any(r.warned or r.stopped for r in reports)
+    [r20] = await passes(reclaimer, clock, [20])
+    assert r20.warned == [("alice", "")] and not r20.stopped
+    [notice] = NoticeBook(store).pending("alice")
+    assert notice.kind == "idle" and notice.stop_at == T0 + timedelta(minutes=30)
+    assert "10:30" in notice.message and "CPU-only server" in notice.hint
+    [r29] = await passes(reclaimer, clock, [29])
+    assert r29.warned and not r29.stopped and not hub.stopped
+    [r30] = await passes(reclaimer, clock, [30])
+    assert r30.stopped == [("alice", "")] and hub.stopped == [("alice", "")]
+    assert NoticeBook(store).pending("alice") == []
+    done = NoticeBook(store).last_done("alice")
+    assert done.reason == "reclaimed: GPU idle 30 min" and "files are kept" in done.message
+    # The spawner's stop reads the announced reason into the ledger.
+    lease = store.lease_of("alice", "")
+    reason = NoticeBook(store).stop_reason("alice", "", lease.since)
+    store.release("alice", "", reason)
+    assert [u.reason for u in store.usage(user="alice")] == ["reclaimed: GPU idle 30 min"]
+    # Every pass delivered notices to the running servers (alice while she ran).
+    assert delivery.calls[0] == {("alice", ""): "/user/alice/"}
+
+
+async def test_using_the_gpu_after_the_warning_withdraws_it(world):
+    store, fleet, hub, source, clock, reclaimer, _ = world
+    hold(store, hub)
+    source.values[GPU] = 1.0
+    await passes(reclaimer, clock, [0, 20])
+    assert NoticeBook(store).pending("alice")
+    source.values[GPU] = 85.0
+    [r] = await passes(reclaimer, clock, [21])
+    assert r.cleared == [("alice", "")] and NoticeBook(store).pending("alice") == []
+    source.values[GPU] = 0.0
+    reports = await passes(reclaimer, clock, [22, 41, 42])  # the clock starts again at 22
+    assert not any(r.stopped for r in reports) and reports[1].warned == []
+    assert (await passes(reclaimer, clock, [52]))[0].stopped == [("alice", "")]
+
+
+async def test_missing_readings_leave_the_server_alone_and_withdraw_a_warning(world, caplog):
+    store, fleet, hub, source, clock, reclaimer, _ = world
+    hold(store, hub)
+    source.values[GPU] = 0.0
+    await passes(reclaimer, clock, [0, 20])
+    assert NoticeBook(store).pending("alice")
+    source.values[GPU] = None
+    reports = await passes(reclaimer, clock, [21, 40, 90])
+    assert all(r.unknown == [("alice", "")] for r in reports)
+    assert not hub.stopped and NoticeBook(store).pending("alice") == []
+    assert sum("leaves alice/default alone" in m for m in caplog.messages) == 1, "logged once, not every pass"
+
+
+async def test_a_server_past_its_limit_but_never_warned_is_warned_first(world):
+    store, fleet, hub, source, clock, reclaimer, _ = world
+    hold(store, hub)
+    source.values[GPU] = 0.0
+    reclaimer.interval = 30 * 60  # readings stay fresh across the long gap
+    [r0, r35] = await passes(reclaimer, clock, [0, 35])
+    assert r35.warned and not r35.stopped
+    [notice] = NoticeBook(store).pending("alice")
+    assert notice.stop_at == T0 + timedelta(minutes=45), "a full warning lead from now"
+    assert not (await passes(reclaimer, clock, [44]))[0].stopped
+    assert (await passes(reclaimer, clock, [45]))[0].stopped == [("alice", "")]
+
+
+@pytest.mark.parametrize("how", ["exempt group", "quota off", "hub off", "starting"])
+async def test_exempt_off_and_starting_servers_are_never_reclaimed(world, how):
+    store, fleet, hub, source, clock, reclaimer, _ = world
+    hold(store, hub, groups=["research"])
+    source.values[GPU] = 0.0
+    if how == "exempt group":
+        IdleBook(store).exempt("research", "long preprocessing")
+    elif how == "quota off":
+        QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=0))
+    elif how == "hub off":
+        fleet._settings = PolicySettings(store.url, fleet.inventory, node=NODE, default_quota=Quota(2))
+    else:
+        hub.add("alice", "", ready=False)
+    reports = await passes(reclaimer, clock, [0, 20, 30, 60])
+    assert not any(r.warned or r.stopped for r in reports) and not hub.stopped
+
+
+async def test_a_quota_sets_its_own_minutes_and_threshold(world):
+    store, fleet, hub, source, clock, reclaimer, _ = world
+    hold(store, hub)
+    QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=10, gpu_idle_threshold=20))
+    source.values[GPU] = 15.0  # busy under the hub's 5 %, idle under the quota's 20 %
+    reports = await passes(reclaimer, clock, [0, 5, 10])
+    assert reports[1].warned and reports[2].stopped == [("alice", "")]
+    assert NoticeBook(store).last_done("alice").reason == "reclaimed: GPU idle 10 min"
+
+
+async def test_idle_clocks_survive_a_restart_of_the_service_and_show_per_gpu(world):
+    store, fleet, hub, source, clock, reclaimer, delivery = world
+    hold(store, hub, gpus=(GPU, "GPU-sim-01-h100-80gb"))
+    source.values.update({GPU: 0.0, "GPU-sim-01-h100-80gb": 2.0})
+    await passes(reclaimer, clock, [0, 15])
+    again = Reclaimer(fleet, hub, reclaimer.chooser, delivery, clock=clock, interval=60)
+    [r] = await passes(again, clock, [20])
+    assert r.warned == [("alice", "")], "the new process kept the 20 idle minutes"
+    tracks = {t.gpu_uuid: t for t in IdleBook(store).tracks()}
+    assert set(tracks) == {GPU, "GPU-sim-01-h100-80gb"} and tracks[GPU].idle_since == T0
+    store.release("alice", "", "stopped")
+    hub.models.clear()
+    await passes(again, clock, [21])
+    assert IdleBook(store).tracks() == [] and NoticeBook(store).pending() == []
+
+
+async def test_host_readings_follow_the_scripted_utilization(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    script = tmp_path / "util.json"
+    script.write_text(json.dumps({GPU: 0, "1": None}))
+    settings = PolicySettings(store.url, discover_devices("2"), node=NODE, simulated_utilization=str(script))
+    fleet = Fleet(store, settings=settings)
+    lease = store.allocate("alice", "", 2, [GPU, "GPU-sim-01-h100-80gb"], node=NODE)
+    host = HostReadings(fleet)
+    assert host.can_read()
+    assert await host.read(lease, None) == {GPU: 0.0, "GPU-sim-01-h100-80gb": None}
+    chooser = SourceChooser(host, ServerMonitorReadings(None), NODE)
+    assert chooser.for_lease(lease) is host
+    other = store.allocate("bob", "", 1, ["GPU-sim-01-h100-80gb"], node="slurm-node-3") or lease
+    assert chooser.for_lease(type(lease)("bob", "", ("GPU-x",), T0, node="slurm-node-3")) is chooser.server
+    del other
+    store.dispose()

@@ -1,0 +1,151 @@
+"""The idle-GPU rules (workbench_spawner.idle) as tables, with a test clock."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from workbench_spawner.idle import (
+    BUSY, EXEMPT, IDLE, OFF, STOP, UNKNOWN, WARN, GpuTrack, IdleRule, advance, format_minutes, is_exempt, judge,
+    ledger_reason, rule_for, stopped_text, warning_text,
+)
+
+T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
+
+
+def at(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def track(uuid: str = "GPU-a") -> GpuTrack:
+    return GpuTrack(node="n1", gpu_uuid=uuid, user="alice", server="")
+
+
+def replay(readings: list[tuple[float, float | None]], threshold: float = 5.0, uuid: str = "GPU-a") -> GpuTrack:
+    """Feed (minute, reading) pairs through ``advance``."""
+    t = track(uuid)
+    for minute, value in readings:
+        t = advance(t, value, threshold, at(minute), "host")
+    return t
+
+
+# -- one GPU's idle clock -------------------------------------------------------------
+
+@pytest.mark.parametrize("readings, idle_since", [
+    ([(0, 0.0)], 0),                                  # first idle reading starts the clock
+    ([(0, 0.0), (5, 3.0), (10, 4.9)], 0),             # under the threshold all along
+    ([(0, 0.0), (5, 50.0), (10, 0.0)], 10),           # one busy reading restarts it
+    ([(0, 0.0), (5, 5.0)], None),                     # exactly the threshold is busy
+    ([(0, 80.0)], None),
+    ([(0, 0.0), (5, None), (10, 0.0)], 10),           # a missing reading restarts it: not knowing is not idle
+    ([(0, 0.0), (5, None)], None),
+])
+def test_the_idle_clock_of_one_gpu(readings, idle_since):
+    t = replay(readings)
+    assert t.idle_since == (None if idle_since is None else at(idle_since))
+
+
+def test_a_missing_reading_keeps_the_time_of_the_last_real_one():
+    t = replay([(0, 0.0), (5, None)])
+    assert t.last_reading == at(0) and t.utilization is None
+
+
+@pytest.mark.parametrize("threshold, value, idle", [(5, 4.99, True), (5, 5, False), (20, 19, True), (1, 0.5, True),
+                                                    (1, 1, False)])
+def test_thresholds(threshold, value, idle):
+    assert (replay([(0, value)], threshold=threshold).idle_since is not None) is idle
+
+
+# -- the verdict for a server --------------------------------------------------------
+
+RULE = IdleRule(minutes=30, threshold=5, warn_minutes=10)
+
+
+@pytest.mark.parametrize("idle_minutes, action", [
+    (0, IDLE), (19.9, IDLE), (20, WARN), (29.9, WARN), (30, STOP), (45, STOP),
+])
+def test_warning_comes_warn_minutes_before_the_stop(idle_minutes, action):
+    t = replay([(0, 0.0), (idle_minutes, 0.0)])
+    verdict = judge([t], RULE, at(idle_minutes))
+    assert verdict.action == action
+    assert verdict.stop_at == at(30)
+    assert verdict.idle_for == timedelta(minutes=idle_minutes)
+
+
+@pytest.mark.parametrize("minutes, warn, lead", [(30, 10, 10), (10, 10, 5), (1, 10, 0.5), (60, 0, 0), (0.2, 10, 0.1)])
+def test_the_warning_lead_is_at_most_half_the_limit(minutes, warn, lead):
+    assert IdleRule(minutes=minutes, warn_minutes=warn).lead == timedelta(minutes=lead)
+
+
+def test_all_gpus_of_a_server_must_be_idle_and_the_latest_clock_counts():
+    a = replay([(0, 0.0), (25, 0.0)], uuid="GPU-a")
+    b = replay([(0, 90.0), (10, 0.0), (25, 0.0)], uuid="GPU-b")
+    verdict = judge([a, b], RULE, at(25))
+    assert verdict.action == IDLE and verdict.idle_for == timedelta(minutes=15) and verdict.stop_at == at(40)
+    busy = replay([(0, 0.0), (25, 60.0)], uuid="GPU-b")
+    assert judge([a, busy], RULE, at(25)).action == BUSY
+
+
+@pytest.mark.parametrize("case, tracks_at, now, action", [
+    ("no readings at all", [], 5, UNKNOWN),
+    ("never read", [None], 5, UNKNOWN),
+    ("last reading is stale", [(0, 0.0)], 40, UNKNOWN),
+    ("reading just missing this pass", [(0, 0.0), (1, None)], 1, UNKNOWN),
+    ("fresh enough", [(0, 0.0), (39, 0.0)], 40, STOP),
+])
+def test_missing_readings_never_count_as_idle(case, tracks_at, now, action):
+    if tracks_at == []:
+        tracks = []
+    elif tracks_at == [None]:
+        tracks = [track()]
+    else:
+        tracks = [replay(tracks_at)]
+    assert judge(tracks, RULE, at(now), stale_after=timedelta(minutes=2)).action == action, case
+
+
+def test_off_and_exempt_win_over_everything():
+    t = replay([(0, 0.0), (60, 0.0)])
+    assert judge([t], IdleRule(minutes=0), at(60)).action == OFF
+    assert judge([t], RULE, at(60), exempt=True).action == EXEMPT
+    assert judge([], RULE, at(60), exempt=True).action == EXEMPT
+
+
+@pytest.mark.parametrize("groups, exempt, expected", [
+    (["ml-course"], {"research": {}}, False), (["ml-course", "research"], {"research": {}}, True),
+    ([], {"research": {}}, False), (["research"], [], False),
+])
+def test_exemption_by_group(groups, exempt, expected):
+    assert is_exempt(groups, exempt) is expected
+
+
+# -- which rule applies ------------------------------------------------------------
+
+@pytest.mark.parametrize("quota_minutes, quota_threshold, hub_minutes, hub_threshold, minutes, threshold", [
+    (None, None, 30, 5, 30, 5),   # inherit the hub
+    (None, None, 0, 5, 0, 5),     # hub off
+    (60, None, 30, 5, 60, 5),     # the quota's own minutes
+    (0, None, 30, 5, 0, 5),       # 0 in a quota: never reclaimed
+    (None, 15, 30, 5, 30, 15),
+    (20, 2, 0, 5, 20, 2),         # a quota turns it on where the hub has it off
+])
+def test_quota_fields_override_the_hub(quota_minutes, quota_threshold, hub_minutes, hub_threshold, minutes, threshold):
+    rule = rule_for(quota_minutes, quota_threshold, hub_minutes, hub_threshold, 10)
+    assert (rule.minutes, rule.threshold, rule.enabled) == (minutes, threshold, minutes > 0)
+
+
+# -- words ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("minutes, text", [(30, "30 min"), (1.5, "1.5 min"), (0.2, "12 s"), (90, "90 min")])
+def test_minutes_in_words(minutes, text):
+    assert format_minutes(minutes) == text
+
+
+def test_the_ledger_reason_and_the_messages():
+    assert ledger_reason(RULE) == "reclaimed: GPU idle 30 min"
+    assert len(ledger_reason(IdleRule(minutes=7 * 24 * 60 - 0.5))) <= 64
+    message, hint = warning_text(RULE, at(30), 1, "10:30")
+    assert message.startswith("Your server will be stopped at 10:30") and len(message) <= 140
+    assert "CPU-only server" in hint and "use the GPU" in hint and "files stay" in hint
+    assert "2 GPUs" in warning_text(RULE, at(30), 2, "10:30")[0]
+    assert "30 min" in stopped_text(RULE, "10:30") and "files are kept" in stopped_text(RULE, "10:30")
