@@ -222,13 +222,16 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         finally:
             await asyncio.to_thread(self._release_on_stop)
 
-    def _release_on_stop(self) -> None:
-        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any."""
+    def _release_on_stop(self, otherwise: str = "stopped") -> None:
+        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any.
+
+        A stop through the hub API may end the process before ``stop()``
+        returns, so ``poll`` can be the one that releases: both ask."""
         lease = self.gpu_policy.store.lease_of(self.user.name, self.name)
         reason = None
         if lease is not None:
             reason = NoticeBook(self.gpu_policy.store).stop_reason(self.user.name, self.name, lease.since)
-        self._release(reason or "stopped")
+        self._release(reason or otherwise)
 
     async def poll(self):
         # Read before polling: a backend's poll may clear_state() a dead server.
@@ -237,7 +240,7 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         if status is None and self._lease_unchecked:
             status = await self._restore_lease()
         if status is not None and held and not self._gpu_starting:
-            await asyncio.to_thread(self._release, "server exited")
+            await asyncio.to_thread(self._release_on_stop, "server exited")
         return status
 
     async def _restore_lease(self) -> int | None:
