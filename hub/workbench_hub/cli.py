@@ -10,6 +10,13 @@ Examples::
     workbench quota show                # every quota
     workbench quota delete alice
     workbench quota delete-group ml-course
+    workbench quota set-group ml-course --max-gpus 1 --gpu-idle-minutes 15   # idle GPUs come back
+    workbench idle                      # idle time per held GPU; idle exempt/unexempt GROUP
+    workbench reserve ml-course --gpus 8 --weekly "Tue 10:00-12:00"            # every Tuesday
+    workbench reserve ml-course --gpus 2 --model H100-80GB --once "2026-12-08 10:00-12:00" \
+        --grace-minutes 10 --preempt --warn-minutes 15
+    workbench reservations              # list them (id, window, open now or next)
+    workbench reservations delete 3
 
 It has no database URL of its own: every command goes through the service,
 which uses the GPU database the hub passes it (``--db-url``, the hub's
@@ -17,6 +24,11 @@ which uses the GPU database the hub passes it (``--db-url``, the hub's
 (without a name) prints that database (URL without password; admins only)
 and the GPU models of the inventory the hub stored, which are what
 ``--models`` may name; an unknown model is refused with that list.
+
+Reservation windows are wall-clock times in the hub's time zone (the list
+prints it). A reservation the hub cannot meet (more GPUs than it has, an
+overlap the inventory cannot cover, a malformed window, an unknown group or
+model) is refused with the service's sentence and nothing is stored.
 
 Exit codes: 0 done, 1 the service refused (the message says why), 2 bad
 command line or the service could not be reached.
@@ -31,6 +43,8 @@ import sys
 import urllib.error
 import urllib.request
 from urllib.parse import quote
+
+from .idle_cli import add_idle_parser, run_idle
 
 SERVICE_PATH = "/services/workbench/"
 
@@ -76,12 +90,33 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated allowed GPU models, e.g. H100-80GB,A100-40GB (default: any)")
         p.add_argument("--max-session-hours", type=_optional_number, default=None,
                        help="servers are stopped after this many hours (default: no limit)")
+        p.add_argument("--gpu-idle-minutes", type=_optional_number, default=None,
+                       help="stop a server whose GPUs stayed idle this long (0: never; default: the hub's)")
+        p.add_argument("--gpu-idle-threshold", type=_optional_number, default=None,
+                       help="percent utilization under which a GPU counts as idle (default: the hub's, 5)")
     for action, kind in (("show", "user"), ("show-group", "group")):
         p = quota.add_parser(action, help=f"show the quota of a {kind}, or every quota without a name")
         p.add_argument("name", nargs="?" if kind == "user" else None)
     for action, kind in (("delete", "user"), ("delete-group", "group")):
         p = quota.add_parser(action, help=f"delete the quota of a {kind} (falls back to groups or the default)")
         p.add_argument("name")
+    reserve = top.add_parser("reserve", help="reserve GPUs for a group during a weekly or one-off window")
+    reserve.add_argument("group", help="the JupyterHub group whose members may use the reserved GPUs")
+    reserve.add_argument("--gpus", type=_number(int), required=True, help="how many GPUs to reserve")
+    when = reserve.add_mutually_exclusive_group(required=True)
+    when.add_argument("--weekly", metavar='"Tue 10:00-12:00"', help="every week, in the hub's time zone")
+    when.add_argument("--once", metavar='"2026-12-08 10:00-12:00"', help="one date, in the hub's time zone")
+    reserve.add_argument("--model", default=None, help="only GPUs of this model (default: any)")
+    reserve.add_argument("--grace-minutes", type=_number(float), default=None,
+                         help="release GPUs no member asked for after this long (default 15)")
+    reserve.add_argument("--preempt", action="store_true",
+                         help="stop non-members' servers on the needed GPUs at the start (warned before)")
+    reserve.add_argument("--warn-minutes", type=_number(float), default=None,
+                         help="with --preempt: warn this long before the start (default 10)")
+    listing = top.add_parser("reservations", help="list or delete reservations")
+    listing.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
+    listing.add_argument("id", nargs="?", help="the reservation to delete (see the list)")
+    add_idle_parser(top)
     return parser
 
 
@@ -120,10 +155,60 @@ def _describe(q: dict | None) -> str:
                  else "any model")
     if q.get("max_session_hours") is not None:
         parts.append(f"sessions up to {q['max_session_hours']:g} h")
+    if q.get("gpu_idle_minutes") is not None:
+        parts.append("never reclaimed when idle" if q["gpu_idle_minutes"] == 0
+                     else f"reclaimed after {q['gpu_idle_minutes']:g} idle min")
+    if q.get("gpu_idle_threshold") is not None:
+        parts.append(f"idle under {q['gpu_idle_threshold']:g} %")
     return ", ".join(parts)
 
 
+def _reservation_line(r: dict) -> str:
+    state = "open now" if r["active"] else (f"next {r['next_start'][:16].replace('T', ' ')}" if r["next_start"]
+                                             else "over")
+    extra = f", grace {r['grace_minutes']:g} min"
+    if r["preempt"]:
+        extra += f", preempt (warned {r['warn_minutes']:g} min before)"
+    return f"#{r['id']} {r['description']} ({state}{extra})"
+
+
+def run_reservations(args) -> tuple[object, str]:
+    if args.area == "reserve":
+        window = args.weekly if args.weekly is not None else args.once
+        if args.weekly is not None and window.strip()[:1].isdigit():
+            raise CLIError(f"--weekly needs a weekday, not a date: e.g. \"Tue 10:00-12:00\" (got {window!r}); "
+                           "use --once for a date", 2)
+        if args.once is not None and not window.strip()[:1].isdigit():
+            raise CLIError(f"--once needs a date: e.g. \"2026-12-08 10:00-12:00\" (got {window!r}); "
+                           "use --weekly for a weekday", 2)
+        body: dict = {"group": args.group, "gpus": args.gpus, "window": window, "preempt": args.preempt}
+        if args.model is not None:
+            body["model"] = args.model
+        if args.grace_minutes is not None:
+            body["grace_minutes"] = args.grace_minutes
+        if args.warn_minutes is not None:
+            body["warn_minutes"] = args.warn_minutes
+        data = call(args.url, args.token, "POST", "api/reservations", body)
+        return data, f"Reserved {_reservation_line(data)}."
+    if args.action == "delete":
+        if not args.id or not args.id.isdigit():
+            raise CLIError("workbench reservations delete needs the reservation's id (a number; "
+                           "`workbench reservations` lists them)", 2)
+        call(args.url, args.token, "DELETE", f"api/reservations/{args.id}")
+        return None, f"Deleted reservation #{args.id}."
+    if args.id:
+        raise CLIError("workbench reservations list takes no id", 2)
+    data = call(args.url, args.token, "GET", "api/reservations")
+    lines = [f"time zone: {data['time_zone']} (now {data['now'][:16].replace('T', ' ')})"]
+    lines += [_reservation_line(r) for r in data["reservations"]] or ["no reservations"]
+    return data, "\n".join(lines)
+
+
 def run(args) -> tuple[object, str]:
+    if args.area == "idle":
+        return run_idle(args, call, CLIError)
+    if args.area in ("reserve", "reservations"):
+        return run_reservations(args)
     action = args.action
     kind = "groups" if action.endswith("-group") else "users"
     if action in ("set", "set-group"):
@@ -133,6 +218,8 @@ def run(args) -> tuple[object, str]:
             "allowed_models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None
             else None,
             "max_session_hours": args.max_session_hours,
+            "gpu_idle_minutes": args.gpu_idle_minutes,
+            "gpu_idle_threshold": args.gpu_idle_threshold,
         }
         data = call(args.url, args.token, "PUT", f"api/quotas/{kind}/{quote(args.name, safe='')}", body)
         return data, f"Set the quota of {kind[:-1]} {args.name}: {_describe(data['quota'])}. It applies to the next spawn."

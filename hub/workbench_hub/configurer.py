@@ -240,6 +240,7 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
             "command": guarded(
                 [sys.executable, "-m", "workbench_hub.service", f"--port={service_port}",
                  f"--session-check-seconds={session_check}", f"--idle-check-seconds={idle_check}",
+                 f"--reservation-check-seconds={number(env, 'WORKBENCH_RESERVATION_CHECK_SECONDS', '15')}",
                  f"--proxy-url={proxy_url(c)}"],
                 hub_pid,
             ),
@@ -290,6 +291,26 @@ def point_service_at_settings(c: Config, db_url: str) -> None:
             service["command"] = [*command[:at], f"--db-url={db_url}", *command[at:]]
 
 
+def update_fairness(mixin, env: Env) -> None:
+    """The wait list's order, the reservations' time zone, and the opt-in test clock (queue_order.py, clock.py)."""
+    from workbench_spawner.clock import ClockError, zone
+    from workbench_spawner.queue_order import QueueOrderError, parse_queue_order
+
+    try:
+        mixin.gpu_queue_order = parse_queue_order(env.get("WORKBENCH_QUEUE_ORDER"))
+    except QueueOrderError as exc:
+        raise ConfigError(str(exc)) from None
+    mixin.gpu_queue_aging_minutes = number(env, "WORKBENCH_QUEUE_AGING_MINUTES", "30")
+    if text(env, "WORKBENCH_TIME_ZONE"):
+        try:
+            zone(text(env, "WORKBENCH_TIME_ZONE"))
+        except ClockError as exc:
+            raise ConfigError(str(exc)) from None
+        mixin.gpu_time_zone = text(env, "WORKBENCH_TIME_ZONE")
+    if text(env, "WORKBENCH_TEST_CLOCK_FILE"):
+        mixin.gpu_test_clock_file = text(env, "WORKBENCH_TEST_CLOCK_FILE")
+
+
 def update_spawner(
     c: Config,
     env: Env,
@@ -322,6 +343,7 @@ def update_spawner(
     if simulated:
         mixin.simulated_gpus = simulated
     mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
+    update_fairness(mixin, env)
     mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
     mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
     mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")

@@ -12,8 +12,8 @@ file exists, "now" for reservations and preemption, in the hub and the
 service alike, is that instant plus the seconds since the file was last
 written: time keeps flowing, so grace periods and warnings still elapse. A
 test writes the file to jump to a window's start. Leave the variable unset
-in production; the hub's log says so when it is set. Leases, GPU-hours and
-session limits always use the real clock.
+in production (the stored policy settings show ``test_clock_file`` when it
+is set). Leases, GPU-hours and session limits always use the real clock.
 """
 
 from __future__ import annotations

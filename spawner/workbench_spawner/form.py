@@ -31,6 +31,7 @@ def render_options_form(
     profiles: Sequence[ResourceProfile],
     limits_enforced: bool,
     held: int,
+    reserved: Sequence[str] = (),
 ) -> str:
     quota = ctx.quota.quota
     allowed = ctx.allowed_now()
@@ -57,4 +58,5 @@ def render_options_form(
         max_session_hours=quota.max_session_hours,
         cpu_allowed=ctx.cpu_servers_allowed,
         contact=ctx.contact,
+        reserved=list(reserved),
     )

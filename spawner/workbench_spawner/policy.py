@@ -23,6 +23,8 @@ from workbench_devices import DeviceInventory, GPUDevice
 
 from .admission import AdmissionContext
 from .clock import hub_clock, zone
+from .reservation_book import ReservationBook
+from .reservations import reserved_now
 from .placement import HostAllocator, NoGPUAvailable, Placement, Report
 from .quota import QuotaBook, gpu_hours_used
 from .settings import PolicySettings
@@ -117,6 +119,13 @@ class GPUPolicy:
             contact=self.settings.quota_contact,
             **rules,
         )
+
+    def reserved_now(self, groups: list[str]) -> list[str]:
+        """What the open reservations keep, one sentence each, for the spawn form."""
+        inventory: dict[str, int] = {}
+        for device in self.devices:
+            inventory[device.model] = inventory.get(device.model, 0) + 1
+        return reserved_now(ReservationBook(self.store).reservations(), self.clock(), self.tz, inventory, groups)
 
     # -- placement ------------------------------------------------------------------
 

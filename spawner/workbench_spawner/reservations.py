@@ -334,3 +334,37 @@ def check_feasible(new: Reservation, existing: Sequence[Reservation], inventory:
                 raise ReservationError(
                     f"it overlaps {others} from {a:%Y-%m-%d %H:%M} UTC: together {need} GPUs are reserved but this "
                     f"hub has {have}; reserve fewer, pick another time, or delete the other reservation")
+
+
+def next_occurrence(res: Reservation, now: datetime, tz: tzinfo) -> tuple[datetime, datetime] | None:
+    """The occurrence in progress, else the next one (None: a one-off that is over)."""
+    current = res.window.current(now, tz)
+    if current is not None:
+        return current
+    if res.window.weekly:
+        return res.window.next_start(now, tz)
+    found = res.window.occurrences(now, now + HORIZON, tz)
+    return found[0] if found else None
+
+
+def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo, inventory: Mapping[str, int],
+                 groups: Iterable[str] = ()) -> list[str]:
+    """Sentences for the spawn form: "8 of 16 GPUs reserved for ml-course until 12:00" per open window.
+
+    A member reads that the GPUs are theirs to take; everyone else how many
+    remain for them."""
+    mine = set(groups)
+    lines = []
+    for res in reservations:
+        current = res.window.current(now, tz)
+        if current is None:
+            continue
+        until = current[1].astimezone(tz)
+        when = f"{until:%H:%M}" if until.date() == utc(now).astimezone(tz).date() else f"{until:%a %H:%M}"
+        total = inventory.get(res.model, 0) if res.model else sum(inventory.values())
+        what = f"{res.gpus} of {total} {res.model + ' ' if res.model else ''}GPUs"
+        line = f"{what} reserved for {res.group} until {when}"
+        if res.group in mine:
+            line += " (you are a member: you may use them)"
+        lines.append(line)
+    return lines

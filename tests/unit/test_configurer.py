@@ -244,12 +244,12 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
     assert workbench["command"] == [
         sys.executable, "-m", "workbench_hub.parent_guard", "--parent-pid=4242", "--",
         sys.executable, "-m", "workbench_hub.service", "--port=10222", "--session-check-seconds=5.0",
-        "--idle-check-seconds=30.0", "--proxy-url=http://127.0.0.1:8000",
+        "--idle-check-seconds=30.0", "--reservation-check-seconds=15.0", "--proxy-url=http://127.0.0.1:8000",
     ]
     configurer.point_service_at_settings(c, "sqlite:////data/workbench.sqlite")
-    assert workbench["command"][-5:] == [
+    assert workbench["command"][-6:] == [
         "--port=10222", "--db-url=sqlite:////data/workbench.sqlite", "--session-check-seconds=5.0",
-        "--idle-check-seconds=30.0", "--proxy-url=http://127.0.0.1:8000",
+        "--idle-check-seconds=30.0", "--reservation-check-seconds=15.0", "--proxy-url=http://127.0.0.1:8000",
     ]
     # Publishing again (a config file calling it twice) replaces, never appends.
     configurer.point_service_at_settings(c, "sqlite:////other.sqlite")

@@ -27,6 +27,7 @@ from tornado import web
 from workbench_spawner.store import AllocationStore
 
 from . import handlers as h
+from . import reservation_handlers as rh
 from .fleet import Fleet
 from .hub_client import HubClient
 from .lifetime import CannotListen, listen, run_until_stopped
@@ -52,6 +53,8 @@ def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/
         (prefix + "api/quotas/users/" + name, h.QuotaHandler),
         (prefix + "api/quotas/groups/" + name, h.GroupQuotaHandler),
         (prefix + "api/usage", h.UsageHandler),
+        (prefix + "api/reservations", rh.ReservationListHandler),
+        (prefix + "api/reservations/" + name, rh.ReservationHandler),
         (prefix + "api/openapi.json", h.OpenAPIHandler),
         (prefix + "metrics", h.MetricsHandler),
         *idle_routes(prefix),
@@ -78,6 +81,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "notices (0: never)")
     parser.add_argument("--proxy-url", default=os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000",
                         help="the proxy's address as this machine reaches it: how user servers are reached")
+    parser.add_argument("--reservation-check-seconds", type=float,
+                        default=float(os.environ.get("WORKBENCH_RESERVATION_CHECK_SECONDS", "15")),
+                        help="how often to warn and stop non-members' servers for reservations that say "
+                             "preempt (0: never)")
     return parser.parse_args(argv)
 
 
@@ -121,7 +128,14 @@ async def serve(args: argparse.Namespace) -> int:
     reclaimer = None
     if args.idle_check_seconds > 0:
         reclaimer = asyncio.create_task(make_reclaimer(fleet, hub, args).run_forever())
+    preemption = None
+    if args.reservation_check_seconds > 0:
+        from .reservation_enforcer import Preemption
+
+        preemption = asyncio.create_task(Preemption(fleet, hub).run_forever(args.reservation_check_seconds))
     reason = await run_until_stopped()
+    if preemption is not None:
+        preemption.cancel()
     log.info("Workbench service stopping: %s", reason)
     if checker is not None:
         checker.cancel()

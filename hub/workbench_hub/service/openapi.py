@@ -22,6 +22,7 @@ from workbench_spawner.quota import (
 )
 
 from .openapi_idle import idle_paths, idle_quota_properties, idle_schemas
+from .reservation_openapi import reservation_paths, reservation_schemas
 
 READ = "custom:workbench:read"
 ADMIN = "custom:workbench:admin"
@@ -183,7 +184,7 @@ def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
         "servers": [{"url": prefix.rstrip("/")}],
         "components": {
             "securitySchemes": {"hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}},
-            "schemas": {**_schemas(), **idle_schemas()},
+            "schemas": {**_schemas(), **idle_schemas(), **reservation_schemas()},
         },
         "security": [{"hubToken": []}],
         "paths": {
@@ -213,6 +214,7 @@ def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
                 "200": {"description": "OpenAPI 3.1", **_json(_object(["openapi", "info", "paths"], {
                     "openapi": STRING, "info": {"type": "object"}, "paths": {"type": "object"}}))}}}},
             **idle_paths(FORBIDDEN, UNAVAILABLE),
+            **reservation_paths(READ, ADMIN, FORBIDDEN, UNAVAILABLE),
             "/metrics": {"get": {"summary": "Prometheus text (DCGM-exporter names plus workbench_*)",
                                  "x-scope": READ,
                                  "responses": {"200": {"description": "text/plain; version=0.0.4",
