@@ -368,3 +368,15 @@ def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo,
             line += " (you are a member: you may use them)"
         lines.append(line)
     return lines
+
+
+def gpus_user_may_take(free: Sequence[str], models: Mapping[str, str], count: int, user_groups: Iterable[str],
+                       reservations: Sequence[Reservation], holdings: Sequence[Holding], now: datetime,
+                       tz: tzinfo, waiting: Mapping[str, int] | None = None) -> list[str]:
+    """The GPUs of ``free`` (in preference order) this user may take now, at most ``count``.
+
+    What placement does inside its transaction, as one call for replays
+    (benchmarks/class_day.py): fewer than ``count`` back means the request waits."""
+    groups = list(user_groups)
+    needs = remaining_needs(reservations, holdings, models, now, tz, waiting, exclude_groups=groups)
+    return takeable(free, models, count, needs)

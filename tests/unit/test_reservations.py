@@ -229,3 +229,26 @@ def test_any_model_plus_model_over_the_model_count_is_refused():
 def test_window_start_and_end_times():
     window = parse_window("Tue 22:00-01:30")
     assert (window.start, window.end, window.length) == (time(22), time(1, 30), timedelta(hours=3, minutes=30))
+
+
+def test_gpus_user_may_take_is_what_placement_does():
+    from workbench_spawner.reservations import gpus_user_may_take
+
+    held = [hold("o1", ["g0"])]
+    assert gpus_user_may_take(GPUS[1:], MODELS, 1, [], [COURSE], held, T0, BERLIN) == []
+    assert gpus_user_may_take(GPUS[1:], MODELS, 2, ["ml-course"], [COURSE], held, T0, BERLIN) == ["g1", "g2"]
+    # Outside the window anyone takes anything.
+    assert gpus_user_may_take(GPUS, MODELS, 4, [], [COURSE], [], local("2026-12-08 13:00"), BERLIN) == GPUS
+
+
+def test_spawn_form_sentences():
+    from workbench_spawner.reservations import reserved_now
+
+    inventory = {"H100": 2, "A100": 2}
+    assert reserved_now([COURSE], T0, BERLIN, inventory) == ["3 of 4 GPUs reserved for ml-course until 12:00"]
+    assert reserved_now([COURSE], T0, BERLIN, inventory, ["ml-course"]) == [
+        "3 of 4 GPUs reserved for ml-course until 12:00 (you are a member: you may use them)"]
+    night = Reservation("night", 1, parse_window("Tue 22:00-01:00"), model="A100", id=9)
+    assert reserved_now([night], local("2026-12-08 23:00"), BERLIN, inventory) == [
+        "1 of 2 A100 GPUs reserved for night until Wed 01:00"]
+    assert reserved_now([COURSE], local("2026-12-08 13:00"), BERLIN, inventory) == []
