@@ -25,7 +25,7 @@ from workbench_devices import DeviceInventory
 from .clock import Clock, real_now
 from .quota import gpu_hours_used
 from .reservation_book import ReservationBook
-from .reservations import Holding, Reservation, is_member, remaining_needs, takeable
+from .reservations import Holding, Reservation, is_member, remaining_needs, reserved_now, takeable
 from .store import AllocationStore, Lease
 from .waitlist import WaitList, WaitTimeout
 
@@ -125,6 +125,17 @@ class HostAllocator(Placement):
 
         return pick
 
+    def reserved_note(self, groups: Sequence[str]) -> str:
+        """"; 3 of 4 GPUs reserved for ml-course until 12:00" for reservations the user is not in (reads the DB)."""
+        from datetime import timezone
+
+        counts: dict[str, int] = {}
+        for device in self.inventory.devices:
+            counts[device.model] = counts.get(device.model, 0) + 1
+        others = [r for r in self.active_reservations() if not is_member(r, groups)]
+        lines = reserved_now(others, self.clock(), self.tz or timezone.utc, counts)
+        return "".join(f"; {line}" for line in lines)
+
     def free_count(self, model: str | None = None) -> int:
         """GPUs a new server could get right now (reads the database: call from a thread)."""
         holders = self.store.holders()
@@ -156,11 +167,11 @@ class HostAllocator(Placement):
             return await self.waitlist.wait_for(key, count, try_take, timeout, report, user=user,
                                                 gpu_hours=hours, cls=cls)
         except WaitTimeout:
-            free = await asyncio.to_thread(self.free_count, model)
+            free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
             what = f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
             raise NoGPUAvailable(
                 f"No {what} became free within {timeout:g} seconds "
-                f"({free} free now, {len(self.waitlist.waiting())} still waiting). "
+                f"({free} free now, {len(self.waitlist.waiting())} still waiting{note}). "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
             ) from None
         finally:

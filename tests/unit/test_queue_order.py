@@ -10,7 +10,7 @@ import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.clock import hub_clock, set_test_clock
-from workbench_spawner.placement import HostAllocator
+from workbench_spawner.placement import HostAllocator, NoGPUAvailable
 from workbench_spawner.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
 from workbench_spawner.reservation_book import ReservationBook, parse_reservation
 from workbench_spawner.reservations import ReservationError
@@ -114,6 +114,8 @@ def test_after_the_grace_period_unasked_gpus_are_released(allocator):
                                                      "grace_minutes": 5}, []), {"": 4}, alloc.clock(), BERLIN)
     set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
     assert run_debug(lambda: _try(alloc, "out")) is None
+    with pytest.raises(NoGPUAvailable, match="4 of 4 GPUs reserved for ml-course until 12:00"):
+        run_debug(lambda: alloc.place("out", "", 1, None, 0.2))
     set_test_clock(clock_file, datetime(2026, 12, 8, 10, 6, tzinfo=BERLIN))
     assert run_debug(lambda: _try(alloc, "out")) is not None
 
