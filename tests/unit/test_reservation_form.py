@@ -1,0 +1,26 @@
+"""The spawn form says what is reserved and until when, read through the spawner as the hub renders it."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from types import SimpleNamespace
+from zoneinfo import ZoneInfo
+
+from workbench_spawner.clock import set_test_clock
+from workbench_spawner.reservation_book import ReservationBook, parse_reservation
+
+from tests.unit.test_spawner_lifecycle import make_spawner  # noqa: F401  (the fixture)
+
+
+async def test_the_form_names_the_open_reservation(make_spawner, tmp_path):
+    clock = tmp_path / "clock"
+    set_test_clock(clock, datetime(2026, 12, 8, 8, 30, tzinfo=timezone.utc))
+    spawner = make_spawner(gpu_test_clock_file=str(clock), gpu_time_zone="Europe/Berlin")
+    spawner.user.groups = [SimpleNamespace(name="ml-course")]
+    book = ReservationBook(spawner.gpu_policy.store)
+    book.create(parse_reservation({"group": "ml-course", "gpus": 1, "window": "Tue 10:00-12:00"}, []),
+                {"H100-80GB": 2}, datetime(2026, 12, 8, 9, 0, tzinfo=timezone.utc), ZoneInfo("Europe/Berlin"))
+    assert 'id="workbench-reservations"' not in await spawner._render_options_form()  # 09:30 in Berlin: not yet
+    set_test_clock(clock, datetime(2026, 12, 8, 9, 30, tzinfo=timezone.utc))
+    html = await spawner._render_options_form()
+    assert "1 of 2 GPUs reserved for ml-course until 12:00 (you are a member: you may use them)." in html
