@@ -64,7 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 for sub in ("spawner", "devices"):
     sys.path.insert(0, str(REPO / sub))
 
-from workbench_devices import discover_devices  # noqa: E402
+from workbench_devices import DeviceInventory, GPUDevice  # noqa: E402
 from workbench_spawner.admission import AdmissionContext, Admitted, admit  # noqa: E402
 from workbench_spawner.idle import STOP, WARN, GpuTrack, IdleRule, advance, judge, ledger_reason  # noqa: E402
 from workbench_spawner.quota import EffectiveQuota, Quota  # noqa: E402
@@ -135,6 +135,13 @@ def stretch(rng: random.Random) -> float:
     return rng.uniform(20, 40) if rng.random() < 0.2 else rng.expovariate(1 / 12)
 
 
+def simulated_inventory(gpus: int) -> DeviceInventory:
+    """``gpus`` simulated H100s (built here: ``WORKBENCH_SIMULATED_GPUS`` stops at 64, a big lab has more)."""
+    devices = [GPUDevice(uuid=f"GPU-sim-{i:03d}-h100-80gb", index=i, name="NVIDIA H100 80GB HBM3 (simulated)",
+                         memory_total_bytes=80 << 30, model="H100-80GB", simulated=True) for i in range(gpus)]
+    return DeviceInventory("simulated", devices, f"{gpus} simulated GPUs")
+
+
 # -- one scenario --------------------------------------------------------------------------
 
 @dataclass
@@ -164,7 +171,7 @@ def run(people: list[Person], gpus: int, *, reclaim: bool, fair: bool, reserve: 
     noise = random.Random(seed + 1)  # utilization within a phase; never decides a phase
     clock_now = [START]
     store = AllocationStore(f"sqlite:///{workdir / f'{reclaim}{fair}{reserve}{idle_minutes:g}.sqlite'}")
-    inventory = discover_devices(str(gpus))
+    inventory = simulated_inventory(gpus)
     candidates = [d.uuid for d in inventory.devices]
     allocator = None
     if HAVE_FAIRNESS:
@@ -337,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error(f"--idle-minutes must be numbers, not {args.idle_minutes!r}")
     results = []
-    with tempfile.TemporaryDirectory(prefix="class-day-") as tmp:
+    # The GPU database on tmpfs where there is one: the figures are about the rules, not the disk.
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(prefix="class-day-", dir=shm) as tmp:
         for name in names:
             runs = minutes if name == "idle-reclaim" else minutes[:1]
             for m in runs:

@@ -32,7 +32,9 @@ def test_the_idle_warning_counts_down_in_jupyterlab_and_the_spawn_page_says_why(
         running_hub, chromium_browser, tmp_path):
     utilization = tmp_path / "utilization.json"
     script(utilization, {"*": 80})
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_ADMIN_USERS": "admin",
+    local = tmp_path / "local_config.py"
+    local.write_text("c.Spawner.http_timeout = 180\n")  # a busy 2-core host may take over 30 s to start one
+    hub = running_hub({"WORKBENCH_LOCAL_CONFIG": str(local),"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_ADMIN_USERS": "admin",
                        "WORKBENCH_SIMULATED_UTILIZATION": str(utilization),
                        "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES),
                        "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1"})
