@@ -89,7 +89,8 @@ class ReservationListHandler(APIHandler):
 
 class ReservationHandler(ReservationListHandler):
     async def _find(self, rid: str) -> StoredReservation:
-        stored = await asyncio.to_thread(self.book.get, int(rid)) if rid.isdigit() and len(rid) < 12 else None
+        ok = rid.isascii() and rid.isdigit() and len(rid) < 12
+        stored = await asyncio.to_thread(self.book.get, int(rid)) if ok else None
         if stored is None:
             self.fail(404, f"no reservation with id {rid[:40]}; GET api/reservations lists them")
         return stored
