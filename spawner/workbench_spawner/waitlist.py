@@ -146,7 +146,8 @@ class WaitList(Generic[T]):
                     ahead = self.position(ticket)
                     why = self.why(ticket)
                     if (ahead, why) != last_reported:
-                        report(ahead, why)
+                        # One-argument reporters (fifo callers of old) still work: why is "" in fifo.
+                        report(ahead, why) if why else report(ahead)
                         last_reported = (ahead, why)
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
