@@ -98,11 +98,14 @@ def parse_reservation(body: Any, models: list[str]) -> Reservation:
         if model.lower() not in known:
             raise ReservationError(f"this hub has no {model} GPUs; its models are {', '.join(models) or 'none'}")
         model = known[model.lower()]
+    window = body.get("window")
+    if isinstance(window, str) and len(window) > 64:
+        raise ReservationError("the window is too long: write e.g. \"Tue 10:00-12:00\" (at most 64 characters)")
     preempt = body.get("preempt", False)
     if not isinstance(preempt, bool):
         raise ReservationError(f"preempt must be true or false, not {preempt!r}")
     return Reservation(
-        group=group, gpus=gpus, window=parse_window(body.get("window")), model=model,
+        group=group, gpus=gpus, window=parse_window(window), model=model,
         grace_minutes=_minutes(body, "grace_minutes", DEFAULT_GRACE_MINUTES), preempt=preempt,
         warn_minutes=_minutes(body, "warn_minutes", DEFAULT_WARN_MINUTES))
 

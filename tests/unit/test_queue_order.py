@@ -171,6 +171,7 @@ def test_fair_share_serves_the_lighter_user_first(tmp_path):
     ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": float("nan")}, "number of minutes"),
     ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "preempt": "yes"}, "true or false"),
     ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "colour": 1}, "unknown field"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00" + " " * 60}, "too long"),
 ])
 def test_bad_reservation_bodies(body, words):
     with pytest.raises(ReservationError, match=words):
