@@ -31,6 +31,8 @@ import pytest
 from tests.service.conftest import shut_down, start_workbench_hub
 from workbench_spawner.clock import set_test_clock
 
+pytestmark = pytest.mark.integration
+
 TUE = datetime(2026, 12, 8, tzinfo=timezone.utc)  # a Tuesday; the hub's zone is UTC here
 
 
