@@ -39,7 +39,8 @@ class UserServers:
         self._check_cert = not (parsed.scheme == "https" and (parsed.hostname or "") in LOOPBACK)
 
     def url(self, server_path: str, api: str) -> str:
-        return self.proxy_url + "/" + server_path.strip("/") + "/" + api.lstrip("/")
+        path = server_path.strip("/")
+        return self.proxy_url + "/" + (path + "/" if path else "") + api.lstrip("/")
 
     async def call(self, method: str, server_path: str, api: str, body: Any = None) -> Any:
         request = HTTPRequest(
