@@ -20,6 +20,7 @@ from .inventory import (
     discover_devices,
     nvml_devices,
     parse_simulated_spec,
+    simulated_node_key,
 )
 from .selection import Selection, select_devices
 from .sources import NVMLSource, SimulatedSource, make_source
@@ -38,5 +39,6 @@ __all__ = [
     "make_source",
     "nvml_devices",
     "parse_simulated_spec",
+    "simulated_node_key",
     "select_devices",
 ]
