@@ -44,6 +44,8 @@ class GPUDevice:
     model: str = ""
     mig: bool = False
     simulated: bool = False
+    # The cluster node the GPU is on (Slurm); empty on one host, where the hub's node applies.
+    node: str = ""
 
 
 @dataclass

@@ -74,12 +74,12 @@ def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInve
         simulated = parse_simulated_spec(simulated_spec, node.name) if simulated_spec.strip() not in ("", "0") else []
         for index in range(node.gpu_count):
             if index < len(simulated):
-                devices.append(replace(simulated[index], index=index))
+                devices.append(replace(simulated[index], index=index, node=node.name))
             else:
                 devices.append(GPUDevice(uuid=f"SLURM-{node.name}-gpu{index}", index=index,
                                          name=f"{node.gpu_type or 'GPU'} on {node.name}",
                                          memory_total_bytes=0,
-                                         model=(node.gpu_type or "").upper()))
+                                         model=(node.gpu_type or "").upper(), node=node.name))
     source = "simulated" if simulated_spec.strip() not in ("", "0") else "slurm"
     names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
     label = "simulated GPU(s), readings made up" if source == "simulated" else "GPU(s)"
@@ -275,7 +275,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
                 f"Running on {self._job_node} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
             while not self.port:
                 await asyncio.sleep(0.1)
-            self.ip = self._node_address(self._job_node)
+            self.ip = await asyncio.to_thread(self._node_address, self._job_node)
             return self.ip, self.port
         except BaseException:
             await asyncio.to_thread(self._release, "start failed")

@@ -111,12 +111,13 @@ start_munge() {
 }
 
 make_netns() {
-  ip netns list | grep -qw "$NS" || ip netns add "$NS"
+  # No `cmd | grep -q` under pipefail: grep exits early, cmd gets SIGPIPE and the test reads as false.
+  [ -e "/run/netns/$NS" ] || ip netns add "$NS"
   if ! ip link show wbs0 >/dev/null 2>&1; then
     ip link add wbs0 type veth peer name wbs2
     ip link set wbs2 netns "$NS"
   fi
-  ip addr show wbs0 | grep -q "$HOST_IP/" || ip addr add "$HOST_IP/24" dev wbs0
+  case "$(ip -4 addr show wbs0)" in *"$HOST_IP/"*) ;; *) ip addr add "$HOST_IP/24" dev wbs0 ;; esac
   ip link set wbs0 up
   ip netns exec "$NS" sh -c "ip addr show wbs2 | grep -q '$NODE2_IP/' || ip addr add $NODE2_IP/24 dev wbs2
     ip link set wbs2 up; ip link set lo up; ip route replace default via $HOST_IP"

@@ -21,7 +21,7 @@ from tests.conftest import REPO, hub_pool, missing
 
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 HUB_IP = "10.77.0.1"
-USERS = [f"wbslurm{i}" for i in range(1, 7)]
+USERS = [f"wbslurm{i}" for i in range(1, 8)]  # the 7th signs up in the browser
 
 
 def squeue(*args: str) -> list[str]:
@@ -57,6 +57,13 @@ def slurm_cluster():
             pwd.getpwnam(name)
         except KeyError:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+    venv_python = REPO / ".venv" / "bin" / "python"
+    probe = subprocess.run(["sudo", "-u", USERS[0], str(venv_python), "-c", "import jupyterhub"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.fail(f"the test users cannot run the shared environment {venv_python} (jobs run as the user, "
+                    f"as on a real cluster): {probe.stderr.strip()[-300:]}. Put the checkout and its Python "
+                    "where other users can read them (not under /root).")
     cancel_all()
     yield CLUSTER
     cancel_all()

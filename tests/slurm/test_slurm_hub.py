@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 @pytest.fixture(scope="module")
 def hub(slurm_hub):
-    hub = slurm_hub(WORKBENCH_QUEUE_TIMEOUT="40")
-    hub.create_users(*USERS)
+    hub = slurm_hub(WORKBENCH_QUEUE_TIMEOUT="40", WORKBENCH_ADMIN_USERS=f"admin,{USERS[6]}")
+    hub.create_users(*USERS[:6])
     return hub
 
 
@@ -39,6 +39,13 @@ def gpus_seen_by(hub, user: str) -> list[str]:
                      timeout=20)
     assert r.status_code == 200, r.text
     return [g["uuid"] for g in r.json()["gpus"]]
+
+
+def fleet(hub) -> dict:
+    r = requests.get(f"{hub.url}/services/workbench/api/gpus", headers={"Authorization": f"token {hub.token}"},
+                     timeout=20)
+    assert r.status_code == 200, r.text
+    return r.json()
 
 
 def stop(hub, user: str) -> None:
@@ -74,6 +81,13 @@ def test_four_users_get_four_distinct_gpus_on_two_nodes_and_a_fifth_waits_for_sl
         assert servers[user]["state"]["slurm_node"] == node
         # The user's monitor shows exactly that GPU of that node.
         assert gpus_seen_by(hub, user) == [uuid]
+
+    # The fleet view lists both nodes' GPUs with the holder Slurm placed there; none outside the workbench.
+    gpus = fleet(hub)["gpus"]
+    held = {(g["node"], g["uuid"]): [h["user"] for h in g["holders"]] for g in gpus}
+    assert {(node, uuid) for node, uuid in held} == placed
+    assert {tuple(users) for users in held.values()} == {(u,) for u in four}
+    assert all(g["slurm"]["allocated"] and not g["slurm"]["held_outside_workbench"] for g in gpus)
 
     fifth = USERS[4]
     assert hub.spawn(fifth, gpus=1).status_code == 202
@@ -168,6 +182,15 @@ def test_queue_timeout_cancels_the_job_and_says_so(hub):
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and len(squeue("-t", "RUNNING", "-u", USERS[5])) < 4:
             time.sleep(0.5)
+        # The fleet view tells these apart from the workbench's own, on both nodes; metrics carry the node.
+        gpus = fleet(hub)["gpus"]
+        assert all(g["slurm"]["held_outside_workbench"] and not g["holders"] for g in gpus), gpus
+        metrics = requests.get(f"{hub.url}/services/workbench/metrics",
+                               headers={"Authorization": f"token {hub.token}"}, timeout=20).text
+        for node in ("wbnode1", "wbnode2"):
+            assert f'workbench_gpus{{Hostname="{node}"}} 2' in metrics, metrics
+            assert any(line.startswith("workbench_gpu_held_outside") and f'Hostname="{node}"' in line
+                       and line.endswith(" 1") for line in metrics.splitlines()), metrics
         user = USERS[2]
         assert hub.spawn(user, gpus=1).status_code == 202
         messages = hub.progress_messages(user, until="cancelled", timeout=70)
@@ -178,3 +201,30 @@ def test_queue_timeout_cancels_the_job_and_says_so(hub):
     finally:
         subprocess.run(["scancel", *outside])
         cancel_all()
+
+
+@pytest.mark.browser
+def test_a_person_logs_in_spawns_one_gpu_and_the_status_bar_shows_the_nodes_gpu(hub, chromium_browser):
+    from playwright.sync_api import expect
+
+    from tests.browser.test_login_to_lab import log_in, sign_up
+
+    user = USERS[6]
+    page = chromium_browser.new_page(viewport={"width": 1400, "height": 900})
+    page.set_default_timeout(60_000)
+    assert "The signup was successful!" in sign_up(page, hub.url, user)
+    log_in(page, hub.url, user)
+    page.wait_for_url("**/hub/spawn**")
+    page.locator("#workbench-gpus").fill("1")
+    page.click("form#spawn_form [type=submit]")
+    page.wait_for_url(f"**/user/{user}/lab**", timeout=120_000)
+    status = page.locator(".jp-WorkbenchGPU-status .jp-WorkbenchGPU-gpu")
+    expect(status).to_have_count(1, timeout=90_000)
+    uuid = status.get_attribute("data-uuid")
+    (lease,) = [row for row in lease_rows(hub) if row[0] == user]
+    _user, leased, node, ref = lease
+    # JupyterLab runs inside the user's Slurm job, and its status bar shows that job's GPU on that node.
+    assert squeue("-j", ref.removeprefix("slurm:"), "-o", "%T %N %u") == [f"RUNNING {node} {user}"]
+    assert uuid == leased and uuid.startswith(f"GPU-sim-{node}-")
+    stop(hub, user)
+    assert not jobs_of(user)

@@ -32,6 +32,8 @@ from workbench_spawner.quota import Quota, QuotaBook
 from workbench_spawner.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
 from workbench_spawner.store import AllocationStore
 
+from .slurm_nodes import annotate_slurm
+
 log = logging.getLogger("workbench.service")
 
 NO_SETTINGS = ("the hub has not published its GPU settings yet (it writes them to the GPU database when it "
@@ -168,7 +170,7 @@ class Fleet:
                     "uuid": device.uuid,
                     "name": device.name,
                     "model": device.model,
-                    "node": settings.node,
+                    "node": device.node or settings.node,
                     "memory_total_bytes": device.memory_total_bytes,
                     "simulated": settings.simulated,
                     "holders": held,
@@ -180,6 +182,7 @@ class Fleet:
                     "reading_source": reading.get("source"),
                 }
             )
+        annotate_slurm(result, settings.backend)
         return result
 
     def allocations(self) -> list[dict]:

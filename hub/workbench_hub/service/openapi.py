@@ -117,9 +117,13 @@ def _schemas() -> dict:
              "memory_used_bytes": {"type": ["integer", "null"]},
              "temperature_c": {"type": ["number", "null"]},
              "power_w": {"type": ["number", "null"]},
-             "reading_source": {"type": ["string", "null"]}}),
+             "reading_source": {"type": ["string", "null"]},
+             "slurm": _object(["node_state", "allocated", "held_outside_workbench"], {
+                 "node_state": STRING, "allocated": {"type": "boolean"},
+                 "held_outside_workbench": {"type": "boolean"}},
+                 description="Slurm hubs only: Slurm's own view of the GPU from its node records")}),
         "Inventory": _object(["node", "source", "simulated", "message", "gpus"], {
-            "node": STRING, "source": {"type": "string", "enum": ["nvml", "simulated", "static", "none"]},
+            "node": STRING, "source": {"type": "string", "enum": ["nvml", "simulated", "static", "slurm", "none"]},
             "simulated": {"type": "boolean"}, "message": STRING,
             "gpus": {"type": "array", "items": _ref("GPU")}}),
         "Allocation": _object(["user", "server", "node", "gpu_uuids", "since", "ref"], {
