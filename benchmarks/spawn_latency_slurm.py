@@ -65,7 +65,8 @@ def main(runs: int) -> None:
         except KeyError:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
     env = hub_env(WORKBENCH_SLURM_PARTITION="debug")
-    plain_args = ["--JupyterHub.spawner_class=batchspawner.SlurmSpawner",
+    plain_env = {**env, "PYTHONPATH": str(REPO / "benchmarks")}
+    plain_args = ["--JupyterHub.spawner_class=plain_slurm_spawner.PlainSlurmSpawner",
                   f"--SlurmSpawner.batch_script={plain_script(USERS['SlurmSpawner'])}",
                   "--SlurmSpawner.req_srun=", "--SlurmSpawner.state_exechost_exp=10.77.0.1",
                   f"--SlurmSpawner.batchspawner_singleuser_cmd={REPO / '.venv' / 'bin' / 'batchspawner-singleuser'}"]
@@ -73,7 +74,7 @@ def main(runs: int) -> None:
     ready: dict[str, list[float]] = {name: [] for name in BACKENDS}
     with tempfile.TemporaryDirectory() as tmp:
         hubs = {"gpu-slurm": Hub(Path(tmp) / "workbench", env, []),
-                "SlurmSpawner": Hub(Path(tmp) / "plain", env, plain_args)}
+                "SlurmSpawner": Hub(Path(tmp) / "plain", plain_env, plain_args)}
         try:
             for name, hub in hubs.items():
                 hub.data_dir.mkdir()
