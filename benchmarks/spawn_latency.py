@@ -22,6 +22,7 @@ Prints medians and ratios (target: ready ratio at most 1.10).
 
     .venv/bin/python benchmarks/spawn_latency.py [--runs 10] [--image gpu-workbench/singleuser:test]
         [--plain-home-volume]
+    .venv/bin/python benchmarks/spawn_latency.py --backend slurm [--runs 10]   # gpu-slurm vs SlurmSpawner
 
 Needs a running Docker engine with the image built (`make test-images`).
 Both hubs keep their volumes under names starting with `bench-`, removed
@@ -109,6 +110,8 @@ def summary(label: str, times: dict[str, list[float]], target: str = "") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=("docker", "slurm"), default="docker",
+                        help="slurm: gpu-slurm against batchspawner's SlurmSpawner (spawn_latency_slurm.py)")
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--image", default="gpu-workbench/singleuser:test")
     parser.add_argument("--plain-home-volume", action="store_true",
@@ -117,6 +120,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
+    if args.backend == "slurm":
+        from spawn_latency_slurm import main as slurm_main
+
+        slurm_main(args.runs)
+        return
     client = docker.from_env()
 
     env = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": args.image, "WORKBENCH_SIMULATED_GPUS": "4"}

@@ -22,6 +22,7 @@ from .inventory import (
     discover_devices,
     nvml_devices,
     parse_simulated_spec,
+    simulated_node_key,
 )
 from .scripted import SCRIPT_ENV, ScriptedUtilization
 from .selection import Selection, select_devices
@@ -43,5 +44,6 @@ __all__ = [
     "make_source",
     "nvml_devices",
     "parse_simulated_spec",
+    "simulated_node_key",
     "select_devices",
 ]

@@ -44,6 +44,8 @@ class GPUDevice:
     model: str = ""
     mig: bool = False
     simulated: bool = False
+    # The cluster node the GPU is on (Slurm); empty on one host, where the hub's node applies.
+    node: str = ""
 
 
 @dataclass
@@ -61,12 +63,25 @@ class DeviceInventory:
 _SPEC_ITEM = re.compile(r"^(?:(\d+)\s*[xX]\s*)?([A-Za-z]+\d[A-Za-z0-9]*)(?:-(\d+)\s*GB)?$")
 
 
-def parse_simulated_spec(spec: str) -> list[GPUDevice]:
+def simulated_node_key(node: str | None) -> str:
+    """The part of a simulated UUID that names its node (``WORKBENCH_SIMULATED_NODE``).
+
+    On a cluster every node simulates the same spec; without the node in the
+    UUID, GPU 0 of two nodes would be one GPU to the ledger. Empty on one host,
+    which keeps the UUIDs stored by existing single-host installs.
+    """
+    key = re.sub(r"[^a-z0-9]+", "-", (node or "").strip().lower()).strip("-")
+    return f"{key}-" if key else ""
+
+
+def parse_simulated_spec(spec: str, node: str | None = None) -> list[GPUDevice]:
     """Turn ``WORKBENCH_SIMULATED_GPUS`` into devices.
 
     Accepts a bare count (``4``: that many H100-80GB) or a comma list of
-    ``[N x]MODEL[-MEMGB]`` items (``2xH100-80GB,1xA100-40GB``).
+    ``[N x]MODEL[-MEMGB]`` items (``2xH100-80GB,1xA100-40GB``). ``node``
+    (a cluster node's name) goes into every UUID: ``GPU-sim-wbnode2-00-h100-80gb``.
     """
+    prefix = SIMULATED_UUID_PREFIX + simulated_node_key(node)
     spec = (spec or "").strip()
     if not spec:
         return []
@@ -96,7 +111,7 @@ def parse_simulated_spec(spec: str) -> list[GPUDevice]:
             short = f"{model}-{memory_gb}GB"
             devices.append(
                 GPUDevice(
-                    uuid=f"{SIMULATED_UUID_PREFIX}{index:02d}-{short.lower()}",
+                    uuid=f"{prefix}{index:02d}-{short.lower()}",
                     index=index,
                     name=_SIMULATED_NAMES.get(model, f"NVIDIA {model} (simulated)"),
                     memory_total_bytes=memory_gb * _GIB,
@@ -169,14 +184,14 @@ def _model_from_name(name: str, memory_total: int) -> str:
     return f"{head}-{round(memory_total / _GIB)}GB"
 
 
-def discover_devices(simulated_spec: str | None = None) -> DeviceInventory:
+def discover_devices(simulated_spec: str | None = None, node: str | None = None) -> DeviceInventory:
     """Simulated devices when a spec is given, else NVML, else none.
 
     Never raises for a missing driver: a hub without GPUs still serves CPU
     sessions, and the message says which case applies.
     """
     if simulated_spec and simulated_spec.strip() not in ("", "0"):
-        devices = parse_simulated_spec(simulated_spec)
+        devices = parse_simulated_spec(simulated_spec, node)
         return DeviceInventory(
             "simulated",
             devices,

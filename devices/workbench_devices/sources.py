@@ -408,7 +408,8 @@ def make_source(environ: Mapping[str, str] | None = None):
     spec = env.get("WORKBENCH_SIMULATED_GPUS", "")
     if spec.strip() not in ("", "0"):
         try:
-            inventory = discover_devices(spec)
+            # On a cluster node, WORKBENCH_SIMULATED_NODE keys the UUIDs to the node.
+            inventory = discover_devices(spec, env.get("WORKBENCH_SIMULATED_NODE"))
         except ValueError as exc:
             return SimulatedSource(Selection([], {}, "unavailable", str(exc), "simulated"))
         return SimulatedSource(select_devices(inventory, env), script=env.get(SCRIPT_ENV) or None)

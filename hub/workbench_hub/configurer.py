@@ -333,8 +333,12 @@ def update_spawner(
         c.LocalGPUSpawner.starter_notebooks_dir = str(repo / "notebooks")
     elif backend == "docker":
         _update_docker(c, env, docker_bridge)
+    elif backend == "slurm":
+        from .slurm_config import update_slurm
+
+        update_slurm(c, env, bin_dir)
     else:
-        raise ConfigError(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local' or 'docker'")
+        raise ConfigError(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local', 'docker' or 'slurm'")
     c.Spawner.default_url = "/lab"
 
     mixin = c.GPUSpawnerMixin

@@ -252,7 +252,7 @@ def publish_policy_settings(config) -> PolicySettings:
     cls = spawner_class_from(config)
     if not issubclass(cls, GPUPolicyConfig):
         raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
-                         "(gpu-local, gpu-docker)")
+                         "(gpu-local, gpu-docker, gpu-slurm)")
 
     class SpawnerPolicyConfig(GPUPolicyConfig):
         @classmethod
@@ -260,6 +260,11 @@ def publish_policy_settings(config) -> PolicySettings:
             return cls.section_names()
 
     settings = resolve_policy_settings(SpawnerPolicyConfig(config=config), backend=cls.__name__)
+    if hasattr(cls, "policy_inventory"):
+        # A cluster backend knows its GPUs from the engine (Slurm's node records), not from this host.
+        from dataclasses import replace
+
+        settings = replace(settings, inventory=cls.policy_inventory(SpawnerPolicyConfig(config=config)), node="")
     store = AllocationStore(settings.db_url)
     try:
         store_policy_settings(store, settings)

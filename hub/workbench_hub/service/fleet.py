@@ -33,6 +33,8 @@ from workbench_spawner.settings import POLICY_KEY, PolicySettings, SettingsRow, 
 from workbench_spawner.idle_book import IdleBook
 from workbench_spawner.store import AllocationStore, utcnow
 
+from .slurm_nodes import annotate_slurm
+
 log = logging.getLogger("workbench.service")
 
 NO_SETTINGS = ("the hub has not published its GPU settings yet (it writes them to the GPU database when it "
@@ -174,7 +176,7 @@ class Fleet:
                     "uuid": device.uuid,
                     "name": device.name,
                     "model": device.model,
-                    "node": settings.node,
+                    "node": device.node or settings.node,
                     "memory_total_bytes": device.memory_total_bytes,
                     "simulated": settings.simulated,
                     "holders": held,
@@ -188,6 +190,7 @@ class Fleet:
                     "idle_seconds": None if idle_for is None else round(idle_for.total_seconds(), 1),
                 }
             )
+        annotate_slurm(result, settings.backend)
         return result
 
     def allocations(self) -> list[dict]:

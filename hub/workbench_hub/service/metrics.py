@@ -44,6 +44,7 @@ def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
         "workbench_gpu_memory_total_bytes": ("gauge", "GPU memory in bytes, from the inventory."),
         "workbench_gpus": ("gauge", "GPUs in the inventory."),
         "workbench_gpus_free": ("gauge", "GPUs with a free slot."),
+        "workbench_gpu_held_outside": ("gauge", "1 if Slurm allocates this GPU to a job outside the workbench."),
         "workbench_user_gpus_held": ("gauge", "GPUs a user holds now."),
         "workbench_user_gpu_hours_week": ("gauge", "GPU-hours a user used in the last 7 days."),
         "workbench_user_quota_max_gpus": ("gauge", "The most GPUs a user may hold at once (effective quota)."),
@@ -59,7 +60,7 @@ def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
     for gpu in gpus:
         holders = ",".join(sorted({h["user"] for h in gpu["holders"]}))
         labels = {"gpu": str(gpu["index"]), "UUID": gpu["uuid"], "modelName": gpu["name"],
-                  "Hostname": node, "user": holders}
+                  "Hostname": gpu["node"] or node, "user": holders}
         if fleet.simulated:
             labels["simulated"] = "true"
         add("DCGM_FI_DEV_GPU_UTIL", labels, gpu["utilization_percent"])
@@ -71,8 +72,13 @@ def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
         add("DCGM_FI_DEV_POWER_USAGE", labels, gpu["power_w"])
         add("workbench_gpu_allocated", labels, len(gpu["holders"]))
         add("workbench_gpu_memory_total_bytes", labels, total)
-    add("workbench_gpus", {"Hostname": node}, len(gpus))
-    add("workbench_gpus_free", {"Hostname": node}, sum(1 for g in gpus if g["free_slots"] > 0))
+        if "slurm" in gpu:
+            add("workbench_gpu_held_outside", labels, int(gpu["slurm"]["held_outside_workbench"]))
+    # One count per node (a cluster has several; one host has one).
+    for host in sorted({g["node"] or node for g in gpus} or {node}):
+        on_host = [g for g in gpus if (g["node"] or node) == host]
+        add("workbench_gpus", {"Hostname": host}, len(on_host))
+        add("workbench_gpus_free", {"Hostname": host}, sum(1 for g in on_host if g["free_slots"] > 0))
     held = fleet.held_by_user()
     hours = gpu_hours_by_user(fleet.store)
     for user in sorted(set(held) | set(hours)):

@@ -125,9 +125,13 @@ def _schemas() -> dict:
              "reading_source": {"type": ["string", "null"]},
              "idle_seconds": {"type": ["number", "null"], "minimum": 0,
                               "description": "held GPUs: how long idle reclaim has seen it idle; null: busy, "
-                                             "free, or no reading"}}),
+                                             "free, or no reading"},
+             "slurm": _object(["node_state", "allocated", "held_outside_workbench"], {
+                 "node_state": STRING, "allocated": {"type": "boolean"},
+                 "held_outside_workbench": {"type": "boolean"}},
+                 description="Slurm hubs only: Slurm's own view of the GPU from its node records")}),
         "Inventory": _object(["node", "source", "simulated", "message", "gpus"], {
-            "node": STRING, "source": {"type": "string", "enum": ["nvml", "simulated", "static", "none"]},
+            "node": STRING, "source": {"type": "string", "enum": ["nvml", "simulated", "static", "slurm", "none"]},
             "simulated": {"type": "boolean"}, "message": STRING,
             "gpus": {"type": "array", "items": _ref("GPU")}}),
         "Allocation": _object(["user", "server", "node", "gpu_uuids", "since", "ref"], {

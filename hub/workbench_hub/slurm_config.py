@@ -1,0 +1,41 @@
+"""``WORKBENCH_BACKEND=slurm``: the hub on a cluster's head or login node.
+
+Kept apart from configurer.py so the Slurm settings are one table a site
+reads in one place (docs/slurm.md lists them with the slurm.conf side).
+Jobs run on other nodes, so the hub's API must listen on an address they
+reach (``WORKBENCH_HUB_IP``, default all addresses) and tell them one
+(``WORKBENCH_HUB_CONNECT_IP``, default this host's name).
+"""
+
+from __future__ import annotations
+
+import shlex
+import socket
+from pathlib import Path
+
+from traitlets.config import Config
+
+from .configurer import ConfigError, Env, number, text
+
+
+def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
+    c.JupyterHub.spawner_class = "gpu-slurm"
+    c.JupyterHub.hub_ip = text(env, "WORKBENCH_HUB_IP", "0.0.0.0")
+    c.JupyterHub.hub_connect_ip = text(env, "WORKBENCH_HUB_CONNECT_IP") or socket.gethostname()
+    spawner = c.SlurmGPUSpawner
+    spawner.slurm_partition = text(env, "WORKBENCH_SLURM_PARTITION")
+    spawner.slurm_account = text(env, "WORKBENCH_SLURM_ACCOUNT")
+    spawner.slurm_qos = text(env, "WORKBENCH_SLURM_QOS")
+    extra = text(env, "WORKBENCH_SLURM_EXTRA_OPTIONS")
+    try:
+        shlex.split(extra)
+    except ValueError as exc:
+        raise ConfigError(f"WORKBENCH_SLURM_EXTRA_OPTIONS cannot be read as sbatch options ({exc})") from None
+    spawner.slurm_extra_options = extra
+    # The single-user environment on storage every node mounts; the hub's own by default.
+    env_prefix = text(env, "WORKBENCH_SLURM_ENV") or str(bin_dir.parent)
+    spawner.slurm_env_prefix = env_prefix
+    c.Spawner.cmd = [str(Path(env_prefix) / "bin" / "jupyterhub-singleuser")]
+    # How soon a job that ended (scancel, time limit, node failure) gives its GPUs back.
+    c.Spawner.poll_interval = number(env, "WORKBENCH_SLURM_POLL_SECONDS", "30", int)
+    c.Spawner.http_timeout = number(env, "WORKBENCH_SLURM_HTTP_TIMEOUT", "120", int)

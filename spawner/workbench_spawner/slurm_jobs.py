@@ -1,0 +1,347 @@
+"""What Slurm says, in our terms: job and node records, the tag, sbatch options.
+
+Pure functions over Slurm's own output (``squeue --json``, ``sinfo --json``
+of Slurm 22.05) plus the few commands that fetch it, so the rules have table
+tests and the spawner, the placement and the service read Slurm one way.
+
+Why these sources: GPU indices come from Slurm's job detail (``gres_detail``,
+the same ``gpu:type:N(IDX:0-1)`` that ``scontrol show job -d`` prints), never
+from ``CUDA_VISIBLE_DEVICES``, which renumbers from 0 under cgroup device
+confinement. Slurm never reports UUIDs: the job's start-up reports them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+from urllib.parse import quote, unquote
+
+TAG_PREFIX = "workbench:"
+
+# Slurm's pending reasons, in words a student understands. {what} is the request.
+REASON_WORDS = {
+    "Resources": "all {total} GPUs that fit are in use",
+    "Priority": "jobs with higher priority are ahead",
+    "Dependency": "it waits for another job",
+    "QOSMaxGRESPerUser": "your Slurm QOS allows no more GPUs at once",
+    "QOSGrpGRES": "your group's Slurm QOS has no GPUs left",
+    "AssocGrpGRES": "your Slurm account has no GPUs left",
+    "ReqNodeNotAvail": "the nodes it needs are unavailable (down, drained or reserved)",
+    "PartitionDown": "the partition is down",
+    "PartitionNodeLimit": "the partition cannot fit it",
+    "BeginTime": "its start time has not come",
+    "JobHeldAdmin": "an administrator holds it",
+    "JobHeldUser": "it is held",
+    "Reservation": "it waits for a reservation",
+    "None": "Slurm has not looked at it yet",
+}
+
+# Pending reasons that no amount of waiting fixes: the spawn is cancelled at once.
+HOPELESS_REASONS = ("PartitionConfig", "BadConstraints", "InvalidQOS", "InvalidAccount",
+                    "QOSMaxWallDurationPerJobLimit", "PartitionTimeLimit", "ReqNodeNotAvail, UnavailableNodes")
+
+
+def job_tag(user: str, server: str) -> str:
+    """The tag every job of ours carries (``--comment``): how a restarted hub finds its jobs."""
+    return f"{TAG_PREFIX}{quote(user, safe='')}/{quote(server, safe='')}"
+
+
+def parse_tag(comment: str | None) -> tuple[str, str] | None:
+    """(user, server) from a job's comment, or None for a job that is not ours."""
+    text = (comment or "").strip()
+    if not text.startswith(TAG_PREFIX) or "/" not in text:
+        return None
+    user, _, server = text[len(TAG_PREFIX):].partition("/")
+    return (unquote(user), unquote(server)) if user else None
+
+
+_GRES = re.compile(r"^gpu(?::(?P<type>[^:(]+))?(?::(?P<count>\d+))?(?:\((?:IDX:)?(?P<idx>[^)]*)\))?$")
+
+
+def parse_index_list(text: str) -> list[int]:
+    """``0-1,3`` -> [0, 1, 3]; ``N/A`` or empty -> []."""
+    out: list[int] = []
+    for part in (text or "").split(","):
+        part = part.strip()
+        if not part or part.upper() == "N/A":
+            continue
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_gres(entries: str | Iterable[str] | None) -> list[tuple[str, int, list[int]]]:
+    """GPU entries of a GRES string: ``gpu:h100:2(IDX:0-1),shard:4`` -> [("h100", 2, [0, 1])].
+
+    Accepts Slurm's comma-joined string or a list (``gres_detail``); entries
+    that are not GPUs are left out. A bare count (``gpu:2``) has type "".
+    """
+    if entries is None:
+        return []
+    if isinstance(entries, str):
+        # Split on commas outside the (IDX:...) parentheses.
+        entries = re.findall(r"[^,(]+(?:\([^)]*\))?", entries)
+    out = []
+    for raw in entries:
+        text = raw.strip()
+        if not text.startswith("gpu"):
+            continue
+        m = _GRES.match(text)
+        if not m:
+            continue
+        kind = m.group("type") or ""
+        if kind.isdigit() and not m.group("count"):  # gpu:2
+            kind, count = "", int(kind)
+        else:
+            count = int(m.group("count") or 0)
+        out.append((kind, count, parse_index_list(m.group("idx") or "")))
+    return out
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    job_id: str
+    state: str
+    reason: str = ""
+    node: str = ""
+    user: str = ""
+    comment: str = ""
+    gpu_indices: tuple[int, ...] = ()
+    gpus_requested: int = 0
+    priority: int = 0
+    submit_time: int = 0
+    partition: str = ""
+
+    @property
+    def tag(self) -> tuple[str, str] | None:
+        return parse_tag(self.comment)
+
+    @property
+    def pending(self) -> bool:
+        return self.state in ("PENDING", "CONFIGURING", "REQUEUED")
+
+    @property
+    def running(self) -> bool:
+        return self.state in ("RUNNING", "COMPLETING")
+
+
+def _number(value: Any) -> int:
+    # Slurm 22.05 writes plain numbers; later versions {"set": true, "number": n}.
+    if isinstance(value, Mapping):
+        value = value.get("number", 0)
+    try:
+        return int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _requested_gpus(job: Mapping[str, Any]) -> int:
+    text = job.get("tres_per_node") or job.get("tres_req_str") or ""
+    total = 0
+    for part in str(text).split(","):
+        bits = part.strip().split(":")
+        if "gpu" in bits[:2] and bits[-1].isdigit():
+            total += int(bits[-1])
+        elif part.startswith("gres/gpu=") or part.startswith("gres:gpu="):
+            total += int(part.split("=", 1)[1] or 0)
+    return total
+
+
+def parse_squeue_json(text: str) -> list[SlurmJob]:
+    """Jobs from ``squeue --json`` (Slurm 22.05 field names)."""
+    data = json.loads(text or "{}")
+    jobs = []
+    for job in data.get("jobs", []):
+        state = job.get("job_state", "")
+        if isinstance(state, list):  # later Slurm: a list of flags
+            state = state[0] if state else ""
+        indices: list[int] = []
+        for _kind, _count, idx in parse_gres(job.get("gres_detail") or []):
+            indices.extend(idx)
+        jobs.append(SlurmJob(
+            job_id=str(job.get("job_id", "")),
+            state=str(state),
+            reason=str(job.get("state_reason", "") or ""),
+            node=str(job.get("batch_host") or job.get("nodes") or ""),
+            user=str(job.get("user_name", "")),
+            comment=str(job.get("comment", "") or ""),
+            gpu_indices=tuple(indices),
+            gpus_requested=_requested_gpus(job),
+            priority=_number(job.get("priority")),
+            submit_time=_number(job.get("submit_time")),
+            partition=str(job.get("partition", "")),
+        ))
+    return jobs
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    address: str
+    state: str
+    gpu_type: str = ""
+    gpu_count: int = 0
+    gpus_used: tuple[int, ...] = ()
+    partitions: tuple[str, ...] = ()
+
+    @property
+    def usable(self) -> bool:
+        return not any(s in self.state.upper() for s in ("DOWN", "DRAIN", "FAIL", "UNKNOWN", "NOT_RESPONDING"))
+
+
+def parse_sinfo_json(text: str) -> list[SlurmNode]:
+    """Nodes with their GPUs from ``sinfo --json``: GRES and GRES used."""
+    data = json.loads(text or "{}")
+    seen: dict[str, SlurmNode] = {}
+    for node in data.get("nodes", []):
+        name = str(node.get("name") or node.get("hostname") or "")
+        if not name:
+            continue
+        declared = parse_gres(node.get("gres") or "")
+        used: list[int] = []
+        for _kind, _count, idx in parse_gres(node.get("gres_used") or ""):
+            used.extend(idx)
+        state = node.get("state", "")
+        if isinstance(state, list):
+            state = "+".join(state)
+        flags = node.get("state_flags") or []
+        if flags:
+            state = "+".join([str(state), *map(str, flags)])
+        prev = seen.get(name)
+        parts = tuple(sorted({*(prev.partitions if prev else ()), *(node.get("partitions") or [])}))
+        seen[name] = SlurmNode(
+            name=name, address=str(node.get("address") or name), state=str(state).upper(),
+            gpu_type=declared[0][0] if declared else "", gpu_count=sum(c for _k, c, _i in declared),
+            gpus_used=tuple(sorted(set(used))), partitions=parts)
+    return sorted(seen.values(), key=lambda n: n.name)
+
+
+def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
+    """How many pending GPU jobs in the same partition Slurm would start before ``job_id``."""
+    mine = next((j for j in jobs if j.job_id == job_id), None)
+    if mine is None:
+        return 0
+    ahead = [j for j in jobs if j.pending and j.job_id != job_id and j.gpus_requested
+             and j.partition == mine.partition
+             and (j.priority, -j.submit_time, -int(j.job_id or 0)) > (mine.priority, -mine.submit_time,
+                                                                      -int(mine.job_id or 0))]
+    return len(ahead)
+
+
+def pending_message(job: SlurmJob, ahead: int, total_gpus: int, what: str) -> str:
+    """The progress line for a pending job: Slurm's reason in words, and the position."""
+    words = REASON_WORDS.get(job.reason, "Slurm keeps it pending").format(total=total_gpus)
+    position = f"{ahead} job{'s' if ahead != 1 else ''} ahead" if ahead else "next in line"
+    return f"Waiting for {what}: {words} (Slurm: {job.reason or 'pending'}), {position}"
+
+
+def is_hopeless(reason: str) -> bool:
+    return any(reason.startswith(r) for r in HOPELESS_REASONS)
+
+
+# -- sbatch options --------------------------------------------------------------------------
+
+def memory_megabytes(limit: int | float | None) -> int | None:
+    """Bytes (the spawner's mem_limit) -> whole MiB for ``--mem``; None for no limit."""
+    if not limit:
+        return None
+    return max(1, math.ceil(float(limit) / (1024 * 1024)))
+
+
+def time_limit(hours: float | None) -> str | None:
+    """``max_session_hours`` -> ``--time`` as D-HH:MM:SS (whole minutes, at least 1)."""
+    if hours is None or hours <= 0:
+        return None
+    minutes = max(1, math.ceil(hours * 60))
+    days, minutes = divmod(minutes, 24 * 60)
+    return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
+
+
+def gres_for(gpus: int, model: str | None) -> str | None:
+    """The GPU request: ``gpu:N``, or ``gpu:<type>:N`` where the GRES type is the model key lower-cased."""
+    if gpus <= 0:
+        return None
+    return f"gpu:{model.lower()}:{gpus}" if model else f"gpu:{gpus}"
+
+
+def sbatch_options(*, user: str, server: str, gpus: int, model: str | None = None, cpus: float | None = None,
+                   mem_bytes: int | float | None = None, session_hours: float | None = None,
+                   partition: str = "", account: str = "", qos: str = "", extra: str = "") -> list[str]:
+    """Every sbatch option of one server's job, in order (each goes on an ``#SBATCH`` line)."""
+    opts = [f"--job-name=wb-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)[:40]}", f"--comment={job_tag(user, server)}"]
+    gres = gres_for(gpus, model)
+    if gres:
+        opts.append(f"--gres={gres}")
+    if cpus:
+        opts.append(f"--cpus-per-task={max(1, math.ceil(cpus))}")
+    mem = memory_megabytes(mem_bytes)
+    if mem:
+        opts.append(f"--mem={mem}M")
+    limit = time_limit(session_hours)
+    if limit:
+        opts.append(f"--time={limit}")
+    for flag, value in (("--partition", partition), ("--account", account), ("--qos", qos)):
+        if value:
+            opts.append(f"{flag}={value}")
+    opts.extend(shlex.split(extra or ""))
+    return opts
+
+
+# -- the commands (blocking: call from a worker thread) -------------------------------------------
+
+class SlurmUnavailable(RuntimeError):
+    """Slurm's controller did not answer; str(err) says why."""
+
+
+def run_slurm(args: list[str], timeout: float = 20) -> str:
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmUnavailable(f"{args[0]} failed: {exc}") from None
+    if done.returncode != 0:
+        raise SlurmUnavailable(f"{' '.join(args[:2])}: {(done.stderr or done.stdout).strip()[:300]}")
+    return done.stdout
+
+
+def list_jobs() -> list[SlurmJob]:
+    """Every job Slurm knows now (all users)."""
+    return parse_squeue_json(run_slurm(["squeue", "--all", "--json"]))
+
+
+def list_nodes() -> list[SlurmNode]:
+    return parse_sinfo_json(run_slurm(["sinfo", "--json"]))
+
+
+def partitions() -> list[str]:
+    out = run_slurm(["sinfo", "-h", "-o", "%R"])
+    return sorted({line.strip() for line in out.splitlines() if line.strip()})
+
+
+def cancel(job_id: str) -> None:
+    run_slurm(["scancel", str(job_id)])
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """What a job's start-up reported about its node: every GPU by index, and the job's own."""
+
+    node: str
+    gpus: tuple[dict, ...] = field(default_factory=tuple)
+    job_gpus: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> "NodeReport | None":
+        if not isinstance(data, Mapping) or not data.get("node"):
+            return None
+        gpus = tuple(dict(g) for g in data.get("gpus") or [] if isinstance(g, Mapping) and "uuid" in g)
+        return cls(str(data["node"]), gpus, tuple(str(u) for u in data.get("job_gpus") or []))
+
+    def uuids_for(self, indices: Iterable[int]) -> list[str] | None:
+        by_index = {int(g.get("index", -1)): str(g["uuid"]) for g in self.gpus}
+        out = [by_index.get(i) for i in indices]
+        return None if any(u is None for u in out) else [u for u in out if u]

@@ -1,0 +1,78 @@
+"""``workbench-slurm-singleuser``: the start of a user's server inside its Slurm job.
+
+It does what ``batchspawner-singleuser`` does (pick a free port, POST it to
+the hub's ``/hub/api/batchspawner``, run ``jupyterhub-singleuser`` on it) and
+one thing more: Slurm never reports GPU UUIDs, so the job reports them. It
+reads this node's GPUs (NVML, or the simulated fleet keyed by the node's
+name), takes the job's own by Slurm's global indices (``SLURM_JOB_GPUS``,
+not ``CUDA_VISIBLE_DEVICES``, which renumbers under cgroup confinement), sets
+``WORKBENCH_GPUS`` to their UUIDs for the monitor, and sends the node's whole
+GPU list and the job's UUIDs with the port. The hub checks those against the
+indices in Slurm's own job record before it leases anything.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import asdict
+from runpy import run_path
+from shutil import which
+from urllib.parse import urlparse, urlunparse
+
+
+def node_report(env: dict[str, str]) -> dict:
+    """This node's GPUs and the job's, as the hub's ``NodeReport`` reads them."""
+    from workbench_devices import discover_devices
+
+    node = env.get("SLURMD_NODENAME") or os.uname().nodename
+    spec = env.get("WORKBENCH_SIMULATED_GPUS", "")
+    if spec.strip() not in ("", "0"):
+        env["WORKBENCH_SIMULATED_NODE"] = node
+    inventory = discover_devices(spec or None, node if spec else None)
+    wanted = [int(i) for i in (env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or "").split(",")
+              if i.strip().isdigit()]
+    by_index = {d.index: d for d in inventory.devices}
+    job_gpus = [by_index[i].uuid for i in wanted if i in by_index]
+    return {"node": node, "source": inventory.source,
+            "gpus": [asdict(d) for d in inventory.devices], "job_gpus": job_gpus}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import requests
+    from jupyterhub.services.auth import HubAuth
+    from jupyterhub.utils import random_port, url_path_join
+
+    argv = list(sys.argv if argv is None else argv)
+    report = node_report(os.environ)  # sets WORKBENCH_SIMULATED_NODE for the server it starts
+    os.environ["WORKBENCH_GPUS"] = ",".join(report["job_gpus"])
+    port = random_port()
+    auth = HubAuth()
+    kwargs = {}
+    if auth.certfile and auth.keyfile:
+        kwargs["cert"] = (auth.certfile, auth.keyfile)
+    if auth.client_ca:
+        kwargs["verify"] = auth.client_ca
+    reply = requests.post(url_path_join(auth.api_url, "batchspawner"),
+                          headers={"Authorization": f"token {auth.api_token}"},
+                          json={"port": port, "workbench_report": report}, timeout=30, **kwargs)
+    if reply.status_code >= 400:
+        sys.exit(f"workbench-slurm-singleuser: the hub refused the start report ({reply.status_code}): "
+                 f"{reply.text[:300]}")
+    service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
+    if service_url:
+        url = urlparse(service_url)
+        os.environ["JUPYTERHUB_SERVICE_URL"] = urlunparse(url._replace(netloc=f"{url.hostname}:{port}"))
+    else:
+        argv.append(f"--port={port}")
+    if len(argv) < 2:
+        sys.exit("usage: workbench-slurm-singleuser jupyterhub-singleuser [options]")
+    command = which(argv[1])
+    if command is None:
+        sys.exit(f"workbench-slurm-singleuser: {argv[1]} is not on PATH ({os.environ.get('PATH', '')})")
+    sys.argv = argv[1:]
+    run_path(command, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# A real two-node Slurm cluster on this one machine, for tests and CI.
+#
+#   tests/slurm/cluster.sh start    # idempotent: leaves a healthy cluster running
+#   tests/slurm/cluster.sh status   # exit 0 if both nodes are up
+#   tests/slurm/cluster.sh stop
+#
+# Layout (Debian's slurm-wlm 22.05, munge):
+#   slurmctld on this host, reachable at 10.77.0.1;
+#   node wbnode1: slurmd in its own UTS + mount namespace on the host network (NodeAddr 10.77.0.1);
+#   node wbnode2: slurmd in a network namespace `wbslurm2` (veth, NodeAddr 10.77.0.2) plus its own UTS +
+#   mount namespace. Each slurmd gets a private /run/wb-slurmd (pid file), its own spool dir (%n) and log.
+#   We do not rely on Debian's build having --enable-multiple-slurmd: the namespaces make each slurmd
+#   think it is alone, and each finds its NodeName from its own host name.
+# Every node declares 2 fake GPUs of type h100-80gb in gres.conf as character devices (slurmd refuses
+# plain files): wbnode1 /dev/nvidia0-1, wbnode2 /dev/nvidia2-3 (4 GPUs in the cluster).
+# select/cons_tres; no cgroup confinement (proctrack/linuxproc, task/none: two slurmd on one kernel
+# would fight over one cgroup tree), so Slurm's job detail is the only truth about GPU indices.
+set -euo pipefail
+
+STATE=${WB_SLURM_STATE:-/var/lib/wb-slurm}
+CONF_DIR=/etc/slurm
+NS=wbslurm2
+HOST_IP=10.77.0.1
+NODE2_IP=10.77.0.2
+CTL_HOST=$(hostname -s)
+
+log() { echo "cluster.sh: $*" >&2; }
+
+need_root() {
+  if [ "$(id -u)" != 0 ]; then log "must run as root (it starts munged, slurmctld and slurmd)"; exit 2; fi
+  for bin in munged slurmctld slurmd sinfo scontrol ip unshare; do
+    command -v "$bin" >/dev/null || { log "$bin is missing: apt-get install slurm-wlm munge iproute2"; exit 2; }
+  done
+}
+
+write_config() {
+  mkdir -p "$STATE"/{ctld,log} "$STATE"/wbnode1/{spool,run} "$STATE"/wbnode2/{spool,run} "$CONF_DIR"
+  cat >"$CONF_DIR/slurm.conf.new" <<EOF
+# Written by tests/slurm/cluster.sh: a two-node test cluster on one machine.
+ClusterName=workbench
+SlurmctldHost=${CTL_HOST}(${HOST_IP})
+SlurmUser=root
+AuthType=auth/munge
+StateSaveLocation=${STATE}/ctld
+SlurmdSpoolDir=${STATE}/%n/spool
+SlurmctldPidFile=${STATE}/slurmctld.pid
+SlurmdPidFile=/run/wb-slurmd/slurmd.pid
+SlurmctldLogFile=${STATE}/log/slurmctld.log
+SlurmdLogFile=${STATE}/log/slurmd-%n.log
+SlurmctldPort=6817
+SlurmdPort=6818
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+GresTypes=gpu
+SlurmdParameters=config_overrides
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2
+MessageTimeout=10
+SlurmdTimeout=30
+InactiveLimit=0
+KillWait=5
+MinJobAge=30
+DefMemPerCPU=256
+MpiDefault=none
+NodeName=wbnode1 NodeAddr=${HOST_IP} CPUs=4 RealMemory=4000 Gres=gpu:h100-80gb:2 State=UNKNOWN
+NodeName=wbnode2 NodeAddr=${NODE2_IP} CPUs=4 RealMemory=4000 Gres=gpu:h100-80gb:2 State=UNKNOWN
+PartitionName=gpu Nodes=wbnode1,wbnode2 Default=YES MaxTime=INFINITE State=UP
+PartitionName=debug Nodes=wbnode1 Default=NO MaxTime=60 State=UP
+EOF
+  cat >"$CONF_DIR/gres.conf.new" <<EOF
+# Fake GPUs: character devices made by cluster.sh (mknod c 195 N); each node has its own files.
+NodeName=wbnode1 Name=gpu Type=h100-80gb File=/dev/nvidia[0-1]
+NodeName=wbnode2 Name=gpu Type=h100-80gb File=/dev/nvidia[2-3]
+EOF
+  cat >"$CONF_DIR/cgroup.conf.new" <<EOF
+# No confinement in the test cluster (see cluster.sh); a site sets ConstrainDevices=yes.
+CgroupPlugin=autodetect
+IgnoreSystemd=yes
+ConstrainCores=no
+ConstrainDevices=no
+ConstrainRAMSpace=no
+EOF
+  local changed=0
+  for f in slurm.conf gres.conf cgroup.conf; do
+    if ! cmp -s "$CONF_DIR/$f.new" "$CONF_DIR/$f"; then mv "$CONF_DIR/$f.new" "$CONF_DIR/$f"; changed=1
+    else rm -f "$CONF_DIR/$f.new"; fi
+  done
+  echo $changed
+}
+
+make_devices() {
+  for i in 0 1 2 3; do
+    if [ ! -c "/dev/nvidia$i" ]; then rm -f "/dev/nvidia$i"; mknod -m 666 "/dev/nvidia$i" c 195 "$i"; fi
+  done
+}
+
+start_munge() {
+  if munge -n 2>/dev/null | unmunge >/dev/null 2>&1; then return; fi
+  [ -s /etc/munge/munge.key ] || { dd if=/dev/urandom of=/etc/munge/munge.key bs=1 count=128 2>/dev/null
+    chown munge:munge /etc/munge/munge.key; chmod 400 /etc/munge/munge.key; }
+  mkdir -p /run/munge /var/log/munge /var/lib/munge
+  chown munge:munge /run/munge /var/log/munge /var/lib/munge
+  runuser -u munge -- /usr/sbin/munged
+  for _ in $(seq 50); do munge -n 2>/dev/null | unmunge >/dev/null 2>&1 && return; sleep 0.1; done
+  log "munged did not come up"; exit 1
+}
+
+make_netns() {
+  # No `cmd | grep -q` under pipefail: grep exits early, cmd gets SIGPIPE and the test reads as false.
+  [ -e "/run/netns/$NS" ] || ip netns add "$NS"
+  if ! ip link show wbs0 >/dev/null 2>&1; then
+    ip link add wbs0 type veth peer name wbs2
+    ip link set wbs2 netns "$NS"
+  fi
+  case "$(ip -4 addr show wbs0)" in *"$HOST_IP/"*) ;; *) ip addr add "$HOST_IP/24" dev wbs0 ;; esac
+  ip link set wbs0 up
+  ip netns exec "$NS" sh -c "ip addr show wbs2 | grep -q '$NODE2_IP/' || ip addr add $NODE2_IP/24 dev wbs2
+    ip link set wbs2 up; ip link set lo up; ip route replace default via $HOST_IP"
+}
+
+pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start_ctld() {
+  if pid_alive "$STATE/slurmctld.pid"; then
+    if [ "$1" = 1 ]; then scontrol reconfigure >/dev/null; fi
+    return 0
+  fi
+  slurmctld -i   # -i: ignore a stale state file that no longer matches the config
+}
+
+start_node() {
+  local node=$1 netns_prefix=$2
+  if pid_alive "$STATE/$node/run/slurmd.pid"; then return 0; fi
+  $netns_prefix unshare --uts --mount --propagation private sh -c "
+    hostname $node
+    mkdir -p /run/wb-slurmd && mount --bind '$STATE/$node/run' /run/wb-slurmd
+    exec slurmd"
+}
+
+wait_idle() {
+  for _ in $(seq 120); do
+    local states
+    states=$(sinfo -h -N -p gpu -o '%N %t' 2>/dev/null | sort -u || true)
+    if [ "$(echo "$states" | grep -cE ' (idle|mix|alloc)$')" = 2 ]; then return 0; fi
+    # A node that was down (an earlier run stopped it) is put back in service.
+    for n in $(echo "$states" | awk '$2 ~ /down|drain|fail/ {print $1}'); do
+      scontrol update NodeName="$n" State=RESUME 2>/dev/null || true
+    done
+    sleep 0.5
+  done
+  log "nodes not idle in 60 s:"; sinfo -N -l >&2 || true; tail -20 "$STATE"/log/*.log >&2 || true
+  return 1
+}
+
+cmd_start() {
+  need_root
+  local changed; changed=$(write_config)
+  make_devices
+  start_munge
+  make_netns
+  start_ctld "$changed"
+  start_node wbnode1 ""
+  start_node wbnode2 "nsenter --net=/run/netns/$NS"  # not `ip netns exec`: it remounts /sys without the cgroup tree slurmd reads
+  wait_idle
+  log "up: $(sinfo -h -N -p gpu -o '%N=%t(%G)' | tr '\n' ' ')"
+}
+
+cmd_stop() {
+  for f in "$STATE"/wbnode1/run/slurmd.pid "$STATE"/wbnode2/run/slurmd.pid "$STATE"/slurmctld.pid; do
+    if pid_alive "$f"; then kill "$(cat "$f")"; fi
+  done
+  sleep 1
+}
+
+case "${1:-start}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) [ "$(sinfo -h -N -p gpu -o '%t' 2>/dev/null | grep -cE 'idle|mix|alloc')" = 2 ] ;;
+  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

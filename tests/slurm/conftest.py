@@ -1,0 +1,92 @@
+"""One real two-node Slurm cluster (tests/slurm/cluster.sh) and one gpu-slurm hub, shared by the Slurm tests.
+
+Starting a cluster and a hub costs seconds each, so the whole module shares
+one of each; every test cleans up its own users' servers and jobs. Without
+Slurm installed (or not as root) the tests are skipped, and fail under
+WORKBENCH_STRICT_TESTS=1.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, hub_pool, missing
+
+CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
+HUB_IP = "10.77.0.1"
+USERS = [f"wbslurm{i}" for i in range(1, 8)]  # the 7th signs up in the browser
+
+
+def squeue(*args: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, check=True).stdout
+    return [line for line in out.splitlines() if line.strip()]
+
+
+def our_jobs() -> list[str]:
+    """'<id> <state> <node> <comment>' for every job of the test users."""
+    return squeue("-u", ",".join(USERS), "-o", "%i %T %N %k")
+
+
+def cancel_all() -> None:
+    subprocess.run(["scancel", "-u", ",".join(USERS)], capture_output=True)
+    deadline = time.monotonic() + 30
+    while our_jobs() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    if not shutil.which("slurmctld") or not shutil.which("slurmd") or not shutil.which("munged"):
+        missing("Slurm is not installed (apt-get install slurm-wlm munge)")
+    if os.geteuid() != 0:
+        missing("the Slurm test cluster needs root (munged, slurmctld, two slurmd, mknod)")
+    if not shutil.which("sudo"):
+        missing("sudo is not installed (batchspawner submits as the user with sudo -u)")
+    done = subprocess.run([str(CLUSTER), "start"], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        pytest.fail(f"tests/slurm/cluster.sh start failed:\n{done.stdout}\n{done.stderr}")
+    for name in USERS:
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+    venv_python = REPO / ".venv" / "bin" / "python"
+    probe = subprocess.run(["sudo", "-u", USERS[0], str(venv_python), "-c", "import jupyterhub"],
+                           capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.fail(f"the test users cannot run the shared environment {venv_python} (jobs run as the user, "
+                    f"as on a real cluster): {probe.stderr.strip()[-300:]}. Put the checkout and its Python "
+                    "where other users can read them (not under /root).")
+    cancel_all()
+    yield CLUSTER
+    cancel_all()
+
+
+def hub_env(**extra: str) -> dict[str, str]:
+    return {
+        "WORKBENCH_BACKEND": "slurm",
+        "WORKBENCH_SIMULATED_GPUS": "2xH100-80GB",
+        "WORKBENCH_HUB_IP": HUB_IP,
+        "WORKBENCH_HUB_CONNECT_IP": HUB_IP,
+        "WORKBENCH_SLURM_PARTITION": "gpu",
+        "WORKBENCH_SLURM_POLL_SECONDS": "2",
+        "WORKBENCH_QUEUE_TIMEOUT": "120",
+        "WORKBENCH_DEFAULT_MAX_GPUS": "2",
+        "WORKBENCH_SLURM_ENV": str(Path(REPO / ".venv")),
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def slurm_hub(slurm_cluster, tmp_path_factory):
+    """start(**env) -> a gpu-slurm Hub; all hubs of the module stopped, all test jobs cancelled at the end."""
+    with hub_pool(tmp_path_factory.mktemp("slurmhub")) as start:
+        yield lambda **extra: start(hub_env(**extra))
+    cancel_all()
