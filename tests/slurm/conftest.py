@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -41,6 +42,20 @@ def cancel_all() -> None:
         time.sleep(0.5)
 
 
+def let_users_reach(*paths: Path) -> None:
+    """Give other users traverse (x) on the directories above these paths, and nothing more.
+
+    The jobs run as the test users and use this checkout's venv as the cluster's shared
+    environment. On this machine kind the venv's interpreter is pyenv's under /root (mode 0700),
+    which a real site would keep on shared storage; traverse rights are the least that lets the
+    users run it (they still cannot list /root)."""
+    for path in paths:
+        for parent in [path, *path.parents] if path.is_dir() else path.parents:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                parent.chmod(mode | stat.S_IXOTH)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster():
     if not shutil.which("slurmctld") or not shutil.which("slurmd") or not shutil.which("munged"):
@@ -58,6 +73,7 @@ def slurm_cluster():
         except KeyError:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
     venv_python = REPO / ".venv" / "bin" / "python"
+    let_users_reach(venv_python.resolve(), REPO)
     probe = subprocess.run(["sudo", "-u", USERS[0], str(venv_python), "-c", "import jupyterhub"],
                            capture_output=True, text=True)
     if probe.returncode != 0:
