@@ -14,7 +14,7 @@ what sshd could or could not verify as a non-root process:
 * public keys only, from ``~/.ssh/authorized_keys``;
 * no root login, and only the account that runs this server may log in;
 * every session gets the server's GPU variables (``WORKBENCH_GPUS``,
-  ``CUDA_VISIBLE_DEVICES``, ``NVIDIA_VISIBLE_DEVICES``) and its ``PATH``, and
+  ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``NVIDIA_VISIBLE_DEVICES``) and its ``PATH``, and
   nothing else from the server's environment (never the hub API token);
 * keepalives both ways, so a live session keeps moving bytes through the proxy,
   which jupyter-server-proxy records as server activity (see docs/ssh.md).
@@ -30,7 +30,7 @@ import os
 import sys
 
 #: variables a session inherits from the server, when the server has them
-SESSION_VARIABLES = ("WORKBENCH_GPUS", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "PATH")
+SESSION_VARIABLES = ("WORKBENCH_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES", "PATH")
 
 #: directories where Debian and conda put sshd (the local backend's PATH may lack sbin)
 SBIN_DIRS = ("/usr/sbin", "/usr/local/sbin", "/sbin")
