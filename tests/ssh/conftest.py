@@ -138,6 +138,7 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
             {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "4",
              "WORKBENCH_DATASETS_VOLUME": datasets},
             ["--Spawner.poll_interval=2", "--GPUSpawnerMixin.default_max_gpus=2",
+             "--Spawner.http_timeout=120", "--Spawner.start_timeout=240",
              # activity as the idle culler sees it, reported every 2 s instead of 5 min
              "--JupyterHub.last_activity_interval=2", "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2"],
         )

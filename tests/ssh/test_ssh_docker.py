@@ -131,7 +131,7 @@ def test_the_documented_file_token_works(ssh_hub, alice):
 
 SSHD_PROCESSES = r"""for p in /proc/[0-9]*; do
   c=$(tr '\0' ' ' < $p/cmdline 2>/dev/null) || continue
-  case "$c" in *sshd*-D*) echo "$(awk '/^Uid:/{print $2}' $p/status) $c";; esac
+  case "$c" in sshd:*-D*|*/sshd\ *-D*) echo "$(awk '/^Uid:/{print $2}' $p/status) $c";; esac
 done"""
 
 

@@ -20,11 +20,11 @@ pytestmark = [pytest.mark.ssh, pytest.mark.integration]
 
 
 def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path):
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"})
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.start_timeout=180"])
     user = "carol"
     hub.create_users(user)
     assert hub.spawn(user, gpus=1).status_code in (201, 202)
-    hub.wait_ready(user)
+    hub.wait_ready(user, timeout=180)
     ssh = SSHHub(hub, tmp_path, ssh_client_tools)
     token, token_id = scoped_token(hub, user)
     ssh.accounts[user] = Account(user, token, token_id, ssh.keygen(user), 1)

@@ -17,6 +17,25 @@ def _jupyter_server_extension_points():
     return [{"module": "workbench_ssh"}]
 
 
+#: jupyter-server-proxy's entry for the SSH endpoint; it takes the place of
+#: jupyter-sshd-proxy's own ``sshd`` entry point (configured servers come first
+#: in server-proxy's handler list, and the first matching handler serves).
+SSHD_SERVER = {
+    "command": ["workbench-sshd", "{port}"],
+    "raw_socket_proxy": True,
+    "timeout": 30,
+    "launcher_entry": {"enabled": False},
+}
+
+
+def _link_jupyter_server_extension(serverapp):
+    # Linking runs for every extension before any is loaded, so jupyter-server-proxy
+    # finds this entry when it reads ServerProxy.servers at its own load.
+    servers = dict(serverapp.config.ServerProxy.get("servers", {}))
+    servers["sshd"] = SSHD_SERVER
+    serverapp.config.ServerProxy.servers = servers
+
+
 def _load_jupyter_server_extension(serverapp):
     from .handlers import setup_handlers
 
