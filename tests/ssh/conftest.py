@@ -139,6 +139,8 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
              "WORKBENCH_DATASETS_VOLUME": datasets},
             ["--Spawner.poll_interval=2", "--GPUSpawnerMixin.default_max_gpus=2",
              "--Spawner.http_timeout=120", "--Spawner.start_timeout=240",
+             # the servers check a token with the hub again after 2 s (default 5 min), so a revoked one is refused
+             "--Spawner.args=--HubOAuth.cache_max_age=2",
              # activity as the idle culler sees it, reported every 2 s instead of 5 min
              "--JupyterHub.last_activity_interval=2", "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2"],
         )

@@ -4,6 +4,8 @@ nothing of the other user's is reachable (tests/ssh/conftest.py's shared hub).""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import requests
 
@@ -48,6 +50,7 @@ def test_a_revoked_token_is_refused(ssh_hub, alice):
     assert ok.returncode == 0 and ok.stdout.strip() == MARK, ok.stderr
     r = ssh_hub.hub.api("DELETE", f"/users/{alice.name}/tokens/{token_id}")
     assert r.status_code == 204, r.text
+    time.sleep(3)  # the server's token cache (HubOAuth.cache_max_age, 2 s in these tests)
     assert_refused(ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=token))
 
 
