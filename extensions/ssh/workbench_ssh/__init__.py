@@ -10,6 +10,8 @@
   ``{base_url}api/workbench/ssh/keys``.
 """
 
+import sys
+
 __version__ = "0.1.0"
 
 
@@ -21,7 +23,8 @@ def _jupyter_server_extension_points():
 #: jupyter-sshd-proxy's own ``sshd`` entry point (configured servers come first
 #: in server-proxy's handler list, and the first matching handler serves).
 SSHD_SERVER = {
-    "command": ["workbench-sshd", "{port}"],
+    # this interpreter, not a PATH lookup: the local backend's PATH may lack the venv
+    "command": [sys.executable, "-m", "workbench_ssh.sshd", "{port}"],
     "raw_socket_proxy": True,
     "timeout": 30,
     "launcher_entry": {"enabled": False},

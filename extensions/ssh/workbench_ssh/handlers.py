@@ -14,6 +14,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import pwd
 from importlib.resources import files
 
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -30,7 +31,7 @@ def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str)
     host = public_url.split("://", 1)[-1].split("/")[0]
     alias = client_config.host_alias(host, hub_user, server_name)
     url = client_config.websocket_url(public_url, base_url)
-    login = getpass.getuser()
+    login = pwd.getpwuid(os.getuid()).pw_name  # the account, not $USER
     hub_prefix = environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
     return {
         "alias": alias,

@@ -25,7 +25,7 @@ It refuses to run as root: a root sshd would let every local account with an
 
 from __future__ import annotations
 
-import getpass
+import pwd
 import os
 import sys
 
@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         print("workbench-sshd: no sshd found (install Debian's openssh-server)", file=sys.stderr)
         return 1
     environ = dict(os.environ, PATH=path) if path else dict(os.environ)
-    command = sshd_command(argv[0], getpass.getuser(), environ, base)
+    # the account sshd can log in (USER may name the hub user instead)
+    command = sshd_command(argv[0], pwd.getpwuid(os.getuid()).pw_name, environ, base)
     os.execv(command[0], command)
     return 1  # not reached
 
