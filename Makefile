@@ -17,6 +17,11 @@ DEVICES       := devices
 DEVICES_WHEEL := $(DEVICES)/dist/.built
 DEVICES_SRC   := $(shell find $(DEVICES)/workbench_devices -type f -not -path '*/__pycache__/*' 2>/dev/null) \
                  $(DEVICES)/pyproject.toml $(DEVICES)/README.md
+# SSH through the hub (sshd behind jupyter-server-proxy, the SSH page), pure Python.
+SSH           := extensions/ssh
+SSH_WHEEL     := $(SSH)/dist/.built
+SSH_SRC       := $(shell find $(SSH)/workbench_ssh $(SSH)/jupyter-config -type f -not -path '*/__pycache__/*' 2>/dev/null) \
+                 $(SSH)/pyproject.toml $(SSH)/README.md
 MONITOR       := extensions/gpu-monitor
 MONITOR_WHEEL := $(MONITOR)/dist/.built
 MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workbench_gpu_monitor $(MONITOR)/jupyter-config \
@@ -55,6 +60,11 @@ $(DEVICES_WHEEL): $(VENV)/.tools $(DEVICES_SRC)
 	$(BIN)/pip install --quiet --force-reinstall --no-deps $(DEVICES)/dist/*.whl
 	touch $@
 
+$(SSH_WHEEL): $(VENV)/.tools $(SSH_SRC)
+	rm -rf $(SSH)/dist
+	$(BIN)/python -m build --wheel --no-isolation --outdir $(SSH)/dist $(SSH)
+	touch $@
+
 # The GPU monitor ships as a wheel with the prebuilt JupyterLab extension,
 # exactly as the user image installs it.
 $(MONITOR_WHEEL): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_SRC)
@@ -63,10 +73,10 @@ $(MONITOR_WHEEL): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_SRC)
 	  && jlpm install && jlpm clean:all && python -m build --wheel --no-isolation .
 	touch $@
 
-$(STAMP): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_WHEEL) pyproject.toml Makefile
+$(STAMP): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml Makefile
 	$(BIN)/pip install --quiet "$(TORCH)"
-	$(BIN)/pip install --quiet --force-reinstall --no-deps $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl
-	$(BIN)/pip install --quiet $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl
+	$(BIN)/pip install --quiet --force-reinstall --no-deps $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl
+	$(BIN)/pip install --quiet $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl
 	$(BIN)/pip install --quiet -e ".[singleuser,test]"
 	# Kernels answer the GPU monitor's torch-memory question without a %load_ext.
 	mkdir -p $(VENV)/etc/ipython

@@ -133,6 +133,22 @@ build_devices_wheel() { # -> prints the wheel path
     ls "$out"/workbench_devices-*.whl | head -n1
 }
 
+# workbench-ssh (SSH through the hub, pure Python): the same, in .cache/ssh-wheel/<hash>/.
+build_ssh_wheel() { # -> prints the wheel path
+    local h out
+    [ -f "$repo/extensions/ssh/pyproject.toml" ] || die "extensions/ssh/pyproject.toml missing (workbench-ssh, the single-user image's SSH server)"
+    h="$(hash_paths extensions/ssh)"
+    out="$cache/ssh-wheel/$h"
+    if ! ls "$out"/workbench_ssh-*.whl >/dev/null 2>&1; then
+        log "wheelhouse: building workbench-ssh wheel"
+        rm -rf "$out"; mkdir -p "$out"
+        "$python" -m pip wheel --no-deps --wheel-dir "$out" "$repo/extensions/ssh" > "$cache/ssh-wheel.log" 2>&1 \
+            || { tail -n 30 "$cache/ssh-wheel.log" >&2; rm -rf "$out"; die "building extensions/ssh failed (log: $cache/ssh-wheel.log)"; }
+        find "$cache/ssh-wheel" -mindepth 1 -maxdepth 1 ! -name "$h" -exec rm -rf {} +
+    fi
+    ls "$out"/workbench_ssh-*.whl | head -n1
+}
+
 # The GPU monitor wheel is not byte-reproducible (timestamps), so it is built
 # once per source hash and kept in .cache/monitor-wheel/<hash>/.
 build_monitor_wheel() { # -> prints the wheel path or nothing
@@ -204,21 +220,22 @@ pick_python() {
 }
 
 build_wheelhouse() {
-    local wh="$cache/wheelhouse" devices monitor h tmp t0=$SECONDS
+    local wh="$cache/wheelhouse" devices monitor ssh h tmp t0=$SECONDS
     mkdir -p "$cache"
     pick_python
     devices="$(build_devices_wheel)"
     monitor="$(build_monitor_wheel)"
+    ssh="$(build_ssh_wheel)"
     # The third-party wheels depend on the requirement files, the pyprojects and
     # the Python version, not on our own packages' code: when only that changed,
     # their wheels are swapped in place (a full rebuild takes minutes).
     local inputs=(images/singleuser/requirements.txt images/hub/requirements.txt
-                  devices/pyproject.toml extensions/gpu-monitor/pyproject.toml)
+                  devices/pyproject.toml extensions/gpu-monitor/pyproject.toml extensions/ssh/pyproject.toml)
     [ -f "$repo/pyproject.toml" ] && inputs+=(pyproject.toml)
     h="$( { hash_paths "${inputs[@]}"; echo "monitor:${monitor:+yes}"; "$python" -V; } | sha256sum | cut -c1-64)"
     if [ "$force" != 1 ] && [ -f "$wh/.input-hash" ] && [ "$(cat "$wh/.input-hash")" = "$h" ]; then
         local own
-        for own in "$devices" "$monitor"; do
+        for own in "$devices" "$monitor" "$ssh"; do
             [ -n "$own" ] || continue
             if ! cmp -s "$own" "$wh/${own##*/}"; then
                 rm -f "$wh/${own##*/}"
@@ -233,12 +250,12 @@ build_wheelhouse() {
     tmp="$cache/wheelhouse.new"
     rm -rf "$tmp"; mkdir -p "$tmp"
     # our own wheels first: the monitor's and the hub's requirements name them
-    cp "$devices" "$tmp/"
+    cp "$devices" "$ssh" "$tmp/"
     [ -n "$monitor" ] && cp "$monitor" "$tmp/"
     local pipw=(pip_logged "$python" -m pip wheel --wheel-dir "$tmp" --find-links "$tmp")
     : > "$cache/wheelhouse.log"
     # single-user image: its requirements (+ the monitor's dependencies)
-    "${pipw[@]}" -r "$repo/images/singleuser/requirements.txt" ${monitor:+"$monitor"}
+    "${pipw[@]}" -r "$repo/images/singleuser/requirements.txt" ${monitor:+"$monitor"} "$ssh"
     # hub image: the hub distribution's dependencies and its build backend, so
     # `pip install --no-index --find-links` can build it from source in the image
     "${pipw[@]}" -r "$repo/images/hub/requirements.txt"
@@ -299,11 +316,11 @@ docker_build() { # tag dockerfile hash [build args...]
 
 wheelhouse_listing() { (cd "$cache/wheelhouse" && ls | LC_ALL=C sort | while read -r f; do echo "$f $(sha256sum < "$f" | cut -c1-64)"; done) }
 # the hub installs no GPU monitor: a new monitor wheel alone does not rebuild it
-hub_wheelhouse_listing() { wheelhouse_listing | grep -v '^workbench_gpu_monitor-' || true; }
+hub_wheelhouse_listing() { wheelhouse_listing | grep -v -e '^workbench_gpu_monitor-' -e '^workbench_ssh-' || true; }
 
 build_singleuser() {
     local h
-    h="$( { hash_paths images/singleuser notebooks devices extensions/gpu-monitor .dockerignore; wheelhouse_listing;
+    h="$( { hash_paths images/singleuser notebooks devices extensions/gpu-monitor extensions/ssh .dockerignore; wheelhouse_listing;
             docker image inspect --format '{{.Id}}' "$BASE_TAG"; } | sha256sum | cut -c1-64)"
     if up_to_date "$SINGLEUSER_TAG" "$h"; then log "build: $SINGLEUSER_TAG up to date"; return; fi
     docker_build "$SINGLEUSER_TAG" images/singleuser/Dockerfile "$h"

@@ -1,0 +1,112 @@
+"""SSH through the hub against ``docker exec`` into the same container (the floor), same run.
+
+    .venv/bin/python benchmarks/ssh_latency.py [--runs 5] [--mib 200]
+
+Starts a hub (docker backend, simulated GPUs, the test image from
+``make test-images``), one user's server with 1 GPU and a key, then, interleaved:
+
+* **first output**: wall time from starting ``ssh <alias> echo first`` (with the
+  documented ``~/.ssh/config``: websocat, the hub's proxy, jupyter-server-proxy,
+  sshd) to its first line, against ``docker exec <container> echo first``;
+* **copy throughput**: ``scp`` of a random file (200 MiB) into the home, against
+  ``docker exec -i <container> sh -c 'cat > ~/file'`` fed the same file.
+
+Prints medians and the ratios; needs dockerd, the OpenSSH client and websocat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.conftest import Hub  # noqa: E402
+from tests.ssh.conftest import Account, SSHHub, client_path, scoped_token  # noqa: E402
+
+
+def first_line_after(argv: list[str], env: dict[str, str] | None = None) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+    line = proc.stdout.readline()
+    elapsed = time.perf_counter() - t0
+    proc.wait(60)
+    if line.strip() != "first":
+        raise SystemExit(f"{argv[0]} gave {line!r}: {proc.stderr.read()}")
+    return elapsed
+
+
+def timed(argv: list[str], env: dict[str, str] | None = None, stdin=None) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(argv, check=True, env=env, stdin=stdin, capture_output=True, timeout=600)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--mib", type=int, default=200)
+    parser.add_argument("--image", default=os.environ.get("WORKBENCH_IMAGE", "gpu-workbench/singleuser:test"))
+    args = parser.parse_args()
+    user = f"bench{os.getpid()}"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        hub = Hub(tmp / "hub", {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": args.image,
+                                "WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.poll_interval=2"])
+        hub.data_dir.mkdir()
+        hub.start()
+        try:
+            hub.create_users(user)
+            hub.spawn(user, gpus=1)
+            hub.wait_ready(user, timeout=180)
+            ssh = SSHHub(hub, tmp, client_path())
+            token, token_id = scoped_token(hub, user)
+            ssh.accounts[user] = Account(user, token, token_id, ssh.keygen(user), 1)
+            ssh.server_api(user, "POST", "/keys", json={"key": (tmp / f"id_{user}.pub").read_text()}).raise_for_status()
+            container = ssh.container(user)
+            cfg, alias = ssh.config(user)
+            env = ssh.env(token)
+            first_line_after(["ssh", "-F", str(cfg), alias, "echo first"], env)  # host key, sshd started
+            payload = tmp / "payload.bin"
+            with open(payload, "wb") as f:
+                for _ in range(args.mib):
+                    f.write(os.urandom(1 << 20))
+            latency = {"ssh via hub": [], "docker exec": []}
+            copy = {"scp via hub": [], "docker exec -i": []}
+            for run in range(args.runs):
+                pair = [("ssh via hub", ["ssh", "-F", str(cfg), alias, "echo first"], env),
+                        ("docker exec", ["docker", "exec", container, "echo", "first"], None)]
+                for name, argv, e in (pair if run % 2 == 0 else pair[::-1]):
+                    latency[name].append(first_line_after(argv, e))
+                pair_copy = [("scp via hub", lambda: timed(["scp", "-q", "-F", str(cfg), str(payload),
+                                                            f"{alias}:payload.bin"], env)),
+                             ("docker exec -i", lambda: timed(["docker", "exec", "-i", container, "sh", "-c",
+                                                               "cat > ~/payload-exec.bin"], stdin=open(payload, "rb")))]
+                for name, fn in (pair_copy if run % 2 == 0 else pair_copy[::-1]):
+                    copy[name].append(args.mib / fn())
+        finally:
+            hub.kill_everything()
+            subprocess.run(["docker", "rm", "-f", f"jupyter-{user}"], capture_output=True)
+            subprocess.run(["docker", "volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}"],
+                           capture_output=True)
+    print(f"runs: {args.runs}, interleaved; payload {args.mib} MiB")
+    for name, values in latency.items():
+        print(f"first output  {name:15s} median {statistics.median(values) * 1000:7.0f} ms  "
+              f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})")
+    ratio = statistics.median(latency["ssh via hub"]) / statistics.median(latency["docker exec"])
+    print(f"first output ratio hub/floor: {ratio:.2f}")
+    for name, values in copy.items():
+        print(f"copy          {name:15s} median {statistics.median(values):7.1f} MiB/s "
+              f"(min {min(values):.1f}, max {max(values):.1f})")
+    ratio = statistics.median(copy["scp via hub"]) / statistics.median(copy["docker exec -i"])
+    print(f"copy throughput ratio hub/floor: {ratio:.2f}")
+
+
+if __name__ == "__main__":
+    main()

