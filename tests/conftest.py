@@ -44,6 +44,20 @@ def missing(reason: str):
     pytest.skip(reason)
 
 
+def wait_until(predicate, timeout: float, what: str, log=None, every: float = 0.3):
+    """Poll until ``predicate()`` is truthy and return its value; fail naming what did not happen.
+
+    ``log`` (a callable returning text, e.g. ``hub.log``) adds the end of that log to the failure."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    tail = f":\n{log()[-4000:]}" if log else ""
+    raise AssertionError(f"not within {timeout} s: {what}{tail}")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

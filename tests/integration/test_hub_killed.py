@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import free_port, process_env
+from tests.conftest import free_port, process_env, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -59,16 +59,6 @@ def service_processes(hub) -> dict[int, str]:
             except OSError:
                 continue
     return found
-
-
-def wait_until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def kill_pids(pids) -> None:

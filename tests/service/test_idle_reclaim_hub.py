@@ -12,6 +12,7 @@ import time
 import pytest
 import requests
 
+from tests.conftest import wait_until
 from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = pytest.mark.integration
@@ -54,13 +55,7 @@ def server_get(hub, user: str, token: str, path: str) -> requests.Response:
 
 
 def wait_for(predicate, timeout: float, what: str, hub):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"{what} within {timeout} s:\n{hub.log()[-4000:]}")
+    return wait_until(predicate, timeout, what, log=hub.log)
 
 
 def ledger(hub) -> list[tuple[str, str]]:

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from tests.conftest import wait_until
 from tests.service.conftest import shut_down, start_workbench_hub
 from workbench_spawner.clock import set_test_clock
 
@@ -74,13 +75,7 @@ def sql(hub, query: str, *params) -> list[tuple]:
 
 
 def wait_for(predicate, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
+    return wait_until(predicate, timeout, what)
 
 
 def pending(hub, user: str) -> None:

@@ -22,36 +22,19 @@ from workbench_spawner.quota import (
 )
 
 from .openapi_idle import idle_paths, idle_quota_properties, idle_schemas
+from .openapi_parts import ADMIN, READ, STRING, STRINGS, TIME
+from .openapi_parts import error as _error
+from .openapi_parts import json_body as _json
+from .openapi_parts import obj as _object
+from .openapi_parts import ref as _ref
 from .reservation_openapi import reservation_paths, reservation_schemas
 
-READ = "custom:workbench:read"
-ADMIN = "custom:workbench:admin"
 MAX_NAME = 255
-
-
-def _json(schema: dict) -> dict:
-    return {"content": {"application/json": {"schema": schema}}}
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _error(description: str) -> dict:
-    return {"description": description, **_json(_ref("Error"))}
-
-
-def _object(required: list[str], properties: dict, **extra) -> dict:
-    return {"type": "object", "required": required, "properties": properties, **extra}
 
 
 def _nullable(schema: dict) -> dict:
     return {"anyOf": [schema, {"type": "null"}]}
 
-
-STRING = {"type": "string"}
-TIME = {"type": "string", "format": "date-time"}
-STRINGS = {"type": "array", "items": STRING}
 
 FORBIDDEN = _error("no or wrong authentication, or the caller lacks the scope")
 UNAVAILABLE = _error("the hub has not published its GPU settings yet, or its API did not answer; try again")

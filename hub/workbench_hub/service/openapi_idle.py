@@ -4,27 +4,11 @@ from __future__ import annotations
 
 from workbench_spawner.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 
-READ = "custom:workbench:read"
-ADMIN = "custom:workbench:admin"
-STRING = {"type": "string"}
-TIME = {"type": "string", "format": "date-time"}
-NULL_TIME = {"type": ["string", "null"], "format": "date-time"}
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict) -> dict:
-    return {"content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict:
-    return {"description": description, **_json(_ref("Error"))}
-
-
-def _object(required: list[str], properties: dict, **extra) -> dict:
-    return {"type": "object", "required": required, "properties": properties, **extra}
+from .openapi_parts import ADMIN, NULL_TIME, READ, STRING, TIME
+from .openapi_parts import error as _error
+from .openapi_parts import json_body as _json
+from .openapi_parts import obj as _object
+from .openapi_parts import ref as _ref
 
 
 def idle_quota_properties() -> dict:

@@ -10,25 +10,16 @@ from __future__ import annotations
 from workbench_spawner.quota import MAX_GPUS_LIMIT
 from workbench_spawner.reservations import MAX_MINUTES
 
-STRING = {"type": "string"}
-TIME = {"type": "string", "format": "date-time"}
+from .openapi_parts import STRING, TIME
+from .openapi_parts import error as _error
+from .openapi_parts import json_body as _json
+from .openapi_parts import ref as _ref
+
 WINDOW = {"type": "string", "maxLength": 64,
           "description": "wall-clock time in the hub's time zone: weekly \"Tue 10:00-12:00\" or one-off "
                          "\"2026-12-08 10:00-12:00\"; an end not after the start crosses midnight",
           "examples": ["Tue 10:00-12:00", "2026-12-08 10:00-12:00"]}
 MINUTES = {"type": "number", "minimum": 0, "maximum": MAX_MINUTES}
-
-
-def _ref(name: str) -> dict:
-    return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _json(schema: dict) -> dict:
-    return {"content": {"application/json": {"schema": schema}}}
-
-
-def _error(description: str) -> dict:
-    return {"description": description, **_json(_ref("Error"))}
 
 
 def reservation_schemas() -> dict:

@@ -40,6 +40,19 @@ def _percent(value) -> float | None:
     return float(value)
 
 
+def lease_readings(lease: Lease, by_uuid: dict) -> Readings:
+    """Each of the lease's GPUs: its utilization, or None where the reading is missing or not "ok".
+
+    None never counts as idle (``idle.advance`` resets the clock on it), so a GPU the source does
+    not list, or lists in an error state, can never get a server reclaimed."""
+    out: Readings = {}
+    for uuid in lease.gpu_uuids:
+        reading = by_uuid.get(uuid) or {}
+        ok = reading.get("state", "ok") == "ok"
+        out[uuid] = _percent(reading.get("utilization_percent")) if ok else None
+    return out
+
+
 class HostReadings:
     """The hub's own view of its GPUs (NVML or simulated), shared with the fleet page."""
 
@@ -52,13 +65,7 @@ class HostReadings:
         return self.fleet.inventory.source in ("nvml", "simulated") and bool(self.fleet.inventory.devices)
 
     async def read(self, lease: Lease, server_path: str | None) -> Readings:
-        readings = await asyncio.to_thread(self.fleet.readings)
-        out: Readings = {}
-        for uuid in lease.gpu_uuids:
-            reading = readings.get(uuid) or {}
-            ok = reading.get("state", "ok") == "ok"
-            out[uuid] = _percent(reading.get("utilization_percent")) if ok else None
-        return out
+        return lease_readings(lease, await asyncio.to_thread(self.fleet.readings))
 
 
 class ServerMonitorReadings:
@@ -82,12 +89,7 @@ class ServerMonitorReadings:
             return {uuid: None for uuid in lease.gpu_uuids}
         self.last_error.pop(key, None)
         seen = {g.get("uuid"): g for g in snapshot.get("gpus") or [] if isinstance(g, dict)}
-        out: Readings = {}
-        for uuid in lease.gpu_uuids:
-            gpu = seen.get(uuid) or {}
-            ok = gpu.get("state", "ok") == "ok"
-            out[uuid] = _percent(gpu.get("utilization_percent")) if ok else None
-        return out
+        return lease_readings(lease, seen)
 
 
 class SourceChooser:
