@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,6 +61,20 @@ def wait_until(predicate, timeout: float, what: str, log=None, every: float = 0.
     raise AssertionError(f"not within {timeout} s: {what}{tail}")
 
 
+def let_users_reach(*paths: Path) -> None:
+    """Give other users traverse (x) on the directories above these paths, and nothing more.
+
+    Tests that run something as another account (Slurm jobs as the test users, a hub run as an
+    ordinary account) use this checkout and its venv. On this machine kind the venv's interpreter
+    is pyenv's under /root (mode 0700); traverse rights are the least that lets another account
+    run it (it still cannot list /root)."""
+    for path in paths:
+        for parent in [path, *path.parents] if path.is_dir() else path.parents:
+            mode = parent.stat().st_mode
+            if not mode & stat.S_IXOTH:
+                parent.chmod(mode | stat.S_IXOTH)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,8 +82,9 @@ def free_port() -> int:
 
 
 class Hub:
-    def __init__(self, data_dir: Path, env: dict[str, str], args: list[str]):
+    def __init__(self, data_dir: Path, env: dict[str, str], args: list[str], run_as: str | None = None):
         self.data_dir = data_dir
+        self.run_as = run_as
         self.token = secrets.token_hex(16)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -90,6 +108,11 @@ class Hub:
         if not chp.exists():
             missing("configurable-http-proxy is not installed (run `npm install` or `make test`)")
         log = open(self.log_path, "ab")
+        account = {}
+        if self.run_as:
+            entry = pwd.getpwnam(self.run_as)
+            account = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+            self.env.update(HOME=entry.pw_dir, USER=self.run_as, LOGNAME=self.run_as)
         self.proc = subprocess.Popen(
             [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py"), *self.args],
             cwd=REPO,
@@ -97,6 +120,7 @@ class Hub:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            **account,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -232,10 +256,21 @@ def hub_pool(tmp_path: Path, prepare=None):
 
     ``prepare(hub)`` may adjust a hub before it starts (its URL scheme, say)."""
     hubs: list[Hub] = []
+    owned: list[Path] = []
 
-    def start(env: dict[str, str] | None = None, args: list[str] | None = None) -> Hub:
-        hub = Hub(tmp_path / f"hub{len(hubs)}", env or {}, args or [])
-        hub.data_dir.mkdir()
+    def start(env: dict[str, str] | None = None, args: list[str] | None = None, run_as: str | None = None) -> Hub:
+        if run_as:
+            # pytest's own temp dirs are root's (0700); the data dir lies in the account's home, as
+            # the default data dir does on a workstation (sshd's StrictModes walks up to that home).
+            entry = pwd.getpwnam(run_as)
+            data_dir = Path(tempfile.mkdtemp(prefix="workbench-hub-", dir=entry.pw_dir))
+            os.chown(data_dir, entry.pw_uid, entry.pw_gid)
+            let_users_reach(Path(sys.executable).resolve(), REPO)
+            owned.append(data_dir)
+            hub = Hub(data_dir, env or {}, args or [], run_as=run_as)
+        else:
+            hub = Hub(tmp_path / f"hub{len(hubs)}", env or {}, args or [])
+            hub.data_dir.mkdir()
         if prepare:
             prepare(hub)
         hubs.append(hub)
@@ -252,6 +287,8 @@ def hub_pool(tmp_path: Path, prepare=None):
             if os.environ.get("WORKBENCH_KEEP_TEST_LOGS"):
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)
                 shutil.copy(hub.log_path, ARTIFACTS / f"{hub.data_dir.parent.name}-{hub.data_dir.name}.log")
+        for data_dir in owned:
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @pytest.fixture

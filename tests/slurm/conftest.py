@@ -11,14 +11,13 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import stat
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, hub_pool, missing
+from tests.conftest import REPO, hub_pool, let_users_reach, missing
 
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 HUB_IP = "10.77.0.1"
@@ -40,20 +39,6 @@ def cancel_all() -> None:
     deadline = time.monotonic() + 30
     while our_jobs() and time.monotonic() < deadline:
         time.sleep(0.5)
-
-
-def let_users_reach(*paths: Path) -> None:
-    """Give other users traverse (x) on the directories above these paths, and nothing more.
-
-    The jobs run as the test users and use this checkout's venv as the cluster's shared
-    environment. On this machine kind the venv's interpreter is pyenv's under /root (mode 0700),
-    which a real site would keep on shared storage; traverse rights are the least that lets the
-    users run it (they still cannot list /root)."""
-    for path in paths:
-        for parent in [path, *path.parents] if path.is_dir() else path.parents:
-            mode = parent.stat().st_mode
-            if not mode & stat.S_IXOTH:
-                parent.chmod(mode | stat.S_IXOTH)
 
 
 @pytest.fixture(scope="session")

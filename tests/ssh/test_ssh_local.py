@@ -1,16 +1,18 @@
 """SSH through the hub on the local backend: the server is a local process, sshd runs as its account.
 
 The local backend runs servers as the hub's own account, and ``workbench-sshd``
-refuses to run as root (a root sshd would let every local account in). So as
-root (CI) this checks the refusal is clean: the connection fails, nothing runs,
-and the server says why. As an ordinary account (a workstation) ``ssh`` gets in
-with the server's ``CUDA_VISIBLE_DEVICES``.
+refuses to run as root (a root sshd would let every local account in). A hub run
+as root checks the refusal is clean: the connection fails, nothing runs, and the
+server says why. A hub run as an ordinary account (a workstation; under root the
+test makes one) lets ``ssh`` in with the server's ``CUDA_VISIBLE_DEVICES``.
 """
 
 from __future__ import annotations
 
 import getpass
 import os
+import pwd
+import subprocess
 
 import pytest
 
@@ -19,8 +21,25 @@ from tests.ssh.conftest import Account, SSHHub, scoped_token
 pytestmark = [pytest.mark.ssh, pytest.mark.integration]
 
 
-def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path):
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.start_timeout=180"])
+HUB_ACCOUNT = "wb-hub-owner"
+
+
+def ordinary_account() -> str:
+    """The account a workstation's hub runs as: ours when not root, else one the test makes."""
+    if os.geteuid() != 0:
+        return getpass.getuser()
+    try:
+        pwd.getpwnam(HUB_ACCOUNT)
+    except KeyError:
+        subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", HUB_ACCOUNT], check=True)
+    return HUB_ACCOUNT
+
+
+@pytest.mark.parametrize("as_root", [True, False] if os.geteuid() == 0 else [False], ids=lambda r: "as-root" if r else "as-account")
+def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path, as_root):
+    account = "root" if as_root else ordinary_account()
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.start_timeout=180"],
+                      run_as=None if as_root or account == getpass.getuser() else account)
     user = "carol"
     hub.create_users(user)
     assert hub.spawn(user, gpus=1).status_code in (201, 202)
@@ -31,10 +50,10 @@ def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path
     r = ssh.server_api(user, "POST", "/keys", json={"key": (tmp_path / f"id_{user}.pub").read_text()})
     assert r.status_code == 201, r.text
     info = ssh.server_api(user, "GET", "").json()
-    assert info["login_user"] == getpass.getuser()
+    assert info["login_user"] == account
 
     r = ssh.run("ssh", user, "HOST", "printenv CUDA_VISIBLE_DEVICES; printenv WORKBENCH_GPUS", timeout=120)
-    if os.geteuid() == 0:
+    if as_root:
         assert r.returncode != 0 and r.stdout == ""
         assert "refusing to run as root" in hub.log()
         return

@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -91,6 +92,19 @@ def test_sshd_options_allow_only_this_users_keys_and_carry_only_the_gpu_variable
     setenv = [o for o in options if o.startswith("SetEnv ")]
     assert setenv == ["SetEnv WORKBENCH_GPUS=GPU-a,GPU-b CUDA_VISIBLE_DEVICES=GPU-a,GPU-b PATH=/opt/v/bin:/usr/bin"]
     assert "secret" not in " ".join(cmd)
+
+
+def test_sshd_reads_the_keys_the_page_writes_in_the_servers_home():
+    # Local backend: the server runs as the hub's account with HOME set to the hub user's home.
+    # jupyter-sshd-proxy's command names a relative keys file; sshd would keep that first value.
+    base = ["/usr/sbin/sshd", "-f", "none", "-o", "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys2",
+            "-o", "LogLevel INFO"]
+    cmd = sshd.sshd_command("4242", "hubowner", {}, base, home="/srv/wb/homes/carol")
+    options = [cmd[i + 1] for i, part in enumerate(cmd) if part == "-o"]
+    assert [o for o in options if o.lower().startswith("authorizedkeysfile")] == [
+        "AuthorizedKeysFile /srv/wb/homes/carol/.ssh/authorized_keys"]
+    assert cmd[:3] == ["/usr/sbin/sshd", "-f", "none"] and "LogLevel INFO" in options
+    assert keys.authorized_keys_path("/srv/wb/homes/carol") == Path("/srv/wb/homes/carol/.ssh/authorized_keys")
 
 
 def test_a_cpu_only_server_still_tells_sessions_it_has_no_gpu():

@@ -11,7 +11,8 @@ leave password and keyboard-interactive login switched on and let any local
 account try; the options added here make the rules explicit and independent of
 what sshd could or could not verify as a non-root process:
 
-* public keys only, from ``~/.ssh/authorized_keys``;
+* public keys only, from ``$HOME/.ssh/authorized_keys`` (the server's home, where the SSH page
+  writes them; on the local backend that is the hub user's home, not the account's);
 * no root login, and only the account that runs this server may log in;
 * every session gets the server's GPU variables (``WORKBENCH_GPUS``,
   ``CUDA_VISIBLE_DEVICES``, ``CUDA_DEVICE_ORDER``, ``NVIDIA_VISIBLE_DEVICES``) and its ``PATH``, and
@@ -46,8 +47,13 @@ def quote_setenv(words: list[str]) -> str:
     return " ".join(f'"{w}"' if any(c.isspace() for c in w) else w for w in words)
 
 
-def hardening_options(user: str, environ: dict[str, str]) -> list[str]:
-    """The ``-o`` options added to jupyter-sshd-proxy's command (sshd keeps the first value of each)."""
+def hardening_options(user: str, environ: dict[str, str], home: str | None = None) -> list[str]:
+    """The ``-o`` options added to jupyter-sshd-proxy's command (sshd keeps the first value of each).
+
+    ``home`` is the server's home, where the SSH page writes ``.ssh/authorized_keys``. sshd's own
+    ``~`` is the account's home from passwd: the same in the image, but on the local backend every
+    hub user's server runs as the hub's account with ``HOME`` set to that user's home, so the keys
+    file is named by its absolute path."""
     options = [
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
@@ -62,6 +68,8 @@ def hardening_options(user: str, environ: dict[str, str]) -> list[str]:
         "ClientAliveCountMax 4",
         "PidFile none",
     ]
+    if home:
+        options.append(f"AuthorizedKeysFile {os.path.join(home, '.ssh', 'authorized_keys')}")
     env = session_environment(environ)
     if env:
         options.append("SetEnv " + quote_setenv(env))
@@ -71,9 +79,22 @@ def hardening_options(user: str, environ: dict[str, str]) -> list[str]:
     return args
 
 
-def sshd_command(port: str, user: str, environ: dict[str, str], base_command: list[str]) -> list[str]:
-    """jupyter-sshd-proxy's command with the port filled in and the hardening options appended."""
-    return [part.replace("{port}", port) for part in base_command] + hardening_options(user, environ)
+def sshd_command(port: str, user: str, environ: dict[str, str], base_command: list[str],
+                 home: str | None = None) -> list[str]:
+    """jupyter-sshd-proxy's command with the port filled in and the hardening options appended.
+
+    sshd keeps the first value of an option, so with ``home`` the base command's own relative
+    ``AuthorizedKeysFile`` (resolved against the passwd home) is taken out rather than overridden."""
+    base = [part.replace("{port}", port) for part in base_command]
+    if home:
+        kept: list[str] = []
+        for part in base:
+            if kept and kept[-1] == "-o" and part.split(None, 1)[0].lower() == "authorizedkeysfile":
+                kept.pop()
+                continue
+            kept.append(part)
+        base = kept
+    return base + hardening_options(user, environ, home)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     environ = dict(os.environ, PATH=path) if path else dict(os.environ)
     # the account sshd can log in (USER may name the hub user instead)
-    command = sshd_command(argv[0], pwd.getpwuid(os.getuid()).pw_name, environ, base)
+    command = sshd_command(argv[0], pwd.getpwuid(os.getuid()).pw_name, environ, base, os.path.expanduser("~"))
     os.execv(command[0], command)
     return 1  # not reached
 
