@@ -116,37 +116,22 @@ build_base() {
 }
 
 # ---------------------------------------------------------------- wheelhouse
-# workbench-devices (the GPU inventory, pure Python): built once per source hash
-# into .cache/devices-wheel/<hash>/, like the monitor below.
-build_devices_wheel() { # -> prints the wheel path
-    local h out
-    [ -f "$repo/devices/pyproject.toml" ] || die "devices/pyproject.toml missing (workbench-devices, the GPU inventory both images need)"
-    h="$(hash_paths devices)"
-    out="$cache/devices-wheel/$h"
-    if ! ls "$out"/workbench_devices-*.whl >/dev/null 2>&1; then
-        log "wheelhouse: building workbench-devices wheel"
+# A pure-Python package of ours (no node build), built once per source hash into
+# .cache/<name>-wheel/<hash>/, like the monitor below; older hashes are removed.
+build_pure_wheel() { # DIR DIST_NAME WHAT -> prints the wheel path
+    local dir="$1" dist="$2" what="$3" name h out
+    name="$(basename "$dir")"
+    [ -f "$repo/$dir/pyproject.toml" ] || die "$dir/pyproject.toml missing ($what)"
+    h="$(hash_paths "$dir")"
+    out="$cache/$name-wheel/$h"
+    if ! ls "$out"/"$dist"-*.whl >/dev/null 2>&1; then
+        log "wheelhouse: building ${dist//_/-} wheel"
         rm -rf "$out"; mkdir -p "$out"
-        "$python" -m pip wheel --no-deps --wheel-dir "$out" "$repo/devices" > "$cache/devices-wheel.log" 2>&1 \
-            || { tail -n 30 "$cache/devices-wheel.log" >&2; rm -rf "$out"; die "building devices/ failed (log: $cache/devices-wheel.log)"; }
-        find "$cache/devices-wheel" -mindepth 1 -maxdepth 1 ! -name "$h" -exec rm -rf {} +
+        "$python" -m pip wheel --no-deps --wheel-dir "$out" "$repo/$dir" > "$cache/$name-wheel.log" 2>&1 \
+            || { tail -n 30 "$cache/$name-wheel.log" >&2; rm -rf "$out"; die "building $dir failed (log: $cache/$name-wheel.log)"; }
+        find "$cache/$name-wheel" -mindepth 1 -maxdepth 1 ! -name "$h" -exec rm -rf {} +
     fi
-    ls "$out"/workbench_devices-*.whl | head -n1
-}
-
-# workbench-ssh (SSH through the hub, pure Python): the same, in .cache/ssh-wheel/<hash>/.
-build_ssh_wheel() { # -> prints the wheel path
-    local h out
-    [ -f "$repo/extensions/ssh/pyproject.toml" ] || die "extensions/ssh/pyproject.toml missing (workbench-ssh, the single-user image's SSH server)"
-    h="$(hash_paths extensions/ssh)"
-    out="$cache/ssh-wheel/$h"
-    if ! ls "$out"/workbench_ssh-*.whl >/dev/null 2>&1; then
-        log "wheelhouse: building workbench-ssh wheel"
-        rm -rf "$out"; mkdir -p "$out"
-        "$python" -m pip wheel --no-deps --wheel-dir "$out" "$repo/extensions/ssh" > "$cache/ssh-wheel.log" 2>&1 \
-            || { tail -n 30 "$cache/ssh-wheel.log" >&2; rm -rf "$out"; die "building extensions/ssh failed (log: $cache/ssh-wheel.log)"; }
-        find "$cache/ssh-wheel" -mindepth 1 -maxdepth 1 ! -name "$h" -exec rm -rf {} +
-    fi
-    ls "$out"/workbench_ssh-*.whl | head -n1
+    ls "$out"/"$dist"-*.whl | head -n1
 }
 
 # The GPU monitor wheel is not byte-reproducible (timestamps), so it is built
@@ -223,9 +208,9 @@ build_wheelhouse() {
     local wh="$cache/wheelhouse" devices monitor ssh h tmp t0=$SECONDS
     mkdir -p "$cache"
     pick_python
-    devices="$(build_devices_wheel)"
+    devices="$(build_pure_wheel devices workbench_devices "workbench-devices, the GPU inventory both images need")"
     monitor="$(build_monitor_wheel)"
-    ssh="$(build_ssh_wheel)"
+    ssh="$(build_pure_wheel extensions/ssh workbench_ssh "workbench-ssh, the single-user image's SSH server")"
     # The third-party wheels depend on the requirement files, the pyprojects and
     # the Python version, not on our own packages' code: when only that changed,
     # their wheels are swapped in place (a full rebuild takes minutes).
