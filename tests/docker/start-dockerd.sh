@@ -32,12 +32,39 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
+# A pid file is stale when no process of that name holds the pid. A session that ends kills
+# dockerd and its containerd without letting them remove their pid files; once the kernel hands
+# the pid to another process, dockerd believes "containerd is still running", waits for a socket
+# that never comes and exits with "timeout waiting for containerd to start".
+pid_of() { [ -s "$1" ] && tr -dc 0-9 <"$1"; }
+holds() { [ -n "$2" ] && [ "$(cat "/proc/$2/comm" 2>/dev/null)" = "$1" ]; }
+drop_stale_pid_file() {
+    local name=$1 file=$2 pid
+    pid=$(pid_of "$file" || true)
+    if [ -e "$file" ] && ! holds "$name" "$pid"; then
+        echo "start-dockerd: removing stale $file (pid ${pid:-none} is not $name)"
+        rm -f "$file"
+    fi
+}
+
+if pgrep -x dockerd >/dev/null; then
+    # A daemon is already starting (or stuck): starting a second one would fight over its state.
+    echo "start-dockerd: a dockerd process exists but does not answer yet; waiting for it"
+else
+    drop_stale_pid_file containerd /var/run/docker/containerd/containerd.pid
+    drop_stale_pid_file dockerd /var/run/docker.pid
+fi
+
 chmod +x "$hookdir/nvidia-container-runtime-hook"
-echo "starting dockerd (log: $log, stand-in NVIDIA hook: $hookdir)"
-# setsid: the daemon must outlive this script and the caller's process group.
-# shellcheck disable=SC2086
-PATH="$hookdir:$PATH" setsid dockerd ${DOCKERD_EXTRA_ARGS:-} >>"$log" 2>&1 </dev/null &
-pid=$!
+if pid=$(pgrep -o -x dockerd); then
+    :
+else
+    echo "starting dockerd (log: $log, stand-in NVIDIA hook: $hookdir)"
+    # setsid: the daemon must outlive this script and the caller's process group.
+    # shellcheck disable=SC2086
+    PATH="$hookdir:$PATH" setsid dockerd ${DOCKERD_EXTRA_ARGS:-} >>"$log" 2>&1 </dev/null &
+    pid=$!
+fi
 echo "$pid" > /tmp/workbench-dockerd.pid
 
 for _ in $(seq "$timeout"); do

@@ -123,10 +123,13 @@ make_netns() {
     ip link set wbs2 up; ip link set lo up; ip route replace default via $HOST_IP"
 }
 
-pid_alive() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+# pid_alive FILE NAME: FILE names a live process called NAME. Checking the name matters: a session
+# that ends kills the daemons without removing their pid files, and the kernel hands those pids out
+# again, so `kill -0` alone would take a stranger for slurmctld and skip starting it.
+pid_alive() { [ -s "$1" ] && [ "$(cat "/proc/$(tr -dc 0-9 <"$1")/comm" 2>/dev/null)" = "$2" ]; }
 
 start_ctld() {
-  if pid_alive "$STATE/slurmctld.pid"; then
+  if pid_alive "$STATE/slurmctld.pid" slurmctld; then
     if [ "$1" = 1 ]; then scontrol reconfigure >/dev/null; fi
     return 0
   fi
@@ -135,7 +138,7 @@ start_ctld() {
 
 start_node() {
   local node=$1 netns_prefix=$2
-  if pid_alive "$STATE/$node/run/slurmd.pid"; then return 0; fi
+  if pid_alive "$STATE/$node/run/slurmd.pid" slurmd; then return 0; fi
   $netns_prefix unshare --uts --mount --propagation private sh -c "
     hostname $node
     mkdir -p /run/wb-slurmd && mount --bind '$STATE/$node/run' /run/wb-slurmd
@@ -171,8 +174,8 @@ cmd_start() {
 }
 
 cmd_stop() {
-  for f in "$STATE"/wbnode1/run/slurmd.pid "$STATE"/wbnode2/run/slurmd.pid "$STATE"/slurmctld.pid; do
-    if pid_alive "$f"; then kill "$(cat "$f")"; fi
+  for f in "$STATE"/wbnode1/run/slurmd.pid:slurmd "$STATE"/wbnode2/run/slurmd.pid:slurmd "$STATE"/slurmctld.pid:slurmctld; do
+    if pid_alive "${f%:*}" "${f##*:}"; then kill "$(cat "${f%:*}")"; fi
   done
   sleep 1
 }
