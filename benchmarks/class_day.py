@@ -70,14 +70,10 @@ from workbench_spawner.idle import STOP, WARN, GpuTrack, IdleRule, advance, judg
 from workbench_spawner.quota import EffectiveQuota, Quota  # noqa: E402
 from workbench_spawner.store import AllocationStore  # noqa: E402
 
-try:  # the fair-share order and reservations (another branch of the same issue)
-    from workbench_spawner.placement import HostAllocator  # noqa: E402
-    from workbench_spawner.queue_order import Waiting, order  # noqa: E402
-    from workbench_spawner.reservation_book import ReservationBook  # noqa: E402
-    from workbench_spawner.reservations import Reservation, parse_window  # noqa: E402
-    HAVE_FAIRNESS = True
-except ImportError:  # pragma: no cover - printed in the output
-    HAVE_FAIRNESS = False
+from workbench_spawner.placement import HostAllocator  # noqa: E402
+from workbench_spawner.queue_order import Waiting, order  # noqa: E402
+from workbench_spawner.reservation_book import ReservationBook  # noqa: E402
+from workbench_spawner.reservations import Reservation, parse_window  # noqa: E402
 
 CLASS = "ml-course"
 START = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)  # a Tuesday
@@ -173,14 +169,12 @@ def run(people: list[Person], gpus: int, *, reclaim: bool, fair: bool, reserve: 
     store = AllocationStore(f"sqlite:///{workdir / f'{reclaim}{fair}{reserve}{idle_minutes:g}.sqlite'}")
     inventory = simulated_inventory(gpus)
     candidates = [d.uuid for d in inventory.devices]
-    allocator = None
-    if HAVE_FAIRNESS:
-        allocator = HostAllocator(store, inventory, NODE, queue_order="fair-share" if fair else "fifo",
-                                  tz=timezone.utc, clock=lambda: clock_now[0])
-        if reserve:
-            window = parse_window(f"{START:%Y-%m-%d} 10:00-12:00")
-            res = Reservation(group=CLASS, gpus=max(1, gpus * 3 // 4), window=window, grace_minutes=15)
-            ReservationBook(store).create(res, {inventory.devices[0].model: gpus}, START, timezone.utc)
+    allocator = HostAllocator(store, inventory, NODE, queue_order="fair-share" if fair else "fifo",
+                              tz=timezone.utc, clock=lambda: clock_now[0])
+    if reserve:
+        window = parse_window(f"{START:%Y-%m-%d} 10:00-12:00")
+        res = Reservation(group=CLASS, gpus=max(1, gpus * 3 // 4), window=window, grace_minutes=15)
+        ReservationBook(store).create(res, {inventory.devices[0].model: gpus}, START, timezone.utc)
     rule = IdleRule(minutes=idle_minutes, threshold=5, warn_minutes=10) if reclaim else IdleRule(minutes=0)
     ctx = AdmissionContext(quota=EffectiveQuota(Quota(1), "default"), inventory_size=gpus,
                            inventory_models=[inventory.devices[0].model])
@@ -230,19 +224,16 @@ def run(people: list[Person], gpus: int, *, reclaim: bool, fair: bool, reserve: 
         free = gpus - holders
         waiting = [p.name for p in people if state[p.name].phase == "waiting"]
         if waiting and free > 0:
-            if HAVE_FAIRNESS:
-                line = [Waiting(n, n, state[n].joined * 60, gpu_hours[n]) for n in waiting]
-                ordered = [w.key for w in order(line, "fair-share" if fair else "fifo", t * 60, 30.0)]
-            else:
-                ordered = sorted(waiting, key=lambda n: state[n].joined)
-            active = allocator.active_reservations() if allocator else []
+            line = [Waiting(n, n, state[n].joined * 60, gpu_hours[n]) for n in waiting]
+            ordered = [w.key for w in order(line, "fair-share" if fair else "fifo", t * 60, 30.0)]
+            active = allocator.active_reservations()
             failures = 0
             by_name = {p.name: p for p in people}
             for name in ordered:
                 if free <= 0 or failures > 8:
                     break
                 groups = by_name[name].groups
-                choose = allocator.choose(groups, 1, active) if allocator else None
+                choose = allocator.choose(groups, 1, active)
                 lease = store.allocate(name, "", 1, candidates, node=NODE, groups=groups, choose=choose)
                 if lease is None:
                     failures += 1
@@ -327,9 +318,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or args.students < 1 or args.gpus < 1:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}" if unknown else "students and gpus must be >= 1")
-    if not HAVE_FAIRNESS:
-        names = [n for n in names if not SCENARIOS[n]["fair"] and not SCENARIOS[n]["reserve"]]
-        print("fair-share and reservations are not in this tree: only baseline and idle-reclaim run")
     if not 0 < args.burst_minutes <= 60:
         parser.error("--burst-minutes must be between 0 and 60")
     BURST_MEDIAN[0] = args.burst_minutes
