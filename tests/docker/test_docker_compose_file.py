@@ -255,8 +255,10 @@ def test_prometheus_scrapes_the_hub_in_its_scheme(tmp_path, cert, scheme, tls_co
     (the prom/prometheus image is not needed): with the operator's certificate the hub's port speaks HTTPS."""
     yaml = pytest.importorskip("yaml")
     command = _profile("monitoring", {})["services"]["prometheus"]["command"][0].replace("$$", "$")
-    command = (command.replace("/etc/prometheus/prometheus.yml", str(REPO / "monitoring" / "prometheus.yml"))
-               .replace("/tmp/", f"{tmp_path}/").replace("exec /bin/prometheus", "exec echo prometheus"))
+    # /tmp/ first: the checkout itself may live under /tmp (CI clones there)
+    command = (command.replace("/tmp/", f"{tmp_path}/")
+               .replace("/etc/prometheus/prometheus.yml", str(REPO / "monitoring" / "prometheus.yml"))
+               .replace("exec /bin/prometheus", "exec echo prometheus"))
     proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
                           env={"PATH": os.environ["PATH"], "WORKBENCH_METRICS_TOKEN": "t" * 32, "WORKBENCH_SSL_CERT": cert})
     assert proc.returncode == 0 and proc.stdout.startswith("prometheus --config.file="), proc.stderr
