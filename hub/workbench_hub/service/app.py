@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace) -> int:
+async def serve(args: argparse.Namespace, parent: int) -> int:
     try:
         store = AllocationStore(args.db_url)
     except Exception as exc:
@@ -133,7 +133,7 @@ async def serve(args: argparse.Namespace) -> int:
         from .reservation_enforcer import Preemption
 
         preemption = asyncio.create_task(Preemption(fleet, hub).run_forever(args.reservation_check_seconds))
-    reason = await run_until_stopped()
+    reason = await run_until_stopped(parent)
     if preemption is not None:
         preemption.cancel()
     log.info("Workbench service stopping: %s", reason)
@@ -147,11 +147,12 @@ async def serve(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent = os.getppid()  # first: the hub may die while the service is still starting
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="[%(levelname)1.1s %(asctime)s workbench-service] %(message)s")
     try:
-        return asyncio.run(serve(args))
+        return asyncio.run(serve(args, parent))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were in place
         log.info("Workbench service stopping: SIGINT")
         return 0

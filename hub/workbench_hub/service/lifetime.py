@@ -47,9 +47,14 @@ def listen(app: web.Application, port: int, ip: str, **server_options) -> HTTPSe
         raise CannotListen(f"cannot start: cannot listen on {ip} port {port}: {exc.strerror or exc}") from None
 
 
-async def run_until_stopped(on_stop: Callable[[], None] | None = None,
+async def run_until_stopped(parent: int, on_stop: Callable[[], None] | None = None,
                             parent_check_seconds: float = PARENT_CHECK_SECONDS) -> str:
-    """Serve until SIGINT, SIGTERM or the parent's death; returns why it stopped."""
+    """Serve until SIGINT, SIGTERM or the death of ``parent``; returns why it stopped.
+
+    ``parent`` is the parent's pid as read when the process began, not now: start-up
+    (listening, the first database read) takes seconds on a busy host, and a parent that
+    died meanwhile would otherwise be mistaken for init or a subreaper, and never missed.
+    """
     loop = asyncio.get_running_loop()
     stopped: asyncio.Future[str] = loop.create_future()
 
@@ -59,13 +64,13 @@ async def run_until_stopped(on_stop: Callable[[], None] | None = None,
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, signal.Signals(sig).name)
-    parent = os.getppid()
 
     async def watch_parent() -> None:
         while True:
-            await asyncio.sleep(parent_check_seconds)
             if os.getppid() != parent:
                 stop(f"its hub (pid {parent}) is gone")
+                return
+            await asyncio.sleep(parent_check_seconds)
 
     watcher = asyncio.create_task(watch_parent())
     try:
