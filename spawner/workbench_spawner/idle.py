@@ -15,6 +15,12 @@ The rules, for one server holding one or more GPUs:
   a server with any GPU whose last reading is older than ``stale_after`` is
   left alone (verdict ``unknown``, which the service logs). Readings that
   come back start the clock from zero;
+* **time nobody watched is not idle time**: when a reading arrives after a
+  gap longer than ``stale_after`` since the previous one (the service was
+  down, a pass was delayed, the server was unreachable), the GPU's idle
+  clock starts again at this reading, even if both readings were idle. So
+  at most ``stale_after`` of unobserved time between two idle readings ever
+  counts toward the limit;
 * after ``minutes - lead`` idle minutes the owner is **warned** (the lead is
   ``warn_minutes``, default 10, but at most half the idle limit, so a short
   limit still gives half its length as notice); after ``minutes`` the server
@@ -37,6 +43,8 @@ DEFAULT_WARN_MINUTES = 10.0
 # Bounds that catch typos; the shortest limit lets a demo or a test watch it (0.05 min = 3 s).
 MIN_IDLE_MINUTES = 0.05
 MAX_IDLE_MINUTES = 7 * 24 * 60.0
+# A reading older than this is no reading (the service passes three check intervals).
+DEFAULT_STALE_AFTER = timedelta(minutes=2)
 
 OFF, EXEMPT, UNKNOWN, BUSY, IDLE, WARN, STOP = "off", "exempt", "unknown", "busy", "idle", "warn", "stop"
 
@@ -101,13 +109,18 @@ class GpuTrack:
 
 
 def advance(track: GpuTrack, reading: float | None, threshold: float, now: datetime,
-            source: str = "") -> GpuTrack:
-    """The track after one reading (None: no reading this pass)."""
+            source: str = "", stale_after: timedelta = DEFAULT_STALE_AFTER) -> GpuTrack:
+    """The track after one reading (None: no reading this pass).
+
+    ``stale_after`` is the same bound ``judge`` uses: an idle reading that
+    follows a gap longer than it restarts the idle clock, because nobody
+    knows what the GPU did in the gap (the module docstring)."""
     if reading is None:
         # Not knowing is not idle: the clock starts again from the next real reading.
         return replace(track, idle_since=None, utilization=None, source=source or track.source)
     idle = reading < threshold
-    since = (track.idle_since or now) if idle else None
+    watched = track.last_reading is not None and now - track.last_reading <= stale_after
+    since = (track.idle_since if watched and track.idle_since is not None else now) if idle else None
     return replace(track, idle_since=since, last_reading=now, utilization=float(reading),
                    source=source or track.source)
 
@@ -123,7 +136,7 @@ class Verdict:
 
 
 def judge(tracks: Iterable[GpuTrack], rule: IdleRule, now: datetime, *, exempt: bool = False,
-          stale_after: timedelta = timedelta(minutes=2)) -> Verdict:
+          stale_after: timedelta = DEFAULT_STALE_AFTER) -> Verdict:
     """The verdict for one server from the tracks of all its GPUs."""
     tracks = list(tracks)
     if not rule.enabled:

@@ -104,15 +104,15 @@ async def test_an_idle_server_is_warned_then_stopped_and_the_ledger_says_why(wor
     store, fleet, hub, source, clock, reclaimer, delivery = world
     hold(store, hub)
     source.values[GPU] = 0.0
-    reports = await passes(reclaimer, clock, [0, 10, 19])
+    reports = await passes(reclaimer, clock, range(0, 20))  # a pass a minute, as interval=60 says
     assert not any(r.warned or r.stopped for r in reports)
     [r20] = await passes(reclaimer, clock, [20])
     assert r20.warned == [("alice", "")] and not r20.stopped
     [notice] = NoticeBook(store).pending("alice")
     assert notice.kind == "idle" and notice.stop_at == T0 + timedelta(minutes=30)
     assert "10:30" in notice.message and "CPU-only server" in notice.hint
-    [r29] = await passes(reclaimer, clock, [29])
-    assert r29.warned and not r29.stopped and not hub.stopped
+    reports = await passes(reclaimer, clock, range(21, 30))
+    assert all(r.warned and not r.stopped for r in reports) and not hub.stopped
     [r30] = await passes(reclaimer, clock, [30])
     assert r30.stopped == [("alice", "")] and hub.stopped == [("alice", "")]
     assert NoticeBook(store).pending("alice") == []
@@ -131,14 +131,14 @@ async def test_using_the_gpu_after_the_warning_withdraws_it(world):
     store, fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 1.0
-    await passes(reclaimer, clock, [0, 20])
+    await passes(reclaimer, clock, range(0, 21))
     assert NoticeBook(store).pending("alice")
     source.values[GPU] = 85.0
     [r] = await passes(reclaimer, clock, [21])
     assert r.cleared == [("alice", "")] and NoticeBook(store).pending("alice") == []
     source.values[GPU] = 0.0
-    reports = await passes(reclaimer, clock, [22, 41, 42])  # the clock starts again at 22
-    assert not any(r.stopped for r in reports) and reports[1].warned == []
+    reports = await passes(reclaimer, clock, range(22, 52))  # the clock starts again at 22
+    assert not any(r.stopped for r in reports) and reports[41 - 22].warned == [] and reports[42 - 22].warned
     assert (await passes(reclaimer, clock, [52]))[0].stopped == [("alice", "")]
 
 
@@ -146,7 +146,7 @@ async def test_missing_readings_leave_the_server_alone_and_withdraw_a_warning(wo
     store, fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 0.0
-    await passes(reclaimer, clock, [0, 20])
+    await passes(reclaimer, clock, range(0, 21))
     assert NoticeBook(store).pending("alice")
     source.values[GPU] = None
     reports = await passes(reclaimer, clock, [21, 40, 90])
@@ -156,16 +156,39 @@ async def test_missing_readings_leave_the_server_alone_and_withdraw_a_warning(wo
 
 
 async def test_a_server_past_its_limit_but_never_warned_is_warned_first(world):
+    """The limit was lowered while the GPU idled: past the new limit with no warning, it is warned first."""
     store, fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 0.0
-    reclaimer.interval = 30 * 60  # readings stay fresh across the long gap
-    [r0, r35] = await passes(reclaimer, clock, [0, 35])
-    assert r35.warned and not r35.stopped
+    QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=60))
+    reports = await passes(reclaimer, clock, range(0, 36))  # a pass every minute: 35 idle minutes, all watched
+    assert not any(r.warned or r.stopped for r in reports)
+    QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=30))
+    [r36] = await passes(reclaimer, clock, [36])
+    assert r36.warned and not r36.stopped
     [notice] = NoticeBook(store).pending("alice")
-    assert notice.stop_at == T0 + timedelta(minutes=45), "a full warning lead from now"
-    assert not (await passes(reclaimer, clock, [44]))[0].stopped
-    assert (await passes(reclaimer, clock, [45]))[0].stopped == [("alice", "")]
+    assert notice.stop_at == T0 + timedelta(minutes=46), "a full warning lead from now"
+    assert not any(r.stopped for r in await passes(reclaimer, clock, range(37, 46)))
+    assert (await passes(reclaimer, clock, [46]))[0].stopped == [("alice", "")]
+
+
+async def test_time_the_service_did_not_watch_is_not_idle_time(world):
+    """The service was down 35 minutes (passes every minute, so readings go stale after 3): the idle clock
+    starts again at the first reading after the gap, not at the last one before it."""
+    store, fleet, hub, source, clock, reclaimer, _ = world
+    hold(store, hub)
+    source.values[GPU] = 0.0
+    await passes(reclaimer, clock, [0, 1])
+    [r36] = await passes(reclaimer, clock, [36])
+    assert not r36.warned and not r36.stopped
+    assert IdleBook(store).tracks()[0].idle_since == T0 + timedelta(minutes=36)
+    reports = await passes(reclaimer, clock, range(37, 56))
+    assert not any(r.warned or r.stopped for r in reports), "not warned before 20 watched idle minutes"
+    [r56] = await passes(reclaimer, clock, [56])
+    assert r56.warned == [("alice", "")]
+    assert NoticeBook(store).pending("alice")[0].stop_at == T0 + timedelta(minutes=66)
+    await passes(reclaimer, clock, range(57, 66))
+    assert (await passes(reclaimer, clock, [66]))[0].stopped == [("alice", "")]
 
 
 @pytest.mark.parametrize("how", ["exempt group", "quota off", "hub off", "starting"])
@@ -181,7 +204,7 @@ async def test_exempt_off_and_starting_servers_are_never_reclaimed(world, how):
         fleet._settings = PolicySettings(store.url, fleet.inventory, node=NODE, default_quota=Quota(2))
     else:
         hub.add("alice", "", ready=False)
-    reports = await passes(reclaimer, clock, [0, 20, 30, 60])
+    reports = await passes(reclaimer, clock, range(0, 61))
     assert not any(r.warned or r.stopped for r in reports) and not hub.stopped
 
 
@@ -190,8 +213,8 @@ async def test_a_quota_sets_its_own_minutes_and_threshold(world):
     hold(store, hub)
     QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=10, gpu_idle_threshold=20))
     source.values[GPU] = 15.0  # busy under the hub's 5 %, idle under the quota's 20 %
-    reports = await passes(reclaimer, clock, [0, 5, 10])
-    assert reports[1].warned and reports[2].stopped == [("alice", "")]
+    reports = await passes(reclaimer, clock, range(0, 11))
+    assert not reports[4].warned and reports[5].warned and reports[10].stopped == [("alice", "")]
     assert NoticeBook(store).last_done("alice").reason == "reclaimed: GPU idle 10 min"
 
 
@@ -199,16 +222,27 @@ async def test_idle_clocks_survive_a_restart_of_the_service_and_show_per_gpu(wor
     store, fleet, hub, source, clock, reclaimer, delivery = world
     hold(store, hub, gpus=(GPU, "GPU-sim-01-h100-80gb"))
     source.values.update({GPU: 0.0, "GPU-sim-01-h100-80gb": 2.0})
-    await passes(reclaimer, clock, [0, 15])
+    await passes(reclaimer, clock, range(0, 16))
+    # The service restarts within the staleness bound (3 passes): a new process, the same clocks.
     again = Reclaimer(fleet, hub, reclaimer.chooser, delivery, clock=clock, interval=60)
-    [r] = await passes(again, clock, [20])
-    assert r.warned == [("alice", "")], "the new process kept the 20 idle minutes"
+    reports = await passes(again, clock, [17, 18, 19, 20])
+    assert reports[-1].warned == [("alice", "")], "the new process kept the 20 idle minutes"
     tracks = {t.gpu_uuid: t for t in IdleBook(store).tracks()}
     assert set(tracks) == {GPU, "GPU-sim-01-h100-80gb"} and tracks[GPU].idle_since == T0
     store.release("alice", "", "stopped")
     hub.models.clear()
     await passes(again, clock, [21])
     assert IdleBook(store).tracks() == [] and NoticeBook(store).pending() == []
+
+
+async def test_a_restart_slower_than_the_staleness_bound_starts_the_clocks_again(world):
+    store, fleet, hub, source, clock, reclaimer, delivery = world
+    hold(store, hub)
+    source.values[GPU] = 0.0
+    await passes(reclaimer, clock, range(0, 16))
+    again = Reclaimer(fleet, hub, reclaimer.chooser, delivery, clock=clock, interval=60)
+    [r20] = await passes(again, clock, [20])  # 5 minutes without a pass: more than 3 passes
+    assert not r20.warned and IdleBook(store).tracks()[0].idle_since == T0 + timedelta(minutes=20)
 
 
 async def test_host_readings_follow_the_scripted_utilization(tmp_path):

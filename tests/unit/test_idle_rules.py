@@ -22,11 +22,12 @@ def track(uuid: str = "GPU-a") -> GpuTrack:
     return GpuTrack(node="n1", gpu_uuid=uuid, user="alice", server="")
 
 
-def replay(readings: list[tuple[float, float | None]], threshold: float = 5.0, uuid: str = "GPU-a") -> GpuTrack:
-    """Feed (minute, reading) pairs through ``advance``."""
+def replay(readings: list[tuple[float, float | None]], threshold: float = 5.0, uuid: str = "GPU-a",
+           stale_after: float = 2.0) -> GpuTrack:
+    """Feed (minute, reading) pairs through ``advance``; ``stale_after`` in minutes."""
     t = track(uuid)
     for minute, value in readings:
-        t = advance(t, value, threshold, at(minute), "host")
+        t = advance(t, value, threshold, at(minute), "host", stale_after=timedelta(minutes=stale_after))
     return t
 
 
@@ -42,8 +43,32 @@ def replay(readings: list[tuple[float, float | None]], threshold: float = 5.0, u
     ([(0, 0.0), (5, None)], None),
 ])
 def test_the_idle_clock_of_one_gpu(readings, idle_since):
-    t = replay(readings)
+    # Readings 5 minutes apart, fresh under a 10-minute staleness bound.
+    t = replay(readings, stale_after=10)
     assert t.idle_since == (None if idle_since is None else at(idle_since))
+
+
+# Time with no readings is not idle time: a gap longer than the staleness bound (2 min here)
+# between two idle readings restarts the clock at the reading after the gap.
+@pytest.mark.parametrize("case, readings, idle_since", [
+    ("readings every minute", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.0)], 0),
+    ("a gap of exactly the bound still counts", [(0, 0.0), (2, 0.0), (3, 0.0)], 0),
+    ("the service was down 35 min", [(0, 0.0), (1, 0.0), (36, 0.0)], 36),
+    ("a delayed pass, 2.5 min", [(0, 0.0), (1, 0.0), (3.5, 0.0), (4, 0.0)], 3.5),
+    ("idle again after a gap, then steady", [(0, 0.0), (30, 0.0), (31, 0.0), (32, 0.0)], 30),
+    ("busy before the gap, idle after", [(0, 90.0), (30, 0.0)], 30),
+    ("a gap ends in a busy reading", [(0, 0.0), (30, 80.0)], None),
+])
+def test_a_gap_in_readings_restarts_the_idle_clock(case, readings, idle_since):
+    t = replay(readings, stale_after=2)
+    assert t.idle_since == (None if idle_since is None else at(idle_since)), case
+
+
+def test_after_a_gap_the_server_is_judged_from_the_reading_after_it():
+    """The service down from 10:01 to 10:36 with a 30-minute limit: idle 1 minute then, not 36."""
+    t = replay([(0, 0.0), (1, 0.0), (36, 0.0)], stale_after=2)
+    verdict = judge([t], RULE, at(36), stale_after=timedelta(minutes=2))
+    assert verdict.action == IDLE and verdict.idle_for == timedelta(0) and verdict.stop_at == at(66)
 
 
 def test_a_missing_reading_keeps_the_time_of_the_last_real_one():
@@ -66,7 +91,7 @@ RULE = IdleRule(minutes=30, threshold=5, warn_minutes=10)
     (0, IDLE), (19.9, IDLE), (20, WARN), (29.9, WARN), (30, STOP), (45, STOP),
 ])
 def test_warning_comes_warn_minutes_before_the_stop(idle_minutes, action):
-    t = replay([(0, 0.0), (idle_minutes, 0.0)])
+    t = replay([(m / 2, 0.0) for m in range(0, int(idle_minutes * 2) + 1)] + [(idle_minutes, 0.0)])
     verdict = judge([t], RULE, at(idle_minutes))
     assert verdict.action == action
     assert verdict.stop_at == at(30)
@@ -79,11 +104,11 @@ def test_the_warning_lead_is_at_most_half_the_limit(minutes, warn, lead):
 
 
 def test_all_gpus_of_a_server_must_be_idle_and_the_latest_clock_counts():
-    a = replay([(0, 0.0), (25, 0.0)], uuid="GPU-a")
-    b = replay([(0, 90.0), (10, 0.0), (25, 0.0)], uuid="GPU-b")
+    a = replay([(0, 0.0), (25, 0.0)], uuid="GPU-a", stale_after=30)
+    b = replay([(0, 90.0), (10, 0.0), (25, 0.0)], uuid="GPU-b", stale_after=30)
     verdict = judge([a, b], RULE, at(25))
     assert verdict.action == IDLE and verdict.idle_for == timedelta(minutes=15) and verdict.stop_at == at(40)
-    busy = replay([(0, 0.0), (25, 60.0)], uuid="GPU-b")
+    busy = replay([(0, 0.0), (25, 60.0)], uuid="GPU-b", stale_after=30)
     assert judge([a, busy], RULE, at(25)).action == BUSY
 
 
@@ -92,7 +117,7 @@ def test_all_gpus_of_a_server_must_be_idle_and_the_latest_clock_counts():
     ("never read", [None], 5, UNKNOWN),
     ("last reading is stale", [(0, 0.0)], 40, UNKNOWN),
     ("reading just missing this pass", [(0, 0.0), (1, None)], 1, UNKNOWN),
-    ("fresh enough", [(0, 0.0), (39, 0.0)], 40, STOP),
+    ("fresh enough", [(m, 0.0) for m in range(40)], 40, STOP),
 ])
 def test_missing_readings_never_count_as_idle(case, tracks_at, now, action):
     if tracks_at == []:
@@ -105,7 +130,7 @@ def test_missing_readings_never_count_as_idle(case, tracks_at, now, action):
 
 
 def test_off_and_exempt_win_over_everything():
-    t = replay([(0, 0.0), (60, 0.0)])
+    t = replay([(0, 0.0), (60, 0.0)], stale_after=60)
     assert judge([t], IdleRule(minutes=0), at(60)).action == OFF
     assert judge([t], RULE, at(60), exempt=True).action == EXEMPT
     assert judge([], RULE, at(60), exempt=True).action == EXEMPT

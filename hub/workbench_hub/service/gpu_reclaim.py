@@ -23,7 +23,9 @@ default 30; 0 turns the loop off), in the workbench service:
 A server is stopped only after a warning it could see: if a pass finds a
 server past its limit with no warning yet (the loop was down, the limit was
 lowered), it warns now and stops a lead time later. A server whose readings
-are missing is left alone, and the log says so once per server.
+are missing is left alone, and the log says so once per server; after a gap
+in readings longer than three passes (the service was down, a pass ran
+late) the idle clocks start again: time nobody watched is not idle time.
 """
 
 from __future__ import annotations
@@ -128,7 +130,8 @@ class Reclaimer:
                 previous = old.get((node, uuid))
                 if previous is None or (previous.user, previous.server) != key:
                     previous = GpuTrack(node=node, gpu_uuid=uuid, user=lease.user, server=lease.server)
-                server_tracks.append(advance(previous, readings.get(uuid), rule.threshold, now, source.name))
+                server_tracks.append(advance(previous, readings.get(uuid), rule.threshold, now, source.name,
+                                             stale_after=self.stale_after))
             tracks.extend(server_tracks)
             exempt = is_exempt(groups.get(lease.user, []), exempt_groups)
             verdict = judge(server_tracks, rule, now, exempt=exempt, stale_after=self.stale_after)
