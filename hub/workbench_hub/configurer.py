@@ -118,13 +118,39 @@ def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
     c.JupyterHub.cleanup_servers = False
 
 
+AUTHENTICATORS = ("native", "pam")
+
+
 def update_auth(c: Config, env: Env) -> None:
-    """Who can log in: NativeAuthenticator sign-ups, admins by name."""
+    """Who can log in, admins by name.
+
+    ``WORKBENCH_AUTHENTICATOR=native`` (default): NativeAuthenticator sign-ups
+    that an admin authorizes. ``pam``: the host's own accounts (JupyterHub's
+    PAMAuthenticator), what a Slurm head node needs, since jobs run as the
+    hub user's Unix account; ``WORKBENCH_PAM_GROUPS`` limits it to members of
+    those Unix groups. LDAP and other authenticators go in the local config
+    file (docs/slurm.md).
+    """
     import nativeauthenticator
 
+    c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "admin"))
+    kind = text(env, "WORKBENCH_AUTHENTICATOR", "native").lower() or "native"
+    if kind not in AUTHENTICATORS:
+        raise ConfigError(f"WORKBENCH_AUTHENTICATOR={kind!r} is not available; use 'native' (sign-up with admin "
+                          "authorization) or 'pam' (this host's Unix accounts)")
+    if kind == "pam":
+        c.JupyterHub.authenticator_class = "pam"
+        groups = comma_list(env, "WORKBENCH_PAM_GROUPS")
+        if groups:
+            c.PAMAuthenticator.allowed_groups = set(groups)
+        else:
+            c.Authenticator.allow_all = True  # every account of the host that PAM accepts
+        return
+    if text(env, "WORKBENCH_PAM_GROUPS"):
+        raise ConfigError("WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'; set "
+                          "WORKBENCH_AUTHENTICATOR=pam or unset WORKBENCH_PAM_GROUPS")
     c.JupyterHub.authenticator_class = "workbench_hub.auth.WorkbenchAuthenticator"
     c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
-    c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "admin"))
     # NativeAuthenticator itself refuses sign-ups an admin has not authorized;
     # every authorized account may use the hub.
     c.Authenticator.allow_all = True

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from .configurer import ConfigError, Env, number, text
+from .configurer import ConfigError, Env, comma_list, number, text
 
 
 def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
@@ -26,6 +26,10 @@ def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
     spawner.slurm_partition = text(env, "WORKBENCH_SLURM_PARTITION")
     spawner.slurm_account = text(env, "WORKBENCH_SLURM_ACCOUNT")
     spawner.slurm_qos = text(env, "WORKBENCH_SLURM_QOS")
+    # Partitions a user may pick with the `partition` spawn option (empty: any of the cluster's).
+    spawner.slurm_partitions = comma_list(env, "WORKBENCH_SLURM_PARTITIONS")
+    # Jobs run as the user's own account: never as root or another system account.
+    spawner.slurm_min_uid = number(env, "WORKBENCH_SLURM_MIN_UID", "1000", int)
     extra = text(env, "WORKBENCH_SLURM_EXTRA_OPTIONS")
     try:
         shlex.split(extra)

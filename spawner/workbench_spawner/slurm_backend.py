@@ -8,42 +8,58 @@ wait: ``SlurmPlacement`` follows the job, shows Slurm's reason and position,
 cancels it at the queue timeout, and writes the lease once Slurm has placed
 it and the job reported its GPU UUIDs (see ``slurm_singleuser``).
 
-Reconcile rule after a hub restart (servers keep running: cleanup_servers is
-False): every job carries the tag ``workbench:<user>/<server>`` in its
-comment. A lease whose job is no longer running is released and its ledger
-entry closed. A running tagged job without a lease is adopted when none of
-its GPUs is leased to someone else, else cancelled. A tagged job still
-pending has lost the spawn that waited for it, and is cancelled.
+Around Slurm's queue the workbench keeps its own rules: open reservations
+hold a non-member's request back before it is submitted, fair share
+reorders the workbench's pending jobs (``slurm_fairness``). Every job
+carries the tag ``workbench:<hub id>:<user>/<server>`` in its comment; after
+a hub restart (servers keep running: cleanup_servers is False) leases and
+jobs are reconciled by it (``slurm_reconcile``). The job's start report
+reaches the hub through our handler, not batchspawner's
+(``slurm_report_api``).
 
 What this class changes in batchspawner 1.3.0 for JupyterHub 6 (see README):
 the start is ours (the stock loop has no queue timeout and never cancels a
 pending job when the spawn is abandoned), the server address is the node's
 ``NodeAddr`` (the stock one is the node name, which need not resolve on the
-hub), and ``--get-user-env=L`` resetting PATH is undone in the batch script.
+hub), ``--get-user-env=L`` resetting PATH is undone in the batch script, a
+requeued job ends its server and a stop with no job id cancels by tag
+(``slurm_job_spawner``), and batchspawner's API handler, which lets a job set
+any spawner attribute, is replaced.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pwd
 import shlex
-import sys
-from dataclasses import replace
+from dataclasses import asdict, replace
 
-from batchspawner import SlurmSpawner
 from jupyterhub.spawner import SpawnException
-from traitlets import Dict, Float, Unicode, default
+from traitlets import Dict, default
 
-from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
+from workbench_devices import DeviceInventory, parse_simulated_spec
 
+from . import slurm_report_api
 from .mixin import GPUSpawnerMixin
+from .notices import NoticeBook
 from .placement import NoGPUAvailable
 from .policy import GPUPolicy, shared_policy
+from .quota import gpu_hours_used
 from .settings import resolve_policy_settings
-from .slurm_jobs import NodeReport, SlurmNode, SlurmUnavailable, cancel, list_jobs, list_nodes, partitions, \
+from .clock import hub_clock, zone
+from .slurm_fairness import SlurmReservations
+from .slurm_inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid, resolve
+from .slurm_job_spawner import SlurmJobSpawner, SlurmPolicy
+from .slurm_jobs import NodeReport, SlurmUnavailable, cancel, list_jobs, list_nodes, partitions, sbatch_failure, \
     sbatch_options
 from .slurm_placement import SlurmPlacement
+from .slurm_reconcile import reconcile_jobs
+from .slurm_traits import SlurmTraits
 from .store import AllocationStore, Lease
+
+# batchspawner's /hub/api/batchspawner sets any spawner attribute a job posts: ours takes a start report only.
+slurm_report_api.install()
 
 BATCH_SCRIPT = """#!/bin/bash
 {% for opt in sbatch_lines %}#SBATCH {{opt}}
@@ -61,96 +77,8 @@ trap 'echo SIGTERM received' TERM
 """
 
 
-def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInventory:
-    """Every GPU of the cluster from Slurm's node records, one device per (node, GRES index).
-
-    Simulated GPUs take the UUIDs each node's jobs will report
-    (``GPU-sim-<node>-NN-...``); real GPUs are named ``SLURM-<node>-gpuN`` here
-    until a job on the node reports their UUIDs (the lease always holds the
-    reported ones).
-    """
-    devices: list[GPUDevice] = []
-    for node in nodes:
-        simulated = parse_simulated_spec(simulated_spec, node.name) if simulated_spec.strip() not in ("", "0") else []
-        for index in range(node.gpu_count):
-            if index < len(simulated):
-                devices.append(replace(simulated[index], index=index, node=node.name))
-            else:
-                devices.append(GPUDevice(uuid=f"SLURM-{node.name}-gpu{index}", index=index,
-                                         name=f"{node.gpu_type or 'GPU'} on {node.name}",
-                                         memory_total_bytes=0,
-                                         model=(node.gpu_type or "").upper(), node=node.name))
-    source = "simulated" if simulated_spec.strip() not in ("", "0") else "slurm"
-    names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
-    label = "simulated GPU(s), readings made up" if source == "simulated" else "GPU(s)"
-    return DeviceInventory(source, devices, f"{len(devices)} {label} on Slurm nodes {names}")
-
-
-class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
+class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
     """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view."""
-
-    slurm_partition = Unicode(
-        help="""
-        Partition every job goes to unless the user picks another allowed one
-        (``partition`` spawn option). Empty: Slurm's default partition.
-        Defaults to $WORKBENCH_SLURM_PARTITION.
-        """,
-    ).tag(config=True)
-
-    @default("slurm_partition")
-    def _default_slurm_partition(self):
-        return os.environ.get("WORKBENCH_SLURM_PARTITION", "")
-
-    slurm_account = Unicode(
-        help="Slurm account (``--account``) of every job. Defaults to $WORKBENCH_SLURM_ACCOUNT.",
-    ).tag(config=True)
-
-    @default("slurm_account")
-    def _default_slurm_account(self):
-        return os.environ.get("WORKBENCH_SLURM_ACCOUNT", "")
-
-    slurm_qos = Unicode(
-        help="""
-        Slurm QOS (``--qos``) of every job; a site backs our GPU quota with
-        the QOS's ``MaxTRESPerUser=gres/gpu=N``. Defaults to $WORKBENCH_SLURM_QOS.
-        """,
-    ).tag(config=True)
-
-    @default("slurm_qos")
-    def _default_slurm_qos(self):
-        return os.environ.get("WORKBENCH_SLURM_QOS", "")
-
-    slurm_extra_options = Unicode(
-        help="""
-        More sbatch options for every job, as one shell-quoted string
-        (``--constraint=ib --exclusive``), each put on its own ``#SBATCH``
-        line after ours. Defaults to $WORKBENCH_SLURM_EXTRA_OPTIONS.
-        """,
-    ).tag(config=True)
-
-    @default("slurm_extra_options")
-    def _default_slurm_extra_options(self):
-        return os.environ.get("WORKBENCH_SLURM_EXTRA_OPTIONS", "")
-
-    slurm_env_prefix = Unicode(
-        help="""
-        The workbench single-user environment on storage every node mounts
-        (a venv or conda env with ``jupyterhub-singleuser``, JupyterLab and
-        the GPU monitor). Its ``bin`` goes first on the job's PATH. Defaults
-        to $WORKBENCH_SLURM_ENV, else the hub's own environment (right when
-        the hub's environment is itself on the shared storage).
-        """,
-    ).tag(config=True)
-
-    @default("slurm_env_prefix")
-    def _default_slurm_env_prefix(self):
-        return os.environ.get("WORKBENCH_SLURM_ENV") or sys.prefix
-
-    slurm_poll_interval = Float(
-        1.0,
-        min=0.1,
-        help="Seconds between looks at Slurm's queue while a job is pending or starting.",
-    ).tag(config=True)
 
     workbench_report = Dict(
         allow_none=True,
@@ -183,7 +111,9 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
 
     @classmethod
     def policy_inventory(cls, config_obj) -> DeviceInventory:
-        """The hub's GPU list for admission, the stored settings and the fleet view (blocking)."""
+        """The cluster's GPUs from Slurm's node records, read once per hub process (blocking).
+
+        Nodes added to the cluster later are seen after a hub restart."""
         key = config_obj.simulated_gpus
         if key not in _inventories:
             try:
@@ -200,38 +130,79 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
 
         def build() -> GPUPolicy:
             store = AllocationStore(settings.db_url)
-            placement = SlurmPlacement(store, lambda: len(settings.inventory.devices), self.slurm_poll_interval)
-            return GPUPolicy(settings, store, placement)
+
+            def inventory() -> DeviceInventory:
+                return resolve(settings.inventory, NodeGPUMap(store).known())
+
+            reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
+                                             hub_clock(settings.test_clock_file))
+            placement = SlurmPlacement(store, inventory, self.slurm_poll_interval, queue_order=settings.queue_order,
+                                       aging_minutes=settings.queue_aging_minutes, reservations=reservations,
+                                       gpu_hours=lambda user: gpu_hours_used(store, user))
+            return SlurmPolicy(settings, store, placement)
 
         policy = shared_policy(key, build)
         policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
         return policy
 
+    def hub_id(self) -> str:
+        """This hub's id (blocking: the GPU database), the first part of its jobs' tags."""
+        return hub_id(self.gpu_policy_store())
+
     # -- options ---------------------------------------------------------------------------------
 
     async def _apply_gpu_options(self, user_options: dict) -> None:
         options = dict(user_options or {})
+        self.slurm_partition_choice = ""  # a partition picked for one start does not stick to the next
+        await asyncio.to_thread(self._check_account)
         choice = options.pop("partition", None)
         if choice is not None:
-            offered = await asyncio.to_thread(partitions)
-            if not isinstance(choice, str) or choice.strip() not in offered:
-                raise SpawnException(
-                    f"Cannot start the server: partition {str(choice)[:60]!r} is not a partition of this "
-                    f"cluster; choose one of: {', '.join(offered)}.", reason="bad_options", status_code=400)
-            self.slurm_partition_choice = choice.strip()
+            self.slurm_partition_choice = await self._allowed_partition(choice)
         await super()._apply_gpu_options(options)
 
-    def sbatch_lines(self, session_hours: float | None) -> list[str]:
+    def _check_account(self) -> None:
+        """Jobs run as the user's Unix account: it must exist and not be a system account."""
+        name = self.user.name
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            raise SpawnException(
+                f"Cannot start the server: there is no Unix account named {name!r} on the hub's host, and Slurm "
+                "jobs run as the user's own account; ask a hub admin to create it (or to log people in with "
+                "PAM or LDAP, docs/slurm.md).", reason="no_account", status_code=403) from None
+        if uid < self.slurm_min_uid:
+            raise SpawnException(
+                f"Cannot start the server: {name!r} is a system account (uid {uid}), and Slurm jobs never run as "
+                f"one; log in with your own account.", reason="system_account", status_code=403)
+
+    async def _allowed_partition(self, choice: object) -> str:
+        try:
+            offered = await asyncio.to_thread(partitions)
+        except SlurmUnavailable as exc:
+            raise SpawnException(
+                f"Cannot start the server: Slurm's controller did not answer ({str(exc)[:200]}), so nothing was "
+                "submitted. Try again in a minute; if it persists, tell a hub admin.",
+                reason="slurm_unavailable", status_code=503) from None
+        allowed = [p for p in offered if not self.slurm_partitions or p in self.slurm_partitions]
+        name = choice.strip() if isinstance(choice, str) else ""
+        if name not in allowed:
+            raise SpawnException(
+                f"Cannot start the server: partition {str(choice)[:60]!r} is not a partition you may use on "
+                f"this cluster; choose one of: {', '.join(allowed) or '(none)'}.",
+                reason="bad_options", status_code=400)
+        return name
+
+    def sbatch_lines(self, session_hours: float | None, hub: str = "") -> list[str]:
         request = self.gpu_request
         return sbatch_options(
             user=self.user.name, server=self.name, gpus=request.gpus, model=request.gpu_model,
             cpus=self.cpu_limit or 1, mem_bytes=self.mem_limit, session_hours=session_hours,
             partition=self.slurm_partition_choice or self.slurm_partition, account=self.slurm_account,
-            qos=self.slurm_qos, extra=self.slurm_extra_options)
+            qos=self.slurm_qos, extra=self.slurm_extra_options, hub=hub)
 
     async def _get_batch_script(self, **subvars):
-        hours = await asyncio.to_thread(self._session_hours)
-        subvars.update(sbatch_lines=self.sbatch_lines(hours), env_bin=shlex.quote(
+        hours, hub = await asyncio.to_thread(lambda: (self._session_hours(), self.hub_id()))
+        subvars.update(sbatch_lines=self.sbatch_lines(hours, hub), env_bin=shlex.quote(
             os.path.join(self.slurm_env_prefix, "bin")))
         return await super()._get_batch_script(**subvars)
 
@@ -251,25 +222,21 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
             self.server.port = self.port
         request = self.gpu_request
         try:
-            try:
-                await self.submit_batch_script()
-            except RuntimeError as exc:
-                raise SpawnException(f"Slurm refused the job: {str(exc).strip()[:300]}",
-                                     reason="bad_options", status_code=400) from None
-            if not self.job_id:
-                raise SpawnException("Slurm did not say which job it made; nothing was started.",
-                                     status_code=500)
-            self._gpu_events.add(f"Submitted Slurm job {self.job_id}", 5)
             policy = await self._policy()
+            # Starting again: the spawn page's "why your server stopped" has been read.
+            await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
+            placement = policy.placement
+            assert isinstance(placement, SlurmPlacement)
+            deadline = placement.clock() + self.gpu_queue_timeout
+            groups = await asyncio.to_thread(lambda: tuple(sorted(g.name for g in self.user.groups or [])))
             try:
-                lease = await self._place(policy, request)
+                await placement.admit_to_queue(request.gpus, request.gpu_model, groups, deadline,
+                                               describe=lambda text: self._gpu_events.add(text, 3))
+                await self._submit()
+                lease = await self._place(placement, request, groups, deadline)
             except NoGPUAvailable as exc:
                 self.clear_state()
                 raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
-            except BaseException:
-                # The hub gave up on the spawn (start_timeout, the user cancelled): no job may stay behind.
-                await self._cancel_quietly()
-                raise
             self.gpu_uuids = list(lease.gpu_uuids) if lease else []
             self._gpu_events.add(
                 f"Running on {self._job_node} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
@@ -278,39 +245,58 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
             self.ip = await asyncio.to_thread(self._node_address, self._job_node)
             return self.ip, self.port
         except BaseException:
+            # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): no job stays.
+            await self._cancel_quietly()
             await asyncio.to_thread(self._release, "start failed")
             raise
         finally:
             self._gpu_starting = False
 
-    async def _place(self, policy: GPUPolicy, request) -> Lease | None:
+    async def _submit(self) -> None:
+        try:
+            await self.submit_batch_script()
+        except RuntimeError as exc:
+            # sbatch failed, or was killed because the spawn was abandoned: a job may exist all the same.
+            self.job_id = ""
+            await self._cancel_quietly()
+            status, message = sbatch_failure(str(exc))
+            raise SpawnException(message, reason="slurm_refused" if status == 400 else "slurm_unavailable",
+                                 status_code=status) from None
+        if not self.job_id:
+            raise SpawnException("Slurm did not say which job it made; nothing was started.",
+                                 reason="slurm_refused", status_code=500)
+        self._gpu_events.add(f"Submitted Slurm job {self.job_id}", 5)
+
+    async def _place(self, placement: SlurmPlacement, request, groups: tuple[str, ...],
+                     deadline: float) -> Lease | None:
         self._job_node = ""
 
         def started() -> NodeReport | None:
             report = NodeReport.from_json(self.workbench_report)
             return self._trusted(report) if report else None
 
-        placement = policy.placement
-        assert isinstance(placement, SlurmPlacement)
         lease = await placement.place(
-            self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout,
-            job_id=self.job_id, started=started, describe=lambda text: self._gpu_events.add(text, 20))
+            self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout, groups=groups,
+            job_id=self.job_id, started=started, describe=lambda text: self._gpu_events.add(text, 20),
+            deadline=deadline)
         report = NodeReport.from_json(self.workbench_report)
         self._job_node = lease.node if lease else (report.node if report else "")
-        return lease if request.gpus else None
+        return lease
 
     def _trusted(self, report: NodeReport) -> NodeReport:
-        """The report with the node's GPU list from the hub where it knows it (simulated nodes).
+        """The report, checked against what the hub knows of the node (blocking: the GPU database).
 
-        The report comes from a process the user controls; where the hub can
-        compute the node's UUIDs itself, it uses its own list, so a forged
-        report cannot name another node's GPUs.
+        The report comes from a process the user controls. Where the hub can
+        compute the node's UUIDs itself (simulated nodes) it uses its own list;
+        otherwise the node's GPUs must agree with what earlier jobs reported
+        there (``NodeGPUMap``, raising ``MapConflict``), so a forged report
+        cannot name another node's GPUs or rename this one's.
         """
         known = [d for d in parse_simulated_spec(self.simulated_gpus, report.node)] \
             if self.simulated_gpus.strip() not in ("", "0") else []
         if not known:
+            NodeGPUMap(self.gpu_policy_store()).accept(report)
             return report
-        from dataclasses import asdict
         return replace(report, gpus=tuple(asdict(d) for d in known))
 
     def _node_address(self, node: str) -> str:
@@ -320,19 +306,12 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
             nodes = {}
         return nodes.get(node) or node or self.state_gethost()
 
-    async def _cancel_quietly(self) -> None:
-        if self.job_id:
-            try:
-                await asyncio.to_thread(cancel, self.job_id)
-            except SlurmUnavailable as exc:
-                self.log.warning("Could not cancel Slurm job %s: %s", self.job_id, exc)
-
     async def stop(self, now=False):
         # A job that never started is cancelled too (batchspawner's stop only scancels).
         try:
-            await SlurmSpawner.stop(self, now=now)
+            await SlurmJobSpawner.stop(self, now=now)
         finally:
-            await asyncio.to_thread(self._release, "stopped")
+            await asyncio.to_thread(self._release_on_stop)
 
     def gpu_lease_ref(self) -> str:
         return f"slurm:{self.job_id}" if self.job_id else ""
@@ -348,38 +327,28 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmSpawner):
         return bool(job and job.running)
 
     def gpu_reconcile_orphans(self) -> None:
-        """Adopt or cancel tagged jobs without a lease; cancel tagged jobs left pending."""
+        """Adopt or cancel this hub's tagged jobs without a lease (``slurm_reconcile``)."""
         try:
             jobs = list_jobs()
         except SlurmUnavailable as exc:
             self.log.warning("Cannot list Slurm jobs to reconcile GPU leases: %s", exc)
             return
         store = self.gpu_policy_store()
-        leased = {(l.user, l.server) for l in store.leases()}
-        inventory = self.policy_inventory(self)
-        by_node_index = {}
-        if inventory.source == "simulated":
-            for node in {j.node for j in jobs if j.node}:
-                for d in parse_simulated_spec(self.simulated_gpus, node):
-                    by_node_index[(node, d.index)] = d.uuid
-        for job in jobs:
-            tag = job.tag
-            if tag is None or tag in leased:
-                continue
-            if job.pending:
-                self.log.warning("Cancelling pending Slurm job %s of %s/%s: no spawn waits for it any more",
-                                 job.job_id, *tag)
-                cancel(job.job_id)
-                continue
-            if not job.running:
-                continue
-            uuids = [by_node_index.get((job.node, i)) for i in job.gpu_indices]
-            if None not in uuids and store.adopt(tag[0], tag[1], uuids, f"slurm:{job.job_id}", None, job.node):
-                self.log.info("Adopted Slurm job %s of %s/%s on %s with GPU(s) %s", job.job_id, *tag, job.node, uuids)
-            else:
-                self.log.warning("Cancelling Slurm job %s of %s/%s: its GPUs are leased to another server or "
-                                 "unknown to the hub", job.job_id, *tag)
-                cancel(job.job_id)
+        inventory = resolve(self.policy_inventory(self), NodeGPUMap(store).known())
+        by_place = {(d.node, d.index): d.uuid for d in inventory.devices
+                    if not d.uuid.startswith(placeholder_uuid(d.node, d.index))}
+
+        def adopt(user, server, uuids, ref, since, node) -> bool:
+            return store.adopt(user, server, uuids, ref, since, node)
+
+        def cancel_quietly(job_id: str) -> None:
+            try:
+                cancel(job_id)
+            except SlurmUnavailable as exc:
+                self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
+
+        reconcile_jobs(jobs, store.leases(), hub_id(store), lambda node, index: by_place.get((node, index)),
+                       adopt, cancel_quietly)
 
     def gpu_policy_store(self) -> AllocationStore:
         # Inside reconcile, gpu_policy is being built: its store is the one shared policy's.

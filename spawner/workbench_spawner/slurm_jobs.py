@@ -41,23 +41,47 @@ REASON_WORDS = {
     "None": "Slurm has not looked at it yet",
 }
 
-# Pending reasons that no amount of waiting fixes: the spawn is cancelled at once.
+# Pending reasons that no amount of waiting fixes: the spawn is cancelled at once. Not
+# ReqNodeNotAvail: a drained or rebooting node comes back, so that job waits out the queue timeout.
 HOPELESS_REASONS = ("PartitionConfig", "BadConstraints", "InvalidQOS", "InvalidAccount",
-                    "QOSMaxWallDurationPerJobLimit", "PartitionTimeLimit", "ReqNodeNotAvail, UnavailableNodes")
+                    "QOSMaxWallDurationPerJobLimit", "PartitionTimeLimit")
 
 
-def job_tag(user: str, server: str) -> str:
-    """The tag every job of ours carries (``--comment``): how a restarted hub finds its jobs."""
-    return f"{TAG_PREFIX}{quote(user, safe='')}/{quote(server, safe='')}"
+_HUB_ID = re.compile(r"^(?P<hub>[0-9a-f]{6,32}):")
+
+
+def job_tag(user: str, server: str, hub: str = "") -> str:
+    """The tag every job of ours carries (``--comment``): how a restarted hub finds its jobs.
+
+    ``workbench:<hub>:<user>/<server>``, where ``hub`` is the hub's id (kept in
+    its GPU database, ``settings.hub_id``): two hubs on one cluster each find
+    their own jobs and leave the other's alone. User and server are
+    percent-quoted, so neither can contain the ``:`` or ``/`` that separate them.
+    """
+    who = f"{quote(user, safe='')}/{quote(server, safe='')}"
+    return f"{TAG_PREFIX}{hub}:{who}" if hub else f"{TAG_PREFIX}{who}"
+
+
+def parse_tag_with_hub(comment: str | None) -> tuple[str, str, str] | None:
+    """(hub id, user, server) from a job's comment (hub id "" for a tag without one), or None."""
+    text = (comment or "").strip()
+    if not text.startswith(TAG_PREFIX):
+        return None
+    rest = text[len(TAG_PREFIX):]
+    hub = ""
+    found = _HUB_ID.match(rest)
+    if found:
+        hub, rest = found.group("hub"), rest[found.end():]
+    if "/" not in rest:
+        return None
+    user, _, server = rest.partition("/")
+    return (hub, unquote(user), unquote(server)) if user else None
 
 
 def parse_tag(comment: str | None) -> tuple[str, str] | None:
     """(user, server) from a job's comment, or None for a job that is not ours."""
-    text = (comment or "").strip()
-    if not text.startswith(TAG_PREFIX) or "/" not in text:
-        return None
-    user, _, server = text[len(TAG_PREFIX):].partition("/")
-    return (unquote(user), unquote(server)) if user else None
+    parsed = parse_tag_with_hub(comment)
+    return parsed[1:] if parsed else None
 
 
 _GRES = re.compile(r"^gpu(?::(?P<type>[^:(]+))?(?::(?P<count>\d+))?(?:\((?:IDX:)?(?P<idx>[^)]*)\))?$")
@@ -116,10 +140,16 @@ class SlurmJob:
     priority: int = 0
     submit_time: int = 0
     partition: str = ""
+    start_time: int = 0
 
     @property
     def tag(self) -> tuple[str, str] | None:
         return parse_tag(self.comment)
+
+    def belongs_to(self, hub: str) -> bool:
+        """A job of the hub with id ``hub`` (a tag without a hub id belongs to every hub)."""
+        parsed = parse_tag_with_hub(self.comment)
+        return parsed is not None and parsed[0] in ("", hub)
 
     @property
     def pending(self) -> bool:
@@ -175,6 +205,7 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
             priority=_number(job.get("priority")),
             submit_time=_number(job.get("submit_time")),
             partition=str(job.get("partition", "")),
+            start_time=_number(job.get("start_time")),
         ))
     return jobs
 
@@ -235,7 +266,9 @@ def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
 
 def pending_message(job: SlurmJob, ahead: int, total_gpus: int, what: str) -> str:
     """The progress line for a pending job: Slurm's reason in words, and the position."""
-    words = REASON_WORDS.get(job.reason, "Slurm keeps it pending").format(total=total_gpus)
+    # "ReqNodeNotAvail, UnavailableNodes:n2" is a ReqNodeNotAvail: the words go by the first one.
+    key = re.split(r"[ ,:(]", job.reason or "", maxsplit=1)[0]
+    words = REASON_WORDS.get(key, "Slurm keeps it pending").format(total=total_gpus)
     position = f"{ahead} job{'s' if ahead != 1 else ''} ahead" if ahead else "next in line"
     return f"Waiting for {what}: {words} (Slurm: {job.reason or 'pending'}), {position}"
 
@@ -271,9 +304,17 @@ def gres_for(gpus: int, model: str | None) -> str | None:
 
 def sbatch_options(*, user: str, server: str, gpus: int, model: str | None = None, cpus: float | None = None,
                    mem_bytes: int | float | None = None, session_hours: float | None = None,
-                   partition: str = "", account: str = "", qos: str = "", extra: str = "") -> list[str]:
-    """Every sbatch option of one server's job, in order (each goes on an ``#SBATCH`` line)."""
-    opts = [f"--job-name=wb-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)[:40]}", f"--comment={job_tag(user, server)}"]
+                   partition: str = "", account: str = "", qos: str = "", extra: str = "",
+                   hub: str = "") -> list[str]:
+    """Every sbatch option of one server's job, in order (each goes on an ``#SBATCH`` line).
+
+    ``--no-requeue``: Slurm requeues a batch job whose node failed (``JobRequeue=1``
+    is its default), which would bring the server back on another node with a
+    new port while the hub still holds the old lease; a failed node ends the
+    server instead, and the user starts a new one.
+    """
+    opts = [f"--job-name=wb-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)[:40]}",
+            f"--comment={job_tag(user, server, hub)}", "--no-requeue"]
     gres = gres_for(gpus, model)
     if gres:
         opts.append(f"--gres={gres}")
@@ -324,6 +365,37 @@ def partitions() -> list[str]:
 
 def cancel(job_id: str) -> None:
     run_slurm(["scancel", str(job_id)])
+
+
+def cancel_tagged(tag: str, jobs: Sequence[SlurmJob] | None = None) -> list[str]:
+    """Cancel every pending or running job whose comment is ``tag``; their ids.
+
+    For a spawn abandoned while ``sbatch`` still ran: the job may exist though
+    the hub never learned its id."""
+    found = [j.job_id for j in (list_jobs() if jobs is None else jobs)
+             if j.comment.strip() == tag and (j.pending or j.running)]
+    for job_id in found:
+        cancel(job_id)
+    return found
+
+
+def set_priority(job_id: str, priority: int) -> None:
+    """Slurm's priority of a pending job (the hub runs as Slurm's operator: root on the head node)."""
+    run_slurm(["scontrol", "update", f"JobId={job_id}", f"Priority={int(priority)}"])
+
+
+# What sbatch says when the controller, not the request, is the problem.
+UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Zero Bytes were transmitted",
+               "Connection refused", "Communication connection failure")
+
+
+def sbatch_failure(message: str) -> tuple[int, str]:
+    """(HTTP status, sentence) for a failed sbatch: 503 when Slurm did not answer, else 400."""
+    text = " ".join((message or "").split())[:300] or "no message"
+    if any(words.lower() in text.lower() for words in UNREACHABLE):
+        return 503, (f"Slurm's controller did not answer, so no job was submitted ({text}). Try again in a "
+                     "minute; if it persists, tell a hub admin.")
+    return 400, f"Slurm refused the job: {text.rstrip('.')}."
 
 
 @dataclass(frozen=True)

@@ -206,10 +206,11 @@ class AllocationStore:
         raise RuntimeError(f"could not allocate GPUs for {user}/{server}: the database stayed contended")
 
     def adopt(self, user: str, server: str, gpu_uuids: Sequence[str], ref: str, since: datetime | None = None,
-              node: str = "") -> bool:
-        """Record a lease for a server found running without one (after a
-        lost database row). Refused, with no change, if any of its GPUs is
-        held by someone else now."""
+              node: str = "", groups: Sequence[str] = ()) -> bool:
+        """Record a lease for GPUs placed outside this store: a server found
+        running without one (after a lost database row), or a job an engine
+        such as Slurm placed. Refused, with no change, if any of its GPUs is
+        held by someone else now. ``groups`` as in ``allocate``."""
         try:
             with self._sessions.begin() as session:
                 taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
@@ -217,7 +218,8 @@ class AllocationStore:
                     return False
                 for uuid in gpu_uuids:
                     session.add(LeaseRow(gpu_uuid=uuid, slot=0, user=user, server=server,
-                                         since=since or utcnow(), ref=ref, node=node))
+                                         since=since or utcnow(), ref=ref, node=node,
+                                         groups=json.dumps(sorted(groups))))
             return True
         except IntegrityError:
             return False

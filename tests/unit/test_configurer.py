@@ -81,6 +81,14 @@ def role(c: Config, name: str) -> dict | None:
         ({"WORKBENCH_ADMIN_USERS": ""}, "Authenticator.admin_users", set()),
         ({}, "Authenticator.allow_all", True),
         ({}, "NativeAuthenticator.minimum_password_length", 8),
+        ({"WORKBENCH_AUTHENTICATOR": "native"}, "JupyterHub.authenticator_class",
+         "workbench_hub.auth.WorkbenchAuthenticator"),
+        # a Slurm head node: the host's own accounts, since jobs run as the user's Unix account
+        ({"WORKBENCH_AUTHENTICATOR": "PAM"}, "JupyterHub.authenticator_class", "pam"),
+        ({"WORKBENCH_AUTHENTICATOR": "pam"}, "Authenticator.allow_all", True),
+        ({"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}, "Authenticator.admin_users", {"ada"}),
+        ({"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_PAM_GROUPS": "gpu-users, staff"},
+         "PAMAuthenticator.allowed_groups", {"gpu-users", "staff"}),
         # the spawner
         ({}, "JupyterHub.spawner_class", "gpu-local"),
         ({"WORKBENCH_BACKEND": "LOCAL"}, "JupyterHub.spawner_class", "gpu-local"),
@@ -221,6 +229,8 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
         ({**DOCKER, "WORKBENCH_CPU_LIMIT": "many"}, "WORKBENCH_CPU_LIMIT must be a non-negative number, not 'many'"),
         ({"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
          "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores"),
+        ({"WORKBENCH_AUTHENTICATOR": "ldap"}, "WORKBENCH_AUTHENTICATOR='ldap' is not available; use 'native'"),
+        ({"WORKBENCH_PAM_GROUPS": "staff"}, "WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'"),
     ],
 )
 def test_bad_values_raise_one_config_error_with_a_sentence(env, message):

@@ -9,20 +9,23 @@ from traitlets.config import Config
 
 from workbench_hub.configurer import ConfigError
 from workbench_hub.slurm_config import update_slurm
-from workbench_spawner.slurm_backend import cluster_inventory
+from workbench_spawner.slurm_inventory import cluster_inventory
 from workbench_spawner.slurm_jobs import (
     NodeReport,
     SlurmJob,
     SlurmNode,
     gres_for,
+    is_hopeless,
     job_tag,
     parse_gres,
     parse_index_list,
     parse_sinfo_json,
     parse_squeue_json,
     parse_tag,
+    parse_tag_with_hub,
     pending_message,
     queue_position,
+    sbatch_failure,
     sbatch_options,
     time_limit,
 )
@@ -48,20 +51,58 @@ def test_gres_strings(gres, expected):
     assert parse_gres(gres) == expected
 
 
-@pytest.mark.parametrize("user, server", [("alice", ""), ("bob", "train"), ("a/b c", "x/y"), ("é", "")])
-def test_the_tag_round_trips_any_name(user, server):
-    assert parse_tag(job_tag(user, server)) == (user, server)
+@pytest.mark.parametrize("user, server", [("alice", ""), ("bob", "train"), ("a/b c", "x/y"), ("é", ""),
+                                          ("abcdef12:x", "y:z"), ("0a1b2c3d", "")])
+@pytest.mark.parametrize("hub", ["", "0a1b2c3d"])
+def test_the_tag_round_trips_any_name(user, server, hub):
+    assert parse_tag(job_tag(user, server, hub)) == (user, server)
+    assert parse_tag_with_hub(job_tag(user, server, hub)) == (hub, user, server)
 
 
-@pytest.mark.parametrize("comment", ["", None, "something else", "workbench:", "workbench:/x"])
+@pytest.mark.parametrize("comment, ours", [
+    ("workbench:0a1b2c3d:alice/", True),   # this hub's
+    ("workbench:alice/", True),            # a tag from before hub ids: every hub's
+    ("workbench:ffff0000:alice/", False),  # another hub's on the same cluster
+    ("", False), ("something", False),
+])
+def test_a_job_belongs_to_the_hub_that_tagged_it(comment, ours):
+    assert SlurmJob("1", "RUNNING", comment=comment).belongs_to("0a1b2c3d") is ours
+
+
+@pytest.mark.parametrize("comment", ["", None, "something else", "workbench:", "workbench:/x",
+                                     "workbench:0a1b2c3d:", "workbench:0a1b2c3d:/x"])
 def test_jobs_without_our_tag_are_not_ours(comment):
     assert parse_tag(comment) is None
+
+
+@pytest.mark.parametrize("reason, hopeless", [
+    ("PartitionConfig", True), ("InvalidQOS", True), ("QOSMaxWallDurationPerJobLimit", True),
+    ("Resources", False), ("Priority", False),
+    # A drained or rebooting node comes back: wait for it rather than cancel.
+    ("ReqNodeNotAvail, UnavailableNodes:wbnode2", False),
+])
+def test_only_reasons_no_wait_can_fix_cancel_at_once(reason, hopeless):
+    assert is_hopeless(reason) is hopeless
+
+
+@pytest.mark.parametrize("stderr, status, words", [
+    ("sbatch: error: Batch job submission failed: Invalid partition name specified", 400,
+     "Slurm refused the job: sbatch: error: Batch job submission failed: Invalid partition name specified."),
+    ("sbatch: error: Batch job submission failed: Unable to contact slurm controller (connect failure)", 503,
+     "Slurm's controller did not answer, so no job was submitted"),
+    ("sbatch: error: slurm_receive_msg: Socket timed out on send/recv operation", 503, "did not answer"),
+    ("", 400, "Slurm refused the job: no message."),
+])
+def test_a_failed_sbatch_says_whose_fault_it_is(stderr, status, words):
+    got_status, message = sbatch_failure(stderr)
+    assert got_status == status and words in message and message.endswith(".")
 
 
 SQUEUE = json.dumps({"jobs": [
     {"job_id": 7, "job_state": "RUNNING", "state_reason": "None", "batch_host": "wbnode2", "nodes": "wbnode2",
      "user_name": "alice", "comment": "workbench:alice/", "gres_detail": ["gpu:h100-80gb:1(IDX:1)"],
-     "tres_per_node": "gres:gpu:h100-80gb:1", "priority": 10, "submit_time": 100, "partition": "gpu"},
+     "tres_per_node": "gres:gpu:h100-80gb:1", "priority": 10, "submit_time": 100, "partition": "gpu",
+     "start_time": 160},
     {"job_id": 8, "job_state": "PENDING", "state_reason": "Resources", "batch_host": "", "nodes": "",
      "user_name": "bob", "comment": "", "gres_detail": [], "tres_per_node": "gres:gpu:2", "priority": 10,
      "submit_time": 101, "partition": "gpu"},
@@ -73,7 +114,8 @@ SQUEUE = json.dumps({"jobs": [
 
 def test_squeue_json_gives_node_indices_and_tag():
     jobs = parse_squeue_json(SQUEUE)
-    assert jobs[0] == SlurmJob("7", "RUNNING", "None", "wbnode2", "alice", "workbench:alice/", (1,), 1, 10, 100, "gpu")
+    assert jobs[0] == SlurmJob("7", "RUNNING", "None", "wbnode2", "alice", "workbench:alice/", (1,), 1, 10, 100, "gpu",
+                               start_time=160)
     assert jobs[0].running and jobs[0].tag == ("alice", "")
     assert jobs[1].pending and jobs[1].gpus_requested == 2 and jobs[1].tag is None
     # Position: same priority, earlier submit is ahead; the running job is not in line.
@@ -103,9 +145,10 @@ def test_sinfo_json_gives_gres_and_used_indices():
     (dict(gpus=0, extra="--constraint=ib --exclude='n1,n2'"), ["--constraint=ib", "--exclude=n1,n2"]),
 ])
 def test_sbatch_options(kwargs, expected):
-    opts = sbatch_options(user="al ice", server="s", **kwargs)
-    assert opts[:2] == ["--job-name=wb-al_ice", "--comment=workbench:al%20ice/s"]
-    assert opts[2:] == expected
+    opts = sbatch_options(user="al ice", server="s", hub="0a1b2c3d", **kwargs)
+    # Tagged with the hub's id; never requeued onto another node behind the hub's back.
+    assert opts[:3] == ["--job-name=wb-al_ice", "--comment=workbench:0a1b2c3d:al%20ice/s", "--no-requeue"]
+    assert opts[3:] == expected
 
 
 @pytest.mark.parametrize("hours, expected", [(None, None), (0, None), (0.001, "0-00:01:00"), (25, "1-01:00:00")])
@@ -154,7 +197,8 @@ def test_configurer_slurm_table(tmp_path):
     update_slurm(c, {"WORKBENCH_SLURM_PARTITION": "gpu", "WORKBENCH_SLURM_ACCOUNT": "cs101",
                      "WORKBENCH_SLURM_QOS": "students", "WORKBENCH_SLURM_EXTRA_OPTIONS": "--constraint=ib",
                      "WORKBENCH_SLURM_ENV": "/shared/wb-env", "WORKBENCH_HUB_CONNECT_IP": "head01",
-                     "WORKBENCH_SLURM_POLL_SECONDS": "5"}, tmp_path)
+                     "WORKBENCH_SLURM_POLL_SECONDS": "5", "WORKBENCH_SLURM_PARTITIONS": "gpu, debug",
+                     "WORKBENCH_SLURM_MIN_UID": "500"}, tmp_path)
     assert c.JupyterHub.spawner_class == "gpu-slurm"
     assert c.JupyterHub.hub_ip == "0.0.0.0" and c.JupyterHub.hub_connect_ip == "head01"
     s = c.SlurmGPUSpawner
@@ -163,8 +207,18 @@ def test_configurer_slurm_table(tmp_path):
     assert s.slurm_env_prefix == "/shared/wb-env"
     assert c.Spawner.cmd == ["/shared/wb-env/bin/jupyterhub-singleuser"]
     assert c.Spawner.poll_interval == 5
+    assert s.slurm_partitions == ["gpu", "debug"] and s.slurm_min_uid == 500
 
 
 def test_unreadable_extra_options_are_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="WORKBENCH_SLURM_EXTRA_OPTIONS cannot be read"):
         update_slurm(Config(), {"WORKBENCH_SLURM_EXTRA_OPTIONS": "--x='unclosed"}, tmp_path)
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"WORKBENCH_SLURM_MIN_UID": "-1"}, "WORKBENCH_SLURM_MIN_UID must be a non-negative whole number"),
+    ({"WORKBENCH_SLURM_MIN_UID": "root"}, "WORKBENCH_SLURM_MIN_UID must be a non-negative whole number"),
+])
+def test_a_bad_minimum_uid_is_a_config_error(tmp_path, env, words):
+    with pytest.raises(ConfigError, match=words):
+        update_slurm(Config(), env, tmp_path)

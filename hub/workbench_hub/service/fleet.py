@@ -11,7 +11,10 @@ Everything here is read from the GPU database the hub writes:
   with other settings is picked up without restarting the service. Before
   any hub stored them, ``SettingsMissing`` tells the handlers to answer 503;
 * the **leases** (who holds which GPU on which node, since when);
-* the **quota book** and the GPU-hours ledger.
+* the **quota book** and the GPU-hours ledger;
+* on Slurm, the **UUIDs jobs reported** for each node's GPUs
+  (``slurm_inventory.NodeGPUMap``), re-read with the settings, so a real GPU
+  shows under the UUID its lease holds.
 
 Live utilization and memory come from ``workbench_devices`` (NVML, or the
 simulated readings for a simulated inventory), cached for a second.
@@ -31,6 +34,7 @@ from workbench_devices import DeviceInventory
 from workbench_spawner.quota import Quota, QuotaBook
 from workbench_spawner.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
 from workbench_spawner.idle_book import IdleBook
+from workbench_spawner.slurm_inventory import NodeGPUMap, resolve
 from workbench_spawner.store import AllocationStore, utcnow
 
 from .slurm_nodes import annotate_slurm
@@ -66,6 +70,7 @@ class Fleet:
         self._source = None
         self._reading: dict | None = None
         self._reading_at = 0.0
+        self._node_gpus: dict[str, list[dict]] = {}
 
     # -- the hub's settings ----------------------------------------------------------
 
@@ -81,6 +86,7 @@ class Fleet:
             self._checked_at = time.monotonic()
             if updated is None:
                 return self._settings
+            self._node_gpus = NodeGPUMap(self.store).known()
             if self._settings is None or updated != self._updated:
                 loaded = load_policy_settings(self.store)
                 if loaded is not None:
@@ -100,7 +106,8 @@ class Fleet:
 
     @property
     def inventory(self) -> DeviceInventory:
-        return self.settings.inventory
+        """The hub's inventory; on Slurm with every reported GPU under its real UUID."""
+        return resolve(self.settings.inventory, self._node_gpus)
 
     @property
     def default(self) -> Quota:
@@ -163,13 +170,18 @@ class Fleet:
                 )
         readings = self.readings()
         now = utcnow()
-        idle = {t.gpu_uuid: t for t in IdleBook(self.store).tracks() if t.node in ("", settings.node)}
+        # Idle clocks by (node, GPU): on a cluster a track names the lease's node, on one host this one.
+        idle = {(t.node or settings.node, t.gpu_uuid): t for t in IdleBook(self.store).tracks()}
         result = []
-        for device in settings.inventory.devices:
+        for device in self.inventory.devices:
             reading = readings.get(device.uuid, {})
             held = holders.get(device.uuid, [])
-            track = idle.get(device.uuid) if held else None
+            track = idle.get((device.node or settings.node, device.uuid)) if held else None
             idle_for = track.idle_for(now) if track else None
+            if reading.get("utilization_percent") is None and track is not None and track.utilization is not None:
+                # A GPU the service cannot read itself (another node): idle reclaim's last reading of it,
+                # from the user server's own monitor.
+                reading = {**reading, "utilization_percent": track.utilization, "source": track.source}
             result.append(
                 {
                     "index": device.index,

@@ -1,0 +1,118 @@
+"""Reservations and fair share on Slurm, with the same rules as on one host.
+
+On one host the allocator enforces both inside its transaction. On Slurm
+the engine places, so each rule is applied where the workbench still
+decides:
+
+* **Reservations** are checked before a job is submitted. A user who is not
+  in a group with an open reservation may submit only while Slurm's free
+  GPUs (its node records: GRES minus GRES used) cover what the reservations
+  still keep for their members after this request (``gpus_user_may_take``,
+  the host allocator's rule: grace period, members' demand). Until then
+  the spawn waits in the hub, says why, and counts against the queue
+  timeout; nothing is pending in Slurm meanwhile, so Slurm cannot hand a
+  member's GPU to it. Members submit at once. Jobs from outside the
+  workbench are not ours to hold back: a site that needs hard guarantees
+  adds a Slurm reservation (docs/slurm.md).
+* **Fair share** (``WORKBENCH_QUEUE_ORDER=fair-share``) reorders the
+  workbench's own pending jobs: the priorities Slurm gave them are handed
+  out again in fair-share order (``queue_order.order``: fewest GPU-hours
+  this week first, ties and aged requests by arrival). The set of
+  priorities stays the same, so jobs from outside the workbench keep their
+  place relative to ours; only who among ours goes first changes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone, tzinfo
+from typing import Callable, Mapping, Sequence
+
+from workbench_devices import DeviceInventory
+
+from .clock import Clock, real_now
+from .placement import holdings
+from .queue_order import Waiting, order
+from .reservation_book import ReservationBook
+from .reservations import Reservation, gpus_user_may_take, is_member, reserved_now
+from .slurm_jobs import SlurmJob, SlurmNode
+from .store import AllocationStore
+
+
+def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model: str | None) -> list[str]:
+    """The inventory's GPUs (of ``model``) that Slurm has not allocated, on nodes that can run jobs."""
+    by_name = {n.name: n for n in nodes}
+    free = []
+    for device in inventory.devices:
+        node = by_name.get(device.node)
+        if node is None or not node.usable or device.index in node.gpus_used:
+            continue
+        if model is None or device.model == model:
+            free.append(device.uuid)
+    return free
+
+
+def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode: str, now: float,
+                 aging_minutes: float) -> list[tuple[str, int]]:
+    """(job id, new priority) for our pending jobs whose priority must change to serve them in ``mode``'s order.
+
+    Per partition, the priorities our pending jobs hold now are sorted and
+    given back in serving order, highest first. Nothing changes in fifo mode
+    or while fewer than two of ours wait in a partition."""
+    if mode != "fair-share":
+        return []
+    ours = [j for j in jobs if j.pending and j.job_id in waiting]
+    changes = []
+    for partition in sorted({j.partition for j in ours}):
+        here = {j.job_id: j for j in ours if j.partition == partition}
+        if len(here) < 2:
+            continue
+        ordered = order([waiting[job_id] for job_id in here], mode, now, aging_minutes)
+        priorities = sorted((j.priority for j in here.values()), reverse=True)
+        for item, priority in zip(ordered, priorities):
+            if here[item.key].priority != priority:
+                changes.append((item.key, priority))
+    return changes
+
+
+class SlurmReservations:
+    """The reservation check before submitting, and the demand members have in Slurm's queue now."""
+
+    def __init__(self, store: AllocationStore, inventory: Callable[[], DeviceInventory], tz: tzinfo | None = None,
+                 clock: Clock = real_now):
+        self.store = store
+        self.inventory = inventory
+        self.tz = tz or timezone.utc
+        self.clock = clock
+        self.book = ReservationBook(store)
+        # job key -> (groups, GPUs) of every workbench request pending now: members asking count.
+        self.asking: dict[str, tuple[frozenset[str], int]] = {}
+
+    def active(self, now: datetime) -> list[Reservation]:
+        return [r for r in self.book.reservations() if r.window.current(now, self.tz) is not None]
+
+    def waiting_by_group(self) -> dict[str, int]:
+        demand: dict[str, int] = {}
+        for groups, count in list(self.asking.values()):
+            for group in groups:
+                demand[group] = demand.get(group, 0) + count
+        return demand
+
+    def may_submit(self, groups: Sequence[str], count: int, model: str | None,
+                   nodes: Callable[[], list[SlurmNode]]) -> tuple[bool, str]:
+        """(True, "") when this request leaves what open reservations keep; else (False, why). Blocking."""
+        now = self.clock()
+        others = [r for r in self.active(now) if not is_member(r, groups)]
+        if not count or not others:
+            return True, ""
+        inventory = self.inventory()
+        models = {d.uuid: d.model for d in inventory.devices}
+        free = free_on_slurm(inventory, nodes(), model)
+        allowed = gpus_user_may_take(free, models, count, groups, others, holdings(self.store.leases()), now,
+                                     self.tz, self.waiting_by_group())
+        if len(allowed) >= count:
+            return True, ""
+        counts: dict[str, int] = {}
+        for device in inventory.devices:
+            counts[device.model] = counts.get(device.model, 0) + 1
+        kept = "; ".join(reserved_now(others, now, self.tz, counts))
+        return False, f"{len(free)} free in the cluster, but {kept}"

@@ -1,0 +1,160 @@
+"""The cluster's GPUs as the workbench knows them: Slurm's node records plus the UUIDs jobs reported.
+
+Slurm counts GPUs per node by GRES index and never reports UUIDs; leases,
+``WORKBENCH_GPUS`` and the monitor speak UUIDs. So the inventory starts from
+``sinfo`` (one device per node and index) and learns each real GPU's UUID,
+name and memory from the first job on that node that reports them
+(``slurm_singleuser``), after the hub checked the report against Slurm's own
+job record. What it learned is kept in the GPU database (``NodeGPUMap``), so
+the hub after a restart, the workbench service's fleet view and reconcile all
+resolve ``(node, index)`` to the same UUID.
+
+Trust: the report comes from a process the user controls. A node's map is
+written once and every later report must agree with it: a report that
+contradicts it, or names a UUID already known on another node, is refused
+(and the job cancelled), so one user cannot rename GPUs for everyone.
+Simulated nodes need no report: the hub computes their UUIDs itself.
+An admin who swaps a node's GPUs clears that node's entry
+(``NodeGPUMap.forget``, or ``workbench slurm-forget-node <node>``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import replace
+from typing import Iterable, Mapping
+
+from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
+
+from .settings import SettingsRow
+from .slurm_jobs import NodeReport, SlurmNode
+from .store import AllocationStore, utcnow
+
+NODE_GPUS_KEY = "slurm-node-gpus"
+HUB_ID_KEY = "hub-id"
+
+
+def placeholder_uuid(node: str, index: int) -> str:
+    """The name of a real GPU no job on its node has reported yet."""
+    return f"SLURM-{node}-gpu{index}"
+
+
+def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInventory:
+    """Every GPU of the cluster from Slurm's node records, one device per (node, GRES index).
+
+    Simulated GPUs take the UUIDs each node's jobs will report
+    (``GPU-sim-<node>-NN-...``); real GPUs are named ``SLURM-<node>-gpuN``
+    until ``NodeGPUMap.resolve`` puts the reported UUID in their place.
+    """
+    simulated = simulated_spec.strip() not in ("", "0")
+    devices: list[GPUDevice] = []
+    for node in nodes:
+        known = parse_simulated_spec(simulated_spec, node.name) if simulated else []
+        for index in range(node.gpu_count):
+            if index < len(known):
+                devices.append(replace(known[index], index=index, node=node.name))
+            else:
+                devices.append(GPUDevice(uuid=placeholder_uuid(node.name, index), index=index,
+                                         name=f"{node.gpu_type or 'GPU'} on {node.name}",
+                                         memory_total_bytes=0,
+                                         model=(node.gpu_type or "").upper(), node=node.name))
+    source = "simulated" if simulated else "slurm"
+    names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
+    label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
+    return DeviceInventory(source, devices, f"{len(devices)} {label} on Slurm nodes {names}")
+
+
+class MapConflict(ValueError):
+    """A node report that contradicts what the hub knows; str(err) is for the admin."""
+
+
+def _entries(report: NodeReport) -> list[dict]:
+    return sorted(({"index": int(g.get("index", -1)), "uuid": str(g["uuid"]), "name": str(g.get("name", "")),
+                    "memory_total_bytes": int(g.get("memory_total_bytes") or 0)} for g in report.gpus),
+                  key=lambda e: e["index"])
+
+
+class NodeGPUMap:
+    """Per node, index -> the GPU a job reported there (a JSON document in ``workbench_settings``)."""
+
+    def __init__(self, store: AllocationStore):
+        self.store = store
+
+    def known(self) -> dict[str, list[dict]]:
+        with self.store.reads()() as session:
+            row = session.get(SettingsRow, NODE_GPUS_KEY)
+            return json.loads(row.value) if row is not None else {}
+
+    def accept(self, report: NodeReport) -> None:
+        """Record the node's GPUs on first sight; raise MapConflict if they contradict what is known."""
+        entries = _entries(report)
+        if not entries:
+            return
+        with self.store.writes().begin() as session:
+            row = session.get(SettingsRow, NODE_GPUS_KEY)
+            known = json.loads(row.value) if row is not None else {}
+            mine = known.get(report.node)
+            if mine is not None:
+                theirs = {(e["index"], e["uuid"]) for e in mine}
+                if not {(e["index"], e["uuid"]) for e in entries} <= theirs:
+                    raise MapConflict(
+                        f"node {report.node} reported GPUs {[(e['index'], e['uuid']) for e in entries]}, but the "
+                        f"hub knows {sorted(theirs)} there; if the node's GPUs were changed, an admin runs "
+                        f"`workbench slurm-forget-node {report.node}`")
+                return
+            elsewhere = {e["uuid"]: node for node, rows in known.items() for e in rows}
+            taken = [f"{e['uuid']} (known on {elsewhere[e['uuid']]})" for e in entries if e["uuid"] in elsewhere]
+            if taken:
+                raise MapConflict(f"node {report.node} reported GPUs that another node has: {', '.join(taken)}")
+            known[report.node] = entries
+            if row is None:
+                row = SettingsRow(key=NODE_GPUS_KEY)
+                session.add(row)
+            row.value = json.dumps(known, sort_keys=True)
+            row.updated = utcnow()
+
+    def forget(self, node: str) -> bool:
+        """Drop what is known about ``node`` (its GPUs were replaced); True if there was something."""
+        with self.store.writes().begin() as session:
+            row = session.get(SettingsRow, NODE_GPUS_KEY)
+            known = json.loads(row.value) if row is not None else {}
+            if node not in known:
+                return False
+            del known[node]
+            row.value = json.dumps(known, sort_keys=True)
+            row.updated = utcnow()
+            return True
+
+    def uuid_at(self, known: Mapping[str, list[dict]], node: str, index: int) -> str | None:
+        return next((e["uuid"] for e in known.get(node, []) if e["index"] == index), None)
+
+
+def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:
+    """The inventory with every reported GPU under its real UUID, name and memory."""
+    if inventory.source != "slurm" or not known:
+        return inventory
+    by_place = {(node, int(e["index"])): e for node, rows in known.items() for e in rows}
+    devices = []
+    for device in inventory.devices:
+        entry = by_place.get((device.node, device.index))
+        if entry is None:
+            devices.append(device)
+            continue
+        devices.append(replace(device, uuid=entry["uuid"], name=entry.get("name") or device.name,
+                               memory_total_bytes=int(entry.get("memory_total_bytes") or 0)))
+    return replace(inventory, devices=devices)
+
+
+def hub_id(store: AllocationStore) -> str:
+    """This hub's id, made once and kept in its GPU database: the tag of its Slurm jobs."""
+    with store.reads()() as session:
+        row = session.get(SettingsRow, HUB_ID_KEY)
+        if row is not None:
+            return json.loads(row.value)
+    with store.writes().begin() as session:
+        row = session.get(SettingsRow, HUB_ID_KEY)
+        if row is None:
+            row = SettingsRow(key=HUB_ID_KEY, value=json.dumps(secrets.token_hex(4)), updated=utcnow())
+            session.add(row)
+        return json.loads(row.value)

@@ -1,0 +1,359 @@
+"""The Slurm side of the GPU policy with Slurm replaced by tables: placement, reconcile, the node GPU map,
+reservations and fair share before and in Slurm's queue, and the start report the hub accepts.
+
+The real cluster runs in tests/slurm; these tables reach the cases it cannot make on demand (a job that
+vanishes, a lying report, a node whose GPUs were swapped, another hub's jobs, an hour of GPU use).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from workbench_spawner.placement import NoGPUAvailable
+from workbench_spawner.queue_order import Waiting
+from workbench_spawner.reservation_book import ReservationBook
+from workbench_spawner.reservations import Reservation, parse_window
+from workbench_spawner.slurm_fairness import SlurmReservations, free_on_slurm, reprioritize
+from workbench_spawner.slurm_inventory import MapConflict, NodeGPUMap, cluster_inventory, hub_id, resolve
+from workbench_spawner.slurm_jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
+from workbench_spawner.slurm_placement import JobEnded, SlurmPlacement
+from workbench_spawner.slurm_reconcile import reconcile_jobs
+from workbench_spawner.slurm_report_api import ReportRefused, read_report
+from workbench_spawner.store import AllocationStore
+
+NODES = [SlurmNode("n1", "10.0.0.1", "IDLE", "h100", 2), SlurmNode("n2", "10.0.0.2", "IDLE", "h100", 2)]
+REAL = cluster_inventory(NODES, "")  # SLURM-n1-gpu0 ... until jobs report UUIDs
+
+
+def report(node: str, uuids: list[str], job: list[str]) -> NodeReport:
+    return NodeReport(node, tuple({"index": i, "uuid": u, "name": "NVIDIA H100", "memory_total_bytes": 80}
+                                  for i, u in enumerate(uuids)), tuple(job))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    yield s
+    s.dispose()
+
+
+class FakeSlurm:
+    """A queue we script: each call of jobs() pops the next list (the last one repeats)."""
+
+    def __init__(self, *states: list[SlurmJob]):
+        self.states = list(states)
+        self.cancelled: list[str] = []
+        self.priorities: list[tuple[str, int]] = []
+        self.now = 0.0
+
+    def jobs(self) -> list[SlurmJob]:
+        self.now += 1.0
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+
+    def clock(self) -> float:
+        return self.now
+
+    def placement(self, store, **kwargs) -> SlurmPlacement:
+        return SlurmPlacement(store, lambda: REAL, poll_interval=0.001, report_timeout=5.0, clock=self.clock,
+                              jobs=self.jobs, cancel_job=self.cancel, nodes=lambda: NODES,
+                              set_job_priority=lambda j, p: self.priorities.append((j, p)), **kwargs)
+
+
+def pending(job_id: str, reason: str = "Resources", **kw) -> SlurmJob:
+    return SlurmJob(job_id, "PENDING", reason, gpus_requested=1, partition="gpu", **kw)
+
+
+def running(job_id: str, node: str = "n1", idx: tuple[int, ...] = (1,)) -> SlurmJob:
+    return SlurmJob(job_id, "RUNNING", "None", node, gpu_indices=idx, gpus_requested=len(idx), partition="gpu")
+
+
+def place(placement: SlurmPlacement, count: int = 1, started=lambda: None, timeout: float = 30.0, **kw):
+    events: list[str] = []
+    result = asyncio.run(placement.place("alice", "", count, None, timeout, job_id="7", started=started,
+                                         describe=events.append, **kw))
+    return result, events
+
+
+# -- placement --------------------------------------------------------------------------------------
+
+def test_a_job_that_runs_and_reports_gets_a_lease_on_its_node(store):
+    slurm = FakeSlurm([pending("7")], [running("7")])
+    lease, events = place(slurm.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
+    assert (lease.node, lease.gpu_uuids, lease.ref) == ("n1", ("GPU-b",), "slurm:7")
+    assert any("Slurm: Resources" in e for e in events) and not slurm.cancelled
+
+
+def test_a_cpu_only_job_runs_and_gets_no_lease(store):
+    slurm = FakeSlurm([running("7", idx=())])
+    lease, _ = place(slurm.placement(store), count=0, started=lambda: report("n1", ["GPU-a"], []))
+    assert lease is None and store.leases() == [] and not slurm.cancelled
+
+
+@pytest.mark.parametrize("node_report, why", [
+    (lambda: report("n2", ["GPU-a", "GPU-b"], ["GPU-b"]), "another node"),       # reports from elsewhere
+    (lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-a"]), "another index"),      # its UUID is not Slurm's index
+    (lambda: report("n1", ["GPU-a"], []), "no such index"),
+])
+def test_a_report_that_disagrees_with_slurm_cancels_the_job(store, node_report, why):
+    slurm = FakeSlurm([running("7")])
+    with pytest.raises(NoGPUAvailable, match="gres.conf disagree"):
+        place(slurm.placement(store), started=node_report)
+    assert slurm.cancelled == ["7"] and store.leases() == [], why
+
+
+def test_gpus_leased_to_another_server_cancel_the_job(store):
+    assert store.adopt("bob", "", ["GPU-b"], "slurm:6", node="n1")
+    slurm = FakeSlurm([running("7")])
+    with pytest.raises(NoGPUAvailable, match="held by another server"):
+        place(slurm.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
+    assert slurm.cancelled == ["7"] and [l.user for l in store.leases()] == ["bob"]
+
+
+def test_a_job_that_leaves_the_queue_before_it_runs_is_the_end_of_the_spawn(store):
+    slurm = FakeSlurm([pending("7")], [])
+    with pytest.raises(JobEnded, match="gone from the queue"):
+        place(slurm.placement(store))
+    assert slurm.cancelled == []
+
+
+def test_a_hopeless_reason_cancels_at_once_and_a_drained_node_does_not(store):
+    slurm = FakeSlurm([pending("7", "PartitionTimeLimit")])
+    with pytest.raises(NoGPUAvailable, match="cannot run this request"):
+        place(slurm.placement(store))
+    assert slurm.cancelled == ["7"]
+    waits = FakeSlurm([pending("7", "ReqNodeNotAvail, UnavailableNodes:n2")], [running("7")])
+    lease, events = place(waits.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
+    assert lease.gpu_uuids == ("GPU-b",) and not waits.cancelled
+    assert any("unavailable (down, drained or reserved)" in e for e in events)
+
+
+def test_the_queue_timeout_cancels_a_pending_job_and_says_so(store):
+    slurm = FakeSlurm([pending("7")])
+    with pytest.raises(NoGPUAvailable, match="within 5 seconds .* the job was cancelled"):
+        place(slurm.placement(store), timeout=5)
+    assert slurm.cancelled == ["7"] and slurm.now >= 5
+
+
+def test_an_unanswering_controller_is_waited_for_then_times_out(store):
+    def down():
+        slurm.now += 1
+        raise SlurmUnavailable("squeue: Unable to contact slurm controller")
+
+    slurm = FakeSlurm([])
+    placement = slurm.placement(store)
+    placement.jobs = down
+    with pytest.raises(NoGPUAvailable, match="within 3 seconds"):
+        place(placement, timeout=3)
+    assert slurm.cancelled == ["7"]
+
+
+def test_a_job_that_never_reports_is_cancelled_with_its_log_named(store):
+    slurm = FakeSlurm([running("7")])
+    placement = slurm.placement(store)
+    placement.report_timeout = 0.5
+
+    def never():
+        slurm.now += 0.2
+        return None
+
+    with pytest.raises(NoGPUAvailable, match="did not report back .* ~/workbench-slurm-7.log"):
+        place(placement, started=never)
+    assert slurm.cancelled == ["7"]
+
+
+# -- the node GPU map (real GPUs) ---------------------------------------------------------------------
+
+def test_real_gpus_are_learned_from_the_first_report_and_named_everywhere(store):
+    book = NodeGPUMap(store)
+    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-bbbb"]))
+    resolved = resolve(REAL, book.known())
+    assert [d.uuid for d in resolved.devices] == ["GPU-aaaa", "GPU-bbbb", "SLURM-n2-gpu0", "SLURM-n2-gpu1"]
+    assert resolved.devices[0].name == "NVIDIA H100" and resolved.devices[0].node == "n1"
+    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-aaaa"]))  # agrees: nothing changes
+    assert book.known()["n1"][1]["uuid"] == "GPU-bbbb"
+
+
+@pytest.mark.parametrize("liar, words", [
+    (report("n1", ["GPU-aaaa", "GPU-zzzz"], []), "the hub knows"),           # renames n1's GPU 1
+    (report("n2", ["GPU-aaaa", "GPU-cccc"], []), "another node has"),        # claims n1's GPU on n2
+])
+def test_a_report_that_contradicts_what_is_known_is_refused_and_changes_nothing(store, liar, words):
+    book = NodeGPUMap(store)
+    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
+    before = book.known()
+    with pytest.raises(MapConflict, match=words):
+        book.accept(liar)
+    assert book.known() == before
+
+
+def test_an_admin_forgets_a_node_whose_gpus_were_swapped(store):
+    book = NodeGPUMap(store)
+    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
+    assert book.forget("n1") and not book.forget("n1")
+    book.accept(report("n1", ["GPU-new0", "GPU-new1"], []))
+    assert [e["uuid"] for e in book.known()["n1"]] == ["GPU-new0", "GPU-new1"]
+
+
+def test_a_conflicting_report_at_start_cancels_the_job(store):
+    NodeGPUMap(store).accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
+    slurm = FakeSlurm([running("7")])
+
+    def liar():
+        rep = report("n1", ["GPU-aaaa", "GPU-zzzz"], ["GPU-zzzz"])
+        NodeGPUMap(store).accept(rep)
+        return rep
+
+    with pytest.raises(NoGPUAvailable, match="reported GPUs the hub cannot accept"):
+        place(slurm.placement(store), started=liar)
+    assert slurm.cancelled == ["7"] and store.leases() == []
+
+
+def test_the_hub_id_is_made_once_and_kept(store):
+    first = hub_id(store)
+    assert len(first) == 8 and int(first, 16) >= 0 and hub_id(store) == first
+
+
+# -- reconcile after a restart ----------------------------------------------------------------------
+
+def tagged(job: SlurmJob, user: str, hub: str = "0a1b2c3d") -> SlurmJob:
+    from dataclasses import replace
+
+    from workbench_spawner.slurm_jobs import job_tag
+    return replace(job, comment=job_tag(user, "", hub), start_time=1_700_000_000)
+
+
+def test_reconcile_adopts_cancels_and_leaves_other_hubs_alone(store):
+    store.adopt("held", "", ["GPU-a"], "slurm:1", node="n1")
+    uuids = {("n1", 0): "GPU-a", ("n1", 1): "GPU-b"}
+    cancelled: list[str] = []
+    jobs = [
+        tagged(running("1", idx=(0,)), "held"),          # has its lease: untouched
+        tagged(running("2", idx=(1,)), "carol"),         # running, GPU free and known: adopted
+        tagged(pending("3"), "dave"),                    # pending, nobody waits: cancelled
+        tagged(running("4", idx=(0,)), "erin"),          # its GPU is leased to "held": cancelled
+        tagged(running("5", node="n2", idx=(0,)), "fay"),  # a GPU the hub cannot name: cancelled
+        tagged(running("6", idx=(1,)), "gus", hub="ffff0000"),  # another hub's: left alone
+        running("8"),                                    # not the workbench's at all
+    ]
+    actions = reconcile_jobs(jobs, store.leases(), "0a1b2c3d", lambda n, i: uuids.get((n, i)),
+                             lambda *a: store.adopt(*a), cancelled.append)
+    assert [(a.job_id, a.what) for a in actions] == [
+        ("2", "adopted"), ("3", "cancelled"), ("4", "cancelled"), ("5", "cancelled"), ("6", "left")]
+    assert cancelled == ["3", "4", "5"]
+    carol = store.lease_of("carol", "")
+    assert carol.gpu_uuids == ("GPU-b",) and carol.node == "n1" and carol.ref == "slurm:2"
+    assert carol.since == datetime.fromtimestamp(1_700_000_000, timezone.utc)
+
+
+# -- fairness on Slurm --------------------------------------------------------------------------------
+
+def test_fair_share_hands_our_priorities_to_the_lighter_user_and_leaves_others_alone():
+    jobs = [pending("10", priority=300), pending("11", priority=200), pending("12", priority=100),
+            pending("99", priority=250)]  # 99: a job from outside the workbench
+    waiting = {"10": Waiting("10", "heavy", joined=0, gpu_hours=12), "11": Waiting("11", "light", joined=1,
+                                                                                   gpu_hours=0.5),
+               "12": Waiting("12", "medium", joined=2, gpu_hours=3)}
+    assert sorted(reprioritize(jobs, waiting, "fair-share", now=60, aging_minutes=30)) == [
+        ("10", 100), ("11", 300), ("12", 200)]
+    assert reprioritize(jobs, waiting, "fifo", now=60, aging_minutes=30) == []
+    # After the aging bound the heavy user's request, which came first, goes first again.
+    assert reprioritize(jobs, waiting, "fair-share", now=31 * 60, aging_minutes=30) == []
+
+
+def test_fair_share_in_the_queue_says_why_and_sets_slurm_priorities(store):
+    slurm = FakeSlurm([pending("7", priority=200), pending("8", priority=300)], [running("7")])
+    placement = slurm.placement(store, queue_order="fair-share", gpu_hours=lambda user: 12.0)
+    placement._pending["8"] = Waiting("8", "light", joined=-5, gpu_hours=1.0)
+    lease, events = place(placement, started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
+    assert slurm.priorities == []  # the lighter user's job already had the higher priority
+    assert any("you used 12.0 GPU-hours this week; 1 user who used less is ahead" in e for e in events), events
+    assert lease.gpu_uuids == ("GPU-b",)
+    # The heavy user's job came first and Slurm ranked it higher: the priorities are swapped.
+    heavy_first = FakeSlurm([pending("7", priority=200), pending("8", priority=300)], [running("7")])
+    placement = heavy_first.placement(store, queue_order="fair-share", gpu_hours=lambda user: 0.0)
+    placement._pending["8"] = Waiting("8", "heavy", joined=-5, gpu_hours=40.0)
+    store.release("alice", "", "test")
+    _, events = place(placement, started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
+    assert sorted(heavy_first.priorities) == [("7", 300), ("8", 200)]
+    assert any("you used 0.0 GPU-hours this week), next in line" in e or
+               ("next in line; you used 0.0 GPU-hours this week" in e) for e in events), events
+
+
+def test_free_gpus_on_slurm_skip_allocated_indices_and_unusable_nodes():
+    nodes = [SlurmNode("n1", "a", "MIXED", "h100", 2, gpus_used=(0,)), SlurmNode("n2", "b", "DOWN+DRAIN", "h100", 2)]
+    assert free_on_slurm(REAL, nodes, None) == ["SLURM-n1-gpu1"]
+    assert free_on_slurm(REAL, nodes, "A100") == []
+
+
+def reserve(store, group: str, gpus: int, window: str, grace: float = 15.0) -> None:
+    ReservationBook(store).create(Reservation(group, gpus, parse_window(window), grace_minutes=grace),
+                                  {"H100": 4}, datetime(2026, 12, 8, 9, 0, tzinfo=timezone.utc), timezone.utc)
+
+
+def test_a_non_member_waits_before_submitting_while_free_gpus_are_reserved(store):
+    reserve(store, "ml-course", 3, "2026-12-08 10:00-12:00")
+    now = datetime(2026, 12, 8, 10, 5, tzinfo=timezone.utc)
+    book = SlurmReservations(store, lambda: REAL, timezone.utc, lambda: now)
+    one_busy = [SlurmNode("n1", "a", "MIXED", "h100", 2, gpus_used=(0,)), NODES[1]]
+    ok, why = book.may_submit(["other"], 1, None, lambda: one_busy)
+    assert not ok and "3 free in the cluster, but 3 of 4 GPUs reserved for ml-course until 12:00" in why
+    assert book.may_submit(["ml-course"], 1, None, lambda: one_busy) == (True, "")
+    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")  # 4 free, 3 kept
+    assert book.may_submit(["other"], 0, None, lambda: one_busy) == (True, "")  # CPU-only servers never wait
+    # After the grace period, unasked reserved GPUs go to everyone.
+    later = SlurmReservations(store, lambda: REAL, timezone.utc, lambda: now + timedelta(minutes=20))
+    assert later.may_submit(["other"], 1, None, lambda: one_busy) == (True, "")
+    later.asking["job-9"] = (frozenset({"ml-course"}), 3)  # unless members are waiting in Slurm's queue
+    assert later.may_submit(["other"], 1, None, lambda: one_busy)[0] is False
+
+
+def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
+    reserve(store, "ml-course", 4, "2026-12-08 10:00-12:00")
+    now = datetime(2026, 12, 8, 10, 5, tzinfo=timezone.utc)
+    slurm = FakeSlurm([])
+    placement = slurm.placement(store, reservations=SlurmReservations(store, lambda: REAL, timezone.utc,
+                                                                       lambda: now))
+    events: list[str] = []
+
+    def tick():
+        slurm.now += 1
+        return NODES
+
+    placement.nodes = tick
+    with pytest.raises(NoGPUAvailable, match="nothing was submitted to Slurm"):
+        asyncio.run(placement.admit_to_queue(1, None, ["other"], deadline=3, describe=events.append))
+    assert events == ["Waiting for 1 GPU outside reserved ones: 4 free in the cluster, but 4 of 4 GPUs "
+                      "reserved for ml-course until 12:00"]
+
+
+# -- the start report a job may send -----------------------------------------------------------------
+
+@pytest.mark.parametrize("body, words", [
+    ({"exec_prefix": "", "batch_cancel_cmd": "touch /tmp/x"}, "may carry only port and workbench_report; "
+                                                              "refused: batch_cancel_cmd, exec_prefix"),
+    ({"port": 8888, "cmd": ["sh"]}, "refused: cmd"),
+    ({"port": "8888"}, "port must be a whole number from 1 to 65535"),
+    ({"port": True}, "port must be a whole number"),
+    ({"port": 70000}, "port must be a whole number"),
+    ({"workbench_report": {"gpus": []}}, "workbench_report must be an object naming the node"),
+    ({"workbench_report": {"node": "n1", "gpus": [{"index": i, "uuid": f"G{i}"} for i in range(65)]}},
+     "more than 64 GPUs"),
+    ({"workbench_report": {"node": "n" * 300}}, "longer than 256 characters"),
+    ({}, "neither port nor workbench_report"),
+    ([1, 2], "must be a JSON object"),
+])
+def test_a_start_report_takes_port_and_gpu_report_only(body, words):
+    with pytest.raises(ReportRefused, match=words.replace("(", r"\(")):
+        read_report(body)
+
+
+def test_a_good_start_report_is_taken_whole():
+    body = {"port": 41234, "workbench_report": {"node": "n1", "gpus": [{"index": 0, "uuid": "GPU-a"}],
+                                                "job_gpus": ["GPU-a"]}}
+    assert read_report(body) == body
