@@ -12,6 +12,18 @@
   nobody who came after it is ever served before it: its wait is at most the
   bound plus what first come, first served would have given it from then on.
 
+**Arrival** is when the user first began asking for this server, not when
+the current try joined the line: a spawn refused at the queue timeout
+(``WORKBENCH_QUEUE_TIMEOUT``, 300 s by default, shorter than the aging
+bound) that is tried again within ``REJOIN_MINUTES`` (15) of the refusal
+keeps its first arrival (``waitlist.WaitList`` remembers it per user and
+server until the request is served, or stops asking for that long). So the
+bound counts across refusals and retries: a heavy user who keeps asking
+ages like anyone else, whatever the queue timeout, and nobody starves. The
+time between a refusal and the retry counts as waiting (the user still
+wanted the GPU); in ``fifo`` the same rule keeps a retry ahead of those who
+first asked later.
+
 GPU-hours are read once when a request joins (in a worker thread, never on
 the event loop): a wait is minutes, the week's usage barely moves in it.
 """
@@ -23,6 +35,8 @@ from typing import Sequence
 
 QUEUE_ORDERS = ("fifo", "fair-share")
 DEFAULT_AGING_MINUTES = 30.0
+# A retry this soon after a refusal (or a cancelled wait) keeps its first arrival time.
+REJOIN_MINUTES = 15.0
 
 
 class QueueOrderError(ValueError):
@@ -71,14 +85,47 @@ def explain(item: Waiting, ordered: Sequence[Waiting], mode: str, now: float,
     aging = aging_minutes * 60.0
     aged = [w for w in ahead if now - w.joined >= aging]
     less = [w for w in ahead if w not in aged and w.gpu_hours < item.gpu_hours]
-    users_less = len({w.user for w in less})
+    return _words(item, len({w.user for w in less}), len(aged), now - item.joined >= aging, aging_minutes)
+
+
+def explain_all(ordered: Sequence[Waiting], mode: str, now: float,
+                aging_minutes: float = DEFAULT_AGING_MINUTES) -> list[str]:
+    """``explain`` for every request of ``order(...)``'s result at once, in one pass.
+
+    The wait list asks for every waiter's reason whenever the line changes;
+    one ``explain`` each would cost the square of the line's length. This
+    relies on the order's shape (aged requests first, the rest by rounded
+    GPU-hours), so give it what ``order`` returned for the same ``now``."""
+    if mode != "fair-share":
+        return [""] * len(ordered)
+    aging = aging_minutes * 60.0
+    out: list[str] = []
+    aged_ahead = 0
+    earlier_users: set[str] = set()  # not aged, in runs of fewer (rounded) GPU-hours: all used less
+    run: list[Waiting] = []  # the current run of equal rounded GPU-hours, so far
+    for item in ordered:
+        if now - item.joined >= aging:
+            out.append(_words(item, 0, aged_ahead, True, aging_minutes))
+            aged_ahead += 1
+            continue
+        if run and round(run[0].gpu_hours, 6) != round(item.gpu_hours, 6):
+            earlier_users.update(w.user for w in run)
+            run = []
+        lighter = [w.user for w in run if w.gpu_hours < item.gpu_hours]  # below the rounding: rare
+        users_less = len(earlier_users.union(lighter)) if lighter else len(earlier_users)
+        out.append(_words(item, users_less, aged_ahead, False, aging_minutes))
+        run.append(item)
+    return out
+
+
+def _words(item: Waiting, users_less: int, aged_ahead: int, item_aged: bool, aging_minutes: float) -> str:
     parts = [f"you used {item.gpu_hours:.1f} GPU-hours this week"]
     if users_less:
         parts.append(f"{users_less} user{'s' if users_less != 1 else ''} who used less "
                      f"{'are' if users_less != 1 else 'is'} ahead")
-    if aged:
-        parts.append(f"{len(aged)} request{'s' if len(aged) != 1 else ''} waiting longer than "
-                     f"{aging_minutes:g} minutes {'go' if len(aged) != 1 else 'goes'} first")
-    if now - item.joined >= aging:
+    if aged_ahead:
+        parts.append(f"{aged_ahead} request{'s' if aged_ahead != 1 else ''} waiting longer than "
+                     f"{aging_minutes:g} minutes {'go' if aged_ahead != 1 else 'goes'} first")
+    if item_aged:
         parts.append(f"you have waited over {aging_minutes:g} minutes, so nobody who came after you goes first")
     return "; ".join(parts)
