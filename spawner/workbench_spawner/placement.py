@@ -16,18 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from abc import ABC, abstractmethod
-from datetime import tzinfo
-from typing import Callable, Sequence
+from datetime import timezone, tzinfo
+from typing import Callable, Hashable, Sequence
 
 from workbench_devices import DeviceInventory
 
 from .clock import Clock, real_now
+from .queue_order import REJOIN_MINUTES
 from .quota import gpu_hours_used
 from .reservation_book import ReservationBook
 from .reservations import Holding, Reservation, is_member, remaining_needs, reserved_now, takeable
 from .store import AllocationStore, Lease
-from .waitlist import WaitList, WaitTimeout
+from .waitlist import Ticket, WaitList, WaitTimeout
 
 log = logging.getLogger("workbench.placement")
 
@@ -77,23 +79,34 @@ class Placement(ABC):
 
 
 class HostAllocator(Placement):
-    """Our own placement on one host: a database transaction plus an ordered wait list."""
+    """Our own placement on one host: a database transaction plus an ordered wait list.
+
+    ``clock`` is the hub's clock for reservations (a test clock may jump);
+    ``queue_clock`` the wait list's (monotonic seconds: waits, the aging
+    bound, the queue timeout). A simulation passes simulated ones for both.
+    """
 
     def __init__(self, store: AllocationStore, inventory: DeviceInventory, node: str,
                  slots_per_gpu: int = 1, recheck_interval: float = 2.0, queue_order: str = "fifo",
-                 aging_minutes: float = 30.0, tz: tzinfo | None = None, clock: Clock = real_now):
+                 aging_minutes: float = 30.0, tz: tzinfo | None = None, clock: Clock = real_now,
+                 queue_clock: Callable[[], float] = time.monotonic, rejoin_minutes: float = REJOIN_MINUTES):
         super().__init__(store)
         self.inventory = inventory
         self.node = node
         self.slots_per_gpu = max(1, slots_per_gpu)
         self.queue_order = queue_order
-        self.waitlist: WaitList[Lease] = WaitList(recheck_interval, queue_order, aging_minutes)
+        self.waitlist: WaitList[Lease] = WaitList(recheck_interval, queue_order, aging_minutes, clock=queue_clock,
+                                                  rejoin_minutes=rejoin_minutes)
         self.reservations = ReservationBook(store)
         self.tz = tz
         self.clock = clock
         self.models = {d.uuid: d.model for d in inventory.devices}
         # key -> (groups, count) of every request waiting now (members waiting count as "asked").
         self._asking: dict[str, tuple[frozenset[str], int]] = {}
+        # key -> (model, groups) of every request waiting now: its class is computed from them.
+        self._requests: dict[str, tuple[str | None, frozenset[str]]] = {}
+        # The ids of the reservations open at the last look (a try or a join reads them anyway).
+        self._open_ids: frozenset[int] | None = None
 
     def candidates(self, model: str | None) -> list[str]:
         return [d.uuid for d in self.inventory.devices if model is None or d.model == model]
@@ -107,14 +120,34 @@ class HostAllocator(Placement):
 
     def active_reservations(self) -> list[Reservation]:
         """Reservations whose window is open now (reads the database: call from a thread)."""
-        from datetime import timezone
-
         now, tz = self.clock(), self.tz or timezone.utc
         return [r for r in self.reservations.reservations() if r.window.current(now, tz) is not None]
 
+    @staticmethod
+    def wait_class(model: str | None, groups: Sequence[str], active: Sequence[Reservation]) -> Hashable:
+        """A waiting request's class (waitlist.py): its model and the open reservations it may use."""
+        return (model, frozenset(r.id for r in active if is_member(r, groups)))
+
+    def _saw_open(self, active: Sequence[Reservation]) -> None:
+        """Called on the loop's thread with the reservations a try or a join just read: when the set of
+        open windows changed, every waiting request gets its class again (a member who joined before the
+        window opened is no longer stuck behind non-members)."""
+        ids = frozenset(r.id for r in active)
+        if ids == self._open_ids:
+            return
+        self._open_ids = ids
+
+        def classify(ticket: Ticket) -> Hashable:
+            model, groups = self._requests.get(ticket.key, (None, frozenset()))
+            return self.wait_class(model, groups, active) if ticket.key in self._requests else ticket.cls
+
+        changed = self.waitlist.reclassify(classify)
+        if changed:
+            log.info("Reservations open now: %s; %d waiting request(s) changed class",
+                     ", ".join(f"{r.group} (#{r.id})" for r in active) or "none", changed)
+
     def choose(self, groups: Sequence[str], count: int, active: Sequence[Reservation]):
         """The in-transaction filter: the free GPUs this user may take under ``active`` reservations."""
-        from datetime import timezone
 
         def pick(free: list[str], leases: list[Lease]) -> list[str]:
             if not active:
@@ -125,16 +158,22 @@ class HostAllocator(Placement):
 
         return pick
 
-    def reserved_note(self, groups: Sequence[str]) -> str:
-        """"; 3 of 4 GPUs reserved for ml-course until 12:00" for reservations the user is not in (reads the DB)."""
-        from datetime import timezone
+    def reserved_lines(self, groups: Sequence[str], only_others: bool = False) -> list[str]:
+        """What the open reservations hold for their members now, one sentence each (reads the DB).
 
+        After a grace period that is what members hold or wait for, not the
+        whole reservation (``reservations.reserved_now``)."""
         counts: dict[str, int] = {}
         for device in self.inventory.devices:
             counts[device.model] = counts.get(device.model, 0) + 1
-        others = [r for r in self.active_reservations() if not is_member(r, groups)]
-        lines = reserved_now(others, self.clock(), self.tz or timezone.utc, counts)
-        return "".join(f"; {line}" for line in lines)
+        active = [r for r in self.active_reservations() if not (only_others and is_member(r, groups))]
+        return reserved_now(active, self.clock(), self.tz or timezone.utc, counts, groups,
+                            holdings=holdings(self.store.leases()), models=self.models,
+                            waiting=self.waiting_by_group())
+
+    def reserved_note(self, groups: Sequence[str]) -> str:
+        """"; 3 of 4 GPUs reserved for ml-course until 12:00" for reservations the user is not in (reads the DB)."""
+        return "".join(f"; {line}" for line in self.reserved_lines(groups, only_others=True))
 
     def free_count(self, model: str | None = None) -> int:
         """GPUs a new server could get right now (reads the database: call from a thread)."""
@@ -147,22 +186,26 @@ class HostAllocator(Placement):
         groups = tuple(groups)
         key = f"{user}/{server}"
 
-        def take() -> Lease | None:
+        def take() -> tuple[Lease | None, list[Reservation]]:
             active = self.active_reservations()
             return self.store.allocate(user, server, count, candidates, self.slots_per_gpu, node=self.node,
-                                       groups=groups, choose=self.choose(groups, count, active))
+                                       groups=groups, choose=self.choose(groups, count, active)), active
 
-        def join() -> tuple[float, tuple]:
+        def join() -> tuple[float, list[Reservation]]:
             hours = gpu_hours_used(self.store, user) if self.queue_order == "fair-share" else 0.0
-            # The class: the model and the open reservations this user may use (waitlist.py).
-            mine = frozenset(r.id for r in self.active_reservations() if is_member(r, groups))
-            return hours, (model, mine)
+            return hours, self.active_reservations()
 
         async def try_take() -> Lease | None:
-            return await asyncio.to_thread(take)
+            lease, active = await asyncio.to_thread(take)
+            self._saw_open(active)
+            return lease
 
-        hours, cls = await asyncio.to_thread(join)
+        hours, active = await asyncio.to_thread(join)
+        self._saw_open(active)
+        # The class: the model and the open reservations this user may use (waitlist.py).
+        cls = self.wait_class(model, groups, active)
         self._asking[key] = (frozenset(groups), count)
+        self._requests[key] = (model, frozenset(groups))
         try:
             return await self.waitlist.wait_for(key, count, try_take, timeout, report, user=user,
                                                 gpu_hours=hours, cls=cls)
@@ -176,6 +219,7 @@ class HostAllocator(Placement):
             ) from None
         finally:
             self._asking.pop(key, None)
+            self._requests.pop(key, None)
 
     def released(self) -> None:
         self.waitlist.notify()

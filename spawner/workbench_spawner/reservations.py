@@ -347,26 +347,54 @@ def next_occurrence(res: Reservation, now: datetime, tz: tzinfo) -> tuple[dateti
     return found[0] if found else None
 
 
-def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo, inventory: Mapping[str, int],
-                 groups: Iterable[str] = ()) -> list[str]:
-    """Sentences for the spawn form: "8 of 16 GPUs reserved for ml-course until 12:00" per open window.
+def _clock_text(when: datetime, now: datetime, tz: tzinfo) -> str:
+    local = when.astimezone(tz)
+    return f"{local:%H:%M}" if local.date() == utc(now).astimezone(tz).date() else f"{local:%a %H:%M}"
 
-    A member reads that the GPUs are theirs to take; everyone else how many
-    remain for them."""
+
+def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo, inventory: Mapping[str, int],
+                 groups: Iterable[str] = (), *, holdings: Sequence[Holding] | None = None,
+                 models: Mapping[str, str] | None = None, waiting: Mapping[str, int] | None = None) -> list[str]:
+    """Sentences for the spawn form, one per open window: what it holds for its members **now**.
+
+    During the grace period that is the whole reservation: "8 of 16 GPUs
+    reserved for ml-course until 12:00". After it, only what members hold or
+    wait for is kept (``held_for_members``), and the sentence says so: "3 of
+    16 GPUs reserved for ml-course until 12:00 (5 of its 8 went back to
+    everyone at 10:15: no member asked for them)". That needs the demand:
+    ``holdings`` (every lease now), ``models`` (GPU UUID -> model) and
+    ``waiting`` (group -> GPUs its members wait for). A caller without them
+    gets the bound ("up to 8 of 16 ...") and when it stopped being a
+    promise, never an overstatement. A member reads that the GPUs are theirs
+    to take; everyone else how many are kept from them."""
     mine = set(groups)
     lines = []
     for res in reservations:
         current = res.window.current(now, tz)
         if current is None:
             continue
-        until = current[1].astimezone(tz)
-        when = f"{until:%H:%M}" if until.date() == utc(now).astimezone(tz).date() else f"{until:%a %H:%M}"
+        when = _clock_text(current[1], now, tz)
         total = inventory.get(res.model, 0) if res.model else sum(inventory.values())
-        what = f"{res.gpus} of {total} {res.model + ' ' if res.model else ''}GPUs"
-        line = f"{what} reserved for {res.group} until {when}"
+        gpus = f"{total} {res.model + ' ' if res.model else ''}GPUs"
+        grace_end = current[0] + timedelta(minutes=res.grace_minutes)
+        details = []
+        if utc(now) < grace_end:
+            held = f"{res.gpus}"
+        elif holdings is None:
+            held = f"up to {res.gpus}"
+            details.append(f"since {_clock_text(grace_end, now, tz)} only as many as members use or wait for")
+        else:
+            used = _member_use(res, holdings, models or {})
+            kept = held_for_members(res, now, tz, used + (waiting or {}).get(res.group, 0))
+            held = f"{kept}"
+            if kept < res.gpus:
+                back = res.gpus - kept
+                details.append(f"{'all' if kept == 0 else f'{back} of its'} {res.gpus} went back to everyone at "
+                               f"{_clock_text(grace_end, now, tz)}: no member asked for them")
         if res.group in mine:
-            line += " (you are a member: you may use them)"
-        lines.append(line)
+            details.append("you are a member: you may use them")
+        line = f"{held} of {gpus} reserved for {res.group} until {when}"
+        lines.append(line + (f" ({'; '.join(details)})" if details else ""))
     return lines
 
 

@@ -188,3 +188,72 @@ def test_a_refused_reservation_stores_nothing(tmp_path):
                     BERLIN)
     assert [s.reservation.group for s in book.all()] == ["a"]
     store.dispose()
+
+
+@pytest.mark.parametrize("now", [200, 1799, 1800, 1900, 5000])
+def test_explain_all_says_what_explain_says_for_each(now):
+    """The wait list explains the whole line in one pass; it must say what ``explain`` says for each."""
+    import random
+
+    from workbench_spawner.queue_order import explain_all
+
+    rng = random.Random(now)
+    line = [Waiting(f"u{i}/s{i % 2}", f"u{i % 7}", rng.choice([0, 60, 300, 900, 1700, 1800]) + i,
+                    rng.choice([0.0, 0.0, 2.0, 2.0000001, 12.0, 40.5])) for i in range(40)]
+    ordered = order(line, "fair-share", now, 30)
+    assert explain_all(ordered, "fair-share", now, 30) == [explain(w, ordered, "fair-share", now, 30)
+                                                           for w in ordered]
+    assert explain_all(ordered, "fifo", now, 30) == [""] * len(ordered)
+
+
+def test_a_member_who_joined_before_the_window_is_not_stuck_behind_a_non_member(allocator):
+    """Classes are taken again when a window opens: the member may take the reserved GPU at once."""
+    alloc, store, clock_file = allocator
+    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
+    ReservationBook(store).create(parse_reservation({"group": "ml-course", "gpus": 1, "window": "Tue 10:00-12:00"},
+                                                    []), {"H100-80GB": 4}, alloc.clock(), BERLIN)
+    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 50, tzinfo=BERLIN))
+    reads = []
+    real = alloc.active_reservations
+    alloc.active_reservations = lambda: reads.append(1) or real()
+
+    async def main():
+        for i in range(4):
+            await alloc.place(f"h{i}", "", 1, None, 1)
+        out = asyncio.create_task(alloc.place("out", "", 1, None, 20))  # first in line, not a member
+        await asyncio.sleep(0.2)
+        stud = asyncio.create_task(alloc.place("stud", "", 1, None, 20, groups=("ml-course",)))
+        await asyncio.sleep(0.2)
+        set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))  # the window opens
+        await asyncio.to_thread(alloc.release, "h0", "", "stopped")  # its GPU is the one kept for members
+        lease = await asyncio.wait_for(stud, 5)
+        assert not out.done(), "the reserved GPU is not the non-member's"
+        tries = len(reads)
+        await asyncio.sleep(0.5)  # out waits on; only its own tries read reservations (every 0.05 s)
+        out.cancel()
+        return lease, len(reads) - tries
+
+    lease, later_reads = run_debug(main)
+    assert lease.user == "stud"
+    assert later_reads <= 0.5 / 0.05 + 2, "no database read per wake-up of every waiter"
+
+
+def test_after_the_grace_period_a_refusal_names_what_is_held_not_what_was_reserved(allocator):
+    alloc, store, clock_file = allocator
+    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
+    ReservationBook(store).create(parse_reservation({"group": "ml-course", "gpus": 3, "window": "Tue 10:00-12:00"},
+                                                    []), {"": 4}, alloc.clock(), BERLIN)
+    set_test_clock(clock_file, datetime(2026, 12, 8, 10, 30, tzinfo=BERLIN))
+
+    async def main():
+        await alloc.place("stud", "", 1, None, 1, groups=("ml-course",))
+        await alloc.place("out1", "", 3, None, 1)
+        with pytest.raises(NoGPUAvailable) as refused:
+            await alloc.place("out2", "", 1, None, 0.2)
+        return str(refused.value)
+
+    message = run_debug(main)
+    assert "1 of 4 GPUs reserved for ml-course until 12:00 (2 of its 3 went back to everyone at 10:15" in message
+    assert alloc.reserved_lines(["ml-course"]) == [
+        "1 of 4 GPUs reserved for ml-course until 12:00 (2 of its 3 went back to everyone at 10:15: no member "
+        "asked for them; you are a member: you may use them)"]

@@ -21,6 +21,11 @@ async def test_the_form_names_the_open_reservation(make_spawner, tmp_path):
     book.create(parse_reservation({"group": "ml-course", "gpus": 1, "window": "Tue 10:00-12:00"}, []),
                 {"H100-80GB": 2}, datetime(2026, 12, 8, 9, 0, tzinfo=timezone.utc), ZoneInfo("Europe/Berlin"))
     assert 'id="workbench-reservations"' not in await spawner._render_options_form()  # 09:30 in Berlin: not yet
-    set_test_clock(clock, datetime(2026, 12, 8, 9, 30, tzinfo=timezone.utc))
+    set_test_clock(clock, datetime(2026, 12, 8, 9, 5, tzinfo=timezone.utc))  # 10:05, within the grace period
     html = await spawner._render_options_form()
     assert "1 of 2 GPUs reserved for ml-course until 12:00 (you are a member: you may use them)." in html
+    # After the grace period nothing is promised beyond what members use or wait for.
+    set_test_clock(clock, datetime(2026, 12, 8, 9, 30, tzinfo=timezone.utc))
+    html = await spawner._render_options_form()
+    assert "1 of 2 GPUs reserved for ml-course until 12:00 (you" not in html
+    assert "of 2 GPUs reserved for ml-course until 12:00 (" in html and "10:15" in html

@@ -249,6 +249,41 @@ def test_spawn_form_sentences():
     assert reserved_now([COURSE], T0, BERLIN, inventory, ["ml-course"]) == [
         "3 of 4 GPUs reserved for ml-course until 12:00 (you are a member: you may use them)"]
     night = Reservation("night", 1, parse_window("Tue 22:00-01:00"), model="A100", id=9)
-    assert reserved_now([night], local("2026-12-08 23:00"), BERLIN, inventory) == [
+    assert reserved_now([night], local("2026-12-08 22:05"), BERLIN, inventory) == [
         "1 of 2 A100 GPUs reserved for night until Wed 01:00"]
     assert reserved_now([COURSE], local("2026-12-08 13:00"), BERLIN, inventory) == []
+
+
+# After the grace period the form says what is held for members now, not the whole reservation.
+@pytest.mark.parametrize("now, held, waiting, groups, sentence", [
+    ("10:14", [], {}, [], "3 of 4 GPUs reserved for ml-course until 12:00"),
+    ("10:15", [], {}, [],
+     "0 of 4 GPUs reserved for ml-course until 12:00 (all 3 went back to everyone at 10:15: no member asked "
+     "for them)"),
+    ("10:30", [hold("m1", ["g0"], ["ml-course"])], {}, [],
+     "1 of 4 GPUs reserved for ml-course until 12:00 (2 of its 3 went back to everyone at 10:15: no member "
+     "asked for them)"),
+    ("10:30", [hold("m1", ["g0"], ["ml-course"])], {"ml-course": 1}, ["ml-course"],
+     "2 of 4 GPUs reserved for ml-course until 12:00 (1 of its 3 went back to everyone at 10:15: no member "
+     "asked for them; you are a member: you may use them)"),
+    ("10:30", [hold("m1", ["g0", "g1"], ["ml-course"])], {"ml-course": 2}, [],
+     "3 of 4 GPUs reserved for ml-course until 12:00"),
+    # A non-member's GPUs do not count as asked for.
+    ("10:30", [hold("o1", ["g0", "g1"])], {"research": 2}, [],
+     "0 of 4 GPUs reserved for ml-course until 12:00 (all 3 went back to everyone at 10:15: no member asked "
+     "for them)"),
+])
+def test_the_form_reports_what_is_held_after_the_grace_period(now, held, waiting, groups, sentence):
+    from workbench_spawner.reservations import reserved_now
+
+    lines = reserved_now([COURSE], local(f"2026-12-08 {now}"), BERLIN, {"H100": 2, "A100": 2}, groups,
+                         holdings=held, models=MODELS, waiting=waiting)
+    assert lines == [sentence]
+
+
+def test_without_the_demand_the_form_gives_the_bound_never_the_whole_reservation():
+    from workbench_spawner.reservations import reserved_now
+
+    [line] = reserved_now([COURSE], local("2026-12-08 10:30"), BERLIN, {"H100": 2, "A100": 2})
+    assert line == ("up to 3 of 4 GPUs reserved for ml-course until 12:00 (since 10:15 only as many as members "
+                    "use or wait for)")
