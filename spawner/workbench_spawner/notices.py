@@ -3,10 +3,13 @@
 A notice says "your server will be stopped at T because ..." (state
 ``pending``), and, once the server was stopped, why (state ``done``). The
 user's JupyterLab shows pending notices as a notification and a status-bar
-countdown (the GPU monitor extension reads them through its own server's
-``api/gpu/notices``, which asks the workbench service with the server's
-token); the spawn page shows the last ``done`` notice so the user learns why
-the server stopped. A notice that no longer applies (the GPU got busy again)
+countdown. The service **pushes** them: its loop
+(``workbench_hub/service/notice_delivery.py``) puts each running server's
+pending notices on that server's GPU monitor (``PUT api/gpu/notices``,
+through the proxy with the service's own token), and the JupyterLab
+extension reads them from its own server (``GET api/gpu/notices``); user
+servers never call the service. The spawn page shows the last ``done``
+notice so the user learns why the server stopped. A notice that no longer applies (the GPU got busy again)
 is ``cleared`` and disappears.
 
 How to post a notice from the workbench service (or any code that holds the

@@ -200,21 +200,47 @@ def test_over_long_sessions_are_stopped_by_the_service(hub):
 def test_every_route_is_in_the_openapi_document(hub):
     doc = hub.service("GET", "api/openapi.json", token=False).json()
     assert doc["openapi"].startswith("3.")
+    posted = False
     for path, item in doc["paths"].items():
-        for method in ("get", "put", "delete"):
+        for method in ("get", "put", "delete", "post"):
             if method not in item:
                 continue
             concrete = path.replace("{name}", "dave" if "users" in path else "ml-course").lstrip("/")
-            body = {"max_gpus": 1} if method == "put" else None
+            if method == "post" and path == "/api/reservations":
+                check_posting_a_reservation(hub, item["post"])
+                posted = True
+                continue
+            body = {"max_gpus": 1} if method in ("put", "post") else None
             r = hub.service(method.upper(), concrete, json=body)
             # A reservation is named by its id: "no reservation with id ml-course" is the route's own 404.
             own_404 = path == "/api/reservations/{name}" and "no reservation with id" in r.text
             assert (r.status_code != 404 or own_404) and r.status_code < 500, (method, path, r.status_code, r.text)
             assert str(r.status_code) in item[method]["responses"] or (path == "/" and r.status_code == 200), (
                 method, path, r.status_code)
+    assert posted, "POST api/reservations is in the document"
     # An unknown API path is a JSON 404.
     r = hub.service("GET", "api/nothing-here")
     assert r.status_code == 404 and "openapi.json" in r.json()["message"]
+
+
+def check_posting_a_reservation(hub, operation: dict) -> None:
+    """The documented 201 and 400 of POST api/reservations, each answer validated by hub.service()."""
+    from datetime import date, timedelta
+
+    day = (date.today() + timedelta(days=30)).isoformat()  # a one-off window no test of this module is in
+    before = hub.service("GET", "api/reservations").json()["reservations"]
+    good = {"group": "ml-course", "gpus": 1, "window": f"{day} 10:00-12:00", "grace_minutes": 5}
+    for body in ({**good, "gpus": 0}, {**good, "window": "someday"}, {**good, "gpus": 99}, "not json"):
+        kwargs = {"data": body} if isinstance(body, str) else {"json": body}
+        r = hub.service("POST", "api/reservations", **kwargs)
+        assert r.status_code == 400 and "400" in operation["responses"], (body, r.status_code, r.text)
+    assert hub.service("GET", "api/reservations").json()["reservations"] == before, "a refusal stores nothing"
+    r = hub.service("POST", "api/reservations", json=good)
+    assert r.status_code == 201 and "201" in operation["responses"], r.text
+    created = r.json()
+    assert created["group"] == "ml-course" and created["gpus"] == 1
+    assert hub.service("DELETE", f"api/reservations/{created['id']}").status_code == 204
+    assert hub.service("GET", "api/reservations").json()["reservations"] == before
 
 
 def cli(hub, *args, token=None):
