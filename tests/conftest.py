@@ -94,6 +94,9 @@ class Hub:
             "WORKBENCH_PORT": str(self.port),
             "WORKBENCH_HUB_API_PORT": str(free_port()),
             "WORKBENCH_PROXY_API_PORT": str(free_port()),
+            # Every test hub its own workbench service: two hubs on 10101 would share one service,
+            # and the proxy of one would send its requests to the other's.
+            "WORKBENCH_SERVICE_PORT": str(free_port()),
             "WORKBENCH_ADMIN_TOKEN": self.token,
             "WORKBENCH_CULL_IDLE_SECONDS": "0",
             **env,

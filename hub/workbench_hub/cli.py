@@ -17,6 +17,8 @@ Examples::
         --grace-minutes 10 --preempt --warn-minutes 15
     workbench reservations              # list them (id, window, open now or next)
     workbench reservations delete 3
+    workbench slurm-nodes               # Slurm: the GPUs jobs reported per node
+    workbench slurm-forget-node gpu07   # Slurm: after replacing a node's GPUs
 
 It has no database URL of its own: every command goes through the service,
 which uses the GPU database the hub passes it (``--db-url``, the hub's
@@ -45,6 +47,7 @@ import urllib.request
 from urllib.parse import quote
 
 from .idle_cli import add_idle_parser, run_idle
+from .slurm_cli import add_slurm_parsers, run_slurm
 
 SERVICE_PATH = "/services/workbench/"
 
@@ -117,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
     listing.add_argument("id", nargs="?", help="the reservation to delete (see the list)")
     add_idle_parser(top)
+    add_slurm_parsers(top)
     return parser
 
 
@@ -209,6 +213,8 @@ def run(args) -> tuple[object, str]:
         return run_idle(args, call, CLIError)
     if args.area in ("reserve", "reservations"):
         return run_reservations(args)
+    if args.area in ("slurm-nodes", "slurm-forget-node"):
+        return run_slurm(args, call)
     action = args.action
     kind = "groups" if action.endswith("-group") else "users"
     if action in ("set", "set-group"):

@@ -82,13 +82,13 @@ class StartReportHandler(APIHandler):
         if spawner is None:
             raise web.HTTPError(403, "This token belongs to no server of this user that is starting; only a "
                                      "server's own start-up may report its port.")
-        if spawner.pending != "spawn":
-            raise web.HTTPError(409, f"{spawner._log_name} is not starting, so there is nothing to report; "
-                                     "a start report is taken only while the server starts.")
         try:
             accepted = read_report(self.get_json_body())
         except ReportRefused as exc:
             raise web.HTTPError(400, f"Start report refused: {exc}.") from None
+        if spawner.pending != "spawn":
+            raise web.HTTPError(409, f"{spawner._log_name} is not starting, so there is nothing to report; "
+                                     "a start report is taken only while the server starts.")
         for key, value in accepted.items():
             setattr(spawner, key, value)
         self.set_status(201)

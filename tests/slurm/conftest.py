@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shutil
 import subprocess
 import time
@@ -32,6 +33,27 @@ def squeue(*args: str) -> list[str]:
 def our_jobs() -> list[str]:
     """'<id> <state> <node> <comment>' for every job of the test users."""
     return squeue("-u", ",".join(USERS), "-o", "%i %T %N %k")
+
+
+def jobs_of(user: str) -> list[str]:
+    """The workbench's jobs of one user: tagged ``workbench:<hub id>:<user>/<server>``."""
+    tag = re.compile(rf" workbench:[0-9a-f]+:{re.escape(user)}/")
+    return [line for line in our_jobs() if tag.search(line)]
+
+
+def job_environment(user: str) -> dict[str, str]:
+    """The environment of the user's running single-user server (read from /proc as root)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            raw = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        if env.get("JUPYTERHUB_USER") == user and env.get("JUPYTERHUB_API_TOKEN") and "SLURM_JOB_ID" in env:
+            return env
+    raise AssertionError(f"no running server process of {user} found")
 
 
 def cancel_all() -> None:

@@ -33,6 +33,7 @@ from .hub_client import HubClient
 from .lifetime import CannotListen, listen, run_until_stopped
 from .gpu_reclaim import make_reclaimer
 from .idle_handlers import idle_routes
+from .slurm_handlers import slurm_routes
 from .session_limits import stop_overlong_servers
 
 log = logging.getLogger("workbench.service")
@@ -58,6 +59,7 @@ def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/
         (prefix + "api/openapi.json", h.OpenAPIHandler),
         (prefix + "metrics", h.MetricsHandler),
         *idle_routes(prefix),
+        *slurm_routes(prefix),
         (prefix + "api/.*", h.NotFoundHandler),
     ]
     return web.Application(routes, fleet=fleet, hub=hub, prefix=prefix, hub_prefix=hub_prefix,

@@ -170,10 +170,10 @@ class APIHandler(WorkbenchHandler):
             self.fail(403, f"this needs the {READ_SCOPE} or {ADMIN_SCOPE} scope; ask a hub admin")
         await self.wait_for_settings()
 
-    async def require_admin(self) -> None:
+    async def require_admin(self, what: str = "change quotas") -> None:
         self.require_caller()
         if not self.is_admin():
-            self.fail(403, f"only hub admins may change quotas (scope {ADMIN_SCOPE})")
+            self.fail(403, f"only hub admins may {what} (scope {ADMIN_SCOPE})")
         await self.wait_for_settings()
 
     def json_body(self) -> Any:

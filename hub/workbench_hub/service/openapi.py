@@ -22,6 +22,7 @@ from workbench_spawner.quota import (
 )
 
 from .openapi_idle import idle_paths, idle_quota_properties, idle_schemas
+from .openapi_slurm import slurm_paths, slurm_schemas
 from .openapi_parts import ADMIN, READ, STRING, STRINGS, TIME
 from .openapi_parts import error as _error
 from .openapi_parts import json_body as _json
@@ -171,7 +172,7 @@ def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
         "servers": [{"url": prefix.rstrip("/")}],
         "components": {
             "securitySchemes": {"hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}},
-            "schemas": {**_schemas(), **idle_schemas(), **reservation_schemas()},
+            "schemas": {**_schemas(), **idle_schemas(), **reservation_schemas(), **slurm_schemas()},
         },
         "security": [{"hubToken": []}],
         "paths": {
@@ -202,6 +203,7 @@ def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
                     "openapi": STRING, "info": {"type": "object"}, "paths": {"type": "object"}}))}}}},
             **idle_paths(FORBIDDEN, UNAVAILABLE),
             **reservation_paths(READ, ADMIN, FORBIDDEN, UNAVAILABLE),
+            **slurm_paths(FORBIDDEN, UNAVAILABLE),
             "/metrics": {"get": {"summary": "Prometheus text (DCGM-exporter names plus workbench_*)",
                                  "x-scope": READ,
                                  "responses": {"200": {"description": "text/plain; version=0.0.4",
