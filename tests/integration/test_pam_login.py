@@ -1,0 +1,58 @@
+"""WORKBENCH_AUTHENTICATOR=pam through the real hub: the host's Unix accounts log in with their own
+password (what a Slurm head node needs, since jobs run as the user's account), WORKBENCH_PAM_GROUPS
+keeps out accounts outside those groups, and a wrong password is refused."""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import subprocess
+
+import pytest
+import requests
+
+from tests.conftest import missing
+
+pytestmark = pytest.mark.integration
+
+GROUP = "wbpamusers"
+MEMBER, OUTSIDER = "wbpammember", "wbpamoutsider"
+
+
+@pytest.fixture(scope="module")
+def accounts():
+    if os.geteuid() != 0:
+        missing("making Unix accounts with passwords for the PAM login test needs root")
+    subprocess.run(["groupadd", "-f", GROUP], check=True)
+    passwords = {}
+    for name in (MEMBER, OUTSIDER):
+        if subprocess.run(["id", name], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
+        passwords[name] = secrets.token_urlsafe(12)
+        subprocess.run(["chpasswd"], input=f"{name}:{passwords[name]}\n", text=True, check=True)
+    subprocess.run(["usermod", "-a", "-G", GROUP, MEMBER], check=True)
+    return passwords
+
+
+def log_in(hub, user: str, password: str) -> requests.Response:
+    session = requests.Session()
+    page = session.get(f"{hub.url}/hub/login", timeout=30)
+    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
+    assert page.status_code == 200 and xsrf, page.text[:500]
+    return session.post(f"{hub.url}/hub/login", data={"username": user, "password": password,
+                                                        "_xsrf": xsrf.group(1)},
+                        allow_redirects=False, timeout=30)
+
+
+def test_unix_accounts_in_the_allowed_group_log_in_with_their_password(running_hub, accounts):
+    hub = running_hub({"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_PAM_GROUPS": GROUP,
+                       "WORKBENCH_SIMULATED_GPUS": "1"})
+    ok = log_in(hub, MEMBER, accounts[MEMBER])
+    assert ok.status_code == 302 and "/hub/" in ok.headers["Location"], ok.text[:300]
+    assert hub.api("GET", f"/users/{MEMBER}").status_code == 200  # a hub user now, by the account's name
+    wrong = log_in(hub, MEMBER, accounts[MEMBER] + "x")
+    assert wrong.status_code == 403 and "Invalid username or password" in wrong.text
+    outside = log_in(hub, OUTSIDER, accounts[OUTSIDER])  # right password, not in the group
+    assert outside.status_code == 403 and "Invalid username or password" in outside.text
+    assert hub.api("GET", f"/users/{OUTSIDER}").status_code == 404
