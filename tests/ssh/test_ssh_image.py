@@ -25,13 +25,30 @@ def test_the_image_has_openssh_and_rsync_but_no_host_keys_of_its_own(singleuser_
 def test_sshd_never_runs_as_root_and_takes_only_keys(singleuser_image):
     r = docker("run", "--rm", "--user", "0", "--entrypoint", "workbench-sshd", singleuser_image, "2222", check=False)
     assert r.returncode == 1 and "refusing to run as root" in r.stderr
-    # the effective configuration of the command jupyter-server-proxy runs (sshd -T prints it)
-    script = ("from jupyter_sshd_proxy import setup_sshd; import getpass, os, subprocess; "
-              "from workbench_ssh.sshd import sshd_command; "
-              "cmd = sshd_command('2222', getpass.getuser(), dict(os.environ), setup_sshd()['command']); "
-              "print(subprocess.run(cmd + ['-T'], capture_output=True, text=True).stdout)")
-    effective = docker("run", "--rm", "--entrypoint", "python3", singleuser_image, "-c", script).stdout.lower()
+    # the effective configuration (sshd -T) of exactly the command main() runs, home included:
+    # `workbench-sshd --check PORT` builds it as `workbench-sshd PORT` does and asks sshd to print it
+    r = docker("run", "--rm", "--entrypoint", "workbench-sshd", singleuser_image, "--check", "2222", check=False)
+    assert r.returncode == 0, r.stderr
+    effective = r.stdout.lower().splitlines()
     for line in ("passwordauthentication no", "kbdinteractiveauthentication no", "permitrootlogin no",
                  "authenticationmethods publickey", "allowusers jovyan", "pubkeyauthentication yes",
-                 "listenaddress 127.0.0.1:2222", "permituserenvironment no"):
-        assert line in effective.splitlines(), effective
+                 "listenaddress 127.0.0.1:2222", "permituserenvironment no", "permituserrc no",
+                 # forwarding: -L and -D (VS Code), nothing else
+                 "allowtcpforwarding local", "allowagentforwarding no", "allowstreamlocalforwarding no",
+                 "permittunnel no", "x11forwarding no",
+                 # every session in the server's home, which in the image is the passwd home
+                 "authorizedkeysfile /home/jovyan/.ssh/authorized_keys", "setenv home=/home/jovyan",
+                 "subsystem sftp /usr/lib/openssh/sftp-server"):
+        assert line in effective, r.stdout
+    force = [line for line in effective if line.startswith("forcecommand ")]
+    assert len(force) == 1 and force[0].endswith("/workbench_ssh/session.sh /home/jovyan /usr/lib/openssh/sftp-server")
+
+
+def test_login_shells_get_the_images_path(singleuser_image):
+    """Debian's /etc/profile resets PATH for login shells; the image's profile.d restores it."""
+    out = docker("run", "--rm", "--entrypoint", "bash", singleuser_image, "-lc",
+                 'command -v python; printf "%s\\n" "$PATH"').stdout.splitlines()
+    image_path = docker("image", "inspect", "--format", "{{range .Config.Env}}{{println .}}{{end}}",
+                        singleuser_image).stdout
+    assert out[0] == "/opt/workbench/venv/bin/python"
+    assert f"PATH={out[1]}" in image_path.splitlines()

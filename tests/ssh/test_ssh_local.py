@@ -4,7 +4,9 @@ The local backend runs servers as the hub's own account, and ``workbench-sshd``
 refuses to run as root (a root sshd would let every local account in). A hub run
 as root checks the refusal is clean: the connection fails, nothing runs, and the
 server says why. A hub run as an ordinary account (a workstation; under root the
-test makes one) lets ``ssh`` in with the server's ``CUDA_VISIBLE_DEVICES``.
+test makes one) lets ``ssh`` in with the server's ``CUDA_VISIBLE_DEVICES``, and
+every way in (``ssh``, ``scp``, ``sftp``) lands in the server's home, the one
+JupyterLab shows, not in the account's passwd home.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import getpass
 import os
 import pwd
 import subprocess
+from pathlib import Path
 
 import pytest
 
+from tests.conftest import process_env
 from tests.ssh.conftest import Account, SSHHub, scoped_token
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration]
@@ -60,3 +64,17 @@ def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path
     assert r.returncode == 0, r.stderr
     leased = hub.leases()[user]
     assert r.stdout.splitlines() == [",".join(leased), ",".join(leased)]
+
+    # the same home as JupyterLab: the server's HOME, which is not the account's passwd home
+    home = process_env(int(hub.server(user)["state"]["pid"]))["HOME"]
+    assert home != pwd.getpwnam(account).pw_dir
+    r = ssh.run("ssh", user, "HOST", 'pwd; echo "$HOME"')
+    assert r.returncode == 0 and r.stdout.splitlines() == [home, home], (r.stdout, r.stderr)
+    laptop_file = tmp_path / "from-the-laptop.txt"
+    laptop_file.write_text("copied with scp\n")
+    r = ssh.run("scp", user, "-q", str(laptop_file), "HOST:")
+    assert r.returncode == 0, r.stderr
+    assert (Path(home) / laptop_file.name).read_text() == "copied with scp\n"
+    r = ssh.run("sftp", user, "-b", "-", "HOST", input="pwd\nls -1\n")
+    assert r.returncode == 0, r.stderr
+    assert f"Remote working directory: {home}\n" in r.stdout and laptop_file.name in r.stdout.splitlines()

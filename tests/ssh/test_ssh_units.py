@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
-import subprocess
 import struct
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from workbench_ssh import client_config, keys, sshd
+from workbench_ssh import client_config, handlers, keys, sshd
 
 pytestmark = pytest.mark.ssh
 
 
-def _keygen(tmp_path, kind: str, bits: int | None = None) -> str:
+def _keygen(tmp_path, kind: str, bits: int | None = None, name: str | None = None) -> str:
     if shutil.which("ssh-keygen") is None:
         from tests.conftest import missing
 
         missing("ssh-keygen is not installed (apt-get install openssh-client)")
-    path = tmp_path / f"id_{kind}{bits or ''}"
+    path = tmp_path / (name or f"id_{kind}{bits or ''}")
     args = ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "me@laptop", "-f", str(path)]
     if bits:
         args += ["-b", str(bits)]
@@ -80,31 +83,134 @@ def test_a_short_rsa_key_is_refused(tmp_path):
         keys.parse_public_key(_keygen(tmp_path, "rsa", 1024))
 
 
+SFTP = "/usr/lib/openssh/sftp-server"
+BASE = ["/usr/sbin/sshd", "-h", "/home/jovyan/.ssh/jupyter_sshd_hostkey", "-D", "-e", "-f", "none",
+        "-o", "ListenAddress 127.0.0.1:{port}", "-o", "PrintLastLog no",
+        "-o", "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys2", "-o", "LogLevel INFO",
+        "-o", "Subsystem    sftp    internal-sftp"]  # jupyter-sshd-proxy 0.3.0's command
+
+
+def options_of(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, part in enumerate(cmd) if part == "-o"]
+
+
 def test_sshd_options_allow_only_this_users_keys_and_carry_only_the_gpu_variables():
     env = {"WORKBENCH_GPUS": "GPU-a,GPU-b", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "PATH": "/opt/v/bin:/usr/bin",
            "JUPYTERHUB_API_TOKEN": "secret", "HOME": "/home/jovyan"}
-    cmd = sshd.sshd_command("4242", "jovyan", env, ["/usr/sbin/sshd", "-f", "none", "-o", "ListenAddress 127.0.0.1:{port}"])
-    assert cmd[:5] == ["/usr/sbin/sshd", "-f", "none", "-o", "ListenAddress 127.0.0.1:4242"]
-    options = [cmd[i + 1] for i, part in enumerate(cmd) if part == "-o"]
+    cmd = sshd.sshd_command("4242", "jovyan", env, BASE, "/home/jovyan", SFTP)
+    assert cmd[:7] == BASE[:7] and "ListenAddress 127.0.0.1:4242" in options_of(cmd)
+    options = options_of(cmd)
     for wanted in ("PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
-                   "AuthenticationMethods publickey", "AllowUsers jovyan", "PermitUserEnvironment no"):
+                   "AuthenticationMethods publickey", "AllowUsers jovyan", "PermitUserEnvironment no",
+                   "PermitUserRC no"):
         assert wanted in options
     setenv = [o for o in options if o.startswith("SetEnv ")]
-    assert setenv == ["SetEnv WORKBENCH_GPUS=GPU-a,GPU-b CUDA_VISIBLE_DEVICES=GPU-a,GPU-b PATH=/opt/v/bin:/usr/bin"]
+    assert setenv == ["SetEnv WORKBENCH_GPUS=GPU-a,GPU-b CUDA_VISIBLE_DEVICES=GPU-a,GPU-b PATH=/opt/v/bin:/usr/bin "
+                      "HOME=/home/jovyan"]
     assert "secret" not in " ".join(cmd)
 
 
-def test_sshd_reads_the_keys_the_page_writes_in_the_servers_home():
+def test_sshd_forwards_local_ports_only():
+    options = options_of(sshd.sshd_command("4242", "jovyan", {}, BASE, "/home/jovyan", SFTP))
+    for wanted in ("AllowTcpForwarding local", "AllowAgentForwarding no", "AllowStreamLocalForwarding no",
+                   "PermitTunnel no", "X11Forwarding no"):
+        assert wanted in options
+
+
+def test_every_session_lands_in_the_servers_home():
     # Local backend: the server runs as the hub's account with HOME set to the hub user's home.
-    # jupyter-sshd-proxy's command names a relative keys file; sshd would keep that first value.
-    base = ["/usr/sbin/sshd", "-f", "none", "-o", "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys2",
-            "-o", "LogLevel INFO"]
-    cmd = sshd.sshd_command("4242", "hubowner", {}, base, home="/srv/wb/homes/carol")
-    options = [cmd[i + 1] for i, part in enumerate(cmd) if part == "-o"]
+    # jupyter-sshd-proxy's command names a relative keys file (sshd would keep that first value,
+    # resolved against the passwd home) and internal-sftp (a second Subsystem sftp is an error).
+    home = "/srv/wb data/homes/carol"
+    cmd = sshd.sshd_command("4242", "hubowner", {}, BASE, home, SFTP)
+    options = options_of(cmd)
     assert [o for o in options if o.lower().startswith("authorizedkeysfile")] == [
-        "AuthorizedKeysFile /srv/wb/homes/carol/.ssh/authorized_keys"]
-    assert cmd[:3] == ["/usr/sbin/sshd", "-f", "none"] and "LogLevel INFO" in options
-    assert keys.authorized_keys_path("/srv/wb/homes/carol") == Path("/srv/wb/homes/carol/.ssh/authorized_keys")
+        'AuthorizedKeysFile "/srv/wb data/homes/carol/.ssh/authorized_keys"']
+    assert [o for o in options if o.lower().startswith("subsystem")] == [f"Subsystem sftp {SFTP}"]
+    assert f"ForceCommand /bin/sh {sshd.SESSION_SCRIPT} '{home}' {SFTP}" in options
+    assert 'SetEnv "HOME=/srv/wb data/homes/carol"' in options
+    assert cmd[:7] == BASE[:7] and "LogLevel INFO" in options
+    assert keys.authorized_keys_path(home) == Path(home) / ".ssh" / "authorized_keys"
+
+
+@pytest.mark.parametrize(
+    "word, quoted",
+    [
+        ("plain/path", "plain/path"),
+        ("a b", '"a b"'),
+        ('say "hi"', '"say \\"hi\\""'),
+        ("back\\slash", '"back\\\\slash"'),
+        ("not#comment", '"not#comment"'),
+        ("", '""'),
+    ],
+)
+def test_words_are_quoted_for_sshds_option_parser(word, quoted):
+    assert sshd.sshd_word(word) == quoted
+
+
+def test_a_percent_in_the_home_is_not_an_sshd_token():
+    options = options_of(sshd.sshd_command("1", "u", {}, BASE, "/h/100%", SFTP))
+    assert "AuthorizedKeysFile /h/100%%/.ssh/authorized_keys" in options
+
+
+@pytest.mark.parametrize(
+    "home, says",
+    [
+        ("relative/home", "not an absolute path"),
+        ("/tmp/back\\slash", "no newlines or backslashes"),
+        ("/tmp/new\nline", "no newlines or backslashes"),
+        ("/nonexistent/workbench-home", "does not exist"),
+    ],
+)
+def test_a_home_sshd_cannot_be_given_is_refused_with_a_sentence(home, says):
+    with pytest.raises(sshd.SetupError, match=says):
+        sshd.server_home({"HOME": home})
+
+
+def _run_session(tmp_path, home: Path, command: str | None, extra_env: dict[str, str] | None = None):
+    """Run session.sh as sshd's ForceCommand would, with a stand-in shell and sftp-server that
+    report how they were started."""
+    report = tmp_path / "report"
+    fake = tmp_path / "fake"
+    fake.write_text(f'#!/bin/sh\n{{ echo "argv:$0 $*"; echo "pwd:$(pwd)"; env; }} > {report}\n')
+    fake.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "SHELL": str(fake), "OLDPWD": "/home/account"}
+    if command is not None:
+        env["SSH_ORIGINAL_COMMAND"] = command
+    env.update(extra_env or {})
+    subprocess.run(["/bin/sh", str(sshd.SESSION_SCRIPT), str(home), str(fake)], env=env, cwd="/", check=True,
+                   timeout=10)
+    lines = report.read_text().splitlines()
+    return lines[0], lines[1], dict(line.split("=", 1) for line in lines[2:] if "=" in line)
+
+
+def test_the_session_wrapper_runs_commands_sftp_and_login_shells_in_the_home(tmp_path):
+    home = tmp_path / "server home"
+    home.mkdir()
+    argv, pwd_line, env = _run_session(tmp_path, home, "echo hi; pwd")
+    assert argv == f"argv:{tmp_path / 'fake'} -c echo hi; pwd" and pwd_line == f"pwd:{home}"
+    assert "SSH_ORIGINAL_COMMAND" not in env and "OLDPWD" not in env and env["HOME"] == str(home)
+    # the sftp subsystem (sshd passes the subsystem's command): sftp-server starts in the home
+    argv, pwd_line, _ = _run_session(tmp_path, home, str(tmp_path / "fake"))
+    assert argv == f"argv:{tmp_path / 'fake'} -d {home}" and pwd_line == f"pwd:{home}"
+    # no command: a login shell
+    argv, pwd_line, _ = _run_session(tmp_path, home, None)
+    assert argv == f"argv:{tmp_path / 'fake'} -l" and pwd_line == f"pwd:{home}"
+
+
+def test_the_session_wrapper_escapes_sftp_servers_percent_tokens(tmp_path):
+    home = tmp_path / "100%"
+    home.mkdir()
+    argv, _, _ = _run_session(tmp_path, home, str(tmp_path / "fake"))
+    assert argv == f"argv:{tmp_path / 'fake'} -d {tmp_path}/100%%"
+
+
+def test_the_session_wrapper_refuses_a_missing_home(tmp_path):
+    r = subprocess.run(["/bin/sh", str(sshd.SESSION_SCRIPT), str(tmp_path / "gone"), "/bin/true"],
+                       env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": "echo reached"},
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == f"workbench-ssh: cannot enter the server's home {tmp_path / 'gone'}\n"
 
 
 def test_a_cpu_only_server_still_tells_sessions_it_has_no_gpu():
@@ -112,9 +218,10 @@ def test_a_cpu_only_server_still_tells_sessions_it_has_no_gpu():
     assert sshd.quote_setenv(["A=x y", "B=z"]) == '"A=x y" B=z'
 
 
-def test_workbench_sshd_refuses_bad_arguments(capsys):
-    assert sshd.main(["not-a-port"]) == 2
-    assert "usage" in capsys.readouterr().err
+@pytest.mark.parametrize("argv", [["not-a-port"], [], ["--check"], ["1", "2"], ["--check", "x"]])
+def test_workbench_sshd_refuses_bad_arguments(capsys, argv):
+    assert sshd.main(argv) == 2
+    assert "usage: workbench-sshd PORT" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="checks the refusal to run as root")
@@ -124,15 +231,41 @@ def test_workbench_sshd_refuses_to_run_as_root(capsys):
 
 
 @pytest.mark.parametrize(
-    "public, base, url",
+    "public, hub_base, base, url",
     [
-        ("https://hub.example.org", "/user/alice/", "wss://hub.example.org/user/alice/sshd/"),
-        ("http://127.0.0.1:8000", "/user/alice/", "ws://127.0.0.1:8000/user/alice/sshd/"),
-        ("https://example.org/jhub/", "/jhub/user/a%40b/gpu/", "wss://example.org/jhub/user/a%40b/gpu/sshd/"),
+        ("https://hub.example.org", "/", "/user/alice/", "wss://hub.example.org/user/alice/sshd/"),
+        ("http://127.0.0.1:8000", "/", "/user/alice/", "ws://127.0.0.1:8000/user/alice/sshd/"),
+        # the hub's base URL in WORKBENCH_PUBLIC_URL is not added a second time
+        ("https://example.org/jhub/", "/jhub/", "/jhub/user/a%40b/gpu/", "wss://example.org/jhub/user/a%40b/gpu/sshd/"),
+        ("https://example.org/jhub", "/jhub/", "/jhub/user/a/", "wss://example.org/jhub/user/a/sshd/"),
+        ("https://example.org", "/jhub/", "/jhub/user/a/", "wss://example.org/jhub/user/a/sshd/"),
     ],
 )
-def test_websocket_url(public, base, url):
-    assert client_config.websocket_url(public.rstrip("/").rsplit("/jhub", 1)[0], base) == url
+def test_websocket_url(public, hub_base, base, url):
+    assert client_config.websocket_url(public, base, hub_base) == url
+
+
+@pytest.mark.parametrize(
+    "public, says",
+    [
+        ("https://example.org/other/", "has the path /other/, but the hub's base URL is /jhub/"),
+        ("ftp://example.org", "must be http(s)://host"),
+        ("example.org", "must be http(s)://host"),
+        ("https://example.org/jhub/?x=1", "must not have a query"),
+    ],
+)
+def test_a_public_url_that_cannot_be_the_hubs_is_refused_with_a_sentence(public, says):
+    with pytest.raises(client_config.PublicURLError, match=re.escape(says)):
+        client_config.websocket_url(public, "/jhub/user/a/", "/jhub/")
+
+
+def test_the_page_info_uses_the_hubs_base_url_once(tmp_path):
+    env = {"JUPYTERHUB_USER": "alice", "JUPYTERHUB_BASE_URL": "/jhub/"}
+    info = handlers.ssh_info("https://example.org/jhub", "/jhub/user/alice/", env, str(tmp_path))
+    assert info["websocket_url"] == "wss://example.org/jhub/user/alice/sshd/"
+    assert info["token_page"] == "https://example.org/jhub/hub/token"
+    assert info["proxy_script_url"] == "/jhub/user/alice/workbench/ssh/workbench-ssh-proxy.py"
+    assert info["alias"] == "workbench-example.org-alice"
 
 
 def test_the_config_entry_names_alias_user_proxy_and_token_source():
@@ -141,8 +274,61 @@ def test_the_config_entry_names_alias_user_proxy_and_token_source():
     text = client_config.ssh_config(alias, "jovyan", "wss://hub.example.org/user/a%40b/gpu/sshd/", "env")
     assert text.splitlines()[:4] == [
         f"Host {alias}", "    User jovyan", f"    HostKeyAlias {alias}",
-        '    ProxyCommand websocat --binary -H="Authorization: token ${WORKBENCH_HUB_TOKEN}" asyncstdio: '
-        "wss://hub.example.org/user/a%40b/gpu/sshd/",
+        # ssh expands %-tokens in ProxyCommand: the escaped @ is written %%40
+        "    ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-env WORKBENCH_HUB_TOKEN "
+        "wss://hub.example.org/user/a%%40b/gpu/sshd/",
     ]
-    assert "$(cat ~/.ssh/workbench-token)" in client_config.ssh_config(alias, "jovyan", "wss://h/u/", "file")
+    assert ("ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-file ~/.ssh/workbench-token wss://h/u/"
+            in client_config.ssh_config(alias, "jovyan", "wss://h/u/", "file"))
     assert "ServerAliveInterval 30" in text
+    with pytest.raises(ValueError, match="'file' or 'env'"):
+        client_config.proxy_command("wss://h/u/", "argv")
+
+
+def test_ssh_runs_the_proxy_command_with_the_url_intact(tmp_path):
+    """ssh expands %-tokens and the shell expands ~ in the ProxyCommand: with a stand-in
+    ``python3`` that records its arguments, the proxy gets the escaped URL and real paths."""
+    if shutil.which("ssh") is None:
+        from tests.conftest import missing
+
+        missing("ssh is not installed (apt-get install openssh-client)")
+    bin_dir, record = tmp_path / "bin", tmp_path / "argv"
+    bin_dir.mkdir()
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
+    (bin_dir / "python3").chmod(0o755)
+    cfg = tmp_path / "config"
+    cfg.write_text(client_config.ssh_config("wb-alias", "jovyan", "wss://hub.example.org/user/a%40b/sshd/", "file"))
+    subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "wb-alias", "true"], capture_output=True, timeout=30,
+                   env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert record.read_text().splitlines() == [
+        f"{tmp_path}/.ssh/workbench-ssh-proxy.py", "--token-file", f"{tmp_path}/.ssh/workbench-token",
+        "wss://hub.example.org/user/a%40b/sshd/"]
+
+
+def test_two_keys_added_at_once_both_land(tmp_path, monkeypatch):
+    """The read-modify-write of authorized_keys is serialised: with a slow rename in between,
+    an unlocked add would overwrite the other's key."""
+    home = tmp_path / "home"
+    lines = [_keygen(tmp_path, "ed25519", name=f"id_{n}") for n in range(3)]
+    real_replace = os.replace
+
+    def slow_replace(src, dst):
+        time.sleep(0.3)
+        real_replace(src, dst)
+
+    monkeypatch.setattr(keys.os, "replace", slow_replace)
+    barrier = threading.Barrier(len(lines))
+    results: list[bool] = []
+
+    def add(line: str) -> None:
+        barrier.wait()
+        results.append(keys.add_key(home, line)[1])
+
+    threads = [threading.Thread(target=add, args=(line,)) for line in lines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert results == [True, True, True]
+    assert sorted(keys.authorized_keys_path(home).read_text().splitlines()) == sorted(lines)
+    assert sorted(os.listdir(home / ".ssh")) == ["authorized_keys"]  # no lock or temporary file left

@@ -4,13 +4,20 @@
   the raw-socket websocket ``{base_url}sshd/``; jupyter-sshd-proxy's command,
   hardened (public keys only, no root, this user only, the server's GPU
   variables in every session);
+* ``session.sh``: sshd's ForceCommand, which puts every session in the server's home;
 * ``keys.py``: validating and adding a public key to ``~/.ssh/authorized_keys``;
 * ``client_config.py``: the ``~/.ssh/config`` entry a user pastes on a laptop;
+* ``proxy.py``: that entry's ProxyCommand, one file the page serves for the laptop;
 * ``handlers.py``: the page ``{base_url}workbench/ssh`` and
   ``{base_url}api/workbench/ssh/keys``.
+
+JupyterLab's launcher shows "SSH into this server" (category Other), which opens
+the page: jupyter-server-proxy's launcher entry of the ``sshd`` server, pointed
+at the page rather than at the raw websocket.
 """
 
 import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
@@ -27,7 +34,14 @@ SSHD_SERVER = {
     "command": [sys.executable, "-m", "workbench_ssh.sshd", "{port}"],
     "raw_socket_proxy": True,
     "timeout": 30,
-    "launcher_entry": {"enabled": False},
+    # the launcher item opens the SSH page (in a new browser tab); it does not start sshd
+    "launcher_entry": {
+        "enabled": True,
+        "title": "SSH into this server",
+        "path_info": "workbench/ssh",
+        "category": "Other",
+        "icon_path": str(Path(__file__).with_name("ssh-icon.svg")),
+    },
 }
 
 

@@ -1,7 +1,10 @@
 """The SSH page and its small REST API, inside the user's own server.
 
 ``GET {base_url}workbench/ssh``          the page (HTML, renders ``api/workbench/ssh``)
-``GET {base_url}api/workbench/ssh``      the ``~/.ssh/config`` entry and the keys (JSON)
+``GET {base_url}workbench/ssh/workbench-ssh-proxy.py``  the laptop's ProxyCommand (``proxy.py``), to save
+    as ``~/.ssh/workbench-ssh-proxy.py``
+``GET {base_url}api/workbench/ssh``      the ``~/.ssh/config`` entry and the keys (JSON); a 500 with a
+    sentence when ``WORKBENCH_PUBLIC_URL`` cannot be the hub's address
 ``POST {base_url}api/workbench/ssh/keys``  ``{"key": "ssh-ed25519 AAAA... me@laptop"}``:
     201 added, 200 already there, 400 with a sentence (the file is untouched).
 
@@ -23,16 +26,22 @@ from tornado import web
 
 from . import client_config, keys
 
+#: where the page serves the laptop's ProxyCommand, below the server's base URL
+PROXY_SCRIPT_ROUTE = "workbench/ssh/workbench-ssh-proxy.py"
+
 
 def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str) -> dict:
-    """What the page shows: the config entry for both token sources, and the listed keys."""
+    """What the page shows: the config entry for both token sources, the client, and the listed keys.
+
+    Raises :class:`client_config.PublicURLError` when ``public_url`` cannot be the hub's address."""
     hub_user = environ.get("JUPYTERHUB_USER", getpass.getuser())
     server_name = environ.get("JUPYTERHUB_SERVER_NAME", "")
-    host = public_url.split("://", 1)[-1].split("/")[0]
+    hub_base = environ.get("JUPYTERHUB_BASE_URL", "/")
+    origin = client_config.public_origin(public_url, hub_base)
+    host = origin.split("://", 1)[1]
     alias = client_config.host_alias(host, hub_user, server_name)
-    url = client_config.websocket_url(public_url, base_url)
+    url = client_config.websocket_url(public_url, base_url, hub_base)
     login = pwd.getpwuid(os.getuid()).pw_name  # the account, not $USER
-    hub_prefix = environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
     return {
         "alias": alias,
         "login_user": login,
@@ -41,7 +50,10 @@ def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str)
         "token_file": client_config.TOKEN_FILE,
         "token_env": client_config.TOKEN_ENV,
         "token_scope": f"access:servers!server={hub_user}/{server_name}",
-        "token_page": public_url.rstrip("/") + hub_prefix + "token",
+        "token_page": origin + url_path_join(hub_base, "hub/token"),
+        "proxy_script": client_config.PROXY_SCRIPT,
+        "proxy_script_url": url_path_join(base_url, PROXY_SCRIPT_ROUTE),
+        "client_library": client_config.CLIENT_LIBRARY,
         "ssh_config": client_config.ssh_config(alias, login, url, "file"),
         "ssh_config_env": client_config.ssh_config(alias, login, url, "env"),
         "keys": keys.listed_keys(home),
@@ -54,7 +66,11 @@ class _SSHMixin:
         return configured.rstrip("/") if configured else f"{self.request.protocol}://{self.request.host}"
 
     def info(self) -> dict:
-        return ssh_info(self.public_url(), self.base_url, dict(os.environ), os.path.expanduser("~"))
+        try:
+            return ssh_info(self.public_url(), self.base_url, dict(os.environ), os.path.expanduser("~"))
+        except client_config.PublicURLError as e:
+            # the admin's setting, not the user's request: say what to fix
+            raise web.HTTPError(500, str(e)) from None
 
 
 class SSHInfoHandler(_SSHMixin, APIHandler):
@@ -95,10 +111,21 @@ class SSHPageHandler(_SSHMixin, JupyterHandler):
                     .replace("{{XSRF}}", self.xsrf_token.decode()))
 
 
+class ProxyScriptHandler(JupyterHandler):
+    """The laptop's ProxyCommand, as a file to save (the same file as ``workbench_ssh/proxy.py``)."""
+
+    @web.authenticated
+    def get(self):
+        self.set_header("Content-Type", "text/x-python; charset=utf-8")
+        self.set_header("Content-Disposition", 'attachment; filename="workbench-ssh-proxy.py"')
+        self.finish(files("workbench_ssh").joinpath("proxy.py").read_text())
+
+
 def setup_handlers(web_app) -> None:
     base = web_app.settings["base_url"]
     web_app.add_handlers(".*$", [
         (url_path_join(base, "workbench/ssh"), SSHPageHandler),
+        (url_path_join(base, PROXY_SCRIPT_ROUTE), ProxyScriptHandler),
         (url_path_join(base, "api/workbench/ssh"), SSHInfoHandler),
         (url_path_join(base, "api/workbench/ssh/keys"), SSHKeysHandler),
     ])

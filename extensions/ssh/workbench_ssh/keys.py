@@ -7,18 +7,25 @@ private key, accepted by ``ssh-keygen -l`` (the same parser sshd uses), RSA at
 least 2048 bits. A refused key leaves the file untouched. The file is rewritten
 through a temporary file and a rename, so a crash never leaves half a line, and
 ``~/.ssh`` (0700) and the file (0600) get the modes sshd's StrictModes wants.
+Adding is read-modify-write: it holds an exclusive ``flock`` on ``~/.ssh``
+itself (no lock file left behind) from the read to the rename, so two adds at
+once (two tabs, a script and the page) both land instead of one overwriting the
+other.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import fcntl
 import os
 import struct
 import subprocess
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 KEY_TYPES = (
     "ssh-ed25519",
@@ -124,25 +131,37 @@ def listed_keys(home: str | os.PathLike) -> list[dict[str, str]]:
     return keys
 
 
+@contextmanager
+def _locked(directory: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory`` (flock on the directory itself) for the block."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
+
+
 def add_key(home: str | os.PathLike, text: str) -> tuple[PublicKey, bool]:
     """Add the key in ``text``; returns it and whether it was new (False: already there)."""
     key = parse_public_key(text)
     path = authorized_keys_path(home)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(path.parent, 0o700)
-    existing = path.read_text(errors="replace") if path.exists() else ""
-    for line in existing.splitlines():
-        words = line.split()
-        if key.body in words:
-            return key, False
-    content = existing + ("" if not existing or existing.endswith("\n") else "\n") + key.line + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".authorized_keys.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-        os.chmod(tmp, 0o600)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with _locked(path.parent):
+        existing = path.read_text(errors="replace") if path.exists() else ""
+        for line in existing.splitlines():
+            words = line.split()
+            if key.body in words:
+                return key, False
+        content = existing + ("" if not existing or existing.endswith("\n") else "\n") + key.line + "\n"
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".authorized_keys.")
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(content)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return key, True
