@@ -1,14 +1,17 @@
-"""SSH, scp, rsync, sftp and ``ssh -L`` into a user's own container, through the hub.
+"""SSH, scp, rsync, sftp, ``ssh -L`` and ``-D`` into a user's own container, through the hub.
 
-Real hub, configurable-http-proxy, Docker engine, Debian's OpenSSH client and
-websocat, with the ``~/.ssh/config`` entry the SSH page gives. One hub and two
-containers are shared by the whole package (tests/ssh/conftest.py), so the
-tests run in file order and leave the servers running.
+Real hub, configurable-http-proxy, Docker engine and Debian's OpenSSH client,
+with the ``~/.ssh/config`` entry the SSH page gives and the ProxyCommand file it
+serves. One hub and two containers are shared by the whole package
+(tests/ssh/conftest.py), so the tests run in file order and leave the servers
+running.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import subprocess
 import time
 from datetime import datetime
@@ -16,15 +19,41 @@ from datetime import datetime
 import pytest
 import requests
 
-from tests.conftest import free_port
-from tests.docker.conftest import docker
+from tests.conftest import free_port, missing, wait_until
+from tests.docker.conftest import docker, inspect
 
 pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
+
+
+#: every process's command line in a container, one a line
+PROCESSES = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
+
+
+def server_last_activity(ssh_hub, account) -> datetime:
+    """The server's last_activity as the hub's API (and so the idle culler) sees it."""
+    server = ssh_hub.hub.api("GET", f"/users/{account.name}").json()["servers"][""]
+    return datetime.fromisoformat(server["last_activity"].replace("Z", "+00:00"))
 
 
 def container_env(name: str) -> dict[str, str]:
     out = docker("exec", name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ").stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+#: all a command session's environment may hold: sshd's own variables, the server's GPU variables,
+#: PATH and HOME (sshd's SetEnv), and what bash adds itself. Never the server's hub token, its
+#: JUPYTERHUB_* settings or anything else of the server's.
+SESSION_ALLOWLIST = {
+    "USER", "LOGNAME", "HOME", "SHELL", "MAIL", "SSH_CLIENT", "SSH_CONNECTION",
+    "PATH", "WORKBENCH_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
+    "PWD", "SHLVL", "_",
+}
+FROM_THE_SERVER = ("PATH", "WORKBENCH_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES")
+VENV_PYTHON = "/opt/workbench/venv/bin/python"
+
+
+def session_env(output: str) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in output.split("\0") if "=" in item)
 
 
 def test_ssh_runs_in_the_users_container_with_exactly_its_gpus(ssh_hub, alice):
@@ -35,13 +64,30 @@ def test_ssh_runs_in_the_users_container_with_exactly_its_gpus(ssh_hub, alice):
     assert r.stdout.strip().split(",") == container_env(ssh_hub.container(alice.name))["WORKBENCH_GPUS"].split(",")
     assert sorted(r.stdout.strip().split(",")) == sorted(leased)
 
-    r = ssh_hub.run("ssh", alice.name, "HOST", "id -u; echo $HOME; printenv NVIDIA_VISIBLE_DEVICES; env")
-    uid, home, nvidia, *env_lines = r.stdout.splitlines()
-    assert (uid, home) == ("1000", "/home/jovyan")
-    assert sorted(nvidia.split(",")) == sorted(leased)
-    session_env = dict(line.split("=", 1) for line in env_lines if "=" in line)
-    # nothing of the server's secrets: the hub token never reaches an SSH session
-    assert not {k for k in session_env if k.startswith("JUPYTERHUB_")}
+
+def test_a_session_has_the_servers_world_and_nothing_more(ssh_hub, alice):
+    server = container_env(ssh_hub.container(alice.name))
+    r = ssh_hub.run("ssh", alice.name, "HOST", "id -u; pwd; env -0")
+    assert r.returncode == 0, r.stderr
+    uid, cwd, env_text = r.stdout.split("\n", 2)
+    env = session_env(env_text)
+    assert set(env) <= SESSION_ALLOWLIST, sorted(set(env) - SESSION_ALLOWLIST)
+    assert (uid, cwd, env["HOME"], env["USER"]) == ("1000", "/home/jovyan", server["HOME"], "jovyan")
+    for name in FROM_THE_SERVER:
+        assert env.get(name) == server.get(name), name
+    assert sorted(env["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(ssh_hub.hub.leases()[alice.name])
+    assert env["PATH"].split(":")[0] == "/opt/workbench/venv/bin"
+
+
+def test_a_login_shell_keeps_the_servers_python_and_gpus(ssh_hub, alice):
+    """Debian's /etc/profile sets a fixed PATH for login shells; the image's profile.d puts the venv back."""
+    gpus = container_env(ssh_hub.container(alice.name))["WORKBENCH_GPUS"]
+    r = ssh_hub.run("ssh", alice.name, "HOST", "bash -lc 'command -v python; printenv WORKBENCH_GPUS'")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [VENV_PYTHON, gpus]
+    # an interactive session (a terminal, as a person or VS Code's terminal gets it) is a login shell too
+    r = ssh_hub.run("ssh", alice.name, "-tt", "HOST", input='echo "seen:$(command -v python):$(pwd)"; exit\n')
+    assert f"seen:{VENV_PYTHON}:/home/jovyan" in r.stdout, (r.stdout, r.stderr)
 
 
 def test_scp_and_rsync_copy_into_the_home_and_the_files_survive_a_restart(ssh_hub, alice, tmp_path):
@@ -57,8 +103,6 @@ def test_scp_and_rsync_copy_into_the_home_and_the_files_survive_a_restart(ssh_hu
 
     r = ssh_hub.run("ssh", alice.name, "HOST", "sha256sum via-scp.bin; cat notes/via-rsync.txt")
     assert r.returncode == 0, r.stderr  # also: the host key is the same (StrictHostKeyChecking on a known host)
-    import hashlib
-
     assert r.stdout.split()[0] == hashlib.sha256(first.read_bytes()).hexdigest()
     assert r.stdout.endswith("rsync through the hub\n")
 
@@ -69,15 +113,18 @@ def test_sftp_lists_the_home(ssh_hub, alice):
     assert "/home/jovyan" in r.stdout and "via-scp.bin" in r.stdout and "notebooks" in r.stdout
 
 
-def test_ssh_L_forwards_a_port_to_a_process_in_the_container(ssh_hub, alice):
+def test_ssh_L_and_D_forward_ports_to_a_process_in_the_container(ssh_hub, alice):
+    """Local (-L) and dynamic (-D, SOCKS) forwarding stay on: VS Code Remote-SSH tunnels through them."""
+    if shutil.which("curl") is None:
+        missing("curl is not installed (apt-get install curl)")
     container = ssh_hub.container(alice.name)
     docker("exec", container, "sh", "-c", "mkdir -p /tmp/www && echo served-from-container > /tmp/www/hello.txt")
     docker("exec", "-d", container, "python3", "-m", "http.server", "8765", "--bind", "127.0.0.1",
            "--directory", "/tmp/www")
-    local = free_port()
+    local, socks = free_port(), free_port()
     cfg, alias = ssh_hub.config(alice.name)
     tunnel = subprocess.Popen(["ssh", "-F", str(cfg), "-N", "-o", "ExitOnForwardFailure=yes",
-                               "-L", f"127.0.0.1:{local}:127.0.0.1:8765", alias],
+                               "-L", f"127.0.0.1:{local}:127.0.0.1:8765", "-D", f"127.0.0.1:{socks}", alias],
                               env=ssh_hub.env(alice.token), stderr=subprocess.PIPE, text=True)
     try:
         deadline, body = time.monotonic() + 30, None
@@ -88,34 +135,69 @@ def test_ssh_L_forwards_a_port_to_a_process_in_the_container(ssh_hub, alice):
                 assert tunnel.poll() is None, tunnel.stderr.read()
                 time.sleep(0.5)
         assert body == "served-from-container\n"
+        via_socks = subprocess.run(["curl", "-sS", "--max-time", "20", "--socks5-hostname", f"127.0.0.1:{socks}",
+                                    "http://127.0.0.1:8765/hello.txt"], capture_output=True, text=True, timeout=30)
+        assert via_socks.stdout == "served-from-container\n", via_socks.stderr
     finally:
         tunnel.terminate()
         tunnel.wait(10)
 
 
-def test_a_live_ssh_session_counts_as_server_activity(ssh_hub, alice):
-    """Bytes through jupyter-server-proxy's websocket are recorded as the server's activity."""
+def test_remote_agent_and_x11_forwarding_are_refused(ssh_hub, alice):
+    r = ssh_hub.run("ssh", alice.name, "-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{free_port()}:127.0.0.1:22",
+                    "HOST", "echo reached")
+    assert r.returncode != 0 and "remote port forwarding failed" in r.stderr, (r.stdout, r.stderr)
+    r = ssh_hub.run("ssh", alice.name, "-A", "-X", "HOST", "echo agent=${SSH_AUTH_SOCK:-none} display=${DISPLAY:-none}",
+                    env_extra={"SSH_AUTH_SOCK": str(ssh_hub.workdir / "agent.sock"), "DISPLAY": ":0"})
+    assert r.returncode == 0 and r.stdout == "agent=none display=none\n", r.stderr
 
-    def last_activity() -> datetime:
-        server = ssh_hub.hub.api("GET", f"/users/{alice.name}").json()["servers"][""]
-        return datetime.fromisoformat(server["last_activity"].replace("Z", "+00:00"))
 
-    started = datetime.now().astimezone()
-    # a quiet session: one command that sleeps, only ssh keepalives move meanwhile
-    r = ssh_hub.run("ssh", alice.name, "-o", "ServerAliveInterval=1", "HOST", "sleep 12; echo done", timeout=60)
-    assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
-    time.sleep(5)  # two activity reports
-    assert (last_activity() - started).total_seconds() >= 9
+def test_an_open_silent_ssh_session_keeps_the_server_active(ssh_hub, alice):
+    """A session that prints nothing still moves ssh's keepalives through jupyter-server-proxy's
+    websocket, which records them as the server's activity; once it closes, activity stops.
+
+    The documented config sends a keepalive after 30 s of silence (ServerAliveInterval 30); this
+    test asks for one every 2 s, and the hub reads activity every 2 s (tests/ssh/conftest.py)."""
+    container = ssh_hub.container(alice.name)
+    cfg, alias = ssh_hub.config(alice.name)  # a server API call: activity now, before the window
+    session = subprocess.Popen(["ssh", "-F", str(cfg), "-o", "ServerAliveInterval=2", alias, "exec sleep 29"],
+                               env=ssh_hub.env(alice.token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # the session is open once its sleep runs in the container (docker exec is not server activity)
+        wait_until(lambda: "sleep 29" in docker("exec", container, "sh", "-c", PROCESSES).stdout, 30,
+                   "the SSH session's command running in the container")
+        time.sleep(5)  # the handshake's activity has been reported
+        start = server_last_activity(ssh_hub, alice)
+        time.sleep(10)
+        during = server_last_activity(ssh_hub, alice)
+        assert session.poll() is None, session.stderr.read()  # still open...
+        assert (during - start).total_seconds() >= 5, (start, during)  # ...and it counted as activity
+    finally:
+        session.terminate()
+        out, _ = session.communicate(timeout=10)
+    assert out == ""  # silent all along: no session output moved the clock
+    time.sleep(5)  # the close is reported
+    closed = server_last_activity(ssh_hub, alice)
+    time.sleep(8)
+    assert server_last_activity(ssh_hub, alice) == closed  # nothing else keeps it moving
 
 
 def test_a_cpu_only_session_has_an_empty_allocation_and_no_other_users_files(ssh_hub, alice, bob):
+    assert bob.gpus == 0 and bob.name not in ssh_hub.hub.leases()
+    server = container_env(ssh_hub.container(bob.name))
+    assert server["WORKBENCH_GPUS"] == "" and server.get("NVIDIA_VISIBLE_DEVICES") in (None, "void")
+    r = ssh_hub.run("ssh", bob.name, "HOST", "env -0")
+    assert r.returncode == 0, r.stderr
+    env = session_env(r.stdout)
+    assert env["WORKBENCH_GPUS"] == ""  # set, and empty: this server has no GPU
+    for name in FROM_THE_SERVER:
+        assert env.get(name) == server.get(name), name
+
     marker = f"bob-only-{bob.name}"
     assert ssh_hub.run("ssh", bob.name, "HOST", f"echo secret > {marker}").returncode == 0
     r = ssh_hub.run("ssh", alice.name, "HOST", f"ls -a ~ /home; test ! -e ~/{marker}; echo absent")
     assert r.returncode == 0 and r.stdout.strip().endswith("absent"), r.stderr
     assert marker not in r.stdout
-    r = ssh_hub.run("ssh", bob.name, "HOST", "printenv WORKBENCH_GPUS")
-    assert r.stdout.strip() == ",".join(ssh_hub.hub.leases()[bob.name])
 
 
 def test_the_documented_file_token_works(ssh_hub, alice):
@@ -141,9 +223,25 @@ def test_sshd_in_the_container_runs_as_the_user_with_key_only_rules(ssh_hub, ali
     daemons = [line for line in lines if "-f none" in line]
     assert len(daemons) == 1 and all(line.split()[0] == "1000" for line in lines), lines
     for option in ("PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
-                   "AuthenticationMethods publickey", "AllowUsers jovyan", "ListenAddress 127.0.0.1:"):
+                   "AuthenticationMethods publickey", "AllowUsers jovyan", "ListenAddress 127.0.0.1:",
+                   "AllowTcpForwarding local", "AllowAgentForwarding no", "X11Forwarding no",
+                   "ForceCommand /bin/sh "):
         assert option in daemons[0], daemons[0]
     listen = docker("exec", container, "sh", "-c", "cat /proc/net/tcp /proc/net/tcp6").stdout
     assert ":0016 " not in listen  # the image's own sshd service does not run: nothing on port 22
     home_ssh = docker("exec", container, "ls", "/home/jovyan/.ssh/").stdout.split()
     assert "jupyter_sshd_hostkey" in home_ssh and "authorized_keys" in home_ssh
+
+
+def test_ssh_publishes_no_port_on_the_host(ssh_hub, alice, bob):
+    """SSH rides on the hub's one port. With the hub on the host (as here), DockerSpawner publishes
+    each container's server port (8888) on 127.0.0.1 so the hub and its proxy can reach it; that is
+    the only binding, and sshd (on a loopback port inside the container) gets none. In the compose
+    topology (WORKBENCH_DOCKER_NETWORK) the hub reaches containers by their internal address and
+    `docker port` is empty."""
+    for account in (alice, bob):
+        container = ssh_hub.container(account.name)
+        bindings = docker("port", container).stdout.splitlines()
+        assert len(bindings) == 1 and bindings[0].startswith("8888/tcp -> 127.0.0.1:"), (container, bindings)
+        published = inspect(container)["HostConfig"]["PortBindings"]
+        assert list(published) == ["8888/tcp"] and [b["HostIp"] for b in published["8888/tcp"]] == ["127.0.0.1"]

@@ -1,0 +1,77 @@
+"""The idle culler, end to end: an open SSH session that prints nothing keeps the server alive
+past the idle timeout; once the session closes, the culler stops the server and its GPU is
+given back. A hub of its own (the shared one never culls), with a 10 s idle timeout (the culler
+checks every 5 s) and activity reported every 2 s, so the whole story takes about a minute.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from tests.conftest import hub_pool, wait_until
+from tests.docker.conftest import docker
+from tests.ssh.conftest import Account, SSHHub, scoped_token
+from tests.ssh.test_ssh_docker import PROCESSES
+
+pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
+
+IDLE_SECONDS = 10
+
+
+def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
+        tmp_path, ssh_client_tools, singleuser_image):
+    user = f"cull{uuid.uuid4().hex[:6]}"
+    with hub_pool(tmp_path) as start:
+        hub = start(
+            {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "1",
+             "WORKBENCH_CULL_IDLE_SECONDS": str(IDLE_SECONDS)},
+            ["--Spawner.poll_interval=2", "--Spawner.http_timeout=120", "--Spawner.start_timeout=240",
+             "--JupyterHub.last_activity_interval=2", "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2"],
+        )
+        try:
+            hub.create_users(user)
+            assert hub.spawn(user, gpus=1).status_code in (201, 202)
+            hub.wait_ready(user, timeout=180)
+            ssh = SSHHub(hub, tmp_path, ssh_client_tools)
+            token, token_id = scoped_token(hub, user)
+            ssh.accounts[user] = Account(user, token, token_id, ssh.keygen(user), 1)
+            r = ssh.server_api(user, "POST", "/keys", json={"key": (tmp_path / f"id_{user}.pub").read_text()})
+            assert r.status_code == 201, r.text
+            cfg, alias = ssh.config(user)
+            container = ssh.container(user)
+
+            # the documented keepalive is every 30 s of silence; here every 2 s, inside the 10 s limit
+            session = subprocess.Popen(["ssh", "-F", str(cfg), "-o", "ServerAliveInterval=2", alias, "exec sleep 120"],
+                                       env=ssh.env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_until(lambda: "sleep 120" in docker("exec", container, "sh", "-c", PROCESSES).stdout, 30,
+                           "the SSH session's command running in the container")
+                held = time.monotonic()
+                while time.monotonic() - held < 2.5 * IDLE_SECONDS:  # five culler rounds
+                    assert hub.server(user) is not None, f"culled with an open SSH session:\n{hub.log()[-3000:]}"
+                    assert session.poll() is None, session.stderr.read()
+                    time.sleep(1)
+                assert hub.leases() == {user: hub.leases()[user]} and len(hub.leases()[user]) == 1
+            finally:
+                session.terminate()
+                out, _ = session.communicate(timeout=10)
+            assert out == ""  # a silent session: only keepalives moved
+            closed = time.monotonic()
+
+            wait_until(lambda: hub.server(user) is None, 4 * IDLE_SECONDS, "the idle culler stopping the server",
+                       log=hub.log)
+            assert time.monotonic() - closed >= IDLE_SECONDS - 4  # culled for being idle, not at once
+            assert f"Culling server {user} (inactive for" in hub.log()  # the culler did it
+            assert user not in hub.leases()  # and the GPU is given back
+
+            # and ssh now says why it cannot get in
+            r = subprocess.run(["ssh", "-F", str(cfg), alias, "echo reached"], capture_output=True, text=True,
+                               timeout=60, env=ssh.env(token))
+            assert r.returncode != 0 and "your server is not running (HTTP 424)" in r.stderr, r.stderr
+        finally:
+            docker("rm", "-f", f"jupyter-{user}", check=False)
+            docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", check=False)
