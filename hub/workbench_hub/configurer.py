@@ -139,7 +139,11 @@ def update_auth(c: Config, env: Env) -> None:
         raise ConfigError(f"WORKBENCH_AUTHENTICATOR={kind!r} is not available; use 'native' (sign-up with admin "
                           "authorization) or 'pam' (this host's Unix accounts)")
     if kind == "pam":
+        if not text(env, "WORKBENCH_ADMIN_USERS"):
+            raise ConfigError("WORKBENCH_AUTHENTICATOR=pam needs WORKBENCH_ADMIN_USERS set to the Unix accounts "
+                              "that administer the hub: the default 'admin' could be anyone's account on this host")
         c.JupyterHub.authenticator_class = "pam"
+        c.Authenticator.blocked_users = {"root"}  # root's password never opens the hub
         groups = comma_list(env, "WORKBENCH_PAM_GROUPS")
         if groups:
             c.PAMAuthenticator.allowed_groups = set(groups)

@@ -156,14 +156,15 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
 
         def snapshot():
             policy = self.gpu_policy
-            return (policy, self.gpu_admission_context(), policy.status(), policy.held_by_user(self.user.name),
-                    NoticeBook(policy.store).last_done(self.user.name, self.name))
+            inventory = policy.inventory  # a backend may read it from the database (Slurm's reported UUIDs)
+            return (policy, inventory, self.gpu_admission_context(), policy.status(),
+                    policy.held_by_user(self.user.name), NoticeBook(policy.store).last_done(self.user.name, self.name))
 
-        policy, ctx, status, held, stopped = await asyncio.to_thread(snapshot)
+        policy, inventory, ctx, status, held, stopped = await asyncio.to_thread(snapshot)
         # Why the last server stopped (GPU idle, a reservation), above the form.
         return render_stop_notice(stopped) + render_options_form(
-            user=self.user.name, ctx=ctx, status=status, source=policy.inventory.source,
-            message=policy.inventory.message, shared=policy.shared, profiles=self.gpu_profiles,
+            user=self.user.name, ctx=ctx, status=status, source=inventory.source,
+            message=inventory.message, shared=policy.shared, profiles=self.gpu_profiles,
             limits_enforced=self.enforces_resource_limits, held=held,
             reserved=reserved)
 

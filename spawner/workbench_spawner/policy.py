@@ -59,7 +59,8 @@ class GPUPolicy:
                                                     settings.queue_order, settings.queue_aging_minutes,
                                                     self.tz, self.clock)
         self._reconciled = False
-        self._reconcile_lock = threading.Lock()
+        self._reconciling = False
+        self._reconcile_lock = threading.RLock()
 
     @property
     def inventory(self) -> DeviceInventory:
@@ -162,24 +163,31 @@ class GPUPolicy:
         lets the backend deal with servers that run without a lease. Returns
         the leases released.
         """
+        # Held until reconcile is done: a spawn that comes in meanwhile waits rather than have its new job
+        # taken for an orphan. Reentrant, so a backend hook that asks for the policy returns at once.
         with self._reconcile_lock:
-            if self._reconciled:
+            if self._reconciled or self._reconciling:
                 return []
-            self._reconciled = True
-        released = []
-        known = self.inventory.by_uuid()
-        for lease in self.store.leases():
-            missing = [u for u in lease.gpu_uuids if u not in known]
-            if missing:
-                log.warning("%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server, missing)
-            if is_alive(lease) is False:
-                self.release(lease.user, lease.server, "reconcile: server gone")
-                released.append(lease)
-            else:
-                log.info("Kept lease of %s/%s on %s after restart", lease.user, lease.server or "default",
-                         ", ".join(lease.gpu_uuids))
-        orphans()
-        return released
+            self._reconciling = True
+            try:
+                released = []
+                known = self.inventory.by_uuid()
+                for lease in self.store.leases():
+                    missing = [u for u in lease.gpu_uuids if u not in known]
+                    if missing:
+                        log.warning("%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server,
+                                    missing)
+                    if is_alive(lease) is False:
+                        self.release(lease.user, lease.server, "reconcile: server gone")
+                        released.append(lease)
+                    else:
+                        log.info("Kept lease of %s/%s on %s after restart", lease.user, lease.server or "default",
+                                 ", ".join(lease.gpu_uuids))
+                orphans()
+                return released
+            finally:
+                self._reconciling = False
+                self._reconciled = True
 
 
 _policies: dict[tuple, GPUPolicy] = {}

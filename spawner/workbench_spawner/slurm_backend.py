@@ -33,6 +33,7 @@ import asyncio
 import os
 import pwd
 import shlex
+import time
 from dataclasses import asdict, replace
 
 from jupyterhub.spawner import SpawnException
@@ -126,7 +127,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
     @property
     def gpu_policy(self) -> GPUPolicy:
         settings = replace(resolve_policy_settings(self), inventory=self.policy_inventory(self), node="")
-        key = ("slurm", settings.db_url, tuple(d.uuid for d in settings.inventory.devices))
+        key = ("slurm", settings.db_url)
 
         def build() -> GPUPolicy:
             store = AllocationStore(settings.db_url)
@@ -136,9 +137,12 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
 
             reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
                                              hub_clock(settings.test_clock_file))
+            real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
             placement = SlurmPlacement(store, inventory, self.slurm_poll_interval, queue_order=settings.queue_order,
                                        aging_minutes=settings.queue_aging_minutes, reservations=reservations,
-                                       gpu_hours=lambda user: gpu_hours_used(store, user))
+                                       gpu_hours=lambda user: gpu_hours_used(store, user),
+                                       learn=NodeGPUMap(store).accept if real else lambda report: None,
+                                       total_gpus=lambda: len(settings.inventory.devices))
             return SlurmPolicy(settings, store, placement)
 
         policy = shared_policy(key, build)
@@ -229,11 +233,18 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             assert isinstance(placement, SlurmPlacement)
             deadline = placement.clock() + self.gpu_queue_timeout
             groups = await asyncio.to_thread(lambda: tuple(sorted(g.name for g in self.user.groups or [])))
+            # JupyterHub starts a server it believes stopped: a job or lease of it left over is stale.
+            await asyncio.to_thread(self._end_leftovers)
+            key = f"{self.user.name}/{self.name}"
             try:
-                await placement.admit_to_queue(request.gpus, request.gpu_model, groups, deadline,
+                await placement.admit_to_queue(key, request.gpus, request.gpu_model, groups, deadline,
                                                describe=lambda text: self._gpu_events.add(text, 3))
-                await self._submit()
-                lease = await self._place(placement, request, groups, deadline)
+                try:
+                    await self._submit()
+                finally:
+                    if not self.job_id:
+                        placement.withdraw(key)
+                lease = await self._place(placement, request, groups, deadline, key)
             except NoGPUAvailable as exc:
                 self.clear_state()
                 raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
@@ -268,7 +279,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         self._gpu_events.add(f"Submitted Slurm job {self.job_id}", 5)
 
     async def _place(self, placement: SlurmPlacement, request, groups: tuple[str, ...],
-                     deadline: float) -> Lease | None:
+                     deadline: float, admitted: str) -> Lease | None:
         self._job_node = ""
 
         def started() -> NodeReport | None:
@@ -278,26 +289,49 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         lease = await placement.place(
             self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout, groups=groups,
             job_id=self.job_id, started=started, describe=lambda text: self._gpu_events.add(text, 20),
-            deadline=deadline)
+            deadline=deadline, admitted=admitted)
         report = NodeReport.from_json(self.workbench_report)
         self._job_node = lease.node if lease else (report.node if report else "")
         return lease
 
     def _trusted(self, report: NodeReport) -> NodeReport:
-        """The report, checked against what the hub knows of the node (blocking: the GPU database).
+        """The report with the node's GPU list from the hub where it knows it (simulated nodes).
 
         The report comes from a process the user controls. Where the hub can
-        compute the node's UUIDs itself (simulated nodes) it uses its own list;
-        otherwise the node's GPUs must agree with what earlier jobs reported
-        there (``NodeGPUMap``, raising ``MapConflict``), so a forged report
-        cannot name another node's GPUs or rename this one's.
+        compute the node's UUIDs itself it uses its own list, so a forged report
+        cannot name another node's GPUs; real GPUs are checked against Slurm's
+        job record and then against what the hub learned of the node
+        (``SlurmPlacement.place``, ``NodeGPUMap``).
         """
-        known = [d for d in parse_simulated_spec(self.simulated_gpus, report.node)] \
-            if self.simulated_gpus.strip() not in ("", "0") else []
-        if not known:
-            NodeGPUMap(self.gpu_policy_store()).accept(report)
+        if self.simulated_gpus.strip() in ("", "0"):
             return report
+        known = parse_simulated_spec(self.simulated_gpus, report.node)
         return replace(report, gpus=tuple(asdict(d) for d in known))
+
+    def _end_leftovers(self) -> None:
+        """Before a start: cancel this server's jobs from an earlier start, and release its stale lease.
+
+        JupyterHub starts a server only when it believes it stopped; a job of
+        it still in Slurm (adopted after a restart, or whose stop failed) would
+        hold GPUs nobody reaches. Blocking."""
+        try:
+            jobs = list_jobs()
+        except SlurmUnavailable as exc:
+            self.log.warning("Cannot look for leftover Slurm jobs of %s: %s", self._log_name, exc)
+            jobs = []
+        store = self.gpu_policy_store()
+        tag = (self.user.name, self.name)
+        for job in jobs:
+            if job.tag == tag and job.user == self.user.name and job.belongs_to(hub_id(store)) \
+                    and (job.pending or job.running):
+                self.log.warning("Cancelling Slurm job %s of %s: left from an earlier start", job.job_id,
+                                 self._log_name)
+                try:
+                    cancel(job.job_id)
+                except SlurmUnavailable as exc:
+                    self.log.warning("Could not cancel Slurm job %s: %s", job.job_id, exc)
+        if store.lease_of(self.user.name, self.name) is not None:
+            self._release("replaced by a new start")
 
     def _node_address(self, node: str) -> str:
         try:
@@ -306,13 +340,6 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             nodes = {}
         return nodes.get(node) or node or self.state_gethost()
 
-    async def stop(self, now=False):
-        # A job that never started is cancelled too (batchspawner's stop only scancels).
-        try:
-            await SlurmJobSpawner.stop(self, now=now)
-        finally:
-            await asyncio.to_thread(self._release_on_stop)
-
     def gpu_lease_ref(self) -> str:
         return f"slurm:{self.job_id}" if self.job_id else ""
 
@@ -320,7 +347,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         if not lease.ref.startswith("slurm:"):
             return False
         try:
-            jobs = {j.job_id: j for j in list_jobs()}
+            jobs = {j.job_id: j for j in recent_jobs()}
         except SlurmUnavailable:
             return None
         job = jobs.get(lease.ref.split(":", 1)[1])
@@ -348,13 +375,11 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
                 self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
         reconcile_jobs(jobs, store.leases(), hub_id(store), lambda node, index: by_place.get((node, index)),
-                       adopt, cancel_quietly)
+                       adopt, cancel_quietly, submitted_before=PROCESS_STARTED)
 
     def gpu_policy_store(self) -> AllocationStore:
-        # Inside reconcile, gpu_policy is being built: its store is the one shared policy's.
-        settings = resolve_policy_settings(self)
-        key = ("slurm", settings.db_url, tuple(d.uuid for d in self.policy_inventory(self).devices))
-        return shared_policy(key, lambda: None).store  # type: ignore[union-attr]
+        # Called from inside reconcile too, where asking for the policy returns at once (policy.reconcile).
+        return self.gpu_policy.store
 
     def load_state(self, state):
         super().load_state(state)
@@ -368,3 +393,16 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
 
 
 _inventories: dict[str, DeviceInventory] = {}
+# Jobs submitted after this are this process's own spawns, never orphans of an earlier hub.
+PROCESS_STARTED = time.time()
+_jobs_cache: tuple[float, list] = (0.0, [])
+
+
+def recent_jobs(max_age: float = 2.0) -> list:
+    """Slurm's job list, read at most every ``max_age`` s (reconcile asks once per lease)."""
+    global _jobs_cache
+    at, jobs = _jobs_cache
+    if time.monotonic() - at > max_age:
+        jobs = list_jobs()
+        _jobs_cache = (time.monotonic(), jobs)
+    return jobs

@@ -33,7 +33,7 @@ from .clock import Clock, real_now
 from .placement import holdings
 from .queue_order import Waiting, order
 from .reservation_book import ReservationBook
-from .reservations import Reservation, gpus_user_may_take, is_member, reserved_now
+from .reservations import Holding, Reservation, gpus_user_may_take, is_member, reserved_now
 from .slurm_jobs import SlurmJob, SlurmNode
 from .store import AllocationStore
 
@@ -60,7 +60,9 @@ def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode:
     or while fewer than two of ours wait in a partition."""
     if mode != "fair-share":
         return []
-    ours = [j for j in jobs if j.pending and j.job_id in waiting]
+    # A held job (priority 0, JobHeld*) keeps its hold: passing its 0 on would hold another user's job.
+    ours = [j for j in jobs if j.pending and j.job_id in waiting and j.priority > 0
+            and not j.reason.startswith("JobHeld")]
     changes = []
     for partition in sorted({j.partition for j in ours}):
         here = {j.job_id: j for j in ours if j.partition == partition}
@@ -84,15 +86,16 @@ class SlurmReservations:
         self.tz = tz or timezone.utc
         self.clock = clock
         self.book = ReservationBook(store)
-        # job key -> (groups, GPUs) of every workbench request pending now: members asking count.
-        self.asking: dict[str, tuple[frozenset[str], int]] = {}
+        # request key -> (groups, GPUs, model) of every workbench request admitted to Slurm's queue and
+        # not running yet: about to take free GPUs, and members among them count as asking.
+        self.asking: dict[str, tuple[frozenset[str], int, str | None]] = {}
 
     def active(self, now: datetime) -> list[Reservation]:
         return [r for r in self.book.reservations() if r.window.current(now, self.tz) is not None]
 
     def waiting_by_group(self) -> dict[str, int]:
         demand: dict[str, int] = {}
-        for groups, count in list(self.asking.values()):
+        for groups, count, _model in list(self.asking.values()):
             for group in groups:
                 demand[group] = demand.get(group, 0) + count
         return demand
@@ -106,9 +109,20 @@ class SlurmReservations:
             return True, ""
         inventory = self.inventory()
         models = {d.uuid: d.model for d in inventory.devices}
-        free = free_on_slurm(inventory, nodes(), model)
-        allowed = gpus_user_may_take(free, models, count, groups, others, holdings(self.store.leases()), now,
-                                     self.tz, self.waiting_by_group())
+        free = free_on_slurm(inventory, nodes(), None)
+        # Requests already admitted to Slurm's queue will take free GPUs before this one: they count as
+        # held (members' among them as members' use), and the free ones they will take are not free.
+        held = holdings(self.store.leases())
+        for n, (their_groups, their_count, their_model) in enumerate(list(self.asking.values())):
+            placeholders = tuple(f"admitted-{n}-{i}" for i in range(their_count))
+            models.update({u: their_model or "" for u in placeholders})
+            held.append(Holding(f"admitted-{n}", "", placeholders, frozenset(their_groups), now))
+            for _ in range(their_count):
+                fits = [u for u in free if their_model is None or models.get(u) == their_model]
+                if fits:
+                    free.remove(fits[-1])
+        free = [u for u in free if model is None or models.get(u) == model]
+        allowed = gpus_user_may_take(free, models, count, groups, others, held, now, self.tz, {})
         if len(allowed) >= count:
             return True, ""
         counts: dict[str, int] = {}

@@ -9,10 +9,13 @@ job record. What it learned is kept in the GPU database (``NodeGPUMap``), so
 the hub after a restart, the workbench service's fleet view and reconcile all
 resolve ``(node, index)`` to the same UUID.
 
-Trust: the report comes from a process the user controls. A node's map is
-written once and every later report must agree with it: a report that
-contradicts it, or names a UUID already known on another node, is refused
-(and the job cancelled), so one user cannot rename GPUs for everyone.
+Trust: the report comes from a process the user controls. It is learned
+only after it agreed with Slurm's job record, and only for the GPUs Slurm
+gave that job on that node; each (node, index) is named once, and a later
+report that contradicts it, or puts a known UUID elsewhere, is refused (and
+the job cancelled), so one user cannot rename GPUs for everyone. What a job
+can still do is misname its own GPU on first use; the admin page then shows
+that UUID, and ``forget`` clears it.
 Simulated nodes need no report: the hub computes their UUIDs itself.
 An admin who swaps a node's GPUs clears that node's entry
 (``NodeGPUMap.forget``, or ``workbench slurm-forget-node <node>``).
@@ -87,27 +90,38 @@ class NodeGPUMap:
             return json.loads(row.value) if row is not None else {}
 
     def accept(self, report: NodeReport) -> None:
-        """Record the node's GPUs on first sight; raise MapConflict if they contradict what is known."""
+        """Learn the GPUs a job reported on its node; MapConflict if they contradict what is known.
+
+        Called only for a report that agrees with Slurm's own job record (the
+        job's node, the indices Slurm gave it), so a job can name only the GPUs
+        it was given, on the node it runs on. Each (node, index) is named once:
+        a later report must give it the same UUID, and a UUID belongs to one
+        place in the cluster."""
         entries = _entries(report)
         if not entries:
             return
         with self.store.writes().begin() as session:
             row = session.get(SettingsRow, NODE_GPUS_KEY)
             known = json.loads(row.value) if row is not None else {}
-            mine = known.get(report.node)
-            if mine is not None:
-                theirs = {(e["index"], e["uuid"]) for e in mine}
-                if not {(e["index"], e["uuid"]) for e in entries} <= theirs:
+            here = {e["index"]: e for e in known.get(report.node, [])}
+            where = {e["uuid"]: (node, e["index"]) for node, rows in known.items() for e in rows}
+            new = []
+            for entry in entries:
+                old = here.get(entry["index"])
+                if old is not None and old["uuid"] != entry["uuid"]:
                     raise MapConflict(
-                        f"node {report.node} reported GPUs {[(e['index'], e['uuid']) for e in entries]}, but the "
-                        f"hub knows {sorted(theirs)} there; if the node's GPUs were changed, an admin runs "
+                        f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, but the hub knows it "
+                        f"as {old['uuid']}; if the node's GPUs were changed, an admin runs "
                         f"`workbench slurm-forget-node {report.node}`")
+                place = where.get(entry["uuid"])
+                if place is not None and place != (report.node, entry["index"]):
+                    raise MapConflict(f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, which the "
+                                      f"hub knows as GPU {place[1]} of node {place[0]}")
+                if old is None:
+                    new.append(entry)
+            if not new:
                 return
-            elsewhere = {e["uuid"]: node for node, rows in known.items() for e in rows}
-            taken = [f"{e['uuid']} (known on {elsewhere[e['uuid']]})" for e in entries if e["uuid"] in elsewhere]
-            if taken:
-                raise MapConflict(f"node {report.node} reported GPUs that another node has: {', '.join(taken)}")
-            known[report.node] = entries
+            known[report.node] = sorted([*here.values(), *new], key=lambda e: e["index"])
             if row is None:
                 row = SettingsRow(key=NODE_GPUS_KEY)
                 session.add(row)

@@ -62,7 +62,7 @@ class SlurmJobSpawner(SlurmSpawner):
                 await asyncio.to_thread(cancel, self.job_id)
             else:
                 tag = await asyncio.to_thread(self.slurm_tag)
-                found = await asyncio.to_thread(cancel_tagged, tag)
+                found = await asyncio.to_thread(cancel_tagged, tag, self.user.name)
                 if found:
                     self.log.info("Cancelled Slurm job(s) %s of %s found by tag", ", ".join(found), self._log_name)
         except SlurmUnavailable as exc:

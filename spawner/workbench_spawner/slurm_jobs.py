@@ -367,13 +367,14 @@ def cancel(job_id: str) -> None:
     run_slurm(["scancel", str(job_id)])
 
 
-def cancel_tagged(tag: str, jobs: Sequence[SlurmJob] | None = None) -> list[str]:
-    """Cancel every pending or running job whose comment is ``tag``; their ids.
+def cancel_tagged(tag: str, user: str, jobs: Sequence[SlurmJob] | None = None) -> list[str]:
+    """Cancel every pending or running job of ``user`` whose comment is ``tag``; their ids.
 
     For a spawn abandoned while ``sbatch`` still ran: the job may exist though
-    the hub never learned its id."""
+    the hub never learned its id. Only the user's own jobs: anyone can write
+    a comment."""
     found = [j.job_id for j in (list_jobs() if jobs is None else jobs)
-             if j.comment.strip() == tag and (j.pending or j.running)]
+             if j.comment.strip() == tag and j.user == user and (j.pending or j.running)]
     for job_id in found:
         cancel(job_id)
     return found

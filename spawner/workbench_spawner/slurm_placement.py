@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from workbench_devices import DeviceInventory
@@ -55,7 +56,9 @@ class SlurmPlacement(Placement):
                  nodes: Callable[[], list[SlurmNode]] = list_nodes, queue_order: str = "fifo",
                  aging_minutes: float = DEFAULT_AGING_MINUTES, reservations: SlurmReservations | None = None,
                  gpu_hours: Callable[[str], float] = lambda user: 0.0,
-                 set_job_priority: Callable[[str, int], None] = set_priority):
+                 set_job_priority: Callable[[str, int], None] = set_priority,
+                 learn: Callable[[NodeReport], None] = lambda report: None,
+                 total_gpus: Callable[[], int] | None = None):
         super().__init__(store)
         self.inventory = inventory
         self.poll_interval = poll_interval
@@ -69,14 +72,20 @@ class SlurmPlacement(Placement):
         self.reservations = reservations or SlurmReservations(store, inventory)
         self.gpu_hours = gpu_hours
         self.set_job_priority = set_job_priority
+        self.learn = learn
+        self._total_gpus = total_gpus
         # job id -> the request as the queue order sees it, for every job of ours Slurm keeps pending.
         self._pending: dict[str, Waiting] = {}
+        # The reservation check and the admission it leads to are one step: ten non-members who ask
+        # at the same second do not all see the same free GPUs.
+        self._admitting = asyncio.Lock()
 
     def waiting(self) -> int:
         return len(self._pending)
 
     def total_gpus(self) -> int:
-        return len(self.inventory().devices)
+        """GPUs in the cluster (read on the event loop: never the database)."""
+        return self._total_gpus() if self._total_gpus else len(self.inventory().devices)
 
     async def _cancel(self, job_id: str, why: str) -> None:
         log.info("Cancelling Slurm job %s: %s", job_id, why)
@@ -87,17 +96,22 @@ class SlurmPlacement(Placement):
 
     # -- before submitting ---------------------------------------------------------------------
 
-    async def admit_to_queue(self, count: int, model: str | None, groups: Sequence[str], deadline: float,
-                             describe: Callable[[str], None] = lambda text: None) -> None:
-        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``."""
+    async def admit_to_queue(self, key: str, count: int, model: str | None, groups: Sequence[str],
+                             deadline: float, describe: Callable[[str], None] = lambda text: None) -> None:
+        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``.
+
+        The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
+        until ``place`` follows its job or ``withdraw(key)``."""
         note = ""
         while True:
-            try:
-                ok, why = await asyncio.to_thread(self.reservations.may_submit, groups, count, model, self.nodes)
-            except SlurmUnavailable as exc:
-                ok, why = False, f"Slurm's controller did not answer ({exc})"
-            if ok:
-                return
+            async with self._admitting:
+                try:
+                    ok, why = await asyncio.to_thread(self.reservations.may_submit, groups, count, model, self.nodes)
+                except SlurmUnavailable as exc:
+                    ok, why = False, f"Slurm's controller did not answer ({exc})"
+                if ok:
+                    self.reservations.asking[key] = (frozenset(groups), count, model)
+                    return
             if why != note:
                 describe(f"Waiting for {gpus_text(count, model)} outside reserved ones: {why}")
                 note = why
@@ -107,23 +121,28 @@ class SlurmPlacement(Placement):
                     "submitted to Slurm. Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs).")
             await asyncio.sleep(self.poll_interval)
 
+    def withdraw(self, key: str) -> None:
+        """The admitted request ``key`` is not going to Slurm's queue after all (sbatch failed)."""
+        self.reservations.asking.pop(key, None)
+
     # -- after submitting ----------------------------------------------------------------------
 
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
                     report: Report = lambda ahead: None, groups: Sequence[str] = (), *, job_id: str = "",
                     started: Callable[[], NodeReport | None] = lambda: None,
                     describe: Callable[[str], None] = lambda text: None,
-                    deadline: float | None = None) -> Lease | None:
+                    deadline: float | None = None, admitted: str = "") -> Lease | None:
         """The lease of running job ``job_id`` (None for 0 GPUs), or NoGPUAvailable (the job is then cancelled).
 
-        ``started`` is called in a worker thread (it may read and write the GPU database)."""
+        ``started`` is called in a worker thread. ``admitted``: the key ``admit_to_queue`` registered."""
         if not job_id:
             raise NoGPUAvailable("The Slurm job was not submitted, so there is nothing to place.")
         what = gpus_text(count, model)
         deadline = self.clock() + timeout if deadline is None else deadline
         hours = await asyncio.to_thread(self.gpu_hours, user) if self.queue_order == "fair-share" else 0.0
         self._pending[job_id] = Waiting(key=job_id, user=user, joined=self.clock(), gpu_hours=hours)
-        self.reservations.asking[job_id] = (frozenset(groups), count)
+        self.reservations.asking[job_id] = (frozenset(groups), count, model)
+        self.withdraw(admitted)
         try:
             job = await self._until_running(job_id, what, deadline, timeout, report, describe)
         finally:
@@ -140,6 +159,14 @@ class SlurmPlacement(Placement):
                 f"Slurm gave job {job_id} GPU indices {list(job.gpu_indices)} on {job.node}, but the job "
                 f"reported {list(node_report.job_gpus) if node_report else 'nothing'}; the job was cancelled. "
                 "Tell a hub admin: the node's GPU list and gres.conf disagree.")
+        try:
+            # Only now, checked against Slurm's record, and only the job's node and the indices Slurm gave it.
+            given = tuple(g for g in node_report.gpus if int(g.get("index", -1)) in job.gpu_indices)
+            await asyncio.to_thread(self.learn, replace(node_report, gpus=given))
+        except MapConflict as exc:
+            await self._cancel(job_id, "its GPU report contradicts what the hub knows of the node")
+            raise NoGPUAvailable(f"The server in Slurm job {job_id} reported GPUs the hub cannot accept: {exc}; "
+                                 "the job was cancelled. Tell a hub admin.") from None
         ok = await asyncio.to_thread(self.store.adopt, user, server, uuids, f"slurm:{job_id}", None, job.node,
                                      tuple(groups))
         if not ok:
@@ -202,8 +229,6 @@ class SlurmPlacement(Placement):
                 log.warning("Could not set the priority of Slurm job %s: %s", job_id, exc)
                 new.pop(job_id, None)
         log.info("Fair share: Slurm priorities of pending jobs now %s", new)
-        from dataclasses import replace
-
         return [replace(j, priority=new[j.job_id]) if j.job_id in new else j for j in jobs]
 
     def _why(self, job_id: str) -> str:
@@ -219,13 +244,7 @@ class SlurmPlacement(Placement):
     async def _until_reported(self, job: SlurmJob, started: Callable[[], NodeReport | None]) -> NodeReport | None:
         end = self.clock() + self.report_timeout
         while self.clock() < end:
-            try:
-                node_report = await asyncio.to_thread(started)
-            except MapConflict as exc:
-                await self._cancel(job.job_id, "its GPU report contradicts what the hub knows of the node")
-                raise NoGPUAvailable(
-                    f"The server in Slurm job {job.job_id} reported GPUs the hub cannot accept: {exc}; the job "
-                    "was cancelled. Tell a hub admin.") from None
+            node_report = await asyncio.to_thread(started)
             if node_report is not None:
                 return node_report
             await asyncio.sleep(min(0.2, self.poll_interval))

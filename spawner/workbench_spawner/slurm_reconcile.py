@@ -15,6 +15,11 @@ cluster are left alone):
   a lease is written with the job's node and start time;
 * **running** otherwise (its GPUs are leased to another server, or unknown
   to the hub): cancelled, because the ledger could not count it.
+
+A job whose Slurm user is not the user its tag names is not the hub's (any
+cluster user can write a comment) and is left alone. An adopted job that
+JupyterHub does not track any more is ended when that server starts again
+(``SlurmGPUSpawner._end_leftovers``), or by its time limit.
 """
 
 from __future__ import annotations
@@ -42,8 +47,12 @@ class Action:
 def reconcile_jobs(jobs: Sequence[SlurmJob], leases: Iterable[Lease], hub: str,
                    uuid_at: Callable[[str, int], str | None],
                    adopt: Callable[[str, str, list[str], str, datetime | None, str], bool],
-                   cancel: Callable[[str], None]) -> list[Action]:
-    """Apply the rule above to ``jobs``; every decision is logged and returned."""
+                   cancel: Callable[[str], None], submitted_before: float | None = None) -> list[Action]:
+    """Apply the rule above to ``jobs``; every decision is logged and returned.
+
+    ``submitted_before``: jobs submitted later are this hub process's own spawns in progress, never
+    orphans. A tag whose user is not the job's Slurm user was written by someone else (anyone may
+    ``sbatch --comment=workbench:...``): left alone, never charged to the user it names."""
     leased = {(lease.user, lease.server) for lease in leases}
     actions = []
     for job in jobs:
@@ -54,6 +63,14 @@ def reconcile_jobs(jobs: Sequence[SlurmJob], leases: Iterable[Lease], hub: str,
             actions.append(Action(job.job_id, "left", "another hub's job"))
             continue
         user, server = tag
+        if job.user and job.user != user:
+            log.warning("Slurm job %s of %s carries the tag of %s/%s: not the workbench's, left alone",
+                        job.job_id, job.user, user, server)
+            actions.append(Action(job.job_id, "left", "tagged by another user"))
+            continue
+        if submitted_before is not None and job.submit_time >= submitted_before:
+            actions.append(Action(job.job_id, "left", "submitted by this hub process"))
+            continue
         if job.pending:
             log.warning("Cancelling pending Slurm job %s of %s/%s: no spawn waits for it any more",
                         job.job_id, user, server)

@@ -14,6 +14,7 @@ starting. Anything else is a 400 with a sentence and changes nothing.
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
@@ -66,10 +67,21 @@ def read_report(body: Any) -> dict[str, Any]:
             raise ReportRefused(f"workbench_report lists more than {MAX_REPORTED_GPUS} GPUs")
         if not _short_texts(report):
             raise ReportRefused(f"workbench_report has a text longer than {MAX_TEXT} characters")
+        for gpu in report.get("gpus") or []:
+            if not (isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and _whole(gpu.get("index"))
+                    and _whole(gpu.get("memory_total_bytes", 0))):
+                raise ReportRefused("each GPU in workbench_report needs a text uuid and whole-number index and "
+                                    "memory_total_bytes")
+        if not all(isinstance(u, str) for u in report.get("job_gpus") or []):
+            raise ReportRefused("job_gpus in workbench_report must be a list of UUIDs")
         accepted["workbench_report"] = report
     if not accepted:
         raise ReportRefused("the start report carries neither port nor workbench_report")
     return accepted
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class StartReportHandler(APIHandler):
@@ -77,8 +89,10 @@ class StartReportHandler(APIHandler):
 
     @web.authenticated
     def post(self) -> None:
-        token = self.get_auth_token()
-        spawner = next((s for s in self.current_user.spawners.values() if token and s.api_token == token), None)
+        token = self.get_auth_token() or ""
+        spawners = getattr(self.current_user, "spawners", None) or {}  # a service's token has none
+        spawner = next((s for s in spawners.values()
+                        if token and s.api_token and hmac.compare_digest(s.api_token, token)), None)
         if spawner is None:
             raise web.HTTPError(403, "This token belongs to no server of this user that is starting; only a "
                                      "server's own start-up may report its port.")

@@ -6,23 +6,57 @@ one thing more: Slurm never reports GPU UUIDs, so the job reports them. It
 reads this node's GPUs (NVML, or the simulated fleet keyed by the node's
 name), takes the job's own by Slurm's global indices (``SLURM_JOB_GPUS``,
 not ``CUDA_VISIBLE_DEVICES``, which renumbers under cgroup confinement), sets
-``WORKBENCH_GPUS`` to their UUIDs for the monitor, and sends the node's whole
-GPU list and the job's UUIDs with the port. The hub checks those against the
-indices in Slurm's own job record before it leases anything.
+``WORKBENCH_GPUS`` to their UUIDs for the monitor, and sends the job's GPUs
+(by Slurm's index, the minor number of ``/dev/nvidiaN``) with the port.
+The hub checks those against the indices in Slurm's own job record before
+it leases anything.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
 
+def slurm_indices(devices) -> dict[str, int]:
+    """Each NVML GPU's index as Slurm counts it: the minor number of its ``/dev/nvidiaN``.
+
+    Slurm's GRES index is the position of the device file in gres.conf's
+    ``File=`` list, which with the usual ``File=/dev/nvidia[0-7]`` is the
+    minor number. NVML's own index is not: under ``ConstrainDevices=yes`` a
+    job sees only its GPUs, numbered from 0. A GPU whose minor number NVML
+    cannot tell keeps NVML's index."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return {}
+    found = {}
+    try:
+        for device in devices:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByUUID(device.uuid)
+                found[device.uuid] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+            except Exception:
+                continue
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+    return found
+
+
 def node_report(env: dict[str, str]) -> dict:
-    """This node's GPUs and the job's, as the hub's ``NodeReport`` reads them."""
+    """This job's node and GPUs, as the hub's ``NodeReport`` reads them.
+
+    Only the job's own GPUs are reported, under Slurm's index: the hub learns
+    nothing from a job about GPUs Slurm did not give it."""
     from workbench_devices import discover_devices
 
     node = env.get("SLURMD_NODENAME") or os.uname().nodename
@@ -32,10 +66,12 @@ def node_report(env: dict[str, str]) -> dict:
     inventory = discover_devices(spec or None, node if spec else None)
     wanted = [int(i) for i in (env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or "").split(",")
               if i.strip().isdigit()]
-    by_index = {d.index: d for d in inventory.devices}
-    job_gpus = [by_index[i].uuid for i in wanted if i in by_index]
+    minors = slurm_indices(inventory.devices) if inventory.source == "nvml" else {}
+    devices = [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
+    by_index = {d.index: d for d in devices}
+    mine = [by_index[i] for i in wanted if i in by_index]
     return {"node": node, "source": inventory.source,
-            "gpus": [asdict(d) for d in inventory.devices], "job_gpus": job_gpus}
+            "gpus": [asdict(d) for d in mine], "job_gpus": [d.uuid for d in mine]}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -59,6 +59,9 @@ def role(c: Config, name: str) -> dict | None:
 # -- defaults and single settings ---------------------------------------------------------
 
 
+PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
+
+
 @pytest.mark.parametrize(
     "env, trait, expected",
     [
@@ -84,10 +87,11 @@ def role(c: Config, name: str) -> dict | None:
         ({"WORKBENCH_AUTHENTICATOR": "native"}, "JupyterHub.authenticator_class",
          "workbench_hub.auth.WorkbenchAuthenticator"),
         # a Slurm head node: the host's own accounts, since jobs run as the user's Unix account
-        ({"WORKBENCH_AUTHENTICATOR": "PAM"}, "JupyterHub.authenticator_class", "pam"),
-        ({"WORKBENCH_AUTHENTICATOR": "pam"}, "Authenticator.allow_all", True),
-        ({"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}, "Authenticator.admin_users", {"ada"}),
-        ({"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_PAM_GROUPS": "gpu-users, staff"},
+        ({**PAM, "WORKBENCH_AUTHENTICATOR": "PAM"}, "JupyterHub.authenticator_class", "pam"),
+        (PAM, "Authenticator.allow_all", True),
+        (PAM, "Authenticator.admin_users", {"ada"}),
+        (PAM, "Authenticator.blocked_users", {"root"}),
+        ({**PAM, "WORKBENCH_PAM_GROUPS": "gpu-users, staff"},
          "PAMAuthenticator.allowed_groups", {"gpu-users", "staff"}),
         # the spawner
         ({}, "JupyterHub.spawner_class", "gpu-local"),
@@ -230,6 +234,7 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
         ({"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
          "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores"),
         ({"WORKBENCH_AUTHENTICATOR": "ldap"}, "WORKBENCH_AUTHENTICATOR='ldap' is not available; use 'native'"),
+        ({"WORKBENCH_AUTHENTICATOR": "pam"}, "WORKBENCH_AUTHENTICATOR=pam needs WORKBENCH_ADMIN_USERS set"),
         ({"WORKBENCH_PAM_GROUPS": "staff"}, "WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'"),
     ],
 )

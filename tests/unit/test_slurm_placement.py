@@ -60,6 +60,7 @@ class FakeSlurm:
         return self.now
 
     def placement(self, store, **kwargs) -> SlurmPlacement:
+        kwargs.setdefault("learn", NodeGPUMap(store).accept)
         return SlurmPlacement(store, lambda: REAL, poll_interval=0.001, report_timeout=5.0, clock=self.clock,
                               jobs=self.jobs, cancel_job=self.cancel, nodes=lambda: NODES,
                               set_job_priority=lambda j, p: self.priorities.append((j, p)), **kwargs)
@@ -87,12 +88,16 @@ def test_a_job_that_runs_and_reports_gets_a_lease_on_its_node(store):
     lease, events = place(slurm.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
     assert (lease.node, lease.gpu_uuids, lease.ref) == ("n1", ("GPU-b",), "slurm:7")
     assert any("Slurm: Resources" in e for e in events) and not slurm.cancelled
+    # Learned only what Slurm gave the job: GPU 1 of n1 (a real job reports no other GPU).
+    assert NodeGPUMap(store).known() == {"n1": [{"index": 1, "uuid": "GPU-b", "name": "NVIDIA H100",
+                                                 "memory_total_bytes": 80}]}
 
 
-def test_a_cpu_only_job_runs_and_gets_no_lease(store):
+def test_a_cpu_only_job_runs_gets_no_lease_and_names_no_gpu(store):
     slurm = FakeSlurm([running("7", idx=())])
     lease, _ = place(slurm.placement(store), count=0, started=lambda: report("n1", ["GPU-a"], []))
     assert lease is None and store.leases() == [] and not slurm.cancelled
+    assert NodeGPUMap(store).known() == {}  # a job without GPUs cannot name the node's GPUs
 
 
 @pytest.mark.parametrize("node_report, why", [
@@ -100,11 +105,12 @@ def test_a_cpu_only_job_runs_and_gets_no_lease(store):
     (lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-a"]), "another index"),      # its UUID is not Slurm's index
     (lambda: report("n1", ["GPU-a"], []), "no such index"),
 ])
-def test_a_report_that_disagrees_with_slurm_cancels_the_job(store, node_report, why):
+def test_a_report_that_disagrees_with_slurm_cancels_the_job_and_teaches_nothing(store, node_report, why):
     slurm = FakeSlurm([running("7")])
     with pytest.raises(NoGPUAvailable, match="gres.conf disagree"):
         place(slurm.placement(store), started=node_report)
     assert slurm.cancelled == ["7"] and store.leases() == [], why
+    assert NodeGPUMap(store).known() == {}
 
 
 def test_gpus_leased_to_another_server_cancel_the_job(store):
@@ -169,19 +175,21 @@ def test_a_job_that_never_reports_is_cancelled_with_its_log_named(store):
 
 # -- the node GPU map (real GPUs) ---------------------------------------------------------------------
 
-def test_real_gpus_are_learned_from_the_first_report_and_named_everywhere(store):
+def test_real_gpus_are_learned_one_job_at_a_time_and_named_everywhere(store):
     book = NodeGPUMap(store)
-    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-bbbb"]))
+    book.accept(NodeReport("n1", ({"index": 1, "uuid": "GPU-bbbb", "name": "NVIDIA H100"},), ("GPU-bbbb",)))
     resolved = resolve(REAL, book.known())
-    assert [d.uuid for d in resolved.devices] == ["GPU-aaaa", "GPU-bbbb", "SLURM-n2-gpu0", "SLURM-n2-gpu1"]
-    assert resolved.devices[0].name == "NVIDIA H100" and resolved.devices[0].node == "n1"
-    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-aaaa"]))  # agrees: nothing changes
-    assert book.known()["n1"][1]["uuid"] == "GPU-bbbb"
+    assert [d.uuid for d in resolved.devices] == ["SLURM-n1-gpu0", "GPU-bbbb", "SLURM-n2-gpu0", "SLURM-n2-gpu1"]
+    assert resolved.devices[1].name == "NVIDIA H100" and resolved.devices[1].node == "n1"
+    book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-aaaa"]))  # the next job names GPU 0 too
+    assert [e["uuid"] for e in book.known()["n1"]] == ["GPU-aaaa", "GPU-bbbb"]
+    assert [d.uuid for d in resolve(REAL, book.known()).devices][:2] == ["GPU-aaaa", "GPU-bbbb"]
 
 
 @pytest.mark.parametrize("liar, words", [
-    (report("n1", ["GPU-aaaa", "GPU-zzzz"], []), "the hub knows"),           # renames n1's GPU 1
-    (report("n2", ["GPU-aaaa", "GPU-cccc"], []), "another node has"),        # claims n1's GPU on n2
+    (report("n1", ["GPU-aaaa", "GPU-zzzz"], []), "but the hub knows it as GPU-bbbb"),  # renames n1's GPU 1
+    (report("n2", ["GPU-aaaa", "GPU-cccc"], []), "which the hub knows as GPU 0 of node n1"),  # n1's GPU on n2
+    (report("n1", ["GPU-bbbb", "GPU-aaaa"], []), "but the hub knows it as GPU-aaaa"),  # swaps n1's two
 ])
 def test_a_report_that_contradicts_what_is_known_is_refused_and_changes_nothing(store, liar, words):
     book = NodeGPUMap(store)
@@ -203,15 +211,11 @@ def test_an_admin_forgets_a_node_whose_gpus_were_swapped(store):
 def test_a_conflicting_report_at_start_cancels_the_job(store):
     NodeGPUMap(store).accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
     slurm = FakeSlurm([running("7")])
-
-    def liar():
-        rep = report("n1", ["GPU-aaaa", "GPU-zzzz"], ["GPU-zzzz"])
-        NodeGPUMap(store).accept(rep)
-        return rep
-
-    with pytest.raises(NoGPUAvailable, match="reported GPUs the hub cannot accept"):
-        place(slurm.placement(store), started=liar)
+    liar = report("n1", ["GPU-aaaa", "GPU-zzzz"], ["GPU-zzzz"])  # agrees with Slurm's index 1, renames it
+    with pytest.raises(NoGPUAvailable, match="reported GPUs the hub cannot accept: .*knows it as GPU-bbbb"):
+        place(slurm.placement(store), started=lambda: liar)
     assert slurm.cancelled == ["7"] and store.leases() == []
+    assert NodeGPUMap(store).known()["n1"][1]["uuid"] == "GPU-bbbb"
 
 
 def test_the_hub_id_is_made_once_and_kept(store):
@@ -221,11 +225,13 @@ def test_the_hub_id_is_made_once_and_kept(store):
 
 # -- reconcile after a restart ----------------------------------------------------------------------
 
-def tagged(job: SlurmJob, user: str, hub: str = "0a1b2c3d") -> SlurmJob:
+def tagged(job: SlurmJob, user: str, hub: str = "0a1b2c3d", slurm_user: str | None = None,
+           submitted: int = 1_699_999_000) -> SlurmJob:
     from dataclasses import replace
 
     from workbench_spawner.slurm_jobs import job_tag
-    return replace(job, comment=job_tag(user, "", hub), start_time=1_700_000_000)
+    return replace(job, comment=job_tag(user, "", hub), start_time=1_700_000_000, user=slurm_user or user,
+                   submit_time=submitted)
 
 
 def test_reconcile_adopts_cancels_and_leaves_other_hubs_alone(store):
@@ -240,11 +246,14 @@ def test_reconcile_adopts_cancels_and_leaves_other_hubs_alone(store):
         tagged(running("5", node="n2", idx=(0,)), "fay"),  # a GPU the hub cannot name: cancelled
         tagged(running("6", idx=(1,)), "gus", hub="ffff0000"),  # another hub's: left alone
         running("8"),                                    # not the workbench's at all
+        tagged(running("9", idx=(1,)), "carol", slurm_user="mallory"),  # a forged tag: never charged to carol
+        tagged(pending("10"), "hal", submitted=1_800_000_000),  # submitted by this hub process: a live spawn
     ]
     actions = reconcile_jobs(jobs, store.leases(), "0a1b2c3d", lambda n, i: uuids.get((n, i)),
-                             lambda *a: store.adopt(*a), cancelled.append)
+                             lambda *a: store.adopt(*a), cancelled.append, submitted_before=1_750_000_000)
     assert [(a.job_id, a.what) for a in actions] == [
-        ("2", "adopted"), ("3", "cancelled"), ("4", "cancelled"), ("5", "cancelled"), ("6", "left")]
+        ("2", "adopted"), ("3", "cancelled"), ("4", "cancelled"), ("5", "cancelled"), ("6", "left"),
+        ("9", "left"), ("10", "left")]
     assert cancelled == ["3", "4", "5"]
     carol = store.lease_of("carol", "")
     assert carol.gpu_uuids == ("GPU-b",) and carol.node == "n1" and carol.ref == "slurm:2"
@@ -262,6 +271,10 @@ def test_fair_share_hands_our_priorities_to_the_lighter_user_and_leaves_others_a
     assert sorted(reprioritize(jobs, waiting, "fair-share", now=60, aging_minutes=30)) == [
         ("10", 100), ("11", 300), ("12", 200)]
     assert reprioritize(jobs, waiting, "fifo", now=60, aging_minutes=30) == []
+    # A held job (priority 0) keeps its hold and passes no 0 on; the others are still reordered.
+    held = [pending("10", reason="JobHeldUser", priority=0), pending("11", priority=100),
+            pending("12", priority=200)]
+    assert sorted(reprioritize(held, waiting, "fair-share", now=60, aging_minutes=30)) == [("11", 200), ("12", 100)]
     # After the aging bound the heavy user's request, which came first, goes first again.
     assert reprioritize(jobs, waiting, "fair-share", now=31 * 60, aging_minutes=30) == []
 
@@ -309,8 +322,24 @@ def test_a_non_member_waits_before_submitting_while_free_gpus_are_reserved(store
     # After the grace period, unasked reserved GPUs go to everyone.
     later = SlurmReservations(store, lambda: REAL, timezone.utc, lambda: now + timedelta(minutes=20))
     assert later.may_submit(["other"], 1, None, lambda: one_busy) == (True, "")
-    later.asking["job-9"] = (frozenset({"ml-course"}), 3)  # unless members are waiting in Slurm's queue
+    later.asking["job-9"] = (frozenset({"ml-course"}), 3, None)  # unless members are waiting in Slurm's queue
     assert later.may_submit(["other"], 1, None, lambda: one_busy)[0] is False
+
+
+def test_requests_already_admitted_count_as_taking_free_gpus(store):
+    reserve(store, "ml-course", 2, "2026-12-08 10:00-12:00")
+    now = datetime(2026, 12, 8, 10, 5, tzinfo=timezone.utc)
+    book = SlurmReservations(store, lambda: REAL, timezone.utc, lambda: now)
+    # 4 free, 2 kept: two non-members may go, but not at once if the first was admitted and not running.
+    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
+    book.asking["alice/"] = (frozenset({"other"}), 1, None)
+    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
+    book.asking["bob/"] = (frozenset({"other"}), 1, None)
+    ok, why = book.may_submit(["other"], 1, None, lambda: NODES)
+    assert not ok and why.startswith("2 free in the cluster")
+    # A member admitted before counts as the members' use: the reserve it fills is not held twice.
+    book.asking = {"stud/": (frozenset({"ml-course"}), 1, None)}
+    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
 
 
 def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
@@ -327,7 +356,7 @@ def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
 
     placement.nodes = tick
     with pytest.raises(NoGPUAvailable, match="nothing was submitted to Slurm"):
-        asyncio.run(placement.admit_to_queue(1, None, ["other"], deadline=3, describe=events.append))
+        asyncio.run(placement.admit_to_queue("alice/", 1, None, ["other"], deadline=3, describe=events.append))
     assert events == ["Waiting for 1 GPU outside reserved ones: 4 free in the cluster, but 4 of 4 GPUs "
                       "reserved for ml-course until 12:00"]
 
@@ -346,6 +375,9 @@ def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
      "more than 64 GPUs"),
     ({"workbench_report": {"node": "n" * 300}}, "longer than 256 characters"),
     ({}, "neither port nor workbench_report"),
+    ({"workbench_report": {"node": "n1", "gpus": [{"index": "x", "uuid": "GPU-a"}]}}, "whole-number index"),
+    ({"workbench_report": {"node": "n1", "gpus": [{"index": 0, "uuid": 7}]}}, "a text uuid"),
+    ({"workbench_report": {"node": "n1", "gpus": [], "job_gpus": [1]}}, "job_gpus in workbench_report must be"),
     ([1, 2], "must be a JSON object"),
 ])
 def test_a_start_report_takes_port_and_gpu_report_only(body, words):
