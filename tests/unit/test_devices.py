@@ -100,23 +100,17 @@ def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
 def test_nvml_discovery_lists_whole_gpus_and_mig_slices(monkeypatch):
     """Against a stand-in pynvml (no driver here): one whole H100 and one in MIG mode with two slices."""
     import sys
-    import types
     from types import SimpleNamespace
 
+    from tests.unit.fake_nvml import fake_pynvml
     from workbench_devices import nvml_devices
 
-    fake = types.ModuleType("pynvml")
-    fake.NVMLError = type("NVMLError", (Exception,), {})
-    fake.NVML_DEVICE_MIG_ENABLE = 1
-    fake.nvmlInit = fake.nvmlShutdown = lambda: None
-    fake.nvmlDeviceGetCount = lambda: 2
-    fake.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
-    fake.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
-    fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h == ("gpu", 1) else (0, 0)
-    fake.nvmlDeviceGetMaxMigDeviceCount = lambda h: 2
-    fake.nvmlDeviceGetMigDeviceHandleByIndex = lambda h, i: ("mig", h[1], i)
-    fake.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=(80 if h[0] == "gpu" else 40) << 30)
-    fake.nvmlDeviceGetUUID = lambda h: "GPU-" + "-".join(map(str, h))
+    fake = fake_pynvml(
+        2,
+        nvmlDeviceGetMigMode=lambda h: (1, 1) if h == ("gpu", 1) else (0, 0),
+        nvmlDeviceGetMaxMigDeviceCount=lambda h: 2,
+        nvmlDeviceGetMigDeviceHandleByIndex=lambda h, i: ("mig", h[1], i),
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=(80 if h[0] == "gpu" else 40) << 30))
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     devices = nvml_devices()
     assert [(d.uuid, d.index, d.name, d.model, d.mig) for d in devices] == [

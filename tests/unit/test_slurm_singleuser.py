@@ -7,25 +7,15 @@ GPUs 2 and 3 of the node, whose device files are /dev/nvidia2 and /dev/nvidia3."
 from __future__ import annotations
 
 import sys
-import types
-from types import SimpleNamespace
 
+from tests.unit.fake_nvml import fake_pynvml
 from workbench_spawner.slurm_singleuser import node_report
 
 
 def confined_nvml(monkeypatch) -> None:
-    fake = types.ModuleType("pynvml")
-    fake.NVMLError = type("NVMLError", (Exception,), {})
-    fake.NVML_DEVICE_MIG_ENABLE = 1
-    fake.nvmlInit = fake.nvmlShutdown = lambda: None
-    fake.nvmlDeviceGetCount = lambda: 2
-    fake.nvmlDeviceGetHandleByIndex = lambda i: ("gpu", i)
-    fake.nvmlDeviceGetName = lambda h: b"NVIDIA H100 80GB HBM3"
-    fake.nvmlDeviceGetMigMode = lambda h: (0, 0)
-    fake.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=80 << 30)
-    fake.nvmlDeviceGetUUID = lambda h: f"GPU-real-{h[1] + 2}"
-    fake.nvmlDeviceGetHandleByUUID = lambda uuid: ("gpu", int(uuid.rsplit("-", 1)[1]) - 2)
-    fake.nvmlDeviceGetMinorNumber = lambda h: h[1] + 2
+    fake = fake_pynvml(2, nvmlDeviceGetUUID=lambda h: f"GPU-real-{h[1] + 2}",
+                       nvmlDeviceGetHandleByUUID=lambda uuid: ("gpu", int(uuid.rsplit("-", 1)[1]) - 2),
+                       nvmlDeviceGetMinorNumber=lambda h: h[1] + 2)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
 
 
