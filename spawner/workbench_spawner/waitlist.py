@@ -119,7 +119,9 @@ class WaitList(Generic[T]):
         ordered = sorted(tickets, key=lambda t: sort_key(t.as_waiting(), self.mode, now, aging))
         valid_until = math.inf
         if self.mode == "fair-share":
-            valid_until = min((t.joined + aging for t in tickets if now - t.joined < aging), default=math.inf)
+            # The next instant a ticket reaches the bound; never "now" itself (rounding), so time moves on.
+            valid_until = max(now + 1e-6, min((t.joined + aging for t in tickets if now - t.joined < aging),
+                                              default=math.inf))
         trying: set[int] = set()
         seen: set = set()
         all_stuck = True
@@ -131,7 +133,7 @@ class WaitList(Generic[T]):
             seen.add(t.cls)
             all_stuck = all_stuck and t.failed_gen == generation
         self._line = _Line(version, valid_until, ordered, {id(t): i for i, t in enumerate(ordered)}, trying)
-        if line is not None and line.version == version:
+        if line is not None and line.version == version and (line.ordered != ordered or line.trying != trying):
             self._poke()  # only the clock moved the order: everyone's place may have changed
         return self._line
 

@@ -155,3 +155,20 @@ async def test_the_queue_timeout_is_counted_on_the_wait_list_s_clock():
     assert not task.done()
     await line.at(300)
     assert await asyncio.wait_for(task, 2) == "refused"
+
+
+async def test_a_bound_reached_between_two_floats_does_not_wake_the_line_forever():
+    """joined + aging can round to "now" while now - joined is still under the bound: the line must
+    still expect its next change after now, or every look recomputes the order and wakes everyone."""
+    joined = 7887.233511355132
+    now = joined + 1800.0
+    assert now - joined < 1800.0  # the rounding this test is about
+    line = Line()
+    line.clock.t = joined
+    task = await line.ask("alice", 0.0, timeout=10_000)
+    line.clock.t = now
+    first = line.wl._current()
+    assert first.valid_until > now
+    assert line.wl._current() is first, "a second look at the same instant reuses the line"
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
