@@ -163,10 +163,12 @@ class HostAllocator(Placement):
 
         After a grace period that is what members hold or wait for, not the
         whole reservation (``reservations.reserved_now``)."""
+        active = [r for r in self.active_reservations() if not (only_others and is_member(r, groups))]
+        if not active:
+            return []  # the usual case: no lease read
         counts: dict[str, int] = {}
         for device in self.inventory.devices:
             counts[device.model] = counts.get(device.model, 0) + 1
-        active = [r for r in self.active_reservations() if not (only_others and is_member(r, groups))]
         return reserved_now(active, self.clock(), self.tz or timezone.utc, counts, groups,
                             holdings=holdings(self.store.leases()), models=self.models,
                             waiting=self.waiting_by_group())
