@@ -48,7 +48,9 @@ students' GPU work (servers stay, idle).
   (2-4 bursts) for a 40-80 minute session, then half stop and half abandon their server. So
   non-members wait in line when class starts and ask all through it.
 * **Refusals and retries**: a spawn not served within the queue timeout is refused; the user
-  tries again after 0.5-3 minutes, until served or gone. A wait is counted from the first ask to
+  tries again after 0.5-3 minutes, until served or gone. JupyterHub's ``concurrent_spawn_limit``
+  (100 pending spawns) refuses more at once (429), retried the same way (it binds only in a
+  large class: the 2,000-student run). A wait is counted from the first ask to
   the lease, across refusals; one never served counts until class end or until its user left
   (so high percentiles are lower bounds when some are never served).
 * **After a reclaim** a user asks again when their next burst starts; servers warned by the
@@ -66,7 +68,9 @@ from ``--idle-minutes``, threshold 5 %, warned min(10 min, half the limit) befor
 ``fair-share`` (``WORKBENCH_QUEUE_ORDER=fair-share``, aging 30 min), ``reservation`` (3/4 of the
 GPUs for ``ml-course`` 10:00-12:00, grace 15 min, no preempt) and ``all`` (the three together).
 "Out of arrival order" counts leases given while a request that first asked earlier was in line:
-0 in fifo, so it shows how often fair share or a reservation decided.
+0 in fifo (unless a user was kept out of the line, e.g. by the spawn limit, for longer than the
+15 minutes a retry keeps its first arrival), so it shows how often fair share or a reservation
+decided.
 
     .venv/bin/python benchmarks/class_day.py [--students 60] [--gpus 8] [--seed 13] \\
         [--idle-minutes 10,30,5] [--scenarios all] [--jobs 2]
