@@ -27,7 +27,7 @@ from .clock import Clock, real_now
 from .queue_order import REJOIN_MINUTES
 from .quota import gpu_hours_used
 from .reservation_book import ReservationBook
-from .reservations import Holding, Reservation, is_member, remaining_needs, reserved_now, takeable
+from .reservations import Holding, Reservation, demand_by_group, is_member, remaining_needs, reserved_now, takeable
 from .store import AllocationStore, Lease
 from .waitlist import Ticket, WaitList, WaitTimeout
 
@@ -77,6 +77,10 @@ class Placement(ABC):
         """Requests waiting for GPUs now."""
         return 0
 
+    def waiting_by_group(self) -> dict[str, int]:
+        """GPUs that members of each group wait for now (reservations count them as members' demand)."""
+        return {}
+
 
 class HostAllocator(Placement):
     """Our own placement on one host: a database transaction plus an ordered wait list.
@@ -112,16 +116,11 @@ class HostAllocator(Placement):
         return [d.uuid for d in self.inventory.devices if model is None or d.model == model]
 
     def waiting_by_group(self) -> dict[str, int]:
-        demand: dict[str, int] = {}
-        for groups, count in list(self._asking.values()):
-            for group in groups:
-                demand[group] = demand.get(group, 0) + count
-        return demand
+        return demand_by_group(self._asking.values())
 
     def active_reservations(self) -> list[Reservation]:
         """Reservations whose window is open now (reads the database: call from a thread)."""
-        now, tz = self.clock(), self.tz or timezone.utc
-        return [r for r in self.reservations.reservations() if r.window.current(now, tz) is not None]
+        return self.reservations.open_at(self.clock(), self.tz or timezone.utc)
 
     @staticmethod
     def wait_class(model: str | None, groups: Sequence[str], active: Sequence[Reservation]) -> Hashable:

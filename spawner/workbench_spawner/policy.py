@@ -25,7 +25,7 @@ from .admission import AdmissionContext
 from .clock import hub_clock, zone
 from .reservation_book import ReservationBook
 from .reservations import reserved_now
-from .placement import HostAllocator, NoGPUAvailable, Placement, Report
+from .placement import HostAllocator, NoGPUAvailable, Placement, Report, holdings
 from .quota import QuotaBook, gpu_hours_used
 from .settings import PolicySettings
 from .store import AllocationStore, Lease
@@ -122,11 +122,19 @@ class GPUPolicy:
         )
 
     def reserved_now(self, groups: list[str]) -> list[str]:
-        """What the open reservations keep, one sentence each, for the spawn form."""
+        """What the open reservations hold for their members now, one sentence each, for the spawn form.
+
+        After a grace period that is what members hold or wait for (``reservations.reserved_now``)."""
+        now = self.clock()
+        open_now = ReservationBook(self.store).open_at(now, self.tz)
+        if not open_now:
+            return []  # the usual case: no lease read
+        devices = self.devices
         inventory: dict[str, int] = {}
-        for device in self.devices:
+        for device in devices:
             inventory[device.model] = inventory.get(device.model, 0) + 1
-        return reserved_now(ReservationBook(self.store).reservations(), self.clock(), self.tz, inventory, groups)
+        return reserved_now(open_now, now, self.tz, inventory, groups, holdings=holdings(self.store.leases()),
+                            models={d.uuid: d.model for d in devices}, waiting=self.placement.waiting_by_group())
 
     # -- placement ------------------------------------------------------------------
 

@@ -106,7 +106,9 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         help="""
         Seconds a spawn waits in line for free GPUs before it is refused with
         a message. Spawns wait first come, first served, and the spawn page
-        shows how many are ahead. 0 refuses at once when nothing is free.
+        shows how many are ahead. 0 refuses at once when nothing is free. A
+        spawn tried again within 15 minutes of its refusal keeps its first
+        arrival (its place in line).
         """,
     ).tag(config=True)
 
@@ -157,8 +159,11 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         min=0,
         help="""
         Fair share's aging bound: once a request has waited this many minutes,
-        nobody who arrived after it is served before it. Lower it for short
-        classes; 0 makes fair share behave as first come, first served.
+        nobody who arrived after it is served before it. Counted from the first
+        time the user asked for this server: a spawn refused at
+        ``gpu_queue_timeout`` and tried again within 15 minutes keeps its first
+        arrival, so the bound holds although the timeout is shorter. Lower it
+        for short classes; 0 makes fair share behave as first come, first served.
         From $WORKBENCH_QUEUE_AGING_MINUTES in the shipped config.
         """,
     ).tag(config=True)

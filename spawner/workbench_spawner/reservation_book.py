@@ -130,6 +130,10 @@ class ReservationBook:
     def reservations(self) -> list[Reservation]:
         return [s.reservation for s in self.all()]
 
+    def open_at(self, now: datetime, tz: tzinfo) -> list[Reservation]:
+        """The reservations whose window is open at ``now`` (in the hub's zone ``tz``)."""
+        return [r for r in self.reservations() if r.window.current(now, tz) is not None]
+
     def get(self, rid: int) -> StoredReservation | None:
         with self.store.reads()() as session:
             row = session.get(ReservationRow, rid)

@@ -195,6 +195,15 @@ def is_member(res: Reservation, groups: Iterable[str]) -> bool:
     return res.group in set(groups)
 
 
+def demand_by_group(asking: Iterable[tuple[Iterable[str], int]]) -> dict[str, int]:
+    """GPUs asked for per group, from (the asker's groups, GPUs) of every request waiting now."""
+    demand: dict[str, int] = {}
+    for groups, count in list(asking):
+        for group in groups:
+            demand[group] = demand.get(group, 0) + count
+    return demand
+
+
 def held_for_members(res: Reservation, now: datetime, tz: tzinfo, member_demand: int) -> int:
     """GPUs the reservation keeps for its members now (see the module docstring)."""
     occurrence = res.window.current(now, tz)

@@ -33,7 +33,7 @@ from .clock import Clock, real_now
 from .placement import holdings
 from .queue_order import Waiting, order
 from .reservation_book import ReservationBook
-from .reservations import Holding, Reservation, gpus_user_may_take, is_member, reserved_now
+from .reservations import Holding, Reservation, demand_by_group, gpus_user_may_take, is_member, reserved_now
 from .slurm_jobs import SlurmJob, SlurmNode
 from .store import AllocationStore
 
@@ -91,14 +91,10 @@ class SlurmReservations:
         self.asking: dict[str, tuple[frozenset[str], int, str | None]] = {}
 
     def active(self, now: datetime) -> list[Reservation]:
-        return [r for r in self.book.reservations() if r.window.current(now, self.tz) is not None]
+        return self.book.open_at(now, self.tz)
 
     def waiting_by_group(self) -> dict[str, int]:
-        demand: dict[str, int] = {}
-        for groups, count, _model in list(self.asking.values()):
-            for group in groups:
-                demand[group] = demand.get(group, 0) + count
-        return demand
+        return demand_by_group((groups, count) for groups, count, _model in list(self.asking.values()))
 
     def may_submit(self, groups: Sequence[str], count: int, model: str | None,
                    nodes: Callable[[], list[SlurmNode]]) -> tuple[bool, str]:

@@ -83,6 +83,9 @@ class SlurmPlacement(Placement):
     def waiting(self) -> int:
         return len(self._pending)
 
+    def waiting_by_group(self) -> dict[str, int]:
+        return self.reservations.waiting_by_group()
+
     def total_gpus(self) -> int:
         """GPUs in the cluster (read on the event loop: never the database)."""
         return self._total_gpus() if self._total_gpus else len(self.inventory().devices)

@@ -28,4 +28,6 @@ async def test_the_form_names_the_open_reservation(make_spawner, tmp_path):
     set_test_clock(clock, datetime(2026, 12, 8, 9, 30, tzinfo=timezone.utc))
     html = await spawner._render_options_form()
     assert "1 of 2 GPUs reserved for ml-course until 12:00 (you" not in html
-    assert "of 2 GPUs reserved for ml-course until 12:00 (" in html and "10:15" in html
+    # No member holds or waits for one: the form says it went back to everyone, not "up to".
+    assert "0 of 2 GPUs reserved for ml-course until 12:00 (all 1 went back to everyone at 10:15: no member " \
+           "asked for them; you are a member: you may use them)." in html
