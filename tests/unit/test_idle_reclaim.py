@@ -261,3 +261,51 @@ async def test_host_readings_follow_the_scripted_utilization(tmp_path):
     assert chooser.for_lease(type(lease)("bob", "", ("GPU-x",), T0, node="slurm-node-3")) is chooser.server
     del other
     store.dispose()
+
+
+def test_slow_monitors_do_not_keep_idle_gpus_from_coming_back(tmp_path):
+    """Eight servers whose monitors each take the client's full 10 s timeout to answer (nodes the hub
+    cannot see): read one after another, a pass took 80 s, the next began 110 s after the last reading,
+    and every idle clock restarted, so nothing was ever reclaimed. Read together, each stamped with its
+    own time, a pass takes 10 s and the idle servers are warned and stopped on time. Simulated time
+    (benchmarks/virtual_time.py): the real loop, its interval and the reads' sleeps, in milliseconds."""
+    import asyncio
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from virtual_time import virtual_loop
+
+    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+    devices = discover_devices("8")
+    settings = PolicySettings(store.url, devices, node=NODE, default_quota=Quota(8),
+                              gpu_idle_minutes=10, gpu_idle_threshold=5, gpu_idle_warn_minutes=5)
+    fleet = Fleet(store, settings=settings)
+    hub = FakeHub()
+    loop = virtual_loop()
+    clock = lambda: T0 + timedelta(seconds=loop.time())  # noqa: E731
+
+    class SlowMonitor(FakeSource):
+        name = "server"
+
+        async def read(self, lease, server_path):
+            await asyncio.sleep(10.0)  # answers only at the client's timeout: idle (0 %)
+            return {uuid: 0.0 for uuid in lease.gpu_uuids}
+
+    chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
+    chooser.register(NODE, SlowMonitor())
+    users = [f"student{i}" for i in range(8)]
+    for user, device in zip(users, devices.devices):
+        store.allocate(user, "", 1, [device.uuid], node=NODE)
+        hub.add(user)
+    reclaimer = Reclaimer(fleet, hub, chooser, FakeDelivery(), clock=clock, interval=30)
+    try:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(asyncio.wait_for(reclaimer.run_forever(), timeout=13 * 60))
+    except asyncio.TimeoutError:
+        pass
+    finally:
+        asyncio.set_event_loop(None)
+        loop.close()
+        store.dispose()
+    assert sorted(user for user, _ in hub.stopped) == users, "idle GPUs behind slow monitors never came back"

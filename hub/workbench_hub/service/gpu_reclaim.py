@@ -85,10 +85,15 @@ class Reclaimer:
         self.interval = interval
         self._unknown_logged: set[tuple[str, str]] = set()
 
+    # At most this many servers' monitors are read at once (each read may take the client's 10 s timeout).
+    PARALLEL_READS = 16
+    READ_TIMEOUT = 10.0
+
     @property
     def stale_after(self) -> timedelta:
-        # A reading older than three passes is no reading.
-        return timedelta(seconds=max(3 * self.interval, 10.0))
+        # A reading older than three passes is no reading. Passes are one interval plus one pass's reads
+        # apart (reads run in parallel, each at most READ_TIMEOUT), so a slow pass never looks like a gap.
+        return timedelta(seconds=max(3 * self.interval + self.READ_TIMEOUT, 10.0))
 
     async def running_servers(self) -> tuple[dict[tuple[str, str], str], dict[str, list[str]]]:
         """(user, server) -> URL path of every ready server; user -> groups."""
@@ -106,7 +111,6 @@ class Reclaimer:
         settings = await asyncio.to_thread(lambda: self.fleet.settings)
         leases = await asyncio.to_thread(self.fleet.store.leases)
         running, groups = await self.running_servers()
-        now = self.clock()
         effective = await asyncio.to_thread(
             self.fleet.book.effective_many, {lease.user: groups.get(lease.user, []) for lease in leases},
             settings.default_quota)
@@ -115,23 +119,36 @@ class Reclaimer:
         pending = {(n.user, n.server): n for n in await asyncio.to_thread(self.notices.pending)
                    if n.kind == KIND}
         tracks: list[GpuTrack] = []
-        for lease in leases:
+        live = [lease for lease in leases if (lease.user, lease.server) in running]  # starting: not idle time
+        limit = asyncio.Semaphore(self.PARALLEL_READS)
+
+        async def read(lease):
+            # In parallel, each stamped with its own time: a few slow monitors never delay the rest.
+            source = self.chooser.for_lease(lease)
+            async with limit:
+                readings = await source.read(lease, running[(lease.user, lease.server)])
+            return source, readings, self.clock()
+
+        results = await asyncio.gather(*(read(lease) for lease in live))
+        for lease, (source, readings, now) in zip(live, results):
             key = (lease.user, lease.server)
-            if key not in running:
-                continue  # starting or stopping: its start is not idle time
             quota = effective[lease.user].quota
             rule = rule_for(quota.gpu_idle_minutes, quota.gpu_idle_threshold, settings.gpu_idle_minutes,
                             settings.gpu_idle_threshold, settings.gpu_idle_warn_minutes)
-            source = self.chooser.for_lease(lease)
-            readings = await source.read(lease, running[key])
             node = lease.node or settings.node
             server_tracks = []
             for uuid in lease.gpu_uuids:
                 previous = old.get((node, uuid))
                 if previous is None or (previous.user, previous.server) != key:
                     previous = GpuTrack(node=node, gpu_uuid=uuid, user=lease.user, server=lease.server)
-                server_tracks.append(advance(previous, readings.get(uuid), rule.threshold, now, source.name,
-                                             stale_after=self.stale_after))
+                track = advance(previous, readings.get(uuid), rule.threshold, now, source.name,
+                                stale_after=self.stale_after)
+                if previous.idle_since is not None and track.idle_since == now and track.utilization is not None \
+                        and track.utilization < rule.threshold:
+                    log.info("Idle clock of %s on %s restarted: no reading for %s before this one", uuid,
+                             f"{lease.user}/{lease.server or 'default'}",
+                             now - previous.last_reading if previous.last_reading else "ever")
+                server_tracks.append(track)
             tracks.extend(server_tracks)
             exempt = is_exempt(groups.get(lease.user, []), exempt_groups)
             verdict = judge(server_tracks, rule, now, exempt=exempt, stale_after=self.stale_after)
