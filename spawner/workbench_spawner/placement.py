@@ -15,6 +15,7 @@ and reconcile read. ``Placement`` is that small common interface.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -111,6 +112,8 @@ class HostAllocator(Placement):
         self._requests: dict[str, tuple[str | None, frozenset[str]]] = {}
         # The ids of the reservations open at the last look (a try or a join reads them anyway).
         self._open_ids: frozenset[int] | None = None
+        self._reads = itertools.count()  # numbers each reservation read as it begins (_saw_open)
+        self._newest_read = -1
 
     def candidates(self, model: str | None) -> list[str]:
         return [d.uuid for d in self.inventory.devices if model is None or d.model == model]
@@ -127,10 +130,14 @@ class HostAllocator(Placement):
         """A waiting request's class (waitlist.py): its model and the open reservations it may use."""
         return (model, frozenset(r.id for r in active if is_member(r, groups)))
 
-    def _saw_open(self, active: Sequence[Reservation]) -> None:
+    def _saw_open(self, active: Sequence[Reservation], read: int) -> None:
         """Called on the loop's thread with the reservations a try or a join just read: when the set of
         open windows changed, every waiting request gets its class again (a member who joined before the
-        window opened is no longer stuck behind non-members)."""
+        window opened is no longer stuck behind non-members). ``read`` numbers the reads in the order
+        they began: reads run in worker threads, and an older one that lands last is ignored."""
+        if read < self._newest_read:
+            return
+        self._newest_read = read
         ids = frozenset(r.id for r in active)
         if ids == self._open_ids:
             return
@@ -197,12 +204,14 @@ class HostAllocator(Placement):
             return hours, self.active_reservations()
 
         async def try_take() -> Lease | None:
+            read = next(self._reads)
             lease, active = await asyncio.to_thread(take)
-            self._saw_open(active)
+            self._saw_open(active, read)
             return lease
 
+        read = next(self._reads)
         hours, active = await asyncio.to_thread(join)
-        self._saw_open(active)
+        self._saw_open(active, read)
         # The class: the model and the open reservations this user may use (waitlist.py).
         cls = self.wait_class(model, groups, active)
         self._asking[key] = (frozenset(groups), count)

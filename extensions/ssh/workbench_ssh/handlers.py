@@ -14,10 +14,12 @@ a token with ``access:servers`` on this server gets in).
 
 from __future__ import annotations
 
+import asyncio
 import getpass
 import json
 import os
 import pwd
+import subprocess
 from importlib.resources import files
 
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
@@ -79,13 +81,25 @@ class SSHInfoHandler(_SSHMixin, APIHandler):
         self.finish(json.dumps(self.info()))
 
 
+def _keys_unavailable(e: Exception) -> web.HTTPError:
+    return web.HTTPError(503, f"Cannot read or check your SSH keys right now ({e.__class__.__name__}: {e}); "
+                              "try again in a moment, or ask a hub admin.")
+
+
 class SSHKeysHandler(_SSHMixin, APIHandler):
-    @web.authenticated
-    def get(self):
-        self.finish(json.dumps({"keys": keys.listed_keys(os.path.expanduser("~"))}))
+    """Keys are checked with ``ssh-keygen`` and written under a lock, in a worker thread: this
+    server's event loop also carries every open SSH session (jupyter-server-proxy's socket)."""
 
     @web.authenticated
-    def post(self):
+    async def get(self):
+        try:
+            listed = await asyncio.to_thread(keys.listed_keys, os.path.expanduser("~"))
+        except (subprocess.SubprocessError, OSError) as e:
+            raise _keys_unavailable(e) from None
+        self.finish(json.dumps({"keys": listed}))
+
+    @web.authenticated
+    async def post(self):
         try:
             body = json.loads(self.request.body or b"{}")
         except ValueError:
@@ -93,9 +107,11 @@ class SSHKeysHandler(_SSHMixin, APIHandler):
         if not isinstance(body, dict) or not isinstance(body.get("key"), str):
             raise web.HTTPError(400, 'Send JSON such as {"key": "ssh-ed25519 AAAA... me@laptop"}.')
         try:
-            key, added = keys.add_key(os.path.expanduser("~"), body["key"])
+            key, added = await asyncio.to_thread(keys.add_key, os.path.expanduser("~"), body["key"])
         except keys.InvalidKey as e:
             raise web.HTTPError(400, str(e)) from None
+        except (subprocess.SubprocessError, OSError) as e:
+            raise _keys_unavailable(e) from None
         self.set_status(201 if added else 200)
         message = "Key added" if added else "This key was already in authorized_keys"
         self.finish(json.dumps({"added": added, "fingerprint": key.fingerprint, "type": key.key_type,

@@ -120,6 +120,20 @@ def refusal(status: int, url: str) -> str:
     return f"cannot connect to {url}: {reason}"
 
 
+def _redirect(ws, url: str, why: str) -> str:
+    """The same-origin target of a redirect answer, or ProxyError."""
+    response = getattr(ws, "handshake_response", None)
+    location = response.headers.get("location") if response is not None else None
+    if not location:
+        raise ProxyError(f"cannot connect to {url}: {why}")
+    target = urljoin(url, location)
+    target = target.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+    if not same_origin(url, target):
+        raise ProxyError(f"cannot connect to {url}: redirected to {target}; "
+                         "not sending your token to another address")
+    return target
+
+
 def connect(url: str, token: str, cafile: str | None = None):
     """An open websocket to ``url`` (redirects followed within the same origin), or :class:`ProxyError`."""
     import websocket  # websocket-client
@@ -127,26 +141,27 @@ def connect(url: str, token: str, cafile: str | None = None):
     sslopt = {"ca_certs": cafile} if cafile else {}
     for _ in range(MAX_REDIRECTS + 1):
         ws = websocket.WebSocket(sslopt=sslopt)
+        # Plain ws:// goes to loopback only (main() checks): never through an HTTP proxy from the environment.
+        direct = {"http_no_proxy": [urlsplit(url).hostname]} if url.startswith("ws://") else {}
         try:
             # no Origin header (not a browser); redirects are followed below, where the target is checked
             ws.connect(url, header=[f"Authorization: token {token}"], suppress_origin=True,
-                       timeout=CONNECT_TIMEOUT, redirect_limit=0)
+                       timeout=CONNECT_TIMEOUT, redirect_limit=0, **direct)
         except websocket.WebSocketBadStatusException as e:
             raise ProxyError(refusal(e.status_code, url)) from None
         except websocket.WebSocketException as e:
-            response = getattr(ws, "handshake_response", None)
-            location = response.headers.get("location") if response is not None else None
-            if not location:
-                raise ProxyError(f"cannot connect to {url}: {e}") from None
-            target = urljoin(url, location)
-            target = target.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
-            if not same_origin(url, target):
-                raise ProxyError(f"cannot connect to {url}: redirected to {target}; "
-                                 "not sending your token to another address") from None
-            url = target
+            url = _redirect(ws, url, str(e))
             continue
         except OSError as e:  # refused, unreachable, name not found, TLS verification failed
             raise ProxyError(f"cannot connect to {url}: {e}") from None
+        status = ws.getstatus()
+        if status != 101:
+            # Older websocket-client releases return from a 3xx instead of raising: never bridge that.
+            ws.close()
+            if 300 <= (status or 0) < 400:
+                url = _redirect(ws, url, f"HTTP {status} without a Location")
+                continue
+            raise ProxyError(refusal(status or 0, url))
         ws.settimeout(None)  # an idle SSH session may be silent for long; ssh's keepalives handle it
         return ws
     raise ProxyError(f"cannot connect: more than {MAX_REDIRECTS} redirects, the last to {url}")

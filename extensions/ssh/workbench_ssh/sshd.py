@@ -200,6 +200,8 @@ def build_command(port: str, environ: dict[str, str]) -> list[str]:
     return sshd_command(port, user, environ, base, home, sftp_server)
 
 
+# The only variables sshd itself is started with (locale and a search path for its own helpers).
+SSHD_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "TZ")
 USAGE = ("usage: workbench-sshd PORT          (started by jupyter-server-proxy at {base_url}sshd/)\n"
          "       workbench-sshd --check PORT  (print the effective sshd configuration, sshd -T)")
 
@@ -226,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.write(result.stdout)
         sys.stderr.write(result.stderr)
         return result.returncode
-    os.execv(command[0], command)
+    # sshd gets no variable of the server's (the hub API token above all): what sessions need is in
+    # its SetEnv lines, and sshd needs nothing else.
+    os.execve(command[0], command, {k: v for k, v in os.environ.items() if k in SSHD_ENVIRONMENT})
     return 1  # not reached
 
 
