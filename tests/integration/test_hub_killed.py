@@ -147,6 +147,11 @@ def test_ctrl_c_stops_the_hub_and_its_services_without_a_traceback(running_hub):
     hub = running_hub(env_for_services())
     services = wait_until(lambda: service_processes(hub) if len(service_processes(hub)) == 2 else None,
                           30, "both managed services running")
+    # Ctrl-C of a hub that is up: both services past their start (a signal during the workbench
+    # service's start is test_service_lifetime's; the culler's own start is not ours to test).
+    wait_until(lambda: requests.get(f"{hub.url}/services/workbench/api/openapi.json", timeout=10).status_code == 200,
+               30, "the workbench service answers")
+    wait_until(lambda: "(idle-culler@" in hub.log(), 30, "the idle culler's first look at the hub")
     try:
         # A terminal's Ctrl-C: SIGINT to the foreground process group (the hub leads its own here).
         os.killpg(hub.proc.pid, signal.SIGINT)

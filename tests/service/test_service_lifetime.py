@@ -83,6 +83,40 @@ def test_a_signal_stops_it_quietly_with_exit_0(tmp_path, sig):
     assert "waiting for the hub to publish its GPU settings" in stderr
 
 
+def _catches(pid: int, sig: signal.Signals) -> bool:
+    """``sig`` is in the process's caught-signals mask (``SigCgt`` in /proc/PID/status)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(mask & (1 << (sig - 1)))
+
+
+def test_a_signal_while_it_still_starts_stops_it_quietly(tmp_path):
+    """The hub stops its services with SIGINT however soon after starting them: a signal that comes
+    while the service still imports (long before it listens) is kept, not lost or a traceback."""
+    port = free_port()
+    proc = subprocess.Popen(command(port, tmp_path / "wb.sqlite"), env=service_env(free_port()), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        # Python catches SIGINT from its start; SIGTERM is caught once __main__ set its handlers (both at once).
+        while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, "already listening: the test came too late"
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert "Workbench service stopping: SIGINT" in stderr
+
+
 def _gone(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/status").read_text()

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import sys
+from typing import Sequence
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
@@ -30,7 +31,7 @@ from . import handlers as h
 from . import reservation_handlers as rh
 from .fleet import Fleet
 from .hub_client import HubClient
-from .lifetime import CannotListen, listen, run_until_stopped
+from .lifetime import CannotListen, Lifetime, listen
 from .gpu_reclaim import make_reclaimer
 from .idle_handlers import idle_routes
 from .slurm_handlers import slurm_routes
@@ -90,7 +91,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-async def serve(args: argparse.Namespace, parent: int) -> int:
+async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()) -> int:
+    lifetime = Lifetime(parent, early)
     try:
         store = AllocationStore(args.db_url)
     except Exception as exc:
@@ -135,7 +137,7 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
         from .reservation_enforcer import Preemption
 
         preemption = asyncio.create_task(Preemption(fleet, hub).run_forever(args.reservation_check_seconds))
-    reason = await run_until_stopped(parent)
+    reason = await lifetime.wait()
     if preemption is not None:
         preemption.cancel()
     log.info("Workbench service stopping: %s", reason)
@@ -148,13 +150,13 @@ async def serve(args: argparse.Namespace, parent: int) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
     parent = os.getppid()  # first: the hub may die while the service is still starting
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="[%(levelname)1.1s %(asctime)s workbench-service] %(message)s")
     try:
-        return asyncio.run(serve(args, parent))
+        return asyncio.run(serve(args, parent, early))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were in place
         log.info("Workbench service stopping: SIGINT")
         return 0

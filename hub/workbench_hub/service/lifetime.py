@@ -5,7 +5,9 @@
   stderr, which the hub's log shows, naming the address and what to do, and
   exits 1.
 * **SIGINT / SIGTERM** (Ctrl-C of ``make run``, the hub stopping its
-  services): one log line, exit 0, no traceback.
+  services): one log line, exit 0, no traceback, however early it comes
+  (``__main__`` catches signals from its first line, ``Lifetime`` takes
+  over before the service listens).
 * **The hub dies**: the hub's launcher asks the kernel for a signal when the
   parent dies (PR_SET_PDEATHSIG); in addition the service checks every few
   seconds that its parent is still the process that started it, so it never
@@ -20,7 +22,7 @@ import errno
 import logging
 import os
 import signal
-from typing import Callable
+from typing import Callable, Sequence
 
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -47,38 +49,46 @@ def listen(app: web.Application, port: int, ip: str, **server_options) -> HTTPSe
         raise CannotListen(f"cannot start: cannot listen on {ip} port {port}: {exc.strerror or exc}") from None
 
 
-async def run_until_stopped(parent: int, on_stop: Callable[[], None] | None = None,
-                            parent_check_seconds: float = PARENT_CHECK_SECONDS) -> str:
-    """Serve until SIGINT, SIGTERM or the death of ``parent``; returns why it stopped.
+class Lifetime:
+    """When the service should stop: SIGINT, SIGTERM or the death of ``parent``, from the first moment.
 
-    ``parent`` is the parent's pid as read when the process began, not now: start-up
-    (listening, the first database read) takes seconds on a busy host, and a parent that
-    died meanwhile would otherwise be mistaken for init or a subreaper, and never missed.
+    Made at the very start of ``serve``, before listening and the first
+    database read: the hub stops services with SIGINT however soon after
+    starting them (a Ctrl-C right after ``make run``), and a signal that came
+    before the handlers were in place would be lost. ``early`` holds the
+    names of signals ``__main__`` caught before the event loop existed.
+    ``parent`` is the parent's pid as read when the process began.
     """
-    loop = asyncio.get_running_loop()
-    stopped: asyncio.Future[str] = loop.create_future()
 
-    def stop(reason: str) -> None:
-        if not stopped.done():
-            stopped.set_result(reason)
+    def __init__(self, parent: int, early: Sequence[str] = (),
+                 parent_check_seconds: float = PARENT_CHECK_SECONDS):
+        self._loop = asyncio.get_running_loop()
+        self._stopped: asyncio.Future[str] = self._loop.create_future()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._loop.add_signal_handler(sig, self.stop, signal.Signals(sig).name)
+        if early:  # checked after the handlers are in place: no signal falls between the two
+            self.stop(early[0])
+        self._watcher = asyncio.create_task(self._watch(parent, parent_check_seconds))
 
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop, signal.Signals(sig).name)
+    def stop(self, reason: str) -> None:
+        if not self._stopped.done():
+            self._stopped.set_result(reason)
 
-    async def watch_parent() -> None:
+    async def _watch(self, parent: int, every: float) -> None:
         while True:
             if os.getppid() != parent:
-                stop(f"its hub (pid {parent}) is gone")
+                self.stop(f"its hub (pid {parent}) is gone")
                 return
-            await asyncio.sleep(parent_check_seconds)
+            await asyncio.sleep(every)
 
-    watcher = asyncio.create_task(watch_parent())
-    try:
-        reason = await stopped
-    finally:
-        watcher.cancel()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-    if on_stop is not None:
-        on_stop()
-    return reason
+    async def wait(self, on_stop: Callable[[], None] | None = None) -> str:
+        """Serve until stopped; returns why."""
+        try:
+            reason = await self._stopped
+        finally:
+            self._watcher.cancel()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._loop.remove_signal_handler(sig)
+        if on_stop is not None:
+            on_stop()
+        return reason
