@@ -58,6 +58,13 @@ def test_a_busy_port_is_one_sentence_and_exit_1(tmp_path):
     assert "Traceback" not in r.stderr
 
 
+def assert_stopped_quietly(proc: subprocess.Popen, stderr: str, signal_name: str) -> None:
+    """Exit 0, one log line naming the signal, no traceback."""
+    assert proc.returncode == 0, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert f"Workbench service stopping: {signal_name}" in stderr
+
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_it_quietly_with_exit_0(tmp_path, sig):
     port = free_port()
@@ -77,9 +84,7 @@ def test_a_signal_stops_it_quietly_with_exit_0(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, stderr
-    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    assert f"Workbench service stopping: {sig.name}" in stderr
+    assert_stopped_quietly(proc, stderr, sig.name)
     assert "waiting for the hub to publish its GPU settings" in stderr
 
 
@@ -112,9 +117,7 @@ def test_a_signal_while_it_still_starts_stops_it_quietly(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, stderr
-    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
-    assert "Workbench service stopping: SIGINT" in stderr
+    assert_stopped_quietly(proc, stderr, "SIGINT")
 
 
 def _gone(pid: int) -> bool:

@@ -70,6 +70,15 @@ class SSHHub:
         return requests.request(method, f"{self.hub.url}/user/{user}/api/workbench/ssh{route}",
                                 headers={"Authorization": f"token {token}"}, timeout=30, **kwargs)
 
+    def enroll(self, user: str, gpus: int) -> Account:
+        """What a user does once: a token scoped to their server, a key pair, the public key added on
+        the SSH page (201)."""
+        token, token_id = scoped_token(self.hub, user)
+        account = self.accounts[user] = Account(user, token, token_id, self.keygen(user), gpus)
+        r = self.server_api(user, "POST", "/keys", json={"key": (self.workdir / f"id_{user}.pub").read_text()})
+        assert r.status_code == 201, r.text
+        return account
+
     def container(self, user: str) -> str:
         return self.hub.server(user)["state"]["object_name"]
 
@@ -180,10 +189,7 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
                 assert hub.spawn(name, gpus=gpus).status_code in (201, 202)
             for name, gpus in zip(users, (2, 0)):
                 hub.wait_ready(name, timeout=180)
-                token, token_id = scoped_token(hub, name)
-                ssh.accounts[name] = Account(name, token, token_id, ssh.keygen(name), gpus)
-                r = ssh.server_api(name, "POST", "/keys", json={"key": (workdir / f"id_{name}.pub").read_text()})
-                assert r.status_code == 201, r.text
+                ssh.enroll(name, gpus)
             yield ssh
         finally:
             for name in users:

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import hub_pool, wait_until
 from tests.docker.conftest import docker
-from tests.ssh.conftest import Account, SSHHub, scoped_token
+from tests.ssh.conftest import SSHHub
 from tests.ssh.test_ssh_docker import PROCESSES
 
 pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
@@ -37,10 +37,7 @@ def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
             assert hub.spawn(user, gpus=1).status_code in (201, 202)
             hub.wait_ready(user, timeout=180)
             ssh = SSHHub(hub, tmp_path, ssh_client_tools)
-            token, token_id = scoped_token(hub, user)
-            ssh.accounts[user] = Account(user, token, token_id, ssh.keygen(user), 1)
-            r = ssh.server_api(user, "POST", "/keys", json={"key": (tmp_path / f"id_{user}.pub").read_text()})
-            assert r.status_code == 201, r.text
+            token = ssh.enroll(user, 1).token
             cfg, alias = ssh.config(user)
             container = ssh.container(user)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import process_env
-from tests.ssh.conftest import Account, SSHHub, scoped_token
+from tests.ssh.conftest import SSHHub
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration]
 
@@ -49,10 +49,7 @@ def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path
     assert hub.spawn(user, gpus=1).status_code in (201, 202)
     hub.wait_ready(user, timeout=180)
     ssh = SSHHub(hub, tmp_path, ssh_client_tools)
-    token, token_id = scoped_token(hub, user)
-    ssh.accounts[user] = Account(user, token, token_id, ssh.keygen(user), 1)
-    r = ssh.server_api(user, "POST", "/keys", json={"key": (tmp_path / f"id_{user}.pub").read_text()})
-    assert r.status_code == 201, r.text
+    ssh.enroll(user, 1)
     info = ssh.server_api(user, "GET", "").json()
     assert info["login_user"] == account
 
