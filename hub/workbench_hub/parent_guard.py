@@ -19,7 +19,8 @@ pid); without it, the parent at the moment the launcher starts. The kernel
 signals when the *thread* that forked the child ends; JupyterHub starts
 services from its main thread (the event loop), whose end is the process's.
 
-SIGINT is left as it is, on purpose. Ctrl-C in a terminal reaches only the
+SIGINT is given its default disposition (a hub started with SIGINT ignored
+would pass that on), and nothing more, on purpose. Ctrl-C in a terminal reaches only the
 hub's process group (JupyterHub starts services in sessions of their own);
 the hub then stops each service in turn with SIGINT, waits up to 10 seconds
 (the spawner's ``interrupt_timeout``, which JupyterHub does not let config
@@ -75,6 +76,10 @@ def main(argv: list[str] | None = None) -> None:
     if parent is None:
         parent = os.getppid()
     die_with_parent(signal.SIGTERM)
+    # A hub started where SIGINT is ignored (a script's `cmd &`, nohup in a non-interactive shell) passes
+    # that on, and a service that ignores SIGINT makes the hub wait 30 s for it at every stop: give the
+    # service the default, which Python turns into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     # The parent may have died between our fork and the prctl above: then the
     # kernel will never signal, and we must not start at all.
     if os.getppid() != parent:

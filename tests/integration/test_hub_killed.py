@@ -143,8 +143,17 @@ def test_a_killed_hub_takes_its_services_along_and_a_restart_picks_up(running_hu
         kill_pids(old_services)
 
 
-def test_ctrl_c_stops_the_hub_and_its_services_without_a_traceback(running_hub):
-    hub = running_hub(env_for_services())
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_the_hub_and_its_services_without_a_traceback(running_hub, inherited):
+    """``inherited``: SIGINT as a terminal gives it, or ignored, as a hub started by a script in the
+    background gets it (POSIX shells ignore SIGINT for `cmd &`); services must not inherit that, or the
+    hub waits 30 s for each at every stop."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN) if inherited == "ignored" else None
+    try:
+        hub = running_hub(env_for_services())
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGINT, before)
     services = wait_until(lambda: service_processes(hub) if len(service_processes(hub)) == 2 else None,
                           30, "both managed services running")
     # Ctrl-C of a hub that is up: both services past their start (a signal during the workbench
