@@ -52,12 +52,19 @@ class GPUDevice:
 class DeviceInventory:
     """The result of discovery, with a sentence an operator can read."""
 
-    source: str  # "nvml" | "simulated" | "static" | "none"
+    source: str  # "nvml" | "simulated" | "static" | "slurm" | "none"
     devices: list[GPUDevice] = field(default_factory=list)
     message: str = ""
 
     def by_uuid(self) -> dict[str, GPUDevice]:
         return {d.uuid: d for d in self.devices}
+
+    def count_by_model(self) -> dict[str, int]:
+        """GPUs per model ("" for GPUs of no known model): what reservations are measured against."""
+        counts: dict[str, int] = {}
+        for device in self.devices:
+            counts[device.model] = counts.get(device.model, 0) + 1
+        return counts
 
 
 _SPEC_ITEM = re.compile(r"^(?:(\d+)\s*[xX]\s*)?([A-Za-z]+\d[A-Za-z0-9]*)(?:-(\d+)\s*GB)?$")

@@ -28,7 +28,8 @@ from .clock import Clock, real_now
 from .queue_order import REJOIN_MINUTES
 from .quota import gpu_hours_used
 from .reservation_book import ReservationBook
-from .reservations import Holding, Reservation, demand_by_group, is_member, remaining_needs, reserved_now, takeable
+from .reservations import Holding, Reservation, demand_by_group, gpus_text, is_member, remaining_needs, reserved_now, \
+    takeable
 from .store import AllocationStore, Lease
 from .waitlist import Ticket, WaitList, WaitTimeout
 
@@ -172,10 +173,7 @@ class HostAllocator(Placement):
         active = [r for r in self.active_reservations() if not (only_others and is_member(r, groups))]
         if not active:
             return []  # the usual case: no lease read
-        counts: dict[str, int] = {}
-        for device in self.inventory.devices:
-            counts[device.model] = counts.get(device.model, 0) + 1
-        return reserved_now(active, self.clock(), self.tz or timezone.utc, counts, groups,
+        return reserved_now(active, self.clock(), self.tz or timezone.utc, self.inventory.count_by_model(), groups,
                             holdings=holdings(self.store.leases()), models=self.models,
                             waiting=self.waiting_by_group())
 
@@ -221,9 +219,8 @@ class HostAllocator(Placement):
                                                 gpu_hours=hours, cls=cls)
         except WaitTimeout:
             free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
-            what = f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
             raise NoGPUAvailable(
-                f"No {what} became free within {timeout:g} seconds "
+                f"No {gpus_text(count, model)} became free within {timeout:g} seconds "
                 f"({free} free now, {len(self.waitlist.waiting())} still waiting{note}). "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
             ) from None

@@ -129,12 +129,11 @@ class GPUPolicy:
         open_now = ReservationBook(self.store).open_at(now, self.tz)
         if not open_now:
             return []  # the usual case: no lease read
-        devices = self.devices
-        inventory: dict[str, int] = {}
-        for device in devices:
-            inventory[device.model] = inventory.get(device.model, 0) + 1
-        return reserved_now(open_now, now, self.tz, inventory, groups, holdings=holdings(self.store.leases()),
-                            models={d.uuid: d.model for d in devices}, waiting=self.placement.waiting_by_group())
+        inventory = self.inventory
+        return reserved_now(open_now, now, self.tz, inventory.count_by_model(), groups,
+                            holdings=holdings(self.store.leases()),
+                            models={d.uuid: d.model for d in inventory.devices},
+                            waiting=self.placement.waiting_by_group())
 
     # -- placement ------------------------------------------------------------------
 

@@ -59,6 +59,11 @@ def utc(value: datetime) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
+def gpus_text(count: int, model: str | None) -> str:
+    """"1 GPU", "3 H100-80GB GPUs": how requests and reservations name what they ask for."""
+    return f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
+
+
 @dataclass(frozen=True)
 class Window:
     """A weekly (``weekday`` 0-6) or one-off (``day``) window of wall-clock time."""
@@ -173,8 +178,8 @@ class Reservation:
     id: int = 0
 
     def describe(self) -> str:
-        what = f"{self.gpus} {self.model + ' ' if self.model else ''}GPU{'s' if self.gpus != 1 else ''}"
-        return f"{what} for {self.group}, {'weekly ' if self.window.weekly else ''}{self.window.text()}"
+        weekly = "weekly " if self.window.weekly else ""
+        return f"{gpus_text(self.gpus, self.model)} for {self.group}, {weekly}{self.window.text()}"
 
     def in_pool(self, model: str | None) -> bool:
         return self.model is None or (model or "").lower() == self.model.lower()

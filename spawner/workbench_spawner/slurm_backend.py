@@ -50,7 +50,7 @@ from .quota import gpu_hours_used
 from .settings import resolve_policy_settings
 from .clock import hub_clock, zone
 from .slurm_fairness import SlurmReservations
-from .slurm_inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid, resolve
+from .slurm_inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid
 from .slurm_job_spawner import SlurmJobSpawner, SlurmPolicy
 from .slurm_jobs import NodeReport, SlurmUnavailable, cancel, list_jobs, list_nodes, partitions, sbatch_failure, \
     sbatch_options
@@ -133,7 +133,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             store = AllocationStore(settings.db_url)
 
             def inventory() -> DeviceInventory:
-                return resolve(settings.inventory, NodeGPUMap(store).known())
+                return NodeGPUMap(store).resolve(settings.inventory)
 
             reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
                                              hub_clock(settings.test_clock_file))
@@ -320,10 +320,9 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             self.log.warning("Cannot look for leftover Slurm jobs of %s: %s", self._log_name, exc)
             jobs = []
         store = self.gpu_policy_store()
-        tag = (self.user.name, self.name)
+        tag, hub = (self.user.name, self.name), hub_id(store)
         for job in jobs:
-            if job.tag == tag and job.user == self.user.name and job.belongs_to(hub_id(store)) \
-                    and (job.pending or job.running):
+            if job.tag == tag and job.user == self.user.name and job.belongs_to(hub) and (job.pending or job.running):
                 self.log.warning("Cancelling Slurm job %s of %s: left from an earlier start", job.job_id,
                                  self._log_name)
                 try:
@@ -361,12 +360,9 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             self.log.warning("Cannot list Slurm jobs to reconcile GPU leases: %s", exc)
             return
         store = self.gpu_policy_store()
-        inventory = resolve(self.policy_inventory(self), NodeGPUMap(store).known())
+        inventory = NodeGPUMap(store).resolve(self.policy_inventory(self))
         by_place = {(d.node, d.index): d.uuid for d in inventory.devices
-                    if not d.uuid.startswith(placeholder_uuid(d.node, d.index))}
-
-        def adopt(user, server, uuids, ref, since, node) -> bool:
-            return store.adopt(user, server, uuids, ref, since, node)
+                    if d.uuid != placeholder_uuid(d.node, d.index)}
 
         def cancel_quietly(job_id: str) -> None:
             try:
@@ -375,7 +371,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
                 self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
         reconcile_jobs(jobs, store.leases(), hub_id(store), lambda node, index: by_place.get((node, index)),
-                       adopt, cancel_quietly, submitted_before=PROCESS_STARTED)
+                       store.adopt, cancel_quietly, submitted_before=PROCESS_STARTED)
 
     def gpu_policy_store(self) -> AllocationStore:
         # Called from inside reconcile too, where asking for the policy returns at once (policy.reconcile).

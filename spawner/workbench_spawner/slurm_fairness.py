@@ -121,8 +121,5 @@ class SlurmReservations:
         allowed = gpus_user_may_take(free, models, count, groups, others, held, now, self.tz, {})
         if len(allowed) >= count:
             return True, ""
-        counts: dict[str, int] = {}
-        for device in inventory.devices:
-            counts[device.model] = counts.get(device.model, 0) + 1
-        kept = "; ".join(reserved_now(others, now, self.tz, counts))
+        kept = "; ".join(reserved_now(others, now, self.tz, inventory.count_by_model()))
         return False, f"{len(free)} free in the cluster, but {kept}"

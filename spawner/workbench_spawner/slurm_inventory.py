@@ -140,8 +140,9 @@ class NodeGPUMap:
             row.updated = utcnow()
             return True
 
-    def uuid_at(self, known: Mapping[str, list[dict]], node: str, index: int) -> str | None:
-        return next((e["uuid"] for e in known.get(node, []) if e["index"] == index), None)
+    def resolve(self, inventory: DeviceInventory) -> DeviceInventory:
+        """``inventory`` with every GPU a job reported under its real UUID (reads the database)."""
+        return resolve(inventory, self.known())
 
 
 def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:

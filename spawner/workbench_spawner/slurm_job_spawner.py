@@ -14,7 +14,7 @@ from batchspawner import JobStatus, SlurmSpawner
 from workbench_devices import DeviceInventory
 
 from .policy import GPUPolicy
-from .slurm_inventory import NodeGPUMap, resolve
+from .slurm_inventory import NodeGPUMap
 from .slurm_jobs import SlurmUnavailable, cancel, cancel_tagged, job_tag
 
 
@@ -74,4 +74,4 @@ class SlurmPolicy(GPUPolicy):
 
     @property
     def inventory(self) -> DeviceInventory:
-        return resolve(self.settings.inventory, NodeGPUMap(self.store).known())
+        return NodeGPUMap(self.store).resolve(self.settings.inventory)

@@ -28,6 +28,7 @@ from workbench_devices import DeviceInventory
 
 from .placement import NoGPUAvailable, Placement, Report
 from .queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
+from .reservations import gpus_text
 from .slurm_fairness import SlurmReservations, reprioritize
 from .slurm_inventory import MapConflict
 from .slurm_jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable, cancel, is_hopeless, list_jobs, \
@@ -41,10 +42,6 @@ LOG_FILE = "~/workbench-slurm-{job_id}.log"  # the batch script's --output (slur
 
 class JobEnded(NoGPUAvailable):
     """The job left Slurm's queue before it ran (cancelled outside the hub, failed at once)."""
-
-
-def gpus_text(count: int, model: str | None) -> str:
-    return f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
 
 
 class SlurmPlacement(Placement):

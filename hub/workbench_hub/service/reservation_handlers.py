@@ -48,13 +48,6 @@ def reservation_json(stored: StoredReservation, clock: Clock, tz: tzinfo) -> dic
             "description": stored.reservation.describe()}
 
 
-def inventory_counts(fleet) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for device in fleet.inventory.devices:
-        counts[device.model] = counts.get(device.model, 0) + 1
-    return counts
-
-
 class ReservationListHandler(APIHandler):
     @property
     def book(self) -> ReservationBook:
@@ -78,7 +71,7 @@ class ReservationListHandler(APIHandler):
             self.fail(400, f"invalid reservation: no group named {json.dumps(reservation.group)} on this hub; "
                            f"create it on the hub's admin page (Groups) first")
         clock, tz, _ = hub_time(self.fleet)
-        counts = inventory_counts(self.fleet)
+        counts = self.fleet.inventory.count_by_model()
         try:
             stored = await asyncio.to_thread(self.book.create, reservation, counts, clock(), tz, self.caller_name())
         except ReservationError as exc:
