@@ -47,6 +47,14 @@ def missing(reason: str):
     pytest.skip(reason)
 
 
+def write_utilization(path: Path, table: dict) -> None:
+    """Script the simulated GPU source's utilization (``WORKBENCH_SIMULATED_UTILIZATION``): UUID or "*" ->
+    percent, None for no reading. Written atomically: the source never reads half a file."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table))
+    os.replace(tmp, path)
+
+
 def wait_until(predicate, timeout: float, what: str, log=None, every: float = 0.3):
     """Poll until ``predicate()`` is truthy and return its value; fail naming what did not happen.
 

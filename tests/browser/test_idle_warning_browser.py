@@ -3,24 +3,17 @@ countdown, then the server is stopped and the spawn page says why."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import time
 
 import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
+from tests.conftest import write_utilization
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 IDLE_MINUTES = 0.75  # 45 s: warned after 22.5 idle seconds, stopped 22.5 s later
-
-
-def script(path, table) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table))
-    os.replace(tmp, path)
 
 
 def countdown_seconds(text: str) -> int:
@@ -31,7 +24,7 @@ def countdown_seconds(text: str) -> int:
 def test_the_idle_warning_counts_down_in_jupyterlab_and_the_spawn_page_says_why(
         running_hub, chromium_browser, tmp_path):
     utilization = tmp_path / "utilization.json"
-    script(utilization, {"*": 80})
+    write_utilization(utilization, {"*": 80})
     local = tmp_path / "local_config.py"
     local.write_text("c.Spawner.http_timeout = 180\n")  # a busy 2-core host may take over 30 s to start one
     hub = running_hub({"WORKBENCH_LOCAL_CONFIG": str(local),"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_ADMIN_USERS": "admin",
@@ -50,7 +43,7 @@ def test_the_idle_warning_counts_down_in_jupyterlab_and_the_spawn_page_says_why(
     page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
     assert page.locator(".jp-WorkbenchGPU-notice").is_hidden(), "a busy GPU gets no warning"
 
-    script(utilization, {"*": 0})  # the kernel goes quiet: the GPU is idle from now on
+    write_utilization(utilization, {"*": 0})  # the kernel goes quiet: the GPU is idle from now on
     status = page.locator(".jp-WorkbenchGPU-notice")
     status.wait_for(state="visible", timeout=60_000)
     first = status.inner_text()

@@ -17,7 +17,9 @@ from tests.conftest import missing
 pytestmark = pytest.mark.integration
 
 GROUP = "wbpamusers"
-MEMBER, OUTSIDER = "wbpammember", "wbpamoutsider"
+# MEMBER administers the hub (pam needs explicit admins, and the hub makes them at start); STUDENT is
+# a plain member, a hub user only once they log in.
+MEMBER, STUDENT, OUTSIDER = "wbpammember", "wbpamstudent", "wbpamoutsider"
 
 
 @pytest.fixture(scope="module")
@@ -26,12 +28,13 @@ def accounts():
         missing("making Unix accounts with passwords for the PAM login test needs root")
     subprocess.run(["groupadd", "-f", GROUP], check=True)
     passwords = {}
-    for name in (MEMBER, OUTSIDER):
+    for name in (MEMBER, STUDENT, OUTSIDER):
         if subprocess.run(["id", name], capture_output=True).returncode != 0:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
         passwords[name] = secrets.token_urlsafe(12)
         subprocess.run(["chpasswd"], input=f"{name}:{passwords[name]}\n", text=True, check=True)
-    subprocess.run(["usermod", "-a", "-G", GROUP, MEMBER], check=True)
+    for name in (MEMBER, STUDENT):
+        subprocess.run(["usermod", "-a", "-G", GROUP, name], check=True)
     return passwords
 
 
@@ -50,7 +53,10 @@ def test_unix_accounts_in_the_allowed_group_log_in_with_their_password(running_h
                        "WORKBENCH_ADMIN_USERS": MEMBER, "WORKBENCH_SIMULATED_GPUS": "1"})
     ok = log_in(hub, MEMBER, accounts[MEMBER])
     assert ok.status_code == 302 and "/hub/" in ok.headers["Location"], ok.text[:300]
-    assert hub.api("GET", f"/users/{MEMBER}").status_code == 200  # a hub user now, by the account's name
+    assert hub.api("GET", f"/users/{STUDENT}").status_code == 404
+    ok = log_in(hub, STUDENT, accounts[STUDENT])
+    assert ok.status_code == 302 and "/hub/" in ok.headers["Location"], ok.text[:300]
+    assert hub.api("GET", f"/users/{STUDENT}").status_code == 200  # a hub user now, by the account's name
     wrong = log_in(hub, MEMBER, accounts[MEMBER] + "x")
     assert wrong.status_code == 403 and "Invalid username or password" in wrong.text
     outside = log_in(hub, OUTSIDER, accounts[OUTSIDER])  # right password, not in the group

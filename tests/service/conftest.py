@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +39,13 @@ class WorkbenchHub(Hub):
         if validate and not proxy_error:  # the proxy's own 503 (service not up) is not the service's answer
             check(self.openapi(), method, path, r.status_code, r.headers.get("Content-Type", ""), r.content)
         return r
+
+    def cli(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess:
+        """``workbench ARGS`` as an admin runs it, the hub and token from the environment
+        (``token``: another token, "" for none)."""
+        env = {**os.environ, "WORKBENCH_URL": self.url, "WORKBENCH_ADMIN_TOKEN": self.token if token is None else token}
+        return subprocess.run([sys.executable, "-m", "workbench_hub.cli", *args], env=env, capture_output=True,
+                              text=True, timeout=60)
 
     def wait_service(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout

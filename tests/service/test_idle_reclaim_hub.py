@@ -4,15 +4,13 @@ exemptions and bad input at the REST API."""
 
 from __future__ import annotations
 
-import json
-import os
 import sqlite3
 import time
 
 import pytest
 import requests
 
-from tests.conftest import wait_until
+from tests.conftest import wait_until, write_utilization
 from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = pytest.mark.integration
@@ -21,17 +19,11 @@ GPU = "GPU-sim-00-h100-80gb"
 IDLE_MINUTES = 0.25  # 15 s; the warning comes half of it (7.5 s) before the stop
 
 
-def script(path, table) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table))
-    os.replace(tmp, path)  # atomic: the source never reads half a file
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
     base = tmp_path_factory.mktemp("idle")
     utilization = base / "utilization.json"
-    script(utilization, {"*": 80})
+    write_utilization(utilization, {"*": 80})
     # A busy 2-core CI host can take over 30 s to start a server (JupyterHub's default http_timeout).
     local = base / "local_config.py"
     local.write_text("c.Spawner.http_timeout = 180\n")
@@ -73,7 +65,7 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
     assert server_get(hub, "alice", alice, "api/gpu/notices").json()["notices"] == []
     # Bob asks for the only GPU and waits in line.
     assert hub.spawn("bob", gpus=1).status_code == 202
-    script(hub.utilization, {"*": 0})
+    write_utilization(hub.utilization, {"*": 0})
 
     def notice():
         notices = server_get(hub, "alice", alice, "api/gpu/notices").json()["notices"]
@@ -95,7 +87,7 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
     assert page_gpus[0]["idle_seconds"] > 0
 
     hub.wait_stopped("alice", timeout=40)
-    script(hub.utilization, {"*": 80})  # bob works
+    write_utilization(hub.utilization, {"*": 80})  # bob works
     hub.wait_ready("bob", timeout=60)
     assert hub.leases() == {"bob": [GPU]}
     assert ("alice", "reclaimed: GPU idle 15 s") in ledger(hub)
@@ -111,7 +103,7 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
 
 def test_missing_readings_and_exempt_groups_are_left_alone(hub):
     # Readings stop (the script says "no reading"): never idle, logged once.
-    script(hub.utilization, {"*": None})
+    write_utilization(hub.utilization, {"*": None})
     assert hub.spawn("alice", gpus=1).status_code in (201, 202)
     hub.wait_ready("alice")
     time.sleep(IDLE_MINUTES * 60 + 5)
@@ -122,7 +114,7 @@ def test_missing_readings_and_exempt_groups_are_left_alone(hub):
     # An exempt group keeps its idle GPU.
     r = hub.service("PUT", "api/idle/exemptions/research", json={"reason": "long CPU preprocessing"})
     assert r.status_code == 200 and r.json()["exempt"] is True
-    script(hub.utilization, {"*": 0})
+    write_utilization(hub.utilization, {"*": 0})
     assert hub.spawn("carol", gpus=1).status_code in (201, 202)
     hub.wait_ready("carol")
     time.sleep(IDLE_MINUTES * 60 + 5)
@@ -185,3 +177,47 @@ def test_the_cli_shows_exempts_and_refuses_with_an_exit_code(hub, capsys):
     assert "gpu_idle_minutes must be 0" in capsys.readouterr().err
     assert hub.service("GET", "api/quotas/users/alice").json()["quota"]["gpu_idle_minutes"] == 0
     assert main([*base, "idle", "unexempt", "research"]) == 0
+
+
+def test_the_service_reads_a_server_it_cannot_see_through_the_proxy_and_reclaims_by_it(tmp_path):
+    """A hub that cannot see its GPUs (a ``static_gpus`` list): the service's only readings are the user
+    server's own monitor, read through the proxy with the service's token. Busy readings keep the server;
+    idle ones get it warned (in the server) and stopped, the ledger says why."""
+    utilization = tmp_path / "utilization.json"
+    write_utilization(utilization, {"*": 80})
+    static = [{"uuid": GPU, "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB"}]
+    local = tmp_path / "local_config.py"
+    # The hub sees no GPUs (static list); only the user server pretends to have them, with scripted use.
+    local.write_text(f"c.GPUSpawnerMixin.static_gpus = {static!r}\n"
+                     f"c.Spawner.environment = {{'WORKBENCH_SIMULATED_GPUS': '1', "
+                     f"'WORKBENCH_SIMULATED_UTILIZATION': {str(utilization)!r}}}\n"
+                     "c.Spawner.http_timeout = 180\n")
+    hub = start_workbench_hub(tmp_path / "hub", {
+        "WORKBENCH_SIMULATED_GPUS": "", "WORKBENCH_LOCAL_CONFIG": str(local),
+        "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES), "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1"})
+    try:
+        hub.create_users("alice")
+        assert hub.service("GET", "api/gpus").json()["source"] == "static"
+        assert hub.spawn("alice", gpus=1).status_code in (201, 202)
+        hub.wait_ready("alice")
+
+        def busy_reading():
+            gpus = hub.service("GET", "api/idle").json()["gpus"]
+            return gpus and gpus[0]["utilization_percent"] == 80 and gpus[0]
+
+        gpu = wait_for(busy_reading, 30, "the service never read the server's monitor", hub)
+        assert gpu["reading_source"] == "server" and gpu["idle_seconds"] is None, "busy: no idle clock"
+        write_utilization(utilization, {"*": 0})
+
+        token = hub.user_token("alice")
+
+        def notices():
+            r = server_get(hub, "alice", token, "api/gpu/notices")
+            return r.json()["notices"] if r.status_code == 200 else []
+
+        [notice] = wait_for(notices, 30, "no idle warning from the server's readings", hub)
+        assert notice["kind"] == "idle"
+        hub.wait_stopped("alice", timeout=40)
+        assert ledger(hub) == [("alice", "reclaimed: GPU idle 15 s")]
+    finally:
+        shut_down(hub)

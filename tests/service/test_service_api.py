@@ -244,43 +244,33 @@ def check_posting_a_reservation(hub, operation: dict) -> None:
     assert hub.service("GET", "api/reservations").json()["reservations"] == before
 
 
-def cli(hub, *args, token=None):
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "WORKBENCH_URL": hub.url, "WORKBENCH_ADMIN_TOKEN": hub.token if token is None else token}
-    return subprocess.run([sys.executable, "-m", "workbench_hub.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=60)
-
-
 def test_the_cli_sets_shows_and_deletes_quotas(hub):
-    r = cli(hub, "quota", "set", "dave", "--max-gpus", "2", "--gpu-hours-per-week", "10", "--models", "H100-80GB")
+    r = hub.cli("quota", "set", "dave", "--max-gpus", "2", "--gpu-hours-per-week", "10", "--models", "H100-80GB")
     assert r.returncode == 0, r.stderr
     assert "Set the quota of user dave: 2 GPU(s) at once, 10 GPU-hours/week, models H100-80GB" in r.stdout
     assert quota_of(hub, "users", "dave")["max_gpus"] == 2
-    r = cli(hub, "quota", "show", "dave")
+    r = hub.cli("quota", "show", "dave")
     assert r.returncode == 0 and "effective: 2 GPU(s) at once" in r.stdout and "(own quota)" in r.stdout
-    r = cli(hub, "quota", "set-group", "ml-course", "--max-gpus", "1", "--max-session-hours", "4")
+    r = hub.cli("quota", "set-group", "ml-course", "--max-gpus", "1", "--max-session-hours", "4")
     assert r.returncode == 0 and "sessions up to 4 h" in r.stdout
-    listing = cli(hub, "quota", "show").stdout
+    listing = hub.cli("quota", "show").stdout
     assert "group ml-course" in listing
     assert f"database: sqlite:///{hub.data_dir / 'workbench.sqlite'}" in listing
     assert "GPU models on " in listing and "A100-40GB, H100-80GB" in listing
-    r = cli(hub, "quota", "set", "dave", "--max-gpus", "1", "--models", "V100")
+    r = hub.cli("quota", "set", "dave", "--max-gpus", "1", "--models", "V100")
     assert r.returncode == 1 and "unknown GPU model \"V100\"; this hub has: A100-40GB, H100-80GB" in r.stderr
     # Errors: a readable message on stderr and a non-zero exit code; nothing changes.
-    r = cli(hub, "quota", "set", "dave", "--max-gpus", "-3")
+    r = hub.cli("quota", "set", "dave", "--max-gpus", "-3")
     assert r.returncode == 1 and "max_gpus must be at least 0" in r.stderr
-    r = cli(hub, "quota", "set", "nobody", "--max-gpus", "1")
+    r = hub.cli("quota", "set", "nobody", "--max-gpus", "1")
     assert r.returncode == 1 and "no user named" in r.stderr and "/hub/signup" in r.stderr
-    r = cli(hub, "quota", "set", "dave", "--max-gpus", "lots")
+    r = hub.cli("quota", "set", "dave", "--max-gpus", "lots")
     assert r.returncode == 2 and "not a whole number" in r.stderr
-    r = cli(hub, "quota", "set", "dave", "--max-gpus", "1", token=hub.student)
+    r = hub.cli("quota", "set", "dave", "--max-gpus", "1", token=hub.student)
     assert r.returncode == 1 and "only hub admins" in r.stderr
-    r = cli(hub, "quota", "show", "dave", token="")
+    r = hub.cli("quota", "show", "dave", token="")
     assert r.returncode == 2 and "no token" in r.stderr
     assert quota_of(hub, "users", "dave")["max_gpus"] == 2
-    r = cli(hub, "quota", "delete", "dave")
+    r = hub.cli("quota", "delete", "dave")
     assert r.returncode == 0 and quota_of(hub, "users", "dave") is None
-    assert cli(hub, "quota", "delete-group", "ml-course").returncode == 0
+    assert hub.cli("quota", "delete-group", "ml-course").returncode == 0

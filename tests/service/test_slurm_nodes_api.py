@@ -4,24 +4,13 @@ map is written as the Slurm spawner writes it, into the hub's own GPU database.)
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import REPO
 from workbench_spawner.slurm_inventory import NodeGPUMap
 from workbench_spawner.slurm_jobs import NodeReport
 from workbench_spawner.store import AllocationStore
 
 pytestmark = pytest.mark.integration
-
-
-def cli(hub, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WORKBENCH_URL": hub.url, "WORKBENCH_ADMIN_TOKEN": hub.token}
-    return subprocess.run([sys.executable, "-m", "workbench_hub.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=60, cwd=REPO)
 
 
 def test_admins_list_and_forget_what_jobs_reported(workbench_hub):
@@ -36,7 +25,7 @@ def test_admins_list_and_forget_what_jobs_reported(workbench_hub):
     listing = hub.service("GET", "api/slurm/nodes").json()
     assert listing == {"nodes": [{"node": "gpu07", "gpus": [{"index": 0, "uuid": "GPU-1111", "name": "NVIDIA H100",
                                                               "memory_total_bytes": 85899345920}]}]}
-    shown = cli(hub, "slurm-nodes")
+    shown = hub.cli("slurm-nodes")
     assert shown.returncode == 0 and shown.stdout.strip() == "gpu07:0 GPU-1111 NVIDIA H100", shown
 
     hub.create_users("slurmstudent")
@@ -44,10 +33,10 @@ def test_admins_list_and_forget_what_jobs_reported(workbench_hub):
     assert r.status_code == 403 and "only hub admins may make the hub forget a node's GPUs" in r.json()["message"]
     r = hub.service("DELETE", "api/slurm/nodes/gpu99")
     assert r.status_code == 404 and 'nothing about the GPUs of a node named "gpu99"' in r.json()["message"]
-    refused = cli(hub, "slurm-forget-node", "gpu99")
+    refused = hub.cli("slurm-forget-node", "gpu99")
     assert refused.returncode == 1 and "gpu99" in refused.stderr
     assert hub.service("GET", "api/slurm/nodes").json()["nodes"][0]["node"] == "gpu07"  # unchanged
 
-    done = cli(hub, "slurm-forget-node", "gpu07")
+    done = hub.cli("slurm-forget-node", "gpu07")
     assert done.returncode == 0 and "forgot the GPUs of gpu07" in done.stdout, done
     assert hub.service("GET", "api/slurm/nodes").json() == {"nodes": []}

@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
-from tests.conftest import REPO, hub_pool, let_users_reach, missing
+from tests.conftest import REPO, hub_pool, let_users_reach, missing, wait_until
 
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 HUB_IP = "10.77.0.1"
@@ -54,6 +55,34 @@ def job_environment(user: str) -> dict[str, str]:
         if env.get("JUPYTERHUB_USER") == user and env.get("JUPYTERHUB_API_TOKEN") and "SLURM_JOB_ID" in env:
             return env
     raise AssertionError(f"no running server process of {user} found")
+
+
+def job_record(job_id: str) -> dict[str, str]:
+    """Slurm's own record of a job (``scontrol -o show job``), field by field."""
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
+                         check=True).stdout
+    return dict(f.split("=", 1) for f in out.split() if "=" in f)
+
+
+def outside_jobs(count: int, seconds: int = 600) -> list[str]:
+    """Jobs from outside the workbench (batch jobs of USERS[5]) that hold ``count`` GPUs, running."""
+    ids = [subprocess.run(["sudo", "-u", USERS[5], "sbatch", "--parsable", "--gres=gpu:1", "-c1", "--mem=50",
+                           "-o", "/dev/null", "--wrap", f"sleep {seconds}"], capture_output=True, text=True,
+                          check=True).stdout.strip() for _ in range(count)]
+    wait_until(lambda: len(squeue("-t", "RUNNING", "-u", USERS[5])) == count, 30, "the outside jobs to run")
+    return ids
+
+
+def service(hub, method: str, path: str, **kwargs) -> requests.Response:
+    """A call to the workbench service through the hub's proxy, as the hub's admin."""
+    return requests.request(method, f"{hub.url}/services/workbench/{path}",
+                            headers={"Authorization": f"token {hub.token}"}, timeout=30, **kwargs)
+
+
+def stop(hub, user: str, timeout: float = 60) -> None:
+    r = hub.api("DELETE", f"/users/{user}/server")
+    assert r.status_code in (202, 204), r.text
+    hub.wait_stopped(user, timeout)
 
 
 def cancel_all() -> None:

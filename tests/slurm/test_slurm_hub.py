@@ -18,7 +18,8 @@ import pytest
 import requests
 
 from tests.conftest import wait_until
-from tests.slurm.conftest import USERS, cancel_all, jobs_of, our_jobs, squeue
+from tests.slurm.conftest import USERS, cancel_all, job_record, jobs_of, our_jobs, outside_jobs, service, squeue, \
+    stop
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -40,16 +41,9 @@ def gpus_seen_by(hub, user: str) -> list[str]:
 
 
 def fleet(hub) -> dict:
-    r = requests.get(f"{hub.url}/services/workbench/api/gpus", headers={"Authorization": f"token {hub.token}"},
-                     timeout=20)
+    r = service(hub, "GET", "api/gpus")
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def stop(hub, user: str) -> None:
-    r = hub.api("DELETE", f"/users/{user}/server")
-    assert r.status_code in (202, 204), r.text
-    hub.wait_stopped(user)
 
 
 def ledger(hub) -> list[tuple]:
@@ -165,8 +159,7 @@ def test_refusals_are_a_sentence_and_submit_nothing(hub, options, status, words)
 
 def slurm_times(job_id: str) -> tuple[datetime, datetime]:
     """StartTime and EndTime of a finished job, from Slurm's own record (kept MinJobAge = 30 s)."""
-    fields = dict(f.split("=", 1) for f in subprocess.run(["scontrol", "-o", "show", "job", job_id],
-                  capture_output=True, text=True, check=True).stdout.split() if "=" in f)
+    fields = job_record(job_id)
     # scontrol prints the machine's local time
     return tuple(datetime.fromisoformat(fields[k]).astimezone(timezone.utc) for k in ("StartTime", "EndTime"))
 
@@ -201,11 +194,8 @@ def test_the_ledger_records_each_jobs_time_and_node(hub):
 
 def test_queue_timeout_cancels_the_job_and_says_so(hub):
     # Four jobs from outside the workbench hold every GPU.
-    outside = [subprocess.run(["sudo", "-u", USERS[5], "sbatch", "--parsable", "--gres=gpu:1", "-c1", "--mem=50",
-                               "-o", "/dev/null", "--wrap", "sleep 300"],
-                              capture_output=True, text=True, check=True).stdout.strip() for _ in range(4)]
+    outside = outside_jobs(4, 300)
     try:
-        wait_until(lambda: len(squeue("-t", "RUNNING", "-u", USERS[5])) == 4, 30, "the outside jobs to run")
         # The fleet view tells these apart from the workbench's own, on both nodes; metrics carry the node.
         # (Slurm's node records, which the view reads, follow the jobs by a scheduling pass.)
         gpus = wait_until(lambda: (lambda g: g if all(x["slurm"]["held_outside_workbench"] and not x["holders"]
