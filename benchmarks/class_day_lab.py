@@ -21,7 +21,6 @@ from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
 from workbench_spawner.admission import Refusal, admit
-from workbench_spawner.notices import NoticeBook
 from workbench_spawner.placement import HostAllocator, NoGPUAvailable
 from workbench_spawner.policy import GPUPolicy
 from workbench_spawner.quota import Quota
@@ -164,9 +163,7 @@ class Lab:
             return
         self.count(name)
         self.holding[name] = self.busy[name] = False
-        lease = self.store.lease_of(name, "")
-        reason = NoticeBook(self.store).stop_reason(name, "", lease.since) if lease else None
-        self.policy.release(name, "", reason or otherwise)
+        self.policy.release_on_stop(name, "", otherwise)
 
     async def get_gpu(self, p: Person) -> bool:
         """Spawn (admission, then placement with the queue timeout), retrying after refusals."""

@@ -237,11 +237,8 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
 
         A stop through the hub API may end the process before ``stop()``
         returns, so ``poll`` can be the one that releases: both ask."""
-        lease = self.gpu_policy.store.lease_of(self.user.name, self.name)
-        reason = None
-        if lease is not None:
-            reason = NoticeBook(self.gpu_policy.store).stop_reason(self.user.name, self.name, lease.since)
-        self._release(reason or otherwise)
+        self.gpu_policy.release_on_stop(self.user.name, self.name, otherwise)
+        self.gpu_uuids = []
 
     async def poll(self):
         # Read before polling: a backend's poll may clear_state() a dead server.

@@ -23,6 +23,7 @@ from workbench_devices import DeviceInventory, GPUDevice
 
 from .admission import AdmissionContext
 from .clock import hub_clock, zone
+from .notices import NoticeBook
 from .reservation_book import ReservationBook
 from .reservations import reserved_now
 from .placement import HostAllocator, NoGPUAvailable, Placement, Report, holdings
@@ -143,6 +144,13 @@ class GPUPolicy:
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
         return self.placement.release(user, server, reason)
+
+    def release_on_stop(self, user: str, server: str, otherwise: str = "stopped") -> tuple[str, ...]:
+        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any,
+        else ``otherwise``: the ledger says why a server the service stopped ended."""
+        lease = self.store.lease_of(user, server)
+        reason = NoticeBook(self.store).stop_reason(user, server, lease.since) if lease is not None else None
+        return self.release(user, server, reason or otherwise)
 
     def restore(self, user: str, server: str, saved: list[str], ref: str) -> tuple[str, ...] | None:
         """After a restart: the GPUs a running server holds, by the ledger.
