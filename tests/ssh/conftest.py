@@ -16,16 +16,19 @@ import shutil
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import requests
 
-from tests.conftest import hub_pool, missing
+from tests.conftest import hub_pool, missing, wait_until
 from tests.docker.conftest import base_image, docker, docker_engine, singleuser_image, wheelhouse  # noqa: F401
 
 CLIENT_TOOLS = ("ssh", "scp", "sftp", "rsync", "ssh-keygen")
+#: every process's command line in a container, one a line
+PROCESSES = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
 
 
 def client_path() -> str:
@@ -148,6 +151,26 @@ class SSHHub:
         token = self.accounts[user].token if token == "own" else token
         env = {**self.env(token), **(env_extra or {})}
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input)
+
+    @contextmanager
+    def silent_session(self, user: str, token: str, seconds: int):
+        """An open SSH session that prints nothing (``exec sleep SECONDS``), with a keepalive every 2 s
+        (the documented config: after 30 s of silence); yields the ssh process once its command runs in
+        the container (``docker exec`` is not server activity). On leaving it is closed, and must have
+        printed nothing: only keepalives moved."""
+        cfg, alias = self.config(user)  # a server API call: activity now, before the session
+        container = self.container(user)
+        argv = ["ssh", "-F", str(cfg), "-o", "ServerAliveInterval=2", alias, f"exec sleep {seconds}"]
+        session = subprocess.Popen(argv, env=self.env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        try:
+            wait_until(lambda: f"sleep {seconds}" in docker("exec", container, "sh", "-c", PROCESSES).stdout, 30,
+                       "the SSH session's command running in the container")
+            yield session
+        finally:
+            session.terminate()
+            out, _ = session.communicate(timeout=10)
+        assert out == ""  # a silent session
 
     def restart(self, user: str) -> None:
         r = self.hub.api("DELETE", f"/users/{user}/server")

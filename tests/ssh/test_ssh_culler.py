@@ -15,7 +15,6 @@ import pytest
 from tests.conftest import hub_pool, wait_until
 from tests.docker.conftest import docker
 from tests.ssh.conftest import SSHHub
-from tests.ssh.test_ssh_docker import PROCESSES
 
 pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
 
@@ -38,25 +37,15 @@ def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
             hub.wait_ready(user, timeout=180)
             ssh = SSHHub(hub, tmp_path, ssh_client_tools)
             token = ssh.enroll(user, 1).token
-            cfg, alias = ssh.config(user)
-            container = ssh.container(user)
-
-            # the documented keepalive is every 30 s of silence; here every 2 s, inside the 10 s limit
-            session = subprocess.Popen(["ssh", "-F", str(cfg), "-o", "ServerAliveInterval=2", alias, "exec sleep 120"],
-                                       env=ssh.env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            try:
-                wait_until(lambda: "sleep 120" in docker("exec", container, "sh", "-c", PROCESSES).stdout, 30,
-                           "the SSH session's command running in the container")
+            cfg, alias = ssh.config(user)  # for after the cull, when the server's page is gone
+            # keepalives every 2 s, inside the 10 s limit
+            with ssh.silent_session(user, token, 120) as session:
                 held = time.monotonic()
                 while time.monotonic() - held < 2.5 * IDLE_SECONDS:  # five culler rounds
                     assert hub.server(user) is not None, f"culled with an open SSH session:\n{hub.log()[-3000:]}"
                     assert session.poll() is None, session.stderr.read()
                     time.sleep(1)
                 assert hub.leases() == {user: hub.leases()[user]} and len(hub.leases()[user]) == 1
-            finally:
-                session.terminate()
-                out, _ = session.communicate(timeout=10)
-            assert out == ""  # a silent session: only keepalives moved
             closed = time.monotonic()
 
             wait_until(lambda: hub.server(user) is None, 4 * IDLE_SECONDS, "the idle culler stopping the server",

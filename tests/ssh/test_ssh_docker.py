@@ -19,14 +19,10 @@ from datetime import datetime
 import pytest
 import requests
 
-from tests.conftest import free_port, missing, wait_until
+from tests.conftest import free_port, missing
 from tests.docker.conftest import docker, inspect
 
 pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
-
-
-#: every process's command line in a container, one a line
-PROCESSES = "for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done"
 
 
 def server_last_activity(ssh_hub, account) -> datetime:
@@ -158,24 +154,13 @@ def test_an_open_silent_ssh_session_keeps_the_server_active(ssh_hub, alice):
 
     The documented config sends a keepalive after 30 s of silence (ServerAliveInterval 30); this
     test asks for one every 2 s, and the hub reads activity every 2 s (tests/ssh/conftest.py)."""
-    container = ssh_hub.container(alice.name)
-    cfg, alias = ssh_hub.config(alice.name)  # a server API call: activity now, before the window
-    session = subprocess.Popen(["ssh", "-F", str(cfg), "-o", "ServerAliveInterval=2", alias, "exec sleep 29"],
-                               env=ssh_hub.env(alice.token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        # the session is open once its sleep runs in the container (docker exec is not server activity)
-        wait_until(lambda: "sleep 29" in docker("exec", container, "sh", "-c", PROCESSES).stdout, 30,
-                   "the SSH session's command running in the container")
+    with ssh_hub.silent_session(alice.name, alice.token, 29) as session:  # silent: no output moves the clock
         time.sleep(5)  # the handshake's activity has been reported
         start = server_last_activity(ssh_hub, alice)
         time.sleep(10)
         during = server_last_activity(ssh_hub, alice)
         assert session.poll() is None, session.stderr.read()  # still open...
         assert (during - start).total_seconds() >= 5, (start, during)  # ...and it counted as activity
-    finally:
-        session.terminate()
-        out, _ = session.communicate(timeout=10)
-    assert out == ""  # silent all along: no session output moved the clock
     time.sleep(5)  # the close is reported
     closed = server_last_activity(ssh_hub, alice)
     time.sleep(8)
