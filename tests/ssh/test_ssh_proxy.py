@@ -9,8 +9,6 @@ real hub are in test_ssh_docker.py, test_ssh_refusals.py and test_ssh_local.py.
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import ipaddress
 import os
 import ssl
 import subprocess
@@ -24,6 +22,7 @@ import pytest
 from tornado import httpserver, netutil, web, websocket
 from tornado.ioloop import IOLoop
 
+from tests.https.certs import CA
 from workbench_ssh import proxy
 
 pytestmark = pytest.mark.ssh
@@ -64,28 +63,6 @@ class Stopped(web.RequestHandler):
     def get(self):
         self.set_status(424)  # what JupyterHub answers for a server that is not running
         self.finish("not running")
-
-
-def certificate(tmp: Path) -> tuple[Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "workbench test hub")])
-    now = dt.datetime.now(dt.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - dt.timedelta(minutes=5))
-            .not_valid_after(now + dt.timedelta(hours=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp / "hub.pem", tmp / "hub.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 @dataclass
@@ -130,11 +107,13 @@ def plain_hub():
 
 @pytest.fixture(scope="module")
 def tls_hub(tmp_path_factory):
-    cert, key = certificate(tmp_path_factory.mktemp("tls"))
+    tmp = tmp_path_factory.mktemp("tls")
+    ca = CA.make()
+    cert, key = ca.write(tmp, "hub", "127.0.0.1")
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(cert, key)
     hub, stop = serve(ctx)
-    hub.cafile = cert
+    hub.cafile = ca.write_ca(tmp / "ca.pem")
     yield hub
     stop()
 
