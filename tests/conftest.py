@@ -47,6 +47,22 @@ def missing(reason: str):
     pytest.skip(reason)
 
 
+def hub_form(session: requests.Session, url: str, path: str, data: dict) -> requests.Response:
+    """Send one of the hub's forms (``/hub/login``, ``/hub/signup``) as a browser does: GET the page for
+    its ``_xsrf`` cookie, then POST the fields with it. Redirects are not followed (a login answers 302)."""
+    session.get(f"{url}{path}", timeout=30)
+    return session.post(f"{url}{path}", data={**data, "_xsrf": session.cookies.get("_xsrf", "")},
+                        allow_redirects=False, timeout=30)
+
+
+def native_sign_up(session: requests.Session, url: str, name: str, password: str) -> str:
+    """NativeAuthenticator's sign-up form; the page it answers with (200)."""
+    r = hub_form(session, url, "/hub/signup", {"username": name, "signup_password": password,
+                                                "signup_password_confirmation": password})
+    assert r.status_code == 200, r.text
+    return r.text
+
+
 def write_utilization(path: Path, table: dict) -> None:
     """Script the simulated GPU source's utilization (``WORKBENCH_SIMULATED_UTILIZATION``): UUID or "*" ->
     percent, None for no reading. Written atomically: the source never reads half a file."""

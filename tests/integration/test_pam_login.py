@@ -5,14 +5,13 @@ keeps out accounts outside those groups, and a wrong password is refused."""
 from __future__ import annotations
 
 import os
-import re
 import secrets
 import subprocess
 
 import pytest
 import requests
 
-from tests.conftest import missing
+from tests.conftest import hub_form, missing
 
 pytestmark = pytest.mark.integration
 
@@ -39,13 +38,7 @@ def accounts():
 
 
 def log_in(hub, user: str, password: str) -> requests.Response:
-    session = requests.Session()
-    page = session.get(f"{hub.url}/hub/login", timeout=30)
-    xsrf = re.search(r'name="_xsrf" value="([^"]+)"', page.text)
-    assert page.status_code == 200 and xsrf, page.text[:500]
-    return session.post(f"{hub.url}/hub/login", data={"username": user, "password": password,
-                                                        "_xsrf": xsrf.group(1)},
-                        allow_redirects=False, timeout=30)
+    return hub_form(requests.Session(), hub.url, "/hub/login", {"username": user, "password": password})
 
 
 def test_unix_accounts_in_the_allowed_group_log_in_with_their_password(running_hub, accounts):

@@ -9,6 +9,7 @@ import sqlite3
 import pytest
 import requests
 
+from tests.conftest import hub_form, native_sign_up
 from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = pytest.mark.integration
@@ -23,22 +24,14 @@ def hub(tmp_path_factory):
 
 
 def sign_up(hub, name: str) -> str:
-    session = requests.Session()
-    session.get(f"{hub.url}/hub/signup", timeout=30)
-    r = session.post(f"{hub.url}/hub/signup", timeout=30, data={
-        "username": name, "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD,
-        "_xsrf": session.cookies.get("_xsrf", "")})
-    assert r.status_code == 200, r.text
-    return r.text
+    return native_sign_up(requests.Session(), hub.url, name, PASSWORD)
 
 
 def admin_session(hub) -> requests.Session:
     """The admin signs up (authorized at once) and logs in, as on the sign-up page."""
     assert "The signup was successful" in sign_up(hub, "admin")
     session = requests.Session()
-    session.get(f"{hub.url}/hub/login", timeout=30)
-    r = session.post(f"{hub.url}/hub/login", timeout=30, allow_redirects=False,
-                     data={"username": "admin", "password": PASSWORD, "_xsrf": session.cookies.get("_xsrf", "")})
+    r = hub_form(session, hub.url, "/hub/login", {"username": "admin", "password": PASSWORD})
     assert r.status_code == 302, r.text
     return session
 

@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
+from tests.conftest import hub_form, native_sign_up
 
 pytestmark = [pytest.mark.ssh, pytest.mark.browser, pytest.mark.docker, pytest.mark.integration]
 
@@ -22,13 +23,8 @@ ADMIN = "admin"
 def admin_authorizes(hub_url: str, name: str) -> None:
     """NativeAuthenticator: the admin signs up (authorized at once), logs in, authorizes ``name``."""
     session = requests.Session()
-    session.get(f"{hub_url}/hub/signup", timeout=30)
-    r = session.post(f"{hub_url}/hub/signup", timeout=30, data={
-        "username": ADMIN, "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD,
-        "_xsrf": session.cookies.get("_xsrf", "")})
-    assert r.status_code == 200, r.text
-    r = session.post(f"{hub_url}/hub/login", timeout=30, allow_redirects=False,
-                     data={"username": ADMIN, "password": PASSWORD, "_xsrf": session.cookies.get("_xsrf", "")})
+    native_sign_up(session, hub_url, ADMIN, PASSWORD)
+    r = hub_form(session, hub_url, "/hub/login", {"username": ADMIN, "password": PASSWORD})
     assert r.status_code == 302, r.text
     r = session.get(f"{hub_url}/hub/authorize/{name}", timeout=30, allow_redirects=False)
     assert r.status_code == 302, r.text
