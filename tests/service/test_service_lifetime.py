@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, wait_until
 
 
 def service_env(hub_api_port: int) -> dict[str, str]:
@@ -105,10 +105,8 @@ def test_a_signal_while_it_still_starts_stops_it_quietly(tmp_path):
     proc = subprocess.Popen(command(port, tmp_path / "wb.sqlite"), env=service_env(free_port()), cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
         # Python catches SIGINT from its start; SIGTERM is caught once __main__ set its handlers (both at once).
-        while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the service to catch SIGTERM", every=0.005)
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, "already listening: the test came too late"
         proc.send_signal(signal.SIGINT)

@@ -8,16 +8,11 @@ arrival order) and that the virtual-time loop keeps asyncio's semantics.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-
-import class_day  # noqa: E402
-from class_day_trace import CLASS_MINUTES, make_trace  # noqa: E402
+import class_day
+from class_day_trace import CLASS_MINUTES, make_trace
 from virtual_time import virtual_loop  # noqa: E402
 
 

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_check import inventory, smi
 
-from gpu_check import inventory, smi  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 BANNER = "DRY RUN — simulated, not measurements"
 SECTIONS = [

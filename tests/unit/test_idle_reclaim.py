@@ -270,10 +270,7 @@ def test_slow_monitors_do_not_keep_idle_gpus_from_coming_back(tmp_path):
     own time, a pass takes 10 s and the idle servers are warned and stopped on time. Simulated time
     (benchmarks/virtual_time.py): the real loop, its interval and the reads' sleeps, in milliseconds."""
     import asyncio
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     from virtual_time import virtual_loop
 
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
