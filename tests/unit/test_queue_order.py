@@ -80,12 +80,16 @@ def allocator(tmp_path):
     store.dispose()
 
 
+def reserve_for_class(alloc, store, clock_file, gpus: int, inventory: dict[str, int], models=(), **extra) -> None:
+    """At 9:00 on Tuesday 8 December (Berlin), reserve ``gpus`` for ml-course, Tuesdays 10:00-12:00."""
+    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
+    body = {"group": "ml-course", "gpus": gpus, "window": "Tue 10:00-12:00", **extra}
+    ReservationBook(store).create(parse_reservation(body, list(models)), inventory, alloc.clock(), BERLIN)
+
+
 def test_placement_keeps_reserved_gpus_for_members(allocator):
     alloc, store, clock_file = allocator
-    book = ReservationBook(store)
-    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
-    body = {"group": "ml-course", "gpus": 3, "window": "Tue 10:00-12:00"}
-    book.create(parse_reservation(body, ["H100-80GB"]), {"H100-80GB": 4}, alloc.clock(), BERLIN)
+    reserve_for_class(alloc, store, clock_file, 3, {"H100-80GB": 4}, models=["H100-80GB"])
 
     async def main():
         # Before the window anyone takes anything.
@@ -109,9 +113,7 @@ def test_placement_keeps_reserved_gpus_for_members(allocator):
 
 def test_after_the_grace_period_unasked_gpus_are_released(allocator):
     alloc, store, clock_file = allocator
-    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
-    ReservationBook(store).create(parse_reservation({"group": "ml-course", "gpus": 4, "window": "Tue 10:00-12:00",
-                                                     "grace_minutes": 5}, []), {"": 4}, alloc.clock(), BERLIN)
+    reserve_for_class(alloc, store, clock_file, 4, {"": 4}, grace_minutes=5)
     set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
     assert run_debug(lambda: _try(alloc, "out")) is None
     with pytest.raises(NoGPUAvailable, match="4 of 4 GPUs reserved for ml-course until 12:00"):
@@ -209,9 +211,7 @@ def test_explain_all_says_what_explain_says_for_each(now):
 def test_a_member_who_joined_before_the_window_is_not_stuck_behind_a_non_member(allocator):
     """Classes are taken again when a window opens: the member may take the reserved GPU at once."""
     alloc, store, clock_file = allocator
-    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
-    ReservationBook(store).create(parse_reservation({"group": "ml-course", "gpus": 1, "window": "Tue 10:00-12:00"},
-                                                    []), {"H100-80GB": 4}, alloc.clock(), BERLIN)
+    reserve_for_class(alloc, store, clock_file, 1, {"H100-80GB": 4})
     set_test_clock(clock_file, datetime(2026, 12, 8, 9, 50, tzinfo=BERLIN))
     reads = []
     real = alloc.active_reservations
@@ -240,9 +240,7 @@ def test_a_member_who_joined_before_the_window_is_not_stuck_behind_a_non_member(
 
 def test_after_the_grace_period_a_refusal_names_what_is_held_not_what_was_reserved(allocator):
     alloc, store, clock_file = allocator
-    set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
-    ReservationBook(store).create(parse_reservation({"group": "ml-course", "gpus": 3, "window": "Tue 10:00-12:00"},
-                                                    []), {"": 4}, alloc.clock(), BERLIN)
+    reserve_for_class(alloc, store, clock_file, 3, {"": 4})
     set_test_clock(clock_file, datetime(2026, 12, 8, 10, 30, tzinfo=BERLIN))
 
     async def main():
