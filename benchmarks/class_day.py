@@ -96,7 +96,9 @@ for sub in ("spawner", "devices", "hub", "benchmarks"):
 from class_day_lab import QUEUE_TIMEOUT, Lab, Result  # noqa: E402
 from class_day_trace import BURST_MEDIAN, CLASS_MINUTES, Person, make_trace  # noqa: E402
 from virtual_time import virtual_loop  # noqa: E402
-from workbench_spawner import notices as notices_module, quota as quota_module, store as store_module  # noqa: E402
+from workbench_spawner.ledger import notices as notices_module
+from workbench_spawner.rules import quota as quota_module
+from workbench_spawner.ledger import store as store_module
 
 
 def run(people: list[Person], gpus: int, workdir: Path, *, reclaim: float = 0.0, fair: bool = False,

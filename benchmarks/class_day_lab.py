@@ -20,14 +20,14 @@ from workbench_devices import DeviceInventory, GPUDevice
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
-from workbench_spawner.admission import Refusal, admit
-from workbench_spawner.placement import HostAllocator, NoGPUAvailable
-from workbench_spawner.policy import GPUPolicy
-from workbench_spawner.quota import Quota
-from workbench_spawner.reservation_book import ReservationBook
-from workbench_spawner.reservations import Reservation, parse_window
-from workbench_spawner.settings import PolicySettings
-from workbench_spawner.store import AllocationStore, UsageRow
+from workbench_spawner.rules.admission import Refusal, admit
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
+from workbench_spawner.policy.gpu_policy import GPUPolicy
+from workbench_spawner.rules.quota import Quota
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.rules.reservations import Reservation, parse_window
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.ledger.store import AllocationStore, UsageRow
 
 from class_day_trace import CLASS, CLASS_MINUTES, LECTURE, PRE, START, Person, burst, stretch
 

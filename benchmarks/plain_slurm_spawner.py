@@ -8,7 +8,7 @@ nothing else, so the comparison runs SlurmSpawner's own start, poll and stop.
 
 from batchspawner import SlurmSpawner
 
-from workbench_spawner.policy_config import GPUPolicyConfig
+from workbench_spawner.policy.config import GPUPolicyConfig
 
 
 class PlainSlurmSpawner(GPUPolicyConfig, SlurmSpawner):

@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.conftest import Hub  # noqa: E402
 from tests.slurm.conftest import hub_env  # noqa: E402
-from workbench_spawner.slurm_backend import BATCH_SCRIPT  # noqa: E402
-from workbench_spawner.slurm_jobs import sbatch_options  # noqa: E402
+from workbench_spawner.backends.slurm.spawner import BATCH_SCRIPT  # noqa: E402
+from workbench_spawner.backends.slurm.jobs import sbatch_options  # noqa: E402
 
 BACKENDS = ("gpu-slurm", "SlurmSpawner")
 USERS = {"gpu-slurm": "benchslurmgpu", "SlurmSpawner": "benchslurmplain"}

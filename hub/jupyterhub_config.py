@@ -98,7 +98,7 @@ except ConfigError as exc:
     fail(str(exc))
 
 if backend == "docker":
-    from workbench_spawner.docker_backend import check_lockdown
+    from workbench_spawner.backends.docker.spawner import check_lockdown
 
     problems = check_lockdown(final)
     for problem in problems:
@@ -107,7 +107,7 @@ if backend == "docker":
         print(file=sys.stderr)
         raise SystemExit(2)
 
-from workbench_spawner.settings import publish_policy_settings  # noqa: E402
+from workbench_spawner.policy.settings import publish_policy_settings  # noqa: E402
 
 try:
     # The spawner class's effective traits (these files, the command line,

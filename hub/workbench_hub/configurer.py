@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from workbench_spawner.profiles import ProfileError, parse_profiles, profiles_from_text
+from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
 Env = Mapping[str, str]
 
@@ -191,7 +191,7 @@ def proxy_url(c: Config) -> str:
 
 def update_idle(mixin, env: Env) -> None:
     """Idle-GPU reclaim: WORKBENCH_GPU_IDLE_MINUTES (0 = off), its threshold and warning lead."""
-    from workbench_spawner.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
+    from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 
     minutes = number(env, "WORKBENCH_GPU_IDLE_MINUTES", "0")
     if minutes and not (math.isfinite(minutes) and MIN_IDLE_MINUTES <= minutes <= MAX_IDLE_MINUTES):
@@ -323,8 +323,8 @@ def point_service_at_settings(c: Config, db_url: str) -> None:
 
 def update_fairness(mixin, env: Env) -> None:
     """The wait list's order, the reservations' time zone, and the opt-in test clock (queue_order.py, clock.py)."""
-    from workbench_spawner.clock import ClockError, zone
-    from workbench_spawner.queue_order import QueueOrderError, parse_queue_order
+    from workbench_spawner.policy.clock import ClockError, zone
+    from workbench_spawner.rules.queue_order import QueueOrderError, parse_queue_order
 
     try:
         mixin.gpu_queue_order = parse_queue_order(env.get("WORKBENCH_QUEUE_ORDER"))

@@ -7,7 +7,7 @@ students pressing Start at once those waits line up on the loop: measured
 with ``benchmarks/hub_responsiveness.py``, most of the hub's stall was there.
 WAL with ``synchronous=NORMAL`` turns each commit into one append to the
 write-ahead log, synced at checkpoints; a power loss may lose the last few
-commits, never the database. The GPU database (``workbench_spawner.store``)
+commits, never the database. The GPU database (``workbench_spawner.ledger.store``)
 sets the same pragmas on its own connections.
 """
 

@@ -1,6 +1,6 @@
 """GPU-aware JupyterHub spawners: a shared GPU policy and thin backends."""
 
-from .mixin import GPUSpawnerMixin
+from workbench_spawner.mixin import GPUSpawnerMixin
 
 __all__ = ["GPUSpawnerMixin"]
 __version__ = "0.1.0"

@@ -21,17 +21,17 @@ from dataclasses import replace
 from jupyterhub.spawner import SpawnException, Spawner
 from traitlets import Float, Integer, List, Unicode, default
 
-from .admission import AdmissionContext, Refusal, admit
-from .form import render_options_form
-from .notices import NoticeBook, render_stop_notice
-from .options import SpawnRequest, options_from_form
-from .policy import GPUPolicy, NoGPUAvailable, shared_policy
-from .progress import SpawnEvents
-from .quota import QuotaBook
-from .policy_config import GPUPolicyConfig
-from .settings import resolve_policy_settings
-from .sizing import ServerSizing
-from .store import AllocationStore, Lease
+from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
+from workbench_spawner.form.render import render_options_form
+from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
+from workbench_spawner.form.options import SpawnRequest, options_from_form
+from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
+from workbench_spawner.form.progress import SpawnEvents
+from workbench_spawner.rules.quota import QuotaBook
+from workbench_spawner.policy.config import GPUPolicyConfig
+from workbench_spawner.policy.settings import resolve_policy_settings
+from workbench_spawner.policy.sizing import ServerSizing
+from workbench_spawner.ledger.store import AllocationStore, Lease
 
 
 class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):

@@ -25,7 +25,7 @@ def server_pid(hub, user: str) -> int:
 
 
 def stored_policy_settings(hub) -> dict:
-    """What the hub published for the workbench service (spawner/workbench_spawner/settings.py)."""
+    """What the hub published for the workbench service (spawner/workbench_spawner/policy/settings.py)."""
     import json
     import sqlite3
 

@@ -16,8 +16,8 @@ from tests.conftest import free_port
 from workbench_hub.service.notice_delivery import NoticeDelivery
 from workbench_hub.service.user_servers import ServerUnreachable, UserServers
 from workbench_hub.service.utilization import ServerMonitorReadings
-from workbench_spawner.notices import NoticeBook
-from workbench_spawner.store import AllocationStore, Lease
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.ledger.store import AllocationStore, Lease
 
 OWN = "GPU-sim-02-h100-80gb"  # pinned_server holds the third of four simulated GPUs
 NOW = datetime.now(timezone.utc)

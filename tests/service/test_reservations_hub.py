@@ -30,7 +30,7 @@ import pytest
 
 from tests.conftest import wait_until
 from tests.service.conftest import shut_down, start_workbench_hub
-from workbench_spawner.clock import set_test_clock
+from workbench_spawner.policy.clock import set_test_clock
 
 pytestmark = pytest.mark.integration
 

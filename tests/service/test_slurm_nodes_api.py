@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from workbench_spawner.slurm_inventory import NodeGPUMap
-from workbench_spawner.slurm_jobs import NodeReport
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap
+from workbench_spawner.backends.slurm.jobs import NodeReport
+from workbench_spawner.ledger.store import AllocationStore
 
 pytestmark = pytest.mark.integration
 

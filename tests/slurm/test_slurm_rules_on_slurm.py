@@ -26,8 +26,8 @@ import requests
 from tests.conftest import wait_until
 from tests.slurm.conftest import USERS, cancel_all, job_environment, job_record, jobs_of, outside_jobs, service, \
     squeue, stop
-from workbench_spawner.clock import set_test_clock
-from workbench_spawner.store import AllocationStore, UsageRow
+from workbench_spawner.policy.clock import set_test_clock
+from workbench_spawner.ledger.store import AllocationStore, UsageRow
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 

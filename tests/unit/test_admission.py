@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench_spawner.admission import AdmissionContext, Admitted, Refusal, admit
-from workbench_spawner.quota import EffectiveQuota, Quota
+from workbench_spawner.rules.admission import AdmissionContext, Admitted, Refusal, admit
+from workbench_spawner.rules.quota import EffectiveQuota, Quota
 
 MODELS = ("A100-40GB", "H100-80GB")
 ASK = "ask the course staff to raise your GPU quota"

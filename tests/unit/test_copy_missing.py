@@ -1,6 +1,6 @@
 """Starter notebooks reach a home once, never overwrite edits, and leave droppings behind."""
 
-from workbench_spawner.local import copy_missing
+from workbench_spawner.backends.local.spawner import copy_missing
 
 
 def test_copies_what_is_missing_and_nothing_else(tmp_path):

@@ -75,9 +75,9 @@ def test_a_user_servers_own_gpus_are_held_by_default():
 def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
     from workbench_hub.service.fleet import Fleet
     from workbench_hub.service.metrics import render_metrics
-    from workbench_spawner.quota import Quota
-    from workbench_spawner.settings import PolicySettings
-    from workbench_spawner.store import AllocationStore
+    from workbench_spawner.rules.quota import Quota
+    from workbench_spawner.policy.settings import PolicySettings
+    from workbench_spawner.ledger.store import AllocationStore
 
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     try:

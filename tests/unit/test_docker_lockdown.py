@@ -18,8 +18,8 @@ from jupyterhub.spawner import SpawnException
 from traitlets import TraitError
 from traitlets.config import Config
 
-from workbench_spawner.docker_backend import DockerGPUSpawner, check_lockdown
-from workbench_spawner.policy import _policies
+from workbench_spawner.backends.docker.spawner import DockerGPUSpawner, check_lockdown
+from workbench_spawner.policy.gpu_policy import _policies
 
 ALLOW = "c.DockerGPUSpawner.allowed_host_config_keys"
 

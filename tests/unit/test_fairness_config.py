@@ -11,7 +11,7 @@ from traitlets.config import Config
 
 from workbench_hub import configurer
 from workbench_hub.configurer import ConfigError
-from workbench_spawner.clock import hub_clock, set_test_clock
+from workbench_spawner.policy.clock import hub_clock, set_test_clock
 
 
 @pytest.mark.parametrize("env, expect", [

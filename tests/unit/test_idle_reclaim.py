@@ -11,11 +11,11 @@ from workbench_devices import discover_devices
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
-from workbench_spawner.idle_book import IdleBook
-from workbench_spawner.notices import NoticeBook
-from workbench_spawner.quota import Quota, QuotaBook
-from workbench_spawner.settings import PolicySettings
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.ledger.idle_book import IdleBook
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.rules.quota import Quota, QuotaBook
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.ledger.store import AllocationStore
 
 T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
 NODE = "node-1"

@@ -1,4 +1,4 @@
-"""The idle-GPU rules (workbench_spawner.idle) as tables, with a test clock."""
+"""The idle-GPU rules (workbench_spawner.rules.idle) as tables, with a test clock."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from workbench_spawner.idle import (
+from workbench_spawner.rules.idle import (
     BUSY, EXEMPT, IDLE, OFF, STOP, UNKNOWN, WARN, GpuTrack, IdleRule, advance, format_minutes, is_exempt, judge,
     ledger_reason, rule_for, stopped_text, warning_text,
 )

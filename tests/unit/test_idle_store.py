@@ -9,12 +9,12 @@ from sqlalchemy import inspect
 from alembic import command
 
 from workbench_hub.configurer import ConfigError, proxy_url, update_idle
-from workbench_spawner.idle import GpuTrack
-from workbench_spawner.idle_book import ExemptionError, IdleBook
-from workbench_spawner.migrations import alembic_config, current, upgrade
-from workbench_spawner.notices import NoticeBook, render_stop_notice
-from workbench_spawner.quota import Quota, QuotaBook, QuotaError, parse_quota
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.rules.idle import GpuTrack
+from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook
+from workbench_spawner.ledger.migrations import alembic_config, current, upgrade
+from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
+from workbench_spawner.rules.quota import Quota, QuotaBook, QuotaError, parse_quota
+from workbench_spawner.ledger.store import AllocationStore
 
 T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
 

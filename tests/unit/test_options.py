@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench_spawner.options import OptionError, options_from_form, parse_options
+from workbench_spawner.form.options import OptionError, options_from_form, parse_options
 
 MODELS = ["A100-40GB", "H100-80GB"]
 

@@ -5,9 +5,9 @@ import asyncio
 import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
-from workbench_spawner.policy import GPUPolicy, NoGPUAvailable
-from workbench_spawner.settings import PolicySettings
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.ledger.store import AllocationStore
 
 
 def make_policy(tmp_path, spec="4", slots=1, recheck=5.0):

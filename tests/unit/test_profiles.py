@@ -2,7 +2,7 @@
 
 import pytest
 
-from workbench_spawner.profiles import (
+from workbench_spawner.rules.profiles import (
     ProfileError,
     ResourceProfile,
     default_profile,

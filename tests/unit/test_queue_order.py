@@ -9,12 +9,12 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
-from workbench_spawner.clock import hub_clock, set_test_clock
-from workbench_spawner.placement import HostAllocator, NoGPUAvailable
-from workbench_spawner.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
-from workbench_spawner.reservation_book import ReservationBook, parse_reservation
-from workbench_spawner.reservations import ReservationError
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.policy.clock import hub_clock, set_test_clock
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
+from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
+from workbench_spawner.ledger.reservation_book import ReservationBook, parse_reservation
+from workbench_spawner.rules.reservations import ReservationError
+from workbench_spawner.ledger.store import AllocationStore
 
 from tests.unit.test_waitlist_threads import run_debug
 
@@ -135,7 +135,7 @@ def test_fair_share_serves_the_lighter_user_first(tmp_path):
     alloc = HostAllocator(store, DeviceInventory("simulated", parse_simulated_spec("1"), "t"), "n1",
                           recheck_interval=0.05, queue_order="fair-share")
     # heavy used the GPU before (a finished lease in the ledger).
-    from workbench_spawner.store import UsageRow, utcnow
+    from workbench_spawner.ledger.store import UsageRow, utcnow
     from datetime import timedelta
 
     with store.writes().begin() as session:
@@ -197,7 +197,7 @@ def test_explain_all_says_what_explain_says_for_each(now):
     """The wait list explains the whole line in one pass; it must say what ``explain`` says for each."""
     import random
 
-    from workbench_spawner.queue_order import explain_all
+    from workbench_spawner.rules.queue_order import explain_all
 
     rng = random.Random(now)
     line = [Waiting(f"u{i}/s{i % 2}", f"u{i % 7}", rng.choice([0, 60, 300, 900, 1700, 1800]) + i,

@@ -9,8 +9,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from workbench_spawner.migrations import HEAD, current
-from workbench_spawner.quota import (
+from workbench_spawner.ledger.migrations import HEAD, current
+from workbench_spawner.rules.quota import (
     Quota,
     QuotaBook,
     QuotaError,
@@ -19,7 +19,7 @@ from workbench_spawner.quota import (
     gpu_hours_used,
     parse_quota,
 )
-from workbench_spawner.store import AllocationStore, Base, UsageRow
+from workbench_spawner.ledger.store import AllocationStore, Base, UsageRow
 
 DEFAULT = Quota(max_gpus=1)
 MODELS = ["A100-40GB", "H100-80GB"]

@@ -19,9 +19,9 @@ from workbench_hub.service.fleet import NO_SETTINGS, Fleet, SettingsMissing
 from workbench_hub.service.handlers import _jinja
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import openapi_document
-from workbench_spawner.quota import Quota
-from workbench_spawner.settings import PolicySettings, store_policy_settings
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.rules.quota import Quota
+from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
+from workbench_spawner.ledger.store import AllocationStore
 from tests.service.openapi_check import check
 
 PREFIX = "/services/workbench/"

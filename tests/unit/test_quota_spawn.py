@@ -9,9 +9,9 @@ import pytest
 from jupyterhub.spawner import SpawnException, Spawner
 
 from workbench_spawner.mixin import GPUSpawnerMixin
-from workbench_spawner.policy import _policies
-from workbench_spawner.quota import Quota
-from workbench_spawner.store import UsageRow, utcnow
+from workbench_spawner.policy.gpu_policy import _policies
+from workbench_spawner.rules.quota import Quota
+from workbench_spawner.ledger.store import UsageRow, utcnow
 
 
 class FakeBackend(Spawner):

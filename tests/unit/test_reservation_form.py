@@ -6,8 +6,8 @@ from datetime import datetime, timezone
 from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
-from workbench_spawner.clock import set_test_clock
-from workbench_spawner.reservation_book import ReservationBook, parse_reservation
+from workbench_spawner.policy.clock import set_test_clock
+from workbench_spawner.ledger.reservation_book import ReservationBook, parse_reservation
 
 from tests.unit.test_spawner_lifecycle import make_spawner  # noqa: F401  (the fixture)
 

@@ -7,7 +7,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from workbench_spawner.reservations import (
+from workbench_spawner.rules.reservations import (
     Holding,
     Reservation,
     ReservationError,
@@ -232,7 +232,7 @@ def test_window_start_and_end_times():
 
 
 def test_gpus_user_may_take_is_what_placement_does():
-    from workbench_spawner.reservations import gpus_user_may_take
+    from workbench_spawner.rules.reservations import gpus_user_may_take
 
     held = [hold("o1", ["g0"])]
     assert gpus_user_may_take(GPUS[1:], MODELS, 1, [], [COURSE], held, T0, BERLIN) == []
@@ -242,7 +242,7 @@ def test_gpus_user_may_take_is_what_placement_does():
 
 
 def test_spawn_form_sentences():
-    from workbench_spawner.reservations import reserved_now
+    from workbench_spawner.rules.reservations import reserved_now
 
     inventory = {"H100": 2, "A100": 2}
     assert reserved_now([COURSE], T0, BERLIN, inventory) == ["3 of 4 GPUs reserved for ml-course until 12:00"]
@@ -274,7 +274,7 @@ def test_spawn_form_sentences():
      "for them)"),
 ])
 def test_the_form_reports_what_is_held_after_the_grace_period(now, held, waiting, groups, sentence):
-    from workbench_spawner.reservations import reserved_now
+    from workbench_spawner.rules.reservations import reserved_now
 
     lines = reserved_now([COURSE], local(f"2026-12-08 {now}"), BERLIN, {"H100": 2, "A100": 2}, groups,
                          holdings=held, models=MODELS, waiting=waiting)
@@ -282,7 +282,7 @@ def test_the_form_reports_what_is_held_after_the_grace_period(now, held, waiting
 
 
 def test_without_the_demand_the_form_gives_the_bound_never_the_whole_reservation():
-    from workbench_spawner.reservations import reserved_now
+    from workbench_spawner.rules.reservations import reserved_now
 
     [line] = reserved_now([COURSE], local("2026-12-08 10:30"), BERLIN, {"H100": 2, "A100": 2})
     assert line == ("up to 3 of 4 GPUs reserved for ml-course until 12:00 (since 10:15 only as many as members "

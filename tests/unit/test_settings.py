@@ -6,14 +6,14 @@ import pytest
 from traitlets.config import Config
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_spawner.quota import Quota
-from workbench_spawner.settings import (
+from workbench_spawner.rules.quota import Quota
+from workbench_spawner.policy.settings import (
     PolicySettings,
     load_policy_settings,
     publish_policy_settings,
     store_policy_settings,
 )
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.ledger.store import AllocationStore
 
 STATIC = [{"uuid": "GPU-a", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB", "memory_total_bytes": 40 << 30},
           {"uuid": "GPU-b", "name": "NVIDIA L40S", "model": "L40S-48GB"}]
@@ -29,7 +29,7 @@ def config(tmp_path, spawner_class: str, **sections) -> Config:
     return c
 
 
-@pytest.mark.parametrize("spawner_class", ["gpu-local", "gpu-docker", "workbench_spawner.local.LocalGPUSpawner"])
+@pytest.mark.parametrize("spawner_class", ["gpu-local", "gpu-docker", "workbench_spawner.backends.local.spawner.LocalGPUSpawner"])
 def test_the_spawner_class_config_is_resolved_without_making_a_spawner(tmp_path, spawner_class):
     c = config(tmp_path, spawner_class,
                GPUSpawnerMixin={"default_max_gpus": 2, "servers_per_gpu": 3, "static_gpus": STATIC},

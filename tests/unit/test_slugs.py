@@ -17,8 +17,8 @@ import pytest
 from dockerspawner import DockerSpawner
 
 from workbench_spawner import slugs
-from workbench_spawner.local import LocalGPUSpawner, safe_dir_name
-from workbench_spawner.policy import _policies
+from workbench_spawner.backends.local.spawner import LocalGPUSpawner, safe_dir_name
+from workbench_spawner.policy.gpu_policy import _policies
 
 HOSTILE = [
     # the collisions of the first version

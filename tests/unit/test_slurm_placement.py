@@ -12,17 +12,17 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from workbench_spawner.placement import NoGPUAvailable
-from workbench_spawner.queue_order import Waiting
-from workbench_spawner.reservation_book import ReservationBook
-from workbench_spawner.reservations import Reservation, parse_window
-from workbench_spawner.slurm_fairness import SlurmReservations, free_on_slurm, reprioritize
-from workbench_spawner.slurm_inventory import MapConflict, NodeGPUMap, cluster_inventory, hub_id, resolve
-from workbench_spawner.slurm_jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
-from workbench_spawner.slurm_placement import JobEnded, SlurmPlacement
-from workbench_spawner.slurm_reconcile import reconcile_jobs
-from workbench_spawner.slurm_report_api import ReportRefused, read_report
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.placement.host import NoGPUAvailable
+from workbench_spawner.rules.queue_order import Waiting
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.rules.reservations import Reservation, parse_window
+from workbench_spawner.backends.slurm.fairness import SlurmReservations, free_on_slurm, reprioritize
+from workbench_spawner.backends.slurm.inventory import MapConflict, NodeGPUMap, cluster_inventory, hub_id, resolve
+from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
+from workbench_spawner.backends.slurm.placement import JobEnded, SlurmPlacement
+from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.report_api import ReportRefused, read_report
+from workbench_spawner.ledger.store import AllocationStore
 
 NODES = [SlurmNode("n1", "10.0.0.1", "IDLE", "h100", 2), SlurmNode("n2", "10.0.0.2", "IDLE", "h100", 2)]
 REAL = cluster_inventory(NODES, "")  # SLURM-n1-gpu0 ... until jobs report UUIDs
@@ -229,7 +229,7 @@ def tagged(job: SlurmJob, user: str, hub: str = "0a1b2c3d", slurm_user: str | No
            submitted: int = 1_699_999_000) -> SlurmJob:
     from dataclasses import replace
 
-    from workbench_spawner.slurm_jobs import job_tag
+    from workbench_spawner.backends.slurm.jobs import job_tag
     return replace(job, comment=job_tag(user, "", hub), start_time=1_700_000_000, user=slurm_user or user,
                    submit_time=submitted)
 

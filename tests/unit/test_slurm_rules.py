@@ -9,8 +9,8 @@ from traitlets.config import Config
 
 from workbench_hub.configurer import ConfigError
 from workbench_hub.slurm_config import update_slurm
-from workbench_spawner.slurm_inventory import cluster_inventory
-from workbench_spawner.slurm_jobs import (
+from workbench_spawner.backends.slurm.inventory import cluster_inventory
+from workbench_spawner.backends.slurm.jobs import (
     NodeReport,
     SlurmJob,
     SlurmNode,

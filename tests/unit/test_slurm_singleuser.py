@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 
 from tests.unit.fake_nvml import fake_pynvml
-from workbench_spawner.slurm_singleuser import node_report
+from workbench_spawner.backends.slurm.singleuser import node_report
 
 
 def confined_nvml(monkeypatch) -> None:

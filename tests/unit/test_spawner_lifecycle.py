@@ -8,7 +8,7 @@ from jupyterhub.spawner import SpawnException, Spawner
 from sqlalchemy import text
 
 from workbench_spawner.mixin import GPUSpawnerMixin
-from workbench_spawner.policy import _policies
+from workbench_spawner.policy.gpu_policy import _policies
 
 
 class FakeBackend(Spawner):

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.ledger.store import AllocationStore
 
 GPUS = [f"GPU-sim-{i:02d}-h100-80gb" for i in range(8)]
 

@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from workbench_spawner.waitlist import WaitList, WaitTimeout
+from workbench_spawner.placement.waitlist import WaitList, WaitTimeout
 
 
 class Clock:

@@ -25,7 +25,7 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
-from workbench_spawner.store import AllocationStore
+from workbench_spawner.ledger.store import AllocationStore
 
 from . import handlers as h
 from . import reservation_handlers as rh

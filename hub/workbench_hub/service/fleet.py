@@ -4,7 +4,7 @@ Everything here is read from the GPU database the hub writes:
 
 * the **policy settings** (inventory, static GPUs included, servers per
   GPU, the default quota, the node name) that the hub resolved from its
-  configuration at start and stored (``workbench_spawner.settings``). The
+  configuration at start and stored (``workbench_spawner.policy.settings``). The
   service never derives them itself, so a setting made only as a trait
   (``c.GPUSpawnerMixin.default_max_gpus = 2``) shows here as it is enforced.
   The row's ``updated`` stamp is looked at every few seconds; a hub restart
@@ -31,11 +31,11 @@ from typing import Iterable, Mapping
 from sqlalchemy import select
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.quota import Quota, QuotaBook
-from workbench_spawner.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
-from workbench_spawner.idle_book import IdleBook
-from workbench_spawner.slurm_inventory import NodeGPUMap, resolve
-from workbench_spawner.store import AllocationStore, utcnow
+from workbench_spawner.rules.quota import Quota, QuotaBook
+from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
+from workbench_spawner.ledger.idle_book import IdleBook
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap, resolve
+from workbench_spawner.ledger.store import AllocationStore, utcnow
 
 from .slurm_nodes import annotate_slurm
 

@@ -8,7 +8,7 @@ default 30; 0 turns the loop off), in the workbench service:
    the hub's NVML or simulated source for local and docker, the user
    server's own monitor where the hub cannot see the node's GPUs);
 3. advances each GPU's idle clock and judges each server by the rules of
-   ``workbench_spawner.idle`` with the user's rule (quota, else the hub's
+   ``workbench_spawner.rules.idle`` with the user's rule (quota, else the hub's
    ``WORKBENCH_GPU_IDLE_MINUTES``) and the exempt groups;
 4. warns (a notice: JupyterLab shows it with a countdown), withdraws the
    warning when a GPU got busy again, or stops the server through the hub
@@ -36,13 +36,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
-from workbench_spawner.idle import (
+from workbench_spawner.rules.idle import (
     BUSY, STOP, UNKNOWN, WARN, GpuTrack, IdleRule, advance, is_exempt, judge, ledger_reason, rule_for,
     stopped_text, warning_text,
 )
-from workbench_spawner.idle_book import IdleBook
-from workbench_spawner.notices import NoticeBook
-from workbench_spawner.store import utcnow
+from workbench_spawner.ledger.idle_book import IdleBook
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.ledger.store import utcnow
 
 from .fleet import Fleet
 from .hub_client import HubClient

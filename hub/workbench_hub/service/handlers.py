@@ -24,8 +24,8 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 from tornado.escape import xhtml_escape
 
-from workbench_spawner.quota import WEEK, QuotaError, gpu_hours_by_user, parse_quota
-from workbench_spawner.store import utcnow
+from workbench_spawner.rules.quota import WEEK, QuotaError, gpu_hours_by_user, parse_quota
+from workbench_spawner.ledger.store import utcnow
 
 from .fleet import Fleet, SettingsMissing
 from .hub_client import HubClient, HubUnavailable

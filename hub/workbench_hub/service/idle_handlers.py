@@ -16,9 +16,9 @@ import asyncio
 import json
 import logging
 
-from workbench_spawner.idle import IdleRule
-from workbench_spawner.idle_book import ExemptionError, IdleBook, check_group_name
-from workbench_spawner.store import utcnow
+from workbench_spawner.rules.idle import IdleRule
+from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook, check_group_name
+from workbench_spawner.ledger.store import utcnow
 
 from .handlers import APIHandler
 

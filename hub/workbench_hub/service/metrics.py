@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from workbench_spawner.quota import gpu_hours_by_user
+from workbench_spawner.rules.quota import gpu_hours_by_user
 
 
 def _escape(value: str) -> str:

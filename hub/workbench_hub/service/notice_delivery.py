@@ -1,4 +1,4 @@
-"""Bring the pending notices (``workbench_spawner.notices``) to the user servers they are about.
+"""Bring the pending notices (``workbench_spawner.ledger.notices``) to the user servers they are about.
 
 Any rule that will stop a server (idle reclaim, a reservation's preemption)
 only writes a notice with ``NoticeBook.warn``; this pass, run by the
@@ -16,7 +16,7 @@ import json
 import logging
 import time
 
-from workbench_spawner.notices import NoticeBook
+from workbench_spawner.ledger.notices import NoticeBook
 
 from .user_servers import ServerUnreachable, UserServers
 

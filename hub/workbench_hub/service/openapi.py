@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench_spawner.quota import (
+from workbench_spawner.rules.quota import (
     MAX_GPU_HOURS_LIMIT,
     MAX_GPUS_LIMIT,
     MAX_MODELS,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench_spawner.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
+from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 
 from .openapi_parts import ADMIN, NULL_TIME, READ, STRING, TIME
 from .openapi_parts import error as _error

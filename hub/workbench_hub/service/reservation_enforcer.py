@@ -27,11 +27,11 @@ import asyncio
 import logging
 import time
 
-from workbench_spawner.clock import real_now
-from workbench_spawner.notices import NoticeBook
-from workbench_spawner.placement import holdings
-from workbench_spawner.reservation_book import ReservationBook
-from workbench_spawner.reservations import preemption_phase, preemption_plan
+from workbench_spawner.policy.clock import real_now
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.placement.host import holdings
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.rules.reservations import preemption_phase, preemption_plan
 
 from .hub_client import HubClient
 from .reservation_handlers import hub_time

@@ -23,9 +23,9 @@ import json
 import logging
 from datetime import tzinfo
 
-from workbench_spawner.clock import Clock, hub_clock, zone
-from workbench_spawner.reservation_book import ReservationBook, StoredReservation, parse_reservation
-from workbench_spawner.reservations import ReservationError, next_occurrence
+from workbench_spawner.policy.clock import Clock, hub_clock, zone
+from workbench_spawner.ledger.reservation_book import ReservationBook, StoredReservation, parse_reservation
+from workbench_spawner.rules.reservations import ReservationError, next_occurrence
 
 from .handlers import APIHandler
 

@@ -7,8 +7,8 @@ not after the start crossing midnight) is in ``reservations.parse_window``.
 
 from __future__ import annotations
 
-from workbench_spawner.quota import MAX_GPUS_LIMIT
-from workbench_spawner.reservations import MAX_MINUTES
+from workbench_spawner.rules.quota import MAX_GPUS_LIMIT
+from workbench_spawner.rules.reservations import MAX_MINUTES
 
 from .openapi_parts import STRING, TIME
 from .openapi_parts import error as _error

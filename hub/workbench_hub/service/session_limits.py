@@ -14,8 +14,8 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
-from workbench_spawner.quota import QuotaBook
-from workbench_spawner.store import utcnow
+from workbench_spawner.rules.quota import QuotaBook
+from workbench_spawner.ledger.store import utcnow
 
 from .hub_client import HubClient
 

@@ -1,7 +1,7 @@
 """What the hub learned about each Slurm node's GPUs, and forgetting it.
 
 On Slurm the hub names a real GPU by the UUID the first job on its node
-reported (``workbench_spawner.slurm_inventory.NodeGPUMap``), and refuses a
+reported (``workbench_spawner.backends.slurm.inventory.NodeGPUMap``), and refuses a
 later report that contradicts it. When a node's GPUs are replaced, an admin
 forgets what was known (``DELETE api/slurm/nodes/{node}``, or
 ``workbench slurm-forget-node NODE``); the next job on the node names them
@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 
-from workbench_spawner.slurm_inventory import NodeGPUMap
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap
 
 from .handlers import APIHandler
 

@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 
-from workbench_spawner.slurm_jobs import SlurmNode, SlurmUnavailable, list_nodes
+from workbench_spawner.backends.slurm.jobs import SlurmNode, SlurmUnavailable, list_nodes
 
 log = logging.getLogger("workbench.service")
 

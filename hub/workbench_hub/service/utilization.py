@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 from typing import Protocol
 
-from workbench_spawner.store import Lease
+from workbench_spawner.ledger.store import Lease
 
 from .user_servers import ServerUnreachable, UserServers
 

@@ -1,0 +1,125 @@
+"""Reservations and fair share on Slurm, with the same rules as on one host.
+
+On one host the allocator enforces both inside its transaction. On Slurm
+the engine places, so each rule is applied where the workbench still
+decides:
+
+* **Reservations** are checked before a job is submitted. A user who is not
+  in a group with an open reservation may submit only while Slurm's free
+  GPUs (its node records: GRES minus GRES used) cover what the reservations
+  still keep for their members after this request (``gpus_user_may_take``,
+  the host allocator's rule: grace period, members' demand). Until then
+  the spawn waits in the hub, says why, and counts against the queue
+  timeout; nothing is pending in Slurm meanwhile, so Slurm cannot hand a
+  member's GPU to it. Members submit at once. Jobs from outside the
+  workbench are not ours to hold back: a site that needs hard guarantees
+  adds a Slurm reservation (docs/slurm.md).
+* **Fair share** (``WORKBENCH_QUEUE_ORDER=fair-share``) reorders the
+  workbench's own pending jobs: the priorities Slurm gave them are handed
+  out again in fair-share order (``queue_order.order``: fewest GPU-hours
+  this week first, ties and aged requests by arrival). The set of
+  priorities stays the same, so jobs from outside the workbench keep their
+  place relative to ours; only who among ours goes first changes.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone, tzinfo
+from typing import Callable, Mapping, Sequence
+
+from workbench_devices import DeviceInventory
+
+from workbench_spawner.policy.clock import Clock, real_now
+from workbench_spawner.placement.host import holdings
+from workbench_spawner.rules.queue_order import Waiting, order
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.rules.reservations import Holding, Reservation, demand_by_group, gpus_user_may_take, is_member, reserved_now
+from workbench_spawner.backends.slurm.jobs import SlurmJob, SlurmNode
+from workbench_spawner.ledger.store import AllocationStore
+
+
+def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model: str | None) -> list[str]:
+    """The inventory's GPUs (of ``model``) that Slurm has not allocated, on nodes that can run jobs."""
+    by_name = {n.name: n for n in nodes}
+    free = []
+    for device in inventory.devices:
+        node = by_name.get(device.node)
+        if node is None or not node.usable or device.index in node.gpus_used:
+            continue
+        if model is None or device.model == model:
+            free.append(device.uuid)
+    return free
+
+
+def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode: str, now: float,
+                 aging_minutes: float) -> list[tuple[str, int]]:
+    """(job id, new priority) for our pending jobs whose priority must change to serve them in ``mode``'s order.
+
+    Per partition, the priorities our pending jobs hold now are sorted and
+    given back in serving order, highest first. Nothing changes in fifo mode
+    or while fewer than two of ours wait in a partition."""
+    if mode != "fair-share":
+        return []
+    # A held job (priority 0, JobHeld*) keeps its hold: passing its 0 on would hold another user's job.
+    ours = [j for j in jobs if j.pending and j.job_id in waiting and j.priority > 0
+            and not j.reason.startswith("JobHeld")]
+    changes = []
+    for partition in sorted({j.partition for j in ours}):
+        here = {j.job_id: j for j in ours if j.partition == partition}
+        if len(here) < 2:
+            continue
+        ordered = order([waiting[job_id] for job_id in here], mode, now, aging_minutes)
+        priorities = sorted((j.priority for j in here.values()), reverse=True)
+        for item, priority in zip(ordered, priorities):
+            if here[item.key].priority != priority:
+                changes.append((item.key, priority))
+    return changes
+
+
+class SlurmReservations:
+    """The reservation check before submitting, and the demand members have in Slurm's queue now."""
+
+    def __init__(self, store: AllocationStore, inventory: Callable[[], DeviceInventory], tz: tzinfo | None = None,
+                 clock: Clock = real_now):
+        self.store = store
+        self.inventory = inventory
+        self.tz = tz or timezone.utc
+        self.clock = clock
+        self.book = ReservationBook(store)
+        # request key -> (groups, GPUs, model) of every workbench request admitted to Slurm's queue and
+        # not running yet: about to take free GPUs, and members among them count as asking.
+        self.asking: dict[str, tuple[frozenset[str], int, str | None]] = {}
+
+    def active(self, now: datetime) -> list[Reservation]:
+        return self.book.open_at(now, self.tz)
+
+    def waiting_by_group(self) -> dict[str, int]:
+        return demand_by_group((groups, count) for groups, count, _model in list(self.asking.values()))
+
+    def may_submit(self, groups: Sequence[str], count: int, model: str | None,
+                   nodes: Callable[[], list[SlurmNode]]) -> tuple[bool, str]:
+        """(True, "") when this request leaves what open reservations keep; else (False, why). Blocking."""
+        now = self.clock()
+        others = [r for r in self.active(now) if not is_member(r, groups)]
+        if not count or not others:
+            return True, ""
+        inventory = self.inventory()
+        models = {d.uuid: d.model for d in inventory.devices}
+        free = free_on_slurm(inventory, nodes(), None)
+        # Requests already admitted to Slurm's queue will take free GPUs before this one: they count as
+        # held (members' among them as members' use), and the free ones they will take are not free.
+        held = holdings(self.store.leases())
+        for n, (their_groups, their_count, their_model) in enumerate(list(self.asking.values())):
+            placeholders = tuple(f"admitted-{n}-{i}" for i in range(their_count))
+            models.update({u: their_model or "" for u in placeholders})
+            held.append(Holding(f"admitted-{n}", "", placeholders, frozenset(their_groups), now))
+            for _ in range(their_count):
+                fits = [u for u in free if their_model is None or models.get(u) == their_model]
+                if fits:
+                    free.remove(fits[-1])
+        free = [u for u in free if model is None or models.get(u) == model]
+        allowed = gpus_user_may_take(free, models, count, groups, others, held, now, self.tz, {})
+        if len(allowed) >= count:
+            return True, ""
+        kept = "; ".join(reserved_now(others, now, self.tz, inventory.count_by_model()))
+        return False, f"{len(free)} free in the cluster, but {kept}"

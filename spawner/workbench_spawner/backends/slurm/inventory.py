@@ -1,0 +1,175 @@
+"""The cluster's GPUs as the workbench knows them: Slurm's node records plus the UUIDs jobs reported.
+
+Slurm counts GPUs per node by GRES index and never reports UUIDs; leases,
+``WORKBENCH_GPUS`` and the monitor speak UUIDs. So the inventory starts from
+``sinfo`` (one device per node and index) and learns each real GPU's UUID,
+name and memory from the first job on that node that reports them
+(``slurm_singleuser``), after the hub checked the report against Slurm's own
+job record. What it learned is kept in the GPU database (``NodeGPUMap``), so
+the hub after a restart, the workbench service's fleet view and reconcile all
+resolve ``(node, index)`` to the same UUID.
+
+Trust: the report comes from a process the user controls. It is learned
+only after it agreed with Slurm's job record, and only for the GPUs Slurm
+gave that job on that node; each (node, index) is named once, and a later
+report that contradicts it, or puts a known UUID elsewhere, is refused (and
+the job cancelled), so one user cannot rename GPUs for everyone. What a job
+can still do is misname its own GPU on first use; the admin page then shows
+that UUID, and ``forget`` clears it.
+Simulated nodes need no report: the hub computes their UUIDs itself.
+An admin who swaps a node's GPUs clears that node's entry
+(``NodeGPUMap.forget``, or ``workbench slurm-forget-node <node>``).
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from dataclasses import replace
+from typing import Iterable, Mapping
+
+from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
+
+from workbench_spawner.policy.settings import SettingsRow
+from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
+from workbench_spawner.ledger.store import AllocationStore, utcnow
+
+NODE_GPUS_KEY = "slurm-node-gpus"
+HUB_ID_KEY = "hub-id"
+
+
+def placeholder_uuid(node: str, index: int) -> str:
+    """The name of a real GPU no job on its node has reported yet."""
+    return f"SLURM-{node}-gpu{index}"
+
+
+def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInventory:
+    """Every GPU of the cluster from Slurm's node records, one device per (node, GRES index).
+
+    Simulated GPUs take the UUIDs each node's jobs will report
+    (``GPU-sim-<node>-NN-...``); real GPUs are named ``SLURM-<node>-gpuN``
+    until ``NodeGPUMap.resolve`` puts the reported UUID in their place.
+    """
+    simulated = simulated_spec.strip() not in ("", "0")
+    devices: list[GPUDevice] = []
+    for node in nodes:
+        known = parse_simulated_spec(simulated_spec, node.name) if simulated else []
+        for index in range(node.gpu_count):
+            if index < len(known):
+                devices.append(replace(known[index], index=index, node=node.name))
+            else:
+                devices.append(GPUDevice(uuid=placeholder_uuid(node.name, index), index=index,
+                                         name=f"{node.gpu_type or 'GPU'} on {node.name}",
+                                         memory_total_bytes=0,
+                                         model=(node.gpu_type or "").upper(), node=node.name))
+    source = "simulated" if simulated else "slurm"
+    names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
+    label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
+    return DeviceInventory(source, devices, f"{len(devices)} {label} on Slurm nodes {names}")
+
+
+class MapConflict(ValueError):
+    """A node report that contradicts what the hub knows; str(err) is for the admin."""
+
+
+def _entries(report: NodeReport) -> list[dict]:
+    return sorted(({"index": int(g.get("index", -1)), "uuid": str(g["uuid"]), "name": str(g.get("name", "")),
+                    "memory_total_bytes": int(g.get("memory_total_bytes") or 0)} for g in report.gpus),
+                  key=lambda e: e["index"])
+
+
+class NodeGPUMap:
+    """Per node, index -> the GPU a job reported there (a JSON document in ``workbench_settings``)."""
+
+    def __init__(self, store: AllocationStore):
+        self.store = store
+
+    def known(self) -> dict[str, list[dict]]:
+        with self.store.reads()() as session:
+            row = session.get(SettingsRow, NODE_GPUS_KEY)
+            return json.loads(row.value) if row is not None else {}
+
+    def accept(self, report: NodeReport) -> None:
+        """Learn the GPUs a job reported on its node; MapConflict if they contradict what is known.
+
+        Called only for a report that agrees with Slurm's own job record (the
+        job's node, the indices Slurm gave it), so a job can name only the GPUs
+        it was given, on the node it runs on. Each (node, index) is named once:
+        a later report must give it the same UUID, and a UUID belongs to one
+        place in the cluster."""
+        entries = _entries(report)
+        if not entries:
+            return
+        with self.store.writes().begin() as session:
+            row = session.get(SettingsRow, NODE_GPUS_KEY)
+            known = json.loads(row.value) if row is not None else {}
+            here = {e["index"]: e for e in known.get(report.node, [])}
+            where = {e["uuid"]: (node, e["index"]) for node, rows in known.items() for e in rows}
+            new = []
+            for entry in entries:
+                old = here.get(entry["index"])
+                if old is not None and old["uuid"] != entry["uuid"]:
+                    raise MapConflict(
+                        f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, but the hub knows it "
+                        f"as {old['uuid']}; if the node's GPUs were changed, an admin runs "
+                        f"`workbench slurm-forget-node {report.node}`")
+                place = where.get(entry["uuid"])
+                if place is not None and place != (report.node, entry["index"]):
+                    raise MapConflict(f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, which the "
+                                      f"hub knows as GPU {place[1]} of node {place[0]}")
+                if old is None:
+                    new.append(entry)
+            if not new:
+                return
+            known[report.node] = sorted([*here.values(), *new], key=lambda e: e["index"])
+            if row is None:
+                row = SettingsRow(key=NODE_GPUS_KEY)
+                session.add(row)
+            row.value = json.dumps(known, sort_keys=True)
+            row.updated = utcnow()
+
+    def forget(self, node: str) -> bool:
+        """Drop what is known about ``node`` (its GPUs were replaced); True if there was something."""
+        with self.store.writes().begin() as session:
+            row = session.get(SettingsRow, NODE_GPUS_KEY)
+            known = json.loads(row.value) if row is not None else {}
+            if node not in known:
+                return False
+            del known[node]
+            row.value = json.dumps(known, sort_keys=True)
+            row.updated = utcnow()
+            return True
+
+    def resolve(self, inventory: DeviceInventory) -> DeviceInventory:
+        """``inventory`` with every GPU a job reported under its real UUID (reads the database)."""
+        return resolve(inventory, self.known())
+
+
+def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:
+    """The inventory with every reported GPU under its real UUID, name and memory."""
+    if inventory.source != "slurm" or not known:
+        return inventory
+    by_place = {(node, int(e["index"])): e for node, rows in known.items() for e in rows}
+    devices = []
+    for device in inventory.devices:
+        entry = by_place.get((device.node, device.index))
+        if entry is None:
+            devices.append(device)
+            continue
+        devices.append(replace(device, uuid=entry["uuid"], name=entry.get("name") or device.name,
+                               memory_total_bytes=int(entry.get("memory_total_bytes") or 0)))
+    return replace(inventory, devices=devices)
+
+
+def hub_id(store: AllocationStore) -> str:
+    """This hub's id, made once and kept in its GPU database: the tag of its Slurm jobs."""
+    with store.reads()() as session:
+        row = session.get(SettingsRow, HUB_ID_KEY)
+        if row is not None:
+            return json.loads(row.value)
+    with store.writes().begin() as session:
+        row = session.get(SettingsRow, HUB_ID_KEY)
+        if row is None:
+            row = SettingsRow(key=HUB_ID_KEY, value=json.dumps(secrets.token_hex(4)), updated=utcnow())
+            session.add(row)
+        return json.loads(row.value)

@@ -1,0 +1,404 @@
+"""The Slurm backend (``gpu-slurm``): one batch job per user server; Slurm places the GPUs.
+
+batchspawner's ``SlurmSpawner`` submits and follows the job (``sudo -E -u
+<user> sbatch``, so the job runs as the user's own Unix account); our GPU
+mixin keeps what is ours: admission before anything is submitted (a refusal
+submits nothing), the ledger, GPU-hours, the fleet view. Slurm's queue is the
+wait: ``SlurmPlacement`` follows the job, shows Slurm's reason and position,
+cancels it at the queue timeout, and writes the lease once Slurm has placed
+it and the job reported its GPU UUIDs (see ``slurm_singleuser``).
+
+Around Slurm's queue the workbench keeps its own rules: open reservations
+hold a non-member's request back before it is submitted, fair share
+reorders the workbench's pending jobs (``slurm_fairness``). Every job
+carries the tag ``workbench:<hub id>:<user>/<server>`` in its comment; after
+a hub restart (servers keep running: cleanup_servers is False) leases and
+jobs are reconciled by it (``slurm_reconcile``). The job's start report
+reaches the hub through our handler, not batchspawner's
+(``slurm_report_api``).
+
+What this class changes in batchspawner 1.3.0 for JupyterHub 6 (see README):
+the start is ours (the stock loop has no queue timeout and never cancels a
+pending job when the spawn is abandoned), the server address is the node's
+``NodeAddr`` (the stock one is the node name, which need not resolve on the
+hub), ``--get-user-env=L`` resetting PATH is undone in the batch script, a
+requeued job ends its server and a stop with no job id cancels by tag
+(``slurm_job_spawner``), and batchspawner's API handler, which lets a job set
+any spawner attribute, is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pwd
+import shlex
+import time
+from dataclasses import asdict, replace
+
+from jupyterhub.spawner import SpawnException
+from traitlets import Dict, default
+
+from workbench_devices import DeviceInventory, parse_simulated_spec
+
+from workbench_spawner.backends.slurm import report_api as slurm_report_api
+from workbench_spawner.mixin import GPUSpawnerMixin
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.placement.host import NoGPUAvailable
+from workbench_spawner.policy.gpu_policy import GPUPolicy, shared_policy
+from workbench_spawner.rules.quota import gpu_hours_used
+from workbench_spawner.policy.settings import resolve_policy_settings
+from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.backends.slurm.fairness import SlurmReservations
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid
+from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, SlurmPolicy
+from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmUnavailable, cancel, list_jobs, list_nodes, partitions, sbatch_failure, \
+    sbatch_options
+from workbench_spawner.backends.slurm.placement import SlurmPlacement
+from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.traits import SlurmTraits
+from workbench_spawner.ledger.store import AllocationStore, Lease
+
+# batchspawner's /hub/api/batchspawner sets any spawner attribute a job posts: ours takes a start report only.
+slurm_report_api.install()
+
+BATCH_SCRIPT = """#!/bin/bash
+{% for opt in sbatch_lines %}#SBATCH {{opt}}
+{% endfor %}#SBATCH --output={{homedir}}/workbench-slurm-%j.log
+#SBATCH --chdir={{homedir}}
+#SBATCH --export={{keepvars}}
+#SBATCH --get-user-env=L
+set -euo pipefail
+# --get-user-env=L ran the user's login shell, which reset PATH: the shared environment goes first again.
+export PATH={{env_bin}}:$PATH
+trap 'echo SIGTERM received' TERM
+{{prologue}}
+{{cmd}}
+{{epilogue}}
+"""
+
+
+class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
+    """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view."""
+
+    workbench_report = Dict(
+        allow_none=True,
+        default_value=None,
+        help="""
+        Set by the job's start-up through ``/hub/api/batchspawner`` (never
+        configure it): the node's GPUs and the job's UUIDs.
+        """,
+    )
+
+    @default("batch_script")
+    def _default_batch_script(self):
+        return BATCH_SCRIPT
+
+    @default("batchspawner_singleuser_cmd")
+    def _default_singleuser_cmd(self):
+        return os.path.join(self.slurm_env_prefix, "bin", "workbench-slurm-singleuser")
+
+    @default("req_srun")
+    def _default_req_srun(self):
+        # The batch step holds the job's GPUs; a job step would add a second launch for nothing.
+        return ""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.slurm_partition_choice = ""
+        self._job_node = ""
+
+    # -- the cluster and the policy ------------------------------------------------------------
+
+    @classmethod
+    def policy_inventory(cls, config_obj) -> DeviceInventory:
+        """The cluster's GPUs from Slurm's node records, read once per hub process (blocking).
+
+        Nodes added to the cluster later are seen after a hub restart."""
+        key = config_obj.simulated_gpus
+        if key not in _inventories:
+            try:
+                nodes = [n for n in list_nodes() if n.gpu_count]
+            except SlurmUnavailable as exc:
+                return DeviceInventory("none", [], f"Slurm did not answer: {exc}")
+            _inventories[key] = cluster_inventory(nodes, config_obj.simulated_gpus)
+        return _inventories[key]
+
+    @property
+    def gpu_policy(self) -> GPUPolicy:
+        settings = replace(resolve_policy_settings(self), inventory=self.policy_inventory(self), node="")
+        key = ("slurm", settings.db_url)
+
+        def build() -> GPUPolicy:
+            store = AllocationStore(settings.db_url)
+
+            def inventory() -> DeviceInventory:
+                return NodeGPUMap(store).resolve(settings.inventory)
+
+            reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
+                                             hub_clock(settings.test_clock_file))
+            real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
+            placement = SlurmPlacement(store, inventory, self.slurm_poll_interval, queue_order=settings.queue_order,
+                                       aging_minutes=settings.queue_aging_minutes, reservations=reservations,
+                                       gpu_hours=lambda user: gpu_hours_used(store, user),
+                                       learn=NodeGPUMap(store).accept if real else lambda report: None,
+                                       total_gpus=lambda: len(settings.inventory.devices))
+            return SlurmPolicy(settings, store, placement)
+
+        policy = shared_policy(key, build)
+        policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
+        return policy
+
+    def hub_id(self) -> str:
+        """This hub's id (blocking: the GPU database), the first part of its jobs' tags."""
+        return hub_id(self.gpu_policy_store())
+
+    # -- options ---------------------------------------------------------------------------------
+
+    async def _apply_gpu_options(self, user_options: dict) -> None:
+        options = dict(user_options or {})
+        self.slurm_partition_choice = ""  # a partition picked for one start does not stick to the next
+        await asyncio.to_thread(self._check_account)
+        choice = options.pop("partition", None)
+        if choice is not None:
+            self.slurm_partition_choice = await self._allowed_partition(choice)
+        await super()._apply_gpu_options(options)
+
+    def _check_account(self) -> None:
+        """Jobs run as the user's Unix account: it must exist and not be a system account."""
+        name = self.user.name
+        try:
+            uid = pwd.getpwnam(name).pw_uid
+        except KeyError:
+            raise SpawnException(
+                f"Cannot start the server: there is no Unix account named {name!r} on the hub's host, and Slurm "
+                "jobs run as the user's own account; ask a hub admin to create it (or to log people in with "
+                "PAM or LDAP, docs/slurm.md).", reason="no_account", status_code=403) from None
+        if uid < self.slurm_min_uid:
+            raise SpawnException(
+                f"Cannot start the server: {name!r} is a system account (uid {uid}), and Slurm jobs never run as "
+                f"one; log in with your own account.", reason="system_account", status_code=403)
+
+    async def _allowed_partition(self, choice: object) -> str:
+        try:
+            offered = await asyncio.to_thread(partitions)
+        except SlurmUnavailable as exc:
+            raise SpawnException(
+                f"Cannot start the server: Slurm's controller did not answer ({str(exc)[:200]}), so nothing was "
+                "submitted. Try again in a minute; if it persists, tell a hub admin.",
+                reason="slurm_unavailable", status_code=503) from None
+        allowed = [p for p in offered if not self.slurm_partitions or p in self.slurm_partitions]
+        name = choice.strip() if isinstance(choice, str) else ""
+        if name not in allowed:
+            raise SpawnException(
+                f"Cannot start the server: partition {str(choice)[:60]!r} is not a partition you may use on "
+                f"this cluster; choose one of: {', '.join(allowed) or '(none)'}.",
+                reason="bad_options", status_code=400)
+        return name
+
+    def sbatch_lines(self, session_hours: float | None, hub: str = "") -> list[str]:
+        request = self.gpu_request
+        return sbatch_options(
+            user=self.user.name, server=self.name, gpus=request.gpus, model=request.gpu_model,
+            cpus=self.cpu_limit or 1, mem_bytes=self.mem_limit, session_hours=session_hours,
+            partition=self.slurm_partition_choice or self.slurm_partition, account=self.slurm_account,
+            qos=self.slurm_qos, extra=self.slurm_extra_options, hub=hub)
+
+    async def _get_batch_script(self, **subvars):
+        hours, hub = await asyncio.to_thread(lambda: (self._session_hours(), self.hub_id()))
+        subvars.update(sbatch_lines=self.sbatch_lines(hours, hub), env_bin=shlex.quote(
+            os.path.join(self.slurm_env_prefix, "bin")))
+        return await super()._get_batch_script(**subvars)
+
+    def _session_hours(self) -> float | None:
+        """The session limit admission recorded for this start: it becomes the job's --time."""
+        return self.gpu_quota_book.session_limits().get((self.user.name, self.name))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def start(self):
+        self._gpu_events.reset()
+        self._gpu_starting = True
+        self.workbench_report = None
+        self.ip = self.traits()["ip"].default_value
+        self.port = 0
+        if self.server:
+            self.server.port = self.port
+        request = self.gpu_request
+        try:
+            policy = await self._policy()
+            # Starting again: the spawn page's "why your server stopped" has been read.
+            await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
+            placement = policy.placement
+            assert isinstance(placement, SlurmPlacement)
+            deadline = placement.clock() + self.gpu_queue_timeout
+            groups = await asyncio.to_thread(lambda: tuple(sorted(g.name for g in self.user.groups or [])))
+            # JupyterHub starts a server it believes stopped: a job or lease of it left over is stale.
+            await asyncio.to_thread(self._end_leftovers)
+            key = f"{self.user.name}/{self.name}"
+            try:
+                await placement.admit_to_queue(key, request.gpus, request.gpu_model, groups, deadline,
+                                               describe=lambda text: self._gpu_events.add(text, 3))
+                try:
+                    await self._submit()
+                finally:
+                    if not self.job_id:
+                        placement.withdraw(key)
+                lease = await self._place(placement, request, groups, deadline, key)
+            except NoGPUAvailable as exc:
+                self.clear_state()
+                raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
+            self.gpu_uuids = list(lease.gpu_uuids) if lease else []
+            self._gpu_events.add(
+                f"Running on {self._job_node} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
+            while not self.port:
+                await asyncio.sleep(0.1)
+            self.ip = await asyncio.to_thread(self._node_address, self._job_node)
+            return self.ip, self.port
+        except BaseException:
+            # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): no job stays.
+            await self._cancel_quietly()
+            await asyncio.to_thread(self._release, "start failed")
+            raise
+        finally:
+            self._gpu_starting = False
+
+    async def _submit(self) -> None:
+        try:
+            await self.submit_batch_script()
+        except RuntimeError as exc:
+            # sbatch failed, or was killed because the spawn was abandoned: a job may exist all the same.
+            self.job_id = ""
+            await self._cancel_quietly()
+            status, message = sbatch_failure(str(exc))
+            raise SpawnException(message, reason="slurm_refused" if status == 400 else "slurm_unavailable",
+                                 status_code=status) from None
+        if not self.job_id:
+            raise SpawnException("Slurm did not say which job it made; nothing was started.",
+                                 reason="slurm_refused", status_code=500)
+        self._gpu_events.add(f"Submitted Slurm job {self.job_id}", 5)
+
+    async def _place(self, placement: SlurmPlacement, request, groups: tuple[str, ...],
+                     deadline: float, admitted: str) -> Lease | None:
+        self._job_node = ""
+
+        def started() -> NodeReport | None:
+            report = NodeReport.from_json(self.workbench_report)
+            return self._trusted(report) if report else None
+
+        lease = await placement.place(
+            self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout, groups=groups,
+            job_id=self.job_id, started=started, describe=lambda text: self._gpu_events.add(text, 20),
+            deadline=deadline, admitted=admitted)
+        report = NodeReport.from_json(self.workbench_report)
+        self._job_node = lease.node if lease else (report.node if report else "")
+        return lease
+
+    def _trusted(self, report: NodeReport) -> NodeReport:
+        """The report with the node's GPU list from the hub where it knows it (simulated nodes).
+
+        The report comes from a process the user controls. Where the hub can
+        compute the node's UUIDs itself it uses its own list, so a forged report
+        cannot name another node's GPUs; real GPUs are checked against Slurm's
+        job record and then against what the hub learned of the node
+        (``SlurmPlacement.place``, ``NodeGPUMap``).
+        """
+        if self.simulated_gpus.strip() in ("", "0"):
+            return report
+        known = parse_simulated_spec(self.simulated_gpus, report.node)
+        return replace(report, gpus=tuple(asdict(d) for d in known))
+
+    def _end_leftovers(self) -> None:
+        """Before a start: cancel this server's jobs from an earlier start, and release its stale lease.
+
+        JupyterHub starts a server only when it believes it stopped; a job of
+        it still in Slurm (adopted after a restart, or whose stop failed) would
+        hold GPUs nobody reaches. Blocking."""
+        try:
+            jobs = list_jobs()
+        except SlurmUnavailable as exc:
+            self.log.warning("Cannot look for leftover Slurm jobs of %s: %s", self._log_name, exc)
+            jobs = []
+        store = self.gpu_policy_store()
+        tag, hub = (self.user.name, self.name), hub_id(store)
+        for job in jobs:
+            if job.tag == tag and job.user == self.user.name and job.belongs_to(hub) and (job.pending or job.running):
+                self.log.warning("Cancelling Slurm job %s of %s: left from an earlier start", job.job_id,
+                                 self._log_name)
+                try:
+                    cancel(job.job_id)
+                except SlurmUnavailable as exc:
+                    self.log.warning("Could not cancel Slurm job %s: %s", job.job_id, exc)
+        if store.lease_of(self.user.name, self.name) is not None:
+            self._release("replaced by a new start")
+
+    def _node_address(self, node: str) -> str:
+        try:
+            nodes = {n.name: n.address for n in list_nodes()}
+        except SlurmUnavailable:
+            nodes = {}
+        return nodes.get(node) or node or self.state_gethost()
+
+    def gpu_lease_ref(self) -> str:
+        return f"slurm:{self.job_id}" if self.job_id else ""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        if not lease.ref.startswith("slurm:"):
+            return False
+        try:
+            jobs = {j.job_id: j for j in recent_jobs()}
+        except SlurmUnavailable:
+            return None
+        job = jobs.get(lease.ref.split(":", 1)[1])
+        return bool(job and job.running)
+
+    def gpu_reconcile_orphans(self) -> None:
+        """Adopt or cancel this hub's tagged jobs without a lease (``slurm_reconcile``)."""
+        try:
+            jobs = list_jobs()
+        except SlurmUnavailable as exc:
+            self.log.warning("Cannot list Slurm jobs to reconcile GPU leases: %s", exc)
+            return
+        store = self.gpu_policy_store()
+        inventory = NodeGPUMap(store).resolve(self.policy_inventory(self))
+        by_place = {(d.node, d.index): d.uuid for d in inventory.devices
+                    if d.uuid != placeholder_uuid(d.node, d.index)}
+
+        def cancel_quietly(job_id: str) -> None:
+            try:
+                cancel(job_id)
+            except SlurmUnavailable as exc:
+                self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
+
+        reconcile_jobs(jobs, store.leases(), hub_id(store), lambda node, index: by_place.get((node, index)),
+                       store.adopt, cancel_quietly, submitted_before=PROCESS_STARTED)
+
+    def gpu_policy_store(self) -> AllocationStore:
+        # Called from inside reconcile too, where asking for the policy returns at once (policy.reconcile).
+        return self.gpu_policy.store
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._job_node = state.get("slurm_node", "")
+
+    def get_state(self):
+        state = super().get_state()
+        if getattr(self, "_job_node", ""):
+            state["slurm_node"] = self._job_node
+        return state
+
+
+_inventories: dict[str, DeviceInventory] = {}
+# Jobs submitted after this are this process's own spawns, never orphans of an earlier hub.
+PROCESS_STARTED = time.time()
+_jobs_cache: tuple[float, list] = (0.0, [])
+
+
+def recent_jobs(max_age: float = 2.0) -> list:
+    """Slurm's job list, read at most every ``max_age`` s (reconcile asks once per lease)."""
+    global _jobs_cache
+    at, jobs = _jobs_cache
+    if time.monotonic() - at > max_age:
+        jobs = list_jobs()
+        _jobs_cache = (time.monotonic(), jobs)
+    return jobs

@@ -1,0 +1,157 @@
+"""Reservations as stored: the ``gpu_reservations`` table, parsing a request, creating one safely.
+
+The hub's placement, the workbench service's enforcer (preemption) and its
+REST API all read this one table, so what an admin reserved is what is
+enforced. A new reservation is checked (``reservations.check_feasible``)
+inside the write transaction that stores it, against every reservation that
+transaction sees: two admins cannot together over-book the inventory.
+Anything refused raises ``ReservationError`` with a sentence, and nothing
+is written.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime, tzinfo
+from typing import Any, Mapping
+
+from sqlalchemy import Boolean, DateTime, Float, Integer, String, delete, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from workbench_spawner.rules.quota import MAX_GPUS_LIMIT, MODEL_PATTERN
+from workbench_spawner.rules.reservations import (
+    DEFAULT_GRACE_MINUTES,
+    DEFAULT_WARN_MINUTES,
+    MAX_MINUTES,
+    Reservation,
+    ReservationError,
+    check_feasible,
+    parse_window,
+)
+from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+
+MAX_GROUP = 255
+FIELDS = ("group", "gpus", "model", "window", "grace_minutes", "preempt", "warn_minutes")
+
+
+class ReservationRow(Base):
+    __tablename__ = "gpu_reservations"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    group: Mapped[str] = mapped_column(String(255), index=True)
+    gpus: Mapped[int] = mapped_column(Integer)
+    model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    window: Mapped[str] = mapped_column(String(64))
+    grace_minutes: Mapped[float] = mapped_column(Float)
+    preempt: Mapped[bool] = mapped_column(Boolean, default=False)
+    warn_minutes: Mapped[float] = mapped_column(Float)
+    created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_by: Mapped[str] = mapped_column(String(255), default="")
+
+
+@dataclass(frozen=True)
+class StoredReservation:
+    reservation: Reservation
+    created: datetime
+    created_by: str
+
+    def to_json(self) -> dict[str, Any]:
+        r = self.reservation
+        return {"id": r.id, "group": r.group, "gpus": r.gpus, "model": r.model, "window": r.window.text(),
+                "weekly": r.window.weekly, "grace_minutes": r.grace_minutes, "preempt": r.preempt,
+                "warn_minutes": r.warn_minutes, "created": self.created.isoformat(), "created_by": self.created_by}
+
+
+def _minutes(body: Mapping[str, Any], key: str, default: float) -> float:
+    value = body.get(key, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ReservationError(f"{key} must be a number of minutes, not {value!r}")
+    if not 0 <= value <= MAX_MINUTES:
+        raise ReservationError(f"{key} must be between 0 and {MAX_MINUTES:g} minutes, not {value:g}")
+    return float(value)
+
+
+def parse_reservation(body: Any, models: list[str]) -> Reservation:
+    """A reservation from a JSON body (the REST API and the CLI send the same one)."""
+    if not isinstance(body, dict):
+        raise ReservationError('the body must be a JSON object such as {"group": "ml-course", "gpus": 8, '
+                               '"window": "Tue 10:00-12:00"}')
+    unknown = sorted(set(body) - set(FIELDS))
+    if unknown:
+        raise ReservationError(f"unknown field(s) {', '.join(unknown)}; a reservation has {', '.join(FIELDS)}")
+    group = body.get("group")
+    if not isinstance(group, str) or not group.strip() or len(group) > MAX_GROUP:
+        raise ReservationError("group must be the name of a JupyterHub group (1 to 255 characters)")
+    gpus = body.get("gpus")
+    if isinstance(gpus, bool) or not isinstance(gpus, int):
+        raise ReservationError(f"gpus must be a whole number of GPUs, not {gpus!r}")
+    if not 1 <= gpus <= MAX_GPUS_LIMIT:
+        raise ReservationError(f"gpus must be between 1 and {MAX_GPUS_LIMIT}, not {gpus}")
+    model = body.get("model")
+    if model is not None:
+        if not isinstance(model, str) or not MODEL_PATTERN.match(model):
+            raise ReservationError(f"model must be a GPU model name such as H100-80GB, not {model!r}")
+        known = {m.lower(): m for m in models}
+        if model.lower() not in known:
+            raise ReservationError(f"this hub has no {model} GPUs; its models are {', '.join(models) or 'none'}")
+        model = known[model.lower()]
+    window = body.get("window")
+    if isinstance(window, str) and len(window) > 64:
+        raise ReservationError("the window is too long: write e.g. \"Tue 10:00-12:00\" (at most 64 characters)")
+    preempt = body.get("preempt", False)
+    if not isinstance(preempt, bool):
+        raise ReservationError(f"preempt must be true or false, not {preempt!r}")
+    return Reservation(
+        group=group, gpus=gpus, window=parse_window(window), model=model,
+        grace_minutes=_minutes(body, "grace_minutes", DEFAULT_GRACE_MINUTES), preempt=preempt,
+        warn_minutes=_minutes(body, "warn_minutes", DEFAULT_WARN_MINUTES))
+
+
+def _from_row(row: ReservationRow) -> StoredReservation:
+    res = Reservation(group=row.group, gpus=row.gpus, window=parse_window(row.window), model=row.model,
+                      grace_minutes=row.grace_minutes, preempt=bool(row.preempt), warn_minutes=row.warn_minutes,
+                      id=row.id)
+    return StoredReservation(res, _aware(row.created), row.created_by or "")
+
+
+class ReservationBook:
+    """Create, list and delete reservations; each call one transaction (blocking: use a worker thread)."""
+
+    def __init__(self, store: AllocationStore):
+        self.store = store
+
+    def all(self) -> list[StoredReservation]:
+        with self.store.reads()() as session:
+            return [_from_row(r) for r in session.scalars(select(ReservationRow).order_by(ReservationRow.id))]
+
+    def reservations(self) -> list[Reservation]:
+        return [s.reservation for s in self.all()]
+
+    def open_at(self, now: datetime, tz: tzinfo) -> list[Reservation]:
+        """The reservations whose window is open at ``now`` (in the hub's zone ``tz``)."""
+        return [r for r in self.reservations() if r.window.current(now, tz) is not None]
+
+    def get(self, rid: int) -> StoredReservation | None:
+        with self.store.reads()() as session:
+            row = session.get(ReservationRow, rid)
+            return _from_row(row) if row is not None else None
+
+    def create(self, res: Reservation, inventory: Mapping[str, int], now: datetime, tz: tzinfo,
+               by: str = "") -> StoredReservation:
+        """Store ``res`` if it fits beside every other; else ReservationError and nothing stored."""
+        with self.store.writes().begin() as session:
+            existing = [_from_row(r).reservation for r in session.scalars(select(ReservationRow))]
+            check_feasible(res, existing, inventory, now, tz)
+            row = ReservationRow(group=res.group, gpus=res.gpus, model=res.model, window=res.window.text(),
+                                 grace_minutes=res.grace_minutes, preempt=res.preempt,
+                                 warn_minutes=res.warn_minutes, created=utcnow(), created_by=by[:255])
+            session.add(row)
+            session.flush()
+            return _from_row(row)
+
+    def delete(self, rid: int) -> bool:
+        with self.store.writes().begin() as session:
+            return session.execute(delete(ReservationRow).where(ReservationRow.id == rid)).rowcount > 0

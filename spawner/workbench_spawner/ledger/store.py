@@ -1,0 +1,319 @@
+"""The allocation store: which server holds which GPU, kept in one database.
+
+The database, not any process's memory, is the source of truth. Every
+allocation is one transaction, and a unique constraint on (gpu_uuid, slot)
+means two spawns can never hold the same GPU slot even if two hub processes
+race on PostgreSQL. On SQLite a write transaction starts with BEGIN
+IMMEDIATE, so writers queue instead of failing; reads go through a second
+engine whose transactions are deferred, so with WAL a read never waits for a
+writer and never blocks one. Released leases move to a usage ledger, which
+quotas on GPU-hours read later.
+
+Every lease names the **node** its GPUs are on (the host name on a single
+host, the Slurm node on a cluster), so the fleet view, metrics and ledger can
+tell two nodes' GPU 0 apart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable, Iterable, Sequence
+
+from sqlalchemy import (
+    DateTime,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    delete,
+    event,
+    select,
+)
+from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class LeaseRow(Base):
+    """One GPU slot held by one user server."""
+
+    __tablename__ = "gpu_leases"
+    __table_args__ = (UniqueConstraint("gpu_uuid", "slot", name="one_holder_per_slot"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(128), index=True)
+    slot: Mapped[int] = mapped_column(Integer, default=0)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255), default="")
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    # What the backend needs to find the server again: a pid, a container id.
+    ref: Mapped[str] = mapped_column(String(255), default="")
+    node: Mapped[str] = mapped_column(String(255), default="")
+    # The user's JupyterHub groups when the lease began (a JSON list):
+    # reservations count what their members hold, in the hub and the service alike.
+    groups: Mapped[str] = mapped_column(Text, default="[]")
+
+
+class UsageRow(Base):
+    """A finished lease: the ledger behind GPU-hour budgets."""
+
+    __tablename__ = "gpu_usage"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    gpu_uuid: Mapped[str] = mapped_column(String(128))
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255), default="")
+    started: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    ended: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
+    reason: Mapped[str] = mapped_column(String(64), default="")
+    node: Mapped[str] = mapped_column(String(255), default="")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """The GPUs one server holds."""
+
+    user: str
+    server: str
+    gpu_uuids: tuple[str, ...]
+    since: datetime
+    ref: str = ""
+    node: str = ""
+    groups: tuple[str, ...] = ()
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _aware(value: datetime) -> datetime:
+    # SQLite hands datetimes back without a zone; they were stored in UTC.
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def make_engine(url: str, *, readonly: bool = False):
+    """An engine that is safe to share between threads and processes.
+
+    ``readonly`` engines (SQLite) open deferred transactions: with WAL a
+    reader sees the last commit and takes no lock a writer waits for.
+    """
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            # Let pysqlite leave transactions to us, so BEGIN IMMEDIATE is ours.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            # In WAL mode a crash may lose the last commits, never the database.
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+class AllocationStore:
+    """Allocate, release and list GPU leases, each call one transaction."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.engine = make_engine(url)
+        # Bring the schema to the newest revision (Alembic); a database made
+        # by an older create_all is adopted by the first revision.
+        from workbench_spawner.ledger.migrations import upgrade
+
+        upgrade(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.read_engine = make_engine(url, readonly=True) if url.startswith("sqlite") else self.engine
+        self._reads = sessionmaker(self.read_engine, expire_on_commit=False)
+
+    def writes(self) -> sessionmaker:
+        """Sessions for transactions that change something (BEGIN IMMEDIATE on SQLite)."""
+        return self._sessions
+
+    def reads(self) -> sessionmaker:
+        """Sessions for reads only: they never take the write lock."""
+        return self._reads
+
+    # -- writes -------------------------------------------------------------
+
+    def allocate(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        candidates: Sequence[str],
+        slots_per_gpu: int = 1,
+        retries: int = 20,
+        node: str = "",
+        groups: Sequence[str] = (),
+        choose: Callable[[list[str], list[Lease]], list[str]] | None = None,
+    ) -> Lease | None:
+        """Give ``user``/``server`` ``count`` distinct GPUs from ``candidates``.
+
+        Returns None when not enough are free; never a partial allocation.
+        Any lease the same server still held is replaced, because a server that
+        is starting cannot also be running. ``choose(free, leases)``, if
+        given, narrows the free GPUs (in preference order) inside the same
+        transaction, from the leases that transaction sees: reservations
+        are enforced there, so two spawns can never both take the last GPU
+        a reservation keeps.
+        """
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        for attempt in range(retries):
+            try:
+                with self._sessions.begin() as session:
+                    self._delete_lease(session, user, server, reason="replaced")
+                    taken: dict[str, set[int]] = {}
+                    for row in session.scalars(select(LeaseRow)):
+                        taken.setdefault(row.gpu_uuid, set()).add(row.slot)
+                    order = {uuid: i for i, uuid in enumerate(candidates)}
+                    free = [u for u in candidates if len(taken.get(u, ())) < slots_per_gpu]
+                    if len(free) < count:
+                        return None
+                    # Least-shared GPUs first, then inventory order.
+                    free.sort(key=lambda u: (len(taken.get(u, ())), order[u]))
+                    if choose is not None:
+                        free = choose(free, _group(session.scalars(select(LeaseRow).order_by(LeaseRow.id))))
+                        if len(free) < count:
+                            return None
+                    now = utcnow()
+                    chosen = free[:count]
+                    for uuid in chosen:
+                        slot = min(set(range(slots_per_gpu)) - taken.get(uuid, set()))
+                        session.add(LeaseRow(gpu_uuid=uuid, slot=slot, user=user, server=server, since=now,
+                                             node=node, groups=json.dumps(list(groups))))
+                return Lease(user, server, tuple(chosen), now, node=node, groups=tuple(groups))
+            except (IntegrityError, OperationalError):
+                # Another writer won the race for a slot (PostgreSQL) or the
+                # database was busy for longer than busy_timeout: try again.
+                time.sleep(0.01 * (attempt + 1))
+        raise RuntimeError(f"could not allocate GPUs for {user}/{server}: the database stayed contended")
+
+    def adopt(self, user: str, server: str, gpu_uuids: Sequence[str], ref: str, since: datetime | None = None,
+              node: str = "", groups: Sequence[str] = ()) -> bool:
+        """Record a lease for GPUs placed outside this store: a server found
+        running without one (after a lost database row), or a job an engine
+        such as Slurm placed. Refused, with no change, if any of its GPUs is
+        held by someone else now. ``groups`` as in ``allocate``."""
+        try:
+            with self._sessions.begin() as session:
+                taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
+                if taken & set(gpu_uuids):
+                    return False
+                for uuid in gpu_uuids:
+                    session.add(LeaseRow(gpu_uuid=uuid, slot=0, user=user, server=server,
+                                         since=since or utcnow(), ref=ref, node=node,
+                                         groups=json.dumps(sorted(groups))))
+            return True
+        except IntegrityError:
+            return False
+
+    def release(self, user: str, server: str, reason: str = "stopped") -> tuple[str, ...]:
+        """Free whatever ``user``/``server`` holds; safe to call twice."""
+        with self._sessions.begin() as session:
+            return self._delete_lease(session, user, server, reason)
+
+    def set_ref(self, user: str, server: str, ref: str) -> None:
+        with self._sessions.begin() as session:
+            for row in session.scalars(select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server)):
+                row.ref = ref
+
+    def _delete_lease(self, session: Session, user: str, server: str, reason: str) -> tuple[str, ...]:
+        rows = list(session.scalars(select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server)))
+        if not rows:
+            return ()
+        now = utcnow()
+        for row in rows:
+            session.add(
+                UsageRow(
+                    gpu_uuid=row.gpu_uuid,
+                    user=row.user,
+                    server=row.server,
+                    started=_aware(row.since),
+                    ended=now,
+                    reason=reason[:64],
+                    node=row.node or "",
+                )
+            )
+        session.execute(delete(LeaseRow).where(LeaseRow.id.in_([r.id for r in rows])))
+        return tuple(r.gpu_uuid for r in rows)
+
+    # -- reads --------------------------------------------------------------
+
+    def leases(self) -> list[Lease]:
+        with self._reads() as session:
+            rows = list(session.scalars(select(LeaseRow).order_by(LeaseRow.id)))
+        return _group(rows)
+
+    def lease_of(self, user: str, server: str) -> Lease | None:
+        with self._reads() as session:
+            rows = list(
+                session.scalars(
+                    select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server).order_by(LeaseRow.id)
+                )
+            )
+        leases = _group(rows)
+        return leases[0] if leases else None
+
+    def holders(self) -> dict[str, list[tuple[str, str]]]:
+        """GPU UUID -> [(user, server), ...] for every held slot."""
+        result: dict[str, list[tuple[str, str]]] = {}
+        for lease in self.leases():
+            for uuid in lease.gpu_uuids:
+                result.setdefault(uuid, []).append((lease.user, lease.server))
+        return result
+
+    def usage(self, since: datetime | None = None, user: str | None = None) -> list[UsageRow]:
+        with self._reads() as session:
+            query = select(UsageRow).order_by(UsageRow.id)
+            if since is not None:
+                query = query.where(UsageRow.ended >= since)
+            if user is not None:
+                query = query.where(UsageRow.user == user)
+            return list(session.scalars(query))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+        self.read_engine.dispose()
+
+
+def _groups(text: str | None) -> tuple[str, ...]:
+    try:
+        value = json.loads(text or "[]")
+    except ValueError:
+        return ()
+    return tuple(str(g) for g in value) if isinstance(value, list) else ()
+
+
+def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
+    grouped: dict[tuple[str, str], list[LeaseRow]] = {}
+    for row in rows:
+        grouped.setdefault((row.user, row.server), []).append(row)
+    return [
+        Lease(
+            user=user,
+            server=server,
+            gpu_uuids=tuple(r.gpu_uuid for r in group),
+            since=_aware(min(r.since for r in group)),
+            ref=group[0].ref,
+            node=group[0].node or "",
+            groups=_groups(group[0].groups),
+        )
+        for (user, server), group in grouped.items()
+    ]

@@ -1,0 +1,235 @@
+"""Placement: which GPUs on which node an admitted request gets.
+
+Two kinds of backend place differently. On one host we place: a transaction
+in the GPU database picks free GPUs, and a first-come, first-served wait list
+holds the rest (``HostAllocator``, for the local and docker backends), in
+the order ``queue_order`` says (first come, first served, or fair share),
+and reservations are enforced inside the allocating transaction: a
+non-member gets only GPUs that leave what a reservation keeps. On an
+engine such as Slurm the engine places, and the backend learns the node and
+GPUs back; its queue is the wait. Both end in the same place: a ``Lease`` in
+the ledger (``AllocationStore``), which the fleet view, metrics, GPU-hours
+and reconcile read. ``Placement`` is that small common interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from abc import ABC, abstractmethod
+from datetime import timezone, tzinfo
+from typing import Callable, Hashable, Sequence
+
+from workbench_devices import DeviceInventory
+
+from workbench_spawner.policy.clock import Clock, real_now
+from workbench_spawner.rules.queue_order import REJOIN_MINUTES
+from workbench_spawner.rules.quota import gpu_hours_used
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.rules.reservations import Holding, Reservation, demand_by_group, gpus_text, is_member, remaining_needs, reserved_now, \
+    takeable
+from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
+
+log = logging.getLogger("workbench.placement")
+
+# report(ahead, why): how many are ahead, and in fair-share mode why ("" otherwise).
+Report = Callable[..., None]
+
+
+def _nothing(ahead: int, why: str = "") -> None:
+    return None
+
+
+def holdings(leases: Sequence[Lease]) -> list[Holding]:
+    return [Holding(l.user, l.server, l.gpu_uuids, frozenset(l.groups), l.since) for l in leases]
+
+
+class NoGPUAvailable(Exception):
+    """Nothing could be placed within the wait; str(err) is meant for the user."""
+
+
+class Placement(ABC):
+    """Turns an admitted request into a lease in the ledger, waiting if it must."""
+
+    def __init__(self, store: AllocationStore):
+        self.store = store
+
+    @abstractmethod
+    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
+                    report: Report = _nothing, groups: Sequence[str] = ()) -> Lease:
+        """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailable after ``timeout`` s.
+
+        ``groups``: the user's JupyterHub groups (reservations let members in)."""
+
+    def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
+        """End the lease (the ledger keeps it); blocking, so call it from a worker thread."""
+        released = self.store.release(user, server, reason)
+        if released:
+            log.info("Released GPU(s) %s of %s/%s (%s)", ", ".join(released), user, server or "default", reason)
+            self.released()
+        return released
+
+    def released(self) -> None:
+        """Hook: GPUs came free (wake whoever waits). Called from any thread."""
+
+    def waiting(self) -> int:
+        """Requests waiting for GPUs now."""
+        return 0
+
+    def waiting_by_group(self) -> dict[str, int]:
+        """GPUs that members of each group wait for now (reservations count them as members' demand)."""
+        return {}
+
+
+class HostAllocator(Placement):
+    """Our own placement on one host: a database transaction plus an ordered wait list.
+
+    ``clock`` is the hub's clock for reservations (a test clock may jump);
+    ``queue_clock`` the wait list's (monotonic seconds: waits, the aging
+    bound, the queue timeout). A simulation passes simulated ones for both.
+    """
+
+    def __init__(self, store: AllocationStore, inventory: DeviceInventory, node: str,
+                 slots_per_gpu: int = 1, recheck_interval: float = 2.0, queue_order: str = "fifo",
+                 aging_minutes: float = 30.0, tz: tzinfo | None = None, clock: Clock = real_now,
+                 queue_clock: Callable[[], float] = time.monotonic, rejoin_minutes: float = REJOIN_MINUTES):
+        super().__init__(store)
+        self.inventory = inventory
+        self.node = node
+        self.slots_per_gpu = max(1, slots_per_gpu)
+        self.queue_order = queue_order
+        self.waitlist: WaitList[Lease] = WaitList(recheck_interval, queue_order, aging_minutes, clock=queue_clock,
+                                                  rejoin_minutes=rejoin_minutes)
+        self.reservations = ReservationBook(store)
+        self.tz = tz
+        self.clock = clock
+        self.models = {d.uuid: d.model for d in inventory.devices}
+        # key -> (groups, count) of every request waiting now (members waiting count as "asked").
+        self._asking: dict[str, tuple[frozenset[str], int]] = {}
+        # key -> (model, groups) of every request waiting now: its class is computed from them.
+        self._requests: dict[str, tuple[str | None, frozenset[str]]] = {}
+        # The ids of the reservations open at the last look (a try or a join reads them anyway).
+        self._open_ids: frozenset[int] | None = None
+        self._reads = itertools.count()  # numbers each reservation read as it begins (_saw_open)
+        self._newest_read = -1
+
+    def candidates(self, model: str | None) -> list[str]:
+        return [d.uuid for d in self.inventory.devices if model is None or d.model == model]
+
+    def waiting_by_group(self) -> dict[str, int]:
+        return demand_by_group(self._asking.values())
+
+    def active_reservations(self) -> list[Reservation]:
+        """Reservations whose window is open now (reads the database: call from a thread)."""
+        return self.reservations.open_at(self.clock(), self.tz or timezone.utc)
+
+    @staticmethod
+    def wait_class(model: str | None, groups: Sequence[str], active: Sequence[Reservation]) -> Hashable:
+        """A waiting request's class (waitlist.py): its model and the open reservations it may use."""
+        return (model, frozenset(r.id for r in active if is_member(r, groups)))
+
+    def _saw_open(self, active: Sequence[Reservation], read: int) -> None:
+        """Called on the loop's thread with the reservations a try or a join just read: when the set of
+        open windows changed, every waiting request gets its class again (a member who joined before the
+        window opened is no longer stuck behind non-members). ``read`` numbers the reads in the order
+        they began: reads run in worker threads, and an older one that lands last is ignored."""
+        if read < self._newest_read:
+            return
+        self._newest_read = read
+        ids = frozenset(r.id for r in active)
+        if ids == self._open_ids:
+            return
+        self._open_ids = ids
+
+        def classify(ticket: Ticket) -> Hashable:
+            model, groups = self._requests.get(ticket.key, (None, frozenset()))
+            return self.wait_class(model, groups, active) if ticket.key in self._requests else ticket.cls
+
+        changed = self.waitlist.reclassify(classify)
+        if changed:
+            log.info("Reservations open now: %s; %d waiting request(s) changed class",
+                     ", ".join(f"{r.group} (#{r.id})" for r in active) or "none", changed)
+
+    def choose(self, groups: Sequence[str], count: int, active: Sequence[Reservation]):
+        """The in-transaction filter: the free GPUs this user may take under ``active`` reservations."""
+
+        def pick(free: list[str], leases: list[Lease]) -> list[str]:
+            if not active:
+                return free
+            needs = remaining_needs(active, holdings(leases), self.models, self.clock(), self.tz or timezone.utc,
+                                    self.waiting_by_group(), exclude_groups=groups)
+            return takeable(free, self.models, count, needs)
+
+        return pick
+
+    def reserved_lines(self, groups: Sequence[str], only_others: bool = False) -> list[str]:
+        """What the open reservations hold for their members now, one sentence each (reads the DB).
+
+        After a grace period that is what members hold or wait for, not the
+        whole reservation (``reservations.reserved_now``)."""
+        active = [r for r in self.active_reservations() if not (only_others and is_member(r, groups))]
+        if not active:
+            return []  # the usual case: no lease read
+        return reserved_now(active, self.clock(), self.tz or timezone.utc, self.inventory.count_by_model(), groups,
+                            holdings=holdings(self.store.leases()), models=self.models,
+                            waiting=self.waiting_by_group())
+
+    def reserved_note(self, groups: Sequence[str]) -> str:
+        """"; 3 of 4 GPUs reserved for ml-course until 12:00" for reservations the user is not in (reads the DB)."""
+        return "".join(f"; {line}" for line in self.reserved_lines(groups, only_others=True))
+
+    def free_count(self, model: str | None = None) -> int:
+        """GPUs a new server could get right now (reads the database: call from a thread)."""
+        holders = self.store.holders()
+        return sum(1 for uuid in self.candidates(model) if len(holders.get(uuid, [])) < self.slots_per_gpu)
+
+    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
+                    report: Report = _nothing, groups: Sequence[str] = ()) -> Lease:
+        candidates = self.candidates(model)
+        groups = tuple(groups)
+        key = f"{user}/{server}"
+
+        def take() -> tuple[Lease | None, list[Reservation]]:
+            active = self.active_reservations()
+            return self.store.allocate(user, server, count, candidates, self.slots_per_gpu, node=self.node,
+                                       groups=groups, choose=self.choose(groups, count, active)), active
+
+        def join() -> tuple[float, list[Reservation]]:
+            hours = gpu_hours_used(self.store, user) if self.queue_order == "fair-share" else 0.0
+            return hours, self.active_reservations()
+
+        async def try_take() -> Lease | None:
+            read = next(self._reads)
+            lease, active = await asyncio.to_thread(take)
+            self._saw_open(active, read)
+            return lease
+
+        read = next(self._reads)
+        hours, active = await asyncio.to_thread(join)
+        self._saw_open(active, read)
+        # The class: the model and the open reservations this user may use (waitlist.py).
+        cls = self.wait_class(model, groups, active)
+        self._asking[key] = (frozenset(groups), count)
+        self._requests[key] = (model, frozenset(groups))
+        try:
+            return await self.waitlist.wait_for(key, count, try_take, timeout, report, user=user,
+                                                gpu_hours=hours, cls=cls)
+        except WaitTimeout:
+            free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
+            raise NoGPUAvailable(
+                f"No {gpus_text(count, model)} became free within {timeout:g} seconds "
+                f"({free} free now, {len(self.waitlist.waiting())} still waiting{note}). "
+                "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
+            ) from None
+        finally:
+            self._asking.pop(key, None)
+            self._requests.pop(key, None)
+
+    def released(self) -> None:
+        self.waitlist.notify()
+
+    def waiting(self) -> int:
+        return len(self.waitlist.waiting())

@@ -1,0 +1,280 @@
+"""The wait list for spawns that find no free GPU: first come, first served, or fair share.
+
+The list is kept in serving order (``queue_order``: ``fifo`` by arrival,
+``fair-share`` by GPU-hours used with an aging bound). Only the spawn at the
+head of its **class** may take GPUs, so a stream of small requests cannot
+starve a large one. A class is what a request may take under the active
+reservations (members of a reserved group vs everyone else, and the model):
+a non-member held back by a reservation must not block a member behind it
+who may take a reserved GPU, so a request may also try when everything
+ahead of it is of another class and found nothing on its last try. Classes
+change when reservation windows open or close: the caller hands the new
+ones in with ``reclassify``. Everyone else is told how many are ahead of
+them, and in fair-share mode why.
+
+**Arrival across retries.** A spawn refused at the queue timeout, or
+cancelled, is remembered (per key, i.e. user and server) for
+``rejoin_minutes`` (``queue_order.REJOIN_MINUTES``, 15): a new wait for the
+same key within that time keeps the arrival of the first one, so the aging
+bound counts the whole time the user has been asking. Being served forgets
+it.
+
+**Wake-ups.** A release in this hub wakes every waiter at once (``notify``);
+so do a waiter leaving, a fruitless try and a class change, since each may
+let someone else try. A waiter that may try also looks again every
+``recheck_interval`` seconds, which covers what the hub does not see:
+releases by another process, a reservation's grace period ending. The others
+only need to look when they are woken, when the order changes by itself (a
+request reaching the aging bound) and at their deadline; they also look every
+``idle_recheck_interval`` as a safety net. The order, who may try and every
+reason are computed once per change of the line and shared by all waiters,
+so a wake-up costs the same however long the line is.
+
+Releases happen in worker threads (the database write runs in
+``asyncio.to_thread``), and asyncio objects may only be touched from their
+own loop's thread, so ``notify`` hands each wake-up to the waiter's loop with
+``call_soon_threadsafe`` instead of setting the event itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+
+from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, REJOIN_MINUTES, Waiting, explain_all, sort_key
+
+T = TypeVar("T")
+Report = Callable[[int, str], None]
+
+
+class WaitTimeout(Exception):
+    """Nothing became free before the deadline."""
+
+
+@dataclass(eq=False)
+class Ticket:
+    key: str
+    count: int
+    joined: float = field(default_factory=time.monotonic)
+    user: str = ""
+    gpu_hours: float = 0.0
+    # What this request may take under the active reservations (see the module docstring).
+    cls: Hashable = ()
+    # The release generation its last fruitless try saw (-1: none yet).
+    failed_gen: int = -1
+
+    def as_waiting(self) -> Waiting:
+        return Waiting(self.key, self.user or self.key, self.joined, self.gpu_hours)
+
+
+@dataclass
+class _Line:
+    """The line as of one change: order, who may try, reasons (computed lazily)."""
+
+    version: int
+    valid_until: float  # the clock time at which the order changes by itself (aging)
+    ordered: list[Ticket]
+    index: dict[int, int]
+    trying: set[int]
+    reasons: list[str] | None = None
+
+
+class WaitList(Generic[T]):
+    def __init__(self, recheck_interval: float = 2.0, mode: str = "fifo",
+                 aging_minutes: float = DEFAULT_AGING_MINUTES, clock: Callable[[], float] = time.monotonic,
+                 rejoin_minutes: float = REJOIN_MINUTES, idle_recheck_interval: float | None = None):
+        self.recheck_interval = recheck_interval
+        self.idle_recheck_interval = (10 * recheck_interval if idle_recheck_interval is None
+                                      else idle_recheck_interval)
+        self.mode = mode
+        self.aging_minutes = aging_minutes
+        self.rejoin_minutes = rejoin_minutes
+        self.clock = clock
+        self._tickets: list[Ticket] = []
+        self._wakers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self._wakers_lock = threading.Lock()
+        # Bumped by every release: a ticket whose last try saw the current
+        # generation is stuck until something comes free.
+        self._generation = 0
+        # Bumped by every change of the line (join, leave, failed try, release, class).
+        self._version = 0
+        self._line: _Line | None = None
+        # key -> (first arrival, when its last wait ended unserved): see "Arrival across retries".
+        self._asked: dict[str, tuple[float, float]] = {}
+
+    # -- the line -------------------------------------------------------------------
+
+    def _current(self) -> _Line:
+        now = self.clock()
+        line = self._line
+        version = self._version
+        if line is not None and line.version == version and now < line.valid_until:
+            return line
+        aging = self.aging_minutes * 60.0
+        tickets = list(self._tickets)
+        ordered = sorted(tickets, key=lambda t: sort_key(t.as_waiting(), self.mode, now, aging))
+        valid_until = math.inf
+        if self.mode == "fair-share":
+            # The next instant a ticket reaches the bound; never "now" itself (rounding), so time moves on.
+            valid_until = max(now + 1e-6, min((t.joined + aging for t in tickets if now - t.joined < aging),
+                                              default=math.inf))
+        trying: set[int] = set()
+        seen: set = set()
+        all_stuck = True
+        generation = self._generation
+        for t in ordered:
+            # May try: everything ahead is of another class and stuck at this generation.
+            if all_stuck and t.cls not in seen:
+                trying.add(id(t))
+            seen.add(t.cls)
+            all_stuck = all_stuck and t.failed_gen == generation
+        self._line = _Line(version, valid_until, ordered, {id(t): i for i, t in enumerate(ordered)}, trying)
+        if line is not None and line.version == version and (line.ordered != ordered or line.trying != trying):
+            self._poke()  # only the clock moved the order: everyone's place may have changed
+        return self._line
+
+    def _changed(self) -> None:
+        with self._wakers_lock:  # notify() bumps it from other threads
+            self._version += 1
+
+    def waiting(self) -> list[Ticket]:
+        """The tickets in serving order."""
+        return list(self._current().ordered)
+
+    def position(self, ticket: Ticket) -> int:
+        """How many tickets are ahead of this one."""
+        return self._current().index[id(ticket)]
+
+    def may_try(self, ticket: Ticket) -> bool:
+        """First in line, or everything ahead is of another class and stuck."""
+        return id(ticket) in self._current().trying
+
+    def why(self, ticket: Ticket) -> str:
+        """Why this ticket is where it is ("" in fifo mode)."""
+        line = self._current()
+        if line.reasons is None:
+            line.reasons = explain_all([t.as_waiting() for t in line.ordered], self.mode, self.clock(),
+                                       self.aging_minutes)
+        return line.reasons[line.index[id(ticket)]]
+
+    def reclassify(self, classify: Callable[[Ticket], Hashable]) -> int:
+        """Give every waiting ticket its class again (reservations opened or closed); wakes them if any
+        changed. Call it on the loop's thread. Returns how many changed."""
+        changed = 0
+        for t in list(self._tickets):
+            cls = classify(t)
+            if cls != t.cls:
+                t.cls = cls
+                changed += 1
+        if changed:
+            self._changed()
+            self._poke()
+        return changed
+
+    # -- wake-ups ---------------------------------------------------------------------
+
+    def notify(self) -> None:
+        """Something was released: let the head try again.
+
+        Safe to call from any thread."""
+        with self._wakers_lock:
+            self._generation += 1
+            self._version += 1
+        self._poke()
+
+    def _poke(self) -> None:
+        """Wake every waiter to look again (the order or who may try changed; nothing came free)."""
+        with self._wakers_lock:
+            wakers = list(self._wakers)
+        for loop, event in wakers:
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that loop is closed: nobody is waiting on it any more
+                pass
+
+    def _join(self, ticket: Ticket) -> None:
+        now = self.clock()
+        window = self.rejoin_minutes * 60.0
+        for key, (_, left) in list(self._asked.items()):
+            if now - left > window:
+                del self._asked[key]
+        remembered = self._asked.pop(ticket.key, None)
+        if remembered is not None:
+            ticket.joined = min(ticket.joined, remembered[0])
+        self._tickets.append(ticket)
+        self._changed()
+
+    def _leave(self, ticket: Ticket, served: bool) -> None:
+        self._tickets.remove(ticket)
+        if not served:
+            self._asked[ticket.key] = (ticket.joined, self.clock())
+        self._changed()
+        self._poke()
+
+    async def wait_for(
+        self,
+        key: str,
+        count: int,
+        try_take: Callable[[], Awaitable[T | None]],
+        timeout: float,
+        report: Report = lambda ahead, why="": None,
+        user: str = "",
+        gpu_hours: float = 0.0,
+        cls: Hashable = (),
+    ) -> T:
+        """Take GPUs via ``try_take`` when this ticket may try (``may_try``) and it succeeds.
+
+        ``report(ahead, why)`` is called whenever the number ahead or the
+        reason changes, and once when the ticket starts waiting. Raises
+        WaitTimeout after ``timeout`` seconds; a cancelled wait leaves the
+        list cleanly. Either way the key's first arrival is remembered for
+        ``rejoin_minutes`` (the module docstring).
+        """
+        ticket = Ticket(key, count, self.clock(), user=user, gpu_hours=gpu_hours, cls=cls)
+        loop = asyncio.get_running_loop()
+        self._join(ticket)
+        deadline = self.clock() + timeout
+        last_reported: tuple[int, str] | None = None
+        served = False
+        try:
+            while True:
+                # Registered before looking, so a release during try_take is not missed.
+                waker = (loop, asyncio.Event())
+                with self._wakers_lock:
+                    self._wakers.add(waker)
+                try:
+                    if self.may_try(ticket):
+                        generation = self._generation
+                        result = await try_take()
+                        if result is not None:
+                            served = True
+                            return result
+                        if ticket.failed_gen != generation:
+                            ticket.failed_gen = generation
+                            self._changed()
+                            self._poke()  # those behind of another class may try now
+                    ahead = self.position(ticket)
+                    why = self.why(ticket)
+                    if (ahead, why) != last_reported:
+                        # One-argument reporters (fifo callers of old) still work: why is "" in fifo.
+                        report(ahead, why) if why else report(ahead)
+                        last_reported = (ahead, why)
+                    now = self.clock()
+                    remaining = deadline - now
+                    if remaining <= 0:
+                        raise WaitTimeout(f"no GPU became free within {timeout:g} s")
+                    pause = self.recheck_interval if self.may_try(ticket) else self.idle_recheck_interval
+                    changes_at = self._current().valid_until - now  # the order changes by itself then
+                    try:
+                        await asyncio.wait_for(waker[1].wait(), max(0.0, min(pause, remaining, changes_at)))
+                    except asyncio.TimeoutError:
+                        pass
+                finally:
+                    with self._wakers_lock:
+                        self._wakers.discard(waker)
+        finally:
+            self._leave(ticket, served)

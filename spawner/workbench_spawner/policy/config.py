@@ -1,0 +1,203 @@
+"""The GPU policy's configurable settings, as traits of one small class.
+
+``GPUSpawnerMixin`` inherits them, so operators set them as spawner traits
+(``c.GPUSpawnerMixin.default_max_gpus = 2``, ``c.LocalGPUSpawner.static_gpus``,
+...), exactly as before. They live apart from the spawner because the hub
+resolves them once at start (``settings.publish_policy_settings``) and stores
+them for the workbench service: that needs the values the configured spawner
+class would see, without making a spawner (a spawner needs a user).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
+from workbench_spawner.policy.idle_config import IdlePolicyConfig
+
+
+def default_data_dir() -> str:
+    return os.environ.get("WORKBENCH_DATA_DIR") or os.path.join(os.getcwd(), "data")
+
+
+class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
+    """The settings every part of the GPU policy must agree on; a base of GPUSpawnerMixin."""
+
+    simulated_gpus = Unicode(
+        help="""
+        Pretend these GPUs exist instead of asking NVML, for CI, demos and laptops.
+
+        A count (``"4"``: four H100-80GB) or a list such as
+        ``"2xH100-80GB,2xA100-40GB"``. The simulated devices have stable UUIDs
+        (``GPU-sim-00-h100-80gb``), and every page that shows them says
+        "simulated". Empty (the default) means: use NVML, or run CPU-only
+        servers when no driver is found. Defaults to $WORKBENCH_SIMULATED_GPUS.
+        """,
+    ).tag(config=True)
+
+    @default("simulated_gpus")
+    def _default_simulated_gpus(self):
+        return os.environ.get("WORKBENCH_SIMULATED_GPUS", "")
+
+    static_gpus = List(
+        Dict(),
+        help="""
+        A fixed GPU list for hubs that cannot see the driver (the hub runs on a
+        different machine or in a container without NVIDIA utilities).
+
+        Each entry needs ``uuid`` and ``name``; ``memory_total_bytes``,
+        ``model`` and ``index`` are optional. Example::
+
+            c.LocalGPUSpawner.static_gpus = [
+                {"uuid": "GPU-5f3c...", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB"},
+            ]
+
+        When set, it wins over NVML and ``simulated_gpus``.
+        """,
+    ).tag(config=True)
+
+    gpu_node = Unicode(
+        help="""
+        The node this hub's GPUs are on, recorded on every lease and shown
+        in the fleet view and metrics (``Hostname``). Defaults to this
+        machine's host name; set it when the hub runs in a container whose
+        host name is not the GPU host's.
+        """,
+    ).tag(config=True)
+
+    @default("gpu_node")
+    def _default_gpu_node(self) -> str:
+        return socket.gethostname()
+
+    gpu_db_url = Unicode(
+        help="""
+        SQLAlchemy URL of the database that holds GPU leases and the usage ledger.
+
+        It must survive hub restarts: that is how running servers keep their
+        GPUs. Defaults to $WORKBENCH_DB_URL, else a SQLite file ``workbench.sqlite``
+        in $WORKBENCH_DATA_DIR (``./data``). Use PostgreSQL
+        (``postgresql+psycopg://...``) when several processes share it.
+        """,
+    ).tag(config=True)
+
+    @default("gpu_db_url")
+    def _default_gpu_db_url(self) -> str:
+        if os.environ.get("WORKBENCH_DB_URL"):
+            return os.environ["WORKBENCH_DB_URL"]
+        data_dir = default_data_dir()
+        os.makedirs(data_dir, exist_ok=True)
+        return "sqlite:///" + os.path.join(os.path.abspath(data_dir), "workbench.sqlite")
+
+    servers_per_gpu = Integer(
+        1,
+        min=1,
+        help="""
+        How many servers may share one GPU. 1 (the default) is exclusive mode:
+        a GPU belongs to at most one running server. Larger values time-slice a
+        GPU between several servers, which suits intro courses with small
+        models; the spawn form then marks GPUs as shared.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_timeout = Float(
+        300.0,
+        min=0,
+        help="""
+        Seconds a spawn waits in line for free GPUs before it is refused with
+        a message. Spawns wait first come, first served, and the spawn page
+        shows how many are ahead. 0 refuses at once when nothing is free. A
+        spawn tried again within 15 minutes of its refusal keeps its first
+        arrival (its place in line).
+        """,
+    ).tag(config=True)
+
+    default_max_gpus = Integer(
+        1,
+        min=0,
+        help="""
+        How many GPUs one user may hold at once, over all their servers, when
+        no quota says otherwise. Set it to the inventory size on a trusted
+        single-team machine, or 0 to make servers CPU-only by default.
+        """,
+    ).tag(config=True)
+
+    cpu_servers_allowed = Bool(
+        True,
+        help="""
+        Whether users may start CPU-only servers (``gpus=0``). True (the
+        default) keeps them allowed even when a GPU quota is 0 or a GPU-hours
+        budget is spent, so students can still edit notebooks. Set it to False
+        on a hub that exists only to hand out GPUs. Defaults from
+        $WORKBENCH_CPU_SERVERS in the shipped config.
+        """,
+    ).tag(config=True)
+
+    quota_contact = Unicode(
+        "a hub admin",
+        help="""
+        Who a student should ask for more GPUs; named in every quota refusal,
+        e.g. ``"your course staff (gpu-help@example.edu)"``.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_order = Enum(
+        ["fifo", "fair-share"],
+        default_value="fifo",
+        help="""
+        The order in which waiting spawns get GPUs. ``fifo`` (the default):
+        first come, first served. ``fair-share``: the user with the fewest
+        GPU-hours in the last 7 days first, equal usage by arrival, and a
+        request that waited ``gpu_queue_aging_minutes`` goes ahead of all
+        that did not (nobody starves). Set from $WORKBENCH_QUEUE_ORDER in the
+        shipped config, which stops the hub on any other value.
+        """,
+    ).tag(config=True)
+
+    gpu_queue_aging_minutes = Float(
+        30.0,
+        min=0,
+        help="""
+        Fair share's aging bound: once a request has waited this many minutes,
+        nobody who arrived after it is served before it. Counted from the first
+        time the user asked for this server: a spawn refused at
+        ``gpu_queue_timeout`` and tried again within 15 minutes keeps its first
+        arrival, so the bound holds although the timeout is shorter. Lower it
+        for short classes; 0 makes fair share behave as first come, first served.
+        From $WORKBENCH_QUEUE_AGING_MINUTES in the shipped config.
+        """,
+    ).tag(config=True)
+
+    gpu_time_zone = Unicode(
+        help="""
+        The IANA time zone reservation windows are written in (``Tue 10:00-12:00``
+        means 10:00 there), e.g. ``Europe/Berlin``. Defaults to
+        $WORKBENCH_TIME_ZONE, else $TZ, else /etc/timezone, else UTC.
+        """,
+    ).tag(config=True)
+
+    @default("gpu_time_zone")
+    def _default_gpu_time_zone(self) -> str:
+        from workbench_spawner.policy.clock import default_time_zone
+
+        return os.environ.get("WORKBENCH_TIME_ZONE") or default_time_zone()
+
+    @validate("gpu_time_zone")
+    def _check_gpu_time_zone(self, proposal):
+        from workbench_spawner.policy.clock import ClockError, zone
+
+        try:
+            zone(proposal["value"])
+        except ClockError as exc:
+            raise TraitError(str(exc)) from None
+        return proposal["value"]
+
+    gpu_test_clock_file = Unicode(
+        help="""
+        For tests and demos only: a file holding an ISO instant that
+        reservations and preemption take as "now" (plus the seconds since
+        the file was written), in the hub and the workbench service alike.
+        Empty (the default) uses the real clock. From
+        $WORKBENCH_TEST_CLOCK_FILE in the shipped config; see clock.py.
+        """,
+    ).tag(config=True)

@@ -1,0 +1,218 @@
+"""The GPU policy: admission, placement and the ledger, one per hub process.
+
+Spawner instances are per user server and come and go; the settings, the
+ledger (the allocation store), the quota book and the placement must be
+shared by all of them, so the spawner mixin asks ``shared_policy`` for the
+one instance that matches its settings. Backends never touch the store
+directly: they translate a lease into their runtime's words (environment,
+device requests, a batch job).
+
+Every method that reads or writes the database blocks: the spawner calls
+them through ``asyncio.to_thread`` so the hub's event loop never waits on
+SQL. ``place`` is the one coroutine.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable
+
+from workbench_devices import DeviceInventory, GPUDevice
+
+from workbench_spawner.rules.admission import AdmissionContext
+from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.rules.reservations import reserved_now
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
+from workbench_spawner.rules.quota import QuotaBook, gpu_hours_used
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.ledger.store import AllocationStore, Lease
+
+log = logging.getLogger("workbench.policy")
+
+__all__ = ["GPUPolicy", "GPUStatus", "NoGPUAvailable", "shared_policy"]
+
+
+@dataclass
+class GPUStatus:
+    device: GPUDevice
+    holders: list[tuple[str, str]]
+    slots: int
+
+    @property
+    def free_slots(self) -> int:
+        return max(0, self.slots - len(self.holders))
+
+
+class GPUPolicy:
+    def __init__(self, settings: PolicySettings, store: AllocationStore, placement: Placement | None = None,
+                 recheck_interval: float = 2.0):
+        self.settings = settings
+        self.store = store
+        self.quotas = QuotaBook(store)
+        self.tz = zone(settings.time_zone)
+        self.clock = hub_clock(settings.test_clock_file)
+        self.placement = placement or HostAllocator(store, settings.inventory, settings.node,
+                                                    settings.servers_per_gpu, recheck_interval,
+                                                    settings.queue_order, settings.queue_aging_minutes,
+                                                    self.tz, self.clock)
+        self._reconciled = False
+        self._reconciling = False
+        self._reconcile_lock = threading.RLock()
+
+    @property
+    def inventory(self) -> DeviceInventory:
+        return self.settings.inventory
+
+    @property
+    def devices(self) -> list[GPUDevice]:
+        return self.inventory.devices
+
+    @property
+    def slots_per_gpu(self) -> int:
+        return max(1, self.settings.servers_per_gpu)
+
+    @property
+    def shared(self) -> bool:
+        return self.slots_per_gpu > 1
+
+    def models(self) -> list[str]:
+        return self.settings.models()
+
+    # -- reads (blocking) ---------------------------------------------------------
+
+    def status(self) -> list[GPUStatus]:
+        holders = self.store.holders()
+        return [GPUStatus(d, holders.get(d.uuid, []), self.slots_per_gpu) for d in self.devices]
+
+    def free_count(self, model: str | None = None) -> int:
+        """GPUs a new server could get right now."""
+        return sum(1 for s in self.status() if s.free_slots > 0 and (model is None or s.device.model == model))
+
+    def held_by_user(self, user: str) -> int:
+        return sum(len(lease.gpu_uuids) for lease in self.store.leases() if lease.user == user)
+
+    def admission_context(self, user: str, server: str, groups: list[str], **rules) -> AdmissionContext:
+        """Everything admission looks at for one spawn, read in one go.
+
+        ``rules`` are the spawner's own settings (default_gpus, offered_images,
+        profiles); the quota default, CPU rule and contact come from the
+        stored settings so the hub and the service agree.
+        """
+        effective = self.quotas.effective(user, groups, self.settings.default_quota)
+        leases = self.store.leases()
+        held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)
+        status = self.status()
+        free_by_model: dict[str, int] = {}
+        for s in status:
+            if s.free_slots > 0 and s.device.model:
+                free_by_model[s.device.model] = free_by_model.get(s.device.model, 0) + 1
+        return AdmissionContext(
+            quota=effective,
+            inventory_size=len(self.devices),
+            inventory_models=self.models(),
+            held_elsewhere=held_elsewhere,
+            gpu_hours_used=gpu_hours_used(self.store, user),
+            free_by_model=free_by_model,
+            cpu_servers_allowed=self.settings.cpu_servers_allowed,
+            contact=self.settings.quota_contact,
+            **rules,
+        )
+
+    def reserved_now(self, groups: list[str]) -> list[str]:
+        """What the open reservations hold for their members now, one sentence each, for the spawn form.
+
+        After a grace period that is what members hold or wait for (``reservations.reserved_now``)."""
+        now = self.clock()
+        open_now = ReservationBook(self.store).open_at(now, self.tz)
+        if not open_now:
+            return []  # the usual case: no lease read
+        inventory = self.inventory
+        return reserved_now(open_now, now, self.tz, inventory.count_by_model(), groups,
+                            holdings=holdings(self.store.leases()),
+                            models={d.uuid: d.model for d in inventory.devices},
+                            waiting=self.placement.waiting_by_group())
+
+    # -- placement ------------------------------------------------------------------
+
+    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
+                    report: Report = lambda ahead, why="": None, groups: tuple[str, ...] = ()) -> Lease:
+        return await self.placement.place(user, server, count, model, timeout, report, groups=groups)
+
+    def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
+        return self.placement.release(user, server, reason)
+
+    def release_on_stop(self, user: str, server: str, otherwise: str = "stopped") -> tuple[str, ...]:
+        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any,
+        else ``otherwise``: the ledger says why a server the service stopped ended."""
+        lease = self.store.lease_of(user, server)
+        reason = NoticeBook(self.store).stop_reason(user, server, lease.since) if lease is not None else None
+        return self.release(user, server, reason or otherwise)
+
+    def restore(self, user: str, server: str, saved: list[str], ref: str) -> tuple[str, ...] | None:
+        """After a restart: the GPUs a running server holds, by the ledger.
+
+        A server whose lease row was lost gets the GPUs it saved back, if
+        nobody else holds them now (None: they are taken, stop the server).
+        """
+        lease = self.store.lease_of(user, server)
+        if lease is not None:
+            return lease.gpu_uuids
+        if not saved:
+            return ()
+        if self.store.adopt(user, server, saved, ref, node=self.settings.node):
+            log.info("Re-leased GPU(s) %s to running server %s/%s", ", ".join(saved), user, server or "default")
+            return tuple(saved)
+        return None
+
+    def reconcile(
+        self, is_alive: Callable[[Lease], bool | None], orphans: Callable[[], None] = lambda: None
+    ) -> list[Lease]:
+        """Release leases whose server is gone; run once per hub start.
+
+        ``is_alive`` answers for one lease: True keep, False release, None
+        unknown (kept; the spawner's poll will settle it). ``orphans`` then
+        lets the backend deal with servers that run without a lease. Returns
+        the leases released.
+        """
+        # Held until reconcile is done: a spawn that comes in meanwhile waits rather than have its new job
+        # taken for an orphan. Reentrant, so a backend hook that asks for the policy returns at once.
+        with self._reconcile_lock:
+            if self._reconciled or self._reconciling:
+                return []
+            self._reconciling = True
+            try:
+                released = []
+                known = self.inventory.by_uuid()
+                for lease in self.store.leases():
+                    missing = [u for u in lease.gpu_uuids if u not in known]
+                    if missing:
+                        log.warning("%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server,
+                                    missing)
+                    if is_alive(lease) is False:
+                        self.release(lease.user, lease.server, "reconcile: server gone")
+                        released.append(lease)
+                    else:
+                        log.info("Kept lease of %s/%s on %s after restart", lease.user, lease.server or "default",
+                                 ", ".join(lease.gpu_uuids))
+                orphans()
+                return released
+            finally:
+                self._reconciling = False
+                self._reconciled = True
+
+
+_policies: dict[tuple, GPUPolicy] = {}
+_policies_lock = threading.Lock()
+
+
+def shared_policy(key: tuple, build: Callable[[], GPUPolicy]) -> GPUPolicy:
+    """The process-wide policy for this configuration key, built once."""
+    with _policies_lock:
+        policy = _policies.get(key)
+        if policy is None:
+            policy = _policies[key] = build()
+        return policy

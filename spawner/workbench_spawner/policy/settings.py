@@ -1,0 +1,273 @@
+"""The GPU policy's effective settings, resolved once by the hub and stored.
+
+The spawner reads its traits (config file, local config file, environment
+defaults); the workbench service runs in another process and must enforce and
+show exactly the same numbers. Before, the service re-derived them from
+environment variables and drifted: a ``default_max_gpus`` set as a trait was
+enforced at spawn but shown as 1 on the admin page, a ``gpu_db_url`` trait
+made the service write quotas to another database, ``static_gpus`` never
+reached it. Now the hub resolves the settings once at start, from the
+spawner class's own traits, and writes them to one row of the GPU database
+(``workbench_settings``); the service reads that row and nothing else. Only
+the database URL itself travels on the service's command line.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, String, Text, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
+
+from workbench_spawner.rules.quota import Quota
+from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+
+POLICY_KEY = "policy"
+
+
+class SettingsRow(Base):
+    """One JSON document per key; the hub writes, the service reads."""
+
+    __tablename__ = "workbench_settings"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    """What every part of the GPU policy must agree on."""
+
+    db_url: str
+    inventory: DeviceInventory
+    servers_per_gpu: int = 1
+    default_quota: Quota = field(default_factory=lambda: Quota(max_gpus=1))
+    queue_timeout: float = 300.0
+    cpu_servers_allowed: bool = True
+    quota_contact: str = "a hub admin"
+    # The node this hub places GPUs on (single host: its host name).
+    node: str = field(default_factory=socket.gethostname)
+    backend: str = ""
+    # Reservations and the wait list (queue_order.py, reservations.py, clock.py).
+    queue_order: str = "fifo"
+    queue_aging_minutes: float = 30.0
+    time_zone: str = "UTC"
+    test_clock_file: str = ""
+    # Idle-GPU reclaim (idle.py, idle_config.py); 0 minutes: off unless a quota sets it.
+    gpu_idle_minutes: float = 0.0
+    gpu_idle_threshold: float = 5.0
+    gpu_idle_warn_minutes: float = 10.0
+    simulated_utilization: str = ""
+
+    @property
+    def simulated(self) -> bool:
+        return self.inventory.source == "simulated"
+
+    def models(self) -> list[str]:
+        return sorted({d.model for d in self.inventory.devices if d.model})
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "db_url": _redact(self.db_url),
+            "inventory": {
+                "source": self.inventory.source,
+                "message": self.inventory.message,
+                "devices": [asdict(d) for d in self.inventory.devices],
+            },
+            "servers_per_gpu": self.servers_per_gpu,
+            "default_quota": self.default_quota.to_json(),
+            "queue_timeout": self.queue_timeout,
+            "cpu_servers_allowed": self.cpu_servers_allowed,
+            "quota_contact": self.quota_contact,
+            "node": self.node,
+            "backend": self.backend,
+            "queue_order": self.queue_order,
+            "queue_aging_minutes": self.queue_aging_minutes,
+            "time_zone": self.time_zone,
+            "test_clock_file": self.test_clock_file,
+            "gpu_idle_minutes": self.gpu_idle_minutes,
+            "gpu_idle_threshold": self.gpu_idle_threshold,
+            "gpu_idle_warn_minutes": self.gpu_idle_warn_minutes,
+            "simulated_utilization": self.simulated_utilization,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], db_url: str) -> "PolicySettings":
+        inv = data.get("inventory") or {}
+        devices = [GPUDevice(**d) for d in inv.get("devices") or []]
+        quota = data.get("default_quota") or {}
+        models = quota.get("allowed_models")
+        return cls(
+            db_url=db_url,
+            inventory=DeviceInventory(inv.get("source", "none"), devices, inv.get("message", "")),
+            servers_per_gpu=int(data.get("servers_per_gpu", 1)),
+            default_quota=Quota(
+                max_gpus=int(quota.get("max_gpus", 1)),
+                gpu_hours_per_week=quota.get("gpu_hours_per_week"),
+                allowed_models=tuple(models) if models is not None else None,
+                max_session_hours=quota.get("max_session_hours"),
+            ),
+            queue_timeout=float(data.get("queue_timeout", 300.0)),
+            cpu_servers_allowed=bool(data.get("cpu_servers_allowed", True)),
+            quota_contact=str(data.get("quota_contact", "a hub admin")),
+            node=str(data.get("node", "")),
+            backend=str(data.get("backend", "")),
+            queue_order=str(data.get("queue_order", "fifo")),
+            queue_aging_minutes=float(data.get("queue_aging_minutes", 30.0)),
+            time_zone=str(data.get("time_zone", "UTC")),
+            test_clock_file=str(data.get("test_clock_file", "")),
+            gpu_idle_minutes=float(data.get("gpu_idle_minutes", 0.0)),
+            gpu_idle_threshold=float(data.get("gpu_idle_threshold", 5.0)),
+            gpu_idle_warn_minutes=float(data.get("gpu_idle_warn_minutes", 10.0)),
+            simulated_utilization=str(data.get("simulated_utilization", "")),
+        )
+
+
+def _redact(url: str) -> str:
+    """The URL without its password: the row is readable by whoever reads the database."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return ""
+
+
+def store_policy_settings(store: AllocationStore, settings: PolicySettings) -> None:
+    """Write the hub's resolved settings (replacing what an earlier start wrote)."""
+    with store.writes().begin() as session:
+        row = session.get(SettingsRow, POLICY_KEY)
+        if row is None:
+            row = SettingsRow(key=POLICY_KEY)
+            session.add(row)
+        row.value = json.dumps(settings.to_json())
+        row.updated = utcnow()
+
+
+def load_policy_settings(store: AllocationStore) -> tuple[PolicySettings, datetime] | None:
+    """The settings the hub stored, and when; None before any hub wrote them."""
+    with store.reads()() as session:
+        row = session.scalar(select(SettingsRow).where(SettingsRow.key == POLICY_KEY))
+        if row is None:
+            return None
+        return PolicySettings.from_json(json.loads(row.value), store.url), _aware(row.updated)
+
+
+# -- resolving the settings from a spawner's traits -------------------------------------
+
+_inventories: dict[tuple, DeviceInventory] = {}
+
+
+def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceInventory:
+    """The GPUs this hub hands out: ``static_gpus`` if set, else simulated, else NVML.
+
+    Discovered once per process and arguments: NVML is asked once, and the
+    hub's banner, its spawners and the stored settings see one answer.
+    Raises ValueError with a sentence for an operator.
+    """
+    key = (json.dumps(static_gpus, sort_keys=True, default=str), simulated_gpus)
+    if key in _inventories:
+        return _inventories[key]
+    if static_gpus:
+        devices = []
+        for i, entry in enumerate(static_gpus):
+            if not isinstance(entry, dict) or "uuid" not in entry or "name" not in entry:
+                raise ValueError(f"static_gpus entry {i} needs 'uuid' and 'name': {entry!r}")
+            try:
+                devices.append(GPUDevice(
+                    uuid=str(entry["uuid"]),
+                    index=int(entry.get("index", i)),
+                    name=str(entry["name"]),
+                    memory_total_bytes=int(entry.get("memory_total_bytes", 0)),
+                    model=str(entry.get("model", "")),
+                ))
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"static_gpus entry {i}: index and memory_total_bytes must be whole numbers "
+                                 f"({exc})") from None
+        if len({d.uuid for d in devices}) != len(devices):
+            raise ValueError("static_gpus names the same GPU UUID twice")
+        inventory = DeviceInventory("static", devices, f"{len(devices)} GPU(s) from the static_gpus setting")
+    else:
+        try:
+            inventory = discover_devices(simulated_gpus)
+        except DeviceSpecError as exc:
+            raise ValueError(str(exc)) from None
+    _inventories[key] = inventory
+    return inventory
+
+
+def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettings:
+    """The effective settings from a GPU spawner's traits (or a GPUPolicyConfig's)."""
+    return PolicySettings(
+        db_url=spawner.gpu_db_url,
+        inventory=discover_inventory(list(spawner.static_gpus), spawner.simulated_gpus),
+        servers_per_gpu=max(1, int(spawner.servers_per_gpu)),
+        default_quota=Quota(max_gpus=int(spawner.default_max_gpus)),
+        queue_timeout=float(spawner.gpu_queue_timeout),
+        cpu_servers_allowed=bool(spawner.cpu_servers_allowed),
+        quota_contact=str(spawner.quota_contact),
+        node=spawner.gpu_node,
+        backend=backend or type(spawner).__name__,
+        queue_order=str(spawner.gpu_queue_order),
+        queue_aging_minutes=float(spawner.gpu_queue_aging_minutes),
+        time_zone=str(spawner.gpu_time_zone),
+        test_clock_file=str(spawner.gpu_test_clock_file),
+        gpu_idle_minutes=float(spawner.gpu_idle_minutes),
+        gpu_idle_threshold=float(spawner.gpu_idle_threshold),
+        gpu_idle_warn_minutes=float(spawner.gpu_idle_warn_minutes),
+        simulated_utilization=str(spawner.simulated_utilization),
+    )
+
+
+def spawner_class_from(config) -> type:
+    """The class ``c.JupyterHub.spawner_class`` names (entry-point name, import string or class)."""
+    from jupyterhub.app import JupyterHub
+
+    value = config.JupyterHub.get("spawner_class", "gpu-local")
+    if isinstance(value, type):
+        return value
+    # JupyterHub's own EntryPointType resolves "gpu-local" and "module.Class" alike.
+    return JupyterHub.class_traits()["spawner_class"].validate(None, value)
+
+
+def publish_policy_settings(config) -> PolicySettings:
+    """Resolve the configured spawner's settings and store them for the workbench service.
+
+    Called by the hub's config file after every config file is loaded, so
+    settings made only in ``jupyterhub_config.local.py`` count. The values
+    are read through a ``GPUPolicyConfig`` that loads the config sections of
+    the spawner class and all its bases (``c.Spawner``, ``c.GPUSpawnerMixin``,
+    ``c.LocalGPUSpawner``...), most specific last, as the spawner would:
+    no spawner is made, since a spawner needs a user.
+    """
+    from workbench_spawner.policy.config import GPUPolicyConfig
+
+    cls = spawner_class_from(config)
+    if not issubclass(cls, GPUPolicyConfig):
+        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
+                         "(gpu-local, gpu-docker, gpu-slurm)")
+
+    class SpawnerPolicyConfig(GPUPolicyConfig):
+        @classmethod
+        def section_names(cls_):  # noqa: N805  (traitlets' classmethod)
+            return cls.section_names()
+
+    settings = resolve_policy_settings(SpawnerPolicyConfig(config=config), backend=cls.__name__)
+    if hasattr(cls, "policy_inventory"):
+        # A cluster backend knows its GPUs from the engine (Slurm's node records), not from this host.
+        from dataclasses import replace
+
+        settings = replace(settings, inventory=cls.policy_inventory(SpawnerPolicyConfig(config=config)), node="")
+    store = AllocationStore(settings.db_url)
+    try:
+        store_policy_settings(store, settings)
+    finally:
+        store.dispose()
+    return settings

@@ -1,0 +1,382 @@
+"""GPU quotas: what each user may hold, and how much they used this week.
+
+A quota is set for a JupyterHub user or a JupyterHub group and has four parts:
+
+* ``max_gpus``: GPUs held at once, over all the user's servers;
+* ``gpu_hours_per_week`` (optional): GPU-hours in the rolling last 7 days,
+  counted from the usage ledger (finished leases) plus the leases held now;
+* ``allowed_models`` (optional): the GPU models this user may get;
+* ``max_session_hours`` (optional): how long one server may run;
+* ``gpu_idle_minutes`` and ``gpu_idle_threshold`` (optional): stop a server
+  whose GPUs all stayed under the threshold (percent) that long, so they go
+  to the next in line (``workbench_spawner.rules.idle``). Null inherits the hub's
+  ``WORKBENCH_GPU_IDLE_MINUTES`` / threshold; 0 minutes turns it off.
+
+The effective quota of a user is (``effective_quota``):
+
+1. the user's own quota, if an admin set one;
+2. else the most generous quota among the user's groups, compared part by
+   part in the order above (more GPUs wins; then more GPU-hours, no limit
+   beating any limit; then any model beating a list, a longer list beating a
+   shorter one; then the longer session); ties go to the group whose name
+   sorts first;
+3. else the default from the hub configuration.
+
+Quotas live in the allocation store's database (table ``gpu_quotas``), so the
+hub and the workbench service see the same numbers. Changes apply to the next
+spawn: nothing here stops a running server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Iterable, Mapping
+
+from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
+from sqlalchemy.orm import Mapped, mapped_column
+
+from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
+from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+
+WEEK = timedelta(days=7)
+# Bounds that catch typos (a quota of 1e9 GPUs or 10 years of GPU-hours).
+MAX_GPUS_LIMIT = 1024
+MAX_GPU_HOURS_LIMIT = 1_000_000.0
+MAX_SESSION_HOURS_LIMIT = 24.0 * 366
+# The shortest session limit: 0.01 h = 36 s. A server needs tens of seconds
+# to start, so anything shorter stops it before its owner could use it; it
+# still lets a demo or a test watch the session stopper at work. Smaller
+# values (1e-130) are typos, refused like the huge ones.
+MIN_SESSION_HOURS = 0.01
+MAX_MODELS = 64
+MODEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+ -]{0,63}$")
+QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours",
+                "gpu_idle_minutes", "gpu_idle_threshold")
+KINDS = ("user", "group")
+
+
+class QuotaError(ValueError):
+    """A quota that cannot be stored; str(err) says why, for an admin."""
+
+
+class QuotaRow(Base):
+    """A quota an admin set for one user or one group."""
+
+    __tablename__ = "gpu_quotas"
+    __table_args__ = (UniqueConstraint("kind", "name", name="one_quota_per_name"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(8))  # "user" | "group"
+    name: Mapped[str] = mapped_column(String(255))
+    max_gpus: Mapped[int] = mapped_column(Integer)
+    gpu_hours_per_week: Mapped[float | None] = mapped_column(Float, nullable=True)
+    allowed_models: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list
+    max_session_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
+    gpu_idle_minutes: Mapped[float | None] = mapped_column(Float, nullable=True)  # migration 0003
+    gpu_idle_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent
+    updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    updated_by: Mapped[str] = mapped_column(String(255), default="")
+
+
+class SessionLimitRow(Base):
+    """The session length in force when a server started (for the service to enforce)."""
+
+    __tablename__ = "gpu_session_limits"
+    __table_args__ = (UniqueConstraint("user", "server", name="one_limit_per_server"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    user: Mapped[str] = mapped_column(String(255), index=True)
+    server: Mapped[str] = mapped_column(String(255), default="")
+    max_session_hours: Mapped[float] = mapped_column(Float)
+    recorded: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+@dataclass(frozen=True)
+class Quota:
+    max_gpus: int
+    gpu_hours_per_week: float | None = None
+    allowed_models: tuple[str, ...] | None = None
+    max_session_hours: float | None = None
+    gpu_idle_minutes: float | None = None  # None: the hub's default; 0: never reclaimed
+    gpu_idle_threshold: float | None = None  # percent; None: the hub's default
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "max_gpus": self.max_gpus,
+            "gpu_hours_per_week": self.gpu_hours_per_week,
+            "allowed_models": list(self.allowed_models) if self.allowed_models is not None else None,
+            "max_session_hours": self.max_session_hours,
+            "gpu_idle_minutes": self.gpu_idle_minutes,
+            "gpu_idle_threshold": self.gpu_idle_threshold,
+        }
+
+    def generosity(self) -> tuple:
+        inf = math.inf
+        return (
+            self.max_gpus,
+            inf if self.gpu_hours_per_week is None else self.gpu_hours_per_week,
+            inf if self.allowed_models is None else len(self.allowed_models),
+            inf if self.max_session_hours is None else self.max_session_hours,
+            # Idle reclaim last: off (0) beats any limit, a longer one a shorter; no opinion (None) is least.
+            -inf if self.gpu_idle_minutes is None else (inf if self.gpu_idle_minutes == 0 else self.gpu_idle_minutes),
+        )
+
+    def allows_model(self, model: str | None) -> bool:
+        if self.allowed_models is None or model is None:
+            return True
+        return model.lower() in {m.lower() for m in self.allowed_models}
+
+
+@dataclass(frozen=True)
+class EffectiveQuota:
+    quota: Quota
+    source: str  # "user" | "group" | "default"
+    group: str | None = None
+
+    @property
+    def describe(self) -> str:
+        """Where the quota comes from, in words for a message."""
+        if self.source == "user":
+            return "your own GPU quota"
+        if self.source == "group":
+            return f"the GPU quota of group {self.group}"
+        return "the default quota"
+
+    @property
+    def origin(self) -> str:
+        """Where the quota comes from, for the admin page."""
+        if self.source == "user":
+            return "own quota"
+        if self.source == "group":
+            return f"from group {self.group}"
+        return "default"
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.quota.to_json(), "source": self.source, "group": self.group, "origin": self.origin}
+
+
+def _number(body: Mapping[str, Any], key: str, *, whole: bool, minimum: float, maximum: float,
+            exclusive_min: bool = False, optional: bool = True):
+    if key not in body or body[key] is None:
+        if optional:
+            return None
+        raise QuotaError(f"{key} is required")
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise QuotaError(f"{key} must be a {'whole ' if whole else ''}number, not {json.dumps(value)[:40]}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise QuotaError(f"{key} must be a finite number")
+    if whole:
+        if isinstance(value, float) and not value.is_integer():
+            raise QuotaError(f"{key} must be a whole number, not {value:g}")
+        value = int(value)
+    too_small = value <= minimum if exclusive_min else value < minimum
+    if too_small:
+        raise QuotaError(f"{key} must be {'more than' if exclusive_min else 'at least'} {minimum:g}, not {value:g}")
+    if value > maximum:
+        raise QuotaError(f"{key} must be at most {maximum:g}, not {value:g}")
+    return value if whole else float(value)
+
+
+def parse_quota(body: Any, known_models: Iterable[str] | None = None) -> Quota:
+    """Check a quota JSON body; raise QuotaError with a readable message."""
+    if not isinstance(body, dict):
+        raise QuotaError("the body must be a JSON object such as {\"max_gpus\": 1}")
+    unknown = sorted(k for k in body if k not in QUOTA_FIELDS)
+    if unknown:
+        raise QuotaError(
+            f"unknown field(s): {', '.join(json.dumps(k)[:40] for k in unknown)}; "
+            f"accepted fields are {', '.join(QUOTA_FIELDS)}"
+        )
+    max_gpus = _number(body, "max_gpus", whole=True, minimum=0, maximum=MAX_GPUS_LIMIT, optional=False)
+    hours = _number(body, "gpu_hours_per_week", whole=False, minimum=0, maximum=MAX_GPU_HOURS_LIMIT)
+    session = _number(body, "max_session_hours", whole=False, minimum=0, maximum=MAX_SESSION_HOURS_LIMIT,
+                      exclusive_min=True)
+    if session is not None and session < MIN_SESSION_HOURS:
+        raise QuotaError(f"max_session_hours must be at least {MIN_SESSION_HOURS:g} "
+                         f"({MIN_SESSION_HOURS * 3600:g} seconds), not {session:g}")
+    idle = _number(body, "gpu_idle_minutes", whole=False, minimum=0, maximum=MAX_IDLE_MINUTES)
+    if idle and idle < MIN_IDLE_MINUTES:
+        raise QuotaError(f"gpu_idle_minutes must be 0 (never reclaimed) or at least {MIN_IDLE_MINUTES:g} "
+                         f"({MIN_IDLE_MINUTES * 60:g} seconds), not {idle:g}")
+    threshold = _number(body, "gpu_idle_threshold", whole=False, minimum=0, maximum=100, exclusive_min=True)
+    models = body.get("allowed_models")
+    if models is not None:
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise QuotaError("allowed_models must be a list of GPU model names such as [\"H100-80GB\"], or null")
+        if len(models) > MAX_MODELS:
+            raise QuotaError(f"allowed_models may name at most {MAX_MODELS} models")
+        cleaned: list[str] = []
+        known = {m.lower(): m for m in (known_models or ())}
+        for model in models:
+            model = model.strip()
+            if not MODEL_PATTERN.match(model):
+                raise QuotaError(f"{json.dumps(model)[:40]} is not a GPU model name (letters, digits, . _ + - and spaces)")
+            if known_models is not None:
+                if model.lower() not in known:
+                    shown = ", ".join(sorted(known.values())) or "none"
+                    raise QuotaError(f"unknown GPU model {json.dumps(model)}; this hub has: {shown}")
+                model = known[model.lower()]
+            if model not in cleaned:
+                cleaned.append(model)
+        models = tuple(cleaned)
+    return Quota(max_gpus=max_gpus, gpu_hours_per_week=hours, allowed_models=models, max_session_hours=session,
+                 gpu_idle_minutes=idle, gpu_idle_threshold=threshold)
+
+
+def _row_to_quota(row: QuotaRow) -> Quota:
+    models = json.loads(row.allowed_models) if row.allowed_models is not None else None
+    return Quota(
+        max_gpus=row.max_gpus,
+        gpu_hours_per_week=row.gpu_hours_per_week,
+        allowed_models=tuple(models) if models is not None else None,
+        max_session_hours=row.max_session_hours,
+        gpu_idle_minutes=row.gpu_idle_minutes,
+        gpu_idle_threshold=row.gpu_idle_threshold,
+    )
+
+
+@dataclass(frozen=True)
+class StoredQuota:
+    kind: str
+    name: str
+    quota: Quota
+    updated: datetime
+    updated_by: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "name": self.name, **self.quota.to_json(),
+                "updated": self.updated.isoformat(), "updated_by": self.updated_by}
+
+
+class QuotaBook:
+    """Quotas in the allocation store's database; every call one transaction."""
+
+    def __init__(self, store: AllocationStore):
+        self.store = store
+        self._sessions = store.writes()
+        self._reads = store.reads()
+
+    def get(self, kind: str, name: str) -> StoredQuota | None:
+        with self._reads() as session:
+            row = session.scalar(select(QuotaRow).where(QuotaRow.kind == kind, QuotaRow.name == name))
+            return self._stored(row) if row else None
+
+    def all(self, kind: str | None = None) -> list[StoredQuota]:
+        with self._reads() as session:
+            query = select(QuotaRow).order_by(QuotaRow.kind, QuotaRow.name)
+            if kind:
+                query = query.where(QuotaRow.kind == kind)
+            return [self._stored(r) for r in session.scalars(query)]
+
+    def set(self, kind: str, name: str, quota: Quota, by: str = "") -> StoredQuota:
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}")
+        with self._sessions.begin() as session:
+            row = session.scalar(select(QuotaRow).where(QuotaRow.kind == kind, QuotaRow.name == name))
+            if row is None:
+                row = QuotaRow(kind=kind, name=name)
+                session.add(row)
+            row.max_gpus = quota.max_gpus
+            row.gpu_hours_per_week = quota.gpu_hours_per_week
+            row.allowed_models = json.dumps(list(quota.allowed_models)) if quota.allowed_models is not None else None
+            row.max_session_hours = quota.max_session_hours
+            row.gpu_idle_minutes = quota.gpu_idle_minutes
+            row.gpu_idle_threshold = quota.gpu_idle_threshold
+            row.updated = utcnow()
+            row.updated_by = by[:255]
+            session.flush()
+            return self._stored(row)
+
+    def delete(self, kind: str, name: str) -> bool:
+        with self._sessions.begin() as session:
+            result = session.execute(delete(QuotaRow).where(QuotaRow.kind == kind, QuotaRow.name == name))
+            return bool(result.rowcount)
+
+    def effective(self, user: str, groups: Iterable[str], default: Quota) -> EffectiveQuota:
+        own = self.get("user", user)
+        group_rows = {q.name: q.quota for q in self.all("group")}
+        return effective_quota(own.quota if own else None,
+                               {g: group_rows[g] for g in groups if g in group_rows}, default)
+
+    def effective_many(self, users: Mapping[str, Iterable[str]], default: Quota) -> dict[str, EffectiveQuota]:
+        """The effective quota of many users (name -> their groups) from ONE query.
+
+        The admin page, ``api/usage`` and the metrics show every user: one
+        read of ``gpu_quotas`` for all of them, not two per user.
+        """
+        own: dict[str, Quota] = {}
+        group_rows: dict[str, Quota] = {}
+        for stored in self.all():
+            (own if stored.kind == "user" else group_rows)[stored.name] = stored.quota
+        return {
+            name: effective_quota(own.get(name), {g: group_rows[g] for g in groups if g in group_rows}, default)
+            for name, groups in users.items()
+        }
+
+    # -- session limits ---------------------------------------------------------
+
+    def record_session_limit(self, user: str, server: str, hours: float | None) -> None:
+        """Remember the session length in force for this start (None: no limit)."""
+        with self._sessions.begin() as session:
+            session.execute(delete(SessionLimitRow).where(SessionLimitRow.user == user,
+                                                          SessionLimitRow.server == server))
+            if hours is not None:
+                session.add(SessionLimitRow(user=user, server=server, max_session_hours=hours, recorded=utcnow()))
+
+    def session_limits(self) -> dict[tuple[str, str], float]:
+        with self._reads() as session:
+            return {(r.user, r.server): r.max_session_hours for r in session.scalars(select(SessionLimitRow))}
+
+    @staticmethod
+    def _stored(row: QuotaRow) -> StoredQuota:
+        return StoredQuota(row.kind, row.name, _row_to_quota(row), _aware(row.updated), row.updated_by or "")
+
+
+def effective_quota(own: Quota | None, group_quotas: Mapping[str, Quota], default: Quota) -> EffectiveQuota:
+    """The rule: own quota, else the most generous group quota, else the default."""
+    if own is not None:
+        return EffectiveQuota(own, "user")
+    if group_quotas:
+        # Most generous first; among equals, the group name that sorts first.
+        best = sorted(group_quotas.items(), key=lambda item: item[0])
+        name, quota = max(best, key=lambda item: item[1].generosity())
+        return EffectiveQuota(quota, "group", name)
+    return EffectiveQuota(default, "default")
+
+
+# -- the GPU-hours ledger ---------------------------------------------------------------
+
+
+def gpu_hours_by_user(store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK,
+                      user: str | None = None) -> dict[str, float]:
+    """GPU-hours per user in the rolling window ending ``now``.
+
+    Finished leases come from the usage ledger (one row per GPU), clipped to
+    the window; leases held now count from their start (or the window's
+    start) until ``now``. Both live in the database, so a hub restart loses
+    nothing.
+    """
+    now = now or utcnow()
+    cutoff = now - window
+    seconds: dict[str, float] = {}
+    for row in store.usage(since=cutoff, user=user):
+        start = max(_aware(row.started), cutoff)
+        end = min(_aware(row.ended), now)
+        if end > start:
+            seconds[row.user] = seconds.get(row.user, 0.0) + (end - start).total_seconds()
+    for lease in store.leases():
+        if user is not None and lease.user != user:
+            continue
+        start = max(lease.since, cutoff)
+        if now > start:
+            seconds[lease.user] = seconds.get(lease.user, 0.0) + len(lease.gpu_uuids) * (now - start).total_seconds()
+    return {name: value / 3600.0 for name, value in seconds.items()}
+
+
+def gpu_hours_used(store: AllocationStore, user: str, now: datetime | None = None, window: timedelta = WEEK) -> float:
+    return gpu_hours_by_user(store, now, window, user=user).get(user, 0.0)
