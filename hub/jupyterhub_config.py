@@ -7,8 +7,9 @@ file, which is loaded after the environment's settings.
 
 The environment becomes config in workbench_hub/configurer.py (plain
 functions, tested with tables). This file only does what has side effects:
-it creates the data directory, asks the Docker engine for its bridge
-address, loads the local config file, checks on the final config that plain
+it creates the data directory, loads the local config file, runs the
+backend's checks and hub set-up (its ``workbench.backends`` extension:
+this file imports no backend module), checks on the final config that plain
 HTTP is served on loopback only and that the certificate can be served (the
 files are read), publishes the GPU policy's settings to the GPU database
 (where the workbench service reads them) and prints the banner.
@@ -31,20 +32,6 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-def docker_bridge() -> str:
-    """The default bridge's gateway: how containers reach a hub that runs on the host."""
-    import ipaddress
-
-    import docker
-
-    try:
-        ipam = docker.from_env().networks.get("bridge").attrs["IPAM"]["Config"][0]
-        # The gateway is the bridge's first address when the engine does not name it.
-        return ipam.get("Gateway") or str(next(ipaddress.ip_network(ipam["Subnet"]).hosts()))
-    except Exception as exc:
-        raise ConfigError(f"the docker backend cannot reach the Docker engine ({exc}); is dockerd running?") from None
-
-
 # JupyterHub's database in WAL mode: its commits on the event loop stop waiting for fsync.
 hub_db.tune_sqlite()
 
@@ -59,7 +46,7 @@ try:
     configurer.update_auth(c, env)
     # Managed services end with this process (workbench_hub/parent_guard.py).
     configurer.update_services(c, env, hub_pid=os.getpid())
-    backend = configurer.update_spawner(c, env, data_dir, REPO, docker_bridge)
+    backend = configurer.update_spawner(c, env, data_dir, REPO)
 except ConfigError as exc:
     fail(str(exc))
 
@@ -97,17 +84,23 @@ try:
 except ConfigError as exc:
     fail(str(exc))
 
-if backend == "docker":
-    from workbench_spawner.backends.docker.spawner import check_lockdown
+# The backend's own checks on the final config (docker: the containers' lock-down), and what it
+# adds to the hub (slurm: the job's start report); by its workbench.backends entry point, never by import.
+from workbench_spawner.backend import UnknownBackend, backend_extension  # noqa: E402
+from workbench_spawner.policy.settings import publish_policy_settings, spawner_gpu_class  # noqa: E402
 
-    problems = check_lockdown(final)
-    for problem in problems:
-        print(f"\nGPU Workbench: {problem.removeprefix('GPU Workbench: ')}", file=sys.stderr)
-    if problems:
-        print(file=sys.stderr)
-        raise SystemExit(2)
-
-from workbench_spawner.policy.settings import publish_policy_settings  # noqa: E402
+try:
+    # The spawner class decides (a site's subclass of a backend's spawner keeps every feature of it).
+    extension = backend_extension(spawner_gpu_class(final).workbench_backend)
+except (ValueError, UnknownBackend) as exc:
+    fail(str(exc))
+problems = extension.check(final)
+for problem in problems:
+    print(f"\nGPU Workbench: {problem.removeprefix('GPU Workbench: ')}", file=sys.stderr)
+if problems:
+    print(file=sys.stderr)
+    raise SystemExit(2)
+extension.setup_hub(c)
 
 try:
     # The spawner class's effective traits (these files, the command line,
@@ -115,6 +108,6 @@ try:
     settings = publish_policy_settings(final)
 except ValueError as exc:
     fail(str(exc))
-configurer.point_service_at_settings(c, settings.db_url)
+configurer.point_service_at_settings(c, settings.db_url, settings.backend)
 
 print(banner.banner(final, backend, data_dir, settings.inventory, served), file=sys.stderr, flush=True)

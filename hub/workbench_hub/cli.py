@@ -47,7 +47,7 @@ import urllib.request
 from urllib.parse import quote
 
 from .idle_cli import add_idle_parser, run_idle
-from .slurm_cli import add_slurm_parsers, run_slurm
+from workbench_spawner.backend import installed_backends
 
 SERVICE_PATH = "/services/workbench/"
 
@@ -120,7 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
     listing.add_argument("id", nargs="?", help="the reservation to delete (see the list)")
     add_idle_parser(top)
-    add_slurm_parsers(top)
+    for backend in installed_backends().values():
+        if backend.cli:
+            backend.cli.add_parsers(top)
     return parser
 
 
@@ -213,8 +215,9 @@ def run(args) -> tuple[object, str]:
         return run_idle(args, call, CLIError)
     if args.area in ("reserve", "reservations"):
         return run_reservations(args)
-    if args.area in ("slurm-nodes", "slurm-forget-node"):
-        return run_slurm(args, call)
+    for backend in installed_backends().values():
+        if backend.cli and args.area in backend.cli.names:
+            return backend.cli.run(args, call)
     action = args.action
     kind = "groups" if action.endswith("-group") else "users"
     if action in ("set", "set-group"):

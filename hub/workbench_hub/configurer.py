@@ -32,63 +32,14 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
+from workbench_spawner.backend import HubContext, UnknownBackend, backend_extension
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
-Env = Mapping[str, str]
+from .env_values import ConfigError, Env, comma_list, flag, number, opt_in, port, text
 
 # The launcher that ends a managed service when the hub process dies
 # (workbench_hub/parent_guard.py explains why it is needed).
 GUARD = [sys.executable, "-m", "workbench_hub.parent_guard"]
-
-
-class ConfigError(ValueError):
-    """A WORKBENCH_* value that cannot be used; the message names it and says why."""
-
-
-# -- reading values ----------------------------------------------------------------
-
-
-def text(env: Env, name: str, default: str = "") -> str:
-    """The variable, stripped; ``default`` only when it is not set at all."""
-    return str(env.get(name, default)).strip()
-
-
-def number(env: Env, name: str, default: str, kind: type = float) -> float | int:
-    """A non-negative number (``kind=int``: a whole one)."""
-    value_text = text(env, name, default)
-    try:
-        value = kind(value_text)
-    except ValueError:
-        value = -1
-    if value < 0:
-        whole = "whole " if kind is int else ""
-        raise ConfigError(f"{name} must be a non-negative {whole}number, not {value_text!r}")
-    return value
-
-
-def port(env: Env, name: str, default: str) -> int:
-    value_text = text(env, name, default)
-    if not value_text.isdigit() or not 0 < int(value_text) < 65536:
-        raise ConfigError(f"{name} must be a port number, not {value_text!r}")
-    return int(value_text)
-
-
-def flag(env: Env, name: str, default: str) -> bool:
-    return text(env, name, default).lower() not in ("0", "false", "no")
-
-
-def opt_in(env: Env, name: str) -> bool:
-    """A switch that lowers a safeguard: on only when clearly said (1, true, yes); empty or unset is off."""
-    value = text(env, name).lower()
-    if value in ("", "0", "false", "no"):
-        return False
-    if value in ("1", "true", "yes"):
-        return True
-    raise ConfigError(f"{name} must be 1 or 0, not {value!r}")
-
-
-def comma_list(env: Env, name: str, default: str = "") -> list[str]:
-    return [item.strip() for item in text(env, name, default).split(",") if item.strip()]
 
 
 # -- areas ---------------------------------------------------------------------------
@@ -308,17 +259,20 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     )
 
 
-def point_service_at_settings(c: Config, db_url: str) -> None:
-    """Give the workbench service the GPU database its settings were published to.
+def point_service_at_settings(c: Config, db_url: str, backend: str = "") -> None:
+    """Give the workbench service the GPU database its settings were published to, and the backend.
 
     Called after the local config file, so a ``gpu_db_url`` set only there
-    counts; the service reads everything else from that database.
+    counts; the service reads everything else from that database. The
+    backend (the ``workbench.backends`` name the spawner class declares)
+    decides which backend routes the service adds.
     """
     for service in c.JupyterHub.services:
         if service.get("name") == "workbench" and service.get("command"):
-            command = [arg for arg in service["command"] if not arg.startswith("--db-url=")]
+            command = [arg for arg in service["command"] if not arg.startswith(("--db-url=", "--backend="))]
             at = next(i for i, arg in enumerate(command) if arg.startswith("--port=")) + 1
-            service["command"] = [*command[:at], f"--db-url={db_url}", *command[at:]]
+            extra = [f"--backend={backend}"] if backend else []
+            service["command"] = [*command[:at], f"--db-url={db_url}", *extra, *command[at:]]
 
 
 def update_fairness(mixin, env: Env) -> None:
@@ -350,25 +304,19 @@ def update_spawner(
 ) -> str:
     """The GPU spawner: backend, how servers reach the hub, the GPU policy's settings.
 
-    ``docker_bridge`` returns the Docker default bridge's gateway address; it
-    is called only for the docker backend with the hub on the host (it asks
-    the engine, so it stays with the config file). Returns the backend name.
+    The backend's own part comes from its extension (``workbench.backends``
+    entry points, ``workbench_spawner/backend.py``): this module names no
+    backend. ``docker_bridge`` answers the docker backend's question for the
+    Docker default bridge's gateway address (tests pass their own; without
+    it the backend asks the engine). Returns the backend name.
     """
     backend = text(env, "WORKBENCH_BACKEND", "local").lower()
-    bin_dir = Path(sys.executable).parent
-    if backend == "local":
-        c.JupyterHub.spawner_class = "gpu-local"
-        c.JupyterHub.hub_ip = text(env, "WORKBENCH_HUB_IP", "127.0.0.1")
-        c.Spawner.cmd = [str(bin_dir / "jupyterhub-singleuser")]
-        c.LocalGPUSpawner.starter_notebooks_dir = str(repo / "notebooks")
-    elif backend == "docker":
-        _update_docker(c, env, docker_bridge)
-    elif backend == "slurm":
-        from .slurm_config import update_slurm
-
-        update_slurm(c, env, bin_dir)
-    else:
-        raise ConfigError(f"WORKBENCH_BACKEND={backend!r} is not available; use 'local', 'docker' or 'slurm'")
+    try:
+        extension = backend_extension(backend)
+    except UnknownBackend as exc:
+        raise ConfigError(str(exc)) from None
+    lookups = {"docker_bridge": docker_bridge} if docker_bridge is not None else {}
+    extension.configure(c, env, HubContext(data, repo, Path(sys.executable).parent, lookups))
     c.Spawner.default_url = "/lab"
 
     mixin = c.GPUSpawnerMixin
@@ -394,41 +342,3 @@ def update_spawner(
             raise ConfigError(f"WORKBENCH_PROFILES: {exc}") from None
         mixin.resource_profiles = profiles
     return backend
-
-
-def _update_docker(c: Config, env: Env, docker_bridge: Callable[[], str] | None) -> None:
-    c.JupyterHub.spawner_class = "gpu-docker"
-    image = text(env, "WORKBENCH_IMAGE")
-    if not image:
-        raise ConfigError(
-            "the docker backend needs WORKBENCH_IMAGE, the single-user image (e.g. gpu-workbench/singleuser:latest)"
-        )
-    spawner = c.DockerGPUSpawner
-    spawner.image = image
-    offered = comma_list(env, "WORKBENCH_IMAGES")
-    if offered:
-        spawner.offered_images = offered
-    hub_ip = env.get("WORKBENCH_HUB_IP")
-    connect_ip = env.get("WORKBENCH_HUB_CONNECT_IP")
-    network = text(env, "WORKBENCH_DOCKER_NETWORK")
-    if network:
-        # The hub runs in a container on this network (docker compose):
-        # user containers join it and are reached by their internal address.
-        spawner.network_name = network
-        spawner.use_internal_ip = True
-        c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else "0.0.0.0").strip()
-        c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else "hub").strip()
-    else:
-        # The hub runs on the host: containers reach it through the default
-        # bridge's gateway address, which is a local address of the host.
-        if hub_ip is None or connect_ip is None:
-            if docker_bridge is None:
-                raise ConfigError("the docker backend needs the Docker bridge address and none was looked up")
-            bridge = docker_bridge()
-        c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else bridge).strip()
-        c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else bridge).strip()
-    spawner.datasets_volume = text(env, "WORKBENCH_DATASETS_VOLUME", "workbench-datasets")
-    if text(env, "WORKBENCH_MEM_LIMIT"):
-        spawner.mem_limit = text(env, "WORKBENCH_MEM_LIMIT")
-    if text(env, "WORKBENCH_CPU_LIMIT"):
-        spawner.cpu_limit = number(env, "WORKBENCH_CPU_LIMIT", "1")

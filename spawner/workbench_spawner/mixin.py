@@ -1,37 +1,112 @@
-"""Everything a spawner needs to know about GPUs, for any backend.
+"""The backend contract: everything a spawner needs to know about GPUs, for any backend.
 
 ``GPUSpawnerMixin`` goes in front of a JupyterHub spawner class. It holds the
-policy's traits and the spawner life cycle: admission (``admission.admit``)
-checks the spawn options against the quota, placement puts the server on
-GPUs (waiting in line on one host), the ledger records the lease, and every
+policy's traits and the spawner life cycle as a template: admission
+(``rules.admission.admit``) checks the spawn options against the quota,
+placement puts the server on GPUs, the ledger records the lease, and every
 way a server ends releases it: stop, failed or timed-out start, and a poll
 that finds it dead. Every database call runs in a worker thread, so a busy
-database never stalls the hub's event loop. A backend subclass adds only
-what is specific to its runtime: ``gpu_environment`` (how to pin),
-``gpu_lease_ref`` (how to find the server again) and ``gpu_lease_alive``
-(whether it still runs).
+database never stalls the hub's event loop.
+
+A backend declares one of two placement modes (docs/backends.md):
+
+* ``host``: the policy acquires GPUs on a node it knows (a transaction in
+  the GPU database, the wait list when none is free), then the backend's
+  JupyterHub spawner (``super().start()``) starts the server pinned to them
+  by ``gpu_environment``. Local and docker.
+* ``engine``: the policy admits (quotas, reservations, fair-share order);
+  the backend submits (``engine_submit``), the policy's engine placement
+  follows the engine's queue with its reason and learns node and GPUs back,
+  the ledger records the lease, and ``engine_connect`` says where the
+  server listens. Slurm (Kubernetes next).
+
+The members a backend implements are marked ``@contract_member``, each with
+the mode it belongs to; :func:`contract_problems` names the ones a class
+misses, and the hub refuses to start with such a class (``publish_policy_settings``)
+rather than fail silently at the first spawn. No backend overrides a private
+method of this class or redefines ``start``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, ClassVar, Literal
 
 from jupyterhub.spawner import SpawnException, Spawner
 from traitlets import Float, Integer, List, Unicode, default
+
+from workbench_devices import DeviceInventory
 
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
 from workbench_spawner.form.render import render_options_form
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.form.options import SpawnRequest, options_from_form
+from workbench_spawner.placement.engine import EngineJob, EnginePlacement
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.rules.quota import QuotaBook
 from workbench_spawner.policy.config import GPUPolicyConfig
-from workbench_spawner.policy.settings import resolve_policy_settings
+from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.ledger.store import AllocationStore, Lease
+
+Mode = Literal["host", "engine"]
+
+
+def contract_member(*modes: Mode) -> Callable[[Callable], Callable]:
+    """Mark a declaration of the mixin as a member that backends of ``modes`` must implement."""
+
+    def mark(function: Callable) -> Callable:
+        target = function.__func__ if isinstance(function, classmethod) else function
+        target.__contract_modes__ = modes
+        return function
+
+    return mark
+
+
+def contract_members(mode: str) -> list[str]:
+    """The names of the members a backend of ``mode`` implements, in declaration order."""
+    names = []
+    for name, value in vars(GPUSpawnerMixin).items():
+        target = value.__func__ if isinstance(value, classmethod) else value
+        if mode in getattr(target, "__contract_modes__", ()):
+            names.append(name)
+    return names
+
+
+def contract_problems(cls: type) -> list[str]:
+    """Sentences naming what ``cls`` misses of the backend contract (empty: it keeps it)."""
+    if not issubclass(cls, GPUSpawnerMixin):
+        return [f"{cls.__name__} is not a GPU Workbench spawner: it does not derive from GPUSpawnerMixin"]
+    problems = []
+    if cls.placement_mode not in ("host", "engine"):
+        problems.append(f"{cls.__name__}.placement_mode must be 'host' or 'engine', not {cls.placement_mode!r}")
+        return problems
+    if not cls.workbench_backend:
+        problems.append(f"{cls.__name__}.workbench_backend must name its workbench.backends entry point "
+                        "(e.g. 'docker')")
+    for name in contract_members(cls.placement_mode):
+        mine = getattr(GPUSpawnerMixin, name)
+        theirs = getattr(cls, name)
+        if getattr(theirs, "__func__", theirs) is getattr(mine, "__func__", mine):
+            problems.append(f"{cls.__name__} is a {cls.placement_mode}-placed backend and does not implement "
+                            f"{name}() (see docs/backends.md)")
+    for name in ("start", "_apply_gpu_options", "_acquire", "_restore_lease", "_release"):
+        owner = next(k for k in cls.__mro__ if name in vars(k))
+        if owner is not GPUSpawnerMixin and issubclass(owner, GPUSpawnerMixin):
+            problems.append(f"{owner.__name__} overrides {name}(), which belongs to the GPU policy's life cycle; "
+                            "implement the contract's members instead (docs/backends.md)")
+    return problems
+
+
+class BackendContractError(TypeError):
+    """A spawner class that does not keep the backend contract; str(err) names what it misses."""
+
+
+_kept_contract: set[type] = set()  # classes checked already (the check runs once per class)
 
 
 class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
@@ -43,6 +118,12 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
     timeout...) are in ``GPUPolicyConfig``, so the hub can resolve them at
     start without making a spawner.
     """
+
+    workbench_backend: ClassVar[str] = ""
+    """The ``workbench.backends`` entry point of this backend; subclasses inherit it, and its features."""
+
+    placement_mode: ClassVar[Mode | str] = ""
+    """``host`` (the policy picks the GPUs, then the server starts) or ``engine`` (the engine picks them)."""
 
     gpu_queue_recheck_interval = Float(
         2.0,
@@ -91,7 +172,14 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         return type(self)._apply_gpu_options
 
     def __init__(self, *args, **kwargs):
+        cls = type(self)
+        if cls not in _kept_contract:
+            problems = contract_problems(cls)
+            if problems:
+                raise BackendContractError(" ".join(problems))
+            _kept_contract.add(cls)
         super().__init__(*args, **kwargs)
+        self._gpu_policy: GPUPolicy | None = None
         self.gpu_request = SpawnRequest(gpus=0)
         self.gpu_uuids: list[str] = []
         self._gpu_events = SpawnEvents()
@@ -102,12 +190,26 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
 
     @property
     def gpu_policy(self) -> GPUPolicy:
-        settings = resolve_policy_settings(self)
-        key = (json.dumps(settings.to_json(), sort_keys=True), settings.db_url)
-        policy = shared_policy(key, lambda: GPUPolicy(settings, AllocationStore(settings.db_url),
-                                                      recheck_interval=self.gpu_queue_recheck_interval))
+        """The process-wide policy for this spawner's settings (blocking on first use: it may reconcile).
+
+        The settings are resolved once per spawner, the policy built once
+        per hub process for each distinct configuration (``shared_policy``)."""
+        policy = self._gpu_policy
+        if policy is None:
+            settings = resolve_policy_settings(self)
+            if self.placement_mode == "engine":
+                settings = replace(settings, inventory=type(self).engine_inventory(self), node="")
+            key = (type(self).placement_mode, json.dumps(settings.to_json(), sort_keys=True), settings.db_url)
+            policy = self._gpu_policy = shared_policy(key, lambda: self.build_policy(settings))
         policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
         return policy
+
+    def build_policy(self, settings: PolicySettings) -> GPUPolicy:
+        """The policy for ``settings``; host backends place with the host allocator, engines with theirs."""
+        store = AllocationStore(settings.db_url)
+        if self.placement_mode == "engine":
+            return GPUPolicy(settings, store, self.engine_placement(settings, store))
+        return GPUPolicy(settings, store, recheck_interval=self.gpu_queue_recheck_interval)
 
     async def _policy(self) -> GPUPolicy:
         return await asyncio.to_thread(lambda: self.gpu_policy)
@@ -128,25 +230,93 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         groups = [g.name for g in getattr(self.user, "groups", None) or []]
         return self.gpu_policy.reserved_now(groups)
 
-    # -- what a backend provides ----------------------------------------------
+    # -- the contract: what a backend implements (docs/backends.md) -------------------------
 
-    def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
-        """Extra environment that pins the server to ``uuids``."""
-        return {}
-
+    @contract_member("host", "engine")
     def gpu_lease_ref(self) -> str:
-        """Something that finds this server again after a hub restart."""
-        return ""
+        """Something that finds this server again after a hub restart ("pid:42", "container:ab12", "slurm:7").
 
+        Stored in the lease; ``gpu_lease_alive`` gets it back. Empty while
+        the server has not started far enough to be found."""
+        raise BackendContractError(f"{type(self).__name__} does not implement gpu_lease_ref()")
+
+    @contract_member("host", "engine")
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
-        """Whether the server behind a stored lease still runs (None: unknown). Blocking."""
-        return None
+        """Whether the server behind a stored lease still runs: True keep, False release, None unknown.
 
+        Called after a hub restart for every lease (blocking: a worker thread).
+        None keeps the lease, and the spawner's first poll settles it."""
+        raise BackendContractError(f"{type(self).__name__} does not implement gpu_lease_alive()")
+
+    @contract_member("host", "engine")
     def gpu_reconcile_orphans(self) -> None:
-        """After a restart: deal with servers that run without a lease. Blocking."""
+        """After a hub restart: adopt or end the backend's servers that run without a lease (blocking).
+
+        Adopt (``store.adopt``) when none of the server's GPUs is leased to
+        another server, end it otherwise; each backend documents its rule."""
+        raise BackendContractError(f"{type(self).__name__} does not implement gpu_reconcile_orphans()")
+
+    @contract_member("host")
+    def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
+        """Host placement: the environment that pins the server to ``uuids`` (may be empty for CPU-only).
+
+        Merged into ``get_env()``; a backend that pins by other means (the
+        docker backend's device request) still returns what the runtime needs."""
+        raise BackendContractError(f"{type(self).__name__} does not implement gpu_environment()")
+
+    @contract_member("engine")
+    def engine_inventory(self) -> DeviceInventory:
+        """Engine placement: the cluster's GPUs as the engine knows them (blocking; read at hub start).
+
+        Called on a spawner or on a bare config object with the policy's
+        traits (the hub publishes the settings before any spawner exists)."""
+        raise BackendContractError(f"{type(self).__name__} does not implement engine_inventory()")
+
+    @contract_member("engine")
+    def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> EnginePlacement:
+        """Engine placement: the placement that follows the engine's queue and writes the lease.
+
+        Built once per hub process (``gpu_policy``); it admits to the
+        engine's queue, follows a submitted job and learns node and GPUs."""
+        raise BackendContractError(f"{type(self).__name__} does not implement engine_placement()")
+
+    @contract_member("engine")
+    async def engine_submit(self) -> EngineJob:
+        """Engine placement: submit this server (``self.gpu_request``) to the engine; the job to follow.
+
+        Called once the policy admitted the request. Raise ``SpawnException``
+        with the engine's words when the engine refuses (nothing was submitted)."""
+        raise BackendContractError(f"{type(self).__name__} does not implement engine_submit()")
+
+    @contract_member("engine")
+    async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
+        """Engine placement: the job runs and its lease is written (None: CPU-only); where the server listens."""
+        raise BackendContractError(f"{type(self).__name__} does not implement engine_connect()")
+
+    @contract_member("engine")
+    async def engine_cancel(self) -> None:
+        """Engine placement: end whatever this server has in the engine (by id, or found by tag); never raises.
+
+        Called before a new submission (JupyterHub starts a server it believes
+        stopped: anything left of it is stale) and after a failed start."""
+        raise BackendContractError(f"{type(self).__name__} does not implement engine_cancel()")
+
+    # -- optional hooks (each has a meaning when not overridden) ----------------------------
+
+    async def check_options(self, options: dict) -> dict:
+        """Backend options beyond the policy's (Slurm: ``partition``): check them, return the rest.
+
+        Runs before admission; raise ``SpawnException`` to refuse. By default
+        every option goes on to admission, which refuses what it does not know."""
+        return options
 
     def apply_gpu_request(self, request: SpawnRequest) -> None:
-        """Hook for backends that act on more than the GPU count (the image)."""
+        """After admission: act on the request beyond the GPUs (the docker backend: the image)."""
+
+    async def prepare_server(self) -> None:
+        """Host placement: the GPUs are leased and the server is about to start (local: copy starter notebooks).
+
+        A failure here releases the lease, as a failed start does."""
 
     # -- options ----------------------------------------------------------------
 
@@ -169,6 +339,7 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
             reserved=reserved)
 
     async def _apply_gpu_options(self, user_options: dict) -> None:
+        user_options = await self.check_options(dict(user_options or {}))
         ctx = await asyncio.to_thread(self.gpu_admission_context)
         verdict = admit(user_options, ctx)
         if isinstance(verdict, Refusal):
@@ -194,8 +365,7 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
             else:
                 self._gpu_events.add(f"Waiting for {what} to become free (you are next in line){because}", 5)
 
-        # The hub's ORM may load the groups lazily: off the event loop, as admission does.
-        groups = await asyncio.to_thread(lambda: tuple(sorted(g.name for g in getattr(self.user, "groups", None) or [])))
+        groups = await self._groups()
         try:
             lease = await policy.place(self.user.name, self.name, request.gpus, request.gpu_model,
                                        self.gpu_queue_timeout, report, groups=groups)
@@ -205,26 +375,76 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         return lease
 
     async def start(self):
+        """The template: admission happened in ``apply_user_options``; place, start, record the lease."""
         self._gpu_events.reset()
         self._gpu_starting = True
         try:
+            policy = await self._policy()
             # Starting again: the spawn page's "why your server stopped" has been read.
-            await asyncio.to_thread(NoticeBook(self.gpu_policy.store).acknowledge, self.user.name, self.name)
-            request = self.gpu_request
-            self.gpu_uuids = list((await self._acquire(request)).gpu_uuids) if request.gpus else []
-            if not request.gpus:
-                self._gpu_events.add("Starting a CPU-only server (no GPU requested)", 10)
-            try:
-                result = await super().start()
-            except BaseException:
-                await asyncio.to_thread(self._release, "start failed")
-                raise
-            ref = self.gpu_lease_ref()
-            if self.gpu_uuids and ref:
-                await asyncio.to_thread(lambda: self.gpu_policy.store.set_ref(self.user.name, self.name, ref))
-            return result
+            await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
+            if self.placement_mode == "engine":
+                return await self._start_by_engine(policy)
+            return await self._start_on_host()
         finally:
             self._gpu_starting = False
+
+    async def _start_on_host(self):
+        request = self.gpu_request
+        self.gpu_uuids = list((await self._acquire(request)).gpu_uuids) if request.gpus else []
+        if not request.gpus:
+            self._gpu_events.add("Starting a CPU-only server (no GPU requested)", 10)
+        try:
+            await self.prepare_server()
+            result = await super().start()
+        except BaseException:
+            await asyncio.to_thread(self._release, "start failed")
+            raise
+        ref = self.gpu_lease_ref()
+        if self.gpu_uuids and ref:
+            await asyncio.to_thread(lambda: self.gpu_policy.store.set_ref(self.user.name, self.name, ref))
+        return result
+
+    async def _start_by_engine(self, policy: GPUPolicy):
+        placement = policy.placement
+        if not isinstance(placement, EnginePlacement):
+            raise BackendContractError(f"{type(self).__name__}.engine_placement() gave {type(placement).__name__}, "
+                                       "not an EnginePlacement")
+        request = self.gpu_request
+        key = f"{self.user.name}/{self.name}"
+        deadline = placement.clock() + self.gpu_queue_timeout
+        groups = await self._groups()
+        try:
+            # JupyterHub starts a server it believes stopped: a job or lease of it left over is stale.
+            await self.engine_cancel()
+            if await asyncio.to_thread(policy.store.lease_of, self.user.name, self.name) is not None:
+                await asyncio.to_thread(self._release, "replaced by a new start")
+            try:
+                await placement.admit_to_queue(key, request.gpus, request.gpu_model, groups, deadline,
+                                               describe=lambda text: self._gpu_events.add(text, 3))
+                job = None
+                try:
+                    job = await self.engine_submit()
+                finally:
+                    if job is None:
+                        placement.withdraw(key)
+                lease = await placement.place(
+                    self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout,
+                    groups=groups, job=replace(job, deadline=deadline, admitted=key,
+                                               describe=lambda text: self._gpu_events.add(text, 20)))
+            except NoGPUAvailable as exc:
+                self.clear_state()
+                raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
+            self.gpu_uuids = list(lease.gpu_uuids) if lease else []
+            return await self.engine_connect(lease)
+        except BaseException:
+            # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): nothing stays.
+            await self.engine_cancel()
+            await asyncio.to_thread(self._release, "start failed")
+            raise
+
+    async def _groups(self) -> tuple[str, ...]:
+        # The hub's ORM may load the groups lazily: off the event loop, as admission does.
+        return await asyncio.to_thread(lambda: tuple(sorted(g.name for g in getattr(self.user, "groups", None) or [])))
 
     async def stop(self, now=False):
         try:
@@ -285,7 +505,8 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
             env["WORKBENCH_SIMULATED_GPUS"] = self.simulated_gpus
             if self.simulated_utilization:  # scripted utilization (tests, demos): the monitor reads it too
                 env["WORKBENCH_SIMULATED_UTILIZATION"] = self.simulated_utilization
-        env.update(self.gpu_environment(list(self.gpu_uuids)))
+        if self.placement_mode == "host":  # an engine pins the job itself (Slurm's cgroup, the device plugin)
+            env.update(self.gpu_environment(list(self.gpu_uuids)))
         return env
 
     def get_state(self):

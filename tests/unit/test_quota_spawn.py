@@ -8,25 +8,14 @@ from types import SimpleNamespace
 import pytest
 from jupyterhub.spawner import SpawnException, Spawner
 
-from workbench_spawner.mixin import GPUSpawnerMixin
+from tests.unit.fake_backends import FakeHostSpawner
 from workbench_spawner.policy.gpu_policy import _policies
 from workbench_spawner.rules.quota import Quota
 from workbench_spawner.ledger.store import UsageRow, utcnow
 
 
-class FakeBackend(Spawner):
-    async def start(self):
-        return "http://127.0.0.1:9999"
-
-    async def stop(self, now=False):
-        pass
-
-    async def poll(self):
-        return None
-
-
-class QuotaSpawner(GPUSpawnerMixin, FakeBackend):
-    pass
+class QuotaSpawner(FakeHostSpawner):
+    """The contract's reference host backend (tests/unit/fake_backends.py)."""
 
 
 @pytest.fixture

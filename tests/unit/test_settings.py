@@ -46,7 +46,7 @@ def test_the_most_specific_section_wins(tmp_path):
                DockerGPUSpawner={"default_max_gpus": 4})
     settings = publish_policy_settings(c)
     assert (settings.default_quota.max_gpus, settings.quota_contact) == (4, "staff")
-    assert settings.backend == "DockerGPUSpawner"
+    assert settings.backend == "docker"  # the workbench.backends name the class declares
 
 
 def test_published_settings_are_what_the_service_reads(tmp_path):

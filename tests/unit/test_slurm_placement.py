@@ -19,6 +19,7 @@ from workbench_spawner.rules.reservations import Reservation, parse_window
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, free_on_slurm, reprioritize
 from workbench_spawner.backends.slurm.inventory import MapConflict, NodeGPUMap, cluster_inventory, hub_id, resolve
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
+from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.backends.slurm.placement import JobEnded, SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.report_api import ReportRefused, read_report
@@ -76,8 +77,8 @@ def running(job_id: str, node: str = "n1", idx: tuple[int, ...] = (1,)) -> Slurm
 
 def place(placement: SlurmPlacement, count: int = 1, started=lambda: None, timeout: float = 30.0, **kw):
     events: list[str] = []
-    result = asyncio.run(placement.place("alice", "", count, None, timeout, job_id="7", started=started,
-                                         describe=events.append, **kw))
+    job = EngineJob(job_id="7", started=started, describe=events.append, **kw)
+    result = asyncio.run(placement.place("alice", "", count, None, timeout, job=job))
     return result, events
 
 

@@ -8,7 +8,7 @@ import pytest
 from traitlets.config import Config
 
 from workbench_hub.configurer import ConfigError
-from workbench_hub.slurm_config import update_slurm
+from workbench_spawner.backends.slurm.config import update_slurm
 from workbench_spawner.backends.slurm.inventory import cluster_inventory
 from workbench_spawner.backends.slurm.jobs import (
     NodeReport,

@@ -7,33 +7,12 @@ import pytest
 from jupyterhub.spawner import SpawnException, Spawner
 from sqlalchemy import text
 
-from workbench_spawner.mixin import GPUSpawnerMixin
+from tests.unit.fake_backends import FakeHostSpawner
 from workbench_spawner.policy.gpu_policy import _policies
 
 
-class FakeBackend(Spawner):
-    """A runtime whose start can succeed, fail or hang, and whose server can die."""
-
-    behaviour = "ok"
-    alive = False
-
-    async def start(self):
-        if self.behaviour == "fail":
-            raise RuntimeError("image not found")
-        if self.behaviour == "hang":
-            await asyncio.sleep(3600)
-        self.alive = True
-        return "http://127.0.0.1:9999"
-
-    async def stop(self, now=False):
-        self.alive = False
-
-    async def poll(self):
-        return None if self.alive else 0
-
-
-class FakeGPUSpawner(GPUSpawnerMixin, FakeBackend):
-    pass
+class FakeGPUSpawner(FakeHostSpawner):
+    """The contract's reference host backend (tests/unit/fake_backends.py), as the runtime to end servers on."""
 
 
 @pytest.fixture

@@ -12,9 +12,12 @@ Everything here is read from the GPU database the hub writes:
   any hub stored them, ``SettingsMissing`` tells the handlers to answer 503;
 * the **leases** (who holds which GPU on which node, since when);
 * the **quota book** and the GPU-hours ledger;
-* on Slurm, the **UUIDs jobs reported** for each node's GPUs
-  (``slurm_inventory.NodeGPUMap``), re-read with the settings, so a real GPU
-  shows under the UUID its lease holds.
+* the **inventory as the backend knows it**, re-read with the settings
+  (the backend extension's ``resolve_inventory``: on Slurm the UUIDs jobs
+  reported for each node's GPUs, so a real GPU shows under the UUID its
+  lease holds), and the backend's annotations of each GPU row
+  (``annotate_fleet``: on Slurm, the node's state). The service names no
+  backend: the hub published which one runs.
 
 Live utilization and memory come from ``workbench_devices`` (NVML, or the
 simulated readings for a simulated inventory), cached for a second.
@@ -34,10 +37,9 @@ from workbench_devices import DeviceInventory
 from workbench_spawner.rules.quota import Quota, QuotaBook
 from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
 from workbench_spawner.ledger.idle_book import IdleBook
-from workbench_spawner.backends.slurm.inventory import NodeGPUMap, resolve
+from workbench_spawner.backend import extension_of
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 
-from .slurm_nodes import annotate_slurm
 
 log = logging.getLogger("workbench.service")
 
@@ -70,7 +72,7 @@ class Fleet:
         self._source = None
         self._reading: dict | None = None
         self._reading_at = 0.0
-        self._node_gpus: dict[str, list[dict]] = {}
+        self._inventory: DeviceInventory | None = None  # the backend's view, refreshed with the settings
 
     # -- the hub's settings ----------------------------------------------------------
 
@@ -86,7 +88,6 @@ class Fleet:
             self._checked_at = time.monotonic()
             if updated is None:
                 return self._settings
-            self._node_gpus = NodeGPUMap(self.store).known()
             if self._settings is None or updated != self._updated:
                 loaded = load_policy_settings(self.store)
                 if loaded is not None:
@@ -95,6 +96,10 @@ class Fleet:
                     self._settings, _ = loaded
                     self._updated = updated
                     self._source, self._reading = None, None
+            if self._settings is not None:
+                extension = extension_of(self._settings.backend)
+                self._inventory = (extension.resolve_inventory(self.store, self._settings.inventory)
+                                   if extension else self._settings.inventory)
             return self._settings
 
     @property
@@ -106,8 +111,9 @@ class Fleet:
 
     @property
     def inventory(self) -> DeviceInventory:
-        """The hub's inventory; on Slurm with every reported GPU under its real UUID."""
-        return resolve(self.settings.inventory, self._node_gpus)
+        """The hub's inventory as its backend knows it (on Slurm: every reported GPU under its real UUID)."""
+        settings = self.settings
+        return settings.inventory if self._fixed or self._inventory is None else self._inventory
 
     @property
     def default(self) -> Quota:
@@ -202,7 +208,9 @@ class Fleet:
                     "idle_seconds": None if idle_for is None else round(idle_for.total_seconds(), 1),
                 }
             )
-        annotate_slurm(result, settings.backend)
+        extension = extension_of(settings.backend)
+        if extension is not None:
+            extension.annotate_fleet(result)
         return result
 
     def allocations(self) -> list[dict]:

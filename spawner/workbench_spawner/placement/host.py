@@ -20,7 +20,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from datetime import timezone, tzinfo
-from typing import Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Callable, Hashable, Sequence
 
 from workbench_devices import DeviceInventory
 
@@ -32,6 +32,9 @@ from workbench_spawner.rules.reservations import Holding, Reservation, demand_by
     takeable
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
+
+if TYPE_CHECKING:
+    from workbench_spawner.placement.engine import EngineJob
 
 log = logging.getLogger("workbench.placement")
 
@@ -59,10 +62,12 @@ class Placement(ABC):
 
     @abstractmethod
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = _nothing, groups: Sequence[str] = ()) -> Lease:
+                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None
+                    ) -> Lease | None:
         """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailable after ``timeout`` s.
 
-        ``groups``: the user's JupyterHub groups (reservations let members in)."""
+        ``groups``: the user's JupyterHub groups (reservations let members in).
+        ``job``: on an engine, the submitted job to follow (host placement has none)."""
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
         """End the lease (the ledger keeps it); blocking, so call it from a worker thread."""
@@ -187,7 +192,9 @@ class HostAllocator(Placement):
         return sum(1 for uuid in self.candidates(model) if len(holders.get(uuid, [])) < self.slots_per_gpu)
 
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = _nothing, groups: Sequence[str] = ()) -> Lease:
+                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None) -> Lease:
+        if job is not None:
+            raise ValueError("the host allocator places GPUs itself: it follows no engine job")
         candidates = self.candidates(model)
         groups = tuple(groups)
         key = f"{user}/{server}"

@@ -214,7 +214,7 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         cpu_servers_allowed=bool(spawner.cpu_servers_allowed),
         quota_contact=str(spawner.quota_contact),
         node=spawner.gpu_node,
-        backend=backend or type(spawner).__name__,
+        backend=backend if backend is not None else getattr(spawner, "workbench_backend", ""),
         queue_order=str(spawner.gpu_queue_order),
         queue_aging_minutes=float(spawner.gpu_queue_aging_minutes),
         time_zone=str(spawner.gpu_time_zone),
@@ -237,6 +237,22 @@ def spawner_class_from(config) -> type:
     return JupyterHub.class_traits()["spawner_class"].validate(None, value)
 
 
+def spawner_gpu_class(config) -> type:
+    """The configured spawner class, checked to keep the backend contract (ValueError with sentences)."""
+    from workbench_spawner.mixin import contract_problems
+    from workbench_spawner.policy.config import GPUPolicyConfig
+
+    cls = spawner_class_from(config)
+    if not issubclass(cls, GPUPolicyConfig):
+        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
+                         "(gpu-local, gpu-docker, gpu-slurm)")
+    problems = contract_problems(cls)
+    if problems:
+        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} does not keep the backend contract: "
+                         + " ".join(problems))
+    return cls
+
+
 def publish_policy_settings(config) -> PolicySettings:
     """Resolve the configured spawner's settings and store them for the workbench service.
 
@@ -247,24 +263,22 @@ def publish_policy_settings(config) -> PolicySettings:
     ``c.LocalGPUSpawner``...), most specific last, as the spawner would:
     no spawner is made, since a spawner needs a user.
     """
+    from dataclasses import replace
+
     from workbench_spawner.policy.config import GPUPolicyConfig
 
-    cls = spawner_class_from(config)
-    if not issubclass(cls, GPUPolicyConfig):
-        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
-                         "(gpu-local, gpu-docker, gpu-slurm)")
+    cls = spawner_gpu_class(config)
 
     class SpawnerPolicyConfig(GPUPolicyConfig):
         @classmethod
         def section_names(cls_):  # noqa: N805  (traitlets' classmethod)
             return cls.section_names()
 
-    settings = resolve_policy_settings(SpawnerPolicyConfig(config=config), backend=cls.__name__)
-    if hasattr(cls, "policy_inventory"):
-        # A cluster backend knows its GPUs from the engine (Slurm's node records), not from this host.
-        from dataclasses import replace
-
-        settings = replace(settings, inventory=cls.policy_inventory(SpawnerPolicyConfig(config=config)), node="")
+    policy_config = SpawnerPolicyConfig(config=config)
+    settings = resolve_policy_settings(policy_config, backend=cls.workbench_backend)
+    if cls.placement_mode == "engine":
+        # An engine knows the cluster's GPUs (Slurm's node records), not this host.
+        settings = replace(settings, inventory=cls.engine_inventory(policy_config), node="")
     store = AllocationStore(settings.db_url)
     try:
         store_policy_settings(store, settings)

@@ -103,7 +103,10 @@ def check_lockdown(config: Config) -> list[str]:
 
 
 class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
-    """DockerSpawner with GPU leases, device requests and locked-down containers."""
+    """DockerSpawner with GPU leases, device requests and locked-down containers (host placement)."""
+
+    workbench_backend = "docker"
+    placement_mode = "host"
 
     enforces_resource_limits = True  # Docker's memory limit and CPU quota
 

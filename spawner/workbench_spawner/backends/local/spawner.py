@@ -24,7 +24,15 @@ from workbench_spawner.ledger.store import Lease
 
 
 class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
-    """Local processes pinned to their GPUs by CUDA_VISIBLE_DEVICES."""
+    """Local processes pinned to their GPUs by CUDA_VISIBLE_DEVICES (host placement).
+
+    Reconcile rule after a hub restart: a lease whose process is gone (or
+    whose pid now runs something that is not Jupyter) is released; a local
+    server cannot run without the hub's knowledge, so there are no orphans.
+    """
+
+    workbench_backend = "local"
+    placement_mode = "host"
 
     @default("home_dir_template")
     def _default_home_dir_template(self):
@@ -47,11 +55,10 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
         """,
     ).tag(config=True)
 
-    async def start(self):
+    async def prepare_server(self) -> None:
         if self.starter_notebooks_dir:
             # File copies block: off the event loop, like every database call of a spawn.
             await asyncio.to_thread(copy_missing, Path(self.starter_notebooks_dir), Path(self.home_dir) / "notebooks")
-        return await super().start()
 
     def get_args(self):
         args = super().get_args()
@@ -73,6 +80,9 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
         if not lease.ref.startswith("pid:"):
             return False  # the start never finished before the hub went away
         return pid_runs_jupyter(int(lease.ref[4:]))
+
+    def gpu_reconcile_orphans(self) -> None:
+        """Nothing to adopt: a local server is a child of the hub, and ends with it unless it was leased."""
 
 
 def pid_runs_jupyter(pid: int) -> bool:

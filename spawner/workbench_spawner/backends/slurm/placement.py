@@ -26,7 +26,8 @@ from typing import Callable, Sequence
 
 from workbench_devices import DeviceInventory
 
-from workbench_spawner.placement.host import NoGPUAvailable, Placement, Report
+from workbench_spawner.placement.engine import EngineJob, EnginePlacement
+from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 from workbench_spawner.rules.reservations import gpus_text
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
@@ -44,7 +45,7 @@ class JobEnded(NoGPUAvailable):
     """The job left Slurm's queue before it ran (cancelled outside the hub, failed at once)."""
 
 
-class SlurmPlacement(Placement):
+class SlurmPlacement(EnginePlacement):
     """Leases for jobs Slurm placed; the wait is Slurm's own queue."""
 
     def __init__(self, store: AllocationStore, inventory: Callable[[], DeviceInventory], poll_interval: float = 1.0,
@@ -128,15 +129,15 @@ class SlurmPlacement(Placement):
     # -- after submitting ----------------------------------------------------------------------
 
     async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = lambda ahead: None, groups: Sequence[str] = (), *, job_id: str = "",
-                    started: Callable[[], NodeReport | None] = lambda: None,
-                    describe: Callable[[str], None] = lambda text: None,
-                    deadline: float | None = None, admitted: str = "") -> Lease | None:
-        """The lease of running job ``job_id`` (None for 0 GPUs), or NoGPUAvailable (the job is then cancelled).
+                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None
+                    ) -> Lease | None:
+        """The lease of the running ``job`` (None for 0 GPUs), or NoGPUAvailable (the job is then cancelled).
 
-        ``started`` is called in a worker thread. ``admitted``: the key ``admit_to_queue`` registered."""
-        if not job_id:
+        ``job.started`` is called in a worker thread and returns the job's ``NodeReport`` once it came;
+        ``job.admitted``: the key ``admit_to_queue`` registered."""
+        if job is None or not job.job_id:
             raise NoGPUAvailable("The Slurm job was not submitted, so there is nothing to place.")
+        job_id, started, describe, deadline, admitted = job.job_id, job.started, job.describe, job.deadline, job.admitted
         what = gpus_text(count, model)
         deadline = self.clock() + timeout if deadline is None else deadline
         hours = await asyncio.to_thread(self.gpu_hours, user) if self.queue_order == "fair-share" else 0.0

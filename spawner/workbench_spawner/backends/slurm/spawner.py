@@ -41,13 +41,11 @@ from traitlets import Dict, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 
-from workbench_spawner.backends.slurm import report_api as slurm_report_api
 from workbench_spawner.mixin import GPUSpawnerMixin
-from workbench_spawner.ledger.notices import NoticeBook
-from workbench_spawner.placement.host import NoGPUAvailable
-from workbench_spawner.policy.gpu_policy import GPUPolicy, shared_policy
+from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.rules.quota import gpu_hours_used
-from workbench_spawner.policy.settings import resolve_policy_settings
+from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid
@@ -58,9 +56,6 @@ from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.traits import SlurmTraits
 from workbench_spawner.ledger.store import AllocationStore, Lease
-
-# batchspawner's /hub/api/batchspawner sets any spawner attribute a job posts: ours takes a start report only.
-slurm_report_api.install()
 
 BATCH_SCRIPT = """#!/bin/bash
 {% for opt in sbatch_lines %}#SBATCH {{opt}}
@@ -79,7 +74,10 @@ trap 'echo SIGTERM received' TERM
 
 
 class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
-    """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view."""
+    """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
+
+    workbench_backend = "slurm"
+    placement_mode = "engine"
 
     workbench_report = Dict(
         allow_none=True,
@@ -110,44 +108,38 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
 
     # -- the cluster and the policy ------------------------------------------------------------
 
-    @classmethod
-    def policy_inventory(cls, config_obj) -> DeviceInventory:
+    def engine_inventory(self) -> DeviceInventory:
         """The cluster's GPUs from Slurm's node records, read once per hub process (blocking).
 
-        Nodes added to the cluster later are seen after a hub restart."""
-        key = config_obj.simulated_gpus
+        ``self`` may be a bare config object with the policy's traits (the
+        hub publishes its settings before any spawner exists). Nodes added to
+        the cluster later are seen after a hub restart."""
+        key = self.simulated_gpus
         if key not in _inventories:
             try:
                 nodes = [n for n in list_nodes() if n.gpu_count]
             except SlurmUnavailable as exc:
                 return DeviceInventory("none", [], f"Slurm did not answer: {exc}")
-            _inventories[key] = cluster_inventory(nodes, config_obj.simulated_gpus)
+            _inventories[key] = cluster_inventory(nodes, self.simulated_gpus)
         return _inventories[key]
 
-    @property
-    def gpu_policy(self) -> GPUPolicy:
-        settings = replace(resolve_policy_settings(self), inventory=self.policy_inventory(self), node="")
-        key = ("slurm", settings.db_url)
+    def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> SlurmPlacement:
+        def inventory() -> DeviceInventory:
+            return NodeGPUMap(store).resolve(settings.inventory)
 
-        def build() -> GPUPolicy:
-            store = AllocationStore(settings.db_url)
+        reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
+                                         hub_clock(settings.test_clock_file))
+        real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
+        return SlurmPlacement(store, inventory, self.slurm_poll_interval, queue_order=settings.queue_order,
+                              aging_minutes=settings.queue_aging_minutes, reservations=reservations,
+                              gpu_hours=lambda user: gpu_hours_used(store, user),
+                              learn=NodeGPUMap(store).accept if real else lambda report: None,
+                              total_gpus=lambda: len(settings.inventory.devices))
 
-            def inventory() -> DeviceInventory:
-                return NodeGPUMap(store).resolve(settings.inventory)
-
-            reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
-                                             hub_clock(settings.test_clock_file))
-            real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
-            placement = SlurmPlacement(store, inventory, self.slurm_poll_interval, queue_order=settings.queue_order,
-                                       aging_minutes=settings.queue_aging_minutes, reservations=reservations,
-                                       gpu_hours=lambda user: gpu_hours_used(store, user),
-                                       learn=NodeGPUMap(store).accept if real else lambda report: None,
-                                       total_gpus=lambda: len(settings.inventory.devices))
-            return SlurmPolicy(settings, store, placement)
-
-        policy = shared_policy(key, build)
-        policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
-        return policy
+    def build_policy(self, settings: PolicySettings) -> GPUPolicy:
+        """The policy whose inventory names every GPU a job reported by its real UUID."""
+        store = AllocationStore(settings.db_url)
+        return SlurmPolicy(settings, store, self.engine_placement(settings, store))
 
     def hub_id(self) -> str:
         """This hub's id (blocking: the GPU database), the first part of its jobs' tags."""
@@ -155,14 +147,14 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
 
     # -- options ---------------------------------------------------------------------------------
 
-    async def _apply_gpu_options(self, user_options: dict) -> None:
-        options = dict(user_options or {})
+    async def check_options(self, options: dict) -> dict:
+        """The user's Unix account, and the ``partition`` option (checked against the allowed ones)."""
         self.slurm_partition_choice = ""  # a partition picked for one start does not stick to the next
         await asyncio.to_thread(self._check_account)
         choice = options.pop("partition", None)
         if choice is not None:
             self.slurm_partition_choice = await self._allowed_partition(choice)
-        await super()._apply_gpu_options(options)
+        return options
 
     def _check_account(self) -> None:
         """Jobs run as the user's Unix account: it must exist and not be a system account."""
@@ -216,54 +208,13 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    async def start(self):
-        self._gpu_events.reset()
-        self._gpu_starting = True
+    async def engine_submit(self) -> EngineJob:
         self.workbench_report = None
         self.ip = self.traits()["ip"].default_value
         self.port = 0
         if self.server:
             self.server.port = self.port
-        request = self.gpu_request
-        try:
-            policy = await self._policy()
-            # Starting again: the spawn page's "why your server stopped" has been read.
-            await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
-            placement = policy.placement
-            assert isinstance(placement, SlurmPlacement)
-            deadline = placement.clock() + self.gpu_queue_timeout
-            groups = await asyncio.to_thread(lambda: tuple(sorted(g.name for g in self.user.groups or [])))
-            # JupyterHub starts a server it believes stopped: a job or lease of it left over is stale.
-            await asyncio.to_thread(self._end_leftovers)
-            key = f"{self.user.name}/{self.name}"
-            try:
-                await placement.admit_to_queue(key, request.gpus, request.gpu_model, groups, deadline,
-                                               describe=lambda text: self._gpu_events.add(text, 3))
-                try:
-                    await self._submit()
-                finally:
-                    if not self.job_id:
-                        placement.withdraw(key)
-                lease = await self._place(placement, request, groups, deadline, key)
-            except NoGPUAvailable as exc:
-                self.clear_state()
-                raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
-            self.gpu_uuids = list(lease.gpu_uuids) if lease else []
-            self._gpu_events.add(
-                f"Running on {self._job_node} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
-            while not self.port:
-                await asyncio.sleep(0.1)
-            self.ip = await asyncio.to_thread(self._node_address, self._job_node)
-            return self.ip, self.port
-        except BaseException:
-            # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): no job stays.
-            await self._cancel_quietly()
-            await asyncio.to_thread(self._release, "start failed")
-            raise
-        finally:
-            self._gpu_starting = False
-
-    async def _submit(self) -> None:
+        self._job_node = ""
         try:
             await self.submit_batch_script()
         except RuntimeError as exc:
@@ -278,21 +229,23 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
                                  reason="slurm_refused", status_code=500)
         self._gpu_events.add(f"Submitted Slurm job {self.job_id}", 5)
 
-    async def _place(self, placement: SlurmPlacement, request, groups: tuple[str, ...],
-                     deadline: float, admitted: str) -> Lease | None:
-        self._job_node = ""
-
         def started() -> NodeReport | None:
             report = NodeReport.from_json(self.workbench_report)
             return self._trusted(report) if report else None
 
-        lease = await placement.place(
-            self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout, groups=groups,
-            job_id=self.job_id, started=started, describe=lambda text: self._gpu_events.add(text, 20),
-            deadline=deadline, admitted=admitted)
+        return EngineJob(job_id=self.job_id, started=started)
+
+    async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
         report = NodeReport.from_json(self.workbench_report)
         self._job_node = lease.node if lease else (report.node if report else "")
-        return lease
+        self._gpu_events.add(f"Running on {self._job_node} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
+        while not self.port:
+            await asyncio.sleep(0.1)
+        self.ip = await asyncio.to_thread(self._node_address, self._job_node)
+        return self.ip, self.port
+
+    async def engine_cancel(self) -> None:
+        await self._cancel_quietly()
 
     def _trusted(self, report: NodeReport) -> NodeReport:
         """The report with the node's GPU list from the hub where it knows it (simulated nodes).
@@ -307,30 +260,6 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             return report
         known = parse_simulated_spec(self.simulated_gpus, report.node)
         return replace(report, gpus=tuple(asdict(d) for d in known))
-
-    def _end_leftovers(self) -> None:
-        """Before a start: cancel this server's jobs from an earlier start, and release its stale lease.
-
-        JupyterHub starts a server only when it believes it stopped; a job of
-        it still in Slurm (adopted after a restart, or whose stop failed) would
-        hold GPUs nobody reaches. Blocking."""
-        try:
-            jobs = list_jobs()
-        except SlurmUnavailable as exc:
-            self.log.warning("Cannot look for leftover Slurm jobs of %s: %s", self._log_name, exc)
-            jobs = []
-        store = self.gpu_policy_store()
-        tag, hub = (self.user.name, self.name), hub_id(store)
-        for job in jobs:
-            if job.tag == tag and job.user == self.user.name and job.belongs_to(hub) and (job.pending or job.running):
-                self.log.warning("Cancelling Slurm job %s of %s: left from an earlier start", job.job_id,
-                                 self._log_name)
-                try:
-                    cancel(job.job_id)
-                except SlurmUnavailable as exc:
-                    self.log.warning("Could not cancel Slurm job %s: %s", job.job_id, exc)
-        if store.lease_of(self.user.name, self.name) is not None:
-            self._release("replaced by a new start")
 
     def _node_address(self, node: str) -> str:
         try:
@@ -360,7 +289,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             self.log.warning("Cannot list Slurm jobs to reconcile GPU leases: %s", exc)
             return
         store = self.gpu_policy_store()
-        inventory = NodeGPUMap(store).resolve(self.policy_inventory(self))
+        inventory = NodeGPUMap(store).resolve(self.engine_inventory())
         by_place = {(d.node, d.index): d.uuid for d in inventory.devices
                     if d.uuid != placeholder_uuid(d.node, d.index)}
 

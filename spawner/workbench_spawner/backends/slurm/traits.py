@@ -2,7 +2,7 @@
 
 They map to sbatch (partition, account, QOS, extra options), to where the
 single-user environment lives on the nodes, and to who may run jobs.
-``hub/workbench_hub/slurm_config.py`` sets them from ``WORKBENCH_SLURM_*``;
+``backends/slurm/config.py`` sets them from ``WORKBENCH_SLURM_*``;
 each also defaults to its environment variable, so a spawner made outside
 that config (tests, benchmarks) sees the same values. docs/slurm.md lists
 them with the ``slurm.conf`` side.

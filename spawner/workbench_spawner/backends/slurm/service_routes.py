@@ -16,7 +16,7 @@ import logging
 
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap
 
-from .handlers import APIHandler
+from workbench_hub.service.handlers import APIHandler
 
 log = logging.getLogger("workbench.service")
 

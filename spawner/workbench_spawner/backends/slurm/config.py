@@ -1,6 +1,6 @@
 """``WORKBENCH_BACKEND=slurm``: the hub on a cluster's head or login node.
 
-Kept apart from configurer.py so the Slurm settings are one table a site
+Kept in the Slurm backend's folder so its settings are one table a site
 reads in one place (docs/slurm.md lists them with the slurm.conf side).
 Jobs run on other nodes, so the hub's API must listen on an address they
 reach (``WORKBENCH_HUB_IP``, default all addresses) and tell them one
@@ -15,7 +15,8 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from .configurer import ConfigError, Env, comma_list, number, text
+from workbench_hub.env_values import ConfigError, Env, comma_list, number, text
+from workbench_spawner.backend import HubContext
 
 
 def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
@@ -43,3 +44,8 @@ def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
     # How soon a job that ended (scancel, time limit, node failure) gives its GPUs back.
     c.Spawner.poll_interval = number(env, "WORKBENCH_SLURM_POLL_SECONDS", "30", int)
     c.Spawner.http_timeout = number(env, "WORKBENCH_SLURM_HTTP_TIMEOUT", "120", int)
+
+
+def configure(c: Config, env: Env, hub: HubContext) -> None:
+    """``WORKBENCH_BACKEND=slurm``."""
+    update_slurm(c, env, hub.bin_dir)

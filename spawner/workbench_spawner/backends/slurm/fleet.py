@@ -18,8 +18,6 @@ from workbench_spawner.backends.slurm.jobs import SlurmNode, SlurmUnavailable, l
 
 log = logging.getLogger("workbench.service")
 
-SLURM_BACKEND = "SlurmGPUSpawner"
-
 _cache: dict[str, SlurmNode] | None = None
 _cached_at = 0.0
 _lock = threading.Lock()
@@ -40,10 +38,8 @@ def slurm_nodes(max_age: float = 2.0) -> dict[str, SlurmNode] | None:
         return _cache
 
 
-def annotate_slurm(gpus: list[dict], backend: str) -> None:
+def annotate_slurm(gpus: list[dict]) -> None:
     """Add ``slurm`` (node state, allocated by Slurm, held outside the workbench) to each GPU row."""
-    if backend != SLURM_BACKEND:
-        return
     nodes = slurm_nodes()
     for gpu in gpus:
         node = (nodes or {}).get(gpu["node"])

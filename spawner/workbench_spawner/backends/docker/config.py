@@ -1,0 +1,67 @@
+"""``WORKBENCH_BACKEND=docker``: the hub on one GPU host, user servers in locked-down containers.
+
+The docker backend's variables (``WORKBENCH_IMAGE``, ``WORKBENCH_IMAGES``,
+``WORKBENCH_DOCKER_NETWORK``, ``WORKBENCH_DATASETS_VOLUME``,
+``WORKBENCH_MEM_LIMIT``, ``WORKBENCH_CPU_LIMIT``) become config here; the
+README's table lists them. With the hub on the host, containers reach it
+through the default bridge's gateway, which is asked of the Docker engine.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from traitlets.config import Config
+
+from workbench_hub.env_values import ConfigError, Env, comma_list, number, text
+from workbench_spawner.backend import HubContext
+
+
+def bridge_gateway() -> str:
+    """The default bridge's gateway: how containers reach a hub that runs on the host."""
+    import docker
+
+    try:
+        ipam = docker.from_env().networks.get("bridge").attrs["IPAM"]["Config"][0]
+        # The gateway is the bridge's first address when the engine does not name it.
+        return ipam.get("Gateway") or str(next(ipaddress.ip_network(ipam["Subnet"]).hosts()))
+    except Exception as exc:
+        raise ConfigError(f"the docker backend cannot reach the Docker engine ({exc}); is dockerd running?") from None
+
+
+def configure(c: Config, env: Env, hub: HubContext) -> None:
+    """``WORKBENCH_BACKEND=docker``: the image, the network, limits, and where containers reach the hub."""
+    docker_bridge = hub.lookups.get("docker_bridge", bridge_gateway)
+    c.JupyterHub.spawner_class = "gpu-docker"
+    image = text(env, "WORKBENCH_IMAGE")
+    if not image:
+        raise ConfigError(
+            "the docker backend needs WORKBENCH_IMAGE, the single-user image (e.g. gpu-workbench/singleuser:latest)"
+        )
+    spawner = c.DockerGPUSpawner
+    spawner.image = image
+    offered = comma_list(env, "WORKBENCH_IMAGES")
+    if offered:
+        spawner.offered_images = offered
+    hub_ip = env.get("WORKBENCH_HUB_IP")
+    connect_ip = env.get("WORKBENCH_HUB_CONNECT_IP")
+    network = text(env, "WORKBENCH_DOCKER_NETWORK")
+    if network:
+        # The hub runs in a container on this network (docker compose):
+        # user containers join it and are reached by their internal address.
+        spawner.network_name = network
+        spawner.use_internal_ip = True
+        c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else "0.0.0.0").strip()
+        c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else "hub").strip()
+    else:
+        # The hub runs on the host: containers reach it through the default
+        # bridge's gateway address, which is a local address of the host.
+        if hub_ip is None or connect_ip is None:
+            bridge = docker_bridge()
+        c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else bridge).strip()
+        c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else bridge).strip()
+    spawner.datasets_volume = text(env, "WORKBENCH_DATASETS_VOLUME", "workbench-datasets")
+    if text(env, "WORKBENCH_MEM_LIMIT"):
+        spawner.mem_limit = text(env, "WORKBENCH_MEM_LIMIT")
+    if text(env, "WORKBENCH_CPU_LIMIT"):
+        spawner.cpu_limit = number(env, "WORKBENCH_CPU_LIMIT", "1")

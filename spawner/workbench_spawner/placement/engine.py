@@ -1,0 +1,61 @@
+"""Placement by an engine (Slurm, Kubernetes): the engine picks the GPUs, the policy admits and records.
+
+``EnginePlacement`` is what the mixin's engine template drives
+(``GPUSpawnerMixin._start_by_engine``): ``admit_to_queue`` holds a request
+back while submitting it would eat into what open reservations keep,
+``withdraw`` takes it back when the submission failed, and ``place`` (the
+base signature, with the submitted ``EngineJob``) follows the job in the
+engine's queue with the engine's reason, learns node and GPUs back from
+what the engine says and what the server reported, and writes the lease.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workbench_spawner.placement.host import Placement
+
+
+def _quiet(text: str) -> None:
+    return None
+
+
+def _no_report() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class EngineJob:
+    """A server submitted to an engine, as its backend hands it to placement.
+
+    ``job_id``: the engine's id (Slurm's job id, a pod's name). ``started``
+    (called in a worker thread) returns the server's start report once it
+    arrived (the node and the GPU UUIDs it sees), else None. The template
+    fills in ``deadline`` (the queue timeout's end, on the placement's
+    clock), ``admitted`` (the key ``admit_to_queue`` registered) and
+    ``describe`` (progress events for the user).
+    """
+
+    job_id: str
+    started: Callable[[], Any] = _no_report
+    describe: Callable[[str], None] = _quiet
+    deadline: float | None = None
+    admitted: str = ""
+
+
+class EnginePlacement(Placement):
+    """Placement that follows an engine's queue."""
+
+    clock: Callable[[], float]
+
+    @abstractmethod
+    async def admit_to_queue(self, key: str, count: int, model: str | None, groups: Sequence[str],
+                             deadline: float, describe: Callable[[str], None] = _quiet) -> None:
+        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``."""
+
+    @abstractmethod
+    def withdraw(self, key: str) -> None:
+        """The admitted request ``key`` is not going to the engine's queue after all (the submission failed)."""

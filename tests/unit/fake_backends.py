@@ -1,0 +1,192 @@
+"""The contract's reference implementations: a fake host backend and a fake engine backend.
+
+They keep the backend contract (``workbench_spawner.mixin``) over a runtime
+made of Python objects, so the policy's life cycle can be tested in
+milliseconds: ``tests/unit/test_backend_contract.py`` runs the same
+scenarios against them as against the real backends' classes, and the
+lifecycle and quota tests spawn through them. ``FakeWorld`` is what runs
+"out there": the servers the runtime knows, by lease ref, including ones
+that run without a lease (orphans after a hub restart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from jupyterhub.spawner import Spawner
+
+from workbench_devices import DeviceInventory, discover_devices
+from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.mixin import GPUSpawnerMixin
+from workbench_spawner.placement.engine import EngineJob, EnginePlacement
+from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
+from workbench_spawner.policy.settings import PolicySettings
+
+
+@dataclass
+class FakeWorld:
+    """The runtime's truth: which servers run (ref -> (user, server, GPUs)), and what was cancelled."""
+
+    running: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
+    cancelled: list[str] = field(default_factory=list)
+    answers: bool = True  # False: the runtime cannot be asked (gpu_lease_alive says None)
+
+
+class FakeRuntime(Spawner):
+    """A runtime whose start can succeed, fail or hang, and whose server can die."""
+
+    behaviour = "ok"
+    alive = False
+    world: FakeWorld | None = None  # None: the runtime cannot tell (gpu_lease_alive answers None)
+
+    async def start(self):
+        if self.behaviour == "fail":
+            raise RuntimeError("image not found")
+        if self.behaviour == "hang":
+            await asyncio.sleep(3600)
+        self.alive = True
+        if self.world is not None:
+            self.world.running[f"fake:{self.user.name}/{self.name}"] = (
+                self.user.name, self.name, tuple(getattr(self, "gpu_uuids", ())))
+        return "http://127.0.0.1:9999"
+
+    async def stop(self, now=False):
+        if self.world is not None:
+            self.world.running.pop(f"fake:{self.user.name}/{self.name}", None)
+        self.alive = False
+
+    async def poll(self):
+        return None if self.alive else 0
+
+
+class FakeHostSpawner(GPUSpawnerMixin, FakeRuntime):
+    """Host placement: the policy leases GPUs, then the fake runtime starts the server with them."""
+
+    workbench_backend = "fake-host"
+    placement_mode = "host"
+
+    def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
+        return {"FAKE_VISIBLE_DEVICES": ",".join(uuids)}
+
+    def gpu_lease_ref(self) -> str:
+        return f"fake:{self.user.name}/{self.name}" if self.alive else ""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        if self.world is None or not self.world.answers:
+            return None
+        return lease.ref in self.world.running
+
+    def gpu_reconcile_orphans(self) -> None:
+        adopt_orphans(self.world, self.gpu_policy.store)
+
+
+def adopt_orphans(world: FakeWorld | None, store: AllocationStore) -> None:
+    """The documented rule of both fakes: adopt a server without a lease if its GPUs are free, else end it."""
+    if world is None:
+        return
+    leased = {lease.ref for lease in store.leases()}
+    for ref, (user, server, uuids) in list(world.running.items()):
+        if ref in leased or not uuids:
+            continue
+        if not store.adopt(user, server, list(uuids), ref):
+            world.running.pop(ref)
+            world.cancelled.append(ref)
+
+
+class FakeEnginePlacement(EnginePlacement):
+    """An engine that places at once on the first free GPUs, or keeps the job pending until the deadline."""
+
+    def __init__(self, store: AllocationStore, inventory: DeviceInventory, poll: float = 0.01):
+        super().__init__(store)
+        self.inventory = inventory
+        self.poll = poll
+        self.clock = time.monotonic
+        self.admitted: set[str] = set()
+
+    async def admit_to_queue(self, key: str, count: int, model: str | None, groups: Sequence[str],
+                             deadline: float, describe=lambda text: None) -> None:
+        self.admitted.add(key)
+
+    def withdraw(self, key: str) -> None:
+        self.admitted.discard(key)
+
+    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
+                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None
+                    ) -> Lease | None:
+        if job is None:
+            raise NoGPUAvailable("nothing was submitted")
+        self.withdraw(job.admitted)
+        deadline = job.deadline if job.deadline is not None else self.clock() + timeout
+        while True:
+            held = {u for lease in self.store.leases() for u in lease.gpu_uuids}
+            free = [d.uuid for d in self.inventory.devices if d.uuid not in held and model in (None, d.model)]
+            if not count:
+                return None
+            if len(free) >= count:
+                if await asyncio.to_thread(self.store.adopt, user, server, free[:count], f"engine:{job.job_id}",
+                                           None, "node-1", tuple(groups)):
+                    return await asyncio.to_thread(self.store.lease_of, user, server)
+            job.describe(f"The engine keeps job {job.job_id} pending: Resources")
+            if self.clock() >= deadline:
+                raise NoGPUAvailable(f"The engine did not start job {job.job_id} in time; it was cancelled.")
+            await asyncio.sleep(self.poll)
+
+
+class FakeEngineSpawner(GPUSpawnerMixin, FakeRuntime):
+    """Engine placement: the policy admits, the fake engine places and the lease is learned back."""
+
+    workbench_backend = "fake-engine"
+    placement_mode = "engine"
+    _ids = itertools.count(1)
+
+    def engine_inventory(self) -> DeviceInventory:
+        return discover_devices(self.simulated_gpus or "2")
+
+    def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> FakeEnginePlacement:
+        return FakeEnginePlacement(store, settings.inventory)
+
+    async def engine_submit(self) -> EngineJob:
+        if self.behaviour == "fail":
+            from jupyterhub.spawner import SpawnException
+
+            raise SpawnException("The engine refused the job: no such partition.", status_code=400)
+        self.job_id = str(next(self._ids))
+        return EngineJob(job_id=self.job_id)
+
+    async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
+        if self.behaviour == "hang":
+            await asyncio.sleep(3600)
+        self.alive = True
+        if self.world is not None:
+            self.world.running[self.gpu_lease_ref()] = (self.user.name, self.name, tuple(self.gpu_uuids))
+        return "127.0.0.1", 9999
+
+    async def engine_cancel(self) -> None:
+        job_id = getattr(self, "job_id", "")
+        if job_id and self.world is not None:
+            self.world.cancelled.append(f"engine:{job_id}")
+            self.world.running.pop(f"engine:{job_id}", None)
+        self.job_id = ""
+
+    def gpu_lease_ref(self) -> str:
+        return f"engine:{self.job_id}" if getattr(self, "job_id", "") else ""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        if self.world is None or not self.world.answers:
+            return None
+        return lease.ref in self.world.running
+
+    def gpu_reconcile_orphans(self) -> None:
+        adopt_orphans(self.world, self.gpu_policy.store)
+
+    async def stop(self, now=False):
+        await self.engine_cancel()
+        await super().stop(now=now)
+
+    def clear_state(self):
+        super().clear_state()
+        self.job_id = ""
