@@ -435,6 +435,9 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
                 self.clear_state()
                 raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
             self.gpu_uuids = list(lease.gpu_uuids) if lease else []
+            if lease:
+                self._gpu_events.add(f"The engine placed the server on {lease.node or 'its node'}: "
+                                     f"{', '.join(lease.gpu_uuids)}", 80)
             return await self.engine_connect(lease)
         except BaseException:
             # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): nothing stays.

@@ -153,7 +153,7 @@ class FakeEngineSpawner(GPUSpawnerMixin, FakeRuntime):
         if self.behaviour == "fail":
             from jupyterhub.spawner import SpawnException
 
-            raise SpawnException("The engine refused the job: no such partition.", status_code=400)
+            raise SpawnException("The engine refused the job: no such partition.", reason="engine_refused", status_code=400)
         self.job_id = str(next(self._ids))
         return EngineJob(job_id=self.job_id)
 
