@@ -3,6 +3,7 @@
 # nothing needs installing by hand.
 
 PYTHON ?= python3
+comma  := ,
 VENV   := .venv
 BIN    := $(abspath $(VENV)/bin)
 # The PyTorch the local backend's servers use. The default is the CPU wheel
@@ -11,6 +12,17 @@ BIN    := $(abspath $(VENV)/bin)
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+
+# Exact versions of every third-party package, from one lock file made by `make lock`
+# (uv pip compile) from pyproject.toml's ranges; .venv, CI and both images install from it.
+LOCK        := requirements/lock.txt
+# The lowest versions pyproject.toml declares (uv's --resolution lowest-direct), for `make test-lowest`.
+LOWEST_LOCK := requirements/lowest.txt
+EXTRAS      := docker,slurm,singleuser,test,dev
+LOWEST      := .venv-lowest
+UV          := $(BIN)/uv
+# `make lock LOCK_ARGS=--upgrade` (or --upgrade-package jupyterhub) moves the pins on; without, kept pins stay.
+LOCK_ARGS   ?=
 
 # The GPU inventory (pure Python), which the hub and the monitor both depend on.
 DEVICES       := devices
@@ -28,7 +40,7 @@ MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workben
                    -type f -not -path '*/labextension/*' -not -path '*/__pycache__/*' 2>/dev/null) \
                  $(MONITOR)/package.json $(MONITOR)/pyproject.toml $(MONITOR)/yarn.lock
 
-.PHONY: run test test-unit test-ts test-images install clean
+.PHONY: run test test-unit test-ts test-lowest test-images install lint lock lock-check clean
 
 run: install
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
@@ -40,6 +52,48 @@ test: install
 test-unit: install
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
+# The unit tests against the lowest versions pyproject.toml declares (requirements/lowest.txt),
+# in their own venv (.venv-lowest, reused). torch is the same local wheel as in .venv.
+test-lowest: $(LOWEST)/.installed
+	$(LOWEST)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+
+$(LOWEST)/.installed: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml $(LOWEST_LOCK) Makefile
+	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/pip install --quiet "$(TORCH)"
+	$(UV) pip install --quiet --python $(LOWEST)/bin/python -r $(LOWEST_LOCK)
+	$(UV) pip install --quiet --python $(LOWEST)/bin/python --reinstall --no-deps \
+	  $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl -e .
+	touch $@
+
+# ruff (lint + format) on the Python tree, eslint + prettier on the GPU monitor's TypeScript; fails on any finding.
+lint: $(VENV)/.devtools $(MONITOR)/node_modules/.yarn-state.yml
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm lint:check
+
+$(MONITOR)/node_modules/.yarn-state.yml: $(VENV)/.tools $(MONITOR)/package.json $(MONITOR)/yarn.lock
+	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm install
+	touch $@
+
+# Our own packages are built from the tree, never taken from an index: uv sees their wheels
+# (for their dependencies) and the lock names none of them.
+UV_COMPILE = $(UV) pip compile --quiet pyproject.toml --universal --python-version 3.11 \
+  --find-links $(DEVICES)/dist --find-links $(MONITOR)/dist --find-links $(SSH)/dist \
+  --no-emit-package workbench-devices --no-emit-package workbench-gpu-monitor --no-emit-package workbench-ssh \
+  --custom-compile-command "make lock" $(LOCK_ARGS)
+
+lock: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)
+	$(UV_COMPILE) $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -o $(LOCK)
+	$(UV_COMPILE) --resolution lowest-direct $(foreach e,docker slurm singleuser test,--extra $(e)) -o $(LOWEST_LOCK)
+
+# Fails when pyproject.toml changed and the lock files were not regenerated (`make lock`).
+lock-check: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)
+	rm -rf $(VENV)/lock-check && mkdir -p $(VENV)/lock-check
+	cp $(LOCK) $(LOWEST_LOCK) $(VENV)/lock-check/
+	$(MAKE) --no-print-directory lock LOCK=$(VENV)/lock-check/lock.txt LOWEST_LOCK=$(VENV)/lock-check/lowest.txt
+	diff -u $(LOCK) $(VENV)/lock-check/lock.txt && diff -u $(LOWEST_LOCK) $(VENV)/lock-check/lowest.txt \
+	  || { echo "requirements/ is out of date with pyproject.toml: run make lock" >&2; exit 1; }
+
 test-images:
 	images/build-test-images.sh
 
@@ -48,8 +102,15 @@ install: $(STAMP) node_modules/.bin/configurable-http-proxy
 $(VENV)/.tools:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	# jupyterlab brings jlpm (the extension's build tool); build + hatch build the wheel.
-	$(BIN)/pip install --quiet jupyterlab==4.6.6 build==1.6.1 hatchling==1.33.0 hatch-jupyter-builder==0.10.0
+	# jupyterlab brings jlpm (the extension's build tool); build + hatch build the wheels.
+	# Their versions come from the lock.
+	$(BIN)/pip install --quiet -c $(LOCK) jupyterlab build hatchling hatch-jupyter-builder
+	touch $@
+
+# uv (the lock, the lowest venv) and ruff, at the lock's versions, for lint/lock/test-lowest
+# without the whole install; $(STAMP) installs them too (the dev extra).
+$(VENV)/.devtools: $(VENV)/.tools $(LOCK)
+	$(BIN)/pip install --quiet -c $(LOCK) uv ruff
 	touch $@
 
 # workbench-devices is built and installed first: the monitor's wheel and the
@@ -73,11 +134,11 @@ $(MONITOR_WHEEL): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_SRC)
 	  && jlpm install && jlpm clean:all && python -m build --wheel --no-isolation .
 	touch $@
 
-$(STAMP): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml Makefile
+$(STAMP): $(VENV)/.tools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml $(LOCK) Makefile
 	$(BIN)/pip install --quiet "$(TORCH)"
 	$(BIN)/pip install --quiet --force-reinstall --no-deps $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl
-	$(BIN)/pip install --quiet $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl
-	$(BIN)/pip install --quiet -e ".[singleuser,test]"
+	$(BIN)/pip install --quiet -c $(LOCK) $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl
+	$(BIN)/pip install --quiet -c $(LOCK) -e ".[$(EXTRAS)]"
 	# Kernels answer the GPU monitor's torch-memory question without a %load_ext.
 	mkdir -p $(VENV)/etc/ipython
 	printf 'c.InteractiveShellApp.extensions = ["workbench_gpu_monitor"]\n' > $(VENV)/etc/ipython/ipython_kernel_config.py
@@ -89,4 +150,4 @@ node_modules/.bin/configurable-http-proxy: package.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) node_modules $(DEVICES)/dist $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib
+	rm -rf $(VENV) $(LOWEST) node_modules $(DEVICES)/dist $(SSH)/dist $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib

@@ -214,7 +214,7 @@ build_wheelhouse() {
     # The third-party wheels depend on the requirement files, the pyprojects and
     # the Python version, not on our own packages' code: when only that changed,
     # their wheels are swapped in place (a full rebuild takes minutes).
-    local inputs=(images/singleuser/requirements.txt images/hub/requirements.txt
+    local inputs=(images/singleuser/requirements.txt images/hub/requirements.txt requirements/lock.txt
                   devices/pyproject.toml extensions/gpu-monitor/pyproject.toml extensions/ssh/pyproject.toml)
     [ -f "$repo/pyproject.toml" ] && inputs+=(pyproject.toml)
     h="$( { hash_paths "${inputs[@]}"; echo "monitor:${monitor:+yes}"; "$python" -V; } | sha256sum | cut -c1-64)"
@@ -237,7 +237,8 @@ build_wheelhouse() {
     # our own wheels first: the monitor's and the hub's requirements name them
     cp "$devices" "$ssh" "$tmp/"
     [ -n "$monitor" ] && cp "$monitor" "$tmp/"
-    local pipw=(pip_logged "$python" -m pip wheel --wheel-dir "$tmp" --find-links "$tmp")
+    # exact versions from the one lock file, as the Dockerfiles install them
+    local pipw=(pip_logged "$python" -m pip wheel --wheel-dir "$tmp" --find-links "$tmp" -c "$repo/requirements/lock.txt")
     : > "$cache/wheelhouse.log"
     # single-user image: its requirements (+ the monitor's dependencies)
     "${pipw[@]}" -r "$repo/images/singleuser/requirements.txt" ${monitor:+"$monitor"} "$ssh"
@@ -252,6 +253,8 @@ import sys, tomllib
 data = tomllib.load(open(sys.argv[1], "rb"))
 reqs = data.get("build-system", {}).get("requires", ["setuptools>=40.8.0", "wheel"])
 reqs += data.get("project", {}).get("dependencies", [])
+# the hub image installs "/srv/workbench[docker]" (the Docker backend)
+reqs += data.get("project", {}).get("optional-dependencies", {}).get("docker", [])
 print("\n".join(reqs))
 PY
         "${pipw[@]}" -r "$cache/hub-requires.txt"
@@ -305,7 +308,7 @@ hub_wheelhouse_listing() { wheelhouse_listing | grep -v -e '^workbench_gpu_monit
 
 build_singleuser() {
     local h
-    h="$( { hash_paths images/singleuser notebooks devices extensions/gpu-monitor extensions/ssh .dockerignore; wheelhouse_listing;
+    h="$( { hash_paths images/singleuser requirements/lock.txt notebooks devices extensions/gpu-monitor extensions/ssh .dockerignore; wheelhouse_listing;
             docker image inspect --format '{{.Id}}' "$BASE_TAG"; } | sha256sum | cut -c1-64)"
     if up_to_date "$SINGLEUSER_TAG" "$h"; then log "build: $SINGLEUSER_TAG up to date"; return; fi
     docker_build "$SINGLEUSER_TAG" images/singleuser/Dockerfile "$h"
@@ -314,7 +317,7 @@ build_singleuser() {
 build_hub() {
     [ -f "$repo/pyproject.toml" ] || die "hub: root pyproject.toml missing (the hub distribution); cannot build $HUB_TAG yet"
     local h
-    h="$( { hash_paths images/hub pyproject.toml README.md hub spawner devices .dockerignore; hub_wheelhouse_listing;
+    h="$( { hash_paths images/hub requirements/lock.txt pyproject.toml README.md hub spawner devices .dockerignore; hub_wheelhouse_listing;
             cat "$cache/chp/.version"; docker image inspect --format '{{.Id}}' "$BASE_TAG"; } | sha256sum | cut -c1-64)"
     if up_to_date "$HUB_TAG" "$h"; then log "build: $HUB_TAG up to date"; return; fi
     docker_build "$HUB_TAG" images/hub/Dockerfile "$h" --build-arg "CHP_DIR=.cache/chp"

@@ -4,7 +4,9 @@
 for a concrete path (``api/quotas/users/alice`` -> ``/api/quotas/users/{name}``),
 fails if the status is not documented for it, and validates a JSON body
 against the documented schema (JSON Schema 2020-12, as OpenAPI 3.1 says).
-The test hub's ``service()`` calls it on every response.
+A response may be a reference to one the document shares
+(``$ref: "#/components/responses/Forbidden"``). The test hub's ``service()``
+calls it on every response.
 """
 
 from __future__ import annotations
@@ -36,6 +38,23 @@ def _validator(doc_json: str, keys: tuple[str, ...]) -> jsonschema.Draft202012Va
                                            format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
 
 
+def resolve(doc: dict, keys: tuple[str, ...]) -> tuple[dict, tuple[str, ...]]:
+    """The node at ``keys``, following local references (``#/components/...``); and its own keys."""
+    node = doc
+    for key in keys:
+        node = node[key]
+    seen = set()
+    while isinstance(node, dict) and "$ref" in node:
+        ref = node["$ref"]
+        assert ref.startswith("#/") and ref not in seen, f"not a local, acyclic reference: {ref}"
+        seen.add(ref)
+        keys = tuple(part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/"))
+        node = doc
+        for key in keys:
+            node = node[key]
+    return node, keys
+
+
 def check(doc: dict, method: str, path: str, status: int, content_type: str, body: bytes) -> None:
     template = _template(doc, path)
     if template is None:
@@ -47,8 +66,9 @@ def check(doc: dict, method: str, path: str, status: int, content_type: str, bod
     if operation is None:
         assert status == 405, f"{method} {path}: {status} for an undocumented method"
         return
-    response = operation["responses"].get(str(status))
-    assert response is not None, f"{method} {template}: status {status} is not documented ({body[:200]!r})"
+    assert str(status) in operation["responses"], (
+        f"{method} {template}: status {status} is not documented ({body[:200]!r})")
+    response, response_keys = resolve(doc, ("paths", template, method.lower(), "responses", str(status)))
     content = response.get("content") or {}
     if not content:
         assert not body, f"{method} {template} {status}: a body where the document says none"
@@ -56,5 +76,5 @@ def check(doc: dict, method: str, path: str, status: int, content_type: str, bod
     media = (content_type or "").split(";")[0].strip()
     assert media in content, f"{method} {template} {status}: {media!r} is not one of {sorted(content)}"
     if media == "application/json":
-        keys = ("paths", template, method.lower(), "responses", str(status), "content", media, "schema")
+        keys = (*response_keys, "content", media, "schema")
         _validator(json.dumps(doc), keys).validate(json.loads(body))

@@ -205,9 +205,9 @@ def test_queue_timeout_cancels_the_job_and_says_so(hub):
         metrics = requests.get(f"{hub.url}/services/workbench/metrics",
                                headers={"Authorization": f"token {hub.token}"}, timeout=20).text
         for node in ("wbnode1", "wbnode2"):
-            assert f'workbench_gpus{{Hostname="{node}"}} 2' in metrics, metrics
+            assert f'workbench_gpus{{Hostname="{node}"}} 2.0' in metrics, metrics  # prometheus_client writes floats
             assert any(line.startswith("workbench_gpu_held_outside") and f'Hostname="{node}"' in line
-                       and line.endswith(" 1") for line in metrics.splitlines()), metrics
+                       and line.endswith(" 1.0") for line in metrics.splitlines()), metrics
         user = USERS[2]
         assert hub.spawn(user, gpus=1).status_code == 202
         messages = hub.progress_messages(user, until="cancelled", timeout=70)

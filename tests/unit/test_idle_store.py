@@ -9,14 +9,16 @@ from sqlalchemy import inspect
 from alembic import command
 
 from workbench_hub.configurer import ConfigError, proxy_url, update_idle
+from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.rules.idle import GpuTrack
 from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook
 from workbench_spawner.ledger.migrations import alembic_config, current, upgrade
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
-from workbench_spawner.rules.quota import Quota, QuotaBook, QuotaError, parse_quota
+from workbench_spawner.rules.quota import Quota, QuotaBook, quota_from_body
 from workbench_spawner.ledger.store import AllocationStore
 
 T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
+DOC = load_document()  # the service's API document: what request bodies are checked against
 
 
 @pytest.fixture
@@ -81,14 +83,25 @@ def test_saving_tracks_replaces_the_set(store):
     assert book.tracks() == []
 
 
-@pytest.mark.parametrize("group, reason", [("", ""), ("a/b", ""), (" pad", ""), ("x" * 256, ""), ("ok", "r" * 501),
-                                           ("ok", 5), (None, "")])
-def test_bad_exemptions_are_refused_and_change_nothing(store, group, reason):
+@pytest.mark.parametrize("group", ["", "a/b", " pad", "x" * 256, None])
+def test_bad_exemptions_are_refused_and_change_nothing(store, group):
     book = IdleBook(store)
     book.exempt("research", "long runs", by="user:admin")
     with pytest.raises(ExemptionError):
-        book.exempt(group, reason)
+        book.exempt(group, "")
     assert list(book.exempt_groups()) == ["research"]
+
+
+@pytest.mark.parametrize("body, words", [
+    ({"reason": "r" * 501}, "reason must be at most 500 characters long, not 501"),
+    ({"reason": 5}, "reason must be text or null, not 5"),
+    ({"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
+    (["reason"], "the body must be a JSON object"),
+])
+def test_bad_exemption_bodies_are_refused_by_the_document(body, words):
+    with pytest.raises(BodyError) as refused:
+        validate_body(DOC, "IdleExemptionBody", body)
+    assert words in str(refused.value)
 
 
 def test_exempt_and_unexempt(store):
@@ -110,24 +123,26 @@ def test_exempt_and_unexempt(store):
     ({"max_gpus": 1, "gpu_idle_minutes": None, "gpu_idle_threshold": None}, Quota(1)),
 ])
 def test_idle_fields_of_a_quota(body, quota):
-    assert parse_quota(body) == quota
+    validate_body(DOC, "QuotaBody", body)
+    assert quota_from_body(body) == quota
 
 
 @pytest.mark.parametrize("body, words", [
-    ({"max_gpus": 1, "gpu_idle_minutes": -1}, "at least 0"),
-    ({"max_gpus": 1, "gpu_idle_minutes": 0.01}, "at least 0.05"),
-    ({"max_gpus": 1, "gpu_idle_minutes": 1e9}, "at most"),
-    ({"max_gpus": 1, "gpu_idle_minutes": "30"}, "number"),
-    ({"max_gpus": 1, "gpu_idle_minutes": True}, "number"),
-    ({"max_gpus": 1, "gpu_idle_threshold": 0}, "more than 0"),
-    ({"max_gpus": 1, "gpu_idle_threshold": 101}, "at most 100"),
-    ({"max_gpus": 1, "gpu_idle_threshold": float("nan")}, "finite"),
+    ({"max_gpus": 1, "gpu_idle_minutes": -1}, "gpu_idle_minutes must be between 0 and 10080, not -1"),
+    ({"max_gpus": 1, "gpu_idle_minutes": 0.01}, "gpu_idle_minutes must be 0 or between 0.05 and 10080, not 0.01"),
+    ({"max_gpus": 1, "gpu_idle_minutes": 1e9}, "gpu_idle_minutes must be between 0 and 10080, not 1000000000"),
+    ({"max_gpus": 1, "gpu_idle_minutes": "30"}, 'gpu_idle_minutes must be a number or null, not "30"'),
+    ({"max_gpus": 1, "gpu_idle_minutes": True}, "gpu_idle_minutes must be a number or null, not true"),
+    ({"max_gpus": 1, "gpu_idle_threshold": 0}, "gpu_idle_threshold must be more than 0 and at most 100, not 0"),
+    ({"max_gpus": 1, "gpu_idle_threshold": 101}, "gpu_idle_threshold must be more than 0 and at most 100, not 101"),
+    ({"max_gpus": 1, "gpu_idle_threshold": float("nan")}, "gpu_idle_threshold must be a finite number, not NaN"),
 ])
 def test_bad_idle_fields_are_refused(store, body, words):
     book = QuotaBook(store)
     book.set("user", "alice", Quota(1, gpu_idle_minutes=30.0))
-    with pytest.raises(QuotaError, match=words):
-        parse_quota(body)
+    with pytest.raises(BodyError) as refused:
+        validate_body(DOC, "QuotaBody", body)
+    assert str(refused.value) == words
     assert book.get("user", "alice").quota == Quota(1, gpu_idle_minutes=30.0)
 
 

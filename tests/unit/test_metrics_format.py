@@ -14,7 +14,6 @@ from datetime import timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.metrics import HELP, _held_outside, render_metrics
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.rules.quota import Quota, QuotaBook
@@ -31,8 +30,6 @@ GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "user")
 class FakeFleet:
     """What ``render_metrics`` reads of a ``Fleet``: fixed GPU rows over a real store and quota book."""
 
-    held_by_user = Fleet.held_by_user  # the real count, from the store's leases
-
     def __init__(self, store: AllocationStore, rows: list[dict], simulated: bool, node: str = "head-1"):
         self.store = store
         self.book = QuotaBook(store)
@@ -43,6 +40,13 @@ class FakeFleet:
 
     def gpus(self) -> list[dict]:
         return [dict(row) for row in self._rows]
+
+    def held_by_user(self) -> dict[str, int]:
+        """As ``Fleet.held_by_user``: GPUs per user, from the store's leases."""
+        held: dict[str, int] = {}
+        for lease in self.store.leases():
+            held[lease.user] = held.get(lease.user, 0) + len(lease.gpu_uuids)
+        return held
 
 
 def row(index, uuid, name, node, holders, total, util=None, used=None, temp=None, power=None, free_slots=0,
@@ -71,8 +75,8 @@ ROWS = [
 def store(tmp_path):
     s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     now = utcnow()
-    assert s.adopt(ALICE, "", ["GPU-a"], ref="r1", since=now - timedelta(hours=2), node="gpu-1")
-    assert s.adopt(BOB, "", ["GPU-b"], ref="r2", since=now - timedelta(hours=1), node="gpu-1")
+    assert s.adopt(ALICE, "", ["GPU-a"], ref="r1", since=now - timedelta(hours=2.5), node="gpu-1")
+    assert s.adopt(BOB, "", ["GPU-b"], ref="r2", since=now - timedelta(hours=1.25), node="gpu-1")
     assert s.allocate("zed", "", 1, ["GPU-d"], slots_per_gpu=2, node="gpu-2")
     assert s.allocate("amy", "", 1, ["GPU-d"], slots_per_gpu=2, node="gpu-2")
     # carol ran for 5 hours and stopped: GPU-hours from the usage ledger, nothing held.
@@ -123,8 +127,8 @@ def expected_gpu_series(simulated: bool) -> dict[str, list[tuple[dict, float]]]:
     }
 
 
-# GPU-hours: leases held for 2 h (alice) and 1 h (bob), just taken (amy, zed), 5 h finished (carol).
-HOURS = {ALICE: 2.0, "amy": 0.0, BOB: 1.0, "carol": 5.0, "zed": 0.0}
+# GPU-hours: leases held for 2.5 h (alice) and 1.25 h (bob), just taken (amy, zed), 5 h finished (carol).
+HOURS = {ALICE: 2.5, "amy": 0.0, BOB: 1.25, "carol": 5.0, "zed": 0.0}
 HELD = {ALICE: 1.0, "amy": 1.0, BOB: 1.0, "carol": 0.0, "zed": 1.0}
 
 

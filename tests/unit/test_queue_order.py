@@ -12,11 +12,21 @@ from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.policy.clock import hub_clock, set_test_clock
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
 from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
-from workbench_spawner.ledger.reservation_book import ReservationBook, parse_reservation
+from workbench_hub.service.openapi import BodyError, load_document, validate_body
+from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
 from workbench_spawner.rules.reservations import ReservationError
 from workbench_spawner.ledger.store import AllocationStore
 
 from tests.unit.test_waitlist_threads import run_debug
+
+
+DOC = load_document()  # the service's API document: what request bodies are checked against
+
+
+def read_reservation(body, models):
+    """What POST api/reservations does with a body: check it against ``ReservationBody``, then read it."""
+    validate_body(DOC, "ReservationBody", body)
+    return reservation_from_body(body, models)
 
 
 def w(user, joined, hours):
@@ -84,7 +94,7 @@ def reserve_for_class(alloc, store, clock_file, gpus: int, inventory: dict[str, 
     """At 9:00 on Tuesday 8 December (Berlin), reserve ``gpus`` for ml-course, Tuesdays 10:00-12:00."""
     set_test_clock(clock_file, datetime(2026, 12, 8, 9, 0, tzinfo=BERLIN))
     body = {"group": "ml-course", "gpus": gpus, "window": "Tue 10:00-12:00", **extra}
-    ReservationBook(store).create(parse_reservation(body, list(models)), inventory, alloc.clock(), BERLIN)
+    ReservationBook(store).create(read_reservation(body, list(models)), inventory, alloc.clock(), BERLIN)
 
 
 def test_placement_keeps_reserved_gpus_for_members(allocator):
@@ -162,31 +172,50 @@ def test_fair_share_serves_the_lighter_user_first(tmp_path):
 
 
 @pytest.mark.parametrize("body, words", [
-    ([], "JSON object"),
+    ([], "the body must be a JSON object"),
     ({"group": "g", "gpus": 1}, "window is missing"),
-    ({"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be"),
-    ({"group": "g", "gpus": "8", "window": "Tue 10:00-11:00"}, "whole number"),
-    ({"group": "g", "gpus": True, "window": "Tue 10:00-11:00"}, "whole number"),
-    ({"group": "g", "gpus": 0, "window": "Tue 10:00-11:00"}, "between 1"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "B200"}, "no B200 GPUs"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": -1}, "between 0"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": float("nan")}, "number of minutes"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "preempt": "yes"}, "true or false"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "colour": 1}, "unknown field"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00" + " " * 60}, "too long"),
+    ({"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must not be empty"),
+    ({"group": "  ", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be the name of a JupyterHub group"),
+    ({"group": "x" * 256, "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be at most 255 characters long"),
+    ({"group": "g", "gpus": "8", "window": "Tue 10:00-11:00"}, 'gpus must be a whole number, not "8"'),
+    ({"group": "g", "gpus": True, "window": "Tue 10:00-11:00"}, "gpus must be a whole number, not true"),
+    ({"group": "g", "gpus": 0, "window": "Tue 10:00-11:00"}, "gpus must be between 1 and 1024, not 0"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "B200"}, "this hub has no B200 GPUs"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "<b>"}, "model must be a GPU model name"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": -1},
+     "grace_minutes must be between 0 and 1440, not -1"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": float("nan")},
+     "grace_minutes must be a finite number, not NaN"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "warn_minutes": "5"}, "warn_minutes must be a number"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "preempt": "yes"}, 'preempt must be true or false'),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "colour": 1}, "unknown field 'colour'; a reservation has"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00" + " " * 60}, "window must be at most 64 characters long"),
+    ({"group": "g", "gpus": 1, "window": 42}, "window must be text, not 42"),
+    ({"group": "g", "gpus": 1, "window": "Tue 10-11"}, "is malformed"),
 ])
 def test_bad_reservation_bodies(body, words):
-    with pytest.raises(ReservationError, match=words):
-        parse_reservation(body, ["H100-80GB"])
+    # The schema's refusals are BodyError, the window's and the inventory's ReservationError.
+    with pytest.raises((BodyError, ReservationError)) as refused:
+        read_reservation(body, ["H100-80GB"])
+    assert words in str(refused.value)
+
+
+def test_a_good_reservation_body_takes_the_defaults_and_the_inventorys_spelling():
+    body = {"group": "ml-course", "gpus": 2.0, "window": "Tue 10:00-12:00", "model": "h100-80gb",
+            "grace_minutes": None}
+    reservation = read_reservation(body, ["H100-80GB"])
+    assert (reservation.gpus, reservation.model, reservation.grace_minutes, reservation.warn_minutes,
+            reservation.preempt) == (2, "H100-80GB", 15.0, 10.0, False)
+    assert isinstance(reservation.gpus, int)
 
 
 def test_a_refused_reservation_stores_nothing(tmp_path):
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     book = ReservationBook(store)
     now = datetime(2026, 12, 1, tzinfo=timezone.utc)
-    book.create(parse_reservation({"group": "a", "gpus": 3, "window": "Tue 10:00-12:00"}, []), {"": 4}, now, BERLIN)
+    book.create(read_reservation({"group": "a", "gpus": 3, "window": "Tue 10:00-12:00"}, []), {"": 4}, now, BERLIN)
     with pytest.raises(ReservationError, match="together 5"):
-        book.create(parse_reservation({"group": "b", "gpus": 2, "window": "Tue 11:00-13:00"}, []), {"": 4}, now,
+        book.create(read_reservation({"group": "b", "gpus": 2, "window": "Tue 11:00-13:00"}, []), {"": 4}, now,
                     BERLIN)
     assert [s.reservation.group for s in book.all()] == ["a"]
     store.dispose()

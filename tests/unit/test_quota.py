@@ -1,4 +1,5 @@
-"""The effective-quota rule, quota validation and the GPU-hours ledger."""
+"""The effective-quota rule, quota bodies (checked against the service's document, then read) and the
+GPU-hours ledger."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
+from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.migrations import HEAD, current
 from workbench_spawner.rules.quota import (
     Quota,
@@ -17,12 +19,19 @@ from workbench_spawner.rules.quota import (
     effective_quota,
     gpu_hours_by_user,
     gpu_hours_used,
-    parse_quota,
+    quota_from_body,
 )
 from workbench_spawner.ledger.store import AllocationStore, Base, UsageRow
 
 DEFAULT = Quota(max_gpus=1)
 MODELS = ["A100-40GB", "H100-80GB"]
+DOC = load_document()
+
+
+def read_quota(body, models=None) -> Quota:
+    """What PUT api/quotas/... does with a body: check it against the document (``QuotaBody``), then read it."""
+    validate_body(DOC, "QuotaBody", body)
+    return quota_from_body(body, models)
 
 
 @pytest.fixture
@@ -103,7 +112,7 @@ def test_effective_many_applies_the_rule_to_every_user_in_one_query(store):
 
 
 def test_the_shortest_session_limit_is_accepted():
-    assert parse_quota({"max_gpus": 1, "max_session_hours": 0.01}).max_session_hours == 0.01
+    assert read_quota({"max_gpus": 1, "max_session_hours": 0.01}).max_session_hours == 0.01
 
 
 # -- validation -------------------------------------------------------------------------
@@ -112,39 +121,45 @@ def test_the_shortest_session_limit_is_accepted():
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"max_gpus": -1}, "at least 0"),
-        ({"max_gpus": 1.5}, "whole number"),
-        ({"max_gpus": 10**12}, "at most 1024"),
-        ({"max_gpus": "two"}, "must be a whole number"),
-        ({"max_gpus": True}, "must be a whole number"),
-        ({"max_gpus": math.inf}, "finite"),
-        ({"max_gpus": math.nan}, "finite"),
-        ({}, "max_gpus is required"),
-        ({"max_gpus": None}, "max_gpus is required"),
-        ({"max_gpus": 1, "gpu_hours_per_week": -2}, "at least 0"),
-        ({"max_gpus": 1, "gpu_hours_per_week": "ten"}, "must be a number"),
-        ({"max_gpus": 1, "gpu_hours_per_week": 1e300}, "at most"),
-        ({"max_gpus": 1, "max_session_hours": 0}, "more than 0"),
-        ({"max_gpus": 1, "max_session_hours": 1e-130}, r"at least 0.01 \(36 seconds\), not 1e-130"),
-        ({"max_gpus": 1, "max_session_hours": 0.009}, "at least 0.01"),
-        ({"max_gpus": 1, "allowed_models": "H100-80GB"}, "must be a list"),
-        ({"max_gpus": 1, "allowed_models": ["<script>"]}, "not a GPU model name"),
-        ({"max_gpus": 1, "allowed_models": ["V100"]}, "unknown GPU model"),
-        ({"max_gpus": 1, "colour": "red"}, "unknown field"),
-        ([1, 2], "JSON object"),
-        ("max_gpus=1", "JSON object"),
+        ({"max_gpus": -1}, "max_gpus must be between 0 and 1024, not -1"),
+        ({"max_gpus": 1.5}, "max_gpus must be a whole number, not 1.5"),
+        ({"max_gpus": 10**12}, "max_gpus must be between 0 and 1024, not 1000000000000"),
+        ({"max_gpus": "two"}, 'max_gpus must be a whole number, not "two"'),
+        ({"max_gpus": True}, "max_gpus must be a whole number, not true"),
+        ({"max_gpus": math.inf}, "max_gpus must be a finite number, not Infinity"),
+        ({"max_gpus": math.nan}, "max_gpus must be a finite number, not NaN"),
+        ({}, "max_gpus is missing"),
+        ({"max_gpus": None}, "max_gpus must be a whole number, not null"),
+        ({"max_gpus": 1, "gpu_hours_per_week": -2}, "gpu_hours_per_week must be between 0 and 1000000, not -2"),
+        ({"max_gpus": 1, "gpu_hours_per_week": "ten"}, "gpu_hours_per_week must be a number or null"),
+        ({"max_gpus": 1, "gpu_hours_per_week": 1e300}, "gpu_hours_per_week must be between 0 and 1000000, not 1e+300"),
+        ({"max_gpus": 1, "max_session_hours": 0}, "max_session_hours must be between 0.01 and 8784, not 0"),
+        ({"max_gpus": 1, "max_session_hours": 1e-130}, "max_session_hours must be between 0.01 and 8784, not 1e-130"),
+        ({"max_gpus": 1, "max_session_hours": 0.009}, "max_session_hours must be between 0.01 and 8784, not 0.009"),
+        ({"max_gpus": 1, "allowed_models": "H100-80GB"}, "allowed_models must be a list or null"),
+        ({"max_gpus": 1, "allowed_models": ["<script>"]}, "allowed_models[0] must be a GPU model name"),
+        ({"max_gpus": 1, "allowed_models": [" H100-80GB"]}, "allowed_models[0] must be a GPU model name"),
+        ({"max_gpus": 1, "allowed_models": ["H100-80GB"] * 65}, "allowed_models may have at most 64 items, not 65"),
+        ({"max_gpus": 1, "allowed_models": ["V100"]}, 'unknown GPU model "V100"; this hub has: A100-40GB, H100-80GB'),
+        ({"max_gpus": 1, "colour": "red"}, "unknown field 'colour'; a quota has max_gpus, "),
+        ([1, 2], "the body must be a JSON object"),
+        ("max_gpus=1", "the body must be a JSON object"),
     ],
 )
 def test_bad_quotas_are_refused_with_a_reason(body, message):
-    with pytest.raises(QuotaError, match=message):
-        parse_quota(body, MODELS)
+    # The schema's refusals are BodyError, the inventory's QuotaError: both a sentence naming the field.
+    with pytest.raises((BodyError, QuotaError)) as refused:
+        read_quota(body, MODELS)
+    assert message in str(refused.value)
 
 
 def test_a_good_quota_is_normalised():
-    quota = parse_quota({"max_gpus": 2.0, "gpu_hours_per_week": 10, "allowed_models": [" h100-80gb ", "H100-80GB"],
-                         "max_session_hours": 4}, MODELS)
+    quota = read_quota({"max_gpus": 2.0, "gpu_hours_per_week": 10, "allowed_models": ["h100-80gb ", "H100-80GB"],
+                        "max_session_hours": 4}, MODELS)
     assert quota == Quota(2, 10.0, ("H100-80GB",), 4.0)
-    assert parse_quota({"max_gpus": 0, "allowed_models": []}, MODELS).allowed_models == ()
+    assert isinstance(quota.max_gpus, int) and isinstance(quota.gpu_hours_per_week, float)
+    assert read_quota({"max_gpus": 0, "allowed_models": []}, MODELS).allowed_models == ()
+    assert read_quota({"max_gpus": 1, "allowed_models": ["V100"]}).allowed_models == ("V100",)  # no inventory: any
 
 
 # -- the ledger ----------------------------------------------------------------------------

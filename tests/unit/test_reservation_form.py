@@ -7,7 +7,7 @@ from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
 from workbench_spawner.policy.clock import set_test_clock
-from workbench_spawner.ledger.reservation_book import ReservationBook, parse_reservation
+from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
 
 from tests.unit.test_spawner_lifecycle import make_spawner  # noqa: F401  (the fixture)
 
@@ -18,7 +18,7 @@ async def test_the_form_names_the_open_reservation(make_spawner, tmp_path):
     spawner = make_spawner(gpu_test_clock_file=str(clock), gpu_time_zone="Europe/Berlin")
     spawner.user.groups = [SimpleNamespace(name="ml-course")]
     book = ReservationBook(spawner.gpu_policy.store)
-    book.create(parse_reservation({"group": "ml-course", "gpus": 1, "window": "Tue 10:00-12:00"}, []),
+    book.create(reservation_from_body({"group": "ml-course", "gpus": 1, "window": "Tue 10:00-12:00"}, []),
                 {"H100-80GB": 2}, datetime(2026, 12, 8, 9, 0, tzinfo=timezone.utc), ZoneInfo("Europe/Berlin"))
     assert 'id="workbench-reservations"' not in await spawner._render_options_form()  # 09:30 in Berlin: not yet
     set_test_clock(clock, datetime(2026, 12, 8, 9, 5, tzinfo=timezone.utc))  # 10:05, within the grace period

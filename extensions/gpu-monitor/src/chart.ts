@@ -73,7 +73,11 @@ export function valueTicks(max: number, unit: string, scale = 1): IAxisTick[] {
  * temperature 0–100 °C; a series that has no such bound, or that exceeds it,
  * gets the next nice number above its largest value.
  */
-export function metricScale(metric: Metric, gpu: IGPUReading, points: IPoint[]): IScale {
+export function metricScale(
+  metric: Metric,
+  gpu: IGPUReading,
+  points: IPoint[]
+): IScale {
   const observed = seriesMax(points.map(p => p[metric]));
   switch (metric) {
     case 'util':
@@ -81,12 +85,19 @@ export function metricScale(metric: Metric, gpu: IGPUReading, points: IPoint[]):
     case 'mem': {
       const total = gpu.memory_total_bytes;
       const fixed = !!total && total > 0;
-      const max = fixed ? (total as number) : niceCeil(Math.max(observed, GIB) / GIB) * GIB;
+      const max = fixed
+        ? (total as number)
+        : niceCeil(Math.max(observed, GIB) / GIB) * GIB;
       return { max, unit: 'GiB', fixed, ticks: valueTicks(max, 'GiB', GIB) };
     }
     case 'temp': {
       const max = observed > 100 ? niceCeil(observed) : 100;
-      return { max, unit: '°C', fixed: max === 100, ticks: valueTicks(max, '°C') };
+      return {
+        max,
+        unit: '°C',
+        fixed: max === 100,
+        ticks: valueTicks(max, '°C')
+      };
     }
     case 'power': {
       const limit = gpu.power_limit_w;
@@ -112,7 +123,10 @@ export function timeTicks(windowSeconds = 600, stepSeconds = 300): IAxisTick[] {
 }
 
 /** The current value of a metric with its unit, as the chart's header shows it. */
-export function formatMetric(metric: Metric, value: number | null | undefined): string {
+export function formatMetric(
+  metric: Metric,
+  value: number | null | undefined
+): string {
   if (value === null || value === undefined || !isFinite(value)) {
     return 'n/a';
   }
@@ -137,7 +151,14 @@ export function formatMetric(metric: Metric, value: number | null | undefined): 
  */
 export function seriesPath(
   points: { t: number; v: number | null | undefined }[],
-  opts: { now: number; windowSeconds: number; width: number; height: number; max: number; maxGapSeconds?: number }
+  opts: {
+    now: number;
+    windowSeconds: number;
+    width: number;
+    height: number;
+    max: number;
+    maxGapSeconds?: number;
+  }
 ): string {
   const { now, windowSeconds, width, height } = opts;
   const max = opts.max > 0 ? opts.max : 1;
@@ -147,7 +168,13 @@ export function seriesPath(
   let pen = false;
   let lastT = -Infinity;
   for (const p of points) {
-    if (p.v === null || p.v === undefined || !isFinite(p.v) || p.t < start || p.t > now) {
+    if (
+      p.v === null ||
+      p.v === undefined ||
+      !isFinite(p.v) ||
+      p.t < start ||
+      p.t > now
+    ) {
       pen = false;
       continue;
     }
@@ -164,11 +191,17 @@ export function seriesPath(
 }
 
 /** Horizontal lines across the plot at each value (torch's reserved memory on the memory chart). */
-export function levelPath(values: number[], opts: { width: number; height: number; max: number }): string {
+export function levelPath(
+  values: number[],
+  opts: { width: number; height: number; max: number }
+): string {
   const max = opts.max > 0 ? opts.max : 1;
   return values
     .filter(v => isFinite(v) && v >= 0)
-    .map(v => `M0,${(opts.height - (Math.min(v, max) / max) * opts.height).toFixed(1)}H${opts.width}`)
+    .map(
+      v =>
+        `M0,${(opts.height - (Math.min(v, max) / max) * opts.height).toFixed(1)}H${opts.width}`
+    )
     .join('');
 }
 
@@ -189,7 +222,9 @@ export function torchDeviceFor(
   }
   return (
     report.devices.find(d => d.uuid !== undefined && d.uuid === gpu.uuid) ??
-    report.devices.find(d => d.uuid === undefined && d.cuda_index === gpu.cuda_index)
+    report.devices.find(
+      d => d.uuid === undefined && d.cuda_index === gpu.cuda_index
+    )
   );
 }
 
@@ -202,7 +237,11 @@ export function kernelMemory(
   for (const r of reports) {
     const d = torchDeviceFor(r.report, gpu);
     if (d && d.reserved_bytes > 0) {
-      out.push({ label: r.path, reserved: d.reserved_bytes, allocated: d.allocated_bytes });
+      out.push({
+        label: r.path,
+        reserved: d.reserved_bytes,
+        allocated: d.allocated_bytes
+      });
     }
   }
   return out.sort((a, b) => b.reserved - a.reserved);
@@ -225,7 +264,11 @@ export interface ISegment {
  * device reports as used, so the bar never exceeds the total even when the
  * two readings are a few seconds apart.
  */
-export function memoryBreakdown(used: number | null, total: number | null, kernels: IKernelMemory[]): ISegment[] {
+export function memoryBreakdown(
+  used: number | null,
+  total: number | null,
+  kernels: IKernelMemory[]
+): ISegment[] {
   if (!total || total <= 0 || used === null) {
     return [];
   }
@@ -239,11 +282,22 @@ export function memoryBreakdown(used: number | null, total: number | null, kerne
       label: k.label,
       bytes,
       fraction: bytes / total,
-      allocatedFraction: k.reserved > 0 ? Math.min(1, k.allocated / k.reserved) : 0
+      allocatedFraction:
+        k.reserved > 0 ? Math.min(1, k.allocated / k.reserved) : 0
     });
   }
-  segments.push({ kind: 'other', label: 'other use', bytes: left, fraction: left / total });
+  segments.push({
+    kind: 'other',
+    label: 'other use',
+    bytes: left,
+    fraction: left / total
+  });
   const free = total - Math.min(Math.max(used, 0), total);
-  segments.push({ kind: 'free', label: 'free', bytes: free, fraction: free / total });
+  segments.push({
+    kind: 'free',
+    label: 'free',
+    bytes: free,
+    fraction: free / total
+  });
   return segments;
 }

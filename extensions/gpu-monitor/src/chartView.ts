@@ -73,7 +73,15 @@ export class ChartView {
       width: '100%',
       height: '100%'
     });
-    chart.append(svg('rect', { x: '0', y: '0', width: `${PLOT_W}`, height: `${PLOT_H}`, class: 'jp-WorkbenchGPU-chartBg' }));
+    chart.append(
+      svg('rect', {
+        x: '0',
+        y: '0',
+        width: `${PLOT_W}`,
+        height: `${PLOT_H}`,
+        class: 'jp-WorkbenchGPU-chartBg'
+      })
+    );
     const ticks = timeTicks(windowSeconds);
     let grid = '';
     for (const f of [0.25, 0.5, 0.75]) {
@@ -86,23 +94,48 @@ export class ChartView {
     }
     let minor = '';
     for (const t of timeTicks(windowSeconds, 60)) {
-      if (t.fraction > 0 && t.fraction < 1 && !ticks.some(major => major.fraction === t.fraction)) {
+      if (
+        t.fraction > 0 &&
+        t.fraction < 1 &&
+        !ticks.some(major => major.fraction === t.fraction)
+      ) {
         minor += `M${(t.fraction * PLOT_W).toFixed(1)},0V${PLOT_H}`;
       }
     }
-    chart.append(svg('path', { d: minor, class: 'jp-WorkbenchGPU-gridMinor', 'vector-effect': 'non-scaling-stroke' }));
-    chart.append(svg('path', { d: grid, class: 'jp-WorkbenchGPU-grid', 'vector-effect': 'non-scaling-stroke' }));
+    chart.append(
+      svg('path', {
+        d: minor,
+        class: 'jp-WorkbenchGPU-gridMinor',
+        'vector-effect': 'non-scaling-stroke'
+      })
+    );
+    chart.append(
+      svg('path', {
+        d: grid,
+        class: 'jp-WorkbenchGPU-grid',
+        'vector-effect': 'non-scaling-stroke'
+      })
+    );
     if (spec.metric === 'mem') {
-      this.reserved = svg('path', { d: '', class: 'jp-WorkbenchGPU-reserved', 'vector-effect': 'non-scaling-stroke' });
+      this.reserved = svg('path', {
+        d: '',
+        class: 'jp-WorkbenchGPU-reserved',
+        'vector-effect': 'non-scaling-stroke'
+      });
       chart.append(this.reserved);
     }
-    this.line = svg('path', { d: '', class: 'jp-WorkbenchGPU-line', 'vector-effect': 'non-scaling-stroke' });
+    this.line = svg('path', {
+      d: '',
+      class: 'jp-WorkbenchGPU-line',
+      'vector-effect': 'non-scaling-stroke'
+    });
     chart.append(this.line);
     plot.append(chart);
     body.append(yAxis, plot);
     if (spec.metric === 'mem') {
       this.bar = el('div', 'jp-WorkbenchGPU-memBar');
-      this.bar.title = 'memory now: torch reserved per notebook, other use, free';
+      this.bar.title =
+        'memory now: torch reserved per notebook, other use, free';
       body.append(this.bar);
       node.classList.add('jp-WorkbenchGPU-withBar');
     }
@@ -110,7 +143,8 @@ export class ChartView {
     for (const t of ticks) {
       const tick = el('span', 'jp-WorkbenchGPU-xTick', t.label);
       tick.style.left = `${t.fraction * 100}%`;
-      tick.dataset.edge = t.fraction === 0 ? 'start' : t.fraction === 1 ? 'end' : '';
+      tick.dataset.edge =
+        t.fraction === 0 ? 'start' : t.fraction === 1 ? 'end' : '';
       xAxis.append(tick);
     }
     body.append(xAxis);
@@ -122,7 +156,12 @@ export class ChartView {
     this.node = node;
   }
 
-  update(g: IGPUReading, points: IPoint[], now: number, kernels: IKernelMemory[]): void {
+  update(
+    g: IGPUReading,
+    points: IPoint[],
+    now: number,
+    kernels: IKernelMemory[]
+  ): void {
     const metric = this.spec.metric;
     const scale = metricScale(metric, g, points);
     const key = scale.ticks.map(t => t.label).join('|');
@@ -132,22 +171,36 @@ export class ChartView {
         const tick = this.yTicks[i];
         tick.textContent = t.label;
         tick.style.top = `${(1 - t.fraction) * 100}%`;
-        tick.dataset.edge = t.fraction === 1 ? 'top' : t.fraction === 0 ? 'bottom' : '';
+        tick.dataset.edge =
+          t.fraction === 1 ? 'top' : t.fraction === 0 ? 'bottom' : '';
       });
     }
     const series = points.map(p => ({ t: p.t, v: p[metric] }));
     const gap = Math.max(5, 5 * (this._interval(points) || 1));
     this.line.setAttribute(
       'd',
-      seriesPath(series, { now, windowSeconds: this.windowSeconds, width: PLOT_W, height: PLOT_H, max: scale.max, maxGapSeconds: gap })
+      seriesPath(series, {
+        now,
+        windowSeconds: this.windowSeconds,
+        width: PLOT_W,
+        height: PLOT_H,
+        max: scale.max,
+        maxGapSeconds: gap
+      })
     );
     const last = points.length ? points[points.length - 1][metric] : null;
     setText(this.value, formatMetric(metric, last));
     if (metric === 'mem') {
-      setText(this.scaleNote, g.memory_total_bytes ? ` of ${formatBytes(g.memory_total_bytes)}` : '');
+      setText(
+        this.scaleNote,
+        g.memory_total_bytes ? ` of ${formatBytes(g.memory_total_bytes)}` : ''
+      );
       this._updateTorch(g, scale.max, kernels);
     } else if (metric === 'power') {
-      setText(this.scaleNote, g.power_limit_w ? ` of ${Math.round(g.power_limit_w)} W limit` : '');
+      setText(
+        this.scaleNote,
+        g.power_limit_w ? ` of ${Math.round(g.power_limit_w)} W limit` : ''
+      );
     }
   }
 
@@ -157,14 +210,30 @@ export class ChartView {
     if (n < 3) {
       return 0;
     }
-    const d = [points[n - 1].t - points[n - 2].t, points[n - 2].t - points[n - 3].t].sort((a, b) => a - b);
+    const d = [
+      points[n - 1].t - points[n - 2].t,
+      points[n - 2].t - points[n - 3].t
+    ].sort((a, b) => a - b);
     return d[0];
   }
 
-  private _updateTorch(g: IGPUReading, max: number, kernels: IKernelMemory[]): void {
+  private _updateTorch(
+    g: IGPUReading,
+    max: number,
+    kernels: IKernelMemory[]
+  ): void {
     const total = kernels.reduce((sum, k) => sum + k.reserved, 0);
-    this.reserved!.setAttribute('d', total > 0 ? levelPath([total], { width: PLOT_W, height: PLOT_H, max }) : '');
-    const segments = memoryBreakdown(g.memory_used_bytes, g.memory_total_bytes, kernels);
+    this.reserved!.setAttribute(
+      'd',
+      total > 0
+        ? levelPath([total], { width: PLOT_W, height: PLOT_H, max })
+        : ''
+    );
+    const segments = memoryBreakdown(
+      g.memory_used_bytes,
+      g.memory_total_bytes,
+      kernels
+    );
     const key = segments.map(s => `${s.kind}:${s.label}`).join('|');
     if (key !== this.barKey) {
       // The set of notebooks changed (at most every 5 s): rebuild the bar and the legend.
@@ -189,9 +258,13 @@ export class ChartView {
         )
       ];
       if (kernels.length) {
-        rows.push('<span class="jp-WorkbenchGPU-key" data-kind="reserved"></span>torch reserved, all notebooks');
+        rows.push(
+          '<span class="jp-WorkbenchGPU-key" data-kind="reserved"></span>torch reserved, all notebooks'
+        );
       } else {
-        rows.push('<span class="jp-WorkbenchGPU-muted">torch reserved: no notebook uses torch on this GPU</span>');
+        rows.push(
+          '<span class="jp-WorkbenchGPU-muted">torch reserved: no notebook uses torch on this GPU</span>'
+        );
       }
       this.legend!.innerHTML = rows.map(r => `<div>${r}</div>`).join('');
     }
@@ -207,8 +280,12 @@ export class ChartView {
         alloc.style.height = `${((s.allocatedFraction ?? 0) * 100).toFixed(1)}%`;
       }
     });
-    const reservedCells = this.legend!.querySelectorAll('[data-role="reserved"]');
-    const allocatedCells = this.legend!.querySelectorAll('[data-role="allocated"]');
+    const reservedCells = this.legend!.querySelectorAll(
+      '[data-role="reserved"]'
+    );
+    const allocatedCells = this.legend!.querySelectorAll(
+      '[data-role="allocated"]'
+    );
     kernels.forEach((k, i) => {
       if (reservedCells[i]) {
         setText(reservedCells[i], formatBytes(k.reserved));

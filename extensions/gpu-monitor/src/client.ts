@@ -23,7 +23,9 @@ export class GPUMetricsClient {
   latest: ISnapshot | null = null;
   error: string | null = null;
 
-  constructor(private settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {
+  constructor(
+    private settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {
     document.addEventListener('visibilitychange', this._onVisibility);
   }
 
@@ -126,7 +128,9 @@ export class GPUMetricsClient {
         if (done) {
           throw new Error('stream closed by the server');
         }
-        for (const data of parser.feed(decoder.decode(value, { stream: true }))) {
+        for (const data of parser.feed(
+          decoder.decode(value, { stream: true })
+        )) {
           this._attempt = 0;
           this._emit(JSON.parse(data) as ISnapshot);
         }
@@ -136,7 +140,9 @@ export class GPUMetricsClient {
         return; // stopped on purpose (tab hidden, disposed)
       }
       this._abort = null;
-      this._setError(`server unreachable (${(reason as Error).message ?? reason}), retrying`);
+      this._setError(
+        `server unreachable (${(reason as Error).message ?? reason}), retrying`
+      );
       const delay = backoffDelay(this._attempt++);
       this._timer = window.setTimeout(() => {
         this._timer = null;

@@ -6,7 +6,11 @@ export function esc(text: unknown): string {
   return String(text ?? '').replace(/[&<>"']/g, c => `&#${c.charCodeAt(0)};`);
 }
 
-export function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text = ''): HTMLElementTagNameMap[K] {
+export function el<K extends keyof HTMLElementTagNameMap>(
+  tag: K,
+  cls = '',
+  text = ''
+): HTMLElementTagNameMap[K] {
   const node = document.createElement(tag);
   if (cls) {
     node.className = cls;
@@ -17,7 +21,10 @@ export function el<K extends keyof HTMLElementTagNameMap>(tag: K, cls = '', text
   return node;
 }
 
-export function svg<K extends keyof SVGElementTagNameMap>(tag: K, attrs: { [key: string]: string }): SVGElementTagNameMap[K] {
+export function svg<K extends keyof SVGElementTagNameMap>(
+  tag: K,
+  attrs: { [key: string]: string }
+): SVGElementTagNameMap[K] {
   const node = document.createElementNS(SVG_NS, tag);
   for (const key of Object.keys(attrs)) {
     node.setAttribute(key, attrs[key]);

@@ -1,4 +1,8 @@
-import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  ILabShell,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
@@ -20,7 +24,8 @@ const OPEN_COMMAND = 'workbench-gpu-monitor:open';
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'workbench-gpu-monitor:plugin',
-  description: 'GPU utilization and memory of this server in the status bar and a side panel.',
+  description:
+    'GPU utilization and memory of this server in the status bar and a side panel.',
   autoStart: true,
   optional: [IStatusBar, ILabShell, ICommandPalette, INotebookTracker],
   activate: (
@@ -45,7 +50,10 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette?.addItem({ command: OPEN_COMMAND, category: 'GPU' });
 
     if (statusBar) {
-      const item = new GPUStatusItem(client, () => void app.commands.execute(OPEN_COMMAND));
+      const item = new GPUStatusItem(
+        client,
+        () => void app.commands.execute(OPEN_COMMAND)
+      );
       statusBar.registerStatusItem('workbench-gpu-monitor:status', {
         item,
         align: 'left',
@@ -55,7 +63,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     // The hub's notices ("your server will be stopped at ..."): a notification, and a countdown in the status bar.
     const notices = new NoticeStatusItem(app.serviceManager.serverSettings);
     if (statusBar) {
-      statusBar.registerStatusItem('workbench-gpu-monitor:notice', { item: notices, align: 'left', rank: 0 });
+      statusBar.registerStatusItem('workbench-gpu-monitor:notice', {
+        item: notices,
+        align: 'left',
+        rank: 0
+      });
     }
     notices.start();
     client.start();

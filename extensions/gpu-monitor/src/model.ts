@@ -66,7 +66,10 @@ export function formatBytes(bytes: number | null | undefined): string {
 }
 
 /** Used / total as "12.3/80.0 GiB". */
-export function formatMemory(used: number | null, total: number | null): string {
+export function formatMemory(
+  used: number | null,
+  total: number | null
+): string {
   if (used === null || total === null || total === undefined) {
     return used === null ? 'n/a' : formatBytes(used);
   }
@@ -75,7 +78,10 @@ export function formatMemory(used: number | null, total: number | null): string 
 
 /** Utilization as "37%", or the reason it is missing ("n/a (MIG)"). */
 export function formatUtilization(gpu: IGPUReading): string {
-  if (gpu.utilization_percent === null || gpu.utilization_percent === undefined) {
+  if (
+    gpu.utilization_percent === null ||
+    gpu.utilization_percent === undefined
+  ) {
     return gpu.unsupported?.utilization_percent ?? 'n/a';
   }
   return `${Math.round(gpu.utilization_percent)}%`;
@@ -89,7 +95,10 @@ export function memoryFraction(gpu: IGPUReading): number | null {
 }
 
 /** "high" above 90% memory (status bar turns red), else "normal". */
-export function memoryLevel(gpu: IGPUReading, threshold = 0.9): 'high' | 'normal' {
+export function memoryLevel(
+  gpu: IGPUReading,
+  threshold = 0.9
+): 'high' | 'normal' {
   const f = memoryFraction(gpu);
   return f !== null && f > threshold ? 'high' : 'normal';
 }
@@ -104,7 +113,10 @@ export function formatGpuStatus(gpu: IGPUReading): string {
 }
 
 /** The state line for snapshots without GPU numbers, or null when there are numbers to show. */
-export function stateText(s: ISnapshot | null, error: string | null = null): string | null {
+export function stateText(
+  s: ISnapshot | null,
+  error: string | null = null
+): string | null {
   if (error) {
     return `GPU: ${error}`;
   }
@@ -148,7 +160,9 @@ export class RingBuffer<T> {
   }
 
   last(): T | undefined {
-    return this.count ? this.items[(this.start + this.count - 1) % this.capacity] : undefined;
+    return this.count
+      ? this.items[(this.start + this.count - 1) % this.capacity]
+      : undefined;
   }
 
   toArray(): T[] {
@@ -278,7 +292,8 @@ export class IdleHintRule {
   update(s: ISnapshot): string | null {
     const busy = (s.kernels?.busy ?? 0) > 0;
     const utils = s.gpus.map(g => g.utilization_percent);
-    const idle = utils.length > 0 && utils.every(u => u !== null && u < this.threshold);
+    const idle =
+      utils.length > 0 && utils.every(u => u !== null && u < this.threshold);
     if (!busy || !idle) {
       this.since = null;
       return null;
@@ -286,7 +301,9 @@ export class IdleHintRule {
     if (this.since === null) {
       this.since = s.timestamp;
     }
-    return s.timestamp - this.since >= this.durationSeconds ? IDLE_HINT_TEXT : null;
+    return s.timestamp - this.since >= this.durationSeconds
+      ? IDLE_HINT_TEXT
+      : null;
   }
 
   reset(): void {
@@ -295,7 +312,12 @@ export class IdleHintRule {
 }
 
 /** Delay before reconnect attempt `attempt` (0-based): exponential with jitter, capped. */
-export function backoffDelay(attempt: number, baseMs = 1000, maxMs = 30000, random: () => number = Math.random): number {
+export function backoffDelay(
+  attempt: number,
+  baseMs = 1000,
+  maxMs = 30000,
+  random: () => number = Math.random
+): number {
   const exp = Math.min(maxMs, baseMs * 2 ** Math.max(0, attempt));
   return Math.round(exp * (0.5 + 0.5 * random()));
 }
@@ -328,7 +350,13 @@ export class SSEParser {
 /** SVG path for one series over a time window, broken at missing values. */
 export function chartPath(
   points: { t: number; v: number | null }[],
-  opts: { now: number; windowSeconds: number; width: number; height: number; max: number }
+  opts: {
+    now: number;
+    windowSeconds: number;
+    width: number;
+    height: number;
+    max: number;
+  }
 ): string {
   const { now, windowSeconds, width, height } = opts;
   const max = opts.max > 0 ? opts.max : 1;
@@ -352,14 +380,22 @@ export interface ITorchReport {
   pid: number;
   torch_imported: boolean;
   torch_version?: string | null;
-  devices: { cuda_index: number; uuid?: string; allocated_bytes: number; reserved_bytes: number }[];
+  devices: {
+    cuda_index: number;
+    uuid?: string;
+    allocated_bytes: number;
+    reserved_bytes: number;
+  }[];
 }
 
 /**
  * One line per notebook for the panel: PyTorch's allocated / reserved memory
  * on the GPU with this CUDA ordinal, or why there is no number.
  */
-export function formatTorchMemory(report: ITorchReport | null | undefined, cudaIndex: number | null | undefined): string {
+export function formatTorchMemory(
+  report: ITorchReport | null | undefined,
+  cudaIndex: number | null | undefined
+): string {
   if (report === undefined) {
     return 'asking the kernel…';
   }

@@ -35,8 +35,15 @@ export function formatCountdown(seconds: number): string {
  * adding it to the time the answer arrived here keeps the countdown right
  * even if this computer's clock is minutes off.
  */
-export function localDeadline(notice: INotice, receivedAtMs: number): number | null {
-  if (notice.seconds_left === null || notice.seconds_left === undefined || !isFinite(notice.seconds_left)) {
+export function localDeadline(
+  notice: INotice,
+  receivedAtMs: number
+): number | null {
+  if (
+    notice.seconds_left === null ||
+    notice.seconds_left === undefined ||
+    !isFinite(notice.seconds_left)
+  ) {
     return null;
   }
   return receivedAtMs + notice.seconds_left * 1000;
@@ -57,12 +64,22 @@ export function soonest(notices: INotice[]): INotice | null {
 }
 
 /** The status-bar text: "GPU idle: stops in 9:41", or the kind's words. */
-export function countdownText(notice: INotice, secondsLeft: number | null): string {
-  const what = notice.kind === 'idle' ? 'GPU idle' : notice.kind === 'preempt' ? 'GPU reserved' : 'Notice';
+export function countdownText(
+  notice: INotice,
+  secondsLeft: number | null
+): string {
+  const what =
+    notice.kind === 'idle'
+      ? 'GPU idle'
+      : notice.kind === 'preempt'
+        ? 'GPU reserved'
+        : 'Notice';
   if (secondsLeft === null) {
     return `${what}: see the notice`;
   }
-  return secondsLeft <= 0 ? `${what}: stopping now` : `${what}: stops in ${formatCountdown(secondsLeft)}`;
+  return secondsLeft <= 0
+    ? `${what}: stopping now`
+    : `${what}: stops in ${formatCountdown(secondsLeft)}`;
 }
 
 /** A JupyterLab toast shows at most 140 characters: cut at a word, with an ellipsis. */
@@ -85,7 +102,10 @@ export function diffNotices(
   const added = after.filter(n => !old.has(n.id));
   const changed = after.filter(n => {
     const o = old.get(n.id);
-    return o !== undefined && (o.message !== n.message || o.hint !== n.hint || o.stop_at !== n.stop_at);
+    return (
+      o !== undefined &&
+      (o.message !== n.message || o.hint !== n.hint || o.stop_at !== n.stop_at)
+    );
   });
   const removed = before.filter(n => !now.has(n.id)).map(n => n.id);
   return { added, changed, removed };

@@ -3,7 +3,15 @@ import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 import { Widget } from '@lumino/widgets';
 
-import { countdownText, diffNotices, INotice, INoticeList, localDeadline, soonest, toastText } from './noticeModel';
+import {
+  countdownText,
+  diffNotices,
+  INotice,
+  INoticeList,
+  localDeadline,
+  soonest,
+  toastText
+} from './noticeModel';
 
 const POLL_MS = 10_000;
 
@@ -22,7 +30,9 @@ export class NoticeStatusItem extends Widget {
   private pollTimer: number | null = null;
   private tickTimer: number | null = null;
 
-  constructor(private settings: ServerConnection.ISettings = ServerConnection.makeSettings()) {
+  constructor(
+    private settings: ServerConnection.ISettings = ServerConnection.makeSettings()
+  ) {
     super();
     this.addClass('jp-WorkbenchGPU-notice');
     this.node.hidden = true;
@@ -90,14 +100,21 @@ export class NoticeStatusItem extends Widget {
     for (const n of added) {
       const id = Notification.warning(toastText(n.message), {
         autoClose: false,
-        actions: [{ label: 'How to keep it', callback: () => void this.showDetails(n) }]
+        actions: [
+          { label: 'How to keep it', callback: () => void this.showDetails(n) }
+        ]
       });
       this.toasts.set(n.id, id);
     }
     for (const n of changed) {
       const id = this.toasts.get(n.id);
       if (id) {
-        Notification.update({ id, message: toastText(n.message), type: 'warning', autoClose: false });
+        Notification.update({
+          id,
+          message: toastText(n.message),
+          type: 'warning',
+          autoClose: false
+        });
       }
     }
     this.render();

@@ -7,7 +7,9 @@ const REQUEST = 'workbench_gpu_request';
 const TIMEOUT_MS = 2000;
 
 /** Ask one kernel for torch memory on its control channel (answers while a cell runs). */
-export function askKernel(kernel: Kernel.IKernelConnection): Promise<ITorchReport | null> {
+export function askKernel(
+  kernel: Kernel.IKernelConnection
+): Promise<ITorchReport | null> {
   return new Promise(resolve => {
     const msg = KernelMessage.createMessage({
       msgType: REQUEST as any,
@@ -28,7 +30,8 @@ export function askKernel(kernel: Kernel.IKernelConnection): Promise<ITorchRepor
     const timer = window.setTimeout(() => finish(null), TIMEOUT_MS);
     try {
       future = kernel.sendControlMessage(msg, true, false);
-      future.onReply = reply => finish(reply.content as unknown as ITorchReport);
+      future.onReply = reply =>
+        finish(reply.content as unknown as ITorchReport);
       future.done.catch(() => finish(null));
     } catch {
       finish(null);
@@ -42,12 +45,16 @@ export interface INotebookTorchMemory {
 }
 
 /** Torch memory of every open notebook's kernel. */
-export async function askNotebooks(tracker: INotebookTracker): Promise<INotebookTorchMemory[]> {
+export async function askNotebooks(
+  tracker: INotebookTracker
+): Promise<INotebookTorchMemory[]> {
   const asks: Promise<INotebookTorchMemory>[] = [];
   tracker.forEach(panel => {
     const kernel = panel.sessionContext.session?.kernel;
     if (kernel && kernel.status !== 'dead') {
-      asks.push(askKernel(kernel).then(report => ({ path: panel.context.path, report })));
+      asks.push(
+        askKernel(kernel).then(report => ({ path: panel.context.path, report }))
+      );
     }
   });
   return Promise.all(asks);

@@ -38,7 +38,10 @@ export class GPUStatusItem extends Widget {
   render(): void {
     const s = this.client.latest;
     const state = stateText(s, this.client.error);
-    const simulated = s?.source === 'simulated' ? '<span class="jp-WorkbenchGPU-sim">simulated</span>' : '';
+    const simulated =
+      s?.source === 'simulated'
+        ? '<span class="jp-WorkbenchGPU-sim">simulated</span>'
+        : '';
     if (state !== null) {
       this.node.innerHTML = `<span class="jp-WorkbenchGPU-state">${esc(state)}</span>${simulated}`;
       return;
@@ -94,14 +97,21 @@ class GPUCard {
     this.node = node;
   }
 
-  update(g: IGPUReading, points: IPoint[], now: number, torch: INotebookTorchMemory[]): void {
-    const reserved = g.memory_reserved_bytes ? ` · ${formatBytes(g.memory_reserved_bytes)} reserved by the driver` : '';
+  update(
+    g: IGPUReading,
+    points: IPoint[],
+    now: number,
+    torch: INotebookTorchMemory[]
+  ): void {
+    const reserved = g.memory_reserved_bytes
+      ? ` · ${formatBytes(g.memory_reserved_bytes)} reserved by the driver`
+      : '';
     setText(
       this.info,
       `util ${formatUtilization(g)} · memory ${formatMemory(g.memory_used_bytes, g.memory_total_bytes)}${reserved}`
     );
     this.info.dataset.level = memoryLevel(g);
-    const problem = g.state && g.state !== 'ok' ? g.message ?? g.state : '';
+    const problem = g.state && g.state !== 'ok' ? (g.message ?? g.state) : '';
     setText(this.problem, problem);
     this.problem.hidden = !problem;
     setText(this.note, g.memory_note ? `memory: ${g.memory_note}` : '');
@@ -120,7 +130,11 @@ class GPUCard {
       this.procsKey = key;
       this.procs.innerHTML = g.processes.length
         ? '<table class="jp-WorkbenchGPU-procs"><thead><tr><th>PID</th><th>Process</th><th>GPU memory</th></tr></thead><tbody>' +
-          g.processes.map(p => `<tr><td>${p.pid}</td><td>${esc(p.name)}</td><td></td></tr>`).join('') +
+          g.processes
+            .map(
+              p => `<tr><td>${p.pid}</td><td>${esc(p.name)}</td><td></td></tr>`
+            )
+            .join('') +
           '</tbody></table>'
         : '<div class="jp-WorkbenchGPU-muted">no processes of yours on this GPU</div>';
     }
@@ -134,7 +148,9 @@ class GPUCard {
   }
 
   private _updateTorch(g: IGPUReading, torch: INotebookTorchMemory[]): void {
-    const lines = torch.map(t => `${t.path}: ${formatTorchMemory(t.report, g.cuda_index)}`);
+    const lines = torch.map(
+      t => `${t.path}: ${formatTorchMemory(t.report, g.cuda_index)}`
+    );
     const key = lines.join('\n');
     if (key === this.torchKey) {
       return;
@@ -169,11 +185,21 @@ export class GPUPanel extends Widget {
     this.id = 'workbench-gpu-monitor-panel';
     this.addClass('jp-WorkbenchGPU-panel');
     this.title.caption = 'GPU Monitor';
-    this.banner = el('div', 'jp-WorkbenchGPU-banner', 'simulated GPUs: readings are made up');
+    this.banner = el(
+      'div',
+      'jp-WorkbenchGPU-banner',
+      'simulated GPUs: readings are made up'
+    );
     this.stateLine = el('div', 'jp-WorkbenchGPU-state');
     this.hintLine = el('div', 'jp-WorkbenchGPU-hint');
     this.cardsNode = el('div');
-    this.node.append(el('h2', 'jp-WorkbenchGPU-title', 'GPU Monitor'), this.banner, this.stateLine, this.hintLine, this.cardsNode);
+    this.node.append(
+      el('h2', 'jp-WorkbenchGPU-title', 'GPU Monitor'),
+      this.banner,
+      this.stateLine,
+      this.hintLine,
+      this.cardsNode
+    );
     client.updated.connect(this._onUpdate, this);
     client.errorChanged.connect(() => this.render(), this);
     this.render();
@@ -237,12 +263,24 @@ export class GPUPanel extends Widget {
       this.cardsKey = key;
       this.cards.clear();
       for (const g of gpus) {
-        this.cards.set(g.uuid, new GPUCard(g, s?.source === 'simulated', this.history.windowSeconds));
+        this.cards.set(
+          g.uuid,
+          new GPUCard(g, s?.source === 'simulated', this.history.windowSeconds)
+        );
       }
-      this.cardsNode.replaceChildren(...[...this.cards.values()].map(c => c.node));
+      this.cardsNode.replaceChildren(
+        ...[...this.cards.values()].map(c => c.node)
+      );
     }
     for (const g of gpus) {
-      this.cards.get(g.uuid)?.update(g, this.history.points(g.uuid, s!.timestamp), s!.timestamp, this.torch);
+      this.cards
+        .get(g.uuid)
+        ?.update(
+          g,
+          this.history.points(g.uuid, s!.timestamp),
+          s!.timestamp,
+          this.torch
+        );
     }
   }
 }

@@ -25,7 +25,10 @@ from urllib.parse import urlparse
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
+from workbench_spawner.backend import extension_of, openapi_fragments
 from workbench_spawner.ledger.store import AllocationStore
+
+from workbench_hub.service.openapi import load_document, load_fragment
 
 from . import handlers as h
 from . import reservation_handlers as rh
@@ -34,7 +37,6 @@ from .hub_client import HubClient
 from .lifetime import CannotListen, Lifetime, listen
 from .gpu_reclaim import make_reclaimer
 from .idle_handlers import idle_routes
-from .slurm_handlers import slurm_routes
 from .session_limits import stop_overlong_servers
 
 log = logging.getLogger("workbench.service")
@@ -43,8 +45,10 @@ MAX_BODY = 64 * 1024
 
 
 def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/services/workbench/",
-             hub_prefix: str = "/hub/") -> web.Application:
+             hub_prefix: str = "/hub/", backend: str = "") -> web.Application:
+    """The service's routes; ``backend`` (the hub passes ``--backend``) adds that backend's own routes."""
     prefix = "/" + prefix.strip("/") + "/"
+    extension = extension_of(backend)
     name = r"([^/]+)"
     routes = [
         (prefix, h.PageHandler),
@@ -60,11 +64,13 @@ def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/
         (prefix + "api/openapi.json", h.OpenAPIHandler),
         (prefix + "metrics", h.MetricsHandler),
         *idle_routes(prefix),
-        *slurm_routes(prefix),
+        *(extension.service_routes(prefix) if extension else []),
         (prefix + "api/.*", h.NotFoundHandler),
     ]
-    return web.Application(routes, fleet=fleet, hub=hub, prefix=prefix, hub_prefix=hub_prefix,
-                           cookie_secret=os.urandom(32), xsrf_cookies=False)
+    # The API document (api/openapi.json; request bodies are checked against it): openapi.yaml + the backend's part.
+    openapi = load_document([load_fragment(path) for path in openapi_fragments([backend])])
+    return web.Application(routes, fleet=fleet, hub=hub, prefix=prefix, hub_prefix=hub_prefix, openapi=openapi,
+                           backends=(backend,) if extension else (), cookie_secret=os.urandom(32), xsrf_cookies=False)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -75,6 +81,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=service_url.port or 10101)
     parser.add_argument("--db-url", required=True,
                         help="SQLAlchemy URL of the GPU database the hub uses (the hub config passes it)")
+    parser.add_argument("--backend", default="",
+                        help="the hub's backend (workbench.backends entry point name), whose routes the service "
+                             "adds (the hub config passes it)")
     parser.add_argument("--session-check-seconds", type=float,
                         default=float(os.environ.get("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
                         help="how often to stop servers that outlived their session limit (0: never)")
@@ -104,7 +113,7 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/workbench/")
     hub_prefix = os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
     try:
-        server = listen(make_app(fleet, hub, prefix, hub_prefix), args.port, args.ip,
+        server = listen(make_app(fleet, hub, prefix, hub_prefix, args.backend), args.port, args.ip,
                         max_body_size=MAX_BODY, xheaders=True)
     except CannotListen as exc:
         log.error("%s", exc)

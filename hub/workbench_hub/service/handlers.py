@@ -6,7 +6,9 @@ changes) and decides from the caller's scopes itself: ``custom:workbench:admin``
 reads and changes everything, ``custom:workbench:read`` reads everything,
 any hub user reads their own usage. Every answer of the API is JSON, errors
 included (``{"status": 4xx, "message": "..."}``, one sentence saying what to
-do); each is described in ``api/openapi.json``. 503 means the service cannot
+do); each is described in ``api/openapi.json`` (``openapi.yaml``), and every
+JSON request body is checked against its schema there before a handler reads
+it (``APIHandler.valid_body``: a 400 naming the field and the rule). 503 means the service cannot
 answer yet: the hub has not stored its GPU settings, or its API did not
 answer.
 """
@@ -24,13 +26,13 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 from tornado.escape import xhtml_escape
 
-from workbench_spawner.rules.quota import WEEK, QuotaError, gpu_hours_by_user, parse_quota
+from workbench_spawner.rules.quota import WEEK, QuotaError, gpu_hours_by_user, quota_from_body
 from workbench_spawner.ledger.store import utcnow
 
-from .fleet import Fleet, SettingsMissing
-from .hub_client import HubClient, HubUnavailable
-from .metrics import render_metrics
-from .openapi import openapi_document
+from workbench_hub.service.fleet import Fleet, SettingsMissing
+from workbench_hub.service.hub_client import HubClient, HubUnavailable
+from workbench_hub.service.metrics import render_metrics
+from workbench_hub.service.openapi import BodyError, validate_body, with_server
 
 log = logging.getLogger("workbench.service")
 
@@ -182,6 +184,16 @@ class APIHandler(WorkbenchHandler):
         except (ValueError, UnicodeDecodeError) as exc:
             self.fail(400, f"the body is not valid JSON ({str(exc)[:80]}); send e.g. {{\"max_gpus\": 1}}")
 
+    def valid_body(self, schema: str, what: str) -> Any:
+        """The JSON body, checked against ``components/schemas/<schema>`` of the service's document;
+        else 400 with ``what`` and a sentence naming the field and the rule ("invalid quota: ...")."""
+        body = self.json_body()
+        try:
+            validate_body(self.settings["openapi"], schema, body)
+        except BodyError as exc:
+            self.fail(400, f"{what}: {exc}")
+        return body
+
     def send(self, data: Any, status: int = 200) -> None:
         self.set_status(status)
         self.finish(_json(data))
@@ -257,9 +269,9 @@ class QuotaHandler(APIHandler):
 
     async def put(self, name: str):
         await self.require_admin()
-        body = self.json_body()
+        body = self.valid_body("QuotaBody", "invalid quota")
         try:
-            quota = parse_quota(body, self.fleet.models())
+            quota = quota_from_body(body, self.fleet.models())
         except QuotaError as exc:
             self.fail(400, f"invalid quota: {exc}")
         model = await self._target(name)
@@ -329,7 +341,7 @@ class MetricsHandler(APIHandler):
 
 class OpenAPIHandler(APIHandler):
     def get(self):
-        self.send(openapi_document(self.settings["prefix"]))
+        self.send(with_server(self.settings["openapi"], self.settings["prefix"]))
 
 
 class NotFoundHandler(APIHandler):

@@ -6,7 +6,8 @@ reading came from. ``GET api/idle/exemptions`` lists the exempt groups;
 ``GET api/idle/exemptions/{group}`` says whether a hub group is exempt;
 ``PUT|DELETE api/idle/exemptions/{group}`` (admin scope) exempts it
 from idle reclaim or ends the exemption (body of PUT: optional
-``{"reason": "..."}``). Exempting applies from the next pass of the loop; a
+``{"reason": "..."}``, checked against ``IdleExemptionBody`` in
+``openapi.yaml``). Exempting applies from the next pass of the loop; a
 warning already shown is withdrawn then.
 """
 
@@ -20,7 +21,7 @@ from workbench_spawner.rules.idle import IdleRule
 from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook, check_group_name
 from workbench_spawner.ledger.store import utcnow
 
-from .handlers import APIHandler
+from workbench_hub.service.handlers import APIHandler
 
 log = logging.getLogger("workbench.service")
 
@@ -83,12 +84,8 @@ class ExemptionHandler(APIHandler):
 
     async def put(self, name: str):
         await self.require_admin()
-        body = self.json_body() if self.request.body else {}
-        if not isinstance(body, dict) or set(body) - {"reason"}:
-            self.fail(400, 'the body must be empty or {"reason": "why this group keeps idle GPUs"}')
+        body = self.valid_body("IdleExemptionBody", "invalid exemption") if self.request.body else {}
         reason = body.get("reason") or ""
-        if not isinstance(reason, str):
-            self.fail(400, "reason must be text")
         await self._group(name)
         book = IdleBook(self.fleet.store)
         try:

@@ -9,21 +9,153 @@ come from ``workbench_devices`` (NVML, or the simulated source, in which
 case every series carries ``simulated="true"``); allocation and quota
 numbers come from the workbench database (``workbench_*``). The effective
 quota of every hub user is one query (``QuotaBook.effective_many``).
+
+The text is written by ``prometheus_client`` (which JupyterHub depends on,
+so every hub environment has it), not by hand: a collector yields one
+``GaugeMetricFamily`` per metric, registered on a fresh ``CollectorRegistry``
+for each scrape and rendered by ``exposition.generate_latest``. The library
+owns the format: HELP/TYPE lines, label-value escaping (quotes, backslashes,
+newlines in user and model names) and value formatting (Go-style floats:
+``3.0``, ``8.589934592e+10``, full precision). A metric with no sample is
+not written at all (``generate_latest`` would print its HELP/TYPE lines).
+The one thing put back afterwards is the order of the labels in a series:
+``generate_latest`` sorts label names, and the series keep dcgm-exporter's
+order (``gpu``, ``UUID``, ``modelName``, ``Hostname``, ``user``); Prometheus
+itself ignores the order.
+
+Whether another job holds a GPU outside the workbench is read from any
+backend's annotation of the GPU row (a dict-valued entry with the key
+``held_outside_workbench``, e.g. Slurm's ``gpu["slurm"]``).
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import re
+from typing import Iterable, Iterator, Mapping
+
+from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.exposition import generate_latest
 
 from workbench_spawner.rules.quota import gpu_hours_by_user
 
+#: Every metric served: name -> HELP text, in the order they are written. All are gauges.
+HELP: dict[str, str] = {
+    "DCGM_FI_DEV_GPU_UTIL": "GPU utilization (in %).",
+    "DCGM_FI_DEV_FB_USED": "Framebuffer memory used (in MiB).",
+    "DCGM_FI_DEV_FB_FREE": "Framebuffer memory free (in MiB).",
+    "DCGM_FI_DEV_GPU_TEMP": "GPU temperature (in C).",
+    "DCGM_FI_DEV_POWER_USAGE": "Power draw (in W).",
+    "workbench_gpu_allocated": "Servers holding this GPU (0 = free).",
+    "workbench_gpu_memory_total_bytes": "GPU memory in bytes, from the inventory.",
+    "workbench_gpus": "GPUs in the inventory.",
+    "workbench_gpus_free": "GPUs with a free slot.",
+    "workbench_gpu_held_outside": "1 if Slurm allocates this GPU to a job outside the workbench.",
+    "workbench_user_gpus_held": "GPUs a user holds now.",
+    "workbench_user_gpu_hours_week": "GPU-hours a user used in the last 7 days.",
+    "workbench_user_quota_max_gpus": "The most GPUs a user may hold at once (effective quota).",
+}
 
-def _escape(value: str) -> str:
-    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "user")
+HOST_LABELS = ("Hostname",)
+USER_LABELS = ("user",)
+
+_MIB = 1 << 20
 
 
-def _labels(labels: dict[str, str]) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+def _held_outside(gpu: Mapping) -> bool | None:
+    """Whether a backend says a job outside the workbench holds this GPU (None: no backend says).
+
+    Backends annotate a GPU row with a dict of their own (Slurm: ``gpu["slurm"] =
+    {"node_state": ..., "allocated": ..., "held_outside_workbench": ...}``); the first
+    such dict with a ``held_outside_workbench`` that is not None answers.
+    """
+    for value in gpu.values():
+        if isinstance(value, Mapping) and value.get("held_outside_workbench") is not None:
+            return bool(value["held_outside_workbench"])
+    return None
+
+
+class FleetCollector:
+    """A ``prometheus_client`` collector for one scrape of the fleet (read when collected)."""
+
+    def __init__(self, fleet, users: Iterable[Mapping] | None = None):
+        self.fleet = fleet
+        self.users = None if users is None else list(users)
+        #: The label names of each family written, in their order (filled by ``collect``).
+        self.label_order: dict[str, tuple[str, ...]] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fleet = self.fleet
+        node = fleet.node
+        gpu_labels = GPU_LABELS + (("simulated",) if fleet.simulated else ())
+        labels_of = {name: USER_LABELS for name in HELP if name.startswith("workbench_user_")}
+        labels_of.update(workbench_gpus=HOST_LABELS, workbench_gpus_free=HOST_LABELS)
+        families = {name: GaugeMetricFamily(name, text, labels=labels_of.get(name, gpu_labels))
+                    for name, text in HELP.items()}
+
+        def add(name: str, values: list[str], value) -> None:
+            if value is not None:
+                families[name].add_metric(values, float(value))
+
+        gpus = fleet.gpus()
+        for gpu in gpus:
+            holders = ",".join(sorted({h["user"] for h in gpu["holders"]}))
+            values = [str(gpu["index"]), gpu["uuid"], gpu["name"], gpu["node"] or node, holders]
+            if fleet.simulated:
+                values.append("true")
+            add("DCGM_FI_DEV_GPU_UTIL", values, gpu["utilization_percent"])
+            used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
+            if used is not None:
+                add("DCGM_FI_DEV_FB_USED", values, used // _MIB)
+                add("DCGM_FI_DEV_FB_FREE", values, max(0, total - used) // _MIB)
+            add("DCGM_FI_DEV_GPU_TEMP", values, gpu["temperature_c"])
+            add("DCGM_FI_DEV_POWER_USAGE", values, gpu["power_w"])
+            add("workbench_gpu_allocated", values, len(gpu["holders"]))
+            add("workbench_gpu_memory_total_bytes", values, total)
+            outside = _held_outside(gpu)
+            if outside is not None:
+                add("workbench_gpu_held_outside", values, int(outside))
+        # One count per node (a cluster has several; one host has one).
+        for host in sorted({g["node"] or node for g in gpus} or {node}):
+            on_host = [g for g in gpus if (g["node"] or node) == host]
+            add("workbench_gpus", [host], len(on_host))
+            add("workbench_gpus_free", [host], sum(1 for g in on_host if g["free_slots"] > 0))
+        held = fleet.held_by_user()
+        hours = gpu_hours_by_user(fleet.store)
+        for user in sorted(set(held) | set(hours)):
+            add("workbench_user_gpus_held", [user], held.get(user, 0))
+            add("workbench_user_gpu_hours_week", [user], round(hours.get(user, 0.0), 4))
+        if self.users is None:
+            names = set(held) | set(hours) | {q.name for q in fleet.book.all("user")}
+            groups_of: dict[str, list[str]] = {name: [] for name in names}
+        else:
+            groups_of = {u["name"]: list(u.get("groups") or []) for u in self.users}
+        effective = fleet.book.effective_many(groups_of, fleet.default)
+        for name in sorted(effective):
+            add("workbench_user_quota_max_gpus", [name], effective[name].quota.max_gpus)
+        # generate_latest writes HELP/TYPE even for a family without samples: leave those out.
+        for name, family in families.items():
+            if family.samples:
+                self.label_order[name] = labels_of.get(name, gpu_labels)
+                yield family
+
+
+# One label in generate_latest's output: name="value", the value escaped (no bare quote in it).
+_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def _in_declared_order(text: str, order: Mapping[str, tuple[str, ...]]) -> str:
+    """Put each series' labels back in its family's order (``generate_latest`` sorts them by name)."""
+    lines = []
+    for line in text.splitlines():
+        name, brace, rest = line.partition("{")
+        if not line.startswith("#") and brace and name in order:
+            labels, value = rest.rsplit("} ", 1)
+            pairs = dict(_LABEL.findall(labels))
+            if set(pairs) == set(order[name]):
+                line = name + "{" + ",".join(f'{k}="{pairs[k]}"' for k in order[name]) + "} " + value
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
@@ -32,69 +164,8 @@ def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
     Without them (the hub's API did not answer) the quota series cover the
     users with an own quota or a lease only, as if they had no groups.
     """
-    lines: list[str] = []
-    series: dict[str, list[str]] = {}
-    help_text = {
-        "DCGM_FI_DEV_GPU_UTIL": ("gauge", "GPU utilization (in %)."),
-        "DCGM_FI_DEV_FB_USED": ("gauge", "Framebuffer memory used (in MiB)."),
-        "DCGM_FI_DEV_FB_FREE": ("gauge", "Framebuffer memory free (in MiB)."),
-        "DCGM_FI_DEV_GPU_TEMP": ("gauge", "GPU temperature (in C)."),
-        "DCGM_FI_DEV_POWER_USAGE": ("gauge", "Power draw (in W)."),
-        "workbench_gpu_allocated": ("gauge", "Servers holding this GPU (0 = free)."),
-        "workbench_gpu_memory_total_bytes": ("gauge", "GPU memory in bytes, from the inventory."),
-        "workbench_gpus": ("gauge", "GPUs in the inventory."),
-        "workbench_gpus_free": ("gauge", "GPUs with a free slot."),
-        "workbench_gpu_held_outside": ("gauge", "1 if Slurm allocates this GPU to a job outside the workbench."),
-        "workbench_user_gpus_held": ("gauge", "GPUs a user holds now."),
-        "workbench_user_gpu_hours_week": ("gauge", "GPU-hours a user used in the last 7 days."),
-        "workbench_user_quota_max_gpus": ("gauge", "The most GPUs a user may hold at once (effective quota)."),
-    }
-
-    def add(name: str, labels: dict[str, str], value) -> None:
-        if value is None:
-            return
-        series.setdefault(name, []).append(f"{name}{_labels(labels)} {float(value):g}")
-
-    gpus = fleet.gpus()
-    node = fleet.node
-    for gpu in gpus:
-        holders = ",".join(sorted({h["user"] for h in gpu["holders"]}))
-        labels = {"gpu": str(gpu["index"]), "UUID": gpu["uuid"], "modelName": gpu["name"],
-                  "Hostname": gpu["node"] or node, "user": holders}
-        if fleet.simulated:
-            labels["simulated"] = "true"
-        add("DCGM_FI_DEV_GPU_UTIL", labels, gpu["utilization_percent"])
-        used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
-        if used is not None:
-            add("DCGM_FI_DEV_FB_USED", labels, used // (1 << 20))
-            add("DCGM_FI_DEV_FB_FREE", labels, max(0, total - used) // (1 << 20))
-        add("DCGM_FI_DEV_GPU_TEMP", labels, gpu["temperature_c"])
-        add("DCGM_FI_DEV_POWER_USAGE", labels, gpu["power_w"])
-        add("workbench_gpu_allocated", labels, len(gpu["holders"]))
-        add("workbench_gpu_memory_total_bytes", labels, total)
-        if "slurm" in gpu:
-            add("workbench_gpu_held_outside", labels, int(gpu["slurm"]["held_outside_workbench"]))
-    # One count per node (a cluster has several; one host has one).
-    for host in sorted({g["node"] or node for g in gpus} or {node}):
-        on_host = [g for g in gpus if (g["node"] or node) == host]
-        add("workbench_gpus", {"Hostname": host}, len(on_host))
-        add("workbench_gpus_free", {"Hostname": host}, sum(1 for g in on_host if g["free_slots"] > 0))
-    held = fleet.held_by_user()
-    hours = gpu_hours_by_user(fleet.store)
-    for user in sorted(set(held) | set(hours)):
-        add("workbench_user_gpus_held", {"user": user}, held.get(user, 0))
-        add("workbench_user_gpu_hours_week", {"user": user}, round(hours.get(user, 0.0), 4))
-    if users is None:
-        names = set(held) | set(hours) | {q.name for q in fleet.book.all("user")}
-        groups_of: dict[str, list[str]] = {name: [] for name in names}
-    else:
-        groups_of = {u["name"]: list(u.get("groups") or []) for u in users}
-    effective = fleet.book.effective_many(groups_of, fleet.default)
-    for name in sorted(effective):
-        add("workbench_user_quota_max_gpus", {"user": name}, effective[name].quota.max_gpus)
-    for name, (kind, text) in help_text.items():
-        if name in series:
-            lines.append(f"# HELP {name} {text}")
-            lines.append(f"# TYPE {name} {kind}")
-            lines.extend(series[name])
-    return "\n".join(lines) + "\n"
+    collector = FleetCollector(fleet, users)
+    registry = CollectorRegistry(auto_describe=False)  # no describe(): the fleet is read once, when rendered
+    registry.register(collector)
+    text = generate_latest(registry).decode("utf-8")
+    return _in_declared_order(text, collector.label_order)

@@ -1,213 +1,237 @@
-"""The OpenAPI 3.1 description of the service API, served at ``api/openapi.json``.
+"""The service's OpenAPI 3.1 document, served at ``api/openapi.json``, and request bodies checked against it.
 
-Every response of every operation, errors included, has a schema with its
-required fields, and the tests hold the service to it: each answer in
-``tests/service`` is validated against this document, and a schemathesis
-run fuzzes the live service with it. The request schema of a quota
-(``QuotaBody``) says exactly what ``parse_quota`` accepts (bounds and all);
-the answers carry more (``StoredQuota``: who changed it and when;
-``EffectiveQuota``: where it comes from).
+The document is kept by hand in ``openapi.yaml`` next to this module (package data: it ships in
+the wheel). Backends add their own parts as YAML fragments (``load_fragment``), partial documents
+with ``paths`` and ``components``; ``load_document`` merges them into the main document, and a
+fragment may add but never redefine (a path, schema, response or parameter that exists already is
+a ValueError). A fragment may also add optional properties to the main document's object schemas
+under ``x-schema-properties`` (the Slurm backend adds ``slurm`` to a GPU row).
+
+Every JSON request body is checked against the schema its operation names (``validate_body``):
+a body that breaks it raises ``BodyError``, whose str is one sentence naming the field and the
+rule ("max_gpus must be between 0 and 1024, not 5000"), which the service answers as a 400. What a
+schema cannot say (a model this hub has, a window that parses) the handlers check after it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import copy
+import functools
+import json
+import math
+from importlib.resources import files
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any, Iterable, Sequence
 
-from workbench_spawner.rules.quota import (
-    MAX_GPU_HOURS_LIMIT,
-    MAX_GPUS_LIMIT,
-    MAX_MODELS,
-    MAX_SESSION_HOURS_LIMIT,
-    MIN_SESSION_HOURS,
-)
+import yaml
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
 
-from .openapi_idle import idle_paths, idle_quota_properties, idle_schemas
-from .openapi_slurm import slurm_paths, slurm_schemas
-from .openapi_parts import ADMIN, READ, STRING, STRINGS, TIME
-from .openapi_parts import error as _error
-from .openapi_parts import json_body as _json
-from .openapi_parts import obj as _object
-from .openapi_parts import ref as _ref
-from .reservation_openapi import reservation_paths, reservation_schemas
-
-MAX_NAME = 255
+MAIN = "openapi.yaml"
+COMPONENT_SECTIONS = ("schemas", "responses", "parameters", "requestBodies", "headers", "examples",
+                      "securitySchemes", "links", "callbacks", "pathItems")
+FRAGMENT_KEYS = ("paths", "components", "x-schema-properties")
 
 
-def _nullable(schema: dict) -> dict:
-    return {"anyOf": [schema, {"type": "null"}]}
+class BodyError(ValueError):
+    """A request body its schema refuses; str(err) is a sentence naming the field and the rule."""
 
 
-FORBIDDEN = _error("no or wrong authentication, or the caller lacks the scope")
-UNAVAILABLE = _error("the hub has not published its GPU settings yet, or its API did not answer; try again")
-NO_SUCH_NAME = _error("no user or group of that name on this hub (the message says how to add one)")
-BAD_QUOTA = _error("the body is not a valid quota (the message names the field and the bound)")
+@functools.cache
+def _main() -> dict:
+    return _read_yaml((files(__package__) / MAIN).read_text(encoding="utf-8"), MAIN)
 
 
-def _quota_properties() -> dict:
-    return {
-        "max_gpus": {"type": "integer", "minimum": 0, "maximum": MAX_GPUS_LIMIT,
-                     "description": "GPUs held at once, over all the user's servers"},
-        "gpu_hours_per_week": {"type": ["number", "null"], "minimum": 0, "maximum": MAX_GPU_HOURS_LIMIT,
-                               "description": "GPU-hours in the rolling last 7 days; null: no limit"},
-        "allowed_models": {"type": ["array", "null"], "maxItems": MAX_MODELS,
-                           "items": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9._+ -]{0,63}$"},
-                           "description": "models of this hub's inventory (case does not matter); null: any, "
-                                          "[]: none"},
-        "max_session_hours": {"type": ["number", "null"], "minimum": MIN_SESSION_HOURS,
-                              "maximum": MAX_SESSION_HOURS_LIMIT,
-                              "description": f"a server is stopped after this many hours (at least "
-                                             f"{MIN_SESSION_HOURS:g} h = {MIN_SESSION_HOURS * 3600:g} s: a "
-                                             f"server takes that long to start); null: no limit"},
-        **idle_quota_properties(),
-    }
+def _read_yaml(text: str, where: str) -> dict:
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} is not an OpenAPI document: its top level is not a mapping")
+    return data
 
 
-def _schemas() -> dict:
-    quota_fields = ["max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours", "gpu_idle_minutes",
-                    "gpu_idle_threshold"]
-    holder = _object(["user", "server", "since", "node"],
-                     {"user": STRING, "server": STRING, "since": TIME, "node": STRING})
-    return {
-        "Error": _object(["status", "message"], {"status": {"type": "integer", "minimum": 400, "maximum": 599},
-                                                 "message": {"type": "string", "minLength": 1}}),
-        "QuotaBody": _object(["max_gpus"], _quota_properties(), additionalProperties=False),
-        "Quota": _object(quota_fields, _quota_properties()),
-        "StoredQuota": {"allOf": [_ref("Quota"), _object(["kind", "name", "updated", "updated_by"], {
-            "kind": {"type": "string", "enum": ["user", "group"]}, "name": STRING, "updated": TIME,
-            "updated_by": {"type": "string", "description": "who set it, e.g. user:admin or service:..."}})]},
-        "EffectiveQuota": {"allOf": [_ref("Quota"), _object(["source", "group", "origin"], {
-            "source": {"type": "string", "enum": ["user", "group", "default"]},
-            "group": {"type": ["string", "null"]},
-            "origin": {"type": "string", "examples": ["own quota", "from group ml-course", "default"]}})]},
-        "UserQuotaView": _object(["kind", "name", "quota", "effective"], {
-            "kind": {"const": "user"}, "name": STRING, "quota": _nullable(_ref("StoredQuota")),
-            "effective": _ref("EffectiveQuota")}),
-        "GroupQuotaView": _object(["kind", "name", "quota", "users"], {
-            "kind": {"const": "group"}, "name": STRING, "quota": _nullable(_ref("StoredQuota")),
-            "users": STRINGS}),
-        "QuotaList": _object(["default", "models", "node", "users", "groups"], {
-            "default": _ref("Quota"),
-            "models": {"type": "array", "items": STRING, "description": "the GPU models of the inventory the hub "
-                                                                        "stored: what allowed_models may name"},
-            "node": STRING,
-            "database": {"type": "string", "description": "admins only: the GPU database the hub and the service "
-                                                          "share (URL without its password)"},
-            "users": {"type": "array", "items": _ref("StoredQuota")},
-            "groups": {"type": "array", "items": _ref("StoredQuota")}}),
-        "GPU": _object(
-            ["index", "uuid", "name", "model", "node", "memory_total_bytes", "simulated", "holders", "free_slots",
-             "utilization_percent", "memory_used_bytes", "temperature_c", "power_w", "reading_source"],
-            {"index": {"type": "integer"}, "uuid": STRING, "name": STRING, "model": STRING,
-             "node": {"type": "string", "description": "the node the GPU is on (this host's name on one host)"},
-             "memory_total_bytes": {"type": "integer", "minimum": 0}, "simulated": {"type": "boolean"},
-             "holders": {"type": "array", "items": holder},
-             "free_slots": {"type": "integer", "minimum": 0},
-             "utilization_percent": {"type": ["number", "null"]},
-             "memory_used_bytes": {"type": ["integer", "null"]},
-             "temperature_c": {"type": ["number", "null"]},
-             "power_w": {"type": ["number", "null"]},
-             "reading_source": {"type": ["string", "null"]},
-             "idle_seconds": {"type": ["number", "null"], "minimum": 0,
-                              "description": "held GPUs: how long idle reclaim has seen it idle; null: busy, "
-                                             "free, or no reading"},
-             "slurm": _object(["node_state", "allocated", "held_outside_workbench"], {
-                 "node_state": STRING, "allocated": {"type": "boolean"},
-                 "held_outside_workbench": {"type": "boolean"}},
-                 description="Slurm hubs only: Slurm's own view of the GPU from its node records")}),
-        "Inventory": _object(["node", "source", "simulated", "message", "gpus"], {
-            "node": STRING, "source": {"type": "string", "enum": ["nvml", "simulated", "static", "slurm", "none"]},
-            "simulated": {"type": "boolean"}, "message": STRING,
-            "gpus": {"type": "array", "items": _ref("GPU")}}),
-        "Allocation": _object(["user", "server", "node", "gpu_uuids", "since", "ref"], {
-            "user": STRING, "server": STRING, "node": STRING, "gpu_uuids": STRINGS, "since": TIME,
-            "ref": STRING}),
-        "Allocations": _object(["node", "allocations"], {
-            "node": STRING, "allocations": {"type": "array", "items": _ref("Allocation")}}),
-        "UserUsage": _object(["name", "groups", "quota", "held_gpus", "gpu_hours_week"], {
-            "name": STRING, "groups": STRINGS, "quota": _ref("EffectiveQuota"),
-            "held_gpus": {"type": "integer", "minimum": 0}, "gpu_hours_week": {"type": "number", "minimum": 0}}),
-        "Usage": _object(["window_start", "window_end", "users"], {
-            "window_start": TIME, "window_end": TIME, "users": {"type": "array", "items": _ref("UserUsage")}}),
-    }
+def load_fragment(path: str | Path | Traversable) -> dict:
+    """A backend's YAML fragment: a partial document with ``paths`` and ``components``."""
+    source = Path(path) if isinstance(path, str) else path
+    fragment = _read_yaml(source.read_text(encoding="utf-8"), str(path))
+    fragment.setdefault("x-fragment", str(path))
+    return fragment
 
 
-def openapi_document(prefix: str = "/services/workbench/") -> dict[str, Any]:
-    name_param = {"name": "name", "in": "path", "required": True,
-                  "schema": {"type": "string", "minLength": 1, "maxLength": MAX_NAME}}
+def load_document(fragments: Sequence[dict] = ()) -> dict:
+    """The service's whole document: the main YAML (read once) with each fragment merged in.
 
-    def quota_paths(kind: str) -> dict:
-        view = _ref("UserQuotaView" if kind == "user" else "GroupQuotaView")
-        return {
-            "parameters": [name_param],
-            "get": {"summary": f"The quota of one {kind}" + (" and the effective one" if kind == "user"
-                                                             else " and its members"),
-                    "x-scope": READ,
-                    "responses": {"200": {"description": "the quota", **_json(view)}, "403": FORBIDDEN,
-                                  "404": NO_SUCH_NAME, "503": UNAVAILABLE}},
-            "put": {"summary": f"Set the quota of one {kind} (applies to the next spawn)", "x-scope": ADMIN,
-                    "requestBody": {"required": True, **_json(_ref("QuotaBody"))},
-                    "responses": {"200": {"description": "the stored quota", **_json(view)}, "400": BAD_QUOTA,
-                                  "403": FORBIDDEN, "404": NO_SUCH_NAME, "503": UNAVAILABLE}},
-            "delete": {"summary": f"Delete the quota of one {kind} (falls back to groups or the default)",
-                       "x-scope": ADMIN,
-                       "responses": {"204": {"description": "deleted (or there was none)"}, "403": FORBIDDEN,
-                                     "404": NO_SUCH_NAME, "503": UNAVAILABLE}},
-        }
+    Returns a new dict each call (the caller may change it). A fragment that redefines a path or
+    a component, or names a part a fragment cannot have, is a ValueError.
+    """
+    document = copy.deepcopy(_main())
+    for fragment in fragments:
+        _merge(document, copy.deepcopy(fragment))
+    return document
 
-    def read(summary: str, schema: str) -> dict:
-        return {"get": {"summary": summary, "x-scope": READ,
-                        "responses": {"200": {"description": summary, **_json(_ref(schema))}, "403": FORBIDDEN,
-                                      "503": UNAVAILABLE}}}
 
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "GPU Workbench service",
-            "version": "1.1.0",
-            "description": "GPU quotas, the fleet and usage. Authenticate with a hub API token "
-                           "(`Authorization: token ...`); scopes `custom:workbench:admin` (read and write) and "
-                           "`custom:workbench:read` (read). Any hub user may read their own usage. Every error "
-                           "is JSON `{\"status\": 4xx, \"message\": \"...\"}`.",
-        },
-        "servers": [{"url": prefix.rstrip("/")}],
-        "components": {
-            "securitySchemes": {"hubToken": {"type": "apiKey", "in": "header", "name": "Authorization"}},
-            "schemas": {**_schemas(), **idle_schemas(), **reservation_schemas(), **slurm_schemas()},
-        },
-        "security": [{"hubToken": []}],
-        "paths": {
-            "/": {"get": {"summary": "The admin page (HTML; logs in through the hub)", "x-scope": READ,
-                          "responses": {
-                              "200": {"description": "HTML page", "content": {"text/html": {"schema": STRING}}},
-                              "302": {"description": "to the hub's login"},
-                              "403": {"description": "HTML page: not allowed",
-                                      "content": {"text/html": {"schema": STRING}}},
-                              "503": {"description": "HTML sentence: the hub has not published its settings",
-                                      "content": {"text/html": {"schema": STRING}}}}}},
-            "/api/gpus": read("Every GPU with its node, holders and live readings", "Inventory"),
-            "/api/allocations": read("Every lease held now, with its node", "Allocations"),
-            "/api/quotas": read("Every stored quota and the default", "QuotaList"),
-            "/api/quotas/users/{name}": quota_paths("user"),
-            "/api/quotas/groups/{name}": quota_paths("group"),
-            "/api/usage": {"get": {
-                "summary": "GPU-hours in the rolling last 7 days, held GPUs and effective quota per user",
-                "description": "Without custom:workbench:read a user sees only their own usage; "
-                               "asking for another user's is 403.",
-                "parameters": [{"name": "user", "in": "query", "required": False,
-                                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_NAME}}],
-                "responses": {"200": {"description": "usage", **_json(_ref("Usage"))},
-                              "400": _error("the query string is not readable"), "403": FORBIDDEN,
-                              "404": NO_SUCH_NAME, "503": UNAVAILABLE}}},
-            "/api/openapi.json": {"get": {"summary": "This document", "security": [], "responses": {
-                "200": {"description": "OpenAPI 3.1", **_json(_object(["openapi", "info", "paths"], {
-                    "openapi": STRING, "info": {"type": "object"}, "paths": {"type": "object"}}))}}}},
-            **idle_paths(FORBIDDEN, UNAVAILABLE),
-            **reservation_paths(READ, ADMIN, FORBIDDEN, UNAVAILABLE),
-            **slurm_paths(FORBIDDEN, UNAVAILABLE),
-            "/metrics": {"get": {"summary": "Prometheus text (DCGM-exporter names plus workbench_*)",
-                                 "x-scope": READ,
-                                 "responses": {"200": {"description": "text/plain; version=0.0.4",
-                                                       "content": {"text/plain": {"schema": STRING}}},
-                                               "403": FORBIDDEN, "503": UNAVAILABLE}}},
-        },
-    }
+def _merge(document: dict, fragment: dict) -> None:
+    name = fragment.pop("x-fragment", "an OpenAPI fragment")
+    unknown = sorted(set(fragment) - set(FRAGMENT_KEYS))
+    if unknown:
+        raise ValueError(f"the OpenAPI fragment {name} has {', '.join(unknown)}; a fragment has only "
+                         f"{', '.join(FRAGMENT_KEYS)}")
+    paths = document.setdefault("paths", {})
+    for path, item in (fragment.get("paths") or {}).items():
+        if path in paths:
+            raise ValueError(f"the OpenAPI fragment {name} redefines the path {path}, which the document "
+                             f"already has; a fragment may only add paths")
+        paths[path] = item
+    components = document.setdefault("components", {})
+    for section, entries in (fragment.get("components") or {}).items():
+        if section not in COMPONENT_SECTIONS:
+            raise ValueError(f"the OpenAPI fragment {name} has components/{section}, which OpenAPI does not know")
+        known = components.setdefault(section, {})
+        for key, value in (entries or {}).items():
+            if key in known:
+                raise ValueError(f"the OpenAPI fragment {name} redefines components/{section}/{key}, which the "
+                                 f"document already has; a fragment may only add {section}")
+            known[key] = value
+    schemas = components.get("schemas", {})
+    for schema_name, added in (fragment.get("x-schema-properties") or {}).items():
+        target = schemas.get(schema_name)
+        if not isinstance(target, dict) or not isinstance(target.get("properties"), dict):
+            raise ValueError(f"the OpenAPI fragment {name} adds properties to {schema_name}, which is not an "
+                             f"object schema of the document")
+        for prop, schema in added.items():
+            if prop in target["properties"]:
+                raise ValueError(f"the OpenAPI fragment {name} redefines the property {prop} of {schema_name}, "
+                                 f"which the document already has; a fragment may only add properties")
+            target["properties"][prop] = schema
+
+
+def with_server(document: dict, prefix: str) -> dict:
+    """The document as served under ``prefix`` (its ``servers`` name where the API answers)."""
+    return {**document, "servers": [{"url": "/" + prefix.strip("/")}]}
+
+
+# -- request bodies -------------------------------------------------------------------------
+
+def validate_body(document: dict, schema_name: str, body: Any) -> None:
+    """Raise BodyError (one sentence) unless ``body`` matches ``components/schemas/<schema_name>``."""
+    schemas = document["components"]["schemas"]
+    if schema_name not in schemas:
+        raise KeyError(f"the OpenAPI document has no schema {schema_name}")
+    # JSON has no NaN or infinity, but Python's json module reads them; no bound catches them.
+    odd = next(_non_finite(body, ()), None)
+    if odd is not None:
+        path, value = odd
+        raise BodyError(f"{_field(path)} must be a finite number, not {_show(value)}")
+    validator = Draft202012Validator({"$ref": f"#/components/schemas/{schema_name}",
+                                      "components": document["components"]})
+    error = best_match(validator.iter_errors(body))
+    if error is not None:
+        raise BodyError(_sentence(error, schemas[schema_name]))
+
+
+def _non_finite(value: Any, path: tuple) -> Iterable[tuple[tuple, float]]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _non_finite(item, path + (key,))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _non_finite(item, path + (index,))
+    elif isinstance(value, float) and not math.isfinite(value):
+        yield path, value
+
+
+def _field(path: Iterable) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or "the body"
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """What was sent, as JSON writes it (a number as a person would: 1000000000, not 1000000000.0)."""
+    if isinstance(value, float) and math.isfinite(value):
+        return _number(value)
+    text = json.dumps(value, ensure_ascii=False, allow_nan=True)
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
+def _number(value: float) -> str:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def _and(words: Sequence[str]) -> str:
+    words = list(words)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+TYPE_WORDS = {"integer": "a whole number", "number": "a number", "string": "text", "boolean": "true or false",
+              "array": "a list", "object": "an object", "null": "null"}
+
+
+def _range(schema: dict) -> str:
+    low = high = None
+    if "minimum" in schema:
+        low = f"at least {_number(schema['minimum'])}"
+    if "exclusiveMinimum" in schema:
+        low = f"more than {_number(schema['exclusiveMinimum'])}"
+    if "maximum" in schema:
+        high = f"at most {_number(schema['maximum'])}"
+    if "exclusiveMaximum" in schema:
+        high = f"less than {_number(schema['exclusiveMaximum'])}"
+    if "minimum" in schema and "maximum" in schema:
+        return f"between {_number(schema['minimum'])} and {_number(schema['maximum'])}"
+    return " and ".join(p for p in (low, high) if p)
+
+
+def _sentence(error: ValidationError, root: dict) -> str:
+    """One sentence for a person: the field, the rule it breaks, and what was sent."""
+    keyword, rule, schema, value = error.validator, error.validator_value, error.schema, error.instance
+    path = list(error.absolute_path)
+    field = _field(path)
+    title = schema.get("title") if isinstance(schema, dict) else None
+    if keyword == "type":
+        types = [rule] if isinstance(rule, str) else list(rule)
+        if not path and "object" in types:
+            example = (root.get("examples") or [None])[0]
+            such = f" such as {_show(example, 200)}" if example is not None else ""
+            what = f" ({title})" if title else ""
+            return f"the body must be a JSON object{what}{such}, not {_show(value)}"
+        return f"{field} must be {' or '.join(TYPE_WORDS.get(t, t) for t in types)}, not {_show(value)}"
+    if keyword == "required":
+        missing = [name for name in rule if name not in value]
+        where = _field(path + [missing[0]]) if missing else field
+        needs = f"; {title} needs {_and(rule)}" if title else ""
+        return f"{where} is missing{needs}"
+    if keyword in ("additionalProperties", "unevaluatedProperties"):
+        known = list((schema.get("properties") or {}))
+        extra = [k for k in value if k not in known]
+        names = ", ".join(repr(k[:40]) for k in extra)
+        has = f"; {title} has {_and(known)}" if title and known else (f"; {field} has {_and(known)}" if known else "")
+        return f"unknown field{'s' if len(extra) > 1 else ''} {names}{has}"
+    if keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        return f"{field} must be {_range(schema)}, not {_show(value)}"
+    if keyword == "not" and isinstance(rule, dict) and "exclusiveMinimum" in rule and "exclusiveMaximum" in rule:
+        low, high = rule["exclusiveMinimum"], rule["exclusiveMaximum"]
+        first = _number(low) if schema.get("minimum") == low else f"at most {_number(low)}"
+        then = (f"between {_number(high)} and {_number(schema['maximum'])}" if "maximum" in schema
+                else f"at least {_number(high)}")
+        return f"{field} must be {first} or {then}, not {_show(value)}"
+    if keyword == "minLength":
+        if rule == 1:
+            return f"{field} must not be empty"
+        return f"{field} must be at least {rule} characters long, not {len(value)}"
+    if keyword == "maxLength":
+        return f"{field} must be at most {rule} characters long, not {len(value)}"
+    if keyword == "maxItems":
+        return f"{field} may have at most {rule} items, not {len(value)}"
+    if keyword == "minItems":
+        return f"{field} must have at least {rule} item{'s' if rule != 1 else ''}, not {len(value)}"
+    if keyword == "pattern":
+        return f"{field} must be {title or f'text matching {rule}'}, not {_show(value)}"
+    if keyword == "enum":
+        return f"{field} must be one of {', '.join(_show(v) for v in rule)}, not {_show(value)}"
+    if keyword == "const":
+        return f"{field} must be {_show(rule)}, not {_show(value)}"
+    return f"{field} is not valid: {error.message}"

@@ -7,9 +7,10 @@
   ``{"group": "ml-course", "gpus": 8, "model": "H100-80GB", "window": "Tue
   10:00-12:00", "grace_minutes": 15, "preempt": false, "warn_minutes": 10}``
   (only group, gpus and window are required). 201 with the stored one; 400
-  with a sentence, and nothing stored, for a malformed window, bad numbers,
-  an unknown model or group, more GPUs than the hub has, or an overlap with
-  other reservations that the inventory cannot meet.
+  with a sentence, and nothing stored, for a body its schema refuses (fields,
+  numbers, lengths: ``ReservationBody`` in ``openapi.yaml``), a malformed
+  window, an unknown model or group, more GPUs than the hub has, or an overlap
+  with other reservations that the inventory cannot meet.
 * ``GET|DELETE api/reservations/{id}``: one reservation; delete is 204.
 
 "Now" is the hub's clock (``clock.py``: the real one, or the test clock the
@@ -24,10 +25,10 @@ import logging
 from datetime import tzinfo
 
 from workbench_spawner.policy.clock import Clock, hub_clock, zone
-from workbench_spawner.ledger.reservation_book import ReservationBook, StoredReservation, parse_reservation
+from workbench_spawner.ledger.reservation_book import ReservationBook, StoredReservation, reservation_from_body
 from workbench_spawner.rules.reservations import ReservationError, next_occurrence
 
-from .handlers import APIHandler
+from workbench_hub.service.handlers import APIHandler
 
 log = logging.getLogger("workbench.service")
 
@@ -62,9 +63,9 @@ class ReservationListHandler(APIHandler):
 
     async def post(self):
         await self.require_admin()
-        body = self.json_body()
+        body = self.valid_body("ReservationBody", "invalid reservation")
         try:
-            reservation = parse_reservation(body, self.fleet.models())
+            reservation = reservation_from_body(body, self.fleet.models())
         except ReservationError as exc:
             self.fail(400, f"invalid reservation: {exc}")
         if await self.hub.group(reservation.group) is None:

@@ -1,4 +1,4 @@
-"""Reservations as stored: the ``gpu_reservations`` table, parsing a request, creating one safely.
+"""Reservations as stored: the ``gpu_reservations`` table, reading a request, creating one safely.
 
 The hub's placement, the workbench service's enforcer (preemption) and its
 REST API all read this one table, so what an admin reserved is what is
@@ -11,7 +11,6 @@ is written.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any, Mapping
@@ -19,11 +18,9 @@ from typing import Any, Mapping
 from sqlalchemy import Boolean, DateTime, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from workbench_spawner.rules.quota import MAX_GPUS_LIMIT, MODEL_PATTERN
 from workbench_spawner.rules.reservations import (
     DEFAULT_GRACE_MINUTES,
     DEFAULT_WARN_MINUTES,
-    MAX_MINUTES,
     Reservation,
     ReservationError,
     check_feasible,
@@ -31,6 +28,7 @@ from workbench_spawner.rules.reservations import (
 )
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 
+# What a request body may hold (the service's ReservationBody schema says the same; a test compares them).
 MAX_GROUP = 255
 FIELDS = ("group", "gpus", "model", "window", "grace_minutes", "preempt", "warn_minutes")
 
@@ -63,51 +61,30 @@ class StoredReservation:
                 "warn_minutes": r.warn_minutes, "created": self.created.isoformat(), "created_by": self.created_by}
 
 
-def _minutes(body: Mapping[str, Any], key: str, default: float) -> float:
-    value = body.get(key, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ReservationError(f"{key} must be a number of minutes, not {value!r}")
-    if not 0 <= value <= MAX_MINUTES:
-        raise ReservationError(f"{key} must be between 0 and {MAX_MINUTES:g} minutes, not {value:g}")
-    return float(value)
+def reservation_from_body(body: Mapping[str, Any], models: list[str]) -> Reservation:
+    """The reservation a request body asks for; raise ReservationError (a sentence) for what its
+    schema cannot say.
 
-
-def parse_reservation(body: Any, models: list[str]) -> Reservation:
-    """A reservation from a JSON body (the REST API and the CLI send the same one)."""
-    if not isinstance(body, dict):
-        raise ReservationError('the body must be a JSON object such as {"group": "ml-course", "gpus": 8, '
-                               '"window": "Tue 10:00-12:00"}')
-    unknown = sorted(set(body) - set(FIELDS))
-    if unknown:
-        raise ReservationError(f"unknown field(s) {', '.join(unknown)}; a reservation has {', '.join(FIELDS)}")
-    group = body.get("group")
-    if not isinstance(group, str) or not group.strip() or len(group) > MAX_GROUP:
-        raise ReservationError("group must be the name of a JupyterHub group (1 to 255 characters)")
-    gpus = body.get("gpus")
-    if isinstance(gpus, bool) or not isinstance(gpus, int):
-        raise ReservationError(f"gpus must be a whole number of GPUs, not {gpus!r}")
-    if not 1 <= gpus <= MAX_GPUS_LIMIT:
-        raise ReservationError(f"gpus must be between 1 and {MAX_GPUS_LIMIT}, not {gpus}")
+    ``body`` has passed the service's ``ReservationBody`` schema (``openapi.validate_body``: fields,
+    types, bounds, lengths). Here: the window must parse (``reservations.parse_window``), the model
+    must be one of the inventory's ``models`` (any case; written as the inventory writes it), and
+    missing or null minutes take their defaults. Whether it fits is ``ReservationBook.create``'s.
+    """
     model = body.get("model")
     if model is not None:
-        if not isinstance(model, str) or not MODEL_PATTERN.match(model):
-            raise ReservationError(f"model must be a GPU model name such as H100-80GB, not {model!r}")
         known = {m.lower(): m for m in models}
         if model.lower() not in known:
             raise ReservationError(f"this hub has no {model} GPUs; its models are {', '.join(models) or 'none'}")
         model = known[model.lower()]
-    window = body.get("window")
-    if isinstance(window, str) and len(window) > 64:
-        raise ReservationError("the window is too long: write e.g. \"Tue 10:00-12:00\" (at most 64 characters)")
-    preempt = body.get("preempt", False)
-    if not isinstance(preempt, bool):
-        raise ReservationError(f"preempt must be true or false, not {preempt!r}")
+
+    def minutes(key: str, default: float) -> float:
+        value = body.get(key)
+        return default if value is None else float(value)
+
     return Reservation(
-        group=group, gpus=gpus, window=parse_window(window), model=model,
-        grace_minutes=_minutes(body, "grace_minutes", DEFAULT_GRACE_MINUTES), preempt=preempt,
-        warn_minutes=_minutes(body, "warn_minutes", DEFAULT_WARN_MINUTES))
+        group=body["group"], gpus=int(body["gpus"]), window=parse_window(body["window"]), model=model,
+        grace_minutes=minutes("grace_minutes", DEFAULT_GRACE_MINUTES), preempt=bool(body.get("preempt", False)),
+        warn_minutes=minutes("warn_minutes", DEFAULT_WARN_MINUTES))
 
 
 def _from_row(row: ReservationRow) -> StoredReservation:

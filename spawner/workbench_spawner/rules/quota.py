@@ -39,7 +39,6 @@ from typing import Any, Iterable, Mapping
 from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 
 WEEK = timedelta(days=7)
@@ -159,63 +158,23 @@ class EffectiveQuota:
         return {**self.quota.to_json(), "source": self.source, "group": self.group, "origin": self.origin}
 
 
-def _number(body: Mapping[str, Any], key: str, *, whole: bool, minimum: float, maximum: float,
-            exclusive_min: bool = False, optional: bool = True):
-    if key not in body or body[key] is None:
-        if optional:
-            return None
-        raise QuotaError(f"{key} is required")
-    value = body[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise QuotaError(f"{key} must be a {'whole ' if whole else ''}number, not {json.dumps(value)[:40]}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise QuotaError(f"{key} must be a finite number")
-    if whole:
-        if isinstance(value, float) and not value.is_integer():
-            raise QuotaError(f"{key} must be a whole number, not {value:g}")
-        value = int(value)
-    too_small = value <= minimum if exclusive_min else value < minimum
-    if too_small:
-        raise QuotaError(f"{key} must be {'more than' if exclusive_min else 'at least'} {minimum:g}, not {value:g}")
-    if value > maximum:
-        raise QuotaError(f"{key} must be at most {maximum:g}, not {value:g}")
-    return value if whole else float(value)
+def quota_from_body(body: Mapping[str, Any], known_models: Iterable[str] | None = None) -> Quota:
+    """The quota a request body asks for; raise QuotaError (a sentence) for what its schema cannot say.
 
+    ``body`` has passed the service's ``QuotaBody`` schema (``openapi.validate_body``: fields,
+    types and bounds). Here: model names are trimmed, matched to the inventory without regard to
+    case (``known_models``; None: any) and written as the inventory writes them, once each.
+    """
+    def number(key: str) -> float | None:
+        value = body.get(key)
+        return None if value is None else float(value)
 
-def parse_quota(body: Any, known_models: Iterable[str] | None = None) -> Quota:
-    """Check a quota JSON body; raise QuotaError with a readable message."""
-    if not isinstance(body, dict):
-        raise QuotaError("the body must be a JSON object such as {\"max_gpus\": 1}")
-    unknown = sorted(k for k in body if k not in QUOTA_FIELDS)
-    if unknown:
-        raise QuotaError(
-            f"unknown field(s): {', '.join(json.dumps(k)[:40] for k in unknown)}; "
-            f"accepted fields are {', '.join(QUOTA_FIELDS)}"
-        )
-    max_gpus = _number(body, "max_gpus", whole=True, minimum=0, maximum=MAX_GPUS_LIMIT, optional=False)
-    hours = _number(body, "gpu_hours_per_week", whole=False, minimum=0, maximum=MAX_GPU_HOURS_LIMIT)
-    session = _number(body, "max_session_hours", whole=False, minimum=0, maximum=MAX_SESSION_HOURS_LIMIT,
-                      exclusive_min=True)
-    if session is not None and session < MIN_SESSION_HOURS:
-        raise QuotaError(f"max_session_hours must be at least {MIN_SESSION_HOURS:g} "
-                         f"({MIN_SESSION_HOURS * 3600:g} seconds), not {session:g}")
-    idle = _number(body, "gpu_idle_minutes", whole=False, minimum=0, maximum=MAX_IDLE_MINUTES)
-    if idle and idle < MIN_IDLE_MINUTES:
-        raise QuotaError(f"gpu_idle_minutes must be 0 (never reclaimed) or at least {MIN_IDLE_MINUTES:g} "
-                         f"({MIN_IDLE_MINUTES * 60:g} seconds), not {idle:g}")
-    threshold = _number(body, "gpu_idle_threshold", whole=False, minimum=0, maximum=100, exclusive_min=True)
     models = body.get("allowed_models")
     if models is not None:
-        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
-            raise QuotaError("allowed_models must be a list of GPU model names such as [\"H100-80GB\"], or null")
-        if len(models) > MAX_MODELS:
-            raise QuotaError(f"allowed_models may name at most {MAX_MODELS} models")
         cleaned: list[str] = []
         known = {m.lower(): m for m in (known_models or ())}
         for model in models:
             model = model.strip()
-            if not MODEL_PATTERN.match(model):
-                raise QuotaError(f"{json.dumps(model)[:40]} is not a GPU model name (letters, digits, . _ + - and spaces)")
             if known_models is not None:
                 if model.lower() not in known:
                     shown = ", ".join(sorted(known.values())) or "none"
@@ -224,8 +183,9 @@ def parse_quota(body: Any, known_models: Iterable[str] | None = None) -> Quota:
             if model not in cleaned:
                 cleaned.append(model)
         models = tuple(cleaned)
-    return Quota(max_gpus=max_gpus, gpu_hours_per_week=hours, allowed_models=models, max_session_hours=session,
-                 gpu_idle_minutes=idle, gpu_idle_threshold=threshold)
+    return Quota(max_gpus=int(body["max_gpus"]), gpu_hours_per_week=number("gpu_hours_per_week"),
+                 allowed_models=models, max_session_hours=number("max_session_hours"),
+                 gpu_idle_minutes=number("gpu_idle_minutes"), gpu_idle_threshold=number("gpu_idle_threshold"))
 
 
 def _row_to_quota(row: QuotaRow) -> Quota:

@@ -35,7 +35,13 @@ function gpu(over: Partial<IGPUReading> = {}): IGPUReading {
 }
 
 function snap(t: number, util: number | null, busy = 1): ISnapshot {
-  return { source: 'simulated', state: 'ok', timestamp: t, gpus: [gpu({ utilization_percent: util })], kernels: { busy, total: 1 } };
+  return {
+    source: 'simulated',
+    state: 'ok',
+    timestamp: t,
+    gpus: [gpu({ utilization_percent: util })],
+    kernels: { busy, total: 1 }
+  };
 }
 
 describe('formatting', () => {
@@ -47,9 +53,14 @@ describe('formatting', () => {
   });
   it('formats one GPU for the status bar', () => {
     expect(formatGpuStatus(gpu())).toBe('GPU0 37% 12.0/80.0 GiB');
-    expect(formatGpuStatus(gpu({ utilization_percent: null, unsupported: { utilization_percent: 'n/a (MIG)' } }))).toBe(
-      'GPU0 n/a (MIG) 12.0/80.0 GiB'
-    );
+    expect(
+      formatGpuStatus(
+        gpu({
+          utilization_percent: null,
+          unsupported: { utilization_percent: 'n/a (MIG)' }
+        })
+      )
+    ).toBe('GPU0 n/a (MIG) 12.0/80.0 GiB');
     expect(formatGpuStatus(gpu({ state: 'lost' }))).toBe('GPU0 lost');
   });
   it('flags memory above 90%', () => {
@@ -58,12 +69,22 @@ describe('formatting', () => {
     expect(memoryLevel(gpu({ memory_used_bytes: null }))).toBe('normal');
   });
   it('describes states without numbers', () => {
-    expect(stateText({ source: 'none', state: 'no-gpu', timestamp: 0, gpus: [] })).toBe('GPU: no GPU assigned');
-    expect(stateText({ source: 'nvml', state: 'unavailable', message: 'no NVIDIA driver found', timestamp: 0, gpus: [] })).toBe(
-      'GPU: no NVIDIA driver found'
-    );
+    expect(
+      stateText({ source: 'none', state: 'no-gpu', timestamp: 0, gpus: [] })
+    ).toBe('GPU: no GPU assigned');
+    expect(
+      stateText({
+        source: 'nvml',
+        state: 'unavailable',
+        message: 'no NVIDIA driver found',
+        timestamp: 0,
+        gpus: []
+      })
+    ).toBe('GPU: no NVIDIA driver found');
     expect(stateText(snap(0, 10))).toBeNull();
-    expect(stateText(null, 'server unreachable')).toBe('GPU: server unreachable');
+    expect(stateText(null, 'server unreachable')).toBe(
+      'GPU: server unreachable'
+    );
   });
 });
 
@@ -94,7 +115,13 @@ describe('GPUHistory', () => {
     const h2 = new GPUHistory();
     h2.add(snap(10, 5));
     h2.load({
-      'GPU-sim-00-h100-80gb': { timestamp: [8, 9, 10], utilization_percent: [1, 2, 3], memory_used_bytes: [1, 2, 3], temperature_c: [1, 2, 3], power_w: [1, 2, 3] }
+      'GPU-sim-00-h100-80gb': {
+        timestamp: [8, 9, 10],
+        utilization_percent: [1, 2, 3],
+        memory_used_bytes: [1, 2, 3],
+        temperature_c: [1, 2, 3],
+        power_w: [1, 2, 3]
+      }
     });
     expect(h2.points('GPU-sim-00-h100-80gb').map(p => p.t)).toEqual([8, 9, 10]);
   });
@@ -133,7 +160,10 @@ describe('SSEParser', () => {
     const p = new SSEParser();
     expect(p.feed('retry: 2000\n\n: keep-alive\n\nda')).toEqual([]);
     expect(p.feed('ta: {"a":1}\n')).toEqual([]);
-    expect(p.feed('\ndata: {"b":2}\r\n\r\ndata: x')).toEqual(['{"a":1}', '{"b":2}']);
+    expect(p.feed('\ndata: {"b":2}\r\n\r\ndata: x')).toEqual([
+      '{"a":1}',
+      '{"b":2}'
+    ]);
     expect(p.feed('\n\n')).toEqual(['x']);
   });
 });
@@ -158,11 +188,23 @@ import { formatTorchMemory } from '../model';
 describe('formatTorchMemory', () => {
   it('explains every case', () => {
     expect(formatTorchMemory(undefined, 0)).toBe('asking the kernel…');
-    expect(formatTorchMemory(null, 0)).toContain('%load_ext workbench_gpu_monitor');
-    expect(formatTorchMemory({ pid: 1, torch_imported: false, devices: [] }, 0)).toBe('torch not imported');
-    const report = { pid: 1, torch_imported: true, devices: [{ cuda_index: 0, allocated_bytes: GIB, reserved_bytes: 2 * GIB }] };
+    expect(formatTorchMemory(null, 0)).toContain(
+      '%load_ext workbench_gpu_monitor'
+    );
+    expect(
+      formatTorchMemory({ pid: 1, torch_imported: false, devices: [] }, 0)
+    ).toBe('torch not imported');
+    const report = {
+      pid: 1,
+      torch_imported: true,
+      devices: [
+        { cuda_index: 0, allocated_bytes: GIB, reserved_bytes: 2 * GIB }
+      ]
+    };
     expect(formatTorchMemory(report, 1)).toBe('torch has not used this GPU');
-    expect(formatTorchMemory(report, 0)).toBe('torch 1.0 GiB allocated · 2.0 GiB reserved (caching allocator)');
+    expect(formatTorchMemory(report, 0)).toBe(
+      'torch 1.0 GiB allocated · 2.0 GiB reserved (caching allocator)'
+    );
   });
 });
 

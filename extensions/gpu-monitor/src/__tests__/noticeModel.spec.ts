@@ -13,7 +13,8 @@ function notice(over: Partial<INotice> = {}): INotice {
   return {
     id: '1',
     kind: 'idle',
-    message: 'Your server will be stopped at 10:30 because its GPU has been idle for 20 min.',
+    message:
+      'Your server will be stopped at 10:30 because its GPU has been idle for 20 min.',
     hint: 'Use the GPU to keep it.',
     stop_at: '2026-12-03T10:30:00+00:00',
     seconds_left: 600,
@@ -37,7 +38,9 @@ describe('formatCountdown', () => {
 
 describe('localDeadline', () => {
   it('adds the seconds the server counted to the time the answer arrived here', () => {
-    expect(localDeadline(notice({ seconds_left: 90 }), 1_000_000)).toBe(1_090_000);
+    expect(localDeadline(notice({ seconds_left: 90 }), 1_000_000)).toBe(
+      1_090_000
+    );
   });
   it('has no deadline without seconds_left', () => {
     expect(localDeadline(notice({ seconds_left: null }), 5)).toBeNull();
@@ -58,7 +61,9 @@ describe('soonest and countdownText', () => {
     ['idle', 0, 'GPU idle: stopping now'],
     ['other', null, 'Notice: see the notice']
   ])('%s with %s s left reads %s', (kind, left, text) => {
-    expect(countdownText(notice({ kind: kind as string }), left as number | null)).toBe(text);
+    expect(
+      countdownText(notice({ kind: kind as string }), left as number | null)
+    ).toBe(text);
   });
 });
 
@@ -79,7 +84,15 @@ describe('diffNotices', () => {
     const b = notice({ id: 'b' });
     const b2 = notice({ id: 'b', stop_at: '2026-12-03T10:40:00+00:00' });
     const c = notice({ id: 'c' });
-    expect(diffNotices([a, b], [b2, c])).toEqual({ added: [c], changed: [b2], removed: ['a'] });
-    expect(diffNotices([a], [notice({ id: 'a', seconds_left: 5 })])).toEqual({ added: [], changed: [], removed: [] });
+    expect(diffNotices([a, b], [b2, c])).toEqual({
+      added: [c],
+      changed: [b2],
+      removed: ['a']
+    });
+    expect(diffNotices([a], [notice({ id: 'a', seconds_left: 5 })])).toEqual({
+      added: [],
+      changed: [],
+      removed: []
+    });
   });
 });
