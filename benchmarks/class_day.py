@@ -96,13 +96,21 @@ for sub in ("spawner", "devices", "hub", "benchmarks"):
 from class_day_lab import QUEUE_TIMEOUT, Lab, Result  # noqa: E402
 from class_day_trace import BURST_MEDIAN, CLASS_MINUTES, Person, make_trace  # noqa: E402
 from virtual_time import virtual_loop  # noqa: E402
-from workbench_spawner.ledger import notices as notices_module
-from workbench_spawner.rules import quota as quota_module
-from workbench_spawner.ledger import store as store_module
+from workbench_spawner.ledger import notices as notices_module  # noqa: E402
+from workbench_spawner.ledger import store as store_module  # noqa: E402
+from workbench_spawner.rules import quota as quota_module  # noqa: E402
 
 
-def run(people: list[Person], gpus: int, workdir: Path, *, reclaim: float = 0.0, fair: bool = False,
-        reserve: bool = False, seed: int = 13) -> Result:
+def run(
+    people: list[Person],
+    gpus: int,
+    workdir: Path,
+    *,
+    reclaim: float = 0.0,
+    fair: bool = False,
+    reserve: bool = False,
+    seed: int = 13,
+) -> Result:
     """One scenario on its own simulated clock and GPU database."""
     began = time.perf_counter()
     loop = virtual_loop()
@@ -127,6 +135,7 @@ async def _make_lab(people, gpus, workdir, reclaim, fair, reserve, seed) -> Lab:
 
 
 # -- the command line ----------------------------------------------------------------------
+
 
 def pct(values: list[float], q: float) -> float:
     if not values:
@@ -166,25 +175,31 @@ def plan(names: list[str], minutes: list[float]) -> list[tuple[str, dict]]:
 
 
 def table(results: list[Result]) -> list[str]:
-    lines = ["| scenario | p50 wait | p95 wait | max wait | p95 light / heavy students | p95 others "
-             "| GPU-h idle | GPU-h used | never got a GPU | refused (retried) | warned | reclaimed "
-             "| out of arrival order | run s |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| scenario | p50 wait | p95 wait | max wait | p95 light / heavy students | p95 others "
+        "| GPU-h idle | GPU-h used | never got a GPU | refused (retried) | warned | reclaimed "
+        "| out of arrival order | run s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in results:
-        lines.append(f"| {r.name} | {pct(r.waits, .5):.1f} | {pct(r.waits, .95):.1f} | {max(r.waits, default=0):.1f} "
-                     f"| {pct(r.light_waits, .95):.1f} / {pct(r.heavy_waits, .95):.1f} | {pct(r.other_waits, .95):.1f} "
-                     f"| {r.idle_hours:.2f} | {r.used_hours:.2f} | {r.never} | {r.refusals} | {r.warned} "
-                     f"| {r.reclaims} | {r.out_of_order} | {r.seconds:.1f} |")
+        lines.append(
+            f"| {r.name} | {pct(r.waits, 0.5):.1f} | {pct(r.waits, 0.95):.1f} | {max(r.waits, default=0):.1f} "
+            f"| {pct(r.light_waits, 0.95):.1f} / {pct(r.heavy_waits, 0.95):.1f} | {pct(r.other_waits, 0.95):.1f} "
+            f"| {r.idle_hours:.2f} | {r.used_hours:.2f} | {r.never} | {r.refusals} | {r.warned} "
+            f"| {r.reclaims} | {r.out_of_order} | {r.seconds:.1f} |"
+        )
     return lines
 
 
 def goal(base: Result, rec: Result) -> str:
     idle_cut = 1 - rec.idle_hours / base.idle_hours if base.idle_hours else 0.0
-    p95_base, p95_rec = pct(base.waits, .95), pct(rec.waits, .95)
+    p95_base, p95_rec = pct(base.waits, 0.95), pct(rec.waits, 0.95)
     p95_cut = 1 - p95_rec / p95_base if p95_base else 0.0
     met = idle_cut >= 0.5 and p95_cut >= 1 / 3
-    return (f"{rec.name} vs baseline: idle GPU-hours {-idle_cut:+.0%} (goal -50 % or better), p95 wait "
-            f"{-p95_cut:+.0%} (goal -33 % or better): {'goal met' if met else 'goal NOT met'}")
+    return (
+        f"{rec.name} vs baseline: idle GPU-hours {-idle_cut:+.0%} (goal -50 % or better), p95 wait "
+        f"{-p95_cut:+.0%} (goal -33 % or better): {'goal met' if met else 'goal NOT met'}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,14 +207,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--students", type=int, default=60)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--seed", type=int, default=13)
-    parser.add_argument("--idle-minutes", default="10,30,5",
-                        help="gpu_idle_minutes of the idle-reclaim rows, a comma list (default 10,30,5); the first "
-                             "is also used by 'all'")
-    parser.add_argument("--burst-minutes", type=float, default=3.0,
-                        help="median length of a burst of GPU work (default 3: a training cell of a course lab)")
+    parser.add_argument(
+        "--idle-minutes",
+        default="10,30,5",
+        help="gpu_idle_minutes of the idle-reclaim rows, a comma list (default 10,30,5); the first "
+        "is also used by 'all'",
+    )
+    parser.add_argument(
+        "--burst-minutes",
+        type=float,
+        default=3.0,
+        help="median length of a burst of GPU work (default 3: a training cell of a course lab)",
+    )
     parser.add_argument("--scenarios", default="all", help="comma list of " + ", ".join(SCENARIOS) + ", or 'all'")
-    parser.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1),
-                        help="scenarios run in this many processes at once (default: 2 or the CPUs)")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=min(2, os.cpu_count() or 1),
+        help="scenarios run in this many processes at once (default: 2 or the CPUs)",
+    )
     args = parser.parse_args(argv)
     names = list(SCENARIOS) if args.scenarios == "all" else [s.strip() for s in args.scenarios.split(",")]
     unknown = [n for n in names if n not in SCENARIOS]
@@ -218,14 +244,18 @@ def main(argv: list[str] | None = None) -> int:
     BURST_MEDIAN[0] = args.burst_minutes
     began = time.perf_counter()
     trace = make_trace(args.students, args.seed, args.gpus)
-    print(f"class_day: {args.students} students (+{len(trace) - args.students} other users), {args.gpus} simulated "
-          f"GPUs, {CLASS_MINUTES:g}-minute class, seed {args.seed}, bursts median {args.burst_minutes:g} min, "
-          f"queue timeout {QUEUE_TIMEOUT:g} s; {platform.node()} {os.cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, {args.jobs} process(es)")
+    print(
+        f"class_day: {args.students} students (+{len(trace) - args.students} other users), {args.gpus} simulated "
+        f"GPUs, {CLASS_MINUTES:g}-minute class, seed {args.seed}, bursts median {args.burst_minutes:g} min, "
+        f"queue timeout {QUEUE_TIMEOUT:g} s; {platform.node()} {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, {args.jobs} process(es)"
+    )
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None  # the rules, not the disk, are measured
     with tempfile.TemporaryDirectory(prefix="class-day-", dir=shm) as tmp:
-        jobs = [(label, trace, args.gpus, str(Path(tmp) / str(i)), dict(options, seed=args.seed))
-                for i, (label, options) in enumerate(plan(names, minutes))]
+        jobs = [
+            (label, trace, args.gpus, str(Path(tmp) / str(i)), dict(options, seed=args.seed))
+            for i, (label, options) in enumerate(plan(names, minutes))
+        ]
         for job in jobs:
             Path(job[3]).mkdir()
         if args.jobs > 1 and len(jobs) > 1:
@@ -233,8 +263,10 @@ def main(argv: list[str] | None = None) -> int:
                 results = pool.map(_one, jobs, chunksize=1)
         else:
             results = [_one(job) for job in jobs]
-    print("\nWaits in minutes (class requests; a request is counted from the first ask to the lease, across "
-          "refusals; never served: until class end or leaving).\n")
+    print(
+        "\nWaits in minutes (class requests; a request is counted from the first ask to the lease, across "
+        "refusals; never served: until class end or leaving).\n"
+    )
     print("\n".join(table(results)))
     base = next((r for r in results if r.name == "baseline"), None)
     print()

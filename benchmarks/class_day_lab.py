@@ -13,23 +13,22 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from class_day_trace import CLASS, CLASS_MINUTES, LECTURE, PRE, START, Person, burst, stretch
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
-from workbench_spawner.rules.admission import Refusal, admit
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.ledger.store import AllocationStore, UsageRow
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
 from workbench_spawner.policy.gpu_policy import GPUPolicy
-from workbench_spawner.rules.quota import Quota
-from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.rules.reservations import Reservation, parse_window
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.ledger.store import AllocationStore, UsageRow
-
-from class_day_trace import CLASS, CLASS_MINUTES, LECTURE, PRE, START, Person, burst, stretch
+from workbench_spawner.rules.admission import Refusal, admit
+from workbench_spawner.rules.quota import Quota
+from workbench_spawner.rules.reservations import Reservation, parse_window
 
 NODE = "sim-node"
 # The shipped defaults: WORKBENCH_QUEUE_TIMEOUT, WORKBENCH_GPU_IDLE_CHECK_SECONDS, WORKBENCH_CULL_IDLE_SECONDS.
@@ -46,12 +45,22 @@ SPAWN_LIMIT = 100
 
 def simulated_inventory(gpus: int) -> DeviceInventory:
     """``gpus`` simulated H100s (built here: ``WORKBENCH_SIMULATED_GPUS`` stops at 64, a big lab has more)."""
-    devices = [GPUDevice(uuid=f"GPU-sim-{i:03d}-h100-80gb", index=i, name="NVIDIA H100 80GB HBM3 (simulated)",
-                         memory_total_bytes=80 << 30, model="H100-80GB", simulated=True) for i in range(gpus)]
+    devices = [
+        GPUDevice(
+            uuid=f"GPU-sim-{i:03d}-h100-80gb",
+            index=i,
+            name="NVIDIA H100 80GB HBM3 (simulated)",
+            memory_total_bytes=80 << 30,
+            model="H100-80GB",
+            simulated=True,
+        )
+        for i in range(gpus)
+    ]
     return DeviceInventory("simulated", devices, f"{gpus} simulated GPUs")
 
 
 # -- one scenario ------------------------------------------------------------------------
+
 
 @dataclass
 class Result:
@@ -76,8 +85,9 @@ class Lab:
 
     name = "host"
 
-    def __init__(self, people: list[Person], gpus: int, workdir: Path, *, reclaim: float, fair: bool,
-                 reserve: bool, seed: int):
+    def __init__(
+        self, people: list[Person], gpus: int, workdir: Path, *, reclaim: float, fair: bool, reserve: bool, seed: int
+    ):
         self.loop = asyncio.get_running_loop()
         self.people = {p.name: p for p in people}
         self.result = Result("")
@@ -94,25 +104,53 @@ class Lab:
         self.token = "simulated"
         inventory = simulated_inventory(gpus)
         self.store = AllocationStore(f"sqlite:///{workdir / f'{reclaim:g}-{fair}-{reserve}.sqlite'}")
-        settings = PolicySettings(self.store.url, inventory, default_quota=Quota(1), queue_timeout=QUEUE_TIMEOUT,
-                                  node=NODE, queue_order="fair-share" if fair else "fifo", gpu_idle_minutes=reclaim)
-        placement = HostAllocator(self.store, inventory, NODE, recheck_interval=RECHECK, queue_order=settings.queue_order,
-                                  tz=timezone.utc, clock=self.now, queue_clock=self.loop.time)
+        settings = PolicySettings(
+            self.store.url,
+            inventory,
+            default_quota=Quota(1),
+            queue_timeout=QUEUE_TIMEOUT,
+            node=NODE,
+            queue_order="fair-share" if fair else "fifo",
+            gpu_idle_minutes=reclaim,
+        )
+        placement = HostAllocator(
+            self.store,
+            inventory,
+            NODE,
+            recheck_interval=RECHECK,
+            queue_order=settings.queue_order,
+            tz=UTC,
+            clock=self.now,
+            queue_clock=self.loop.time,
+        )
         self.policy = GPUPolicy(settings, self.store, placement=placement)
         with self.store.writes().begin() as session:  # last week's GPU-hours, in the ledger
-            session.add_all([UsageRow(gpu_uuid=inventory.devices[0].uuid, user=p.name, server="", node=NODE,
-                                      started=START - timedelta(days=3, hours=p.week_hours),
-                                      ended=START - timedelta(days=3), reason="stopped")
-                             for p in people if p.week_hours > 0])
+            session.add_all(
+                [
+                    UsageRow(
+                        gpu_uuid=inventory.devices[0].uuid,
+                        user=p.name,
+                        server="",
+                        node=NODE,
+                        started=START - timedelta(days=3, hours=p.week_hours),
+                        ended=START - timedelta(days=3),
+                        reason="stopped",
+                    )
+                    for p in people
+                    if p.week_hours > 0
+                ]
+            )
         if reserve:
-            res = Reservation(CLASS, max(1, gpus * 3 // 4), parse_window(f"{START:%Y-%m-%d} 10:00-12:00"),
-                              grace_minutes=15)
-            ReservationBook(self.store).create(res, {"H100-80GB": gpus}, self.now() - timedelta(hours=1), timezone.utc)
+            res = Reservation(
+                CLASS, max(1, gpus * 3 // 4), parse_window(f"{START:%Y-%m-%d} 10:00-12:00"), grace_minutes=15
+            )
+            ReservationBook(self.store).create(res, {"H100-80GB": gpus}, self.now() - timedelta(hours=1), UTC)
         fleet = Fleet(self.store, settings=settings)
         chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
         chooser.register(NODE, self)
-        self.reclaimer = Reclaimer(fleet, self, chooser, None, clock=self.now, interval=CHECK_SECONDS) \
-            if reclaim else None
+        self.reclaimer = (
+            Reclaimer(fleet, self, chooser, None, clock=self.now, interval=CHECK_SECONDS) if reclaim else None
+        )
 
     # -- clocks ------------------------------------------------------------------------------
 
@@ -128,9 +166,15 @@ class Lab:
     # -- what the reclaimer calls: the hub API and the utilization source --------------------
 
     async def users(self) -> list[dict]:
-        return [{"name": n, "groups": list(self.people[n].groups),
-                 "servers": {"": {"ready": True, "pending": None, "url": f"/user/{n}/"}}}
-                for n, held in self.holding.items() if held]
+        return [
+            {
+                "name": n,
+                "groups": list(self.people[n].groups),
+                "servers": {"": {"ready": True, "pending": None, "url": f"/user/{n}/"}},
+            }
+            for n, held in self.holding.items()
+            if held
+        ]
 
     async def stop_server(self, user: str, server: str) -> None:
         self.result.reclaims += 1
@@ -284,8 +328,10 @@ class Lab:
             self.warned_now = set(report.warned)
 
     async def run(self) -> Result:
-        self.tasks += [self.loop.create_task(self.student(p) if p.kind in ("student", "visitor") else self.other(p))
-                 for p in self.people.values()]
+        self.tasks += [
+            self.loop.create_task(self.student(p) if p.kind in ("student", "visitor") else self.other(p))
+            for p in self.people.values()
+        ]
         if self.reclaimer is not None:
             self.tasks.append(self.loop.create_task(self.reclaim_loop()))
         await self.until(CLASS_MINUTES)
@@ -299,5 +345,3 @@ class Lab:
         self.result.never = sum(1 for p in self.people.values() if p.kind == "student" and p.name not in self.got_any)
         self.store.dispose()
         return self.result
-
-

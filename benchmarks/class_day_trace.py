@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 CLASS, OTHERS, VISITORS = "ml-course", "research", "nlp-course"
-START = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)  # a Tuesday, 10:00
+START = datetime(2026, 12, 8, 10, 0, tzinfo=UTC)  # a Tuesday, 10:00
 CLASS_MINUTES, LECTURE, PRE = 120.0, (45.0, 60.0), 30.0  # the simulation starts PRE minutes early
 
 
@@ -49,24 +49,65 @@ def make_trace(students: int, seed: int, gpus: int = 8) -> list[Person]:
         hours = rng.uniform(0, 2) if r < 0.7 else rng.uniform(2, 8) if r < 0.9 else rng.uniform(8, 25)
         part2 = rng.randint(2, 5) if rng.random() < 0.4 else 0
         early = rng.random() < 0.15
-        people.append(Person(f"student{i:04d}", (CLASS,), "student", arrival, hours, rng.randint(3, 6), part2,
-                             rng.random() < 0.3, rng.uniform(50, 110) if early else CLASS_MINUTES,
-                             early and rng.random() < 0.5, seed=rng.randrange(1 << 30)))
+        people.append(
+            Person(
+                f"student{i:04d}",
+                (CLASS,),
+                "student",
+                arrival,
+                hours,
+                rng.randint(3, 6),
+                part2,
+                rng.random() < 0.3,
+                rng.uniform(50, 110) if early else CLASS_MINUTES,
+                early and rng.random() < 0.5,
+                seed=rng.randrange(1 << 30),
+            )
+        )
     for i in range(max(1, students // 20)):
         kind = "training" if i % 3 == 0 else "forgotten"
         people.append(Person(f"held{i:03d}", (OTHERS,), kind, -PRE, rng.uniform(20, 60), seed=rng.randrange(1 << 30)))
     for i in range(max(1, gpus // 2)):
         leave = rng.uniform(-5, 10)
-        people.append(Person(f"morning{i:03d}", (VISITORS,), "morning", -PRE, rng.uniform(0, 3), leave=leave,
-                             abandons=rng.random() < 0.5, seed=rng.randrange(1 << 30)))
+        people.append(
+            Person(
+                f"morning{i:03d}",
+                (VISITORS,),
+                "morning",
+                -PRE,
+                rng.uniform(0, 3),
+                leave=leave,
+                abandons=rng.random() < 0.5,
+                seed=rng.randrange(1 << 30),
+            )
+        )
     for i in range(max(2, students // 15)):
-        people.append(Person(f"job{i:03d}", (OTHERS,), "job", rng.uniform(-PRE, 110), rng.uniform(20, 60),
-                             job_minutes=rng.uniform(20, 60), seed=rng.randrange(1 << 30)))
+        people.append(
+            Person(
+                f"job{i:03d}",
+                (OTHERS,),
+                "job",
+                rng.uniform(-PRE, 110),
+                rng.uniform(20, 60),
+                job_minutes=rng.uniform(20, 60),
+                seed=rng.randrange(1 << 30),
+            )
+        )
     for i in range(max(2, students // 10)):
         arrival = rng.uniform(-20, 100)
-        people.append(Person(f"visitor{i:03d}", (VISITORS,), "visitor", arrival, rng.uniform(0, 3),
-                             part1=rng.randint(2, 4), leave=arrival + rng.uniform(40, 80), abandons=rng.random() < 0.5,
-                             seed=rng.randrange(1 << 30)))
+        people.append(
+            Person(
+                f"visitor{i:03d}",
+                (VISITORS,),
+                "visitor",
+                arrival,
+                rng.uniform(0, 3),
+                part1=rng.randint(2, 4),
+                leave=arrival + rng.uniform(40, 80),
+                abandons=rng.random() < 0.5,
+                seed=rng.randrange(1 << 30),
+            )
+        )
     return people
 
 

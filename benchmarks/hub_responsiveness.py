@@ -52,6 +52,7 @@ BURST_SECONDS = 10.0
 
 # -- the stand-in user server (runs as the hub's Spawner.cmd) -----------------------------------
 
+
 def standin_server() -> None:
     """Answer 200 on every path, on the port the hub gave in JUPYTERHUB_SERVICE_URL."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -87,6 +88,7 @@ def standin_server() -> None:
 
 
 # -- the probe (a separate process, so the spawning threads here do not delay it) ---------------
+
 
 def probe(url: str, seconds: float, interval: float) -> None:
     """GET url every `interval` s for `seconds`; print JSON {"samples": [[offset, latency s or null], ...]}.
@@ -130,6 +132,7 @@ def probe(url: str, seconds: float, interval: float) -> None:
 
 # -- the benchmark --------------------------------------------------------------------------------
 
+
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     ordered = sorted(values)
@@ -157,13 +160,16 @@ class Phase:
         return percentile(values, q) if values else float("nan")
 
     def line(self) -> str:
-        return (f"{self.name:<5} p50 {ms(self.p(50)):>9}  p95 {ms(self.p(95)):>9}  max {ms(max(self.ok)):>9}  "
-                f"({len(self.ok)} answers, {self.failed} failed)")
+        return (
+            f"{self.name:<5} p50 {ms(self.p(50)):>9}  p95 {ms(self.p(95)):>9}  max {ms(max(self.ok)):>9}  "
+            f"({len(self.ok)} answers, {self.failed} failed)"
+        )
 
 
 def run_probe(url: str, seconds: float, interval: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(HERE), "--probe", url, str(seconds), str(interval)],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, str(HERE), "--probe", url, str(seconds), str(interval)], stdout=subprocess.PIPE, text=True
+    )
 
 
 def finish_probe(proc: subprocess.Popen, seconds: float) -> dict:
@@ -179,13 +185,25 @@ def log_in(hub, user: str):
 
     s = requests.Session()
     s.get(f"{hub.url}/hub/signup", timeout=30)
-    r = s.post(f"{hub.url}/hub/signup", timeout=60, data={
-        "username": user, "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD,
-        "email": "", "_xsrf": s.cookies.get("_xsrf", "")})
+    r = s.post(
+        f"{hub.url}/hub/signup",
+        timeout=60,
+        data={
+            "username": user,
+            "signup_password": PASSWORD,
+            "signup_password_confirmation": PASSWORD,
+            "email": "",
+            "_xsrf": s.cookies.get("_xsrf", ""),
+        },
+    )
     r.raise_for_status()
     s.get(f"{hub.url}/hub/login", timeout=30)
-    r = s.post(f"{hub.url}/hub/login", timeout=60, allow_redirects=False,
-               data={"username": user, "password": PASSWORD, "_xsrf": s.cookies.get("_xsrf", "")})
+    r = s.post(
+        f"{hub.url}/hub/login",
+        timeout=60,
+        allow_redirects=False,
+        data={"username": user, "password": PASSWORD, "_xsrf": s.cookies.get("_xsrf", "")},
+    )
     if r.status_code != 302:
         raise RuntimeError(f"login of {user} failed: {r.status_code} {r.text[:300]}")
     return s
@@ -245,12 +263,20 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=30)
     parser.add_argument("--seconds", type=float, default=25.0, help="probe window of each phase")
     parser.add_argument("--interval", type=float, default=0.05, help="seconds between probe requests")
-    parser.add_argument("--hub-arg", action="append", default=[],
-                        help="extra hub command-line option, e.g. --hub-arg=--JupyterHub.log_level=DEBUG")
+    parser.add_argument(
+        "--hub-arg",
+        action="append",
+        default=[],
+        help="extra hub command-line option, e.g. --hub-arg=--JupyterHub.log_level=DEBUG",
+    )
     parser.add_argument("--hub-log", type=Path, help="copy the hub's log here at the end")
-    parser.add_argument("--py-spy", type=Path, metavar="OUT",
-                        help="sample the hub process with py-spy (pip install py-spy) during the load "
-                             "window and write its raw (collapsed) stacks to OUT; py-spy's own CPU adds load")
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="OUT",
+        help="sample the hub process with py-spy (pip install py-spy) during the load "
+        "window and write its raw (collapsed) stacks to OUT; py-spy's own CPU adds load",
+    )
     args = parser.parse_args()
     if args.users < 1 or args.seconds <= 0:
         parser.error("--users and --seconds must be positive")
@@ -268,8 +294,7 @@ def main() -> None:
     hub_args = ["--NativeAuthenticator.open_signup=True", *args.hub_arg]  # so the form users can log in
     if args.servers == "standin":
         hub_args += [f"--Spawner.cmd={sys.executable}", f"--Spawner.cmd={HERE}", "--Spawner.cmd=--standin-server"]
-    env = {"WORKBENCH_SIMULATED_GPUS": "4",
-           "WORKBENCH_QUEUE_TIMEOUT": str(int(max(300, 4 * args.seconds)))}
+    env = {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_QUEUE_TIMEOUT": str(int(max(300, 4 * args.seconds)))}
 
     with tempfile.TemporaryDirectory(prefix="hub-resp-") as tmp:
         data_dir = Path(tmp) / "data"
@@ -308,10 +333,24 @@ def main() -> None:
             stop = threading.Event()
             probe_proc = run_probe(api_url, args.seconds, args.interval)
             if args.py_spy:
-                spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
-                                        str(hub.proc.pid), "--duration", str(int(args.seconds)), "--rate", "50",
-                                        "--format", "raw", "--output", str(args.py_spy)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                spy = subprocess.Popen(
+                    [
+                        str(Path(sys.executable).parent / "py-spy"),
+                        "record",
+                        "--pid",
+                        str(hub.proc.pid),
+                        "--duration",
+                        str(int(args.seconds)),
+                        "--rate",
+                        "50",
+                        "--format",
+                        "raw",
+                        "--output",
+                        str(args.py_spy),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
             t0 = time.perf_counter()
 
             def spawn(user: str) -> None:
@@ -320,16 +359,21 @@ def main() -> None:
                     sessions[user].get(f"{hub.url}/hub/spawn/{user}", timeout=120)
                     form_times.append(time.perf_counter() - start)
                 start = time.perf_counter()
-                r = requests.post(f"{hub.url}/hub/api/users/{user}/server", json={"gpus": 1},
-                                  headers=headers, timeout=120)
+                r = requests.post(
+                    f"{hub.url}/hub/api/users/{user}/server", json={"gpus": 1}, headers=headers, timeout=120
+                )
                 posts[user] = (r.status_code, time.perf_counter() - start)
 
             def follow(user: str) -> None:
                 time.sleep(1.0)  # after its POST has reached the hub
                 while not stop.is_set():
                     try:
-                        r = requests.get(f"{hub.url}/hub/api/users/{user}/server/progress", headers=headers,
-                                         stream=True, timeout=(10, args.seconds + 30))
+                        r = requests.get(
+                            f"{hub.url}/hub/api/users/{user}/server/progress",
+                            headers=headers,
+                            stream=True,
+                            timeout=(10, args.seconds + 30),
+                        )
                         streams.append(r)
                         for line in r.iter_lines(decode_unicode=True):
                             if line and line.startswith("data:"):
@@ -371,23 +415,31 @@ def main() -> None:
     for code, _ in posts.values():
         statuses[code] = statuses.get(code, 0) + 1
     print()
-    print(f"{args.users} users, {args.servers} servers, 4 simulated GPUs, probe every {args.interval * 1000:g} ms "
-          f"for {args.seconds:g} s per phase, idle phase first, then load; nproc {os.cpu_count()}")
+    print(
+        f"{args.users} users, {args.servers} servers, 4 simulated GPUs, probe every {args.interval * 1000:g} ms "
+        f"for {args.seconds:g} s per phase, idle phase first, then load; nproc {os.cpu_count()}"
+    )
     first = f"{percentile(list(first_event.values()), 50):.2f} s" if first_event else "-"
-    print(f"load phase: POST answers {dict(sorted(statuses.items()))}, slowest {max(t for _, t in posts.values()):.2f} s; "
-          f"{len(form_times)} spawn forms rendered, median {ms(percentile(form_times, 50)) if form_times else '-'}; "
-          f"{sum(progress_events.values())} progress events on {len(progress_users)} streams "
-          f"(first one after median {first})")
+    print(
+        f"load phase: POST answers {dict(sorted(statuses.items()))}, slowest {max(t for _, t in posts.values()):.2f} s; "  # noqa: E501
+        f"{len(form_times)} spawn forms rendered, median {ms(percentile(form_times, 50)) if form_times else '-'}; "
+        f"{sum(progress_events.values())} progress events on {len(progress_users)} streams "
+        f"(first one after median {first})"
+    )
     print(f"at the end of the window: {ready} ready, {pending} waiting; load average {before} -> {after}")
     print(idle.line())
     print(load.line())
-    print(f"load  first {BURST_SECONDS:g} s (the spawn burst): p50 {ms(load.p(50, 0, BURST_SECONDS))}, "
-          f"p95 {ms(load.p(95, 0, BURST_SECONDS))}; after it (waiting in line): "
-          f"p50 {ms(load.p(50, BURST_SECONDS))}, p95 {ms(load.p(95, BURST_SECONDS))}")
+    print(
+        f"load  first {BURST_SECONDS:g} s (the spawn burst): p50 {ms(load.p(50, 0, BURST_SECONDS))}, "
+        f"p95 {ms(load.p(95, 0, BURST_SECONDS))}; after it (waiting in line): "
+        f"p50 {ms(load.p(50, BURST_SECONDS))}, p95 {ms(load.p(95, BURST_SECONDS))}"
+    )
     r95 = load.p(95) / idle.p(95)
     r50 = load.p(50) / idle.p(50)
-    print(f"ratio p95_load/p95_idle {r95:.2f}, p50_load/p50_idle {r50:.2f}: target <= 2 "
-          f"{'met' if max(r95, r50) <= 2 else 'NOT met'}")
+    print(
+        f"ratio p95_load/p95_idle {r95:.2f}, p50_load/p50_idle {r50:.2f}: target <= 2 "
+        f"{'met' if max(r95, r50) <= 2 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

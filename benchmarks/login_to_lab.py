@@ -19,8 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub  # noqa: E402
 from playwright.sync_api import sync_playwright  # noqa: E402
+
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub  # noqa: E402
 
 PASSWORD = "correct-horse-battery"
 
@@ -67,8 +68,10 @@ def main() -> None:
                 browser.close()
         finally:
             hub.kill_everything()
-    print(f"login-to-lab, local backend, median of {len(times)}: {statistics.median(times):.2f} s "
-          f"(min {min(times):.2f}, max {max(times):.2f})")
+    print(
+        f"login-to-lab, local backend, median of {len(times)}: {statistics.median(times):.2f} s "
+        f"(min {min(times):.2f}, max {max(times):.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -96,8 +96,15 @@ def start_server(tmp: Path, env_overrides: dict, interval: float):
     )
     env.update(env_overrides)
     cmd = [
-        sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-        "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp}",
+        sys.executable,
+        "-m",
+        "jupyter_server",
+        "--no-browser",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        "--port-retries=0",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={tmp}",
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
@@ -153,8 +160,11 @@ class MultiplexedClients(threading.Thread):
     def __init__(self, url: str, headers: dict, count: int):
         super().__init__(daemon=True)
         parts = urllib.parse.urlsplit(url)
-        request = (f"GET {parts.path}api/gpu/stream HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                   + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
+        request = (
+            f"GET {parts.path}api/gpu/stream HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+            + "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            + "\r\n"
+        ).encode()
         self.selector = selectors.DefaultSelector()
         self.sockets = []
         for _ in range(count):
@@ -261,15 +271,20 @@ def http_latency(url: str, headers: dict, n: int = 50) -> tuple[float, float]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", default="0,1,10,50", help="comma list of client counts (default 0,1,10,50)")
-    parser.add_argument("--duration", type=float, default=20.0, help="measuring window per client count, s (default 20)")
+    parser.add_argument(
+        "--duration", type=float, default=20.0, help="measuring window per client count, s (default 20)"
+    )
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds after connecting before measuring")
     parser.add_argument("--interval", type=float, default=1.0, help="sampler interval, s (default 1)")
     parser.add_argument("--source", choices=["simulated", "nvml"], default="simulated")
     parser.add_argument("--gpus", default="4", help="WORKBENCH_SIMULATED_GPUS for --source simulated")
     parser.add_argument("--pin", default=None, help="WORKBENCH_GPUS for the server (default: first simulated GPU)")
-    parser.add_argument("--readers", default="proxy,threads",
-                        help="how the clients read, comma list: proxy (one event loop for every stream, as "
-                             "configurable-http-proxy does) and/or threads (a blocking thread per stream)")
+    parser.add_argument(
+        "--readers",
+        default="proxy,threads",
+        help="how the clients read, comma list: proxy (one event loop for every stream, as "
+        "configurable-http-proxy does) and/or threads (a blocking thread per stream)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the results as JSON")
     args = parser.parse_args(argv)
 
@@ -291,8 +306,9 @@ def main(argv=None):
         proc, url, headers = start_server(Path(tmp), env, args.interval)
         try:
             time.sleep(2)
-            rows = [measure(proc.pid, url, headers, n, args.duration, args.warmup, how)
-                    for how in readers for n in counts]
+            rows = [
+                measure(proc.pid, url, headers, n, args.duration, args.warmup, how) for how in readers for n in counts
+            ]
             http_med, http_p95 = http_latency(url, headers)
         finally:
             proc.terminate()

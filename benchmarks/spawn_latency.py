@@ -104,19 +104,28 @@ def spawn_once(hub: Hub, client: docker.DockerClient, user: str, options: dict) 
 def summary(label: str, times: dict[str, list[float]], target: str = "") -> str:
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med["gpu-docker"] / med["DockerSpawner"]
-    return (f"{label:<10} median gpu-docker {med['gpu-docker']:.2f} s, DockerSpawner {med['DockerSpawner']:.2f} s, "
-            f"ratio {ratio:.3f}{target}")
+    return (
+        f"{label:<10} median gpu-docker {med['gpu-docker']:.2f} s, DockerSpawner {med['DockerSpawner']:.2f} s, "
+        f"ratio {ratio:.3f}{target}"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", choices=("docker", "slurm"), default="docker",
-                        help="slurm: gpu-slurm against batchspawner's SlurmSpawner (spawn_latency_slurm.py)")
+    parser.add_argument(
+        "--backend",
+        choices=("docker", "slurm"),
+        default="docker",
+        help="slurm: gpu-slurm against batchspawner's SlurmSpawner (spawn_latency_slurm.py)",
+    )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--image", default="gpu-workbench/singleuser:test")
-    parser.add_argument("--plain-home-volume", action="store_true",
-                        help="give plain DockerSpawner a named home volume too, as gpu-docker has, so the "
-                             "comparison leaves out the first-start work of an empty home")
+    parser.add_argument(
+        "--plain-home-volume",
+        action="store_true",
+        help="give plain DockerSpawner a named home volume too, as gpu-docker has, so the "
+        "comparison leaves out the first-start work of an empty home",
+    )
     args = parser.parse_args()
     if args.runs < 1:
         parser.error("--runs must be at least 1")
@@ -133,15 +142,22 @@ def main() -> None:
     users = {"gpu-docker": "benchgpu", "DockerSpawner": "benchplain"}
     options = {"gpu-docker": {"gpus": 1}, "DockerSpawner": {}}
     with tempfile.TemporaryDirectory() as tmp:
-        workbench_args = [f"--DockerGPUSpawner.home_volume_template={VOLUME_PREFIX}gpu-home-{{username}}",
-                          f"--DockerGPUSpawner.checkpoints_volume_template={VOLUME_PREFIX}gpu-ckpt-{{username}}",
-                          f"--DockerGPUSpawner.datasets_volume={VOLUME_PREFIX}datasets"]
-        plain_args = ["--JupyterHub.spawner_class=dockerspawner.DockerSpawner",
-                      "--DockerSpawner.remove=True", f"--DockerSpawner.image={args.image}"]
+        workbench_args = [
+            f"--DockerGPUSpawner.home_volume_template={VOLUME_PREFIX}gpu-home-{{username}}",
+            f"--DockerGPUSpawner.checkpoints_volume_template={VOLUME_PREFIX}gpu-ckpt-{{username}}",
+            f"--DockerGPUSpawner.datasets_volume={VOLUME_PREFIX}datasets",
+        ]
+        plain_args = [
+            "--JupyterHub.spawner_class=dockerspawner.DockerSpawner",
+            "--DockerSpawner.remove=True",
+            f"--DockerSpawner.image={args.image}",
+        ]
         if args.plain_home_volume:
             plain_args.append(f"--DockerSpawner.volumes={VOLUME_PREFIX}plain-home-{{username}}=/home/jovyan")
-        hubs = {"gpu-docker": Hub(Path(tmp) / "workbench", env, workbench_args),
-                "DockerSpawner": Hub(Path(tmp) / "plain", env, plain_args)}
+        hubs = {
+            "gpu-docker": Hub(Path(tmp) / "workbench", env, workbench_args),
+            "DockerSpawner": Hub(Path(tmp) / "plain", env, plain_args),
+        }
         ready: dict[str, list[float]] = {name: [] for name in BACKENDS}
         answering: dict[str, list[float]] = {name: [] for name in BACKENDS}
         remove_bench_volumes(client)
@@ -156,10 +172,13 @@ def main() -> None:
                     r, a = spawn_once(hubs[name], client, users[name], options[name])
                     ready[name].append(r)
                     answering[name].append(a)
-                print(f"run {run + 1:2d}: ready      gpu-docker {ready['gpu-docker'][-1]:6.2f} s   "
-                      f"DockerSpawner {ready['DockerSpawner'][-1]:6.2f} s\n"
-                      f"        answering  gpu-docker {answering['gpu-docker'][-1]:6.2f} s   "
-                      f"DockerSpawner {answering['DockerSpawner'][-1]:6.2f} s", flush=True)
+                print(
+                    f"run {run + 1:2d}: ready      gpu-docker {ready['gpu-docker'][-1]:6.2f} s   "
+                    f"DockerSpawner {ready['DockerSpawner'][-1]:6.2f} s\n"
+                    f"        answering  gpu-docker {answering['gpu-docker'][-1]:6.2f} s   "
+                    f"DockerSpawner {answering['DockerSpawner'][-1]:6.2f} s",
+                    flush=True,
+                )
         finally:
             for hub in hubs.values():
                 hub.kill_everything()
@@ -169,8 +188,10 @@ def main() -> None:
                 except docker.errors.NotFound:
                     pass
             remove_bench_volumes(client)
-    print(f"\n{args.runs} runs each, interleaved"
-          + (", plain DockerSpawner with a home volume" if args.plain_home_volume else ""))
+    print(
+        f"\n{args.runs} runs each, interleaved"
+        + (", plain DockerSpawner with a home volume" if args.plain_home_volume else "")
+    )
     print(summary("ready", ready, " (target <= 1.10)"))
     print(summary("answering", answering))
 

@@ -30,8 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from tests.conftest import Hub  # noqa: E402
 from tests.slurm.conftest import hub_env  # noqa: E402
-from workbench_spawner.backends.slurm.spawner import BATCH_SCRIPT  # noqa: E402
 from workbench_spawner.backends.slurm.jobs import sbatch_options  # noqa: E402
+from workbench_spawner.backends.slurm.spawner import BATCH_SCRIPT  # noqa: E402
 
 BACKENDS = ("gpu-slurm", "SlurmSpawner")
 USERS = {"gpu-slurm": "benchslurmgpu", "SlurmSpawner": "benchslurmplain"}
@@ -39,8 +39,7 @@ USERS = {"gpu-slurm": "benchslurmgpu", "SlurmSpawner": "benchslurmplain"}
 
 def plain_script(user: str) -> str:
     """gpu-slurm's batch script for a 1-GPU server of ``user``, as a fixed template for SlurmSpawner."""
-    lines = "".join(f"#SBATCH {o}\n" for o in sbatch_options(user=user, server="", gpus=1, cpus=1,
-                                                             partition="debug"))
+    lines = "".join(f"#SBATCH {o}\n" for o in sbatch_options(user=user, server="", gpus=1, cpus=1, partition="debug"))
     head, _, rest = BATCH_SCRIPT.partition("{% for opt in sbatch_lines %}")
     _, _, rest = rest.partition("{% endfor %}")
     return (head + lines + rest).replace("{{env_bin}}", str(REPO / ".venv" / "bin"))
@@ -66,15 +65,20 @@ def main(runs: int) -> None:
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", user], check=True)
     env = hub_env(WORKBENCH_SLURM_PARTITION="debug")
     plain_env = {**env, "PYTHONPATH": str(REPO / "benchmarks")}
-    plain_args = ["--JupyterHub.spawner_class=plain_slurm_spawner.PlainSlurmSpawner",
-                  f"--SlurmSpawner.batch_script={plain_script(USERS['SlurmSpawner'])}",
-                  "--SlurmSpawner.req_srun=", "--SlurmSpawner.state_exechost_exp=10.77.0.1",
-                  f"--SlurmSpawner.batchspawner_singleuser_cmd={REPO / '.venv' / 'bin' / 'batchspawner-singleuser'}"]
+    plain_args = [
+        "--JupyterHub.spawner_class=plain_slurm_spawner.PlainSlurmSpawner",
+        f"--SlurmSpawner.batch_script={plain_script(USERS['SlurmSpawner'])}",
+        "--SlurmSpawner.req_srun=",
+        "--SlurmSpawner.state_exechost_exp=10.77.0.1",
+        f"--SlurmSpawner.batchspawner_singleuser_cmd={REPO / '.venv' / 'bin' / 'batchspawner-singleuser'}",
+    ]
     options = {"gpu-slurm": {"gpus": 1}, "SlurmSpawner": {}}
     ready: dict[str, list[float]] = {name: [] for name in BACKENDS}
     with tempfile.TemporaryDirectory() as tmp:
-        hubs = {"gpu-slurm": Hub(Path(tmp) / "workbench", env, []),
-                "SlurmSpawner": Hub(Path(tmp) / "plain", plain_env, plain_args)}
+        hubs = {
+            "gpu-slurm": Hub(Path(tmp) / "workbench", env, []),
+            "SlurmSpawner": Hub(Path(tmp) / "plain", plain_env, plain_args),
+        }
         try:
             for name, hub in hubs.items():
                 hub.data_dir.mkdir()
@@ -84,13 +88,18 @@ def main(runs: int) -> None:
                 order = list(BACKENDS) if run % 2 == 0 else list(reversed(BACKENDS))
                 for name in order:
                     ready[name].append(spawn_once(hubs[name], USERS[name], options[name]))
-                print(f"run {run + 1:2d}: ready  gpu-slurm {ready['gpu-slurm'][-1]:6.2f} s   "
-                      f"SlurmSpawner {ready['SlurmSpawner'][-1]:6.2f} s", flush=True)
+                print(
+                    f"run {run + 1:2d}: ready  gpu-slurm {ready['gpu-slurm'][-1]:6.2f} s   "
+                    f"SlurmSpawner {ready['SlurmSpawner'][-1]:6.2f} s",
+                    flush=True,
+                )
         finally:
             for hub in hubs.values():
                 hub.kill_everything()
             subprocess.run(["scancel", "-u", ",".join(USERS.values())], capture_output=True)
     med = {k: statistics.median(v) for k, v in ready.items()}
     print(f"\n{runs} runs each, interleaved, 2-node Slurm 22.05 test cluster (partition debug)")
-    print(f"slurm ready median gpu-slurm {med['gpu-slurm']:.2f} s, SlurmSpawner {med['SlurmSpawner']:.2f} s, "
-          f"ratio {med['gpu-slurm'] / med['SlurmSpawner']:.3f} (target <= 1.10)")
+    print(
+        f"slurm ready median gpu-slurm {med['gpu-slurm']:.2f} s, SlurmSpawner {med['SlurmSpawner']:.2f} s, "
+        f"ratio {med['gpu-slurm'] / med['SlurmSpawner']:.3f} (target <= 1.10)"
+    )

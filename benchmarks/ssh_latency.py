@@ -82,8 +82,11 @@ def main() -> None:
     user = f"bench{os.getpid()}"
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        hub = Hub(tmp / "hub", {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": args.image,
-                                "WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.poll_interval=2"])
+        hub = Hub(
+            tmp / "hub",
+            {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": args.image, "WORKBENCH_SIMULATED_GPUS": "2"},
+            ["--Spawner.poll_interval=2"],
+        )
         hub.data_dir.mkdir()
         hub.start()
         try:
@@ -112,31 +115,47 @@ def main() -> None:
             for run in range(args.runs):
                 pair = [(f"ssh {label}", ["ssh", "-F", str(c), alias, "echo first"], env) for label, c in clients]
                 pair.append(("docker exec", ["docker", "exec", container, "echo", "first"], None))
-                for name, argv, e in (pair if run % 2 == 0 else pair[::-1]):
+                for name, argv, e in pair if run % 2 == 0 else pair[::-1]:
                     latency[name].append(first_line_after(argv, e))
-                pair_copy = [(f"scp {label}", lambda c=c: timed(["scp", "-q", "-F", str(c), str(payload),
-                                                                 f"{alias}:payload.bin"], env))
-                             for label, c in clients]
-                pair_copy.append(("docker exec -i", lambda: timed(["docker", "exec", "-i", container, "sh", "-c",
-                                                                   "cat > ~/payload-exec.bin"],
-                                                                  stdin=open(payload, "rb"))))
-                for name, fn in (pair_copy if run % 2 == 0 else pair_copy[::-1]):
+                pair_copy = [
+                    (
+                        f"scp {label}",
+                        lambda c=c: timed(["scp", "-q", "-F", str(c), str(payload), f"{alias}:payload.bin"], env),
+                    )
+                    for label, c in clients
+                ]
+                pair_copy.append(
+                    (
+                        "docker exec -i",
+                        lambda: timed(
+                            ["docker", "exec", "-i", container, "sh", "-c", "cat > ~/payload-exec.bin"],
+                            stdin=open(payload, "rb"),
+                        ),
+                    )
+                )
+                for name, fn in pair_copy if run % 2 == 0 else pair_copy[::-1]:
                     copy[name].append(args.mib / fn())
         finally:
             hub.kill_everything()
             subprocess.run(["docker", "rm", "-f", f"jupyter-{user}"], capture_output=True)
-            subprocess.run(["docker", "volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}"],
-                           capture_output=True)
+            subprocess.run(
+                ["docker", "volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}"],
+                capture_output=True,
+            )
     print(f"runs: {args.runs}, interleaved; payload {args.mib} MiB")
     for name, values in latency.items():
-        print(f"first output  {name:17s} median {statistics.median(values) * 1000:7.0f} ms  "
-              f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})")
+        print(
+            f"first output  {name:17s} median {statistics.median(values) * 1000:7.0f} ms  "
+            f"(min {min(values) * 1000:.0f}, max {max(values) * 1000:.0f})"
+        )
     floor = statistics.median(latency["docker exec"])
     for name in (n for n in latency if n != "docker exec"):
         print(f"first output ratio {name.removeprefix('ssh ')}/floor: {statistics.median(latency[name]) / floor:.2f}")
     for name, values in copy.items():
-        print(f"copy          {name:17s} median {statistics.median(values):7.1f} MiB/s "
-              f"(min {min(values):.1f}, max {max(values):.1f})")
+        print(
+            f"copy          {name:17s} median {statistics.median(values):7.1f} MiB/s "
+            f"(min {min(values):.1f}, max {max(values):.1f})"
+        )
     floor = statistics.median(copy["docker exec -i"])
     for name in (n for n in copy if n != "docker exec -i"):
         print(f"copy throughput ratio {name.removeprefix('scp ')}/floor: {statistics.median(copy[name]) / floor:.2f}")

@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import selectors
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class InlineExecutor(concurrent.futures.ThreadPoolExecutor):

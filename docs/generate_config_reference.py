@@ -45,10 +45,14 @@ PACKAGE = "workbench_spawner"
 
 # Where the traits a workbench class inherits from outside the package are documented.
 UPSTREAM_DOCS = {
-    "jupyterhub": ("JupyterHub's Spawner reference",
-                   "https://jupyterhub.readthedocs.io/en/stable/reference/api/spawner.html"),
-    "dockerspawner": ("DockerSpawner's API reference",
-                      "https://jupyterhub-dockerspawner.readthedocs.io/en/latest/api/index.html"),
+    "jupyterhub": (
+        "JupyterHub's Spawner reference",
+        "https://jupyterhub.readthedocs.io/en/stable/reference/api/spawner.html",
+    ),
+    "dockerspawner": (
+        "DockerSpawner's API reference",
+        "https://jupyterhub-dockerspawner.readthedocs.io/en/latest/api/index.html",
+    ),
     "batchspawner": ("batchspawner's README (its options)", "https://github.com/jupyterhub/batchspawner#readme"),
 }
 
@@ -93,8 +97,11 @@ def own_config_traits(cls: type) -> list[tuple[str, object]]:
     """The configurable traits ``cls`` defines in its own body, in declaration order."""
     from traitlets import TraitType
 
-    return [(name, value) for name, value in vars(cls).items()
-            if isinstance(value, TraitType) and value.metadata.get("config")]
+    return [
+        (name, value)
+        for name, value in vars(cls).items()
+        if isinstance(value, TraitType) and value.metadata.get("config")
+    ]
 
 
 def default_handler(cls: type, name: str):
@@ -135,8 +142,11 @@ def type_name(trait) -> str:
         name += f"({type(trait._trait).__name__})"
     elif isinstance(trait, Dict) and getattr(trait, "_value_trait", None) is not None:
         name += f"(values: {type(trait._value_trait).__name__})"
-    bounds = [f"{word} {_number(getattr(trait, word))}" for word in ("min", "max")
-              if getattr(trait, word, None) is not None and not _infinite(getattr(trait, word))]
+    bounds = [
+        f"{word} {_number(getattr(trait, word))}"
+        for word in ("min", "max")
+        if getattr(trait, word, None) is not None and not _infinite(getattr(trait, word))
+    ]
     if getattr(trait, "allow_none", False):
         bounds.append("or None")
     return f"`{name}`" + (f" ({', '.join(bounds)})" if bounds else "")
@@ -234,8 +244,9 @@ def upstream_links(cls: type) -> list[str]:
     for klass in upstream_bases(cls):
         package = klass.__module__.split(".")[0]
         title, url = UPSTREAM_DOCS.get(package, (package, ""))
-        lines.append(f"`{klass.__module__}.{klass.__name__}`" + (f" ([{title}]({url}))" if url and package not in seen
-                                                                   else ""))
+        lines.append(
+            f"`{klass.__module__}.{klass.__name__}`" + (f" ([{title}]({url}))" if url and package not in seen else "")
+        )
         seen.add(package)
     return lines
 
@@ -261,13 +272,21 @@ def _changed_sentence(cls: type) -> str:
     changed = changed_defaults(cls)
     if not changed:
         return ""
-    return (f"{cls.__name__} gives its own (computed) default to the inherited " + "; ".join(changed)
-            + "; see the class's source for how.")
+    return (
+        f"{cls.__name__} gives its own (computed) default to the inherited "
+        + "; ".join(changed)
+        + "; see the class's source for how."
+    )
 
 
 def trait_block(section: Section, name: str, trait) -> list[str]:
-    lines = [f"### `c.{section.prefix}.{name}`", "",
-             f"* Type: {type_name(trait)}", f"* Default: {default_text(section.cls, name, trait)}", ""]
+    lines = [
+        f"### `c.{section.prefix}.{name}`",
+        "",
+        f"* Type: {type_name(trait)}",
+        f"* Default: {default_text(section.cls, name, trait)}",
+        "",
+    ]
     text = generic(help_text(trait), paths_only=True)
     lines += [text, ""] if text else ["*(no help text)*", ""]
     return lines
@@ -280,8 +299,11 @@ def sections() -> tuple[list[Section], list[tuple[str, type, list[Section]]]]:
     core_classes = {s.cls for s in core}
     backends = []
     for point, cls in spawner_classes():
-        own = [Section(k, cls.__name__) for k in workbench_bases(cls)
-               if k not in core_classes and (own_config_traits(k) or k is cls)]
+        own = [
+            Section(k, cls.__name__)
+            for k in workbench_bases(cls)
+            if k not in core_classes and (own_config_traits(k) or k is cls)
+        ]
         backends.append((point, cls, own))
     return core, backends
 
@@ -321,34 +343,51 @@ def render() -> str:
         "",
         "## Contents",
         "",
-        "* [Every backend](#every-backend): " + ", ".join(
-            f"[{s.cls.__name__}](#{s.cls.__name__.lower()})" for s in core),
+        "* [Every backend](#every-backend): "
+        + ", ".join(f"[{s.cls.__name__}](#{s.cls.__name__.lower()})" for s in core),
     ]
-    for point, cls, own in backends:
+    for point, cls, own in backends:  # noqa: B007
         out.append(f"* [`{point}`: {cls.__name__}](#{_anchor(point, cls)})")
-    out += ["", "## Every backend", "",
-            f"`{mixin.__name__}` goes first in every backend spawner's bases; its traits and those of its",
-            "bases apply to every backend and are set as `c.GPUSpawnerMixin.<name>` (or on one backend's",
-            "class). " + _changed_sentence(mixin), ""]
+    out += [
+        "",
+        "## Every backend",
+        "",
+        f"`{mixin.__name__}` goes first in every backend spawner's bases; its traits and those of its",
+        "bases apply to every backend and are set as `c.GPUSpawnerMixin.<name>` (or on one backend's",
+        "class). " + _changed_sentence(mixin),
+        "",
+    ]
     for section in core:
         out += _demote(section_block(section))
     for point, cls, own in backends:
-        out += [f"## `{point}`: {cls.__name__}", "",
-                f"`c.JupyterHub.spawner_class = \"{point}\"` (`WORKBENCH_BACKEND={cls.workbench_backend}`), "
-                f"{cls.placement_mode} placement. {_first_line(cls)} Defined in {_where(cls)}.", ""]
+        out += [
+            f"## `{point}`: {cls.__name__}",
+            "",
+            f'`c.JupyterHub.spawner_class = "{point}"` (`WORKBENCH_BACKEND={cls.workbench_backend}`), '
+            f"{cls.placement_mode} placement. {_first_line(cls)} Defined in {_where(cls)}.",
+            "",
+        ]
         bases = upstream_links(cls)
         if bases:
-            out += ["Inherited traits, not repeated here, are documented with their classes: "
-                    + ", ".join(bases) + ".", ""]
+            out += [
+                "Inherited traits, not repeated here, are documented with their classes: " + ", ".join(bases) + ".",
+                "",
+            ]
         if changed_defaults(cls):
             out += [_changed_sentence(cls), ""]
         for section in own:
             if section.cls is cls:
                 traits = own_config_traits(cls)
                 if not traits:
-                    out += [f"{cls.__name__} defines no configurable trait of its own"
-                            + ("; its backend's settings are in the sections below." if len(own) > 1
-                               else " beyond those of every backend."), ""]
+                    out += [
+                        f"{cls.__name__} defines no configurable trait of its own"
+                        + (
+                            "; its backend's settings are in the sections below."
+                            if len(own) > 1
+                            else " beyond those of every backend."
+                        ),
+                        "",
+                    ]
                 for name, trait in traits:
                     out += _demote(trait_block(section, name, trait))
             else:
@@ -370,15 +409,17 @@ def _anchor(point: str, cls: type) -> str:
 
 
 def check(path: Path = OUTPUT) -> str:
-    """"" when ``path`` holds what ``render()`` gives, else a sentence saying what to run."""
+    """ "" when ``path`` holds what ``render()`` gives, else a sentence saying what to run."""
     expected = render()
     try:
         current = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return f"{_shown(path)} does not exist; run `{COMMAND}` and commit it."
     if current != expected:
-        return (f"{_shown(path)} is not current: a trait's help, type or default changed since it was "
-                f"generated; run `{COMMAND}` and commit the result.")
+        return (
+            f"{_shown(path)} is not current: a trait's help, type or default changed since it was "
+            f"generated; run `{COMMAND}` and commit the result."
+        )
     return ""
 
 

@@ -33,6 +33,7 @@ Set ``WORKBENCH_NOTEBOOK_QUICK=1`` (the notebook tests do) for a short smoke run
 0.15 s per figure instead of 5 repeats and 1 s. The figures are then only good for checking
 that the code runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,8 +41,8 @@ import math
 import os
 import statistics
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
 
 QUICK = os.environ.get("WORKBENCH_NOTEBOOK_QUICK", "") not in ("", "0")
 DEFAULT_REPEATS = 3 if QUICK else 5
@@ -51,6 +52,7 @@ TIMING_HEADERS = ["median (ms)", "spread", "repeats x steps", "warm-up (s)"]
 
 
 # --------------------------------------------------------------------------- timers
+
 
 class SyncTimer:
     """Time ``steps`` calls of ``fn`` on the host clock between two synchronizations.
@@ -87,10 +89,14 @@ class EventTimer:
 
     method = "CUDA events"
 
-    def __init__(self, event_factory: Callable[[], object] | None = None,
-                 device_context: Callable[[], contextlib.AbstractContextManager] | None = None):
+    def __init__(
+        self,
+        event_factory: Callable[[], object] | None = None,
+        device_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ):
         if event_factory is None:
             import torch
+
             event_factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
         self.event_factory = event_factory
         self.device_context = device_context or contextlib.nullcontext
@@ -130,6 +136,7 @@ def timer_for(device, method: str = "sync"):
 
 
 # --------------------------------------------------------------------------- measurement
+
 
 @dataclass
 class Measurement:
@@ -181,10 +188,18 @@ def calibrate(fn: Callable[[], object], timer, target_s: float, max_steps: int =
         steps = min(max_steps, max(steps + 1, int(math.ceil(steps * grow))))
 
 
-def compare(variants: Mapping[str, Callable[[], object]], *, timer=None, warmup: int = 1,
-            repeats: int | None = None, min_seconds: float | None = None, steps: int | None = None,
-            max_steps: int = 1_000_000, warmup_clock: Callable[[], float] | None = None,
-            rotate: bool = True) -> dict[str, Measurement]:
+def compare(
+    variants: Mapping[str, Callable[[], object]],
+    *,
+    timer=None,
+    warmup: int = 1,
+    repeats: int | None = None,
+    min_seconds: float | None = None,
+    steps: int | None = None,
+    max_steps: int = 1_000_000,
+    warmup_clock: Callable[[], float] | None = None,
+    rotate: bool = True,
+) -> dict[str, Measurement]:
     """Measure every variant (``name -> step()``, a callable doing one step) fairly.
 
     Phase 1, one variant after the other: ``warmup`` steps timed on their own (``warmup_s``),
@@ -203,13 +218,14 @@ def compare(variants: Mapping[str, Callable[[], object]], *, timer=None, warmup:
         n = steps or calibrate(fn, timer, min_seconds / repeats, max_steps)
         results[name] = Measurement(name, warmup, warm_s, n, method=timer.method)
     for r in range(repeats):
-        order = names[r % len(names):] + names[:r % len(names)] if rotate else names
+        order = names[r % len(names) :] + names[: r % len(names)] if rotate else names
         for name in order:
             results[name].blocks_s.append(timer(variants[name], results[name].steps))
     return results
 
 
 # --------------------------------------------------------------------------- memory
+
 
 def peak_memory_above_baseline(fn: Callable[[], object], device, steps: int = 2) -> int | None:
     """Bytes allocated at the peak of ``steps`` calls of ``fn`` above what was allocated just
@@ -230,6 +246,7 @@ def peak_memory_above_baseline(fn: Callable[[], object], device, steps: int = 2)
 
 
 # --------------------------------------------------------------------------- precision
+
 
 def _effective(module, parent: str) -> str:
     value = getattr(module, "fp32_precision", "none")
@@ -261,8 +278,12 @@ def precision_state(device="cuda", torch_module=None) -> dict:
             matmul, conv = backends.cuda.matmul, backends.cudnn.conv
         else:
             matmul, conv = backends.mkldnn.matmul, backends.mkldnn.conv
-        return {"matmul": _effective(matmul, parent), "conv": _effective(conv, parent),
-                "api": "fp32_precision", "float32_matmul_precision": legacy}
+        return {
+            "matmul": _effective(matmul, parent),
+            "conv": _effective(conv, parent),
+            "api": "fp32_precision",
+            "float32_matmul_precision": legacy,
+        }
     if dev_type == "cuda":
         matmul = "tf32" if backends.cuda.matmul.allow_tf32 else "ieee"
         conv = "tf32" if backends.cudnn.allow_tf32 else "ieee"
@@ -308,6 +329,7 @@ def matmul_precision(mode: str, torch_module=None):
 
 # --------------------------------------------------------------------------- tables
 
+
 def md_table(title: str, headers: list[str], rows: Iterable[Iterable[object]], note: str = "") -> None:
     """Print a markdown table under a ``#### title`` line; every row must have one cell per header."""
     rows = [[str(c) for c in r] for r in rows]
@@ -342,9 +364,11 @@ def skipped_cells() -> list[str]:
 def timing_note(results: Mapping[str, Measurement] | None = None) -> str:
     """One line under a table saying how its figures were measured."""
     method = next(iter(results.values())).method if results else "sync"
-    parts = [f"Median per step over the repeats; spread = (max - min) / median; each block of steps "
-             f"timed between two {'CUDA events' if method == 'CUDA events' else 'synchronizations'}; "
-             f"variants interleaved; warm-up timed apart and left out."]
+    parts = [
+        f"Median per step over the repeats; spread = (max - min) / median; each block of steps "
+        f"timed between two {'CUDA events' if method == 'CUDA events' else 'synchronizations'}; "
+        f"variants interleaved; warm-up timed apart and left out."
+    ]
     if QUICK:
         parts.append("QUICK mode (WORKBENCH_NOTEBOOK_QUICK=1): short blocks, figures only check the code.")
     return " ".join(parts)

@@ -51,14 +51,19 @@ def hub_form(session: requests.Session, url: str, path: str, data: dict) -> requ
     """Send one of the hub's forms (``/hub/login``, ``/hub/signup``) as a browser does: GET the page for
     its ``_xsrf`` cookie, then POST the fields with it. Redirects are not followed (a login answers 302)."""
     session.get(f"{url}{path}", timeout=30)
-    return session.post(f"{url}{path}", data={**data, "_xsrf": session.cookies.get("_xsrf", "")},
-                        allow_redirects=False, timeout=30)
+    return session.post(
+        f"{url}{path}", data={**data, "_xsrf": session.cookies.get("_xsrf", "")}, allow_redirects=False, timeout=30
+    )
 
 
 def native_sign_up(session: requests.Session, url: str, name: str, password: str) -> str:
     """NativeAuthenticator's sign-up form; the page it answers with (200)."""
-    r = hub_form(session, url, "/hub/signup", {"username": name, "signup_password": password,
-                                                "signup_password_confirmation": password})
+    r = hub_form(
+        session,
+        url,
+        "/hub/signup",
+        {"username": name, "signup_password": password, "signup_password_confirmation": password},
+    )
     assert r.status_code == 200, r.text
     return r.text
 
@@ -130,7 +135,7 @@ class Hub:
         self.log_path = data_dir / "hub.log"
 
     # -- process ----------------------------------------------------------------
-    def start(self, timeout: float = 90) -> "Hub":
+    def start(self, timeout: float = 90) -> Hub:
         chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
         if not chp.exists():
             missing("configurable-http-proxy is not installed (run `npm install` or `make test`)")
@@ -141,7 +146,12 @@ class Hub:
             account = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
             self.env.update(HOME=entry.pw_dir, USER=self.run_as, LOGNAME=self.run_as)
         self.proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py"), *self.args],
+            [
+                str(Path(sys.executable).parent / "jupyterhub"),
+                "-f",
+                str(REPO / "hub" / "jupyterhub_config.py"),
+                *self.args,
+            ],
             cwd=REPO,
             env=self.env,
             stdout=log,

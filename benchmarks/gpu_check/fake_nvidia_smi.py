@@ -159,7 +159,9 @@ def main(argv: list[str]) -> int:
     print("SIMULATED nvidia-smi (benchmarks/gpu_check/fake_nvidia_smi.py): not a GPU")
     print(f"Driver Version: {DRIVER}   CUDA Version: {CUDA}")
     for g in gpus:
-        print(f"GPU {g['index']}: {g['name']}  {g['memory_used']:.0f}MiB / {g['memory_total']:.0f}MiB  {g['utilization']:.0f}%")
+        print(
+            f"GPU {g['index']}: {g['name']}  {g['memory_used']:.0f}MiB / {g['memory_total']:.0f}MiB  {g['utilization']:.0f}%"  # noqa: E501
+        )
     return 0
 
 

@@ -41,8 +41,12 @@ class _Cuda:
         return self.reserved
 
     def memory_stats(self, i=0):
-        return {"allocated_bytes.all.current": self.allocated, "reserved_bytes.all.current": self.reserved,
-                "allocated_bytes.all.peak": self.allocated, "num_alloc_retries": 0}
+        return {
+            "allocated_bytes.all.current": self.allocated,
+            "reserved_bytes.all.current": self.reserved,
+            "allocated_bytes.all.peak": self.allocated,
+            "num_alloc_retries": 0,
+        }
 
 
 def install():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 from . import DRY
 from .report import raw_dir, table, write
@@ -57,16 +56,43 @@ def compare(where: str, devices: list[dict], stats: list[dict], uuids: list[str]
     rows = []
     by = {s["cuda_index"]: s for s in stats}
     if not devices:
-        rows.append({"where": where, "cuda": None, "field": "devices", "kernel": "[] (torch.cuda not in use?)",
-                     "torch": len(stats), "agree": False})
+        rows.append(
+            {
+                "where": where,
+                "cuda": None,
+                "field": "devices",
+                "kernel": "[] (torch.cuda not in use?)",
+                "torch": len(stats),
+                "agree": False,
+            }
+        )
     for d in devices:
         s = by.get(d["cuda_index"], {})
-        for mine, theirs in (("allocated_bytes", "allocated_bytes.all.current"), ("reserved_bytes", "reserved_bytes.all.current")):
-            rows.append({"where": where, "cuda": d["cuda_index"], "field": mine, "kernel": d.get(mine),
-                         "torch": s.get(theirs), "agree": d.get(mine) == s.get(theirs)})
+        for mine, theirs in (
+            ("allocated_bytes", "allocated_bytes.all.current"),
+            ("reserved_bytes", "reserved_bytes.all.current"),
+        ):
+            rows.append(
+                {
+                    "where": where,
+                    "cuda": d["cuda_index"],
+                    "field": mine,
+                    "kernel": d.get(mine),
+                    "torch": s.get(theirs),
+                    "agree": d.get(mine) == s.get(theirs),
+                }
+            )
         nvml = uuids[d["cuda_index"]] if d["cuda_index"] < len(uuids) else None
-        rows.append({"where": where, "cuda": d["cuda_index"], "field": "uuid (against NVML)", "kernel": d.get("uuid"),
-                     "torch": nvml, "agree": d.get("uuid") is not None and d.get("uuid") == nvml})
+        rows.append(
+            {
+                "where": where,
+                "cuda": d["cuda_index"],
+                "field": "uuid (against NVML)",
+                "kernel": d.get("uuid"),
+                "torch": nvml,
+                "agree": d.get("uuid") is not None and d.get("uuid") == nvml,
+            }
+        )
     return rows
 
 
@@ -88,8 +114,13 @@ def through_kernel() -> tuple[list[dict], list[dict], str]:
 
         def run(code: str) -> None:
             outputs.clear()
-            reply = kc.execute_interactive(code, timeout=60, output_hook=lambda m: outputs.append(m["content"].get("text", ""))
-                                           if m["msg_type"] == "stream" else None)
+            reply = kc.execute_interactive(
+                code,
+                timeout=60,
+                output_hook=lambda m: (
+                    outputs.append(m["content"].get("text", "")) if m["msg_type"] == "stream" else None
+                ),
+            )
             if reply["content"]["status"] != "ok":
                 raise RuntimeError(f"kernel: {reply['content'].get('ename')}: {reply['content'].get('evalue')}")
 
@@ -122,18 +153,36 @@ def main() -> None:
             rows += compare(where, devices, stats, uuids)
         except Exception as exc:  # noqa: BLE001 - report, and let the other half run
             notes.append(f"{where}: failed: {type(exc).__name__}: {exc}")
-            rows.append({"where": where, "cuda": None, "field": "ran", "kernel": f"{type(exc).__name__}: {exc}",
-                         "torch": None, "agree": False})
+            rows.append(
+                {
+                    "where": where,
+                    "cuda": None,
+                    "field": "ran",
+                    "kernel": f"{type(exc).__name__}: {exc}",
+                    "torch": None,
+                    "agree": False,
+                }
+            )
     differences = [r for r in rows if not r["agree"]]
-    lines = ["## 4. Per-kernel torch memory: kernel.py against torch.cuda.memory_stats()", "",
-             f"- torch {versions or 'n/a'}{' (SIMULATED: gpu_check.fake_torch)' if DRY else ''}; NVML UUIDs {uuids}",
-             f"- **{'all fields agree' if not differences else str(len(differences)) + ' difference(s)'}**", "",
-             *table(["where", "CUDA index", "field", "kernel.py says", "memory_stats / NVML", "agree"],
-                    [[r["where"], r["cuda"], r["field"], r["kernel"], r["torch"], "yes" if r["agree"] else "**DIFFERENCE**"]
-                     for r in rows])]
+    lines = [
+        "## 4. Per-kernel torch memory: kernel.py against torch.cuda.memory_stats()",
+        "",
+        f"- torch {versions or 'n/a'}{' (SIMULATED: gpu_check.fake_torch)' if DRY else ''}; NVML UUIDs {uuids}",
+        f"- **{'all fields agree' if not differences else str(len(differences)) + ' difference(s)'}**",
+        "",
+        *table(
+            ["where", "CUDA index", "field", "kernel.py says", "memory_stats / NVML", "agree"],
+            [
+                [r["where"], r["cuda"], r["field"], r["kernel"], r["torch"], "yes" if r["agree"] else "**DIFFERENCE**"]
+                for r in rows
+            ],
+        ),
+    ]
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
-    write(raw, "kernel_memory", {"rows": rows, "differences": differences, "nvml_uuids": uuids, "torch": versions}, lines)
+    write(
+        raw, "kernel_memory", {"rows": rows, "differences": differences, "nvml_uuids": uuids, "torch": versions}, lines
+    )
 
 
 if __name__ == "__main__":

@@ -35,10 +35,21 @@ def main() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
     elapsed = time.perf_counter() - t0
-    print(json.dumps({"device": device, "n": n, "dtype": str(dtype), "products": products, "seconds": elapsed,
-                      "tflops": 2 * n**3 * products / elapsed / 1e12,
-                      "extra_buffer_bytes": 0 if extra is None else extra.numel(),
-                      "torch": torch.__version__}), flush=True)
+    print(
+        json.dumps(
+            {
+                "device": device,
+                "n": n,
+                "dtype": str(dtype),
+                "products": products,
+                "seconds": elapsed,
+                "tflops": 2 * n**3 * products / elapsed / 1e12,
+                "extra_buffer_bytes": 0 if extra is None else extra.numel(),
+                "torch": torch.__version__,
+            }
+        ),
+        flush=True,
+    )
     del c
 
 

@@ -68,18 +68,30 @@ def main() -> None:
             # readings move with the wall clock and its start-up takes a large part of a second.
             smi_env = dict(os.environ, GPU_CHECK_FAKE_SMI_AT=repr(sample["timestamp"])) if DRY else None
             rows, err = smi.query_gpu(FIELDS, env=smi_env)
-            rc, apps, _ = smi.run(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 10, smi_env)
+            rc, apps, _ = smi.run(
+                ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], 10, smi_env
+            )
             t_smi = time.time()
-            pairs.append({"sample": sample, "smi": rows, "smi_error": err, "t_smi": (t_smi0 + t_smi) / 2,
-                          "apps": smi.parse_csv(apps, ["pid", "used_memory"]) if rc == 0 else []})
+            pairs.append(
+                {
+                    "sample": sample,
+                    "smi": rows,
+                    "smi_error": err,
+                    "t_smi": (t_smi0 + t_smi) / 2,
+                    "apps": smi.parse_csv(apps, ["pid", "used_memory"]) if rc == 0 else [],
+                }
+            )
 
     thread = threading.Thread(target=worker, daemon=True)
     thread.start()
     sampler.add_listener(lambda s: todo.put(s))
     sampler.start()
     time.sleep(interval if DRY else 3 * interval)  # idle samples before the load
-    load = subprocess.Popen([sys.executable, "-m", "gpu_check.load", str(load_s), "cpu" if DRY else "cuda"],
-                            stdout=subprocess.PIPE, text=True)
+    load = subprocess.Popen(
+        [sys.executable, "-m", "gpu_check.load", str(load_s), "cpu" if DRY else "cuda"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     ready = load.stdout.readline().split()
     marks["load_start"] = time.time()
     load_pid = int(ready[1]) if len(ready) == 2 and ready[0] == "READY" else None
@@ -138,7 +150,7 @@ def main() -> None:
     rows, differences = [], []
     gpus = sorted({k[1] for k in diffs}) or [0]
     for ph, gi in ((ph, gi) for ph in ("load", "idle") for gi in gpus):
-        for key, field, unit, _scale, tol in COMPARED:
+        for key, field, unit, _scale, tol in COMPARED:  # noqa: B007
             got = diffs.get((ph, gi, field), [])
             if not got:
                 rows.append([ph, gi, field, 0, "n/a", "n/a", "n/a", "n/a", f"±{tol:g} {unit}", "**NO PAIRS**"])
@@ -147,38 +159,82 @@ def main() -> None:
             absd = [abs(a - b) for a, b in got]
             within = sum(d <= tol for d in absd) / len(absd)
             ok = within >= AGREE_FRACTION
-            rows.append([ph, gi, field, len(got), fmt(statistics.mean(a for a, _ in got)), fmt(statistics.mean(b for _, b in got)),
-                         fmt(statistics.mean(absd), 2), fmt(max(absd), 2), f"±{tol:g} {unit}",
-                         f"{within:.0%} within" + ("" if ok else " **DIFFERS**")])
+            rows.append(
+                [
+                    ph,
+                    gi,
+                    field,
+                    len(got),
+                    fmt(statistics.mean(a for a, _ in got)),
+                    fmt(statistics.mean(b for _, b in got)),
+                    fmt(statistics.mean(absd), 2),
+                    fmt(max(absd), 2),
+                    f"±{tol:g} {unit}",
+                    f"{within:.0%} within" + ("" if ok else " **DIFFERS**"),
+                ]
+            )
             if not ok:
-                differences.append(f"{ph} GPU {gi} {field}: mean |diff| {statistics.mean(absd):.2f} {unit}, "
-                                   f"{within:.0%} of {len(got)} pairs within ±{tol:g}")
+                differences.append(
+                    f"{ph} GPU {gi} {field}: mean |diff| {statistics.mean(absd):.2f} {unit}, "
+                    f"{within:.0%} of {len(got)} pairs within ±{tol:g}"
+                )
     skew_med = statistics.median(skews) if skews else None
-    load_line = (f"{load_result.get('tflops', 0):.4g} TFLOP/s ({load_result.get('dtype')} {load_result.get('n')}^3 on "
-                 f"{load_result.get('device')}, {load_result.get('products')} products in {load_result.get('seconds', 0):.1f} s)"
-                 if load_result else "no result from the load process")
+    load_line = (
+        f"{load_result.get('tflops', 0):.4g} TFLOP/s ({load_result.get('dtype')} {load_result.get('n')}^3 on "
+        f"{load_result.get('device')}, {load_result.get('products')} products in {load_result.get('seconds', 0):.1f} s)"
+        if load_result
+        else "no result from the load process"
+    )
     lines = [
         "## 2. Monitor: Sampler (NVML source) against nvidia-smi --query-gpu",
         "",
-        f"- source `{getattr(source, 'source', '?')}`, interval {interval:g} s, {load_s:g} s of matmul load then {idle_s:g} s idle;"
+        f"- source `{getattr(source, 'source', '?')}`, interval {interval:g} s, {load_s:g} s of matmul load then {idle_s:g} s idle;"  # noqa: E501
         f" {len(pairs)} samples, each followed by nvidia-smi (median lag {fmt(skew_med, 3)} s)",
         f"- load: {load_line}; load PID {load_pid}",
-        f"- processes during load: sampler saw PIDs {sorted(sampler_pids) or 'none'}, nvidia-smi --query-compute-apps saw "
+        f"- processes during load: sampler saw PIDs {sorted(sampler_pids) or 'none'}, nvidia-smi --query-compute-apps saw "  # noqa: E501
         f"{sorted(smi_pids) or 'none'}; load PID seen by sampler: {'yes' if load_pid in sampler_pids else 'no'}, "
         f"by nvidia-smi: {'yes' if load_pid in smi_pids else 'no'}",
         f"- counters the source marked unsupported: {unsupported or 'none'}; memory notes: {sorted(notes) or 'none'}",
         f"- **{'all fields agree' if not differences else str(len(differences)) + ' difference(s)'}** "
-        f"(a field agrees when {AGREE_FRACTION:.0%} of pairs are within its tolerance; transitions of {SETTLE_S:g} s left out)",
+        f"(a field agrees when {AGREE_FRACTION:.0%} of pairs are within its tolerance; transitions of {SETTLE_S:g} s left out)",  # noqa: E501
         "",
-        *table(["phase", "GPU", "field", "pairs", "sampler mean", "nvidia-smi mean", "mean abs diff", "max abs diff", "tolerance",
-                "verdict"], rows),
+        *table(
+            [
+                "phase",
+                "GPU",
+                "field",
+                "pairs",
+                "sampler mean",
+                "nvidia-smi mean",
+                "mean abs diff",
+                "max abs diff",
+                "tolerance",
+                "verdict",
+            ],
+            rows,
+        ),
     ]
     if differences:
         lines += ["", "Differences:"] + [f"- {d}" for d in differences]
-    write(raw, "monitor", {"interval": interval, "load_s": load_s, "idle_s": idle_s, "marks": marks, "load": load_result,
-                           "load_pid": load_pid, "sampler_pids": sorted(sampler_pids), "smi_pids": sorted(smi_pids),
-                           "unsupported": unsupported, "differences": differences, "series": series,
-                           "median_lag_s": skew_med}, lines)
+    write(
+        raw,
+        "monitor",
+        {
+            "interval": interval,
+            "load_s": load_s,
+            "idle_s": idle_s,
+            "marks": marks,
+            "load": load_result,
+            "load_pid": load_pid,
+            "sampler_pids": sorted(sampler_pids),
+            "smi_pids": sorted(smi_pids),
+            "unsupported": unsupported,
+            "differences": differences,
+            "series": series,
+            "median_lag_s": skew_med,
+        },
+        lines,
+    )
 
 
 if __name__ == "__main__":

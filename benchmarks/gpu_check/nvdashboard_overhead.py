@@ -34,8 +34,9 @@ ENDPOINT = "nvdashboard/gpu_resource"
 
 def skip(raw: Path, reason: str) -> None:
     print(f"nvdashboard: skipped: {reason}", flush=True)
-    write(raw, "nvdashboard", {"skipped": reason},
-          ["### 2c. jupyterlab-nvdashboard beside it", "", f"Skipped: {reason}"])
+    write(
+        raw, "nvdashboard", {"skipped": reason}, ["### 2c. jupyterlab-nvdashboard beside it", "", f"Skipped: {reason}"]
+    )
 
 
 async def measure(pid: int, port: int, token: str, clients: int, duration: float, warmup: float, cpu_seconds) -> dict:
@@ -43,8 +44,9 @@ async def measure(pid: int, port: int, token: str, clients: int, duration: float
     from tornado.websocket import websocket_connect
 
     url = f"ws://127.0.0.1:{port}/{ENDPOINT}"
-    conns = [await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"}))
-             for _ in range(clients)]
+    conns = [
+        await websocket_connect(HTTPRequest(url, headers={"Authorization": f"token {token}"})) for _ in range(clients)
+    ]
     counts = [0] * clients
     stop = asyncio.Event()
 
@@ -67,8 +69,11 @@ async def measure(pid: int, port: int, token: str, clients: int, duration: float
     for t in tasks:
         t.cancel()
     await asyncio.sleep(1.0)
-    return {"clients": clients, "cpu_s_per_min": (c1 - c0) / (t1 - t0) * 60,
-            "messages_per_client_s": (n1 - n0) / clients / (t1 - t0)}
+    return {
+        "clients": clients,
+        "cpu_s_per_min": (c1 - c0) / (t1 - t0) * 60,
+        "messages_per_client_s": (n1 - n0) / clients / (t1 - t0),
+    }
 
 
 def main() -> None:
@@ -81,9 +86,14 @@ def main() -> None:
     raw = Path(args.raw)
     raw.mkdir(parents=True, exist_ok=True)
     if DRY:
-        return skip(raw, "dry run: nvdashboard needs a real GPU (it registers its GPU websockets only when NVML finds one)")
+        return skip(
+            raw, "dry run: nvdashboard needs a real GPU (it registers its GPU websockets only when NVML finds one)"
+        )
     if importlib.util.find_spec("jupyterlab_nvdashboard") is None:
-        return skip(raw, "jupyterlab_nvdashboard is not importable: carry its wheel (benchmarks/gpu_check_wheels.sh puts it in .whl/)")
+        return skip(
+            raw,
+            "jupyterlab_nvdashboard is not importable: carry its wheel (benchmarks/gpu_check_wheels.sh puts it in .whl/)",  # noqa: E501
+        )
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from monitor_overhead import cpu_seconds, free_port  # the same CPU accounting as our monitor's figures
 
@@ -91,11 +101,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="nvdashboard-bench-") as tmp:
         tmp = Path(tmp)
         (tmp / "config").mkdir()
-        (tmp / "config" / "jupyter_server_config.json").write_text(json.dumps(
-            {"ServerApp": {"jpserver_extensions": {"jupyterlab_nvdashboard": True}}}))
+        (tmp / "config" / "jupyter_server_config.json").write_text(
+            json.dumps({"ServerApp": {"jpserver_extensions": {"jupyterlab_nvdashboard": True}}})
+        )
         env = dict(os.environ, JUPYTER_CONFIG_DIR=str(tmp / "config"), JUPYTER_RUNTIME_DIR=str(tmp / "runtime"))
-        cmd = [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-               "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={tmp}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "jupyter_server",
+            "--no-browser",
+            "--ip=127.0.0.1",
+            f"--port={port}",
+            "--port-retries=0",
+            f"--IdentityProvider.token={token}",
+            f"--ServerApp.root_dir={tmp}",
+        ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
         log = open(raw / "nvdashboard-server.log", "w")
@@ -106,10 +126,15 @@ def main() -> None:
             status = None
             for _ in range(150):
                 if proc.poll() is not None:
-                    return skip(raw, f"jupyter server with nvdashboard exited {proc.returncode}; see nvdashboard-server.log")
+                    return skip(
+                        raw, f"jupyter server with nvdashboard exited {proc.returncode}; see nvdashboard-server.log"
+                    )
                 try:
-                    r = requests.get(f"http://127.0.0.1:{port}/nvdashboard/accelerators/check",
-                                     headers={"Authorization": f"token {token}"}, timeout=2)
+                    r = requests.get(
+                        f"http://127.0.0.1:{port}/nvdashboard/accelerators/check",
+                        headers={"Authorization": f"token {token}"},
+                        timeout=2,
+                    )
                     if r.status_code == 200:
                         status = r.json()
                         break
@@ -121,8 +146,10 @@ def main() -> None:
             if not status.get("ngpus"):
                 return skip(raw, f"nvdashboard found no GPU ({status}): its GPU websockets are not registered")
             time.sleep(2)
-            rows = [asyncio.run(measure(proc.pid, port, token, int(n), args.duration, args.warmup, cpu_seconds))
-                    for n in args.clients.split(",")]
+            rows = [
+                asyncio.run(measure(proc.pid, port, token, int(n), args.duration, args.warmup, cpu_seconds))
+                for n in args.clients.split(",")
+            ]
         finally:
             proc.terminate()
             try:
@@ -130,13 +157,22 @@ def main() -> None:
             except subprocess.TimeoutExpired:
                 proc.kill()
     by = {r["clients"]: r for r in rows}
-    ratio = by[50]["cpu_s_per_min"] / by[1]["cpu_s_per_min"] if 1 in by and 50 in by and by[1]["cpu_s_per_min"] else None
-    lines = ["### 2c. jupyterlab-nvdashboard beside it", "",
-             f"jupyterlab_nvdashboard {_version()}, websockets to `{ENDPOINT}` read by one event loop, "
-             f"{args.duration:g} s per row; ngpus {status.get('ngpus')}", "",
-             *table(["clients", "server CPU s/min", "messages/client/s"],
-                    [[r["clients"], fmt(r["cpu_s_per_min"], 3), fmt(r["messages_per_client_s"], 2)] for r in rows]),
-             "", f"ratio 50:1 clients = {fmt(ratio, 2)} (ours: see the monitor_overhead table above)"]
+    ratio = (
+        by[50]["cpu_s_per_min"] / by[1]["cpu_s_per_min"] if 1 in by and 50 in by and by[1]["cpu_s_per_min"] else None
+    )
+    lines = [
+        "### 2c. jupyterlab-nvdashboard beside it",
+        "",
+        f"jupyterlab_nvdashboard {_version()}, websockets to `{ENDPOINT}` read by one event loop, "
+        f"{args.duration:g} s per row; ngpus {status.get('ngpus')}",
+        "",
+        *table(
+            ["clients", "server CPU s/min", "messages/client/s"],
+            [[r["clients"], fmt(r["cpu_s_per_min"], 3), fmt(r["messages_per_client_s"], 2)] for r in rows],
+        ),
+        "",
+        f"ratio 50:1 clients = {fmt(ratio, 2)} (ours: see the monitor_overhead table above)",
+    ]
     write(raw, "nvdashboard", {"rows": rows, "ratio_50_1": ratio, "status": status, "version": _version()}, lines)
 
 

@@ -54,8 +54,12 @@ def parse_q(text: str) -> dict:
             stack.pop()
         path = "/".join([s for _, s in stack] + [key.strip()])
         current.setdefault(path, value.strip())
-    return {"driver_version": top.get("Driver Version"), "cuda_version": top.get("CUDA Version"),
-            "attached_gpus": top.get("Attached GPUs"), "gpus": gpus}
+    return {
+        "driver_version": top.get("Driver Version"),
+        "cuda_version": top.get("CUDA Version"),
+        "attached_gpus": top.get("Attached GPUs"),
+        "gpus": gpus,
+    }
 
 
 def mib(value: str | None) -> float | None:
@@ -86,7 +90,7 @@ def parse_csv(text: str, fields: list[str]) -> list[dict]:
             continue
         values = [v.strip() for v in line.split(",")]
         row = {}
-        for field, value in zip(fields, values):
+        for field, value in zip(fields, values):  # noqa: B905
             row[field] = None if value.strip("[]").lower() in ("n/a", "not supported", "unknown error", "") else value
         rows.append(row)
     return rows

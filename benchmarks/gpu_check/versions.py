@@ -10,14 +10,30 @@ from importlib.metadata import PackageNotFoundError, version
 from . import DRY, smi
 from .report import raw_dir, write
 
-PACKAGES = ["torch", "nvidia-ml-py", "jupyter_server", "jupyter_client", "ipykernel", "nbclient", "nbformat",
-            "tornado", "pyzmq", "jupyterlab-nvdashboard", "workbench-devices"]
+PACKAGES = [
+    "torch",
+    "nvidia-ml-py",
+    "jupyter_server",
+    "jupyter_client",
+    "ipykernel",
+    "nbclient",
+    "nbformat",
+    "tornado",
+    "pyzmq",
+    "jupyterlab-nvdashboard",
+    "workbench-devices",
+]
 
 
 def main() -> None:
     raw = raw_dir()
-    info = {"python": sys.version.split()[0], "executable": sys.executable, "platform": platform.platform(),
-            "cpus": os.cpu_count(), "packages": {}}
+    info = {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "packages": {},
+    }
     for name in PACKAGES:
         try:
             info["packages"][name] = version(name)
@@ -28,9 +44,13 @@ def main() -> None:
             raise ImportError("dry run: torch.cuda not asked")
         import torch
 
-        info.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available(),
-                    device_count=torch.cuda.device_count(),
-                    devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])
+        info.update(
+            torch=torch.__version__,
+            torch_cuda=torch.version.cuda,
+            cuda_available=torch.cuda.is_available(),
+            device_count=torch.cuda.device_count(),
+            devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+        )
     except Exception as exc:  # noqa: BLE001
         info["torch_note"] = str(exc)
     rows, err = smi.query_gpu(["name", "driver_version", "memory.total"])

@@ -176,8 +176,14 @@ def _device(pynvml, handle, index: int, name: str, board: str, mig: bool = False
     """One GPUDevice from an NVML handle (a whole GPU, or a MIG slice of board ``board``)."""
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     model = _model_from_name(board, total) + ("-MIG" if mig else "")
-    return GPUDevice(uuid=_text(pynvml.nvmlDeviceGetUUID(handle)), index=index, name=name,
-                     memory_total_bytes=total, model=model, mig=mig)
+    return GPUDevice(
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        index=index,
+        name=name,
+        memory_total_bytes=total,
+        model=model,
+        mig=mig,
+    )
 
 
 def _text(value) -> str:

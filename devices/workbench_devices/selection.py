@@ -10,8 +10,8 @@ same way, so it lives next to the inventory.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from .inventory import DeviceInventory, GPUDevice
 

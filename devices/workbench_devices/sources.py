@@ -17,8 +17,8 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
-from typing import Callable, Collection, Mapping
 
 from .inventory import GPUDevice, discover_devices
 from .scripted import SCRIPT_ENV, ScriptedUtilization
@@ -141,8 +141,11 @@ class SimulatedSource:
             reading.update(utilization_percent=None, unsupported={"utilization_percent": "scripted: no reading"})
             return reading
         limit = reading.get("power_limit_w") or _simulated_power_limit(device)
-        reading.update(utilization_percent=util, power_w=round(60 + (limit - 60) * util / 100, 1),
-                       temperature_c=round(32 + util * 0.45, 1))
+        reading.update(
+            utilization_percent=util,
+            power_w=round(60 + (limit - 60) * util / 100, 1),
+            temperature_c=round(32 + util * 0.45, 1),
+        )
         return reading
 
     def _idle(self, device: GPUDevice, now: float) -> dict:

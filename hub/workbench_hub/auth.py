@@ -24,6 +24,7 @@ JupyterHub 6.
 
 from __future__ import annotations
 
+from jupyterhub.utils import maybe_future
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import EmailAuthorizationHandler as NativeEmailAuthorizationHandler
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
@@ -31,7 +32,6 @@ from nativeauthenticator.handlers import SignUpHandler as NativeSignUpHandler
 from nativeauthenticator.handlers import ToggleAuthorizationHandler as NativeToggleAuthorizationHandler
 from nativeauthenticator.handlers import admin_users_scope
 from nativeauthenticator.orm import UserInfo
-from jupyterhub.utils import maybe_future
 from tornado import web
 
 

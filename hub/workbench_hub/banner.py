@@ -8,6 +8,7 @@ from traitlets.config import Config
 
 from workbench_hub.transport import Transport
 
+
 def public_address(c: Config, transport: Transport | None = None) -> str:
     """Where a browser opens the hub: the public URL, else the certificate's name, else this machine."""
     if "public_url" in c.JupyterHub and c.JupyterHub.public_url:

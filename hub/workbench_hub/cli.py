@@ -46,8 +46,9 @@ import urllib.error
 import urllib.request
 from urllib.parse import quote
 
-from .idle_cli import add_idle_parser, run_idle
 from workbench_spawner.backend import installed_backends
+
+from .idle_cli import add_idle_parser, run_idle
 
 SERVICE_PATH = "/services/workbench/"
 
@@ -64,6 +65,7 @@ def _number(kind):
             return kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not a {'whole ' if kind is int else ''}number: {text!r}") from None
+
     return parse
 
 
@@ -74,12 +76,19 @@ def _optional_number(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="workbench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--url", default=os.environ.get("WORKBENCH_URL", "http://127.0.0.1:8000"),
-                        help="the hub's URL (default $WORKBENCH_URL or http://127.0.0.1:8000)")
-    parser.add_argument("--token", default=os.environ.get("WORKBENCH_ADMIN_TOKEN", ""),
-                        help="a hub API token with custom:workbench:admin (default $WORKBENCH_ADMIN_TOKEN)")
+    parser = argparse.ArgumentParser(
+        prog="workbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("WORKBENCH_URL", "http://127.0.0.1:8000"),
+        help="the hub's URL (default $WORKBENCH_URL or http://127.0.0.1:8000)",
+    )
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("WORKBENCH_ADMIN_TOKEN", ""),
+        help="a hub API token with custom:workbench:admin (default $WORKBENCH_ADMIN_TOKEN)",
+    )
     parser.add_argument("--json", action="store_true", help="print the service's JSON answer")
     top = parser.add_subparsers(dest="area", required=True)
     quota = top.add_parser("quota", help="GPU quotas of users and groups").add_subparsers(dest="action", required=True)
@@ -87,16 +96,33 @@ def build_parser() -> argparse.ArgumentParser:
         p = quota.add_parser(action, help=f"set the quota of a {kind} (applies to the next spawn)")
         p.add_argument("name")
         p.add_argument("--max-gpus", type=_number(int), required=True, help="GPUs held at once")
-        p.add_argument("--gpu-hours-per-week", type=_optional_number, default=None,
-                       help="GPU-hours in the rolling last 7 days (default: no limit)")
-        p.add_argument("--models", default=None,
-                       help="comma-separated allowed GPU models, e.g. H100-80GB,A100-40GB (default: any)")
-        p.add_argument("--max-session-hours", type=_optional_number, default=None,
-                       help="servers are stopped after this many hours (default: no limit)")
-        p.add_argument("--gpu-idle-minutes", type=_optional_number, default=None,
-                       help="stop a server whose GPUs stayed idle this long (0: never; default: the hub's)")
-        p.add_argument("--gpu-idle-threshold", type=_optional_number, default=None,
-                       help="percent utilization under which a GPU counts as idle (default: the hub's, 5)")
+        p.add_argument(
+            "--gpu-hours-per-week",
+            type=_optional_number,
+            default=None,
+            help="GPU-hours in the rolling last 7 days (default: no limit)",
+        )
+        p.add_argument(
+            "--models", default=None, help="comma-separated allowed GPU models, e.g. H100-80GB,A100-40GB (default: any)"
+        )
+        p.add_argument(
+            "--max-session-hours",
+            type=_optional_number,
+            default=None,
+            help="servers are stopped after this many hours (default: no limit)",
+        )
+        p.add_argument(
+            "--gpu-idle-minutes",
+            type=_optional_number,
+            default=None,
+            help="stop a server whose GPUs stayed idle this long (0: never; default: the hub's)",
+        )
+        p.add_argument(
+            "--gpu-idle-threshold",
+            type=_optional_number,
+            default=None,
+            help="percent utilization under which a GPU counts as idle (default: the hub's, 5)",
+        )
     for action, kind in (("show", "user"), ("show-group", "group")):
         p = quota.add_parser(action, help=f"show the quota of a {kind}, or every quota without a name")
         p.add_argument("name", nargs="?" if kind == "user" else None)
@@ -110,12 +136,23 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--weekly", metavar='"Tue 10:00-12:00"', help="every week, in the hub's time zone")
     when.add_argument("--once", metavar='"2026-12-08 10:00-12:00"', help="one date, in the hub's time zone")
     reserve.add_argument("--model", default=None, help="only GPUs of this model (default: any)")
-    reserve.add_argument("--grace-minutes", type=_number(float), default=None,
-                         help="release GPUs no member asked for after this long (default 15)")
-    reserve.add_argument("--preempt", action="store_true",
-                         help="stop non-members' servers on the needed GPUs at the start (warned before)")
-    reserve.add_argument("--warn-minutes", type=_number(float), default=None,
-                         help="with --preempt: warn this long before the start (default 10)")
+    reserve.add_argument(
+        "--grace-minutes",
+        type=_number(float),
+        default=None,
+        help="release GPUs no member asked for after this long (default 15)",
+    )
+    reserve.add_argument(
+        "--preempt",
+        action="store_true",
+        help="stop non-members' servers on the needed GPUs at the start (warned before)",
+    )
+    reserve.add_argument(
+        "--warn-minutes",
+        type=_number(float),
+        default=None,
+        help="with --preempt: warn this long before the start (default 10)",
+    )
     listing = top.add_parser("reservations", help="list or delete reservations")
     listing.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
     listing.add_argument("id", nargs="?", help="the reservation to delete (see the list)")
@@ -133,8 +170,7 @@ def call(url: str, token: str, method: str, path: str, body=None):
         url.rstrip("/") + SERVICE_PATH + path,
         method=method,
         data=None if body is None else json.dumps(body).encode(),
-        headers={"Authorization": f"token {token}", "Content-Type": "application/json",
-                 "Accept": "application/json"},
+        headers={"Authorization": f"token {token}", "Content-Type": "application/json", "Accept": "application/json"},
     )
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
@@ -155,23 +191,31 @@ def _describe(q: dict | None) -> str:
     if not q:
         return "none"
     parts = [f"{q['max_gpus']} GPU(s) at once"]
-    parts.append(f"{q['gpu_hours_per_week']:g} GPU-hours/week" if q.get("gpu_hours_per_week") is not None
-                 else "no GPU-hour limit")
-    parts.append(f"models {', '.join(q['allowed_models']) or 'none'}" if q.get("allowed_models") is not None
-                 else "any model")
+    parts.append(
+        f"{q['gpu_hours_per_week']:g} GPU-hours/week"
+        if q.get("gpu_hours_per_week") is not None
+        else "no GPU-hour limit"
+    )
+    parts.append(
+        f"models {', '.join(q['allowed_models']) or 'none'}" if q.get("allowed_models") is not None else "any model"
+    )
     if q.get("max_session_hours") is not None:
         parts.append(f"sessions up to {q['max_session_hours']:g} h")
     if q.get("gpu_idle_minutes") is not None:
-        parts.append("never reclaimed when idle" if q["gpu_idle_minutes"] == 0
-                     else f"reclaimed after {q['gpu_idle_minutes']:g} idle min")
+        parts.append(
+            "never reclaimed when idle"
+            if q["gpu_idle_minutes"] == 0
+            else f"reclaimed after {q['gpu_idle_minutes']:g} idle min"
+        )
     if q.get("gpu_idle_threshold") is not None:
         parts.append(f"idle under {q['gpu_idle_threshold']:g} %")
     return ", ".join(parts)
 
 
 def _reservation_line(r: dict) -> str:
-    state = "open now" if r["active"] else (f"next {r['next_start'][:16].replace('T', ' ')}" if r["next_start"]
-                                             else "over")
+    state = (
+        "open now" if r["active"] else (f"next {r['next_start'][:16].replace('T', ' ')}" if r["next_start"] else "over")
+    )
     extra = f", grace {r['grace_minutes']:g} min"
     if r["preempt"]:
         extra += f", preempt (warned {r['warn_minutes']:g} min before)"
@@ -182,11 +226,14 @@ def run_reservations(args) -> tuple[object, str]:
     if args.area == "reserve":
         window = args.weekly if args.weekly is not None else args.once
         if args.weekly is not None and window.strip()[:1].isdigit():
-            raise CLIError(f"--weekly needs a weekday, not a date: e.g. \"Tue 10:00-12:00\" (got {window!r}); "
-                           "use --once for a date", 2)
+            raise CLIError(
+                f'--weekly needs a weekday, not a date: e.g. "Tue 10:00-12:00" (got {window!r}); use --once for a date',
+                2,
+            )
         if args.once is not None and not window.strip()[:1].isdigit():
-            raise CLIError(f"--once needs a date: e.g. \"2026-12-08 10:00-12:00\" (got {window!r}); "
-                           "use --weekly for a weekday", 2)
+            raise CLIError(
+                f'--once needs a date: e.g. "2026-12-08 10:00-12:00" (got {window!r}); use --weekly for a weekday', 2
+            )
         body: dict = {"group": args.group, "gpus": args.gpus, "window": window, "preempt": args.preempt}
         if args.model is not None:
             body["model"] = args.model
@@ -198,8 +245,11 @@ def run_reservations(args) -> tuple[object, str]:
         return data, f"Reserved {_reservation_line(data)}."
     if args.action == "delete":
         if not args.id or not args.id.isdigit():
-            raise CLIError("workbench reservations delete needs the reservation's id (a number; "
-                           "`workbench reservations` lists them)", 2)
+            raise CLIError(
+                "workbench reservations delete needs the reservation's id (a number; "
+                "`workbench reservations` lists them)",
+                2,
+            )
         call(args.url, args.token, "DELETE", f"api/reservations/{args.id}")
         return None, f"Deleted reservation #{args.id}."
     if args.id:
@@ -224,14 +274,18 @@ def run(args) -> tuple[object, str]:
         body = {
             "max_gpus": args.max_gpus,
             "gpu_hours_per_week": args.gpu_hours_per_week,
-            "allowed_models": [m.strip() for m in args.models.split(",") if m.strip()] if args.models is not None
+            "allowed_models": [m.strip() for m in args.models.split(",") if m.strip()]
+            if args.models is not None
             else None,
             "max_session_hours": args.max_session_hours,
             "gpu_idle_minutes": args.gpu_idle_minutes,
             "gpu_idle_threshold": args.gpu_idle_threshold,
         }
         data = call(args.url, args.token, "PUT", f"api/quotas/{kind}/{quote(args.name, safe='')}", body)
-        return data, f"Set the quota of {kind[:-1]} {args.name}: {_describe(data['quota'])}. It applies to the next spawn."
+        return (
+            data,
+            f"Set the quota of {kind[:-1]} {args.name}: {_describe(data['quota'])}. It applies to the next spawn.",
+        )
     if action in ("delete", "delete-group"):
         call(args.url, args.token, "DELETE", f"api/quotas/{kind}/{quote(args.name, safe='')}")
         return None, f"Deleted the quota of {kind[:-1]} {args.name}."

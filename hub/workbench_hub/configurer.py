@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -35,7 +35,7 @@ from traitlets.config import Config
 from workbench_spawner.backend import HubContext, UnknownBackend, backend_extension
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
-from .env_values import ConfigError, Env, comma_list, flag, number, opt_in, port, text
+from .env_values import ConfigError, Env, comma_list, flag, number, port, text
 
 # The launcher that ends a managed service when the hub process dies
 # (workbench_hub/parent_guard.py explains why it is needed).
@@ -87,12 +87,16 @@ def update_auth(c: Config, env: Env) -> None:
     c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "admin"))
     kind = text(env, "WORKBENCH_AUTHENTICATOR", "native").lower() or "native"
     if kind not in AUTHENTICATORS:
-        raise ConfigError(f"WORKBENCH_AUTHENTICATOR={kind!r} is not available; use 'native' (sign-up with admin "
-                          "authorization) or 'pam' (this host's Unix accounts)")
+        raise ConfigError(
+            f"WORKBENCH_AUTHENTICATOR={kind!r} is not available; use 'native' (sign-up with admin "
+            "authorization) or 'pam' (this host's Unix accounts)"
+        )
     if kind == "pam":
         if not text(env, "WORKBENCH_ADMIN_USERS"):
-            raise ConfigError("WORKBENCH_AUTHENTICATOR=pam needs WORKBENCH_ADMIN_USERS set to the Unix accounts "
-                              "that administer the hub: the default 'admin' could be anyone's account on this host")
+            raise ConfigError(
+                "WORKBENCH_AUTHENTICATOR=pam needs WORKBENCH_ADMIN_USERS set to the Unix accounts "
+                "that administer the hub: the default 'admin' could be anyone's account on this host"
+            )
         c.JupyterHub.authenticator_class = "pam"
         c.Authenticator.blocked_users = {"root"}  # root's password never opens the hub
         groups = comma_list(env, "WORKBENCH_PAM_GROUPS")
@@ -102,8 +106,10 @@ def update_auth(c: Config, env: Env) -> None:
             c.Authenticator.allow_all = True  # every account of the host that PAM accepts
         return
     if text(env, "WORKBENCH_PAM_GROUPS"):
-        raise ConfigError("WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'; set "
-                          "WORKBENCH_AUTHENTICATOR=pam or unset WORKBENCH_PAM_GROUPS")
+        raise ConfigError(
+            "WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'; set "
+            "WORKBENCH_AUTHENTICATOR=pam or unset WORKBENCH_PAM_GROUPS"
+        )
     c.JupyterHub.authenticator_class = "workbench_hub.auth.WorkbenchAuthenticator"
     c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
     # NativeAuthenticator itself refuses sign-ups an admin has not authorized;
@@ -146,16 +152,22 @@ def update_idle(mixin, env: Env) -> None:
 
     minutes = number(env, "WORKBENCH_GPU_IDLE_MINUTES", "0")
     if minutes and not (math.isfinite(minutes) and MIN_IDLE_MINUTES <= minutes <= MAX_IDLE_MINUTES):
-        raise ConfigError(f"WORKBENCH_GPU_IDLE_MINUTES must be 0 (off) or between {MIN_IDLE_MINUTES:g} and "
-                          f"{MAX_IDLE_MINUTES:g} minutes, not {text(env, 'WORKBENCH_GPU_IDLE_MINUTES')!r}")
+        raise ConfigError(
+            f"WORKBENCH_GPU_IDLE_MINUTES must be 0 (off) or between {MIN_IDLE_MINUTES:g} and "
+            f"{MAX_IDLE_MINUTES:g} minutes, not {text(env, 'WORKBENCH_GPU_IDLE_MINUTES')!r}"
+        )
     threshold = number(env, "WORKBENCH_GPU_IDLE_THRESHOLD", "5")
     if not (math.isfinite(threshold) and 0 < threshold <= 100):
-        raise ConfigError("WORKBENCH_GPU_IDLE_THRESHOLD must be a percentage above 0 and at most 100, "
-                          f"not {text(env, 'WORKBENCH_GPU_IDLE_THRESHOLD')!r}")
+        raise ConfigError(
+            "WORKBENCH_GPU_IDLE_THRESHOLD must be a percentage above 0 and at most 100, "
+            f"not {text(env, 'WORKBENCH_GPU_IDLE_THRESHOLD')!r}"
+        )
     warn = number(env, "WORKBENCH_GPU_IDLE_WARN_MINUTES", "10")
     if not math.isfinite(warn):
-        raise ConfigError(f"WORKBENCH_GPU_IDLE_WARN_MINUTES must be a number of minutes, not "
-                          f"{text(env, 'WORKBENCH_GPU_IDLE_WARN_MINUTES')!r}")
+        raise ConfigError(
+            f"WORKBENCH_GPU_IDLE_WARN_MINUTES must be a number of minutes, not "
+            f"{text(env, 'WORKBENCH_GPU_IDLE_WARN_MINUTES')!r}"
+        )
     mixin.gpu_idle_minutes = float(minutes)
     mixin.gpu_idle_threshold = float(threshold)
     mixin.gpu_idle_warn_minutes = float(warn)
@@ -173,7 +185,10 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     admin_users = sorted(c.Authenticator.admin_users) if "admin_users" in c.Authenticator else []
 
     automation = _token_service(
-        c, env, "WORKBENCH_ADMIN_TOKEN", "workbench-admin",
+        c,
+        env,
+        "WORKBENCH_ADMIN_TOKEN",
+        "workbench-admin",
         {
             "name": "workbench-automation",
             "description": "Scripts that manage users, groups and servers (WORKBENCH_ADMIN_TOKEN)",
@@ -188,8 +203,9 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
         c.JupyterHub.services.append(
             {
                 "name": "idle-culler",
-                "command": guarded([sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={cull_after}"],
-                                   hub_pid),
+                "command": guarded(
+                    [sys.executable, "-m", "jupyterhub_idle_culler", f"--timeout={cull_after}"], hub_pid
+                ),
             }
         )
         c.JupyterHub.load_roles.append(
@@ -212,17 +228,25 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     idle_check = number(env, "WORKBENCH_GPU_IDLE_CHECK_SECONDS", "30")
     c.JupyterHub.custom_scopes = {
         "custom:workbench:admin": {"description": "Read and change GPU quotas; see every GPU, lease and user's usage"},
-        "custom:workbench:read": {"description": "See every GPU, lease, quota and user's usage on the workbench service"},
+        "custom:workbench:read": {
+            "description": "See every GPU, lease, quota and user's usage on the workbench service"
+        },
     }
     c.JupyterHub.services.append(
         {
             "name": "workbench",
             "url": f"http://127.0.0.1:{service_port}",
             "command": guarded(
-                [sys.executable, "-m", "workbench_hub.service", f"--port={service_port}",
-                 f"--session-check-seconds={session_check}", f"--idle-check-seconds={idle_check}",
-                 f"--reservation-check-seconds={number(env, 'WORKBENCH_RESERVATION_CHECK_SECONDS', '15')}",
-                 f"--proxy-url={proxy_url(c)}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "workbench_hub.service",
+                    f"--port={service_port}",
+                    f"--session-check-seconds={session_check}",
+                    f"--idle-check-seconds={idle_check}",
+                    f"--reservation-check-seconds={number(env, 'WORKBENCH_RESERVATION_CHECK_SECONDS', '15')}",
+                    f"--proxy-url={proxy_url(c)}",
+                ],
                 hub_pid,
             ),
             "oauth_no_confirm": True,
@@ -233,9 +257,16 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
         {
             "name": "workbench-service",
             "description": "What the workbench service reads from the hub, stopping over-long sessions and idle "
-                           "GPUs, and reaching user servers' GPU monitors (readings, notices)",
-            "scopes": ["list:users", "read:users", "list:groups", "read:groups", "read:servers", "delete:servers",
-                       "access:servers"],
+            "GPUs, and reaching user servers' GPU monitors (readings, notices)",
+            "scopes": [
+                "list:users",
+                "read:users",
+                "list:groups",
+                "read:groups",
+                "read:servers",
+                "delete:servers",
+                "access:servers",
+            ],
             "services": ["workbench"],
         }
     )
@@ -250,7 +281,10 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     )
     # Prometheus scrapes /services/workbench/metrics with this token (read only).
     _token_service(
-        c, env, "WORKBENCH_METRICS_TOKEN", "workbench-metrics",
+        c,
+        env,
+        "WORKBENCH_METRICS_TOKEN",
+        "workbench-metrics",
         {
             "name": "workbench-metrics",
             "description": "Prometheus: read the fleet metrics of the workbench service",

@@ -43,10 +43,14 @@ def run_idle(args, call, error) -> tuple[object, str]:
         raise error("workbench idle (show) takes no group or --reason; did you mean `workbench idle exempt GROUP`?", 2)
     data = call(args.url, args.token, "GET", "api/idle")
     rule = data["default_rule"]
-    lines = [f"hub default: {'stop ' + rule['describe'] if rule['enabled'] else 'off'}"
-             + (f", warned {rule['warn_minutes_before']:g} min before" if rule["enabled"] else "")]
+    lines = [
+        f"hub default: {'stop ' + rule['describe'] if rule['enabled'] else 'off'}"
+        + (f", warned {rule['warn_minutes_before']:g} min before" if rule["enabled"] else "")
+    ]
     lines += [f"exempt: {g['group']}" + (f" ({g['reason']})" if g["reason"] else "") for g in data["exempt_groups"]]
-    lines += [f"{g['uuid']} held by {g['user']}{'/' + g['server'] if g['server'] else ''}: "
-              f"{_idle_time(g['idle_seconds'])} (reading from {g['reading_source'] or 'nowhere yet'})"
-              for g in data["gpus"]] or ["no GPU is held"]
+    lines += [
+        f"{g['uuid']} held by {g['user']}{'/' + g['server'] if g['server'] else ''}: "
+        f"{_idle_time(g['idle_seconds'])} (reading from {g['reading_source'] or 'nowhere yet'})"
+        for g in data["gpus"]
+    ] or ["no GPU is held"]
     return data, "\n".join(lines)

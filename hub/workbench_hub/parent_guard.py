@@ -59,7 +59,7 @@ def parse(argv: list[str]) -> tuple[int | None, list[str]]:
     if "--" not in argv:
         raise SystemExit(USAGE)
     at = argv.index("--")
-    options, command = argv[:at], argv[at + 1:]
+    options, command = argv[:at], argv[at + 1 :]
     parent = None
     for option in options:
         if option.startswith("--parent-pid=") and option.split("=", 1)[1].isdigit():

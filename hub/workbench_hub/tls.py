@@ -42,7 +42,7 @@ class CertificateInfo:
     not_after: dt.datetime  # UTC
 
     def days_left(self, now: dt.datetime | None = None) -> float:
-        now = now or dt.datetime.now(dt.timezone.utc)
+        now = now or dt.datetime.now(dt.UTC)
         return (self.not_after - now).total_seconds() / 86400
 
 
@@ -83,7 +83,9 @@ def _names(cert) -> tuple[str, ...]:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return tuple(a.value for a in cert.subject.get_attributes_for_oid(x509.NameOID.COMMON_NAME))
-    return tuple(san.get_values_for_type(x509.DNSName)) + tuple(str(ip) for ip in san.get_values_for_type(x509.IPAddress))
+    return tuple(san.get_values_for_type(x509.DNSName)) + tuple(
+        str(ip) for ip in san.get_values_for_type(x509.IPAddress)
+    )
 
 
 def check_certificate(
@@ -125,7 +127,9 @@ def check_certificate(
         key = serialization.load_pem_private_key(key_data, password=None)
     except (ValueError, TypeError) as exc:
         kind = "a certificate, not a key" if b"BEGIN CERTIFICATE" in key_data else "not a PEM private key"
-        raise TLSError(f"{key_variable}={key_path} is {kind}" + ("" if "certificate" in kind else f" ({exc})")) from None
+        raise TLSError(
+            f"{key_variable}={key_path} is {kind}" + ("" if "certificate" in kind else f" ({exc})")
+        ) from None
 
     spki = serialization.PublicFormat.SubjectPublicKeyInfo
     der = serialization.Encoding.DER
@@ -135,7 +139,7 @@ def check_certificate(
             "(their public keys differ)"
         )
 
-    now = now or dt.datetime.now(dt.timezone.utc)
+    now = now or dt.datetime.now(dt.UTC)
     subject = cert.subject.rfc4514_string() or "(no subject)"
     not_before, not_after = cert.not_valid_before_utc, cert.not_valid_after_utc
     if now >= not_after:

@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 from traitlets.config import Config
 
 from workbench_hub import tls
-from workbench_hub.configurer import ConfigError, Env, number, opt_in, text
+from workbench_hub.env_values import ConfigError, Env, number, opt_in, text
 
 HSTS_DEFAULT = "31536000"  # one year, this host only
 # a DNS name (labels of letters, digits, hyphens), no scheme, port or path
@@ -64,7 +64,9 @@ def update_tls(c: Config, env: Env) -> None:
         c.JupyterHub.ssl_key = key
         c.JupyterHub.bind_url = "https://" + c.JupyterHub.bind_url.partition("://")[2]
     elif behind_proxy:
-        command = c.ConfigurableHTTPProxy.command if "command" in c.ConfigurableHTTPProxy else ["configurable-http-proxy"]
+        command = (
+            c.ConfigurableHTTPProxy.command if "command" in c.ConfigurableHTTPProxy else ["configurable-http-proxy"]
+        )
         c.ConfigurableHTTPProxy.command = [*command, "--no-x-forward"]
         if domain:
             c.JupyterHub.public_url = f"https://{domain}/"
@@ -109,7 +111,8 @@ def check_transport(c: Config, env: Env) -> Transport:
             raise ConfigError("c.JupyterHub.ssl_cert and c.JupyterHub.ssl_key must be set together")
         try:
             info = tls.check_certificate(
-                cert, key,
+                cert,
+                key,
                 cert_variable="WORKBENCH_SSL_CERT" if cert == env_cert else "c.JupyterHub.ssl_cert",
                 key_variable="WORKBENCH_SSL_KEY" if key == env_key else "c.JupyterHub.ssl_key",
             )

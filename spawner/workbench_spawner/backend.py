@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from traitlets.config import Config
-    from workbench_devices import DeviceInventory
 
+    from workbench_devices import DeviceInventory
     from workbench_spawner.ledger.store import AllocationStore
 
 GROUP = "workbench.backends"

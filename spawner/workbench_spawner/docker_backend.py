@@ -8,7 +8,11 @@ import warnings
 
 from workbench_spawner.backends.docker.spawner import DockerGPUSpawner, check_lockdown
 
-warnings.warn("workbench_spawner.docker_backend is deprecated: use spawner_class = 'gpu-docker' "
-              "(workbench_spawner.backends.docker.spawner)", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "workbench_spawner.docker_backend is deprecated: use spawner_class = 'gpu-docker' "
+    "(workbench_spawner.backends.docker.spawner)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["DockerGPUSpawner", "check_lockdown"]

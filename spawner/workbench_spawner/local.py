@@ -8,7 +8,10 @@ import warnings
 
 from workbench_spawner.backends.local.spawner import LocalGPUSpawner, copy_missing, pid_runs_jupyter
 
-warnings.warn("workbench_spawner.local is deprecated: use spawner_class = 'gpu-local' "
-              "(workbench_spawner.backends.local.spawner)", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "workbench_spawner.local is deprecated: use spawner_class = 'gpu-local' (workbench_spawner.backends.local.spawner)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["LocalGPUSpawner", "copy_missing", "pid_runs_jupyter"]

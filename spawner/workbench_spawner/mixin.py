@@ -33,25 +33,24 @@ import asyncio
 import json
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-from jupyterhub.spawner import SpawnException, Spawner
+from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
 from workbench_devices import DeviceInventory
-
-from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
+from workbench_spawner.form.options import SpawnRequest, options_from_form
+from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
-from workbench_spawner.form.options import SpawnRequest, options_from_form
+from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
-from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
-from workbench_spawner.form.progress import SpawnEvents
-from workbench_spawner.rules.quota import QuotaBook
 from workbench_spawner.policy.config import GPUPolicyConfig
+from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
-from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
+from workbench_spawner.rules.quota import QuotaBook
 
 Mode = Literal["host", "engine"]
 
@@ -86,19 +85,24 @@ def contract_problems(cls: type) -> list[str]:
         problems.append(f"{cls.__name__}.placement_mode must be 'host' or 'engine', not {cls.placement_mode!r}")
         return problems
     if not cls.workbench_backend:
-        problems.append(f"{cls.__name__}.workbench_backend must name its workbench.backends entry point "
-                        "(e.g. 'docker')")
+        problems.append(
+            f"{cls.__name__}.workbench_backend must name its workbench.backends entry point (e.g. 'docker')"
+        )
     for name in contract_members(cls.placement_mode):
         mine = getattr(GPUSpawnerMixin, name)
         theirs = getattr(cls, name)
         if getattr(theirs, "__func__", theirs) is getattr(mine, "__func__", mine):
-            problems.append(f"{cls.__name__} is a {cls.placement_mode}-placed backend and does not implement "
-                            f"{name}() (see docs/backends.md)")
+            problems.append(
+                f"{cls.__name__} is a {cls.placement_mode}-placed backend and does not implement "
+                f"{name}() (see docs/backends.md)"
+            )
     for name in ("start", "_apply_gpu_options", "_acquire", "_restore_lease", "_release"):
         owner = next(k for k in cls.__mro__ if name in vars(k))
         if owner is not GPUSpawnerMixin and issubclass(owner, GPUSpawnerMixin):
-            problems.append(f"{owner.__name__} overrides {name}(), which belongs to the GPU policy's life cycle; "
-                            "implement the contract's members instead (docs/backends.md)")
+            problems.append(
+                f"{owner.__name__} overrides {name}(), which belongs to the GPU policy's life cycle; "
+                "implement the contract's members instead (docs/backends.md)"
+            )
     return problems
 
 
@@ -222,8 +226,13 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         """What admission checks for this server now (reads the database)."""
         groups = [g.name for g in getattr(self.user, "groups", None) or []]
         return self.gpu_policy.admission_context(
-            self.user.name, self.name, groups, default_gpus=self.default_gpus,
-            offered_images=tuple(self.offered_images), profiles=tuple(p.slug for p in self.gpu_profiles))
+            self.user.name,
+            self.name,
+            groups,
+            default_gpus=self.default_gpus,
+            offered_images=tuple(self.offered_images),
+            profiles=tuple(p.slug for p in self.gpu_profiles),
+        )
 
     def gpu_reserved_now(self) -> list[str]:
         """The spawn form's reservation lines for this user (reads the database)."""
@@ -327,16 +336,29 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         def snapshot():
             policy = self.gpu_policy
             inventory = policy.inventory  # a backend may read it from the database (Slurm's reported UUIDs)
-            return (policy, inventory, self.gpu_admission_context(), policy.status(),
-                    policy.held_by_user(self.user.name), NoticeBook(policy.store).last_done(self.user.name, self.name))
+            return (
+                policy,
+                inventory,
+                self.gpu_admission_context(),
+                policy.status(),
+                policy.held_by_user(self.user.name),
+                NoticeBook(policy.store).last_done(self.user.name, self.name),
+            )
 
         policy, inventory, ctx, status, held, stopped = await asyncio.to_thread(snapshot)
         # Why the last server stopped (GPU idle, a reservation), above the form.
         return render_stop_notice(stopped) + render_options_form(
-            user=self.user.name, ctx=ctx, status=status, source=inventory.source,
-            message=inventory.message, shared=policy.shared, profiles=self.gpu_profiles,
-            limits_enforced=self.enforces_resource_limits, held=held,
-            reserved=reserved)
+            user=self.user.name,
+            ctx=ctx,
+            status=status,
+            source=inventory.source,
+            message=inventory.message,
+            shared=policy.shared,
+            profiles=self.gpu_profiles,
+            limits_enforced=self.enforces_resource_limits,
+            held=held,
+            reserved=reserved,
+        )
 
     async def _apply_gpu_options(self, user_options: dict) -> None:
         user_options = await self.check_options(dict(user_options or {}))
@@ -346,8 +368,9 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
             raise SpawnException(verdict.message, reason=verdict.reason, status_code=verdict.status)
         # The session limit in force now; the workbench service stops servers
         # that run longer. A later quota change does not touch this server.
-        await asyncio.to_thread(lambda: self.gpu_quota_book.record_session_limit(
-            self.user.name, self.name, verdict.max_session_hours))
+        await asyncio.to_thread(
+            lambda: self.gpu_quota_book.record_session_limit(self.user.name, self.name, verdict.max_session_hours)
+        )
         profile = self.size_server(verdict.request.profile)
         self.gpu_request = replace(verdict.request, profile=profile.slug if profile else None)
         self.apply_gpu_request(self.gpu_request)
@@ -367,8 +390,15 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
 
         groups = await self._groups()
         try:
-            lease = await policy.place(self.user.name, self.name, request.gpus, request.gpu_model,
-                                       self.gpu_queue_timeout, report, groups=groups)
+            lease = await policy.place(
+                self.user.name,
+                self.name,
+                request.gpus,
+                request.gpu_model,
+                self.gpu_queue_timeout,
+                report,
+                groups=groups,
+            )
         except NoGPUAvailable as exc:
             raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
         self._gpu_events.add(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)
@@ -407,8 +437,9 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
     async def _start_by_engine(self, policy: GPUPolicy):
         placement = policy.placement
         if not isinstance(placement, EnginePlacement):
-            raise BackendContractError(f"{type(self).__name__}.engine_placement() gave {type(placement).__name__}, "
-                                       "not an EnginePlacement")
+            raise BackendContractError(
+                f"{type(self).__name__}.engine_placement() gave {type(placement).__name__}, not an EnginePlacement"
+            )
         request = self.gpu_request
         key = f"{self.user.name}/{self.name}"
         deadline = placement.clock() + self.gpu_queue_timeout
@@ -419,8 +450,14 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
             if await asyncio.to_thread(policy.store.lease_of, self.user.name, self.name) is not None:
                 await asyncio.to_thread(self._release, "replaced by a new start")
             try:
-                await placement.admit_to_queue(key, request.gpus, request.gpu_model, groups, deadline,
-                                               describe=lambda text: self._gpu_events.add(text, 3))
+                await placement.admit_to_queue(
+                    key,
+                    request.gpus,
+                    request.gpu_model,
+                    groups,
+                    deadline,
+                    describe=lambda text: self._gpu_events.add(text, 3),
+                )
                 job = None
                 try:
                     job = await self.engine_submit()
@@ -428,16 +465,24 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
                     if job is None:
                         placement.withdraw(key)
                 lease = await placement.place(
-                    self.user.name, self.name, request.gpus, request.gpu_model, self.gpu_queue_timeout,
-                    groups=groups, job=replace(job, deadline=deadline, admitted=key,
-                                               describe=lambda text: self._gpu_events.add(text, 20)))
+                    self.user.name,
+                    self.name,
+                    request.gpus,
+                    request.gpu_model,
+                    self.gpu_queue_timeout,
+                    groups=groups,
+                    job=replace(
+                        job, deadline=deadline, admitted=key, describe=lambda text: self._gpu_events.add(text, 20)
+                    ),
+                )
             except NoGPUAvailable as exc:
                 self.clear_state()
                 raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
             self.gpu_uuids = list(lease.gpu_uuids) if lease else []
             if lease:
-                self._gpu_events.add(f"The engine placed the server on {lease.node or 'its node'}: "
-                                     f"{', '.join(lease.gpu_uuids)}", 80)
+                self._gpu_events.add(
+                    f"The engine placed the server on {lease.node or 'its node'}: {', '.join(lease.gpu_uuids)}", 80
+                )
             return await self.engine_connect(lease)
         except BaseException:
             # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): nothing stays.
@@ -478,13 +523,18 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         lease row is lost gets its saved GPUs back if nobody took them."""
         self._lease_unchecked = False
         saved = list(self.gpu_uuids)
-        restored = await asyncio.to_thread(lambda: self.gpu_policy.restore(
-            self.user.name, self.name, saved, self.gpu_lease_ref()))
+        restored = await asyncio.to_thread(
+            lambda: self.gpu_policy.restore(self.user.name, self.name, saved, self.gpu_lease_ref())
+        )
         if restored is not None:
             self.gpu_uuids = list(restored)
             return None
-        self.log.warning("Stopping %s's server %s: its GPUs %s are leased to another server now",
-                         self.user.name, self.name or "(default)", ", ".join(saved))
+        self.log.warning(
+            "Stopping %s's server %s: its GPUs %s are leased to another server now",
+            self.user.name,
+            self.name or "(default)",
+            ", ".join(saved),
+        )
         self.gpu_uuids = []
         await super().stop(now=True)
         return 1

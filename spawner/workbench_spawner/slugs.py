@@ -71,7 +71,8 @@ import hashlib
 import os
 import re
 import string
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 SAFE = frozenset(string.ascii_letters + string.digits + "_.@+")
 ESCAPE = "-"
@@ -130,7 +131,7 @@ def name_of_slug(slug: str) -> str | None:
         char = slug[i]
         if char == ESCAPE:
             end = slug.find(ESCAPE, i + 1)
-            digits = slug[i + 1:end] if end > 0 else ""
+            digits = slug[i + 1 : end] if end > 0 else ""
             if not _HEX.fullmatch(digits) or digits != f"{int(digits, 16):x}" or int(digits, 16) > 0x10FFFF:
                 return None
             char = chr(int(digits, 16))
@@ -174,9 +175,13 @@ def legacy_owner_count(dir_name: str, cap: int = 2) -> int:
             total = ways[i + 1] if char in _LEGACY_SAFE else 0
             if char == "-":
                 end = dir_name.find("-", i + 1)
-                digits = dir_name[i + 1:end] if end > 0 else ""
-                if (_HEX.fullmatch(digits) and digits == f"{int(digits, 16):x}"
-                        and int(digits, 16) <= 0x10FFFF and chr(int(digits, 16)) not in _LEGACY_SAFE):
+                digits = dir_name[i + 1 : end] if end > 0 else ""
+                if (
+                    _HEX.fullmatch(digits)
+                    and digits == f"{int(digits, 16):x}"
+                    and int(digits, 16) <= 0x10FFFF
+                    and chr(int(digits, 16)) not in _LEGACY_SAFE
+                ):
                     total += ways[end + 1]
             ways[i] = min(total, cap)
         count += ways[0]
@@ -204,11 +209,17 @@ def home_dir(template: str, name: str, isdir: Callable[[str], bool] = os.path.is
         return HomeChoice(new)
     other = name_of_slug(old_slug)
     if other is not None:
-        return HomeChoice(new, f"Home of {name!r}: {old} (its directory before names were escaped "
-                               f"collision-free) is now the home of {other!r}, so {name!r} gets {new}; "
-                               f"move files from {old} to {new} by hand if they are {name!r}'s")
+        return HomeChoice(
+            new,
+            f"Home of {name!r}: {old} (its directory before names were escaped "
+            f"collision-free) is now the home of {other!r}, so {name!r} gets {new}; "
+            f"move files from {old} to {new} by hand if they are {name!r}'s",
+        )
     if legacy_owner_count(old_slug) > 1:
-        return HomeChoice(new, f"Home of {name!r}: {old} (its directory before names were escaped "
-                               f"collision-free) may have been shared with another user whose name "
-                               f"mapped there too, so {name!r} gets {new}; move files by hand if they are theirs")
+        return HomeChoice(
+            new,
+            f"Home of {name!r}: {old} (its directory before names were escaped "
+            f"collision-free) may have been shared with another user whose name "
+            f"mapped there too, so {name!r} gets {new}; move files by hand if they are theirs",
+        )
     return HomeChoice(old)

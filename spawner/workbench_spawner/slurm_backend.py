@@ -8,7 +8,11 @@ import warnings
 
 from workbench_spawner.backends.slurm.spawner import SlurmGPUSpawner
 
-warnings.warn("workbench_spawner.slurm_backend is deprecated: use spawner_class = 'gpu-slurm' "
-              "(workbench_spawner.backends.slurm.spawner)", DeprecationWarning, stacklevel=2)
+warnings.warn(
+    "workbench_spawner.slurm_backend is deprecated: use spawner_class = 'gpu-slurm' "
+    "(workbench_spawner.backends.slurm.spawner)",
+    DeprecationWarning,
+    stacklevel=2,
+)
 
 __all__ = ["SlurmGPUSpawner"]

@@ -22,15 +22,22 @@ def countdown_seconds(text: str) -> int:
 
 
 def test_the_idle_warning_counts_down_in_jupyterlab_and_the_spawn_page_says_why(
-        running_hub, chromium_browser, tmp_path):
+    running_hub, chromium_browser, tmp_path
+):
     utilization = tmp_path / "utilization.json"
     write_utilization(utilization, {"*": 80})
     local = tmp_path / "local_config.py"
     local.write_text("c.Spawner.http_timeout = 180\n")  # a busy 2-core host may take over 30 s to start one
-    hub = running_hub({"WORKBENCH_LOCAL_CONFIG": str(local),"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_ADMIN_USERS": "admin",
-                       "WORKBENCH_SIMULATED_UTILIZATION": str(utilization),
-                       "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES),
-                       "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1"})
+    hub = running_hub(
+        {
+            "WORKBENCH_LOCAL_CONFIG": str(local),
+            "WORKBENCH_SIMULATED_GPUS": "1",
+            "WORKBENCH_ADMIN_USERS": "admin",
+            "WORKBENCH_SIMULATED_UTILIZATION": str(utilization),
+            "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES),
+            "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1",
+        }
+    )
     page = chromium_browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
     assert "The signup was successful!" in sign_up(page, hub.url, "admin")

@@ -35,9 +35,7 @@ STRICT = os.environ.get("WORKBENCH_STRICT_TESTS") == "1"
 
 def docker(*args: str, check: bool = True, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
     """Run the docker CLI; return the completed process (text mode)."""
-    proc = subprocess.run(
-        ["docker", *args], capture_output=True, text=True, timeout=timeout, **kwargs
-    )
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, **kwargs)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"docker {' '.join(args)} exited {proc.returncode}\n"
@@ -67,21 +65,17 @@ def docker_engine() -> dict:
         _unavailable("`docker info` timed out: is dockerd hung?")
     if proc.returncode != 0:
         _unavailable(
-            "no Docker Engine answers (start one with tests/docker/start-dockerd.sh): "
-            + proc.stderr.strip()[-300:]
+            "no Docker Engine answers (start one with tests/docker/start-dockerd.sh): " + proc.stderr.strip()[-300:]
         )
     return json.loads(proc.stdout)
 
 
 def _build(step: str) -> None:
     """Run one step of images/build-test-images.sh; a failure fails the tests."""
-    proc = subprocess.run(
-        ["bash", str(BUILD_SCRIPT), step], capture_output=True, text=True, timeout=3600
-    )
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), step], capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         pytest.fail(
-            f"images/build-test-images.sh {step} failed (exit {proc.returncode}):\n"
-            f"{proc.stderr[-4000:]}",
+            f"images/build-test-images.sh {step} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
             pytrace=False,
         )
 

@@ -14,11 +14,16 @@ pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.integration]
 
 def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_browser, singleuser_image, docker_volume):
     admin = f"admin{uuid.uuid4().hex[:6]}"
-    hub = running_hub({
-        "WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "2",
-        "WORKBENCH_ADMIN_USERS": admin, "WORKBENCH_DATASETS_VOLUME": docker_volume("wb-datasets"),
-        "WORKBENCH_PROFILES": "small:1:2G,large*:2:3G",
-    })
+    hub = running_hub(
+        {
+            "WORKBENCH_BACKEND": "docker",
+            "WORKBENCH_IMAGE": singleuser_image,
+            "WORKBENCH_SIMULATED_GPUS": "2",
+            "WORKBENCH_ADMIN_USERS": admin,
+            "WORKBENCH_DATASETS_VOLUME": docker_volume("wb-datasets"),
+            "WORKBENCH_PROFILES": "small:1:2G,large*:2:3G",
+        }
+    )
     page = chromium_browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
     try:

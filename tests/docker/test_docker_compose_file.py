@@ -33,7 +33,11 @@ def resolved_compose(settings: dict[str, str]) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")} | settings
     proc = subprocess.run(
         [tool, "-f", str(COMPOSE_FILE), "config"],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
@@ -45,13 +49,23 @@ def compose() -> dict:
 
 
 # Set by the compose file itself (the container's own paths, ports and network).
-SET_BY_COMPOSE = {"WORKBENCH_BACKEND", "WORKBENCH_IP", "WORKBENCH_PORT", "WORKBENCH_DATA_DIR",
-                  "WORKBENCH_SERVICE_PORT", "WORKBENCH_HUB_API_PORT", "WORKBENCH_PROXY_API_PORT"}
+SET_BY_COMPOSE = {
+    "WORKBENCH_BACKEND",
+    "WORKBENCH_IP",
+    "WORKBENCH_PORT",
+    "WORKBENCH_DATA_DIR",
+    "WORKBENCH_SERVICE_PORT",
+    "WORKBENCH_HUB_API_PORT",
+    "WORKBENCH_PROXY_API_PORT",
+}
 
 
 # Settings compose also uses itself (a port mapping, a mount) need a value of their shape.
-SHAPED_VALUES = {"WORKBENCH_PUBLISH_IP": "192.0.2.10", "WORKBENCH_SSL_CERT": "/etc/ssl/wb/cert.pem",
-                 "WORKBENCH_SSL_KEY": "/etc/ssl/wb/key.pem"}
+SHAPED_VALUES = {
+    "WORKBENCH_PUBLISH_IP": "192.0.2.10",
+    "WORKBENCH_SSL_CERT": "/etc/ssl/wb/cert.pem",
+    "WORKBENCH_SSL_KEY": "/etc/ssl/wb/key.pem",
+}
 
 
 def test_every_documented_setting_reaches_the_hub_container():
@@ -120,7 +134,11 @@ def test_monitoring_profile_mounts_the_shipped_config(compose):
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")}
     proc = subprocess.run(
         [shutil.which("docker-compose"), "-f", str(COMPOSE_FILE), "--profile", "monitoring", "config"],
-        capture_output=True, text=True, timeout=60, cwd=REPO, env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr
     services = yaml.safe_load(proc.stdout)["services"]
@@ -141,8 +159,13 @@ def host_ports(service: dict) -> list[tuple[str, str, str]]:
     result = []
     for port in service.get("ports", []):
         if isinstance(port, dict):
-            result.append((port.get("host_ip", ""), str(port.get("published", "")),
-                           f"{port['target']}/{port.get('protocol', 'tcp')}"))
+            result.append(
+                (
+                    port.get("host_ip", ""),
+                    str(port.get("published", "")),
+                    f"{port['target']}/{port.get('protocol', 'tcp')}",
+                )
+            )
         else:
             *host, published, target = port.split(":")
             result.append((host[0] if host else "", published, target if "/" in target else f"{target}/tcp"))
@@ -165,7 +188,10 @@ def test_the_hub_checks_the_address_its_port_is_published_on():
 
 
 def test_the_operators_certificate_is_mounted_read_only_at_the_same_path():
-    cert, key = "/etc/letsencrypt/live/gpu.example.org/fullchain.pem", "/etc/letsencrypt/live/gpu.example.org/privkey.pem"
+    cert, key = (
+        "/etc/letsencrypt/live/gpu.example.org/fullchain.pem",
+        "/etc/letsencrypt/live/gpu.example.org/privkey.pem",
+    )
     hub = resolved_compose({"WORKBENCH_SSL_CERT": cert, "WORKBENCH_SSL_KEY": key})["services"]["hub"]
     assert hub["environment"]["WORKBENCH_SSL_CERT"] == cert and hub["environment"]["WORKBENCH_SSL_KEY"] == key
     assert f"{cert}:{cert}:ro" in hub["volumes"] and f"{key}:{key}:ro" in hub["volumes"]
@@ -178,8 +204,14 @@ def test_the_operators_certificate_is_mounted_read_only_at_the_same_path():
 def _profile(profile: str, settings: dict[str, str]) -> dict:
     yaml = pytest.importorskip("yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")} | settings
-    proc = subprocess.run([shutil.which("docker-compose"), "-f", str(COMPOSE_FILE), "--profile", profile, "config"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [shutil.which("docker-compose"), "-f", str(COMPOSE_FILE), "--profile", profile, "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
 
@@ -218,8 +250,13 @@ def test_caddyfile_gets_certificates_redirects_and_proxies_to_the_hub():
             pytest.fail("caddy not installed (apt-get install caddy)")
         pytest.skip("caddy not installed (apt-get install caddy)")
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")}, **HTTPS_SETTINGS}
-    proc = subprocess.run([caddy, "adapt", "--adapter", "caddyfile", "--config", str(REPO / "images/https/Caddyfile")],
-                          capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [caddy, "adapt", "--adapter", "caddyfile", "--config", str(REPO / "images/https/Caddyfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "warn" not in proc.stderr.lower(), proc.stderr
     config = json.loads(proc.stdout)
@@ -237,8 +274,9 @@ def test_caddyfile_gets_certificates_redirects_and_proxies_to_the_hub():
     assert proxy["upstreams"] == [{"dial": "hub:8000"}]
     (policy,) = config["apps"]["tls"]["automation"]["policies"]
     assert policy["subjects"] == ["gpu.example.org"]
-    assert policy["issuers"] == [{"ca": "https://acme-v02.api.letsencrypt.org/directory",
-                                  "email": "gpu-admin@example.org", "module": "acme"}]
+    assert policy["issuers"] == [
+        {"ca": "https://acme-v02.api.letsencrypt.org/directory", "email": "gpu-admin@example.org", "module": "acme"}
+    ]
     assert config["admin"] == {"disabled": True}
 
 
@@ -248,19 +286,27 @@ def test_monitoring_is_reachable_from_this_host_only():
     assert host_ports(services["prometheus"]) == []
 
 
-@pytest.mark.parametrize("cert, scheme, tls_config", [("", "http", None),
-                                                       ("/etc/ssl/wb/cert.pem", "https", {"insecure_skip_verify": True})])
+@pytest.mark.parametrize(
+    "cert, scheme, tls_config", [("", "http", None), ("/etc/ssl/wb/cert.pem", "https", {"insecure_skip_verify": True})]
+)
 def test_prometheus_scrapes_the_hub_in_its_scheme(tmp_path, cert, scheme, tls_config):
     """The prometheus service's start command, run with sh against the shipped prometheus.yml
     (the prom/prometheus image is not needed): with the operator's certificate the hub's port speaks HTTPS."""
     yaml = pytest.importorskip("yaml")
     command = _profile("monitoring", {})["services"]["prometheus"]["command"][0].replace("$$", "$")
     # /tmp/ first: the checkout itself may live under /tmp (CI clones there)
-    command = (command.replace("/tmp/", f"{tmp_path}/")
-               .replace("/etc/prometheus/prometheus.yml", str(REPO / "monitoring" / "prometheus.yml"))
-               .replace("exec /bin/prometheus", "exec echo prometheus"))
-    proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=30,
-                          env={"PATH": os.environ["PATH"], "WORKBENCH_METRICS_TOKEN": "t" * 32, "WORKBENCH_SSL_CERT": cert})
+    command = (
+        command.replace("/tmp/", f"{tmp_path}/")
+        .replace("/etc/prometheus/prometheus.yml", str(REPO / "monitoring" / "prometheus.yml"))
+        .replace("exec /bin/prometheus", "exec echo prometheus")
+    )
+    proc = subprocess.run(
+        ["sh", "-c", command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": os.environ["PATH"], "WORKBENCH_METRICS_TOKEN": "t" * 32, "WORKBENCH_SSL_CERT": cert},
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("prometheus --config.file="), proc.stderr
     (job,) = yaml.safe_load((tmp_path / "prometheus.yml").read_text())["scrape_configs"]
     assert job["scheme"] == scheme and job.get("tls_config") == tls_config

@@ -99,7 +99,7 @@ def test_singleuser_has_gpu_monitor_extension(singleuser_image, wheelhouse):
     if not list(Path(wheelhouse).glob("workbench_gpu_monitor-*.whl")):
         pytest.skip("the wheelhouse has no workbench-gpu-monitor wheel (WORKBENCH_ALLOW_NO_MONITOR=1 build)")
     out = run_in(singleuser_image, "sh", "-c", "jupyter labextension list 2>&1")
-    line = next((l for l in out.splitlines() if "workbench-gpu-monitor" in l), "")
+    line = next((l for l in out.splitlines() if "workbench-gpu-monitor" in l), "")  # noqa: E741
     assert "enabled" in line and "OK" in line, out
     out = run_in(singleuser_image, "sh", "-c", "jupyter server extension list 2>&1")
     assert "workbench_gpu_monitor" in out and "enabled" in out, out
@@ -111,9 +111,7 @@ def test_singleuser_bundles_the_starter_notebooks(singleuser_image):
         for p in (REPO / "notebooks").rglob("*")
         if p.is_file() and ".ipynb_checkpoints" not in p.parts
     )
-    out = run_in(
-        singleuser_image, "sh", "-c", "cd /opt/workbench/notebooks && find . -type f | sed 's|^./||' | sort"
-    )
+    out = run_in(singleuser_image, "sh", "-c", "cd /opt/workbench/notebooks && find . -type f | sed 's|^./||' | sort")
     assert sorted(out.split()) == repo_files
 
 
@@ -129,9 +127,7 @@ def _read_home(image: str, volume: str, *cmd: str, bundle: Path | None = None) -
     return docker("run", "--rm", *args, image, *cmd).stdout
 
 
-def test_start_hook_copies_bundled_notebooks_once_and_never_overwrites(
-    singleuser_image, docker_volume, tmp_path
-):
+def test_start_hook_copies_bundled_notebooks_once_and_never_overwrites(singleuser_image, docker_volume, tmp_path):
     """First start copies; an edited or deleted notebook is left alone on the next
     start; a notebook added by a newer image shows up."""
     bundle = tmp_path / "bundle"
@@ -145,7 +141,10 @@ def test_start_hook_copies_bundled_notebooks_once_and_never_overwrites(
 
     # first start: everything is copied, owned by the user
     out = _read_home(
-        singleuser_image, home, "sh", "-c",
+        singleuser_image,
+        home,
+        "sh",
+        "-c",
         "cd ~/notebooks && find . -type f | sort && stat -c %u 01-hello.ipynb",
         bundle=bundle,
     )
@@ -153,7 +152,10 @@ def test_start_hook_copies_bundled_notebooks_once_and_never_overwrites(
 
     # the user edits one notebook and deletes another
     _read_home(
-        singleuser_image, home, "sh", "-c",
+        singleuser_image,
+        home,
+        "sh",
+        "-c",
         "echo edited-by-user > ~/notebooks/01-hello.ipynb && rm ~/notebooks/03-delete-me.ipynb",
         bundle=bundle,
     )
@@ -163,7 +165,10 @@ def test_start_hook_copies_bundled_notebooks_once_and_never_overwrites(
     (bundle / "01-hello.ipynb").write_text('{"cells": [], "v": "bundled-v2"}')
 
     out = _read_home(
-        singleuser_image, home, "sh", "-c",
+        singleuser_image,
+        home,
+        "sh",
+        "-c",
         "cat ~/notebooks/01-hello.ipynb; cd ~/notebooks && find . -type f | sort",
         bundle=bundle,
     )
@@ -179,9 +184,11 @@ def test_start_hook_with_the_image_notebooks_and_a_fresh_volume(singleuser_image
     """With the real bundle: a fresh home volume gets the image's notebooks and the links."""
     home = docker_volume("wb-test-home")
     out = _read_home(
-        singleuser_image, home, "sh", "-c",
-        "diff -r /opt/workbench/notebooks ~/notebooks && echo same; "
-        "readlink ~/datasets ~/checkpoints; stat -c %u ~",
+        singleuser_image,
+        home,
+        "sh",
+        "-c",
+        "diff -r /opt/workbench/notebooks ~/notebooks && echo same; readlink ~/datasets ~/checkpoints; stat -c %u ~",
     )
     assert out.split() == ["same", "/datasets", "/checkpoints", "1000"]
 
@@ -189,15 +196,36 @@ def test_start_hook_with_the_image_notebooks_and_a_fresh_volume(singleuser_image
 def test_datasets_read_only_and_checkpoints_writable(singleuser_image, docker_volume):
     datasets = docker_volume("wb-test-datasets")
     checkpoints = docker_volume("wb-test-ckpt")
-    docker("run", "--rm", "--user", "0", "-v", f"{datasets}:/datasets", "--entrypoint", "sh",
-           singleuser_image, "-c", "echo data > /datasets/train.csv")
+    docker(
+        "run",
+        "--rm",
+        "--user",
+        "0",
+        "-v",
+        f"{datasets}:/datasets",
+        "--entrypoint",
+        "sh",
+        singleuser_image,
+        "-c",
+        "echo data > /datasets/train.csv",
+    )
     out = run_in(
-        singleuser_image, "sh", "-c",
+        singleuser_image,
+        "sh",
+        "-c",
         "cat /datasets/train.csv; "
         "touch /datasets/x 2>/dev/null && echo datasets-writable || echo datasets-read-only; "
         "touch /checkpoints/model.pt && echo checkpoints-writable",
-        args=("-v", f"{datasets}:/datasets:ro", "-v", f"{checkpoints}:/checkpoints",
-              "--cap-drop", "ALL", "--security-opt", "no-new-privileges"),
+        args=(
+            "-v",
+            f"{datasets}:/datasets:ro",
+            "-v",
+            f"{checkpoints}:/checkpoints",
+            "--cap-drop",
+            "ALL",
+            "--security-opt",
+            "no-new-privileges",
+        ),
     )
     assert out.split() == ["data", "datasets-read-only", "checkpoints-writable"]
 
@@ -206,9 +234,18 @@ def test_singleuser_server_starts_and_answers(singleuser_image, docker_container
     """jupyterhub-singleuser itself cannot start without a hub; JupyterLab from the same
     environment must come up (server extensions load) under the dropped capabilities."""
     name = docker_container(
-        "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-        singleuser_image, "jupyter", "lab", "--ip=0.0.0.0", "--port=8888",
-        "--ServerApp.token=", "--ServerApp.password=", "--no-browser",
+        "--cap-drop",
+        "ALL",
+        "--security-opt",
+        "no-new-privileges",
+        singleuser_image,
+        "jupyter",
+        "lab",
+        "--ip=0.0.0.0",
+        "--port=8888",
+        "--ServerApp.token=",
+        "--ServerApp.password=",
+        "--no-browser",
     )
     ip = inspect(name)["NetworkSettings"]["IPAddress"]
     status = wait_for_json(name, f"http://{ip}:8888/api/status", "JupyterLab did not answer")
@@ -224,9 +261,11 @@ def test_singleuser_server_starts_and_answers(singleuser_image, docker_container
 
 def test_hub_image_versions_and_layout(hub_image):
     out = run_in(
-        hub_image, "sh", "-c",
+        hub_image,
+        "sh",
+        "-c",
         "jupyterhub --version; configurable-http-proxy --version; "
-        "python -c 'import workbench_spawner, workbench_devices, dockerspawner, nativeauthenticator, pynvml; print(\"ok\")'; "
+        "python -c 'import workbench_spawner, workbench_devices, dockerspawner, nativeauthenticator, pynvml; print(\"ok\")'; "  # noqa: E501
         "test -f /srv/workbench/hub/jupyterhub_config.py && echo config; pwd; echo $WORKBENCH_BACKEND",
     )
     lines = out.split()
@@ -240,7 +279,9 @@ def test_hub_image_versions_and_layout(hub_image):
 def test_hub_image_has_the_inventory_but_no_gpu_monitor(hub_image):
     """The hub gets the GPU inventory from workbench-devices; no JupyterLab extension is built for it."""
     out = run_in(
-        hub_image, "sh", "-c",
+        hub_image,
+        "sh",
+        "-c",
         "pip list --format=freeze 2>/dev/null | grep -i '^workbench'; "
         "python -c 'import workbench_gpu_monitor' 2>/dev/null && echo monitor || echo no-monitor; "
         "ls /opt/workbench/venv/share/jupyter/labextensions 2>/dev/null | wc -l",
@@ -269,7 +310,9 @@ def test_build_script_reuses_cached_images(singleuser_image, hub_image):
     def build_all() -> str:
         proc = subprocess.run(
             ["bash", str(REPO / "images" / "build-test-images.sh"), "all"],
-            capture_output=True, text=True, timeout=1800,
+            capture_output=True,
+            text=True,
+            timeout=1800,
         )
         assert proc.returncode == 0, proc.stderr
         return proc.stderr

@@ -138,7 +138,9 @@ def test_home_survives_stop_removal_and_an_image_upgrade(docker_hub, singleuser_
     build = subprocess.run(
         ["docker", "build", "-t", upgraded, "-"],
         input=f"FROM {singleuser_image}\nLABEL workbench.test-upgrade=1\n",
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert build.returncode == 0, build.stderr
     hub = docker_hub(WORKBENCH_IMAGES=f"{singleuser_image},{upgraded}")
@@ -147,9 +149,14 @@ def test_home_survives_stop_removal_and_an_image_upgrade(docker_hub, singleuser_
     hub.wait_ready(carol, timeout=180)
     name = container_of(hub, carol)
     # Fill the home a little, and edit a bundled notebook.
-    docker("exec", name, "sh", "-c",
-           "head -c 50000000 /dev/urandom > ~/data.bin && sha256sum ~/data.bin | cut -c1-64 > ~/data.sha "
-           "&& echo '{\"edited\": true}' > ~/notebooks/00-environment-check.ipynb")
+    docker(
+        "exec",
+        name,
+        "sh",
+        "-c",
+        "head -c 50000000 /dev/urandom > ~/data.bin && sha256sum ~/data.bin | cut -c1-64 > ~/data.sha "
+        "&& echo '{\"edited\": true}' > ~/notebooks/00-environment-check.ipynb",
+    )
     digest = docker("exec", name, "cat", "/home/jovyan/data.sha").stdout.strip()
     hub.api("DELETE", f"/users/{carol}/server")
     hub.wait_stopped(carol)
@@ -188,10 +195,28 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
     # that the database knows nothing about (a lost row).
     docker("kill", bob_container)
     free_gpu = next(g for g in (f"GPU-sim-{i:02d}-h100-80gb" for i in range(4)) if g not in alice_gpus + bob_gpus)
-    adopt = docker_container("--label", "workbench.user=orphan", "--label", "workbench.server=",
-                             "--label", f"workbench.gpus={free_gpu}", base_image, "sleep", "600")
-    clash = docker_container("--label", "workbench.user=intruder", "--label", "workbench.server=",
-                             "--label", f"workbench.gpus={alice_gpus[0]}", base_image, "sleep", "600")
+    adopt = docker_container(
+        "--label",
+        "workbench.user=orphan",
+        "--label",
+        "workbench.server=",
+        "--label",
+        f"workbench.gpus={free_gpu}",
+        base_image,
+        "sleep",
+        "600",
+    )
+    clash = docker_container(
+        "--label",
+        "workbench.user=intruder",
+        "--label",
+        "workbench.server=",
+        "--label",
+        f"workbench.gpus={alice_gpus[0]}",
+        base_image,
+        "sleep",
+        "600",
+    )
     hub.start()
 
     hub.wait_ready(alice, timeout=60)

@@ -47,10 +47,25 @@ def https_image(base_image) -> str:
         digest.update(path.name.encode() + b"\0" + path.read_bytes())
     digest.update(inspect(base_image)["Id"].encode())
     h = digest.hexdigest()
-    labels = (inspect(HTTPS_IMAGE)["Config"]["Labels"] or {}) if docker("image", "inspect", HTTPS_IMAGE, check=False).returncode == 0 else {}
+    labels = (
+        (inspect(HTTPS_IMAGE)["Config"]["Labels"] or {})
+        if docker("image", "inspect", HTTPS_IMAGE, check=False).returncode == 0
+        else {}
+    )
     if labels.get("workbench.input-hash") != h:
-        docker("build", "-q", "--label", f"workbench.input-hash={h}", "--build-arg", f"BASE_IMAGE={base_image}",
-               "-t", HTTPS_IMAGE, str(context), timeout=900, env={**os.environ, "DOCKER_BUILDKIT": "0"})
+        docker(
+            "build",
+            "-q",
+            "--label",
+            f"workbench.input-hash={h}",
+            "--build-arg",
+            f"BASE_IMAGE={base_image}",
+            "-t",
+            HTTPS_IMAGE,
+            str(context),
+            timeout=900,
+            env={**os.environ, "DOCKER_BUILDKIT": "0"},
+        )
     return HTTPS_IMAGE
 
 
@@ -64,8 +79,14 @@ def compose_tool() -> str:
 def resolved_https_profile(settings: dict[str, str]) -> dict:
     yaml = pytest.importorskip("yaml")
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")} | settings
-    proc = subprocess.run([compose_tool(), "-f", str(REPO / "docker-compose.yml"), "--profile", "https", "config"],
-                          capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+    proc = subprocess.run(
+        [compose_tool(), "-f", str(REPO / "docker-compose.yml"), "--profile", "https", "config"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     return yaml.safe_load(proc.stdout)
 
@@ -89,10 +110,15 @@ def derived_compose(tag: str, pebble_dir: Path, hub_image: str, singleuser_image
     hub["ports"] = ["127.0.0.1::8000"]
     caddy.pop("ports")  # Chromium and Pebble reach Caddy's own ports 80 and 443 at its container address
     hub["environment"] = {k: v for k, v in hub["environment"].items() if v is not None} | {
-        "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_DOCKER_NETWORK": net, **hub_env}
+        "WORKBENCH_IMAGE": singleuser_image,
+        "WORKBENCH_DOCKER_NETWORK": net,
+        **hub_env,
+    }
     # 3. Pebble as the ACME CA: Caddy asks it and trusts its HTTPS (a test CA's certificate for "pebble")
     caddy["environment"] = {k: v for k, v in caddy["environment"].items() if v is not None} | {
-        "WORKBENCH_ACME_CA": "https://pebble:14000/dir", "SSL_CERT_FILE": "/pebble/ca.pem"}
+        "WORKBENCH_ACME_CA": "https://pebble:14000/dir",
+        "SSL_CERT_FILE": "/pebble/ca.pem",
+    }
     caddy["volumes"].append(f"{pebble_dir}:/pebble:ro")
     caddy["networks"] = {"workbench": {"aliases": [DOMAIN]}}  # how Pebble's validation finds Caddy
     caddy["depends_on"] = {"hub": {"condition": "service_started"}, "pebble": {"condition": "service_started"}}
@@ -116,11 +142,23 @@ def pebble_files(directory: Path) -> CA:
     cert, key = ca.write(directory, "pebble", "pebble")
     key.chmod(0o644)  # read by root in the pebble container; the directory is the test's own
     ca.write_ca(directory / "ca.pem").chmod(0o644)
-    (directory / "config.json").write_text(json.dumps({"pebble": {
-        "listenAddress": "0.0.0.0:14000", "managementListenAddress": "0.0.0.0:15000",
-        "certificate": "/pebble/pebble.pem", "privateKey": "/pebble/pebble-key.pem",
-        # validate at the ports a real CA uses
-        "httpPort": 80, "tlsPort": 443, "ocspResponderURL": "", "externalAccountBindingRequired": False}}))
+    (directory / "config.json").write_text(
+        json.dumps(
+            {
+                "pebble": {
+                    "listenAddress": "0.0.0.0:14000",
+                    "managementListenAddress": "0.0.0.0:15000",
+                    "certificate": "/pebble/pebble.pem",
+                    "privateKey": "/pebble/pebble-key.pem",
+                    # validate at the ports a real CA uses
+                    "httpPort": 80,
+                    "tlsPort": 443,
+                    "ocspResponderURL": "",
+                    "externalAccountBindingRequired": False,
+                }
+            }
+        )
+    )
     return ca
 
 
@@ -132,24 +170,47 @@ def https_get(ip: str, port: int, host: str, path: str, ca_file: Path):
     """GET over TLS to ``ip`` with SNI and certificate check for ``host``."""
     import urllib3
 
-    pool = urllib3.HTTPSConnectionPool(ip, port, ca_certs=str(ca_file), server_hostname=host, assert_hostname=host,
-                                       timeout=10, retries=False)
+    pool = urllib3.HTTPSConnectionPool(
+        ip, port, ca_certs=str(ca_file), server_hostname=host, assert_hostname=host, timeout=10, retries=False
+    )
     return pool.request("GET", path, headers={"Host": host}, redirect=False)
 
 
 def test_hub_container_refuses_to_be_published_beyond_loopback_without_tls(hub_image):
     """What `WORKBENCH_PUBLISH_IP=0.0.0.0 docker compose up` without a certificate does: the hub stops."""
-    proc = docker("run", "--rm", "-e", "WORKBENCH_BACKEND=docker", "-e", "WORKBENCH_IMAGE=x", "-e",
-                  "WORKBENCH_DOCKER_NETWORK=wb-none", "-e", "WORKBENCH_IP=0.0.0.0", "-e", "WORKBENCH_PUBLISH_IP=0.0.0.0",
-                  "-e", "WORKBENCH_SIMULATED_GPUS=1", hub_image, check=False, timeout=120)
+    proc = docker(
+        "run",
+        "--rm",
+        "-e",
+        "WORKBENCH_BACKEND=docker",
+        "-e",
+        "WORKBENCH_IMAGE=x",
+        "-e",
+        "WORKBENCH_DOCKER_NETWORK=wb-none",
+        "-e",
+        "WORKBENCH_IP=0.0.0.0",
+        "-e",
+        "WORKBENCH_PUBLISH_IP=0.0.0.0",
+        "-e",
+        "WORKBENCH_SIMULATED_GPUS=1",
+        hub_image,
+        check=False,
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert ("GPU Workbench: WORKBENCH_PUBLISH_IP=0.0.0.0 serves other machines over plain HTTP, so passwords "
-            "and tokens would cross the network in clear: set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY") in proc.stderr
+    assert (
+        "GPU Workbench: WORKBENCH_PUBLISH_IP=0.0.0.0 serves other machines over plain HTTP, so passwords "
+        "and tokens would cross the network in clear: set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY"
+    ) in proc.stderr
 
 
 @pytest.mark.browser
 def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
-    request, tmp_path, hub_image, https_image, trusting_chromium  # noqa: F811
+    request,
+    tmp_path,
+    hub_image,
+    https_image,
+    trusting_chromium,  # noqa: F811
 ):
     if not Path(PEBBLE).exists():
         missing(f"{PEBBLE} is not installed (apt-get install pebble)")
@@ -164,15 +225,34 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
     pebble_files(pebble_dir)
     yaml = pytest.importorskip("yaml")
     compose_file = tmp_path / "docker-compose.yml"
-    compose_file.write_text(yaml.safe_dump(derived_compose(tag, pebble_dir, hub_image, singleuser, {
-        "WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_ADMIN_USERS": user, "WORKBENCH_ADMIN_TOKEN": token,
-        "WORKBENCH_CULL_IDLE_SECONDS": "0", "WORKBENCH_DATASETS_VOLUME": datasets})))
+    compose_file.write_text(
+        yaml.safe_dump(
+            derived_compose(
+                tag,
+                pebble_dir,
+                hub_image,
+                singleuser,
+                {
+                    "WORKBENCH_SIMULATED_GPUS": "1",
+                    "WORKBENCH_ADMIN_USERS": user,
+                    "WORKBENCH_ADMIN_TOKEN": token,
+                    "WORKBENCH_CULL_IDLE_SECONDS": "0",
+                    "WORKBENCH_DATASETS_VOLUME": datasets,
+                },
+            )
+        )
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("WORKBENCH_")}
 
     def compose(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        return subprocess.run([compose_tool(), "-p", project, "-f", str(compose_file), "--profile", "https", *args],
-                              capture_output=True,
-                              text=True, timeout=timeout, env=env, cwd=tmp_path)
+        return subprocess.run(
+            [compose_tool(), "-p", project, "-f", str(compose_file), "--profile", "https", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=tmp_path,
+        )
 
     try:
         up = compose("up", "-d")  # docker compose --profile https up -d
@@ -214,11 +294,13 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         assert "PEBBLE_VA_ALWAYS_VALID" not in json.dumps(inspect(names["pebble"])["Config"]["Env"])
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "https-acme-challenges.txt").write_text(
-            f"challenges validated by Pebble: {', '.join(sorted(challenges))}\n")
+            f"challenges validated by Pebble: {', '.join(sorted(challenges))}\n"
+        )
 
         # HTTP is redirected to HTTPS for the same URL.
-        r = requests.get(f"http://{caddy_ip}/hub/login?next=%2Fhub%2F", headers={"Host": DOMAIN},
-                         allow_redirects=False, timeout=10)
+        r = requests.get(
+            f"http://{caddy_ip}/hub/login?next=%2Fhub%2F", headers={"Host": DOMAIN}, allow_redirects=False, timeout=10
+        )
         assert r.status_code in (301, 308) and r.headers["Location"] == f"https://{DOMAIN}/hub/login?next=%2Fhub%2F"
         # Behind Caddy the hub stays published on the host's loopback only.
         (binding,) = inspect(names["hub"])["HostConfig"]["PortBindings"]["8000/tcp"]
@@ -248,11 +330,17 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         docker("network", "rm", net, check=False)
 
 
-@pytest.mark.parametrize("env, sentence", [
-    ({}, "GPU Workbench https: set WORKBENCH_DOMAIN to the host name browsers use"),
-    ({"WORKBENCH_DOMAIN": DOMAIN}, "GPU Workbench https: set WORKBENCH_ACME_EMAIL, the admin e-mail the certificate "
-                                   f"authority writes to before {DOMAIN}'s certificate expires"),
-])
+@pytest.mark.parametrize(
+    "env, sentence",
+    [
+        ({}, "GPU Workbench https: set WORKBENCH_DOMAIN to the host name browsers use"),
+        (
+            {"WORKBENCH_DOMAIN": DOMAIN},
+            "GPU Workbench https: set WORKBENCH_ACME_EMAIL, the admin e-mail the certificate "
+            f"authority writes to before {DOMAIN}'s certificate expires",
+        ),
+    ],
+)
 def test_caddy_refuses_to_start_without_a_domain_and_an_admin_email(https_image, env, sentence):
     args = [arg for name, value in env.items() for arg in ("-e", f"{name}={value}")]
     proc = docker("run", "--rm", *args, https_image, check=False, timeout=60)
@@ -261,7 +349,8 @@ def test_caddy_refuses_to_start_without_a_domain_and_an_admin_email(https_image,
 
 
 def test_caddy_runs_unprivileged_from_debians_package(https_image):
-    out = docker("run", "--rm", "--entrypoint", "sh", https_image, "-c",
-                 "id -un; dpkg-query -W -f '${Version}\\n' caddy").stdout.split()
+    out = docker(
+        "run", "--rm", "--entrypoint", "sh", https_image, "-c", "id -un; dpkg-query -W -f '${Version}\\n' caddy"
+    ).stdout.split()
     assert out[0] == "caddy", out  # not root
     assert out[1].startswith("2.6."), out  # bookworm's caddy package

@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-NOW = dt.datetime.now(dt.timezone.utc)
+NOW = dt.datetime.now(dt.UTC)
 
 
 def _key():
@@ -48,17 +48,31 @@ class CA:
     cert: x509.Certificate
 
     @classmethod
-    def make(cls, name: str = "GPU Workbench test CA") -> "CA":
+    def make(cls, name: str = "GPU Workbench test CA") -> CA:
         key = _key()
         cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(name)).issuer_name(_name(name))
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(NOW - dt.timedelta(days=1)).not_valid_after(NOW + dt.timedelta(days=30))
+            .subject_name(_name(name))
+            .issuer_name(_name(name))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(NOW - dt.timedelta(days=1))
+            .not_valid_after(NOW + dt.timedelta(days=30))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256())
         )
@@ -75,8 +89,10 @@ class CA:
                 alt.append(x509.DNSName(name))
         cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(names[0])).issuer_name(self.cert.subject)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .subject_name(_name(names[0]))
+            .issuer_name(self.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
             .not_valid_before(not_before or NOW - dt.timedelta(days=1))
             .not_valid_after(not_after or NOW + dt.timedelta(days=30))
             .add_extension(x509.SubjectAlternativeName(alt), critical=False)
@@ -118,7 +134,10 @@ def nss_home(home: Path, ca_pem: Path) -> Path:
     db = home / ".pki" / "nssdb"
     db.mkdir(parents=True, exist_ok=True)
     subprocess.run([certutil, "-N", "-d", f"sql:{db}", "--empty-password"], check=True, capture_output=True)
-    subprocess.run([certutil, "-A", "-d", f"sql:{db}", "-n", "workbench-test-ca", "-t", "C,,", "-i", str(ca_pem)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [certutil, "-A", "-d", f"sql:{db}", "-n", "workbench-test-ca", "-t", "C,,", "-i", str(ca_pem)],
+        check=True,
+        capture_output=True,
+    )
     os.chmod(home, 0o700)
     return home

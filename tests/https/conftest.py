@@ -29,11 +29,13 @@ def tls_hub(tmp_path, monkeypatch):
 
     requests (the fixture's own polling and Hub.api) verifies against ``ca_pem``.
     """
+
     def https_url(hub: Hub) -> None:
         if hub.env.get("WORKBENCH_SSL_CERT"):
             hub.url = f"https://127.0.0.1:{hub.port}"
 
     with hub_pool(tmp_path, https_url) as start_hub:
+
         def start(env: dict[str, str], ca_pem: Path | None = None) -> Hub:
             if ca_pem:
                 monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca_pem))

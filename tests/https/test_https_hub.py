@@ -19,7 +19,7 @@ import requests
 
 from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
 from tests.conftest import ARTIFACTS, REPO, free_port, missing
-from tests.https.certs import CA, NOW
+from tests.https.certs import NOW
 from tests.https.conftest import TEST_NAME
 
 pytestmark = pytest.mark.integration
@@ -29,10 +29,17 @@ HSTS = "max-age=31536000"
 
 def start_refused(tmp_path: Path, env: dict[str, str], prefix: list[str] | None = None) -> subprocess.CompletedProcess:
     """Start the hub as `make run` does; it must stop before anything listens."""
-    env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path / "data"), "WORKBENCH_SIMULATED_GPUS": "1",
-           "WORKBENCH_PORT": str(free_port()), **env}
+    env = {
+        **os.environ,
+        "WORKBENCH_DATA_DIR": str(tmp_path / "data"),
+        "WORKBENCH_SIMULATED_GPUS": "1",
+        "WORKBENCH_PORT": str(free_port()),
+        **env,
+    }
     command = [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py")]
-    return subprocess.run([*(prefix or []), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [*(prefix or []), *command], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def assert_one_sentence_exit_2(r: subprocess.CompletedProcess, sentence: str) -> None:
@@ -49,16 +56,19 @@ def assert_one_sentence_exit_2(r: subprocess.CompletedProcess, sentence: str) ->
 def test_plain_http_on_every_address_is_refused_with_the_two_ways_out(tmp_path):
     r = start_refused(tmp_path, {"WORKBENCH_IP": "0.0.0.0"})
     assert_one_sentence_exit_2(
-        r, "GPU Workbench: the proxy's address 0.0.0.0 serves other machines over plain HTTP, so passwords and tokens "
-           "would cross the network in clear: set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, "
-           "or set WORKBENCH_ALLOW_HTTP=1 if a TLS-terminating proxy in front forwards X-Forwarded-Proto")
+        r,
+        "GPU Workbench: the proxy's address 0.0.0.0 serves other machines over plain HTTP, so passwords and tokens "
+        "would cross the network in clear: set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, "
+        "or set WORKBENCH_ALLOW_HTTP=1 if a TLS-terminating proxy in front forwards X-Forwarded-Proto",
+    )
 
 
 @pytest.fixture(scope="module")
 def bad_certs(test_ca):
     d, ca = test_ca["dir"], test_ca["ca"]
-    expired = ca.write(d, "expired", TEST_NAME, not_before=NOW - dt.timedelta(days=400),
-                       not_after=NOW - dt.timedelta(days=3))
+    expired = ca.write(
+        d, "expired", TEST_NAME, not_before=NOW - dt.timedelta(days=400), not_after=NOW - dt.timedelta(days=3)
+    )
     other = ca.write(d, "other", TEST_NAME)
     (d / "not-a-cert.pem").write_text("this is a password, not a certificate\n")
     return {"expired": expired, "other": other, "garbage": d / "not-a-cert.pem"}
@@ -69,8 +79,11 @@ def bad_certs(test_ca):
     [
         ("missing", "WORKBENCH_SSL_CERT={cert}.missing does not exist"),
         ("not PEM", "WORKBENCH_SSL_CERT={garbage} is not a PEM certificate"),
-        ("key of another certificate", "WORKBENCH_SSL_KEY={other_key} is not the key of the certificate in "
-                                       "WORKBENCH_SSL_CERT={cert} (their public keys differ)"),
+        (
+            "key of another certificate",
+            "WORKBENCH_SSL_KEY={other_key} is not the key of the certificate in "
+            "WORKBENCH_SSL_CERT={cert} (their public keys differ)",
+        ),
         ("expired", "the certificate in WORKBENCH_SSL_CERT={expired} (CN=workbench.test) expired on {expired_on}"),
         ("only the certificate", "WORKBENCH_SSL_KEY is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY"),
     ],
@@ -81,13 +94,24 @@ def test_a_bad_certificate_stops_the_hub_at_start(tmp_path, test_ca, bad_certs, 
         "missing": {"WORKBENCH_SSL_CERT": cert + ".missing", "WORKBENCH_SSL_KEY": key},
         "not PEM": {"WORKBENCH_SSL_CERT": str(bad_certs["garbage"]), "WORKBENCH_SSL_KEY": key},
         "key of another certificate": {"WORKBENCH_SSL_CERT": cert, "WORKBENCH_SSL_KEY": str(bad_certs["other"][1])},
-        "expired": {"WORKBENCH_SSL_CERT": str(bad_certs["expired"][0]), "WORKBENCH_SSL_KEY": str(bad_certs["expired"][1])},
+        "expired": {
+            "WORKBENCH_SSL_CERT": str(bad_certs["expired"][0]),
+            "WORKBENCH_SSL_KEY": str(bad_certs["expired"][1]),
+        },
         "only the certificate": {"WORKBENCH_SSL_CERT": cert},
     }[case]
     r = start_refused(tmp_path, {"WORKBENCH_IP": "0.0.0.0", **env})
-    assert_one_sentence_exit_2(r, "GPU Workbench: " + sentence.format(
-        cert=cert, garbage=bad_certs["garbage"], other_key=bad_certs["other"][1], expired=bad_certs["expired"][0],
-        expired_on=f"{NOW - dt.timedelta(days=3):%Y-%m-%d}"))
+    assert_one_sentence_exit_2(
+        r,
+        "GPU Workbench: "
+        + sentence.format(
+            cert=cert,
+            garbage=bad_certs["garbage"],
+            other_key=bad_certs["other"][1],
+            expired=bad_certs["expired"][0],
+            expired_on=f"{NOW - dt.timedelta(days=3):%Y-%m-%d}",
+        ),
+    )
 
 
 def test_an_unreadable_key_stops_the_hub_at_start(tmp_path, test_ca):
@@ -101,7 +125,9 @@ def test_an_unreadable_key_stops_the_hub_at_start(tmp_path, test_ca):
             missing("setpriv is not installed (apt-get install util-linux)")
         prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
     r = start_refused(tmp_path, {"WORKBENCH_SSL_CERT": str(test_ca["cert"]), "WORKBENCH_SSL_KEY": str(key)}, prefix)
-    assert_one_sentence_exit_2(r, f"GPU Workbench: WORKBENCH_SSL_KEY={key} cannot be read by the hub (uid {os.geteuid()})")
+    assert_one_sentence_exit_2(
+        r, f"GPU Workbench: WORKBENCH_SSL_KEY={key} cannot be read by the hub (uid {os.geteuid()})"
+    )
 
 
 # -- behind a TLS-terminating proxy ---------------------------------------------------------------
@@ -112,12 +138,16 @@ def signed_up_and_logged_in(url: str, headers: dict[str, str]) -> requests.Respo
     s = requests.Session()
     s.get(f"{url}/hub/signup", headers=headers, timeout=30)
     xsrf = s.cookies.get("_xsrf")
-    data = {"username": "admin", "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD,
-            "_xsrf": xsrf}
+    data = {"username": "admin", "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD, "_xsrf": xsrf}
     r = s.post(f"{url}/hub/signup", data=data, headers=headers, timeout=30)
     assert "The signup was successful" in r.text, r.text[-1500:]
-    return s.post(f"{url}/hub/login?next=", data={"username": "admin", "password": PASSWORD, "_xsrf": xsrf},
-                  headers=headers, allow_redirects=False, timeout=30)
+    return s.post(
+        f"{url}/hub/login?next=",
+        data={"username": "admin", "password": PASSWORD, "_xsrf": xsrf},
+        headers=headers,
+        allow_redirects=False,
+        timeout=30,
+    )
 
 
 def set_cookies(r: requests.Response) -> dict[str, str]:
@@ -155,8 +185,14 @@ def test_why_our_proxy_must_not_add_its_own_x_forwarded_proto(running_hub, tmp_p
     local = tmp_path / "local_config.py"
     chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
     local.write_text(f"c = get_config()  # noqa\nc.ConfigurableHTTPProxy.command = [{str(chp)!r}]\n")
-    hub = running_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_SIMULATED_GPUS": "1",
-                       "WORKBENCH_LOCAL_CONFIG": str(local)})
+    hub = running_hub(
+        {
+            "WORKBENCH_IP": "0.0.0.0",
+            "WORKBENCH_ALLOW_HTTP": "1",
+            "WORKBENCH_SIMULATED_GPUS": "1",
+            "WORKBENCH_LOCAL_CONFIG": str(local),
+        }
+    )
     assert "--no-x-forward" not in _proxy_command(hub)
     login = signed_up_and_logged_in(hub.url, {"X-Forwarded-Proto": "https"})
     assert login.status_code == 302, login.text[-1000:]
@@ -168,9 +204,15 @@ def test_why_our_proxy_must_not_add_its_own_x_forwarded_proto(running_hub, tmp_p
 
 @pytest.mark.browser
 def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, trusting_chromium, test_ca):
-    hub = tls_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_SSL_CERT": str(test_ca["cert"]),
-                   "WORKBENCH_SSL_KEY": str(test_ca["key"]), "WORKBENCH_SIMULATED_GPUS": "2"},
-                  ca_pem=test_ca["ca_pem"])
+    hub = tls_hub(
+        {
+            "WORKBENCH_IP": "0.0.0.0",
+            "WORKBENCH_SSL_CERT": str(test_ca["cert"]),
+            "WORKBENCH_SSL_KEY": str(test_ca["key"]),
+            "WORKBENCH_SIMULATED_GPUS": "2",
+        },
+        ca_pem=test_ca["ca_pem"],
+    )
     assert f"at https://{TEST_NAME}:{hub.port}/" in hub.log()
     assert "HTTPS: certificate for workbench.test, 127.0.0.1, valid until" in hub.log()
 
@@ -181,8 +223,11 @@ def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, tru
     r = requests.get(f"{hub.url}/hub/login", timeout=10, verify=str(test_ca["ca_pem"]))
     assert r.status_code == 200 and r.headers["Strict-Transport-Security"] == HSTS
     with pytest.raises(requests.exceptions.SSLError):
-        requests.get(f"{hub.url}/hub/login", timeout=10, verify=True if not os.environ.get("REQUESTS_CA_BUNDLE")
-                     else "/etc/ssl/certs/ca-certificates.crt")
+        requests.get(
+            f"{hub.url}/hub/login",
+            timeout=10,
+            verify=True if not os.environ.get("REQUESTS_CA_BUNDLE") else "/etc/ssl/certs/ca-certificates.crt",
+        )
 
     browser = trusting_chromium(test_ca["ca_pem"], {TEST_NAME: "127.0.0.1"})
     context = browser.new_context(viewport={"width": 1400, "height": 900})

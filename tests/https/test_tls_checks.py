@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import subprocess
-import sys
-
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,10 +18,21 @@ from workbench_hub import tls
 @pytest.mark.parametrize(
     "host, loopback",
     [
-        ("127.0.0.1", True), ("127.1.2.3", True), ("::1", True), ("[::1]", True), ("localhost", True),
+        ("127.0.0.1", True),
+        ("127.1.2.3", True),
+        ("::1", True),
+        ("[::1]", True),
+        ("localhost", True),
         ("LOCALHOST", True),
-        ("0.0.0.0", False), ("::", False), ("", False), (None, False), ("10.0.0.5", False),
-        ("192.168.1.20", False), ("fe80::1", False), ("gpu.example.org", False), ("localhost.example.org", False),
+        ("0.0.0.0", False),
+        ("::", False),
+        ("", False),
+        (None, False),
+        ("10.0.0.5", False),
+        ("192.168.1.20", False),
+        ("fe80::1", False),
+        ("gpu.example.org", False),
+        ("localhost.example.org", False),
     ],
 )
 def test_only_loopback_may_serve_plain_http(host, loopback):
@@ -55,10 +63,20 @@ def bad_cases(ca, tmp_path):
     cert, key = ca.write(tmp_path, "good", "workbench.test")
     cert, key = str(cert), str(key)
     other_cert, other_key = ca.write(tmp_path, "other", "workbench.test")
-    expired, expired_key = ca.write(tmp_path, "expired", "workbench.test",
-                                    not_before=NOW - dt.timedelta(days=60), not_after=NOW - dt.timedelta(days=1))
-    future, future_key = ca.write(tmp_path, "future", "workbench.test",
-                                  not_before=NOW + dt.timedelta(days=2), not_after=NOW + dt.timedelta(days=60))
+    expired, expired_key = ca.write(
+        tmp_path,
+        "expired",
+        "workbench.test",
+        not_before=NOW - dt.timedelta(days=60),
+        not_after=NOW - dt.timedelta(days=1),
+    )
+    future, future_key = ca.write(
+        tmp_path,
+        "future",
+        "workbench.test",
+        not_before=NOW + dt.timedelta(days=2),
+        not_after=NOW + dt.timedelta(days=60),
+    )
     leaf, leaf_key = ca.issue("workbench.test")
     der = _write(tmp_path, "cert.der", leaf.public_bytes(serialization.Encoding.DER))
     garbage = _write(tmp_path, "garbage.pem", b"hello, I am not a certificate\n")
@@ -77,10 +95,18 @@ def bad_cases(ca, tmp_path):
         (cert, garbage, f"WORKBENCH_SSL_KEY={garbage} is not a PEM private key"),
         (cert, cert, f"WORKBENCH_SSL_KEY={cert} is a certificate, not a key"),
         (leaf_cert, encrypted, f"WORKBENCH_SSL_KEY={encrypted} is encrypted and configurable-http-proxy cannot ask"),
-        (cert, str(other_key), f"WORKBENCH_SSL_KEY={other_key} is not the key of the certificate in "
-                               f"WORKBENCH_SSL_CERT={cert} (their public keys differ)"),
-        (str(expired), str(expired_key), f"the certificate in WORKBENCH_SSL_CERT={expired} (CN=workbench.test) "
-                                         f"expired on {(NOW - dt.timedelta(days=1)):%Y-%m-%d}"),
+        (
+            cert,
+            str(other_key),
+            f"WORKBENCH_SSL_KEY={other_key} is not the key of the certificate in "
+            f"WORKBENCH_SSL_CERT={cert} (their public keys differ)",
+        ),
+        (
+            str(expired),
+            str(expired_key),
+            f"the certificate in WORKBENCH_SSL_CERT={expired} (CN=workbench.test) "
+            f"expired on {(NOW - dt.timedelta(days=1)):%Y-%m-%d}",
+        ),
         (str(future), str(future_key), "is not valid before"),
     ], other_cert
 
@@ -142,8 +168,10 @@ def test_an_unreadable_key_is_refused_with_the_user_named(ca, request_cleanup):
     else:
         key.chmod(0o000)
     message = _check_as(uid, cert, key)
-    assert message == (f"WORKBENCH_SSL_KEY={key} cannot be read by the hub (uid {uid if uid is not None else os.geteuid()}): "
-                       "make it readable by this user, e.g. chmod 0640 and chgrp to the hub's group")
+    assert message == (
+        f"WORKBENCH_SSL_KEY={key} cannot be read by the hub (uid {uid if uid is not None else os.geteuid()}): "
+        "make it readable by this user, e.g. chmod 0640 and chgrp to the hub's group"
+    )
 
 
 @pytest.fixture

@@ -93,11 +93,16 @@ def test_a_killed_hub_takes_its_services_along_and_a_restart_picks_up(running_hu
         assert hub.spawn("waiting", gpus=1).status_code == 202
         assert "you are next in line" in hub.progress_messages("waiting", until="next in line")[-1]
 
-        old_services = wait_until(lambda: service_processes(hub) if len(service_processes(hub)) == 2 else None,
-                                  30, "both managed services running")
+        old_services = wait_until(
+            lambda: service_processes(hub) if len(service_processes(hub)) == 2 else None,
+            30,
+            "both managed services running",
+        )
         assert sorted(old_services.values()) == ["idle-culler", "workbench"]
-        assert all(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == hub.proc.pid
-                   for pid in old_services), "the services are not the hub's own children (exec'd by the guard)"
+        assert all(
+            int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) == hub.proc.pid
+            for pid in old_services
+        ), "the services are not the hub's own children (exec'd by the guard)"
         proxy_pid = int((hub.data_dir / "jupyterhub-proxy.pid").read_text())
 
         # What the OOM killer does: SIGKILL to the hub process only.
@@ -105,8 +110,11 @@ def test_a_killed_hub_takes_its_services_along_and_a_restart_picks_up(running_hu
         os.kill(hub.proc.pid, signal.SIGKILL)
         hub.proc.wait(10)
         hub.proc = None
-        wait_until(lambda: not any(alive(pid) for pid in old_services) and not service_processes(hub),
-                   5, f"the old hub's services {old_services} end")
+        wait_until(
+            lambda: not any(alive(pid) for pid in old_services) and not service_processes(hub),
+            5,
+            f"the old hub's services {old_services} end",
+        )
         print(f"services gone {time.monotonic() - killed_at:.2f} s after the kill")
         # User servers outlive the hub on purpose; so does the proxy (JupyterHub re-uses or replaces it).
         assert all(alive(pid) for pid in servers.values())
@@ -119,9 +127,13 @@ def test_a_killed_hub_takes_its_services_along_and_a_restart_picks_up(running_hu
         assert not alive(proxy_pid), "the restarted hub kept the old proxy"
         assert int((hub.data_dir / "jupyterhub-proxy.pid").read_text()) != proxy_pid
         # The proxy routes /services/workbench/ to the new service (the old one is dead: no one else could answer).
-        r = wait_until(lambda: (lambda r: r if r.status_code == 200 else None)(
-            requests.get(f"{hub.url}/services/workbench/api/openapi.json", timeout=10)),
-            30, "the new workbench service answers through the proxy")
+        r = wait_until(
+            lambda: (lambda r: r if r.status_code == 200 else None)(
+                requests.get(f"{hub.url}/services/workbench/api/openapi.json", timeout=10)
+            ),
+            30,
+            "the new workbench service answers through the proxy",
+        )
         assert r.json()["openapi"]
         new_services = service_processes(hub)
         assert sorted(new_services.values()) == ["idle-culler", "workbench"]
@@ -154,12 +166,18 @@ def test_ctrl_c_stops_the_hub_and_its_services_without_a_traceback(running_hub, 
     finally:
         if before is not None:
             signal.signal(signal.SIGINT, before)
-    services = wait_until(lambda: service_processes(hub) if len(service_processes(hub)) == 2 else None,
-                          30, "both managed services running")
+    services = wait_until(
+        lambda: service_processes(hub) if len(service_processes(hub)) == 2 else None,
+        30,
+        "both managed services running",
+    )
     # Ctrl-C of a hub that is up: both services past their start (a signal during the workbench
     # service's start is test_service_lifetime's; the culler's own start is not ours to test).
-    wait_until(lambda: requests.get(f"{hub.url}/services/workbench/api/openapi.json", timeout=10).status_code == 200,
-               30, "the workbench service answers")
+    wait_until(
+        lambda: requests.get(f"{hub.url}/services/workbench/api/openapi.json", timeout=10).status_code == 200,
+        30,
+        "the workbench service answers",
+    )
     wait_until(lambda: "(idle-culler@" in hub.log(), 30, "the idle culler's first look at the hub")
     try:
         # A terminal's Ctrl-C: SIGINT to the foreground process group (the hub leads its own here).

@@ -35,8 +35,10 @@ def stored_policy_settings(hub) -> dict:
 
 
 def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_PROFILES": "small:1:2G,large:2:4G"},
-                      ["--GPUSpawnerMixin.default_max_gpus=2"])
+    hub = running_hub(
+        {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_PROFILES": "small:1:2G,large:2:4G"},
+        ["--GPUSpawnerMixin.default_max_gpus=2"],
+    )
     hub.create_users("alice", "bob", "carol")
     assert hub.spawn("alice", gpus=2).status_code in (201, 202)
     assert hub.spawn("bob", user_options={"gpus": 1, "profile": "large"}).status_code in (201, 202)
@@ -215,22 +217,38 @@ def test_hub_restart_loses_nothing(running_hub):
     "env, args, message",
     [
         # A typo in WORKBENCH_PROFILES stops `make run` at once instead of failing spawns later.
-        ({"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"}, [],
-         "GPU Workbench: WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores"),
+        (
+            {"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
+            [],
+            "GPU Workbench: WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores",
+        ),
         ({"WORKBENCH_PORT": "80a"}, [], "GPU Workbench: WORKBENCH_PORT must be a port number, not '80a'"),
         # Found when the policy's settings are resolved, after the local config file.
         ({"WORKBENCH_SIMULATED_GPUS": "lots"}, [], "GPU Workbench: WORKBENCH_SIMULATED_GPUS: cannot read 'lots'"),
         ({}, ["--GPUSpawnerMixin.simulated_gpus=100"], "GPU Workbench: WORKBENCH_SIMULATED_GPUS=100: at most 64"),
         # The docker backend's lock-down, checked on the final config (no engine is asked: both addresses given).
-        ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x", "WORKBENCH_HUB_IP": "127.0.0.1",
-          "WORKBENCH_HUB_CONNECT_IP": "127.0.0.1"}, ["--DockerGPUSpawner.network_name=host"],
-         "GPU Workbench: c.DockerGPUSpawner.network_name is 'host'"),
+        (
+            {
+                "WORKBENCH_BACKEND": "docker",
+                "WORKBENCH_IMAGE": "x",
+                "WORKBENCH_HUB_IP": "127.0.0.1",
+                "WORKBENCH_HUB_CONNECT_IP": "127.0.0.1",
+            },
+            ["--DockerGPUSpawner.network_name=host"],
+            "GPU Workbench: c.DockerGPUSpawner.network_name is 'host'",
+        ),
     ],
 )
 def test_bad_settings_stop_the_hub_with_a_message(tmp_path, env, args, message):
     env = {**os.environ, "WORKBENCH_DATA_DIR": str(tmp_path), "WORKBENCH_SIMULATED_GPUS": "2", **env}
-    r = subprocess.run([str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py"),
-                        *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(REPO / "hub" / "jupyterhub_config.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr[-2000:]
     assert message in r.stderr
     assert "GPU Workbench: GPU Workbench:" not in r.stderr

@@ -42,8 +42,14 @@ def log_in(hub, user: str, password: str) -> requests.Response:
 
 
 def test_unix_accounts_in_the_allowed_group_log_in_with_their_password(running_hub, accounts):
-    hub = running_hub({"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_PAM_GROUPS": GROUP,
-                       "WORKBENCH_ADMIN_USERS": MEMBER, "WORKBENCH_SIMULATED_GPUS": "1"})
+    hub = running_hub(
+        {
+            "WORKBENCH_AUTHENTICATOR": "pam",
+            "WORKBENCH_PAM_GROUPS": GROUP,
+            "WORKBENCH_ADMIN_USERS": MEMBER,
+            "WORKBENCH_SIMULATED_GPUS": "1",
+        }
+    )
     ok = log_in(hub, MEMBER, accounts[MEMBER])
     assert ok.status_code == 302 and "/hub/" in ok.headers["Location"], ok.text[:300]
     assert hub.api("GET", f"/users/{STUDENT}").status_code == 404

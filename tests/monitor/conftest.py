@@ -7,16 +7,21 @@ from pathlib import Path
 
 import pytest
 
-from tests.monitor.monitor_support import ARTIFACTS, EXTENSION_DIR, RunningServer, skip_or_fail, start_server, stop_server
+from tests.monitor.monitor_support import (
+    ARTIFACTS,
+    EXTENSION_DIR,
+    RunningServer,
+    skip_or_fail,
+    start_server,
+    stop_server,
+)
 
 
 @pytest.fixture(scope="module")
 def pinned_server(tmp_path_factory):
     """Four simulated GPUs on the machine; this server owns only the third."""
     tmp = tmp_path_factory.mktemp("pinned")
-    server = start_server(
-        tmp, {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_GPUS": "GPU-sim-02-h100-80gb"}
-    )
+    server = start_server(tmp, {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_GPUS": "GPU-sim-02-h100-80gb"})
     yield server
     stop_server(server)
 

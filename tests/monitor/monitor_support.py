@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ARTIFACTS, free_port  # noqa: F401  (ARTIFACTS is re-exported)
-from tests.conftest import missing as skip_or_fail  # skip, or fail in CI
 
 requests = pytest.importorskip("requests")
 
@@ -142,5 +141,3 @@ def stop_server(server: RunningServer) -> None:
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait(5)
-
-

@@ -104,8 +104,13 @@ def test_status_bar_and_panel(chromium_browser, labextension_built, lab_server, 
         "type": "notebook",
         "content": {
             "cells": [
-                {"cell_type": "code", "source": "%load_ext workbench_gpu_monitor", "metadata": {},
-                 "outputs": [], "execution_count": None}
+                {
+                    "cell_type": "code",
+                    "source": "%load_ext workbench_gpu_monitor",
+                    "metadata": {},
+                    "outputs": [],
+                    "execution_count": None,
+                }
             ],
             "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
             "nbformat": 4,
@@ -149,9 +154,7 @@ def test_status_bar_and_panel(chromium_browser, labextension_built, lab_server, 
         kc.stop_channels()
     page.locator(".jp-WorkbenchGPU-status").click()
     panel = page.locator("#workbench-gpu-monitor-panel")
-    expect(panel.locator(".jp-WorkbenchGPU-torch")).to_contain_text(
-        "train.ipynb: torch not imported", timeout=20_000
-    )
+    expect(panel.locator(".jp-WorkbenchGPU-torch")).to_contain_text("train.ipynb: torch not imported", timeout=20_000)
     page.screenshot(path=str(artifacts_dir / "gpu-monitor-notebook.png"))
     assert not [e for e in console_errors if "gpu" in e.lower()], console_errors
 

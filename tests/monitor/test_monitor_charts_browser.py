@@ -92,7 +92,10 @@ def test_panel_charts_after_a_minute(chromium_browser, labextension_built, lab, 
     from playwright.sync_api import expect
 
     requests.put(
-        f"{lab.url}api/contents/train.ipynb", json={"type": "notebook", "content": NOTEBOOK}, headers=_auth(lab), timeout=10
+        f"{lab.url}api/contents/train.ipynb",
+        json={"type": "notebook", "content": NOTEBOOK},
+        headers=_auth(lab),
+        timeout=10,
     ).raise_for_status()
     # No tab is open while the server collects its first minute.
     deadline = time.time() + HISTORY_SECONDS + 30

@@ -78,7 +78,7 @@ def test_api_shutdown_stops_the_sampler_and_closes_streams(tmp_path):
         )
         assert stream.status_code == 200
         lines = stream.iter_lines()
-        assert any(line.startswith(b"data: ") for line, _ in zip(lines, range(5)))
+        assert any(line.startswith(b"data: ") for line, _ in zip(lines, range(5)))  # noqa: B905
 
         answer = requests.post(
             server.url + "api/shutdown", headers={"Authorization": f"token {server.token}"}, timeout=30

@@ -1,8 +1,8 @@
-"""``api/gpu/notices`` in a real ``jupyter server``: the hub's notices are stored, counted down, and bad ones refused."""
+"""``api/gpu/notices`` in a real ``jupyter server``: the hub's notices are stored, counted down, and bad ones refused."""  # noqa: E501
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import requests
@@ -14,9 +14,15 @@ def put(server, body, auth: bool = True):
 
 
 def idle_notice(minutes: float = 10.0, **over) -> dict:
-    stop_at = (datetime.now(timezone.utc) + timedelta(minutes=minutes)).isoformat()
-    return {"id": 7, "kind": "idle", "message": "Your server will be stopped at 10:30 because its GPU is idle.",
-            "hint": "Use the GPU to keep it.", "stop_at": stop_at, **over}
+    stop_at = (datetime.now(UTC) + timedelta(minutes=minutes)).isoformat()
+    return {
+        "id": 7,
+        "kind": "idle",
+        "message": "Your server will be stopped at 10:30 because its GPU is idle.",
+        "hint": "Use the GPU to keep it.",
+        "stop_at": stop_at,
+        **over,
+    }
 
 
 def test_a_notice_is_kept_and_counted_down_by_the_server_clock(pinned_server):
@@ -37,22 +43,25 @@ def test_a_stop_time_in_the_past_counts_zero_not_negative(pinned_server):
     put(pinned_server, {"notices": []})
 
 
-@pytest.mark.parametrize("body, words", [
-    (None, "notices"),
-    ([], "notices"),
-    ({"notices": "x"}, "notices"),
-    ({"notices": [1]}, "JSON object"),
-    ({"notices": [{"kind": "idle", "message": "m"}]}, "id"),
-    ({"notices": [{"id": True, "kind": "idle", "message": "m"}]}, "id"),
-    ({"notices": [{"id": 1, "kind": "", "message": "m"}]}, "kind"),
-    ({"notices": [{"id": 1, "kind": "idle"}]}, "message"),
-    ({"notices": [{"id": 1, "kind": "idle", "message": "m", "stop_at": "tomorrow"}]}, "ISO 8601"),
-    ({"notices": [{"id": 1, "kind": "idle", "message": "m", "stop_at": "2026-12-03T10:00:00"}]}, "time zone"),
-    ({"notices": [{"id": 1, "kind": "idle", "message": "m", "stop_at": 5}]}, "ISO 8601"),
-    ({"notices": [{"id": 1, "kind": "idle", "message": "m", "colour": "red"}]}, "colour"),
-    ({"notices": [{"id": 1, "kind": "idle", "message": "m" * 3000}]}, "2000"),
-    ({"notices": [{"id": i, "kind": "idle", "message": "m"} for i in range(17)]}, "16"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (None, "notices"),
+        ([], "notices"),
+        ({"notices": "x"}, "notices"),
+        ({"notices": [1]}, "JSON object"),
+        ({"notices": [{"kind": "idle", "message": "m"}]}, "id"),
+        ({"notices": [{"id": True, "kind": "idle", "message": "m"}]}, "id"),
+        ({"notices": [{"id": 1, "kind": "", "message": "m"}]}, "kind"),
+        ({"notices": [{"id": 1, "kind": "idle"}]}, "message"),
+        ({"notices": [{"id": 1, "kind": "idle", "message": "m", "stop_at": "tomorrow"}]}, "ISO 8601"),
+        ({"notices": [{"id": 1, "kind": "idle", "message": "m", "stop_at": "2026-12-03T10:00:00"}]}, "time zone"),
+        ({"notices": [{"id": 1, "kind": "idle", "message": "m", "stop_at": 5}]}, "ISO 8601"),
+        ({"notices": [{"id": 1, "kind": "idle", "message": "m", "colour": "red"}]}, "colour"),
+        ({"notices": [{"id": 1, "kind": "idle", "message": "m" * 3000}]}, "2000"),
+        ({"notices": [{"id": i, "kind": "idle", "message": "m"} for i in range(17)]}, "16"),
+    ],
+)
 def test_bad_notices_are_refused_with_a_sentence_and_change_nothing(pinned_server, body, words):
     assert put(pinned_server, {"notices": [idle_notice(10)]}).status_code == 200
     before = pinned_server.get("api/gpu/notices").json()["notices"]
@@ -65,8 +74,12 @@ def test_bad_notices_are_refused_with_a_sentence_and_change_nothing(pinned_serve
 
 
 def test_a_body_that_is_not_json_is_refused(pinned_server):
-    r = requests.put(pinned_server.url + "api/gpu/notices", data=b"{nope",
-                     headers={"Authorization": f"token {pinned_server.token}"}, timeout=10)
+    r = requests.put(
+        pinned_server.url + "api/gpu/notices",
+        data=b"{nope",
+        headers={"Authorization": f"token {pinned_server.token}"},
+        timeout=10,
+    )
     assert r.status_code == 400 and "not JSON" in r.json()["message"]
 
 

@@ -8,7 +8,7 @@ through a real hub and its proxy: ``tests/service/test_idle_reclaim_hub.py``.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -20,7 +20,7 @@ from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 
 OWN = "GPU-sim-02-h100-80gb"  # pinned_server holds the third of four simulated GPUs
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 
 
 def lease(*uuids: str) -> Lease:
@@ -52,8 +52,14 @@ async def test_pending_notices_are_put_on_the_server_and_withdrawn(pinned_server
     book = NoticeBook(store)
     delivery = NoticeDelivery(book, UserServers(pinned_server.url, pinned_server.token))
     running = {("alice", ""): "/"}
-    book.warn("alice", "", kind="preempt", message="Your server will be stopped at 10:00: reserved.",
-              hint="Save your work.", stop_at=datetime.now(timezone.utc) + timedelta(minutes=5))
+    book.warn(
+        "alice",
+        "",
+        kind="preempt",
+        message="Your server will be stopped at 10:00: reserved.",
+        hint="Save your work.",
+        stop_at=datetime.now(UTC) + timedelta(minutes=5),
+    )
     assert await delivery.deliver(running) == [("alice", "")]
     [shown] = pinned_server.get("api/gpu/notices").json()["notices"]
     assert shown["kind"] == "preempt" and 290 < shown["seconds_left"] <= 300

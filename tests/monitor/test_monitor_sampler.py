@@ -82,7 +82,9 @@ def test_assigned_gpu_missing_is_reported_not_raised():
 
 
 def test_no_driver_is_a_readable_state():
-    inv = DeviceInventory("none", [], "no NVIDIA driver found (NVML Shared Library Not Found); servers will be CPU only")
+    inv = DeviceInventory(
+        "none", [], "no NVIDIA driver found (NVML Shared Library Not Found); servers will be CPU only"
+    )
     sel = select_devices(inv, {})
     assert sel.state == "unavailable" and "no NVIDIA driver" in sel.message and "servers will" not in sel.message
     snap = NVMLSource(sel).read()

@@ -52,7 +52,20 @@ def test_wheel_installs_without_node_and_reports_enabled_ok(tmp_path):
     assert shutil.which("npm", path=env["PATH"]) is None
 
     py = str(venv / "bin" / "python")
-    run([py, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(devices_wheels[-1]), str(wheel), JUPYTERLAB], env)
+    run(
+        [
+            py,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--disable-pip-version-check",
+            str(devices_wheels[-1]),
+            str(wheel),
+            JUPYTERLAB,
+        ],
+        env,
+    )
 
     servers = run([py, "-m", "jupyter", "server", "extension", "list"], env)
     assert re.search(r"workbench_gpu_monitor\s+(\x1b\[\d+m)?enabled", servers), servers
@@ -69,10 +82,14 @@ def test_wheel_installs_without_node_and_reports_enabled_ok(tmp_path):
             "-c",
             "import workbench_gpu_monitor, os; from workbench_devices import make_source; "
             "print(workbench_gpu_monitor.__file__); "
-            "print(make_source({'WORKBENCH_SIMULATED_GPUS': '2', 'WORKBENCH_GPUS': 'GPU-sim-01-h100-80gb'}).read()['gpus'][0]['uuid'])",
+            "print(make_source({'WORKBENCH_SIMULATED_GPUS': '2', 'WORKBENCH_GPUS': 'GPU-sim-01-h100-80gb'}).read()['gpus'][0]['uuid'])",  # noqa: E501
         ],
         env,
     )
     assert str(venv) in out and "GPU-sim-01-h100-80gb" in out
-    requires = next(l for l in run([py, "-m", "pip", "show", "workbench-gpu-monitor"], env).splitlines() if l.startswith("Requires:"))
+    requires = next(
+        l
+        for l in run([py, "-m", "pip", "show", "workbench-gpu-monitor"], env).splitlines()  # noqa: E741
+        if l.startswith("Requires:")
+    )
     assert "workbench-devices" in requires, requires

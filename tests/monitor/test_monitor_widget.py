@@ -59,7 +59,11 @@ def run_in_kernel(env: dict, code: str, busy_seconds: float = 3.0):
                 outputs.append(content["data"])
             elif kind == "error":
                 error = "\n".join(content["traceback"])
-            elif kind == "status" and content["execution_state"] == "idle" and msg["parent_header"].get("msg_id") == msg_id:
+            elif (
+                kind == "status"
+                and content["execution_state"] == "idle"
+                and msg["parent_header"].get("msg_id") == msg_id
+            ):
                 break
         return opened, updates, outputs, error
 

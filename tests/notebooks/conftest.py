@@ -11,6 +11,7 @@ with ``WORKBENCH_NOTEBOOK_QUICK=1`` (short timing blocks), and returns (output t
 markdown tables, seconds). Table rows whose cell count differs from the header's are collected
 in ``markdown_tables.bad_rows`` so the tests can refuse them.
 """
+
 import json
 import os
 import re
@@ -30,11 +31,15 @@ def kernel_name(tmp_path_factory):
     root = tmp_path_factory.mktemp("jupyter")
     spec_dir = root / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "workbench notebook tests",
-        "language": "python",
-    }))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "workbench notebook tests",
+                "language": "python",
+            }
+        )
+    )
     old = os.environ.get("JUPYTER_PATH")
     os.environ["JUPYTER_PATH"] = os.pathsep.join([str(root)] + ([old] if old else []))
     yield KERNEL_NAME
@@ -50,8 +55,9 @@ def execute_notebook(path, kernel_name, workdir, timeout=600):
     from nbclient import NotebookClient
 
     nb = nbformat.read(str(path), as_version=4)
-    client = NotebookClient(nb, kernel_name=kernel_name, timeout=timeout,
-                            resources={"metadata": {"path": str(workdir)}})
+    client = NotebookClient(
+        nb, kernel_name=kernel_name, timeout=timeout, resources={"metadata": {"path": str(workdir)}}
+    )
     t0 = time.perf_counter()
     client.execute()  # raises CellExecutionError on the first failing cell
     return nb, time.perf_counter() - t0
@@ -86,7 +92,7 @@ def markdown_tables(text):
                 cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
                 if len(cells) != len(header):
                     markdown_tables.bad_rows.append((title, len(header), cells))
-                rows.append(dict(zip(header, cells)))
+                rows.append(dict(zip(header, cells)))  # noqa: B905
                 i += 1
             tables[title or f"table {len(tables)}"] = rows
             title = None
@@ -103,7 +109,7 @@ def copy_helpers(workdir):
 
 @pytest.fixture
 def run_notebook(kernel_name, tmp_path, monkeypatch):
-    monkeypatch.setenv("WORKBENCH_NOTEBOOK_QUICK", "1")   # the kernel inherits it
+    monkeypatch.setenv("WORKBENCH_NOTEBOOK_QUICK", "1")  # the kernel inherits it
 
     def run(name):
         copy_helpers(tmp_path)
@@ -111,4 +117,5 @@ def run_notebook(kernel_name, tmp_path, monkeypatch):
         text = output_text(nb)
         tables = markdown_tables(text)
         return text, tables, seconds, list(markdown_tables.bad_rows)
+
     return run

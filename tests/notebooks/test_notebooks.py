@@ -3,6 +3,7 @@
 Each notebook prints its results as markdown tables under a '#### title' line; we parse them
 from the outputs and check that the expected rows are there. Any cell error fails the test.
 """
+
 import math
 import re
 from pathlib import Path
@@ -10,7 +11,6 @@ from pathlib import Path
 import nbformat
 import pytest
 import torch
-
 
 NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = [
@@ -84,8 +84,13 @@ def notebook_source(name):
 
 def check_00(text, tables):
     env = table(tables, "Environment")
-    assert labels(env)[:5] == ["PyTorch", "CUDA runtime (PyTorch build)", "cuDNN", "NVIDIA driver",
-                               "torch.cuda.is_available()"]
+    assert labels(env)[:5] == [
+        "PyTorch",
+        "CUDA runtime (PyTorch build)",
+        "cuDNN",
+        "NVIDIA driver",
+        "torch.cuda.is_available()",
+    ]
     assert "WORKBENCH_GPUS" in labels(env)
     prec = {r["item"]: r["value"] for r in env}["fp32 precision (now)"]
     assert re.match(r"matmul (ieee|tf32), conv (ieee|tf32) \(read with the (fp32_precision|legacy) API", prec)
@@ -109,7 +114,7 @@ def check_01(text, tables):
     assert labels(res) == ["eager", "torch.compile (default)", "torch.compile (reduce-overhead)"]
     ran = labels(res) if torch.cuda.is_available() else labels(res)[:2]
     check_timing_columns(res, ran)
-    for r in res[1:len(ran)]:
+    for r in res[1 : len(ran)]:
         assert r["speedup vs eager"].endswith("x")
         assert number(r["speedup vs eager"]) > 0
     if not torch.cuda.is_available():
@@ -129,11 +134,11 @@ def check_02(text, tables):
     res = table(tables, "Mixed precision results")
     names = ["fp32", "fp32 + TF32", "bf16 autocast", "fp16 autocast + GradScaler"]
     assert labels(res) == names
-    ran = [n for n, r in zip(names, res) if not r["note"].startswith("skipped")]
+    ran = [n for n, r in zip(names, res) if not r["note"].startswith("skipped")]  # noqa: B905
     if not torch.cuda.is_available():
         assert ran == ["fp32", "bf16 autocast", "fp16 autocast + GradScaler"], ran
     check_timing_columns(res, ran)
-    rows = dict(zip(names, res))
+    rows = dict(zip(names, res))  # noqa: B905
     for name in ran:
         assert math.isfinite(number(rows[name]["final loss"]))
     assert rows["fp32"]["fp32 precision"].startswith("matmul ieee")
@@ -149,7 +154,7 @@ def check_02(text, tables):
         word = "faster" if speed > 1.1 else ("slower" if speed < 0.9 else "about as fast as")
         assert f"bf16 autocast ran {word}" in text, (speed, text[-2000:])
     src = notebook_source("02-mixed-precision.ipynb")
-    step = src[src.index("def train_step"):src.index("def train_step") + 1500]
+    step = src[src.index("def train_step") : src.index("def train_step") + 1500]
     assert step.index("scaler.unscale_(opt)") < step.index("clip_grad_norm_(")
     assert "get_scale()" not in step.split("\n\n")[0], "get_scale() syncs: keep it out of the timed step"
 
@@ -166,8 +171,11 @@ def check_03(text, tables):
     assert any("worker start-up" in c for c in res[0]), "worker start-up is reported apart"
     assert re.search(r"DataLoader workers start with '(fork|forkserver|spawn)'", text)
     copies = table(tables, "Host-to-device copies")
-    assert labels(copies) == ["pageable memory, blocking copy", "pinned + non_blocking, default stream",
-                              "pinned + non_blocking, side stream (prefetch)"]
+    assert labels(copies) == [
+        "pageable memory, blocking copy",
+        "pinned + non_blocking, default stream",
+        "pinned + non_blocking, side stream (prefetch)",
+    ]
     if not torch.cuda.is_available():
         assert all(r["note"].startswith("skipped") for r in copies)
     else:
@@ -194,7 +202,7 @@ def check_04(text, tables):
         assert "FSDP2 loss matches DDP" in text
 
 
-CHECKS = dict(zip(NOTEBOOKS, [check_00, check_01, check_02, check_03, check_04]))
+CHECKS = dict(zip(NOTEBOOKS, [check_00, check_01, check_02, check_03, check_04]))  # noqa: B905
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
@@ -214,8 +222,13 @@ def test_gpu_benchmark_script_refuses_without_cuda(tmp_path):
     import sys
 
     script = NOTEBOOK_DIR.parent / "benchmarks" / "gpu_notebooks.sh"
-    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RESULTS_DIR": str(tmp_path)})
+    proc = subprocess.run(
+        ["bash", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "RESULTS_DIR": str(tmp_path)},
+    )
     assert proc.returncode == 2
     assert "no CUDA GPU visible" in proc.stderr
     assert list(tmp_path.iterdir()) == []

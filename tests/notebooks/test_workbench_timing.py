@@ -6,6 +6,7 @@ calibrated to the time budget, median and spread, variants interleaved. Fake tor
 stand in for the two precision APIs (the torch >= 2.9 ``fp32_precision`` settings and the
 legacy getter that raises once the two are mixed).
 """
+
 import importlib.util
 import sys
 import types
@@ -45,6 +46,7 @@ class FakeDevice:
         def run():
             self.clock.now += cost(name) if callable(cost) else cost
             self.log.append(name)
+
         return run
 
     def sync(self):
@@ -103,7 +105,7 @@ def test_compare_keeps_warmup_apart_and_calibrates_to_the_budget(wt):
 
     def cost(name):
         calls["n"] += 1
-        return 5.0 if calls["n"] == 1 else 0.001   # the first call "compiles"
+        return 5.0 if calls["n"] == 1 else 0.001  # the first call "compiles"
 
     timer = wt.SyncTimer(sync=dev.sync, clock=clock)
     res = wt.compare({"v": dev.step("v", cost)}, timer=timer, warmup=3, repeats=4, min_seconds=1.0)
@@ -121,8 +123,9 @@ def test_compare_median_and_spread(wt):
     clock = FakeClock()
     dev = FakeDevice(clock)
     costs = iter([0.0] + [0.010, 0.012, 0.011, 0.030, 0.009])  # warm-up, then one cost per block
-    res = wt.compare({"v": dev.step("v", lambda _: next(costs))},
-                     timer=wt.SyncTimer(dev.sync, clock), warmup=1, repeats=5, steps=1)
+    res = wt.compare(
+        {"v": dev.step("v", lambda _: next(costs))}, timer=wt.SyncTimer(dev.sync, clock), warmup=1, repeats=5, steps=1
+    )
     m = res["v"]
     assert m.per_step_s == pytest.approx([0.010, 0.012, 0.011, 0.030, 0.009])
     assert m.median_s == pytest.approx(0.011)
@@ -137,15 +140,15 @@ def test_compare_interleaves_variants_with_rotation(wt):
     dev = FakeDevice(clock)
     variants = {k: dev.step(k, 0.01) for k in "abc"}
     wt.compare(variants, timer=wt.SyncTimer(dev.sync, clock), warmup=1, repeats=3, steps=2)
-    timed = dev.log[3:]                         # after one warm-up step each
-    rounds = [timed[i:i + 6] for i in range(0, 18, 6)]
+    timed = dev.log[3:]  # after one warm-up step each
+    rounds = [timed[i : i + 6] for i in range(0, 18, 6)]
     assert [r[::2] for r in rounds] == [list("abc"), list("bca"), list("cab")]
     assert all(r[0::2] == r[1::2] for r in rounds), "a block is steps of one variant"
 
 
 def test_calibrate_grows_at_most_tenfold(wt):
     clock = FakeClock()
-    dev = FakeDevice(clock)
+    dev = FakeDevice(clock)  # noqa: F841
     seen = []
 
     def timer(fn, steps):
@@ -153,7 +156,7 @@ def test_calibrate_grows_at_most_tenfold(wt):
         return steps * 1e-6
 
     assert wt.calibrate(lambda: None, timer, target_s=0.01) >= 10_000
-    assert all(b <= 10 * a for a, b in zip(seen, seen[1:]))
+    assert all(b <= 10 * a for a, b in zip(seen, seen[1:]))  # noqa: B905
 
 
 def fake_torch(new_api, legacy_raises=False, **values):
@@ -163,8 +166,9 @@ def fake_torch(new_api, legacy_raises=False, **values):
         return values.get("legacy", "highest")
 
     set_calls = []
-    t = types.SimpleNamespace(get_float32_matmul_precision=getter,
-                              set_float32_matmul_precision=set_calls.append, set_calls=set_calls)
+    t = types.SimpleNamespace(
+        get_float32_matmul_precision=getter, set_float32_matmul_precision=set_calls.append, set_calls=set_calls
+    )
     cuda_mm = types.SimpleNamespace(allow_tf32=values.get("allow_tf32", False))
     cudnn = types.SimpleNamespace(allow_tf32=values.get("cudnn_tf32", True))
     b = types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=cuda_mm), cudnn=cudnn)
@@ -172,8 +176,9 @@ def fake_torch(new_api, legacy_raises=False, **values):
         b.fp32_precision = values.get("global", "none")
         cuda_mm.fp32_precision = values.get("matmul", "none")
         cudnn.conv = types.SimpleNamespace(fp32_precision=values.get("conv", "tf32"))
-        b.mkldnn = types.SimpleNamespace(matmul=types.SimpleNamespace(fp32_precision="none"),
-                                         conv=types.SimpleNamespace(fp32_precision="none"))
+        b.mkldnn = types.SimpleNamespace(
+            matmul=types.SimpleNamespace(fp32_precision="none"), conv=types.SimpleNamespace(fp32_precision="none")
+        )
     t.backends = b
     return t
 
@@ -181,8 +186,7 @@ def fake_torch(new_api, legacy_raises=False, **values):
 def test_precision_state_new_api_when_the_legacy_getter_raises(wt):
     t = fake_torch(True, legacy_raises=True, matmul="tf32")
     s = wt.precision_state("cuda", torch_module=t)
-    assert s == {"matmul": "tf32", "conv": "tf32", "api": "fp32_precision",
-                 "float32_matmul_precision": "unreadable"}
+    assert s == {"matmul": "tf32", "conv": "tf32", "api": "fp32_precision", "float32_matmul_precision": "unreadable"}
     assert wt.precision_label("cuda", s) == "matmul tf32, conv tf32"
 
 

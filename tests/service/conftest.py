@@ -33,8 +33,14 @@ class WorkbenchHub(Hub):
         headers = dict(kwargs.pop("headers", {}))
         if token is not False:
             headers.setdefault("Authorization", f"token {token or self.token}")
-        r = requests.request(method, f"{self.url}/services/workbench/{path}", headers=headers,
-                             timeout=30, allow_redirects=False, **kwargs)
+        r = requests.request(
+            method,
+            f"{self.url}/services/workbench/{path}",
+            headers=headers,
+            timeout=30,
+            allow_redirects=False,
+            **kwargs,
+        )
         proxy_error = r.status_code in (502, 503) and "json" not in r.headers.get("Content-Type", "")
         if validate and not proxy_error:  # the proxy's own 503 (service not up) is not the service's answer
             check(self.openapi(), method, path, r.status_code, r.headers.get("Content-Type", ""), r.content)
@@ -44,8 +50,9 @@ class WorkbenchHub(Hub):
         """``workbench ARGS`` as an admin runs it, the hub and token from the environment
         (``token``: another token, "" for none)."""
         env = {**os.environ, "WORKBENCH_URL": self.url, "WORKBENCH_ADMIN_TOKEN": self.token if token is None else token}
-        return subprocess.run([sys.executable, "-m", "workbench_hub.cli", *args], env=env, capture_output=True,
-                              text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "workbench_hub.cli", *args], env=env, capture_output=True, text=True, timeout=60
+        )
 
     def wait_service(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -59,11 +66,15 @@ class WorkbenchHub(Hub):
         raise AssertionError(f"the workbench service did not answer:\n{self.log()[-3000:]}")
 
 
-def start_workbench_hub(data_dir: Path, env: dict[str, str] | None = None,
-                        args: list[str] | None = None) -> WorkbenchHub:
+def start_workbench_hub(
+    data_dir: Path, env: dict[str, str] | None = None, args: list[str] | None = None
+) -> WorkbenchHub:
     data_dir.mkdir(parents=True, exist_ok=True)
-    hub = WorkbenchHub(data_dir, {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_SERVICE_PORT": str(free_port()),
-                                  **(env or {})}, args or [])
+    hub = WorkbenchHub(
+        data_dir,
+        {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_SERVICE_PORT": str(free_port()), **(env or {})},
+        args or [],
+    )
     hub.start()
     hub.wait_service()
     return hub
@@ -79,9 +90,10 @@ def shut_down(hub: WorkbenchHub) -> None:
 @pytest.fixture(scope="module")
 def workbench_hub(tmp_path_factory):
     """One hub (2 H100 + 2 A100, simulated) with the service, for a whole test module."""
-    hub = start_workbench_hub(tmp_path_factory.mktemp("hub") / "hub",
-                              {"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB,2xA100-40GB",
-                               "WORKBENCH_SESSION_CHECK_SECONDS": "1"})
+    hub = start_workbench_hub(
+        tmp_path_factory.mktemp("hub") / "hub",
+        {"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB,2xA100-40GB", "WORKBENCH_SESSION_CHECK_SECONDS": "1"},
+    )
     yield hub
     shut_down(hub)
 

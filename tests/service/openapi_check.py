@@ -34,8 +34,9 @@ def _validator(doc_json: str, keys: tuple[str, ...]) -> jsonschema.Draft202012Va
     for key in keys:
         node = node[key]
     # Refs (#/components/...) resolve against the root of the validated schema.
-    return jsonschema.Draft202012Validator({**node, "components": doc["components"]},
-                                           format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    return jsonschema.Draft202012Validator(
+        {**node, "components": doc["components"]}, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
 
 
 def resolve(doc: dict, keys: tuple[str, ...]) -> tuple[dict, tuple[str, ...]]:
@@ -67,7 +68,8 @@ def check(doc: dict, method: str, path: str, status: int, content_type: str, bod
         assert status == 405, f"{method} {path}: {status} for an undocumented method"
         return
     assert str(status) in operation["responses"], (
-        f"{method} {template}: status {status} is not documented ({body[:200]!r})")
+        f"{method} {template}: status {status} is not documented ({body[:200]!r})"
+    )
     response, response_keys = resolve(doc, ("paths", template, method.lower(), "responses", str(status)))
     content = response.get("content") or {}
     if not content:

@@ -15,8 +15,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
 @pytest.fixture
 def hub(tmp_path):
-    hub = start_workbench_hub(tmp_path / "hub", {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_ADMIN_USERS": "admin",
-                                                 "WORKBENCH_TIME_ZONE": "UTC"})
+    hub = start_workbench_hub(
+        tmp_path / "hub",
+        {"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_ADMIN_USERS": "admin", "WORKBENCH_TIME_ZONE": "UTC"},
+    )
     yield hub
     shut_down(hub)
 
@@ -67,7 +69,12 @@ def test_admin_reserves_exempts_and_deletes_on_the_page(hub, chromium_browser):
     said = reserve(page, "ml-course", 2, "Tue 10:00-12:00")
     assert page.locator("#reservation-status.alert-success").count() == 1, said
     [stored] = listed(hub, "api/reservations", "reservations")
-    assert (stored["group"], stored["gpus"], stored["window"], stored["weekly"]) == ("ml-course", 2, "Tue 10:00-12:00", True)
+    assert (stored["group"], stored["gpus"], stored["window"], stored["weekly"]) == (
+        "ml-course",
+        2,
+        "Tue 10:00-12:00",
+        True,
+    )
     row = page.locator(f'#reservation-rows tr[data-id="{stored["id"]}"]')
     row.wait_for()
     assert "weekly Tue 10:00-12:00" in row.inner_text() and "ml-course" in row.inner_text()

@@ -27,14 +27,17 @@ def hub(tmp_path_factory):
     # A busy 2-core CI host can take over 30 s to start a server (JupyterHub's default http_timeout).
     local = base / "local_config.py"
     local.write_text("c.Spawner.http_timeout = 180\n")
-    hub = start_workbench_hub(base / "hub", {
-        "WORKBENCH_LOCAL_CONFIG": str(local),
-        "WORKBENCH_SIMULATED_GPUS": "1",
-        "WORKBENCH_SIMULATED_UTILIZATION": str(utilization),
-        "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES),
-        "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1",
-        "WORKBENCH_QUEUE_TIMEOUT": "120",
-    })
+    hub = start_workbench_hub(
+        base / "hub",
+        {
+            "WORKBENCH_LOCAL_CONFIG": str(local),
+            "WORKBENCH_SIMULATED_GPUS": "1",
+            "WORKBENCH_SIMULATED_UTILIZATION": str(utilization),
+            "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES),
+            "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1",
+            "WORKBENCH_QUEUE_TIMEOUT": "120",
+        },
+    )
     hub.utilization = utilization
     hub.create_users("alice", "bob", "carol")
     assert hub.api("POST", "/groups/research", json={"users": ["carol"]}).status_code in (201, 409)
@@ -76,8 +79,12 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
     assert 0 <= warning["seconds_left"] <= IDLE_MINUTES * 60 / 2 + 2
     assert "CPU-only server" in warning["hint"]
     # The user reads notices; she cannot write them (only the hub's service may).
-    r = requests.put(f"{hub.url}/user/alice/api/gpu/notices", json={"notices": []},
-                     headers={"Authorization": f"token {alice}"}, timeout=10)
+    r = requests.put(
+        f"{hub.url}/user/alice/api/gpu/notices",
+        json={"notices": []},
+        headers={"Authorization": f"token {alice}"},
+        timeout=10,
+    )
     assert r.status_code == 403 and "service" in r.json()["message"]
     idle = hub.service("GET", "api/idle").json()
     [gpu] = idle["gpus"]
@@ -95,8 +102,10 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
     # (The spawn page's "why it stopped" needs a logged-in browser: tests/browser/test_idle_warning_browser.py.)
     # Bob's busy GPU is left alone.
     time.sleep(IDLE_MINUTES * 60 / 2 + 3)
-    assert hub.server("bob")["ready"] and server_get(hub, "bob", hub.user_token("bob"),
-                                                     "api/gpu/notices").json()["notices"] == []
+    assert (
+        hub.server("bob")["ready"]
+        and server_get(hub, "bob", hub.user_token("bob"), "api/gpu/notices").json()["notices"] == []
+    )
     assert hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
     hub.wait_stopped("bob")
 
@@ -126,21 +135,24 @@ def test_missing_readings_and_exempt_groups_are_left_alone(hub):
     assert ("carol", "reclaimed: GPU idle 15 s") in ledger(hub)
 
 
-@pytest.mark.parametrize("method, path, body, token, status, words", [
-    ("PUT", "api/idle/exemptions/nosuchgroup", {}, None, 404, "no group named"),
-    ("PUT", "api/idle/exemptions/research", {"why": "x"}, None, 400, "reason"),
-    ("PUT", "api/idle/exemptions/research", {"reason": 5}, None, 400, "text"),
-    ("PUT", "api/idle/exemptions/research", {"reason": "r" * 501}, None, 400, "500"),
-    ("PUT", "api/idle/exemptions/research", "not json", None, 400, "not valid JSON"),
-    ("PUT", "api/idle/exemptions/%20pad", {}, None, 400, "group name"),
-    ("PUT", "api/idle/exemptions/research", {}, "student", 403, "admin"),
-    ("DELETE", "api/idle/exemptions/research", None, "student", 403, "admin"),
-    ("DELETE", "api/idle/exemptions/nosuchgroup", None, None, 404, "no group named"),
-    ("GET", "api/idle", None, "student", 403, "scope"),
-    ("GET", "api/idle/exemptions/nosuchgroup", None, None, 404, "no group named"),
-    ("PUT", "api/quotas/users/alice", {"max_gpus": 1, "gpu_idle_minutes": 0.001}, None, 400, "gpu_idle_minutes"),
-    ("PUT", "api/quotas/users/alice", {"max_gpus": 1, "gpu_idle_threshold": 150}, None, 400, "gpu_idle_threshold"),
-])
+@pytest.mark.parametrize(
+    "method, path, body, token, status, words",
+    [
+        ("PUT", "api/idle/exemptions/nosuchgroup", {}, None, 404, "no group named"),
+        ("PUT", "api/idle/exemptions/research", {"why": "x"}, None, 400, "reason"),
+        ("PUT", "api/idle/exemptions/research", {"reason": 5}, None, 400, "text"),
+        ("PUT", "api/idle/exemptions/research", {"reason": "r" * 501}, None, 400, "500"),
+        ("PUT", "api/idle/exemptions/research", "not json", None, 400, "not valid JSON"),
+        ("PUT", "api/idle/exemptions/%20pad", {}, None, 400, "group name"),
+        ("PUT", "api/idle/exemptions/research", {}, "student", 403, "admin"),
+        ("DELETE", "api/idle/exemptions/research", None, "student", 403, "admin"),
+        ("DELETE", "api/idle/exemptions/nosuchgroup", None, None, 404, "no group named"),
+        ("GET", "api/idle", None, "student", 403, "scope"),
+        ("GET", "api/idle/exemptions/nosuchgroup", None, None, 404, "no group named"),
+        ("PUT", "api/quotas/users/alice", {"max_gpus": 1, "gpu_idle_minutes": 0.001}, None, 400, "gpu_idle_minutes"),
+        ("PUT", "api/quotas/users/alice", {"max_gpus": 1, "gpu_idle_threshold": 150}, None, 400, "gpu_idle_threshold"),
+    ],
+)
 def test_bad_input_is_refused_with_a_sentence_and_changes_nothing(hub, method, path, body, token, status, words):
     assert hub.service("PUT", "api/idle/exemptions/research", json={"reason": "kept"}).status_code == 200
     assert hub.service("PUT", "api/quotas/users/alice", json={"max_gpus": 1, "gpu_idle_minutes": 30}).status_code == 200
@@ -188,13 +200,21 @@ def test_the_service_reads_a_server_it_cannot_see_through_the_proxy_and_reclaims
     static = [{"uuid": GPU, "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB"}]
     local = tmp_path / "local_config.py"
     # The hub sees no GPUs (static list); only the user server pretends to have them, with scripted use.
-    local.write_text(f"c.GPUSpawnerMixin.static_gpus = {static!r}\n"
-                     f"c.Spawner.environment = {{'WORKBENCH_SIMULATED_GPUS': '1', "
-                     f"'WORKBENCH_SIMULATED_UTILIZATION': {str(utilization)!r}}}\n"
-                     "c.Spawner.http_timeout = 180\n")
-    hub = start_workbench_hub(tmp_path / "hub", {
-        "WORKBENCH_SIMULATED_GPUS": "", "WORKBENCH_LOCAL_CONFIG": str(local),
-        "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES), "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1"})
+    local.write_text(
+        f"c.GPUSpawnerMixin.static_gpus = {static!r}\n"
+        f"c.Spawner.environment = {{'WORKBENCH_SIMULATED_GPUS': '1', "
+        f"'WORKBENCH_SIMULATED_UTILIZATION': {str(utilization)!r}}}\n"
+        "c.Spawner.http_timeout = 180\n"
+    )
+    hub = start_workbench_hub(
+        tmp_path / "hub",
+        {
+            "WORKBENCH_SIMULATED_GPUS": "",
+            "WORKBENCH_LOCAL_CONFIG": str(local),
+            "WORKBENCH_GPU_IDLE_MINUTES": str(IDLE_MINUTES),
+            "WORKBENCH_GPU_IDLE_CHECK_SECONDS": "1",
+        },
+    )
     try:
         hub.create_users("alice")
         assert hub.service("GET", "api/gpus").json()["source"] == "static"

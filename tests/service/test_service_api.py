@@ -110,14 +110,24 @@ def test_unknown_and_odd_names_are_404_as_json(hub, kind, name):
 def test_missing_or_wrong_auth_is_403(hub):
     before = quota_of(hub, "users", "dave")
     for token in (False, "not-a-token"):
-        for method, path in [("GET", "api/gpus"), ("PUT", "api/quotas/users/dave"), ("GET", "api/usage"),
-                             ("GET", "metrics"), ("DELETE", "api/quotas/users/dave")]:
+        for method, path in [
+            ("GET", "api/gpus"),
+            ("PUT", "api/quotas/users/dave"),
+            ("GET", "api/usage"),
+            ("GET", "metrics"),
+            ("DELETE", "api/quotas/users/dave"),
+        ]:
             r = hub.service(method, path, token=token, json={"max_gpus": 0} if method == "PUT" else None)
             assert r.status_code == 403, (token, method, path, r.text)
             assert "authentication required" in r.json()["message"]
     # A cookie without the XSRF token is no login either.
-    r = hub.service("PUT", "api/quotas/users/dave", token=False, json={"max_gpus": 0},
-                    cookies={"jupyterhub-services-workbench": "forged"})
+    r = hub.service(
+        "PUT",
+        "api/quotas/users/dave",
+        token=False,
+        json={"max_gpus": 0},
+        cookies={"jupyterhub-services-workbench": "forged"},
+    )
     assert r.status_code == 403
     assert quota_of(hub, "users", "dave") == before
     # The page sends browsers to the hub's login instead.
@@ -128,8 +138,11 @@ def test_missing_or_wrong_auth_is_403(hub):
 def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
     student = hub.student
     before = quota_of(hub, "users", "carol")
-    for method, path in [("PUT", "api/quotas/users/carol"), ("DELETE", "api/quotas/users/carol"),
-                         ("PUT", "api/quotas/groups/ml-course")]:
+    for method, path in [
+        ("PUT", "api/quotas/users/carol"),
+        ("DELETE", "api/quotas/users/carol"),
+        ("PUT", "api/quotas/groups/ml-course"),
+    ]:
         r = hub.service(method, path, token=student, json={"max_gpus": 4} if method == "PUT" else None)
         assert r.status_code == 403, r.text
         assert "only hub admins may change quotas" in r.json()["message"]
@@ -155,8 +168,12 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
     assert hub.leases().get("alice") is None
 
     # A group quota: bob (ml-course, 2 GPUs) may take two; only allowed models.
-    assert hub.service("PUT", "api/quotas/groups/ml-course",
-                       json={"max_gpus": 2, "allowed_models": ["A100-40GB"]}).status_code == 200
+    assert (
+        hub.service(
+            "PUT", "api/quotas/groups/ml-course", json={"max_gpus": 2, "allowed_models": ["A100-40GB"]}
+        ).status_code
+        == 200
+    )
     r = hub.spawn("bob", gpus=1, gpu_model="H100-80GB")
     assert r.status_code == 403 and "allows only these GPU models: A100-40GB" in r.json()["message"]
     assert hub.spawn("bob", gpus=2).status_code in (201, 202)
@@ -182,8 +199,9 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
     assert usage["held_gpus"] == 2 and usage["gpu_hours_week"] > 0
 
     # An exhausted GPU-hours budget: refused, CPU still fine.
-    assert hub.service("PUT", "api/quotas/users/alice",
-                       json={"max_gpus": 1, "gpu_hours_per_week": 0}).status_code == 200
+    assert (
+        hub.service("PUT", "api/quotas/users/alice", json={"max_gpus": 1, "gpu_hours_per_week": 0}).status_code == 200
+    )
     r = hub.spawn("alice", gpus=1)
     assert r.status_code == 403 and "0 GPU-hours per week" in r.json()["message"]
     hub.api("DELETE", "/users/bob/server")
@@ -192,7 +210,9 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
 
 def test_over_long_sessions_are_stopped_by_the_service(hub):
     # 0.01 h = 36 s, the shortest limit; the service checks every second in this hub.
-    assert hub.service("PUT", "api/quotas/users/erin", json={"max_gpus": 1, "max_session_hours": 0.01}).status_code == 200
+    assert (
+        hub.service("PUT", "api/quotas/users/erin", json={"max_gpus": 1, "max_session_hours": 0.01}).status_code == 200
+    )
     assert hub.spawn("erin", gpus=1).status_code in (201, 202)
     hub.wait_ready("erin")
     hub.wait_stopped("erin", timeout=90)
@@ -228,7 +248,10 @@ def test_every_documented_route_is_served_and_nothing_else_is(hub):
             own_404 = r.status_code == 404 and "openapi.json" not in r.json().get("message", "")
             assert (r.status_code != 404 or own_404) and r.status_code < 500, (method, path, r.status_code, r.text)
             assert str(r.status_code) in item[method]["responses"] or (path == "/" and r.status_code == 200), (
-                method, path, r.status_code)
+                method,
+                path,
+                r.status_code,
+            )
     assert posted, "POST api/reservations is in the document"
     # An unknown API path is a JSON 404.
     r = hub.service("GET", "api/nothing-here")
@@ -269,7 +292,7 @@ def test_the_cli_sets_shows_and_deletes_quotas(hub):
     assert f"database: sqlite:///{hub.data_dir / 'workbench.sqlite'}" in listing
     assert "GPU models on " in listing and "A100-40GB, H100-80GB" in listing
     r = hub.cli("quota", "set", "dave", "--max-gpus", "1", "--models", "V100")
-    assert r.returncode == 1 and "unknown GPU model \"V100\"; this hub has: A100-40GB, H100-80GB" in r.stderr
+    assert r.returncode == 1 and 'unknown GPU model "V100"; this hub has: A100-40GB, H100-80GB' in r.stderr
     # Errors: a readable message on stderr and a non-zero exit code; nothing changes.
     r = hub.cli("quota", "set", "dave", "--max-gpus", "-3")
     assert r.returncode == 1 and "max_gpus must be between 0 and 1024, not -3" in r.stderr

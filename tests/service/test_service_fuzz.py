@@ -39,8 +39,9 @@ KNOWN = {"users": "alice", "groups": "ml-course"}
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    hub = start_workbench_hub(tmp_path_factory.mktemp("hub") / "hub",
-                              {"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB,2xA100-40GB"})
+    hub = start_workbench_hub(
+        tmp_path_factory.mktemp("hub") / "hub", {"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB,2xA100-40GB"}
+    )
     hub.create_users("alice", "bob")
     assert hub.api("POST", "/groups/ml-course", json={"users": ["bob"]}).status_code in (201, 409)
     yield hub
@@ -52,8 +53,9 @@ def test_schemathesis_finds_no_failure(hub, capsys):
     # The token is sent as given (not fuzzed: refusals without one are tested in test_service_api),
     # and query strings carry the documented parameters only (the service ignores others, as
     # most APIs do, which schemathesis would count as accepting bad input).
-    config = SchemathesisConfig.from_dict({"generation": {"with-security-parameters": False,
-                                                          "allow-extra-parameters": False}})
+    config = SchemathesisConfig.from_dict(
+        {"generation": {"with-security-parameters": False, "allow-extra-parameters": False}}
+    )
     schema = schemathesis.openapi.from_url(f"{base_url}/api/openapi.json", config=config)
     headers = {"Authorization": f"token {hub.token}"}
     ran: Counter[str] = Counter()
@@ -79,16 +81,21 @@ def test_schemathesis_finds_no_failure(hub, capsys):
                 label = f"{method} {operation.path} {mode.value}{' ' + KNOWN[kind] if path_parameters else ''}"
 
                 @given(case=strategy)
-                @settings(max_examples=EXAMPLES, deadline=None, database=None, phases=[Phase.generate],
-                          suppress_health_check=list(HealthCheck))
+                @settings(
+                    max_examples=EXAMPLES,
+                    deadline=None,
+                    database=None,
+                    phases=[Phase.generate],
+                    suppress_health_check=list(HealthCheck),
+                )
                 def run(case):
-                    before = quotas() if method != "GET" else None
+                    before = quotas() if method != "GET" else None  # noqa: B023
                     response = case.call(base_url=base_url, headers=headers, timeout=30)
-                    ran[label] += 1
-                    statuses[f"{method} {response.status_code}"] += 1
-                    case.validate_response(response, checks=checks, headers=headers)
+                    ran[label] += 1  # noqa: B023
+                    statuses[f"{method} {response.status_code}"] += 1  # noqa: B023
+                    case.validate_response(response, checks=checks, headers=headers)  # noqa: B023
                     if before is not None and 400 <= response.status_code < 500:
-                        assert quotas() == before, f"a refused {method} ({response.status_code}) changed quotas"
+                        assert quotas() == before, f"a refused {method} ({response.status_code}) changed quotas"  # noqa: B023
 
                 try:
                     run()
@@ -99,8 +106,10 @@ def test_schemathesis_finds_no_failure(hub, capsys):
                     failures.append(f"{label}: {str(exc)[:2000]}")
     total = sum(ran.values())
     with capsys.disabled():
-        print(f"\nschemathesis: {total} cases over {len(ran)} operation/mode/name runs, "
-              f"{len(failures)} failure(s); answers: {', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))}")
+        print(
+            f"\nschemathesis: {total} cases over {len(ran)} operation/mode/name runs, "
+            f"{len(failures)} failure(s); answers: {', '.join(f'{k}: {v}' for k, v in sorted(statuses.items()))}"
+        )
     assert not failures, "\n\n".join(failures)
     assert total >= EXAMPLES * 10, ran
     assert statuses["PUT 200"] and statuses["PUT 400"] and statuses["DELETE 204"], statuses

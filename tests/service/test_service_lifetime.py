@@ -30,8 +30,15 @@ def service_env(hub_api_port: int) -> dict[str, str]:
 
 
 def command(port: int, db: Path) -> list[str]:
-    return [sys.executable, "-m", "workbench_hub.service", "--ip=127.0.0.1", f"--port={port}",
-            f"--db-url=sqlite:///{db}", "--session-check-seconds=0"]
+    return [
+        sys.executable,
+        "-m",
+        "workbench_hub.service",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--db-url=sqlite:///{db}",
+        "--session-check-seconds=0",
+    ]
 
 
 def wait_listening(port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -50,11 +57,19 @@ def test_a_busy_port_is_one_sentence_and_exit_1(tmp_path):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        r = subprocess.run(command(port, tmp_path / "wb.sqlite"), env=service_env(free_port()), cwd=REPO,
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            command(port, tmp_path / "wb.sqlite"),
+            env=service_env(free_port()),
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert r.returncode == 1, r.stderr
-    assert (f"port {port} on 127.0.0.1 is in use, probably by a workbench service left from a hub that was "
-            f"killed; stop it (`fuser -k {port}/tcp`) or set WORKBENCH_SERVICE_PORT") in r.stderr
+    assert (
+        f"port {port} on 127.0.0.1 is in use, probably by a workbench service left from a hub that was "
+        f"killed; stop it (`fuser -k {port}/tcp`) or set WORKBENCH_SERVICE_PORT"
+    ) in r.stderr
     assert "Traceback" not in r.stderr
 
 
@@ -68,16 +83,26 @@ def assert_stopped_quietly(proc: subprocess.Popen, stderr: str, signal_name: str
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_stops_it_quietly_with_exit_0(tmp_path, sig):
     port = free_port()
-    proc = subprocess.Popen(command(port, tmp_path / "wb.sqlite"), env=service_env(free_port()), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command(port, tmp_path / "wb.sqlite"),
+        env=service_env(free_port()),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_listening(port, proc)
         # No hub to check the token with: a 503 with a sentence, never a 500.
-        r = requests.get(f"http://127.0.0.1:{port}/services/workbench/api/gpus",
-                         headers={"Authorization": "token abc"}, timeout=30)
+        r = requests.get(
+            f"http://127.0.0.1:{port}/services/workbench/api/gpus", headers={"Authorization": "token abc"}, timeout=30
+        )
         assert r.status_code == 503 and "hub's API did not answer" in r.json()["message"], r.text
-        assert requests.get(f"http://127.0.0.1:{port}/services/workbench/api/openapi.json",
-                            timeout=30).json()["openapi"].startswith("3.1")
+        assert (
+            requests.get(f"http://127.0.0.1:{port}/services/workbench/api/openapi.json", timeout=30)
+            .json()["openapi"]
+            .startswith("3.1")
+        )
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=30)
     finally:
@@ -102,8 +127,14 @@ def test_a_signal_while_it_still_starts_stops_it_quietly(tmp_path):
     """The hub stops its services with SIGINT however soon after starting them: a signal that comes
     while the service still imports (long before it listens) is kept, not lost or a traceback."""
     port = free_port()
-    proc = subprocess.Popen(command(port, tmp_path / "wb.sqlite"), env=service_env(free_port()), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command(port, tmp_path / "wb.sqlite"),
+        env=service_env(free_port()),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         # Python catches SIGINT from its start; SIGTERM is caught once __main__ set its handlers (both at once).
         wait_until(lambda: _catches(proc.pid, signal.SIGTERM), 30, "the service to catch SIGTERM", every=0.005)
@@ -135,8 +166,9 @@ def test_it_ends_when_the_process_that_started_it_dies(tmp_path):
         "print(p.pid, flush=True)\n"
         "time.sleep(600)\n"
     )
-    parent = subprocess.Popen([sys.executable, "-c", starter], env=service_env(free_port()), cwd=REPO,
-                              stdout=subprocess.PIPE, text=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", starter], env=service_env(free_port()), cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
     pid = int(parent.stdout.readline())
     try:
         wait_listening(port, parent)

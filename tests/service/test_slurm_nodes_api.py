@@ -18,13 +18,22 @@ def test_admins_list_and_forget_what_jobs_reported(workbench_hub):
     assert hub.service("GET", "api/slurm/nodes").json() == {"nodes": []}
     store = AllocationStore(f"sqlite:///{hub.data_dir / 'workbench.sqlite'}")
     try:
-        NodeGPUMap(store).accept(NodeReport("gpu07", ({"index": 0, "uuid": "GPU-1111", "name": "NVIDIA H100",
-                                                       "memory_total_bytes": 85899345920},)))
+        NodeGPUMap(store).accept(
+            NodeReport(
+                "gpu07", ({"index": 0, "uuid": "GPU-1111", "name": "NVIDIA H100", "memory_total_bytes": 85899345920},)
+            )
+        )
     finally:
         store.dispose()
     listing = hub.service("GET", "api/slurm/nodes").json()
-    assert listing == {"nodes": [{"node": "gpu07", "gpus": [{"index": 0, "uuid": "GPU-1111", "name": "NVIDIA H100",
-                                                              "memory_total_bytes": 85899345920}]}]}
+    assert listing == {
+        "nodes": [
+            {
+                "node": "gpu07",
+                "gpus": [{"index": 0, "uuid": "GPU-1111", "name": "NVIDIA H100", "memory_total_bytes": 85899345920}],
+            }
+        ]
+    }
     shown = hub.cli("slurm-nodes")
     assert shown.returncode == 0 and shown.stdout.strip() == "gpu07:0 GPU-1111 NVIDIA H100", shown
 

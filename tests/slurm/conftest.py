@@ -59,24 +59,47 @@ def job_environment(user: str) -> dict[str, str]:
 
 def job_record(job_id: str) -> dict[str, str]:
     """Slurm's own record of a job (``scontrol -o show job``), field by field."""
-    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, check=True).stdout
     return dict(f.split("=", 1) for f in out.split() if "=" in f)
 
 
 def outside_jobs(count: int, seconds: int = 600) -> list[str]:
     """Jobs from outside the workbench (batch jobs of USERS[5]) that hold ``count`` GPUs, running."""
-    ids = [subprocess.run(["sudo", "-u", USERS[5], "sbatch", "--parsable", "--gres=gpu:1", "-c1", "--mem=50",
-                           "-o", "/dev/null", "--wrap", f"sleep {seconds}"], capture_output=True, text=True,
-                          check=True).stdout.strip() for _ in range(count)]
+    ids = [
+        subprocess.run(
+            [
+                "sudo",
+                "-u",
+                USERS[5],
+                "sbatch",
+                "--parsable",
+                "--gres=gpu:1",
+                "-c1",
+                "--mem=50",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                f"sleep {seconds}",
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        for _ in range(count)
+    ]
     wait_until(lambda: len(squeue("-t", "RUNNING", "-u", USERS[5])) == count, 30, "the outside jobs to run")
     return ids
 
 
 def service(hub, method: str, path: str, **kwargs) -> requests.Response:
     """A call to the workbench service through the hub's proxy, as the hub's admin."""
-    return requests.request(method, f"{hub.url}/services/workbench/{path}",
-                            headers={"Authorization": f"token {hub.token}"}, timeout=30, **kwargs)
+    return requests.request(
+        method,
+        f"{hub.url}/services/workbench/{path}",
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+        **kwargs,
+    )
 
 
 def stop(hub, user: str, timeout: float = 60) -> None:
@@ -110,12 +133,15 @@ def slurm_cluster():
             subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True)
     venv_python = REPO / ".venv" / "bin" / "python"
     let_users_reach(venv_python.resolve(), REPO)
-    probe = subprocess.run(["sudo", "-u", USERS[0], str(venv_python), "-c", "import jupyterhub"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["sudo", "-u", USERS[0], str(venv_python), "-c", "import jupyterhub"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
-        pytest.fail(f"the test users cannot run the shared environment {venv_python} (jobs run as the user, "
-                    f"as on a real cluster): {probe.stderr.strip()[-300:]}. Put the checkout and its Python "
-                    "where other users can read them (not under /root).")
+        pytest.fail(
+            f"the test users cannot run the shared environment {venv_python} (jobs run as the user, "
+            f"as on a real cluster): {probe.stderr.strip()[-300:]}. Put the checkout and its Python "
+            "where other users can read them (not under /root)."
+        )
     cancel_all()
     yield CLUSTER
     cancel_all()

@@ -12,14 +12,13 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import requests
 
 from tests.conftest import wait_until
-from tests.slurm.conftest import USERS, cancel_all, job_record, jobs_of, our_jobs, outside_jobs, service, squeue, \
-    stop
+from tests.slurm.conftest import USERS, cancel_all, job_record, jobs_of, our_jobs, outside_jobs, service, squeue, stop
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -34,8 +33,7 @@ def hub(slurm_hub):
 def gpus_seen_by(hub, user: str) -> list[str]:
     """The GPUs the user's own GPU monitor shows, read through the proxy."""
     token = hub.user_token(user)
-    r = requests.get(f"{hub.url}/user/{user}/api/gpu/metrics", headers={"Authorization": f"token {token}"},
-                     timeout=20)
+    r = requests.get(f"{hub.url}/user/{user}/api/gpu/metrics", headers={"Authorization": f"token {token}"}, timeout=20)
     assert r.status_code == 200, r.text
     return [g["uuid"] for g in r.json()["gpus"]]
 
@@ -143,8 +141,11 @@ def test_hub_restart_reattaches_running_jobs_with_no_double_use(hub):
         ({"gpus": 3}, 403, "allows 2 at once"),
         ({"gpus": -1}, 400, "gpus cannot be negative"),
         ({"gpus": 1, "gpu_model": "B200-192GB"}, 400, "B200-192GB"),
-        ({"gpus": 1, "partition": "nosuch"}, 400,
-         "partition 'nosuch' is not a partition you may use on this cluster; choose one of: debug, gpu."),
+        (
+            {"gpus": 1, "partition": "nosuch"},
+            400,
+            "partition 'nosuch' is not a partition you may use on this cluster; choose one of: debug, gpu.",
+        ),
     ],
 )
 def test_refusals_are_a_sentence_and_submit_nothing(hub, options, status, words):
@@ -161,12 +162,12 @@ def slurm_times(job_id: str) -> tuple[datetime, datetime]:
     """StartTime and EndTime of a finished job, from Slurm's own record (kept MinJobAge = 30 s)."""
     fields = job_record(job_id)
     # scontrol prints the machine's local time
-    return tuple(datetime.fromisoformat(fields[k]).astimezone(timezone.utc) for k in ("StartTime", "EndTime"))
+    return tuple(datetime.fromisoformat(fields[k]).astimezone(UTC) for k in ("StartTime", "EndTime"))
 
 
 def utc(text: str) -> datetime:
     value = datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def test_the_ledger_records_each_jobs_time_and_node(hub):
@@ -180,13 +181,13 @@ def test_the_ledger_records_each_jobs_time_and_node(hub):
     assert not our_jobs()
     rows = ledger(hub)
     assert {r[0] for r in rows} == set(USERS[:6])
-    for user, uuid, node, started, ended, _reason in rows:
+    for user, uuid, node, started, ended, _reason in rows:  # noqa: B007
         assert uuid.startswith(f"GPU-sim-{node}-")
         assert utc(started) < utc(ended)
     # The jobs just stopped: the ledger's time is Slurm's run time, give or take the start report.
-    for user, uuid, node, ref in running:
+    for user, uuid, node, ref in running:  # noqa: B007
         slurm_start, slurm_end = times[user]
-        (_, _, _, started, ended, reason), = [r for r in rows if r[0] == user and r[1] == uuid][-1:]
+        ((_, _, _, started, ended, reason),) = [r for r in rows if r[0] == user and r[1] == uuid][-1:]
         assert reason == "stopped" and node
         assert timedelta(0) <= utc(started) - slurm_start < timedelta(seconds=20), (started, slurm_start)
         assert abs(utc(ended) - slurm_end) < timedelta(seconds=10), (ended, slurm_end)
@@ -198,16 +199,23 @@ def test_queue_timeout_cancels_the_job_and_says_so(hub):
     try:
         # The fleet view tells these apart from the workbench's own, on both nodes; metrics carry the node.
         # (Slurm's node records, which the view reads, follow the jobs by a scheduling pass.)
-        gpus = wait_until(lambda: (lambda g: g if all(x["slurm"]["held_outside_workbench"] and not x["holders"]
-                                                      for x in g) else None)(fleet(hub)["gpus"]),
-                          15, "the fleet view to show every GPU held outside the workbench")
+        gpus = wait_until(
+            lambda: (
+                lambda g: g if all(x["slurm"]["held_outside_workbench"] and not x["holders"] for x in g) else None
+            )(fleet(hub)["gpus"]),
+            15,
+            "the fleet view to show every GPU held outside the workbench",
+        )
         assert len(gpus) == 4
-        metrics = requests.get(f"{hub.url}/services/workbench/metrics",
-                               headers={"Authorization": f"token {hub.token}"}, timeout=20).text
+        metrics = requests.get(
+            f"{hub.url}/services/workbench/metrics", headers={"Authorization": f"token {hub.token}"}, timeout=20
+        ).text
         for node in ("wbnode1", "wbnode2"):
             assert f'workbench_gpus{{Hostname="{node}"}} 2.0' in metrics, metrics  # prometheus_client writes floats
-            assert any(line.startswith("workbench_gpu_held_outside") and f'Hostname="{node}"' in line
-                       and line.endswith(" 1.0") for line in metrics.splitlines()), metrics
+            assert any(
+                line.startswith("workbench_gpu_held_outside") and f'Hostname="{node}"' in line and line.endswith(" 1.0")
+                for line in metrics.splitlines()
+            ), metrics
         user = USERS[2]
         assert hub.spawn(user, gpus=1).status_code == 202
         messages = hub.progress_messages(user, until="cancelled", timeout=70)

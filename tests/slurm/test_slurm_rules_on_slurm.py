@@ -17,31 +17,46 @@ from __future__ import annotations
 
 import subprocess
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import requests
 
 from tests.conftest import wait_until
-from tests.slurm.conftest import USERS, cancel_all, job_environment, job_record, jobs_of, outside_jobs, service, \
-    squeue, stop
-from workbench_spawner.policy.clock import set_test_clock
+from tests.slurm.conftest import (
+    USERS,
+    cancel_all,
+    job_environment,
+    job_record,
+    jobs_of,
+    outside_jobs,
+    service,
+    squeue,
+    stop,
+)
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
+from workbench_spawner.policy.clock import set_test_clock
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
-TUE = datetime(2026, 12, 8, tzinfo=timezone.utc)
+TUE = datetime(2026, 12, 8, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
 def hub(slurm_hub, tmp_path_factory):
     clock = tmp_path_factory.mktemp("clock") / "now"
     set_test_clock(clock, TUE.replace(hour=9))
-    hub = slurm_hub(WORKBENCH_QUEUE_ORDER="fair-share", WORKBENCH_TEST_CLOCK_FILE=str(clock),
-                    WORKBENCH_TIME_ZONE="UTC", WORKBENCH_QUEUE_TIMEOUT="90", WORKBENCH_PROFILES="small:2:300M",
-                    WORKBENCH_RESERVATION_CHECK_SECONDS="0", WORKBENCH_SLURM_POLL_SECONDS="1",
-                    WORKBENCH_SLURM_PARTITIONS="gpu")
+    hub = slurm_hub(
+        WORKBENCH_QUEUE_ORDER="fair-share",
+        WORKBENCH_TEST_CLOCK_FILE=str(clock),
+        WORKBENCH_TIME_ZONE="UTC",
+        WORKBENCH_QUEUE_TIMEOUT="90",
+        WORKBENCH_PROFILES="small:2:300M",
+        WORKBENCH_RESERVATION_CHECK_SECONDS="0",
+        WORKBENCH_SLURM_POLL_SECONDS="1",
+        WORKBENCH_SLURM_PARTITIONS="gpu",
+    )
     hub.clock = clock
     hub.create_users(*USERS[:6], "daemon", "wbnoaccount")
     assert hub.api("POST", "/groups/ml-course").status_code in (201, 409)
@@ -72,12 +87,12 @@ def test_the_job_carries_what_admission_decided_and_its_report_sets_nothing_else
     url = env["JUPYTERHUB_API_URL"].rstrip("/") + "/batchspawner"
     marker = Path("/tmp") / f"wb-pwned-{uuid.uuid4().hex}"
     evil = {"exec_prefix": "", "batch_cancel_cmd": f"touch {marker}", "port": 1}
-    r = requests.post(url, json=evil, headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"},
-                      timeout=20)
+    r = requests.post(url, json=evil, headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}, timeout=20)
     assert r.status_code == 400, r.text
     assert "may carry only port and workbench_report; refused: batch_cancel_cmd, exec_prefix" in r.json()["message"]
-    r = requests.post(url, json={"port": 1}, headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"},
-                      timeout=20)
+    r = requests.post(
+        url, json={"port": 1}, headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}, timeout=20
+    )
     assert r.status_code == 409 and "not starting" in r.json()["message"], r.text
     r = requests.post(url, json={"port": 1}, headers={"Authorization": f"token {hub.user_token(user)}"}, timeout=20)
     assert r.status_code == 403 and "only a server's own start-up" in r.json()["message"], r.text
@@ -102,13 +117,20 @@ def test_a_cpu_only_server_is_a_job_with_no_gpu_and_no_lease(hub):
     assert not jobs_of(user)
 
 
-@pytest.mark.parametrize("user, options, status, words", [
-    ("daemon", {}, 403, "'daemon' is a system account (uid 1), and Slurm jobs never run as one"),
-    ("wbnoaccount", {}, 403, "there is no Unix account named 'wbnoaccount' on the hub's host"),
-    # the cluster has "debug" too, but this hub lets users pick only "gpu"
-    (USERS[1], {"partition": "debug"}, 400, "partition 'debug' is not a partition you may use on this cluster; "
-                                            "choose one of: gpu."),
-])
+@pytest.mark.parametrize(
+    "user, options, status, words",
+    [
+        ("daemon", {}, 403, "'daemon' is a system account (uid 1), and Slurm jobs never run as one"),
+        ("wbnoaccount", {}, 403, "there is no Unix account named 'wbnoaccount' on the hub's host"),
+        # the cluster has "debug" too, but this hub lets users pick only "gpu"
+        (
+            USERS[1],
+            {"partition": "debug"},
+            400,
+            "partition 'debug' is not a partition you may use on this cluster; choose one of: gpu.",
+        ),
+    ],
+)
 def test_refused_accounts_and_partitions_submit_nothing(hub, user, options, status, words):
     before = squeue("-o", "%i")
     r = hub.spawn(user, gpus=1, **options)
@@ -138,10 +160,19 @@ def test_fair_share_runs_the_lighter_user_first_in_slurms_queue(hub):
     heavy, light = USERS[4], USERS[0]
     store = AllocationStore(f"sqlite:///{hub.data_dir / 'workbench.sqlite'}")
     try:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         with store.writes().begin() as session:  # heavy used one GPU for 20 hours this week
-            session.add(UsageRow(gpu_uuid="GPU-sim-wbnode1-00-h100-80gb", user=heavy, server="", node="wbnode1",
-                                 started=now - timedelta(hours=21), ended=now - timedelta(hours=1), reason="stopped"))
+            session.add(
+                UsageRow(
+                    gpu_uuid="GPU-sim-wbnode1-00-h100-80gb",
+                    user=heavy,
+                    server="",
+                    node="wbnode1",
+                    started=now - timedelta(hours=21),
+                    ended=now - timedelta(hours=1),
+                    reason="stopped",
+                )
+            )
     finally:
         store.dispose()
     held = outside_jobs(4)
@@ -170,8 +201,9 @@ def test_fair_share_runs_the_lighter_user_first_in_slurms_queue(hub):
 
 
 def test_a_reservation_holds_non_members_back_before_they_submit(hub):
-    r = service(hub, "POST", "api/reservations", json={"group": "ml-course", "gpus": 3,
-                                                      "window": "2026-12-08 10:00-12:00"})
+    r = service(
+        hub, "POST", "api/reservations", json={"group": "ml-course", "gpus": 3, "window": "2026-12-08 10:00-12:00"}
+    )
     assert r.status_code == 201, r.text
     rid = r.json()["id"]
     set_test_clock(hub.clock, TUE.replace(hour=10, minute=5))

@@ -70,8 +70,13 @@ class SSHHub:
 
     def server_api(self, user: str, method: str, route: str, token: str | None = None, **kwargs) -> requests.Response:
         token = token or self.accounts[user].token
-        return requests.request(method, f"{self.hub.url}/user/{user}/api/workbench/ssh{route}",
-                                headers={"Authorization": f"token {token}"}, timeout=30, **kwargs)
+        return requests.request(
+            method,
+            f"{self.hub.url}/user/{user}/api/workbench/ssh{route}",
+            headers={"Authorization": f"token {token}"},
+            timeout=30,
+            **kwargs,
+        )
 
     def enroll(self, user: str, gpus: int) -> Account:
         """What a user does once: a token scoped to their server, a key pair, the public key added on
@@ -88,8 +93,9 @@ class SSHHub:
     def keygen(self, name: str) -> Path:
         key = self.workdir / f"id_{name}"
         if not key.exists():
-            subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@laptop", "-f", str(key)],
-                           check=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@laptop", "-f", str(key)], check=True
+            )
         return key
 
     def install_proxy(self, user: str, info: dict) -> Path:
@@ -97,15 +103,19 @@ class SSHHub:
         assert info["proxy_script"].startswith("~/")
         path = self.workdir / info["proxy_script"][2:]
         if not path.exists():
-            r = requests.get(f"{self.hub.url}{info['proxy_script_url']}", timeout=30,
-                             headers={"Authorization": f"token {self.accounts[user].token}"})
+            r = requests.get(
+                f"{self.hub.url}{info['proxy_script_url']}",
+                timeout=30,
+                headers={"Authorization": f"token {self.accounts[user].token}"},
+            )
             assert r.status_code == 200 and r.text.startswith("#!/usr/bin/env python3"), r.text[:300]
             path.parent.mkdir(mode=0o700, exist_ok=True)
             path.write_text(r.text)
         return path
 
-    def config(self, user: str, identity: Path | None = None, token_source: str = "env",
-               entry: str | None = None) -> tuple[Path, str]:
+    def config(
+        self, user: str, identity: Path | None = None, token_source: str = "env", entry: str | None = None
+    ) -> tuple[Path, str]:
         """The page's ``~/.ssh/config`` entry for ``user`` (identity and known_hosts made local to the test).
 
         ``entry`` is the entry as the page showed it; by default it comes from the page's API, and the
@@ -117,8 +127,10 @@ class SSHHub:
         text = entry
         alias = text.splitlines()[0].split()[1]  # Host <alias>
         identity = identity or self.accounts[user].key
-        lines = [f"    IdentityFile {identity}" if line.strip().startswith("IdentityFile") else line
-                 for line in text.splitlines()]
+        lines = [
+            f"    IdentityFile {identity}" if line.strip().startswith("IdentityFile") else line
+            for line in text.splitlines()
+        ]
         lines.insert(1, f"    UserKnownHostsFile {self.workdir / 'known_hosts'}")
         lines.insert(1, "    StrictHostKeyChecking accept-new")
         lines.insert(1, "    BatchMode yes")
@@ -135,9 +147,18 @@ class SSHHub:
             env["WORKBENCH_HUB_TOKEN"] = token
         return env
 
-    def run(self, tool: str, user: str, *args: str, token: str | None = "own", identity: Path | None = None,
-            timeout: float = 60, input: str | None = None, login: str | None = None,
-            env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        tool: str,
+        user: str,
+        *args: str,
+        token: str | None = "own",
+        identity: Path | None = None,
+        timeout: float = 60,
+        input: str | None = None,
+        login: str | None = None,
+        env_extra: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """``ssh``/``scp``/``sftp``/``rsync`` through the hub with the documented config.
 
         ``args`` may use ``HOST`` for the alias (``HOST:path`` for scp and rsync)."""
@@ -161,11 +182,13 @@ class SSHHub:
         cfg, alias = self.config(user)  # a server API call: activity now, before the session
         container = self.container(user)
         argv = ["ssh", "-F", str(cfg), "-o", "ServerAliveInterval=2", alias, f"exec sleep {seconds}"]
-        session = subprocess.Popen(argv, env=self.env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True)
+        session = subprocess.Popen(argv, env=self.env(token), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
-            wait_until(lambda: f"sleep {seconds}" in docker("exec", container, "sh", "-c", PROCESSES).stdout, 30,
-                       "the SSH session's command running in the container")
+            wait_until(
+                lambda: f"sleep {seconds}" in docker("exec", container, "sh", "-c", PROCESSES).stdout,
+                30,
+                "the SSH session's command running in the container",
+            )
             yield session
         finally:
             session.terminate()
@@ -182,8 +205,11 @@ class SSHHub:
 
 
 def scoped_token(hub, user: str) -> tuple[str, str]:
-    r = hub.api("POST", f"/users/{user}/tokens",
-                json={"note": "ssh tests", "expires_in": 3600, "scopes": [f"access:servers!server={user}/"]})
+    r = hub.api(
+        "POST",
+        f"/users/{user}/tokens",
+        json={"note": "ssh tests", "expires_in": 3600, "scopes": [f"access:servers!server={user}/"]},
+    )
     assert r.status_code == 201, r.text
     return r.json()["token"], r.json()["id"]
 
@@ -196,21 +222,30 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
     docker("volume", "create", "--label", "workbench.test=1", datasets)
     with hub_pool(workdir) as start:
         hub = start(
-            {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "4",
-             "WORKBENCH_DATASETS_VOLUME": datasets},
-            ["--Spawner.poll_interval=2", "--GPUSpawnerMixin.default_max_gpus=2",
-             "--Spawner.http_timeout=120", "--Spawner.start_timeout=240",
-             # the servers check a token with the hub again after 2 s (default 5 min), so a revoked one is refused
-             "--Spawner.args=--HubOAuth.cache_max_age=2",
-             # activity as the idle culler sees it, reported every 2 s instead of 5 min
-             "--JupyterHub.last_activity_interval=2", "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2"],
+            {
+                "WORKBENCH_BACKEND": "docker",
+                "WORKBENCH_IMAGE": singleuser_image,
+                "WORKBENCH_SIMULATED_GPUS": "4",
+                "WORKBENCH_DATASETS_VOLUME": datasets,
+            },
+            [
+                "--Spawner.poll_interval=2",
+                "--GPUSpawnerMixin.default_max_gpus=2",
+                "--Spawner.http_timeout=120",
+                "--Spawner.start_timeout=240",
+                # the servers check a token with the hub again after 2 s (default 5 min), so a revoked one is refused
+                "--Spawner.args=--HubOAuth.cache_max_age=2",
+                # activity as the idle culler sees it, reported every 2 s instead of 5 min
+                "--JupyterHub.last_activity_interval=2",
+                "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2",
+            ],
         )
         try:
             ssh = SSHHub(hub, workdir, ssh_client_tools)
             hub.create_users(*users)
-            for name, gpus in zip(users, (2, 0)):
+            for name, gpus in zip(users, (2, 0)):  # noqa: B905
                 assert hub.spawn(name, gpus=gpus).status_code in (201, 202)
-            for name, gpus in zip(users, (2, 0)):
+            for name, gpus in zip(users, (2, 0)):  # noqa: B905
                 hub.wait_ready(name, timeout=180)
                 ssh.enroll(name, gpus)
             yield ssh

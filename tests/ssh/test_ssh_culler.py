@@ -22,14 +22,24 @@ IDLE_SECONDS = 10
 
 
 def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
-        tmp_path, ssh_client_tools, singleuser_image):
+    tmp_path, ssh_client_tools, singleuser_image
+):
     user = f"cull{uuid.uuid4().hex[:6]}"
     with hub_pool(tmp_path) as start:
         hub = start(
-            {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": singleuser_image, "WORKBENCH_SIMULATED_GPUS": "1",
-             "WORKBENCH_CULL_IDLE_SECONDS": str(IDLE_SECONDS)},
-            ["--Spawner.poll_interval=2", "--Spawner.http_timeout=120", "--Spawner.start_timeout=240",
-             "--JupyterHub.last_activity_interval=2", "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2"],
+            {
+                "WORKBENCH_BACKEND": "docker",
+                "WORKBENCH_IMAGE": singleuser_image,
+                "WORKBENCH_SIMULATED_GPUS": "1",
+                "WORKBENCH_CULL_IDLE_SECONDS": str(IDLE_SECONDS),
+            },
+            [
+                "--Spawner.poll_interval=2",
+                "--Spawner.http_timeout=120",
+                "--Spawner.start_timeout=240",
+                "--JupyterHub.last_activity_interval=2",
+                "--Spawner.environment=JUPYTERHUB_ACTIVITY_INTERVAL=2",
+            ],
         )
         try:
             hub.create_users(user)
@@ -48,15 +58,21 @@ def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
                 assert hub.leases() == {user: hub.leases()[user]} and len(hub.leases()[user]) == 1
             closed = time.monotonic()
 
-            wait_until(lambda: hub.server(user) is None, 4 * IDLE_SECONDS, "the idle culler stopping the server",
-                       log=hub.log)
+            wait_until(
+                lambda: hub.server(user) is None, 4 * IDLE_SECONDS, "the idle culler stopping the server", log=hub.log
+            )
             assert time.monotonic() - closed >= IDLE_SECONDS - 4  # culled for being idle, not at once
             assert f"Culling server {user} (inactive for" in hub.log()  # the culler did it
             assert user not in hub.leases()  # and the GPU is given back
 
             # and ssh now says why it cannot get in
-            r = subprocess.run(["ssh", "-F", str(cfg), alias, "echo reached"], capture_output=True, text=True,
-                               timeout=60, env=ssh.env(token))
+            r = subprocess.run(
+                ["ssh", "-F", str(cfg), alias, "echo reached"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=ssh.env(token),
+            )
             assert r.returncode != 0 and "your server is not running (HTTP 424)" in r.stderr, r.stderr
         finally:
             docker("rm", "-f", f"jupyter-{user}", check=False)

@@ -40,9 +40,21 @@ def container_env(name: str) -> dict[str, str]:
 #: PATH and HOME (sshd's SetEnv), and what bash adds itself. Never the server's hub token, its
 #: JUPYTERHUB_* settings or anything else of the server's.
 SESSION_ALLOWLIST = {
-    "USER", "LOGNAME", "HOME", "SHELL", "MAIL", "SSH_CLIENT", "SSH_CONNECTION",
-    "PATH", "WORKBENCH_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES",
-    "PWD", "SHLVL", "_",
+    "USER",
+    "LOGNAME",
+    "HOME",
+    "SHELL",
+    "MAIL",
+    "SSH_CLIENT",
+    "SSH_CONNECTION",
+    "PATH",
+    "WORKBENCH_GPUS",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "NVIDIA_VISIBLE_DEVICES",
+    "PWD",
+    "SHLVL",
+    "_",
 }
 FROM_THE_SERVER = ("PATH", "WORKBENCH_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NVIDIA_VISIBLE_DEVICES")
 VENV_PYTHON = "/opt/workbench/venv/bin/python"
@@ -115,13 +127,39 @@ def test_ssh_L_and_D_forward_ports_to_a_process_in_the_container(ssh_hub, alice)
         missing("curl is not installed (apt-get install curl)")
     container = ssh_hub.container(alice.name)
     docker("exec", container, "sh", "-c", "mkdir -p /tmp/www && echo served-from-container > /tmp/www/hello.txt")
-    docker("exec", "-d", container, "python3", "-m", "http.server", "8765", "--bind", "127.0.0.1",
-           "--directory", "/tmp/www")
+    docker(
+        "exec",
+        "-d",
+        container,
+        "python3",
+        "-m",
+        "http.server",
+        "8765",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        "/tmp/www",
+    )
     local, socks = free_port(), free_port()
     cfg, alias = ssh_hub.config(alice.name)
-    tunnel = subprocess.Popen(["ssh", "-F", str(cfg), "-N", "-o", "ExitOnForwardFailure=yes",
-                               "-L", f"127.0.0.1:{local}:127.0.0.1:8765", "-D", f"127.0.0.1:{socks}", alias],
-                              env=ssh_hub.env(alice.token), stderr=subprocess.PIPE, text=True)
+    tunnel = subprocess.Popen(
+        [
+            "ssh",
+            "-F",
+            str(cfg),
+            "-N",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-L",
+            f"127.0.0.1:{local}:127.0.0.1:8765",
+            "-D",
+            f"127.0.0.1:{socks}",
+            alias,
+        ],
+        env=ssh_hub.env(alice.token),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline, body = time.monotonic() + 30, None
         while time.monotonic() < deadline and body is None:
@@ -131,8 +169,20 @@ def test_ssh_L_and_D_forward_ports_to_a_process_in_the_container(ssh_hub, alice)
                 assert tunnel.poll() is None, tunnel.stderr.read()
                 time.sleep(0.5)
         assert body == "served-from-container\n"
-        via_socks = subprocess.run(["curl", "-sS", "--max-time", "20", "--socks5-hostname", f"127.0.0.1:{socks}",
-                                    "http://127.0.0.1:8765/hello.txt"], capture_output=True, text=True, timeout=30)
+        via_socks = subprocess.run(
+            [
+                "curl",
+                "-sS",
+                "--max-time",
+                "20",
+                "--socks5-hostname",
+                f"127.0.0.1:{socks}",
+                "http://127.0.0.1:8765/hello.txt",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert via_socks.stdout == "served-from-container\n", via_socks.stderr
     finally:
         tunnel.terminate()
@@ -140,11 +190,26 @@ def test_ssh_L_and_D_forward_ports_to_a_process_in_the_container(ssh_hub, alice)
 
 
 def test_remote_agent_and_x11_forwarding_are_refused(ssh_hub, alice):
-    r = ssh_hub.run("ssh", alice.name, "-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{free_port()}:127.0.0.1:22",
-                    "HOST", "echo reached")
+    r = ssh_hub.run(
+        "ssh",
+        alice.name,
+        "-o",
+        "ExitOnForwardFailure=yes",
+        "-R",
+        f"127.0.0.1:{free_port()}:127.0.0.1:22",
+        "HOST",
+        "echo reached",
+    )
     assert r.returncode != 0 and "remote port forwarding failed" in r.stderr, (r.stdout, r.stderr)
-    r = ssh_hub.run("ssh", alice.name, "-A", "-X", "HOST", "echo agent=${SSH_AUTH_SOCK:-none} display=${DISPLAY:-none}",
-                    env_extra={"SSH_AUTH_SOCK": str(ssh_hub.workdir / "agent.sock"), "DISPLAY": ":0"})
+    r = ssh_hub.run(
+        "ssh",
+        alice.name,
+        "-A",
+        "-X",
+        "HOST",
+        "echo agent=${SSH_AUTH_SOCK:-none} display=${DISPLAY:-none}",
+        env_extra={"SSH_AUTH_SOCK": str(ssh_hub.workdir / "agent.sock"), "DISPLAY": ":0"},
+    )
     assert r.returncode == 0 and r.stdout == "agent=none display=none\n", r.stderr
 
 
@@ -191,8 +256,13 @@ def test_the_documented_file_token_works(ssh_hub, alice):
     token_file.write_text(alice.token + "\n")
     token_file.chmod(0o600)
     cfg, alias = ssh_hub.config(alice.name, token_source="file")
-    r = subprocess.run(["ssh", "-F", str(cfg), alias, "echo via-file"], capture_output=True, text=True, timeout=60,
-                       env=ssh_hub.env(None))
+    r = subprocess.run(
+        ["ssh", "-F", str(cfg), alias, "echo via-file"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ssh_hub.env(None),
+    )
     assert r.returncode == 0 and r.stdout == "via-file\n", r.stderr
 
 
@@ -207,10 +277,18 @@ def test_sshd_in_the_container_runs_as_the_user_with_key_only_rules(ssh_hub, ali
     lines = docker("exec", container, "sh", "-c", SSHD_PROCESSES).stdout.splitlines()
     daemons = [line for line in lines if "-f none" in line]
     assert len(daemons) == 1 and all(line.split()[0] == "1000" for line in lines), lines
-    for option in ("PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
-                   "AuthenticationMethods publickey", "AllowUsers jovyan", "ListenAddress 127.0.0.1:",
-                   "AllowTcpForwarding local", "AllowAgentForwarding no", "X11Forwarding no",
-                   "ForceCommand /bin/sh "):
+    for option in (
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin no",
+        "AuthenticationMethods publickey",
+        "AllowUsers jovyan",
+        "ListenAddress 127.0.0.1:",
+        "AllowTcpForwarding local",
+        "AllowAgentForwarding no",
+        "X11Forwarding no",
+        "ForceCommand /bin/sh ",
+    ):
         assert option in daemons[0], daemons[0]
     listen = docker("exec", container, "sh", "-c", "cat /proc/net/tcp /proc/net/tcp6").stdout
     assert ":0016 " not in listen  # the image's own sshd service does not run: nothing on port 22

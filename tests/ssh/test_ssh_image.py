@@ -10,15 +10,29 @@ pytestmark = [pytest.mark.ssh, pytest.mark.docker]
 
 
 def test_the_image_has_openssh_and_rsync_but_no_host_keys_of_its_own(singleuser_image):
-    out = docker("run", "--rm", "--entrypoint", "sh", singleuser_image, "-c",
-                 "id -u; for t in sshd ssh rsync workbench-sshd; do command -v $t; done; ls /etc/ssh/ | grep -c host_ || true;"
-                 " python3 -c 'import jupyter_sshd_proxy, jupyter_server_proxy, workbench_ssh; print(\"imports-ok\")'").stdout
+    out = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        singleuser_image,
+        "-c",
+        "id -u; for t in sshd ssh rsync workbench-sshd; do command -v $t; done; ls /etc/ssh/ | grep -c host_ || true;"
+        " python3 -c 'import jupyter_sshd_proxy, jupyter_server_proxy, workbench_ssh; print(\"imports-ok\")'",
+    ).stdout
     lines = out.split()
     assert lines[0] == "1000"
     assert {"/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/rsync", "/opt/workbench/venv/bin/workbench-sshd"} <= set(lines)
     assert "imports-ok" in lines and lines[-2] == "0"  # no /etc/ssh/ssh_host_* keys shipped to every user
-    config = docker("run", "--rm", "--entrypoint", "sh", singleuser_image, "-c",
-                    "cat /opt/workbench/venv/etc/jupyter/jupyter_server_config.d/workbench_ssh.json").stdout
+    config = docker(
+        "run",
+        "--rm",
+        "--entrypoint",
+        "sh",
+        singleuser_image,
+        "-c",
+        "cat /opt/workbench/venv/etc/jupyter/jupyter_server_config.d/workbench_ssh.json",
+    ).stdout
     assert '"workbench_ssh": true' in config
 
 
@@ -30,15 +44,27 @@ def test_sshd_never_runs_as_root_and_takes_only_keys(singleuser_image):
     r = docker("run", "--rm", "--entrypoint", "workbench-sshd", singleuser_image, "--check", "2222", check=False)
     assert r.returncode == 0, r.stderr
     effective = r.stdout.lower().splitlines()
-    for line in ("passwordauthentication no", "kbdinteractiveauthentication no", "permitrootlogin no",
-                 "authenticationmethods publickey", "allowusers jovyan", "pubkeyauthentication yes",
-                 "listenaddress 127.0.0.1:2222", "permituserenvironment no", "permituserrc no",
-                 # forwarding: -L and -D (VS Code), nothing else
-                 "allowtcpforwarding local", "allowagentforwarding no", "allowstreamlocalforwarding no",
-                 "permittunnel no", "x11forwarding no",
-                 # every session in the server's home, which in the image is the passwd home
-                 "authorizedkeysfile /home/jovyan/.ssh/authorized_keys", "setenv home=/home/jovyan",
-                 "subsystem sftp /usr/lib/openssh/sftp-server"):
+    for line in (
+        "passwordauthentication no",
+        "kbdinteractiveauthentication no",
+        "permitrootlogin no",
+        "authenticationmethods publickey",
+        "allowusers jovyan",
+        "pubkeyauthentication yes",
+        "listenaddress 127.0.0.1:2222",
+        "permituserenvironment no",
+        "permituserrc no",
+        # forwarding: -L and -D (VS Code), nothing else
+        "allowtcpforwarding local",
+        "allowagentforwarding no",
+        "allowstreamlocalforwarding no",
+        "permittunnel no",
+        "x11forwarding no",
+        # every session in the server's home, which in the image is the passwd home
+        "authorizedkeysfile /home/jovyan/.ssh/authorized_keys",
+        "setenv home=/home/jovyan",
+        "subsystem sftp /usr/lib/openssh/sftp-server",
+    ):
         assert line in effective, r.stdout
     force = [line for line in effective if line.startswith("forcecommand ")]
     assert len(force) == 1 and force[0].endswith("/workbench_ssh/session.sh /home/jovyan /usr/lib/openssh/sftp-server")
@@ -46,9 +72,11 @@ def test_sshd_never_runs_as_root_and_takes_only_keys(singleuser_image):
 
 def test_login_shells_get_the_images_path(singleuser_image):
     """Debian's /etc/profile resets PATH for login shells; the image's profile.d restores it."""
-    out = docker("run", "--rm", "--entrypoint", "bash", singleuser_image, "-lc",
-                 'command -v python; printf "%s\\n" "$PATH"').stdout.splitlines()
-    image_path = docker("image", "inspect", "--format", "{{range .Config.Env}}{{println .}}{{end}}",
-                        singleuser_image).stdout
+    out = docker(
+        "run", "--rm", "--entrypoint", "bash", singleuser_image, "-lc", 'command -v python; printf "%s\\n" "$PATH"'
+    ).stdout.splitlines()
+    image_path = docker(
+        "image", "inspect", "--format", "{{range .Config.Env}}{{println .}}{{end}}", singleuser_image
+    ).stdout
     assert out[0] == "/opt/workbench/venv/bin/python"
     assert f"PATH={out[1]}" in image_path.splitlines()

@@ -39,11 +39,16 @@ def ordinary_account() -> str:
     return HUB_ACCOUNT
 
 
-@pytest.mark.parametrize("as_root", [True, False] if os.geteuid() == 0 else [False], ids=lambda r: "as-root" if r else "as-account")
+@pytest.mark.parametrize(
+    "as_root", [True, False] if os.geteuid() == 0 else [False], ids=lambda r: "as-root" if r else "as-account"
+)
 def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path, as_root):
     account = "root" if as_root else ordinary_account()
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.start_timeout=180"],
-                      run_as=None if as_root or account == getpass.getuser() else account)
+    hub = running_hub(
+        {"WORKBENCH_SIMULATED_GPUS": "2"},
+        ["--Spawner.start_timeout=180"],
+        run_as=None if as_root or account == getpass.getuser() else account,
+    )
     user = "carol"
     hub.create_users(user)
     assert hub.spawn(user, gpus=1).status_code in (201, 202)

@@ -76,9 +76,11 @@ def test_a_key_added_on_the_page_lets_the_next_ssh_in(ssh_hub, alice, chromium_b
         assert ssh_hub.server_api(alice.name, "GET", "/keys").json()["keys"] == before
 
         # the browser's session is a cookie, so a POST without the page's X-XSRFToken header is refused
-        status = page.evaluate("""async (key) => (await fetch(API + "/keys", {method: "POST",
+        status = page.evaluate(
+            """async (key) => (await fetch(API + "/keys", {method: "POST",
             headers: {"Content-Type": "application/json"}, body: JSON.stringify({key})})).status""",
-                               (laptop.parent / f"{laptop.name}.pub").read_text())
+            (laptop.parent / f"{laptop.name}.pub").read_text(),
+        )
         assert status == 403
         assert ssh_hub.server_api(alice.name, "GET", "/keys").json()["keys"] == before
 
@@ -92,6 +94,11 @@ def test_a_key_added_on_the_page_lets_the_next_ssh_in(ssh_hub, alice, chromium_b
         context.close()
 
     cfg, alias = ssh_hub.config(alice.name, identity=laptop, entry=entry)
-    r = subprocess.run(["ssh", "-F", str(cfg), alias, "echo in"], capture_output=True, text=True, timeout=60,
-                       env=ssh_hub.env(alice.token))
+    r = subprocess.run(
+        ["ssh", "-F", str(cfg), alias, "echo in"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=ssh_hub.env(alice.token),
+    )
     assert r.returncode == 0 and r.stdout == "in\n", r.stderr

@@ -79,12 +79,14 @@ def serve(ssl_ctx: ssl.SSLContext | None) -> tuple[Hub, callable]:
 
     def run():
         asyncio.set_event_loop(asyncio.new_event_loop())
-        app = web.Application([
-            (r"/user/alice/sshd/", EchoSSHD, {"seen": seen}),
-            (r"/user/alice/moved/", Redirect, {"to": "/user/alice/sshd/"}),
-            (r"/user/alice/away/", Redirect, {"to": "http://localhost:PORT/user/alice/sshd/"}),
-            (r"/user/stopped/sshd/", Stopped),
-        ])
+        app = web.Application(
+            [
+                (r"/user/alice/sshd/", EchoSSHD, {"seen": seen}),
+                (r"/user/alice/moved/", Redirect, {"to": "/user/alice/sshd/"}),
+                (r"/user/alice/away/", Redirect, {"to": "http://localhost:PORT/user/alice/sshd/"}),
+                (r"/user/stopped/sshd/", Stopped),
+            ]
+        )
         sockets = netutil.bind_sockets(0, "127.0.0.1")
         server = httpserver.HTTPServer(app, ssl_options=ssl_ctx)
         server.add_sockets(sockets)
@@ -120,8 +122,9 @@ def tls_hub(tmp_path_factory):
 
 def run_proxy(*args: str, env: dict[str, str] | None = None, data: bytes = b"", timeout: float = 30):
     environ = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/"), **(env or {})}
-    return subprocess.run([sys.executable, str(PROXY), *args], input=data, capture_output=True, env=environ,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(PROXY), *args], input=data, capture_output=True, env=environ, timeout=timeout
+    )
 
 
 def test_bytes_go_both_ways_unchanged_and_the_token_only_in_a_header(plain_hub):
@@ -137,9 +140,12 @@ def test_the_token_is_not_on_the_command_line(plain_hub, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
     token_file.chmod(0o600)
-    running = subprocess.Popen([sys.executable, str(PROXY), "--token-file", str(token_file),
-                                f"{plain_hub.url}/user/alice/sshd/"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE)
+    running = subprocess.Popen(
+        [sys.executable, str(PROXY), "--token-file", str(token_file), f"{plain_hub.url}/user/alice/sshd/"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         running.stdin.write(b"ping")
         running.stdin.flush()
@@ -186,23 +192,26 @@ def test_a_redirect_within_the_hub_is_followed(plain_hub):
     "args, env, file_text, mode, says",
     [
         ([], {}, None, None, "no hub token in the environment variable WORKBENCH_HUB_TOKEN"),
-        (["--token-env", "MY_TOKEN"], {"WORKBENCH_HUB_TOKEN": TOKEN}, None, None,
-         "no hub token in the environment variable MY_TOKEN"),
+        (
+            ["--token-env", "MY_TOKEN"],
+            {"WORKBENCH_HUB_TOKEN": TOKEN},
+            None,
+            None,
+            "no hub token in the environment variable MY_TOKEN",
+        ),
         ([], {"WORKBENCH_HUB_TOKEN": "two words"}, None, None, "must hold just the token"),
         (["--token-file", "FILE"], {}, TOKEN, 0o644, "may be read by other accounts (mode 0644): run chmod 600"),
         (["--token-file", "FILE"], {}, "\n", 0o600, "no hub token in the token file"),
         (["--token-file", "FILE"], {}, None, None, "cannot read the token file"),
     ],
 )
-def test_a_missing_or_exposed_token_is_refused_before_connecting(plain_hub, tmp_path, args, env, file_text, mode,
-                                                                 says):
+def test_a_missing_or_exposed_token_is_refused_before_connecting(plain_hub, tmp_path, args, env, file_text, mode, says):
     token_file = tmp_path / "token"
     if file_text is not None:
         token_file.write_text(file_text)
         token_file.chmod(mode)
     before = len(plain_hub.seen.headers)
-    r = run_proxy(*[str(token_file) if a == "FILE" else a for a in args], f"{plain_hub.url}/user/alice/sshd/",
-                  env=env)
+    r = run_proxy(*[str(token_file) if a == "FILE" else a for a in args], f"{plain_hub.url}/user/alice/sshd/", env=env)
     assert r.returncode == 1 and says in r.stderr.decode(), r.stderr
     assert len(plain_hub.seen.headers) == before
 
@@ -210,7 +219,10 @@ def test_a_missing_or_exposed_token_is_refused_before_connecting(plain_hub, tmp_
 @pytest.mark.parametrize(
     "url, says",
     [
-        ("ws://hub.example.org/user/alice/sshd/", "refusing to send your hub token unencrypted (ws://) to hub.example.org"),
+        (
+            "ws://hub.example.org/user/alice/sshd/",
+            "refusing to send your hub token unencrypted (ws://) to hub.example.org",
+        ),
         ("https://hub.example.org/user/alice/sshd/", "is not a websocket URL"),
         ("wss://hub.example.org:notaport/", "is not a usable URL"),
     ],

@@ -27,8 +27,12 @@ def assert_refused(result, says: str):
 
 
 def upgrade(ssh_hub, user: str, token: str | None = None) -> requests.Response:
-    headers = {"Connection": "Upgrade", "Upgrade": "websocket", "Sec-WebSocket-Version": "13",
-               "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+    headers = {
+        "Connection": "Upgrade",
+        "Upgrade": "websocket",
+        "Sec-WebSocket-Version": "13",
+        "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
+    }
     if token:
         headers["Authorization"] = f"token {token}"
     return requests.get(f"{ssh_hub.hub.url}/user/{user}/sshd/", allow_redirects=False, timeout=30, headers=headers)
@@ -36,8 +40,10 @@ def upgrade(ssh_hub, user: str, token: str | None = None) -> requests.Response:
 
 def test_without_a_token_the_websocket_is_refused(ssh_hub, alice):
     # the documented client will not even try without a token...
-    assert_refused(ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=""),
-                   "no hub token in the environment variable WORKBENCH_HUB_TOKEN")
+    assert_refused(
+        ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=""),
+        "no hub token in the environment variable WORKBENCH_HUB_TOKEN",
+    )
     # ...and the server refuses a websocket that comes without one (jupyter-server-proxy: 403, no login redirect)
     assert upgrade(ssh_hub, alice.name).status_code == 403
     assert upgrade(ssh_hub, alice.name, alice.token).status_code == 101  # the same request with her token opens
@@ -46,13 +52,13 @@ def test_without_a_token_the_websocket_is_refused(ssh_hub, alice):
 def test_another_users_token_reaches_nothing_of_alices(ssh_hub, alice, bob):
     # bob's token (and even bob's key) on alice's server
     assert_refused(ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=bob.token), FORBIDDEN)
-    assert_refused(ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=bob.token, identity=bob.key),
-                   FORBIDDEN)
+    assert_refused(ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=bob.token, identity=bob.key), FORBIDDEN)
     assert upgrade(ssh_hub, alice.name, bob.token).status_code == 403
     # nor her SSH page, nor her keys
     assert ssh_hub.server_api(alice.name, "GET", "", token=bob.token).status_code == 403
-    r = ssh_hub.server_api(alice.name, "POST", "/keys", token=bob.token,
-                           json={"key": (ssh_hub.workdir / f"id_{bob.name}.pub").read_text()})
+    r = ssh_hub.server_api(
+        alice.name, "POST", "/keys", token=bob.token, json={"key": (ssh_hub.workdir / f"id_{bob.name}.pub").read_text()}
+    )
     assert r.status_code == 403
     keys = ssh_hub.server_api(alice.name, "GET", "/keys").json()["keys"]
     comments = [k["comment"] for k in keys]
@@ -75,8 +81,17 @@ def test_a_key_not_in_authorized_keys_is_refused(ssh_hub, alice):
 
 
 def test_passwords_are_never_asked_for(ssh_hub, alice):
-    r = ssh_hub.run("ssh", alice.name, "-v", "-o", "PubkeyAuthentication=no",
-                    "-o", "PreferredAuthentications=password,keyboard-interactive", "HOST", f"echo {MARK}")
+    r = ssh_hub.run(
+        "ssh",
+        alice.name,
+        "-v",
+        "-o",
+        "PubkeyAuthentication=no",
+        "-o",
+        "PreferredAuthentications=password,keyboard-interactive",
+        "HOST",
+        f"echo {MARK}",
+    )
     assert_refused(r, NO_KEY)
     # the server offers nothing but public keys
     offered = [line for line in r.stderr.splitlines() if "Authentications that can continue" in line]

@@ -84,10 +84,25 @@ def test_a_short_rsa_key_is_refused(tmp_path):
 
 
 SFTP = "/usr/lib/openssh/sftp-server"
-BASE = ["/usr/sbin/sshd", "-h", "/home/jovyan/.ssh/jupyter_sshd_hostkey", "-D", "-e", "-f", "none",
-        "-o", "ListenAddress 127.0.0.1:{port}", "-o", "PrintLastLog no",
-        "-o", "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys2", "-o", "LogLevel INFO",
-        "-o", "Subsystem    sftp    internal-sftp"]  # jupyter-sshd-proxy 0.3.0's command
+BASE = [
+    "/usr/sbin/sshd",
+    "-h",
+    "/home/jovyan/.ssh/jupyter_sshd_hostkey",
+    "-D",
+    "-e",
+    "-f",
+    "none",
+    "-o",
+    "ListenAddress 127.0.0.1:{port}",
+    "-o",
+    "PrintLastLog no",
+    "-o",
+    "AuthorizedKeysFile .ssh/authorized_keys .ssh/authorized_keys2",
+    "-o",
+    "LogLevel INFO",
+    "-o",
+    "Subsystem    sftp    internal-sftp",
+]  # jupyter-sshd-proxy 0.3.0's command
 
 
 def options_of(cmd: list[str]) -> list[str]:
@@ -95,25 +110,42 @@ def options_of(cmd: list[str]) -> list[str]:
 
 
 def test_sshd_options_allow_only_this_users_keys_and_carry_only_the_gpu_variables():
-    env = {"WORKBENCH_GPUS": "GPU-a,GPU-b", "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b", "PATH": "/opt/v/bin:/usr/bin",
-           "JUPYTERHUB_API_TOKEN": "secret", "HOME": "/home/jovyan"}
+    env = {
+        "WORKBENCH_GPUS": "GPU-a,GPU-b",
+        "CUDA_VISIBLE_DEVICES": "GPU-a,GPU-b",
+        "PATH": "/opt/v/bin:/usr/bin",
+        "JUPYTERHUB_API_TOKEN": "secret",
+        "HOME": "/home/jovyan",
+    }
     cmd = sshd.sshd_command("4242", "jovyan", env, BASE, "/home/jovyan", SFTP)
     assert cmd[:7] == BASE[:7] and "ListenAddress 127.0.0.1:4242" in options_of(cmd)
     options = options_of(cmd)
-    for wanted in ("PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin no",
-                   "AuthenticationMethods publickey", "AllowUsers jovyan", "PermitUserEnvironment no",
-                   "PermitUserRC no"):
+    for wanted in (
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "PermitRootLogin no",
+        "AuthenticationMethods publickey",
+        "AllowUsers jovyan",
+        "PermitUserEnvironment no",
+        "PermitUserRC no",
+    ):
         assert wanted in options
     setenv = [o for o in options if o.startswith("SetEnv ")]
-    assert setenv == ["SetEnv WORKBENCH_GPUS=GPU-a,GPU-b CUDA_VISIBLE_DEVICES=GPU-a,GPU-b PATH=/opt/v/bin:/usr/bin "
-                      "HOME=/home/jovyan"]
+    assert setenv == [
+        "SetEnv WORKBENCH_GPUS=GPU-a,GPU-b CUDA_VISIBLE_DEVICES=GPU-a,GPU-b PATH=/opt/v/bin:/usr/bin HOME=/home/jovyan"
+    ]
     assert "secret" not in " ".join(cmd)
 
 
 def test_sshd_forwards_local_ports_only():
     options = options_of(sshd.sshd_command("4242", "jovyan", {}, BASE, "/home/jovyan", SFTP))
-    for wanted in ("AllowTcpForwarding local", "AllowAgentForwarding no", "AllowStreamLocalForwarding no",
-                   "PermitTunnel no", "X11Forwarding no"):
+    for wanted in (
+        "AllowTcpForwarding local",
+        "AllowAgentForwarding no",
+        "AllowStreamLocalForwarding no",
+        "PermitTunnel no",
+        "X11Forwarding no",
+    ):
         assert wanted in options
 
 
@@ -125,7 +157,8 @@ def test_every_session_lands_in_the_servers_home():
     cmd = sshd.sshd_command("4242", "hubowner", {}, BASE, home, SFTP)
     options = options_of(cmd)
     assert [o for o in options if o.lower().startswith("authorizedkeysfile")] == [
-        'AuthorizedKeysFile "/srv/wb data/homes/carol/.ssh/authorized_keys"']
+        'AuthorizedKeysFile "/srv/wb data/homes/carol/.ssh/authorized_keys"'
+    ]
     assert [o for o in options if o.lower().startswith("subsystem")] == [f"Subsystem sftp {SFTP}"]
     assert f"ForceCommand /bin/sh {sshd.SESSION_SCRIPT} '{home}' {SFTP}" in options
     assert 'SetEnv "HOME=/srv/wb data/homes/carol"' in options
@@ -178,8 +211,9 @@ def _run_session(tmp_path, home: Path, command: str | None, extra_env: dict[str,
     if command is not None:
         env["SSH_ORIGINAL_COMMAND"] = command
     env.update(extra_env or {})
-    subprocess.run(["/bin/sh", str(sshd.SESSION_SCRIPT), str(home), str(fake)], env=env, cwd="/", check=True,
-                   timeout=10)
+    subprocess.run(
+        ["/bin/sh", str(sshd.SESSION_SCRIPT), str(home), str(fake)], env=env, cwd="/", check=True, timeout=10
+    )
     lines = report.read_text().splitlines()
     return lines[0], lines[1], dict(line.split("=", 1) for line in lines[2:] if "=" in line)
 
@@ -206,9 +240,13 @@ def test_the_session_wrapper_escapes_sftp_servers_percent_tokens(tmp_path):
 
 
 def test_the_session_wrapper_refuses_a_missing_home(tmp_path):
-    r = subprocess.run(["/bin/sh", str(sshd.SESSION_SCRIPT), str(tmp_path / "gone"), "/bin/true"],
-                       env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": "echo reached"},
-                       capture_output=True, text=True, timeout=10)
+    r = subprocess.run(
+        ["/bin/sh", str(sshd.SESSION_SCRIPT), str(tmp_path / "gone"), "/bin/true"],
+        env={"PATH": "/usr/bin:/bin", "SSH_ORIGINAL_COMMAND": "echo reached"},
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == f"workbench-ssh: cannot enter the server's home {tmp_path / 'gone'}\n"
 
@@ -273,13 +311,17 @@ def test_the_config_entry_names_alias_user_proxy_and_token_source():
     assert alias == "workbench-hub.example.org-a-b-gpu"
     text = client_config.ssh_config(alias, "jovyan", "wss://hub.example.org/user/a%40b/gpu/sshd/", "env")
     assert text.splitlines()[:4] == [
-        f"Host {alias}", "    User jovyan", f"    HostKeyAlias {alias}",
+        f"Host {alias}",
+        "    User jovyan",
+        f"    HostKeyAlias {alias}",
         # ssh expands %-tokens in ProxyCommand: the escaped @ is written %%40
         "    ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-env WORKBENCH_HUB_TOKEN "
         "wss://hub.example.org/user/a%%40b/gpu/sshd/",
     ]
-    assert ("ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-file ~/.ssh/workbench-token wss://h/u/"
-            in client_config.ssh_config(alias, "jovyan", "wss://h/u/", "file"))
+    assert (
+        "ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-file ~/.ssh/workbench-token wss://h/u/"
+        in client_config.ssh_config(alias, "jovyan", "wss://h/u/", "file")
+    )
     assert "ServerAliveInterval 30" in text
     with pytest.raises(ValueError, match="'file' or 'env'"):
         client_config.proxy_command("wss://h/u/", "argv")
@@ -298,11 +340,18 @@ def test_ssh_runs_the_proxy_command_with_the_url_intact(tmp_path):
     (bin_dir / "python3").chmod(0o755)
     cfg = tmp_path / "config"
     cfg.write_text(client_config.ssh_config("wb-alias", "jovyan", "wss://hub.example.org/user/a%40b/sshd/", "file"))
-    subprocess.run(["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "wb-alias", "true"], capture_output=True, timeout=30,
-                   env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    subprocess.run(
+        ["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "wb-alias", "true"],
+        capture_output=True,
+        timeout=30,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
     assert record.read_text().splitlines() == [
-        f"{tmp_path}/.ssh/workbench-ssh-proxy.py", "--token-file", f"{tmp_path}/.ssh/workbench-token",
-        "wss://hub.example.org/user/a%40b/sshd/"]
+        f"{tmp_path}/.ssh/workbench-ssh-proxy.py",
+        "--token-file",
+        f"{tmp_path}/.ssh/workbench-token",
+        "wss://hub.example.org/user/a%40b/sshd/",
+    ]
 
 
 def test_two_keys_added_at_once_both_land(tmp_path, monkeypatch):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from jupyterhub.spawner import Spawner
 
@@ -51,7 +51,10 @@ class FakeRuntime(Spawner):
         self.alive = True
         if self.world is not None:
             self.world.running[f"fake:{self.user.name}/{self.name}"] = (
-                self.user.name, self.name, tuple(getattr(self, "gpu_uuids", ())))
+                self.user.name,
+                self.name,
+                tuple(getattr(self, "gpu_uuids", ())),
+            )
         return "http://127.0.0.1:9999"
 
     async def stop(self, now=False):
@@ -107,16 +110,31 @@ class FakeEnginePlacement(EnginePlacement):
         self.clock = time.monotonic
         self.admitted: set[str] = set()
 
-    async def admit_to_queue(self, key: str, count: int, model: str | None, groups: Sequence[str],
-                             deadline: float, describe=lambda text: None) -> None:
+    async def admit_to_queue(
+        self,
+        key: str,
+        count: int,
+        model: str | None,
+        groups: Sequence[str],
+        deadline: float,
+        describe=lambda text: None,
+    ) -> None:
         self.admitted.add(key)
 
     def withdraw(self, key: str) -> None:
         self.admitted.discard(key)
 
-    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None
-                    ) -> Lease | None:
+    async def place(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        model: str | None,
+        timeout: float,
+        report: Report = _nothing,
+        groups: Sequence[str] = (),
+        job: EngineJob | None = None,
+    ) -> Lease | None:
         if job is None:
             raise NoGPUAvailable("nothing was submitted")
         self.withdraw(job.admitted)
@@ -127,8 +145,9 @@ class FakeEnginePlacement(EnginePlacement):
             if not count:
                 return None
             if len(free) >= count:
-                if await asyncio.to_thread(self.store.adopt, user, server, free[:count], f"engine:{job.job_id}",
-                                           None, "node-1", tuple(groups)):
+                if await asyncio.to_thread(
+                    self.store.adopt, user, server, free[:count], f"engine:{job.job_id}", None, "node-1", tuple(groups)
+                ):
                     return await asyncio.to_thread(self.store.lease_of, user, server)
             job.describe(f"The engine keeps job {job.job_id} pending: Resources")
             if self.clock() >= deadline:
@@ -153,7 +172,9 @@ class FakeEngineSpawner(GPUSpawnerMixin, FakeRuntime):
         if self.behaviour == "fail":
             from jupyterhub.spawner import SpawnException
 
-            raise SpawnException("The engine refused the job: no such partition.", reason="engine_refused", status_code=400)
+            raise SpawnException(
+                "The engine refused the job: no such partition.", reason="engine_refused", status_code=400
+            )
         self.job_id = str(next(self._ids))
         return EngineJob(job_id=self.job_id)
 

@@ -13,7 +13,6 @@ behaviour runs in their tiers, against a real runtime: ``tests/integration``
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 import warnings
 from types import SimpleNamespace
@@ -46,8 +45,11 @@ def backend(request, tmp_path):
     cls = type(f"Conforming{request.param.__name__}", (request.param,), {"world": world})
 
     def make(user="alice", name="", **traits):
-        traits = {"gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}", "simulated_gpus": "2",
-                  "gpu_queue_timeout": 0.3} | traits
+        traits = {
+            "gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}",
+            "simulated_gpus": "2",
+            "gpu_queue_timeout": 0.3,
+        } | traits
         user_obj = SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user, groups=[])
         hub = SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/")
         return cls(user=user_obj, hub=hub, orm_spawner=SimpleNamespace(name=name, server=None), **traits)
@@ -80,8 +82,16 @@ def test_every_real_backend_keeps_the_declared_contract(entry):
 def test_the_contract_is_small_and_each_member_is_documented():
     host, engine = contract_members("host"), contract_members("engine")
     assert host == ["gpu_lease_ref", "gpu_lease_alive", "gpu_reconcile_orphans", "gpu_environment"]
-    assert engine == ["gpu_lease_ref", "gpu_lease_alive", "gpu_reconcile_orphans", "engine_inventory",
-                      "engine_placement", "engine_submit", "engine_connect", "engine_cancel"]
+    assert engine == [
+        "gpu_lease_ref",
+        "gpu_lease_alive",
+        "gpu_reconcile_orphans",
+        "engine_inventory",
+        "engine_placement",
+        "engine_submit",
+        "engine_connect",
+        "engine_cancel",
+    ]
     for name in set(host) | set(engine):
         assert (getattr(GPUSpawnerMixin, name).__doc__ or "").strip(), f"{name} has no docstring"
 
@@ -92,8 +102,9 @@ def test_a_backend_that_misses_a_member_is_refused_with_a_sentence_naming_it():
 
     Forgetful.gpu_environment = GPUSpawnerMixin.gpu_environment
     problems = contract_problems(Forgetful)
-    assert problems == ["Forgetful is a host-placed backend and does not implement gpu_environment() "
-                        "(see docs/backends.md)"]
+    assert problems == [
+        "Forgetful is a host-placed backend and does not implement gpu_environment() (see docs/backends.md)"
+    ]
     with pytest.raises(BackendContractError, match="does not implement gpu_environment"):
         Forgetful(user=SimpleNamespace(name="a"), hub=None)
 
@@ -117,9 +128,11 @@ def test_a_sites_subclass_keeps_the_backend_and_its_features():
 
 
 def test_the_old_import_paths_still_work_with_a_deprecation_warning():
-    for module, name in [("workbench_spawner.local", "LocalGPUSpawner"),
-                         ("workbench_spawner.docker_backend", "DockerGPUSpawner"),
-                         ("workbench_spawner.slurm_backend", "SlurmGPUSpawner")]:
+    for module, name in [
+        ("workbench_spawner.local", "LocalGPUSpawner"),
+        ("workbench_spawner.docker_backend", "DockerGPUSpawner"),
+        ("workbench_spawner.slurm_backend", "SlurmGPUSpawner"),
+    ]:
         import sys
 
         sys.modules.pop(module, None)
@@ -224,7 +237,7 @@ async def test_an_orphan_whose_gpus_went_to_someone_else_is_ended(backend):
     store.adopt("dave", "", list(uuids), "elsewhere")  # someone else holds them now, and runs
     backend.world.running["elsewhere"] = ("dave", "", tuple(uuids))
     _policies.clear()
-    backend.make("carol").gpu_policy
+    backend.make("carol").gpu_policy  # noqa: B018
     assert ref in backend.world.cancelled and ref not in backend.world.running
 
 

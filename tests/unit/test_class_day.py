@@ -53,8 +53,12 @@ def test_a_stuck_simulation_says_so_instead_of_hanging():
 def results(tmp_path_factory):
     trace = make_trace(24, 13, 4)
     out = {}
-    for name, options in [("fifo", {}), ("reclaim", {"reclaim": 5.0}), ("fair", {"fair": True}),
-                          ("reserve", {"reserve": True})]:
+    for name, options in [
+        ("fifo", {}),
+        ("reclaim", {"reclaim": 5.0}),
+        ("fair", {"fair": True}),
+        ("reserve", {"reserve": True}),
+    ]:
         workdir = tmp_path_factory.mktemp(name)
         out[name] = class_day.run(trace, 4, workdir, seed=13, **options)
     return out

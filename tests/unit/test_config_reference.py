@@ -42,12 +42,16 @@ def test_configuration_reference_is_current(generator):
 
 
 def test_every_configurable_trait_has_help(generator):
-    missing = [f"{cls.__module__}.{cls.__name__}.{name}"
-               for cls in documented_classes(generator)
-               for name, trait in generator.own_config_traits(cls)
-               if not (trait.help or "").strip()]
-    assert not missing, ("every configurable trait needs a help= (the house rule, and what "
-                         f"docs/configuration.md is made of); these have none: {', '.join(missing)}")
+    missing = [
+        f"{cls.__module__}.{cls.__name__}.{name}"
+        for cls in documented_classes(generator)
+        for name, trait in generator.own_config_traits(cls)
+        if not (trait.help or "").strip()
+    ]
+    assert not missing, (
+        "every configurable trait needs a help= (the house rule, and what "
+        f"docs/configuration.md is made of); these have none: {', '.join(missing)}"
+    )
 
 
 def test_the_reference_names_every_backend_and_every_trait(generator):

@@ -84,15 +84,21 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
         ({"WORKBENCH_ADMIN_USERS": ""}, "Authenticator.admin_users", set()),
         ({}, "Authenticator.allow_all", True),
         ({}, "NativeAuthenticator.minimum_password_length", 8),
-        ({"WORKBENCH_AUTHENTICATOR": "native"}, "JupyterHub.authenticator_class",
-         "workbench_hub.auth.WorkbenchAuthenticator"),
+        (
+            {"WORKBENCH_AUTHENTICATOR": "native"},
+            "JupyterHub.authenticator_class",
+            "workbench_hub.auth.WorkbenchAuthenticator",
+        ),
         # a Slurm head node: the host's own accounts, since jobs run as the user's Unix account
         ({**PAM, "WORKBENCH_AUTHENTICATOR": "PAM"}, "JupyterHub.authenticator_class", "pam"),
         (PAM, "Authenticator.allow_all", True),
         (PAM, "Authenticator.admin_users", {"ada"}),
         (PAM, "Authenticator.blocked_users", {"root"}),
-        ({**PAM, "WORKBENCH_PAM_GROUPS": "gpu-users, staff"},
-         "PAMAuthenticator.allowed_groups", {"gpu-users", "staff"}),
+        (
+            {**PAM, "WORKBENCH_PAM_GROUPS": "gpu-users, staff"},
+            "PAMAuthenticator.allowed_groups",
+            {"gpu-users", "staff"},
+        ),
         # the spawner
         ({}, "JupyterHub.spawner_class", "gpu-local"),
         ({"WORKBENCH_BACKEND": "LOCAL"}, "JupyterHub.spawner_class", "gpu-local"),
@@ -102,8 +108,11 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
         ({}, "LocalGPUSpawner.starter_notebooks_dir", str(REPO / "notebooks")),
         ({}, "Spawner.default_url", "/lab"),
         ({"WORKBENCH_DATA_DIR": str(DATA)}, "GPUSpawnerMixin.gpu_db_url", f"sqlite:///{DATA}/workbench.sqlite"),
-        ({"WORKBENCH_DB_URL": "postgresql+psycopg://db/gpus"}, "GPUSpawnerMixin.gpu_db_url",
-         "postgresql+psycopg://db/gpus"),
+        (
+            {"WORKBENCH_DB_URL": "postgresql+psycopg://db/gpus"},
+            "GPUSpawnerMixin.gpu_db_url",
+            "postgresql+psycopg://db/gpus",
+        ),
         ({"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB"}, "GPUSpawnerMixin.simulated_gpus", "2xH100-80GB"),
         ({}, "GPUSpawnerMixin.gpu_queue_timeout", 300.0),
         ({"WORKBENCH_QUEUE_TIMEOUT": "2.5"}, "GPUSpawnerMixin.gpu_queue_timeout", 2.5),
@@ -116,8 +125,7 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
         ({"WORKBENCH_CPU_SERVERS": "0"}, "GPUSpawnerMixin.cpu_servers_allowed", False),
         ({"WORKBENCH_CPU_SERVERS": "No"}, "GPUSpawnerMixin.cpu_servers_allowed", False),
         ({"WORKBENCH_CPU_SERVERS": "yes"}, "GPUSpawnerMixin.cpu_servers_allowed", True),
-        ({"WORKBENCH_QUOTA_CONTACT": "gpu-help@example.edu"}, "GPUSpawnerMixin.quota_contact",
-         "gpu-help@example.edu"),
+        ({"WORKBENCH_QUOTA_CONTACT": "gpu-help@example.edu"}, "GPUSpawnerMixin.quota_contact", "gpu-help@example.edu"),
     ],
 )
 def test_environment_becomes_config(env, trait, expected):
@@ -171,8 +179,11 @@ DOCKER = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "gpu-workbench/singl
         ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "DockerGPUSpawner.use_internal_ip", True),
         ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "JupyterHub.hub_ip", "0.0.0.0"),
         ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "JupyterHub.hub_connect_ip", "hub"),
-        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb", "WORKBENCH_HUB_CONNECT_IP": "hub.wb"},
-         "JupyterHub.hub_connect_ip", "hub.wb"),
+        (
+            {**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb", "WORKBENCH_HUB_CONNECT_IP": "hub.wb"},
+            "JupyterHub.hub_connect_ip",
+            "hub.wb",
+        ),
     ],
 )
 def test_docker_backend(env, trait, expected):
@@ -211,28 +222,44 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
         ({"WORKBENCH_PORT": ""}, "WORKBENCH_PORT must be a port number, not ''"),
         ({"WORKBENCH_HUB_API_PORT": "x"}, "WORKBENCH_HUB_API_PORT must be a port number, not 'x'"),
         ({"WORKBENCH_PROXY_API_PORT": "-1"}, "WORKBENCH_PROXY_API_PORT must be a port number, not '-1'"),
-        ({"WORKBENCH_BACKEND": "kubernetes"}, "WORKBENCH_BACKEND='kubernetes' is not an installed backend; use one of: docker, local, slurm"),
+        (
+            {"WORKBENCH_BACKEND": "kubernetes"},
+            "WORKBENCH_BACKEND='kubernetes' is not an installed backend; use one of: docker, local, slurm",
+        ),
         ({"WORKBENCH_BACKEND": "docker"}, "the docker backend needs WORKBENCH_IMAGE, the single-user image"),
         ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": " "}, "the docker backend needs WORKBENCH_IMAGE"),
-        ({"WORKBENCH_ADMIN_TOKEN": "short"},
-         "WORKBENCH_ADMIN_TOKEN must be at least 16 characters (try: openssl rand -hex 32)"),
+        (
+            {"WORKBENCH_ADMIN_TOKEN": "short"},
+            "WORKBENCH_ADMIN_TOKEN must be at least 16 characters (try: openssl rand -hex 32)",
+        ),
         ({"WORKBENCH_METRICS_TOKEN": "abc"}, "WORKBENCH_METRICS_TOKEN must be at least 16 characters"),
-        ({"WORKBENCH_CULL_IDLE_SECONDS": "1h"},
-         "WORKBENCH_CULL_IDLE_SECONDS must be a non-negative whole number, not '1h'"),
-        ({"WORKBENCH_CULL_IDLE_SECONDS": "-5"},
-         "WORKBENCH_CULL_IDLE_SECONDS must be a non-negative whole number, not '-5'"),
-        ({"WORKBENCH_SERVICE_PORT": "port"},
-         "WORKBENCH_SERVICE_PORT must be a non-negative whole number, not 'port'"),
-        ({"WORKBENCH_SESSION_CHECK_SECONDS": "often"},
-         "WORKBENCH_SESSION_CHECK_SECONDS must be a non-negative number, not 'often'"),
+        (
+            {"WORKBENCH_CULL_IDLE_SECONDS": "1h"},
+            "WORKBENCH_CULL_IDLE_SECONDS must be a non-negative whole number, not '1h'",
+        ),
+        (
+            {"WORKBENCH_CULL_IDLE_SECONDS": "-5"},
+            "WORKBENCH_CULL_IDLE_SECONDS must be a non-negative whole number, not '-5'",
+        ),
+        ({"WORKBENCH_SERVICE_PORT": "port"}, "WORKBENCH_SERVICE_PORT must be a non-negative whole number, not 'port'"),
+        (
+            {"WORKBENCH_SESSION_CHECK_SECONDS": "often"},
+            "WORKBENCH_SESSION_CHECK_SECONDS must be a non-negative number, not 'often'",
+        ),
         ({"WORKBENCH_QUEUE_TIMEOUT": "-1"}, "WORKBENCH_QUEUE_TIMEOUT must be a non-negative number, not '-1'"),
-        ({"WORKBENCH_SERVERS_PER_GPU": "1.5"},
-         "WORKBENCH_SERVERS_PER_GPU must be a non-negative whole number, not '1.5'"),
-        ({"WORKBENCH_DEFAULT_MAX_GPUS": "two"},
-         "WORKBENCH_DEFAULT_MAX_GPUS must be a non-negative whole number, not 'two'"),
+        (
+            {"WORKBENCH_SERVERS_PER_GPU": "1.5"},
+            "WORKBENCH_SERVERS_PER_GPU must be a non-negative whole number, not '1.5'",
+        ),
+        (
+            {"WORKBENCH_DEFAULT_MAX_GPUS": "two"},
+            "WORKBENCH_DEFAULT_MAX_GPUS must be a non-negative whole number, not 'two'",
+        ),
         ({**DOCKER, "WORKBENCH_CPU_LIMIT": "many"}, "WORKBENCH_CPU_LIMIT must be a non-negative number, not 'many'"),
-        ({"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
-         "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores"),
+        (
+            {"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
+            "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores",
+        ),
         ({"WORKBENCH_AUTHENTICATOR": "ldap"}, "WORKBENCH_AUTHENTICATOR='ldap' is not available; use 'native'"),
         ({"WORKBENCH_AUTHENTICATOR": "pam"}, "WORKBENCH_AUTHENTICATOR=pam needs WORKBENCH_ADMIN_USERS set"),
         ({"WORKBENCH_PAM_GROUPS": "staff"}, "WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'"),
@@ -249,22 +276,40 @@ def test_bad_values_raise_one_config_error_with_a_sentence(env, message):
 
 def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_guard():
     c = Config()
-    env = {"WORKBENCH_SERVICE_PORT": "10222", "WORKBENCH_SESSION_CHECK_SECONDS": "5",
-           "WORKBENCH_SIMULATED_GPUS": "2", "WORKBENCH_DB_URL": "sqlite:////x.sqlite"}
+    env = {
+        "WORKBENCH_SERVICE_PORT": "10222",
+        "WORKBENCH_SESSION_CHECK_SECONDS": "5",
+        "WORKBENCH_SIMULATED_GPUS": "2",
+        "WORKBENCH_DB_URL": "sqlite:////x.sqlite",
+    }
     configurer.update_auth(c, env)
     configurer.update_services(c, env, hub_pid=4242)
     workbench = service(c, "workbench")
     assert workbench["url"] == "http://127.0.0.1:10222"
     assert "environment" not in workbench
     assert workbench["command"] == [
-        sys.executable, "-m", "workbench_hub.parent_guard", "--parent-pid=4242", "--",
-        sys.executable, "-m", "workbench_hub.service", "--port=10222", "--session-check-seconds=5.0",
-        "--idle-check-seconds=30.0", "--reservation-check-seconds=15.0", "--proxy-url=http://127.0.0.1:8000",
+        sys.executable,
+        "-m",
+        "workbench_hub.parent_guard",
+        "--parent-pid=4242",
+        "--",
+        sys.executable,
+        "-m",
+        "workbench_hub.service",
+        "--port=10222",
+        "--session-check-seconds=5.0",
+        "--idle-check-seconds=30.0",
+        "--reservation-check-seconds=15.0",
+        "--proxy-url=http://127.0.0.1:8000",
     ]
     configurer.point_service_at_settings(c, "sqlite:////data/workbench.sqlite")
     assert workbench["command"][-6:] == [
-        "--port=10222", "--db-url=sqlite:////data/workbench.sqlite", "--session-check-seconds=5.0",
-        "--idle-check-seconds=30.0", "--reservation-check-seconds=15.0", "--proxy-url=http://127.0.0.1:8000",
+        "--port=10222",
+        "--db-url=sqlite:////data/workbench.sqlite",
+        "--session-check-seconds=5.0",
+        "--idle-check-seconds=30.0",
+        "--reservation-check-seconds=15.0",
+        "--proxy-url=http://127.0.0.1:8000",
     ]
     # Publishing again (a config file calling it twice) replaces, never appends.
     configurer.point_service_at_settings(c, "sqlite:////other.sqlite")
@@ -276,10 +321,16 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
     [
         ({}, ["idle-culler", "workbench"], ["idle-culler", "workbench-service", "workbench-admins"]),
         ({"WORKBENCH_CULL_IDLE_SECONDS": "0"}, ["workbench"], ["workbench-service", "workbench-admins"]),
-        ({"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
-         ["workbench-admin", "workbench"], ["workbench-automation", "workbench-service", "workbench-admins"]),
-        ({"WORKBENCH_METRICS_TOKEN": "m" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
-         ["workbench", "workbench-metrics"], ["workbench-service", "workbench-admins", "workbench-metrics"]),
+        (
+            {"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
+            ["workbench-admin", "workbench"],
+            ["workbench-automation", "workbench-service", "workbench-admins"],
+        ),
+        (
+            {"WORKBENCH_METRICS_TOKEN": "m" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
+            ["workbench", "workbench-metrics"],
+            ["workbench-service", "workbench-admins", "workbench-metrics"],
+        ),
     ],
 )
 def test_services_and_roles(env, services, roles):
@@ -289,8 +340,9 @@ def test_services_and_roles(env, services, roles):
 
 
 def test_tokens_and_admin_roles():
-    c = build({"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_METRICS_TOKEN": "m" * 32,
-               "WORKBENCH_ADMIN_USERS": "zoe,ada"})
+    c = build(
+        {"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_METRICS_TOKEN": "m" * 32, "WORKBENCH_ADMIN_USERS": "zoe,ada"}
+    )
     assert service(c, "workbench-admin") == {"name": "workbench-admin", "api_token": "a" * 32}
     assert service(c, "workbench-metrics") == {"name": "workbench-metrics", "api_token": "m" * 32}
     assert "admin:users" in role(c, "workbench-automation")["scopes"]
@@ -304,8 +356,16 @@ def test_tokens_and_admin_roles():
 
 def test_the_idle_culler_runs_behind_the_guard_with_the_timeout():
     culler = service(build({"WORKBENCH_CULL_IDLE_SECONDS": "600"}), "idle-culler")
-    assert culler["command"] == [sys.executable, "-m", "workbench_hub.parent_guard", "--",
-                                 sys.executable, "-m", "jupyterhub_idle_culler", "--timeout=600"]
+    assert culler["command"] == [
+        sys.executable,
+        "-m",
+        "workbench_hub.parent_guard",
+        "--",
+        sys.executable,
+        "-m",
+        "jupyterhub_idle_culler",
+        "--timeout=600",
+    ]
 
 
 def test_the_proxy_from_the_checkout_is_used_when_it_is_installed(tmp_path):
@@ -328,17 +388,28 @@ def test_configurer_never_reads_the_process_environment(monkeypatch):
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
     """A test CA's certificate for workbench.test (valid), an expired one, and a key of neither."""
-    from tests.https.certs import CA, NOW
     import datetime as dt
+
+    from tests.https.certs import CA, NOW
 
     directory = tmp_path_factory.mktemp("certs")
     ca = CA.make()
     good = ca.write(directory, "good", "workbench.test", "127.0.0.1")
-    expired = ca.write(directory, "expired", "workbench.test",
-                       not_before=NOW - dt.timedelta(days=90), not_after=NOW - dt.timedelta(days=2))
+    expired = ca.write(
+        directory,
+        "expired",
+        "workbench.test",
+        not_before=NOW - dt.timedelta(days=90),
+        not_after=NOW - dt.timedelta(days=2),
+    )
     other = ca.write(directory, "other", "elsewhere.test")
-    return {"cert": str(good[0]), "key": str(good[1]), "expired": str(expired[0]), "expired_key": str(expired[1]),
-            "other_key": str(other[1])}
+    return {
+        "cert": str(good[0]),
+        "key": str(good[1]),
+        "expired": str(expired[0]),
+        "expired_key": str(expired[1]),
+        "other_key": str(other[1]),
+    }
 
 
 HSTS = {"headers": {"Strict-Transport-Security": "max-age=31536000"}}
@@ -354,8 +425,11 @@ CHP = "configurable-http-proxy"
         ({"TLS": 1}, "JupyterHub.ssl_cert", "<cert>"),
         ({"TLS": 1}, "JupyterHub.ssl_key", "<key>"),
         ({"TLS": 1}, "JupyterHub.tornado_settings", HSTS),
-        ({"TLS": 1, "WORKBENCH_HSTS_SECONDS": "600"}, "JupyterHub.tornado_settings",
-         {"headers": {"Strict-Transport-Security": "max-age=600"}}),
+        (
+            {"TLS": 1, "WORKBENCH_HSTS_SECONDS": "600"},
+            "JupyterHub.tornado_settings",
+            {"headers": {"Strict-Transport-Security": "max-age=600"}},
+        ),
         # our proxy keeps adding X-Forwarded-Proto: https for the hub
         ({"TLS": 1}, "ConfigurableHTTPProxy.command", None),
         # a TLS-terminating proxy in front: its X-Forwarded-Proto reaches the hub untouched
@@ -385,7 +459,11 @@ def test_https_settings_become_config(certs, env, trait, expected):
     if expected is None:
         assert name not in c[section], (trait, c[section])
         return
-    expected = {"<cert>": certs["cert"], "<key>": certs["key"]}.get(expected, expected) if isinstance(expected, str) else expected
+    expected = (
+        {"<cert>": certs["cert"], "<key>": certs["key"]}.get(expected, expected)
+        if isinstance(expected, str)
+        else expected
+    )
     assert get(c, trait) == expected
 
 
@@ -400,14 +478,23 @@ def test_the_checkouts_proxy_gets_no_x_forward_behind_a_tls_proxy(tmp_path):
 @pytest.mark.parametrize(
     "env, message",
     [
-        ({"WORKBENCH_SSL_CERT": "/etc/ssl/hub.pem"},
-         "WORKBENCH_SSL_KEY is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither"),
-        ({"WORKBENCH_SSL_KEY": "/etc/ssl/hub.key"},
-         "WORKBENCH_SSL_CERT is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither"),
-        ({"WORKBENCH_DOMAIN": "https://gpu.example.org/"},
-         "WORKBENCH_DOMAIN must be a host name such as gpu.example.org, not 'https://gpu.example.org/'"),
+        (
+            {"WORKBENCH_SSL_CERT": "/etc/ssl/hub.pem"},
+            "WORKBENCH_SSL_KEY is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither",
+        ),
+        (
+            {"WORKBENCH_SSL_KEY": "/etc/ssl/hub.key"},
+            "WORKBENCH_SSL_CERT is not set: set both WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY, or neither",
+        ),
+        (
+            {"WORKBENCH_DOMAIN": "https://gpu.example.org/"},
+            "WORKBENCH_DOMAIN must be a host name such as gpu.example.org, not 'https://gpu.example.org/'",
+        ),
         ({"WORKBENCH_DOMAIN": "gpu.example.org:443"}, "WORKBENCH_DOMAIN must be a host name"),
-        ({"WORKBENCH_HSTS_SECONDS": "a year"}, "WORKBENCH_HSTS_SECONDS must be a non-negative whole number, not 'a year'"),
+        (
+            {"WORKBENCH_HSTS_SECONDS": "a year"},
+            "WORKBENCH_HSTS_SECONDS must be a non-negative whole number, not 'a year'",
+        ),
         ({"WORKBENCH_ALLOW_HTTP": "on-the-lan"}, "WORKBENCH_ALLOW_HTTP must be 1 or 0, not 'on-the-lan'"),
     ],
 )
@@ -417,9 +504,11 @@ def test_bad_https_settings_raise_one_sentence(env, message):
     assert str(raised.value) == message or str(raised.value).startswith(message)
 
 
-REFUSAL = ("serves other machines over plain HTTP, so passwords and tokens would cross the network in clear: "
-           "set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, or set WORKBENCH_ALLOW_HTTP=1 "
-           "if a TLS-terminating proxy in front forwards X-Forwarded-Proto (README: Serving other machines)")
+REFUSAL = (
+    "serves other machines over plain HTTP, so passwords and tokens would cross the network in clear: "
+    "set WORKBENCH_SSL_CERT and WORKBENCH_SSL_KEY (PEM files) to serve HTTPS, or set WORKBENCH_ALLOW_HTTP=1 "
+    "if a TLS-terminating proxy in front forwards X-Forwarded-Proto (README: Serving other machines)"
+)
 
 
 def _local_bind_all(c):
@@ -449,14 +538,21 @@ def _local_loopback(c):
         # an empty value (`WORKBENCH_ALLOW_HTTP=` in .env) lowers no safeguard
         ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": ""}, None, "the proxy's address 0.0.0.0 " + REFUSAL),
         ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "0"}, None, "the proxy's address 0.0.0.0 " + REFUSAL),
-        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_DOMAIN": "gpu.example.org"}, None,
-         "the proxy's address 0.0.0.0 " + REFUSAL),  # a domain alone is no proof of a TLS proxy
+        (
+            {"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_DOMAIN": "gpu.example.org"},
+            None,
+            "the proxy's address 0.0.0.0 " + REFUSAL,
+        ),  # a domain alone is no proof of a TLS proxy
         ({"WORKBENCH_IP": "0.0.0.0", "TLS": 1}, None, "https"),
         ({"WORKBENCH_IP": "0.0.0.0", "TLS": "expired"}, None, "the certificate in WORKBENCH_SSL_CERT="),
         ({"WORKBENCH_IP": "0.0.0.0", "TLS": "mismatch"}, None, "WORKBENCH_SSL_KEY="),
         # docker compose: inside the container 0.0.0.0; what counts is where the host publishes the port
         ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "127.0.0.1"}, None, "http"),
-        ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "0.0.0.0"}, None, "WORKBENCH_PUBLISH_IP=0.0.0.0 " + REFUSAL),
+        (
+            {"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "0.0.0.0"},
+            None,
+            "WORKBENCH_PUBLISH_IP=0.0.0.0 " + REFUSAL,
+        ),
         ({"WORKBENCH_PUBLISH_IP": "127.0.0.1", "WORKBENCH_DOMAIN": "gpu.example.org"}, None, "behind-proxy"),
         ({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PUBLISH_IP": "0.0.0.0", "TLS": 1}, None, "https"),
         # the local config file and the command line are checked too (the final config)
@@ -489,7 +585,9 @@ def test_a_certificate_set_only_in_the_local_config_is_checked_and_named_so(cert
     c = build({})
     c.JupyterHub.ssl_cert = certs["cert"]
     c.JupyterHub.ssl_key = certs["other_key"]
-    with pytest.raises(ConfigError, match=r"^c.JupyterHub.ssl_key=.* is not the key of the certificate in c.JupyterHub.ssl_cert="):
+    with pytest.raises(
+        ConfigError, match=r"^c.JupyterHub.ssl_key=.* is not the key of the certificate in c.JupyterHub.ssl_cert="
+    ):
         transport.check_transport(c, {})
     c.JupyterHub.ssl_key = certs["key"]
     assert transport.check_transport(c, {}).certificate.names == ("workbench.test", "127.0.0.1")
@@ -498,12 +596,20 @@ def test_a_certificate_set_only_in_the_local_config_is_checked_and_named_so(cert
 @pytest.mark.parametrize(
     "env, lines",
     [
-        ({"TLS": 1, "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PORT": "8443"},
-         ["GPU Workbench (local backend) at https://workbench.test:8443/",
-          "First admin: open https://workbench.test:8443/hub/signup and sign up as admin;"]),
-        ({"WORKBENCH_DOMAIN": "gpu.example.org", "WORKBENCH_PUBLISH_IP": "127.0.0.1", "WORKBENCH_IP": "0.0.0.0"},
-         ["GPU Workbench (local backend) at https://gpu.example.org/",
-          "HTTPS: terminated by the proxy in front (it must forward X-Forwarded-Proto)"]),
+        (
+            {"TLS": 1, "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PORT": "8443"},
+            [
+                "GPU Workbench (local backend) at https://workbench.test:8443/",
+                "First admin: open https://workbench.test:8443/hub/signup and sign up as admin;",
+            ],
+        ),
+        (
+            {"WORKBENCH_DOMAIN": "gpu.example.org", "WORKBENCH_PUBLISH_IP": "127.0.0.1", "WORKBENCH_IP": "0.0.0.0"},
+            [
+                "GPU Workbench (local backend) at https://gpu.example.org/",
+                "HTTPS: terminated by the proxy in front (it must forward X-Forwarded-Proto)",
+            ],
+        ),
         ({}, ["GPU Workbench (local backend) at http://127.0.0.1:8000/"]),
     ],
 )
@@ -512,8 +618,7 @@ def test_banner_says_where_https_is_served(certs, env, lines):
     if env.pop("TLS", None):
         env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["key"]}
     c = build(env)
-    text = banner.banner(c, "local", DATA, DeviceInventory("none", [], "no driver"),
-                             transport.check_transport(c, env))
+    text = banner.banner(c, "local", DATA, DeviceInventory("none", [], "no driver"), transport.check_transport(c, env))
     for line in lines:
         assert any(row.startswith(line) for row in text.splitlines()), text
     if "TLS" in str(env) or env.get("WORKBENCH_SSL_CERT"):
@@ -524,17 +629,27 @@ def test_banner_says_where_https_is_served(certs, env, lines):
 
 
 def device(i: int, model: str, source: str = "simulated") -> GPUDevice:
-    return GPUDevice(uuid=f"GPU-{i}", index=i, name=f"NVIDIA {model}", memory_total_bytes=0, model=model,
-                     simulated=source == "simulated")
+    return GPUDevice(
+        uuid=f"GPU-{i}",
+        index=i,
+        name=f"NVIDIA {model}",
+        memory_total_bytes=0,
+        model=model,
+        simulated=source == "simulated",
+    )
 
 
 @pytest.mark.parametrize(
     "inventory, line",
     [
-        (DeviceInventory("simulated", [device(0, "H100-80GB"), device(1, "H100-80GB"), device(2, "A100-40GB")]),
-         "GPUs: 3 SIMULATED (2xH100-80GB,1xA100-40GB); no real hardware is used"),
-        (DeviceInventory("nvml", [device(0, "H200", "nvml"), device(1, "H200", "nvml")]),
-         "GPUs: 2 found by NVML: NVIDIA H200"),
+        (
+            DeviceInventory("simulated", [device(0, "H100-80GB"), device(1, "H100-80GB"), device(2, "A100-40GB")]),
+            "GPUs: 3 SIMULATED (2xH100-80GB,1xA100-40GB); no real hardware is used",
+        ),
+        (
+            DeviceInventory("nvml", [device(0, "H200", "nvml"), device(1, "H200", "nvml")]),
+            "GPUs: 2 found by NVML: NVIDIA H200",
+        ),
         (DeviceInventory("static", [device(0, "A100-40GB", "static")]), "GPUs: 1 found by static: NVIDIA A100-40GB"),
         (DeviceInventory("none", [], "no NVIDIA driver"), "GPUs: none, servers will be CPU only (no NVIDIA driver)"),
     ],
@@ -584,11 +699,14 @@ def test_parent_guard_ends_the_command_when_its_parent_is_killed(tmp_path):
     """A middle process starts `parent_guard -- sleep`; killing the middle one ends the sleep."""
     pid_file = tmp_path / "child.pid"
     middle = subprocess.Popen(
-        [sys.executable, "-c",
-         "import subprocess, sys, time\n"
-         f"p = subprocess.Popen([sys.executable, '-m', 'workbench_hub.parent_guard', '--', "
-         f"'sh', '-c', 'echo $$ > {pid_file}; exec sleep 300'])\n"
-         "time.sleep(300)\n"],
+        [
+            sys.executable,
+            "-c",
+            "import subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-m', 'workbench_hub.parent_guard', '--', "
+            f"'sh', '-c', 'echo $$ > {pid_file}; exec sleep 300'])\n"
+            "time.sleep(300)\n",
+        ],
         start_new_session=True,
     )
     try:
@@ -614,7 +732,11 @@ def test_parent_guard_ends_the_command_when_its_parent_is_killed(tmp_path):
 
 
 def test_parent_guard_does_not_start_when_the_parent_is_already_gone():
-    r = subprocess.run([sys.executable, "-m", "workbench_hub.parent_guard", "--parent-pid=1", "--", "true"],
-                       capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "workbench_hub.parent_guard", "--parent-pid=1", "--", "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode != 0
     assert "parent process 1 is gone; not starting true" in r.stderr

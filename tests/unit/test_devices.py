@@ -75,14 +75,15 @@ def test_a_user_servers_own_gpus_are_held_by_default():
 def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
     from workbench_hub.service.fleet import Fleet
     from workbench_hub.service.metrics import render_metrics
-    from workbench_spawner.rules.quota import Quota
-    from workbench_spawner.policy.settings import PolicySettings
     from workbench_spawner.ledger.store import AllocationStore
+    from workbench_spawner.policy.settings import PolicySettings
+    from workbench_spawner.rules.quota import Quota
 
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     try:
-        fleet = Fleet(store, PolicySettings(store.url, discover_devices("2"), servers_per_gpu=1,
-                                            default_quota=Quota(1), node="n"))
+        fleet = Fleet(
+            store, PolicySettings(store.url, discover_devices("2"), servers_per_gpu=1, default_quota=Quota(1), node="n")
+        )
         store.allocate("alice", "", 1, ["GPU-sim-01-h100-80gb"])
         rows = {g["uuid"]: g for g in fleet.gpus()}
         free, held = rows["GPU-sim-00-h100-80gb"], rows["GPU-sim-01-h100-80gb"]
@@ -90,8 +91,11 @@ def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
         assert free["memory_used_bytes"] == SIMULATED_DRIVER_RESERVED_BYTES
         assert held["holders"][0]["user"] == "alice" and held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES
         text = render_metrics(fleet, [{"name": "alice", "groups": []}])
-        util = [line for line in text.splitlines()
-                if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'UUID="GPU-sim-00-h100-80gb"' in line]
+        util = [
+            line
+            for line in text.splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'UUID="GPU-sim-00-h100-80gb"' in line
+        ]
         assert util and float(util[0].rsplit(" ", 1)[1]) == 0.0, util
     finally:
         store.dispose()
@@ -110,7 +114,8 @@ def test_nvml_discovery_lists_whole_gpus_and_mig_slices(monkeypatch):
         nvmlDeviceGetMigMode=lambda h: (1, 1) if h == ("gpu", 1) else (0, 0),
         nvmlDeviceGetMaxMigDeviceCount=lambda h: 2,
         nvmlDeviceGetMigDeviceHandleByIndex=lambda h, i: ("mig", h[1], i),
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=(80 if h[0] == "gpu" else 40) << 30))
+        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=(80 if h[0] == "gpu" else 40) << 30),
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     devices = nvml_devices()
     assert [(d.uuid, d.index, d.name, d.model, d.mig) for d in devices] == [

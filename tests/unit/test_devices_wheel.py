@@ -46,7 +46,9 @@ def test_the_wheel_alone_imports_without_jupyter(tmp_path):
     pip = [sys.executable, "-m", "pip", "--python", str(py)]
     subprocess.run([*pip, "install", "-q", "--disable-pip-version-check", str(wheel)], check=True, timeout=600)
 
-    installed = json.loads(subprocess.run([*pip, "list", "--format=json"], check=True, capture_output=True, text=True).stdout)
+    installed = json.loads(
+        subprocess.run([*pip, "list", "--format=json"], check=True, capture_output=True, text=True).stdout
+    )
     assert sorted(p["name"].lower() for p in installed) == ["nvidia-ml-py", "workbench-devices"]
 
     result = subprocess.run([str(py), "-I", "-c", CHECK], check=True, capture_output=True, text=True, cwd=tmp_path)

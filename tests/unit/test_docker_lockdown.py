@@ -28,19 +28,37 @@ REFUSED = [
     ("extra_host_config", {"privileged": True}, "Privileged", ("Privileged", True)),
     ("extra_host_config", {"cap_add": ["SYS_ADMIN"]}, "CapAdd", ("CapAdd", ["SYS_ADMIN"])),
     ("extra_host_config", {"devices": ["/dev/nvidia0:/dev/nvidia0:rwm"]}, "Devices", ("Devices", None)),
-    ("extra_host_config", {"device_cgroup_rules": ["c 195:* rmw"]}, "DeviceCgroupRules",
-     ("DeviceCgroupRules", ["c 195:* rmw"])),
-    ("extra_host_config", {"sysctls": {"net.ipv4.ip_forward": "1"}}, "Sysctls", ("Sysctls", {"net.ipv4.ip_forward": "1"})),
+    (
+        "extra_host_config",
+        {"device_cgroup_rules": ["c 195:* rmw"]},
+        "DeviceCgroupRules",
+        ("DeviceCgroupRules", ["c 195:* rmw"]),
+    ),
+    (
+        "extra_host_config",
+        {"sysctls": {"net.ipv4.ip_forward": "1"}},
+        "Sysctls",
+        ("Sysctls", {"net.ipv4.ip_forward": "1"}),
+    ),
     ("extra_host_config", {"pid_mode": "host"}, "PidMode", ("PidMode", "host")),
     ("extra_host_config", {"pid_mode": "container:jupyter-bob"}, "PidMode", ("PidMode", "container:jupyter-bob")),
     ("extra_host_config", {"network_mode": "host"}, "NetworkMode", ("NetworkMode", "host")),
-    ("extra_host_config", {"network_mode": "container:jupyter-bob"}, "NetworkMode", ("NetworkMode", "container:jupyter-bob")),
+    (
+        "extra_host_config",
+        {"network_mode": "container:jupyter-bob"},
+        "NetworkMode",
+        ("NetworkMode", "container:jupyter-bob"),
+    ),
     ("extra_host_config", {"ipc_mode": "host"}, "IpcMode", ("IpcMode", "host")),
     ("extra_host_config", {"uts_mode": "host"}, "UTSMode", ("UTSMode", "host")),
     ("extra_host_config", {"userns_mode": "host"}, "UsernsMode", ("UsernsMode", "host")),
     ("extra_host_config", {"cgroupns": "host"}, "CgroupnsMode", ("CgroupnsMode", "host")),
-    ("extra_host_config", {"security_opt": ["no-new-privileges=false"]}, "SecurityOpt",
-     ("SecurityOpt", ["no-new-privileges=false"])),
+    (
+        "extra_host_config",
+        {"security_opt": ["no-new-privileges=false"]},
+        "SecurityOpt",
+        ("SecurityOpt", ["no-new-privileges=false"]),
+    ),
     ("extra_host_config", {"security_opt": ["seccomp=unconfined"]}, "SecurityOpt", ("SecurityOpt", None)),
     ("extra_host_config", {"security_opt": ["apparmor:unconfined"]}, "SecurityOpt", ("SecurityOpt", None)),
     ("extra_host_config", {"security_opt": ["label=disable"]}, "SecurityOpt", ("SecurityOpt", None)),
@@ -57,7 +75,10 @@ REFUSED = [
     ("mounts", [{"type": "bind", "source": "/srv/projects", "target": "/projects"}], "Mounts", ("Mounts", None)),
     ("network_name", "host", "NetworkMode", ("NetworkMode", "host")),
 ]
-IDS = [f"{setting}-{'-'.join(map(str, value)) if isinstance(value, dict) else value!s}"[:60] for setting, value, *_ in REFUSED]
+IDS = [
+    f"{setting}-{'-'.join(map(str, value)) if isinstance(value, dict) else value!s}"[:60]
+    for setting, value, *_ in REFUSED
+]
 
 
 def configured(setting, value, section="DockerGPUSpawner", allow=None) -> Config:
@@ -121,13 +142,22 @@ def test_safe_configs_pass():
     c.DockerGPUSpawner.network_name = "gpu-workbench"
     c.DockerGPUSpawner.use_internal_ip = True
     c.DockerGPUSpawner.datasets_volume = "/srv/datasets"  # a host path, mounted read-only
-    c.DockerGPUSpawner.volumes = {"workbench-home-{username}": "/home/jovyan", "scratch-{username}": "/scratch",
-                                  "/srv/datasets": {"bind": "/datasets", "mode": "ro"}}
+    c.DockerGPUSpawner.volumes = {
+        "workbench-home-{username}": "/home/jovyan",
+        "scratch-{username}": "/scratch",
+        "/srv/datasets": {"bind": "/datasets", "mode": "ro"},
+    }
     c.DockerGPUSpawner.read_only_volumes = {"course-material": "/course"}
-    c.DockerGPUSpawner.mounts = [{"type": "volume", "source": "cache-{username}", "target": "/cache"},
-                                 {"type": "tmpfs", "source": "", "target": "/tmp"}]
-    c.DockerGPUSpawner.extra_host_config = {"shm_size": "2g", "cap_drop": ["ALL"], "ipc_mode": "private",
-                                            "security_opt": ["no-new-privileges", "apparmor=docker-default"]}
+    c.DockerGPUSpawner.mounts = [
+        {"type": "volume", "source": "cache-{username}", "target": "/cache"},
+        {"type": "tmpfs", "source": "", "target": "/tmp"},
+    ]
+    c.DockerGPUSpawner.extra_host_config = {
+        "shm_size": "2g",
+        "cap_drop": ["ALL"],
+        "ipc_mode": "private",
+        "security_opt": ["no-new-privileges", "apparmor=docker-default"],
+    }
     c.DockerGPUSpawner.extra_create_kwargs = {"user": "1000", "host_config": {"ShmSize": 1 << 30}}
     c.DockerGPUSpawner.mem_limit = "8G"
     assert check_lockdown(c) == []
@@ -138,8 +168,12 @@ def test_the_hubs_own_docker_config_passes(network, tmp_path):
     from workbench_hub import configurer
 
     c = Config()
-    env = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "gpu-workbench/singleuser:latest",
-           "WORKBENCH_DOCKER_NETWORK": network, "WORKBENCH_DATASETS_VOLUME": "/srv/datasets"}
+    env = {
+        "WORKBENCH_BACKEND": "docker",
+        "WORKBENCH_IMAGE": "gpu-workbench/singleuser:latest",
+        "WORKBENCH_DOCKER_NETWORK": network,
+        "WORKBENCH_DATASETS_VOLUME": "/srv/datasets",
+    }
     configurer.update_spawner(c, env, tmp_path, tmp_path, lambda: "172.17.0.1")
     assert check_lockdown(c) == []
 
@@ -219,7 +253,9 @@ async def test_safe_defaults_are_forced_at_create(make_spawner):
     host = call["host_config"]
     assert host["Privileged"] is False and host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"] == ["no-new-privileges"]
-    assert host["DeviceRequests"] == [{"Driver": "nvidia", "DeviceIDs": ["GPU-sim-01-h100-80gb"], "Capabilities": [["gpu"]]}]
+    assert host["DeviceRequests"] == [
+        {"Driver": "nvidia", "DeviceIDs": ["GPU-sim-01-h100-80gb"], "Capabilities": [["gpu"]]}
+    ]
     sources = sorted(b.split(":")[0] for b in host["Binds"])
     assert sources == ["workbench-checkpoints-alice", "workbench-datasets", "workbench-home-alice"]
     assert call["labels"]["workbench.user"] == "alice"
@@ -257,8 +293,11 @@ async def test_create_catches_a_callable_setting(make_spawner):
     config.DockerGPUSpawner.extra_host_config = lambda spawner: {"privileged": True}
     assert check_lockdown(config) == []  # cannot be judged at start
     spawner = make_spawner(config)
-    with pytest.raises(SpawnException, match=r"create call of alice's container .* sets Privileged=True, which "
-                                             r"gives the user root on the host; remove it, or list 'Privileged'"):
+    with pytest.raises(
+        SpawnException,
+        match=r"create call of alice's container .* sets Privileged=True, which "
+        r"gives the user root on the host; remove it, or list 'Privileged'",
+    ):
         await spawner.create_object()
     assert spawner.calls == []
 
@@ -266,10 +305,17 @@ async def test_create_catches_a_callable_setting(make_spawner):
 async def test_lock_down_forces_safe_values_behind_the_checks(make_spawner):
     """Even a create call that got past the checks leaves with the safe values."""
     spawner = make_spawner()
-    kwargs = {"host_config": {"Privileged": True, "CapAdd": ["SYS_ADMIN"], "PidMode": "host", "Devices": [{}],
-                              "SecurityOpt": ["seccomp=unconfined", "apparmor=docker-default"],
-                              "Binds": ["/var/run/docker.sock:/var/run/docker.sock", "vol:/data:rw"],
-                              "DeviceRequests": [{"Driver": "nvidia", "Count": -1}]}}
+    kwargs = {
+        "host_config": {
+            "Privileged": True,
+            "CapAdd": ["SYS_ADMIN"],
+            "PidMode": "host",
+            "Devices": [{}],
+            "SecurityOpt": ["seccomp=unconfined", "apparmor=docker-default"],
+            "Binds": ["/var/run/docker.sock:/var/run/docker.sock", "vol:/data:rw"],
+            "DeviceRequests": [{"Driver": "nvidia", "Count": -1}],
+        }
+    }
     spawner._lock_down(kwargs)
     host = kwargs["host_config"]
     assert host["Privileged"] is False and host["CapDrop"] == ["ALL"] and host["DeviceRequests"] == []

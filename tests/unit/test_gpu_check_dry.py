@@ -37,11 +37,20 @@ SECTIONS = [
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("gpu-check")
-    env = dict(os.environ, PYTHON=sys.executable, GPU_CHECK_FAKE_SMI_PLANT="memory_total@1+1024,temperature@0+20",
-               WORKBENCH_SIMULATED_GPUS="2xH200-141GB")
+    env = dict(
+        os.environ,
+        PYTHON=sys.executable,
+        GPU_CHECK_FAKE_SMI_PLANT="memory_total@1+1024,temperature@0+20",
+        WORKBENCH_SIMULATED_GPUS="2xH200-141GB",
+    )
     env.pop("OUT", None)
-    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", str(out)], env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        ["bash", str(REPO / "benchmarks" / "gpu_check.sh"), "--dry-run", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     raw = out / "unpacked"
     with tarfile.open(out / "raw.tar.gz") as tar:
@@ -56,7 +65,7 @@ def jsn(raw: Path, name: str) -> dict:
 def section(summary: str, title: str) -> str:
     start = summary.index(title) + len(title)
     nxt = [i for i in (summary.find("\n## ", start), summary.find("\n### ", start)) if i != -1]
-    return summary[start:min(nxt) if nxt else len(summary)]
+    return summary[start : min(nxt) if nxt else len(summary)]
 
 
 def test_summary_is_marked_dry_and_has_every_section(dry):
@@ -71,7 +80,15 @@ def test_summary_is_marked_dry_and_has_every_section(dry):
 def test_every_step_ran_and_exited_zero(dry):
     _out, raw, _ = dry
     steps = [line.split("\t") for line in (raw / "steps.tsv").read_text().splitlines()]
-    assert [s[0] for s in steps] == ["versions", "inventory", "kernel_memory", "monitor", "overhead", "nvdashboard", "notebooks"]
+    assert [s[0] for s in steps] == [
+        "versions",
+        "inventory",
+        "kernel_memory",
+        "monitor",
+        "overhead",
+        "nvdashboard",
+        "notebooks",
+    ]
     assert all(s[1] == "0" for s in steps), steps
 
 
@@ -115,8 +132,12 @@ def test_compare_flags_each_field():
     nvml = [{"uuid": "GPU-a", "index": 0, "name": "NVIDIA H200", "memory_total_mib": 143771.0, "mig": False}]
     same = [{"uuid": "GPU-a", "name": "NVIDIA H200", "memory_total_mib": 143771.0, "mig_mode": "Disabled"}]
     assert all(r["agree"] for r in inventory.compare(nvml, same))
-    for field, value, row in [("uuid", "GPU-b", "uuid"), ("name", "NVIDIA H100", "name"),
-                              ("memory_total_mib", 143000.0, "memory total (MiB)"), ("mig_mode", "Enabled", "mig mode")]:
+    for field, value, row in [
+        ("uuid", "GPU-b", "uuid"),
+        ("name", "NVIDIA H100", "name"),
+        ("memory_total_mib", 143000.0, "memory total (MiB)"),
+        ("mig_mode", "Enabled", "mig mode"),
+    ]:
         rows = inventory.compare(nvml, [dict(same[0], **{field: value})])
         assert [r["field"] for r in rows if not r["agree"]] == [row], field
     assert [r["field"] for r in inventory.compare(nvml, same + same) if not r["agree"]] == ["present"]
@@ -149,6 +170,13 @@ def test_parse_q_reads_the_real_format():
     parsed = smi.parse_q(REAL_Q)
     assert (parsed["driver_version"], parsed["cuda_version"]) == ("580.159.04", "13.0")
     assert smi.q_gpu_fields(parsed["gpus"][0]) == {
-        "uuid": "GPU-5ad1a4f0-0000-1111-2222-333344445555", "name": "NVIDIA H200", "memory_total_mib": 143771.0,
-        "mig_mode": "Disabled", "minor_number": None, "bus_id": "00000000:00:07.0"}
-    assert smi.parse_csv("87, 4821, 41, [N/A]\n", ["u", "m", "t", "p"]) == [{"u": "87", "m": "4821", "t": "41", "p": None}]
+        "uuid": "GPU-5ad1a4f0-0000-1111-2222-333344445555",
+        "name": "NVIDIA H200",
+        "memory_total_mib": 143771.0,
+        "mig_mode": "Disabled",
+        "minor_number": None,
+        "bus_id": "00000000:00:07.0",
+    }
+    assert smi.parse_csv("87, 4821, 41, [N/A]\n", ["u", "m", "t", "p"]) == [
+        {"u": "87", "m": "4821", "t": "41", "p": None}
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -13,11 +13,11 @@ from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
 from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.notices import NoticeBook
-from workbench_spawner.rules.quota import Quota, QuotaBook
-from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.rules.quota import Quota, QuotaBook
 
-T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 8, 10, 0, tzinfo=UTC)
 NODE = "node-1"
 GPU = "GPU-sim-00-h100-80gb"
 
@@ -43,8 +43,11 @@ class FakeHub:
 
     def add(self, user: str, server: str = "", groups=(), ready: bool = True):
         model = self.models.setdefault(user, {"name": user, "groups": list(groups), "servers": {}})
-        model["servers"][server] = {"ready": ready, "pending": None if ready else "spawn",
-                                    "url": f"/user/{user}/{server}"}
+        model["servers"][server] = {
+            "ready": ready,
+            "pending": None if ready else "spawn",
+            "url": f"/user/{user}/{server}",
+        }
 
     async def users(self):
         return list(self.models.values())
@@ -76,8 +79,15 @@ class FakeDelivery:
 @pytest.fixture
 def world(tmp_path):
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    settings = PolicySettings(store.url, discover_devices("4"), node=NODE, default_quota=Quota(2),
-                              gpu_idle_minutes=30, gpu_idle_threshold=5, gpu_idle_warn_minutes=10)
+    settings = PolicySettings(
+        store.url,
+        discover_devices("4"),
+        node=NODE,
+        default_quota=Quota(2),
+        gpu_idle_minutes=30,
+        gpu_idle_threshold=5,
+        gpu_idle_warn_minutes=10,
+    )
     fleet = Fleet(store, settings=settings)
     hub, source, clock, delivery = FakeHub(), FakeSource(), Clock(), FakeDelivery()
     chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
@@ -275,8 +285,15 @@ def test_slow_monitors_do_not_keep_idle_gpus_from_coming_back(tmp_path):
 
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     devices = discover_devices("8")
-    settings = PolicySettings(store.url, devices, node=NODE, default_quota=Quota(8),
-                              gpu_idle_minutes=10, gpu_idle_threshold=5, gpu_idle_warn_minutes=5)
+    settings = PolicySettings(
+        store.url,
+        devices,
+        node=NODE,
+        default_quota=Quota(8),
+        gpu_idle_minutes=10,
+        gpu_idle_threshold=5,
+        gpu_idle_warn_minutes=5,
+    )
     fleet = Fleet(store, settings=settings)
     hub = FakeHub()
     loop = virtual_loop()
@@ -292,14 +309,14 @@ def test_slow_monitors_do_not_keep_idle_gpus_from_coming_back(tmp_path):
     chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
     chooser.register(NODE, SlowMonitor())
     users = [f"student{i}" for i in range(8)]
-    for user, device in zip(users, devices.devices):
+    for user, device in zip(users, devices.devices):  # noqa: B905
         store.allocate(user, "", 1, [device.uuid], node=NODE)
         hub.add(user)
     reclaimer = Reclaimer(fleet, hub, chooser, FakeDelivery(), clock=clock, interval=30)
     try:
         asyncio.set_event_loop(loop)
         loop.run_until_complete(asyncio.wait_for(reclaimer.run_forever(), timeout=13 * 60))
-    except asyncio.TimeoutError:
+    except TimeoutError:
         pass
     finally:
         asyncio.set_event_loop(None)

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from workbench_spawner.rules.idle import (
-    BUSY, EXEMPT, IDLE, OFF, STOP, UNKNOWN, WARN, GpuTrack, IdleRule, advance, format_minutes, is_exempt, judge,
-    ledger_reason, rule_for, stopped_text, warning_text,
+    BUSY,
+    EXEMPT,
+    IDLE,
+    OFF,
+    STOP,
+    UNKNOWN,
+    WARN,
+    GpuTrack,
+    IdleRule,
+    advance,
+    format_minutes,
+    is_exempt,
+    judge,
+    ledger_reason,
+    rule_for,
+    stopped_text,
+    warning_text,
 )
 
-T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 8, 10, 0, tzinfo=UTC)
 
 
 def at(minutes: float) -> datetime:
@@ -22,8 +37,9 @@ def track(uuid: str = "GPU-a") -> GpuTrack:
     return GpuTrack(node="n1", gpu_uuid=uuid, user="alice", server="")
 
 
-def replay(readings: list[tuple[float, float | None]], threshold: float = 5.0, uuid: str = "GPU-a",
-           stale_after: float = 2.0) -> GpuTrack:
+def replay(
+    readings: list[tuple[float, float | None]], threshold: float = 5.0, uuid: str = "GPU-a", stale_after: float = 2.0
+) -> GpuTrack:
     """Feed (minute, reading) pairs through ``advance``; ``stale_after`` in minutes."""
     t = track(uuid)
     for minute, value in readings:
@@ -33,15 +49,19 @@ def replay(readings: list[tuple[float, float | None]], threshold: float = 5.0, u
 
 # -- one GPU's idle clock -------------------------------------------------------------
 
-@pytest.mark.parametrize("readings, idle_since", [
-    ([(0, 0.0)], 0),                                  # first idle reading starts the clock
-    ([(0, 0.0), (5, 3.0), (10, 4.9)], 0),             # under the threshold all along
-    ([(0, 0.0), (5, 50.0), (10, 0.0)], 10),           # one busy reading restarts it
-    ([(0, 0.0), (5, 5.0)], None),                     # exactly the threshold is busy
-    ([(0, 80.0)], None),
-    ([(0, 0.0), (5, None), (10, 0.0)], 10),           # a missing reading restarts it: not knowing is not idle
-    ([(0, 0.0), (5, None)], None),
-])
+
+@pytest.mark.parametrize(
+    "readings, idle_since",
+    [
+        ([(0, 0.0)], 0),  # first idle reading starts the clock
+        ([(0, 0.0), (5, 3.0), (10, 4.9)], 0),  # under the threshold all along
+        ([(0, 0.0), (5, 50.0), (10, 0.0)], 10),  # one busy reading restarts it
+        ([(0, 0.0), (5, 5.0)], None),  # exactly the threshold is busy
+        ([(0, 80.0)], None),
+        ([(0, 0.0), (5, None), (10, 0.0)], 10),  # a missing reading restarts it: not knowing is not idle
+        ([(0, 0.0), (5, None)], None),
+    ],
+)
 def test_the_idle_clock_of_one_gpu(readings, idle_since):
     # Readings 5 minutes apart, fresh under a 10-minute staleness bound.
     t = replay(readings, stale_after=10)
@@ -50,15 +70,18 @@ def test_the_idle_clock_of_one_gpu(readings, idle_since):
 
 # Time with no readings is not idle time: a gap longer than the staleness bound (2 min here)
 # between two idle readings restarts the clock at the reading after the gap.
-@pytest.mark.parametrize("case, readings, idle_since", [
-    ("readings every minute", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.0)], 0),
-    ("a gap of exactly the bound still counts", [(0, 0.0), (2, 0.0), (3, 0.0)], 0),
-    ("the service was down 35 min", [(0, 0.0), (1, 0.0), (36, 0.0)], 36),
-    ("a delayed pass, 2.5 min", [(0, 0.0), (1, 0.0), (3.5, 0.0), (4, 0.0)], 3.5),
-    ("idle again after a gap, then steady", [(0, 0.0), (30, 0.0), (31, 0.0), (32, 0.0)], 30),
-    ("busy before the gap, idle after", [(0, 90.0), (30, 0.0)], 30),
-    ("a gap ends in a busy reading", [(0, 0.0), (30, 80.0)], None),
-])
+@pytest.mark.parametrize(
+    "case, readings, idle_since",
+    [
+        ("readings every minute", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.0)], 0),
+        ("a gap of exactly the bound still counts", [(0, 0.0), (2, 0.0), (3, 0.0)], 0),
+        ("the service was down 35 min", [(0, 0.0), (1, 0.0), (36, 0.0)], 36),
+        ("a delayed pass, 2.5 min", [(0, 0.0), (1, 0.0), (3.5, 0.0), (4, 0.0)], 3.5),
+        ("idle again after a gap, then steady", [(0, 0.0), (30, 0.0), (31, 0.0), (32, 0.0)], 30),
+        ("busy before the gap, idle after", [(0, 90.0), (30, 0.0)], 30),
+        ("a gap ends in a busy reading", [(0, 0.0), (30, 80.0)], None),
+    ],
+)
 def test_a_gap_in_readings_restarts_the_idle_clock(case, readings, idle_since):
     t = replay(readings, stale_after=2)
     assert t.idle_since == (None if idle_since is None else at(idle_since)), case
@@ -76,8 +99,9 @@ def test_a_missing_reading_keeps_the_time_of_the_last_real_one():
     assert t.last_reading == at(0) and t.utilization is None
 
 
-@pytest.mark.parametrize("threshold, value, idle", [(5, 4.99, True), (5, 5, False), (20, 19, True), (1, 0.5, True),
-                                                    (1, 1, False)])
+@pytest.mark.parametrize(
+    "threshold, value, idle", [(5, 4.99, True), (5, 5, False), (20, 19, True), (1, 0.5, True), (1, 1, False)]
+)
 def test_thresholds(threshold, value, idle):
     assert (replay([(0, value)], threshold=threshold).idle_since is not None) is idle
 
@@ -87,9 +111,17 @@ def test_thresholds(threshold, value, idle):
 RULE = IdleRule(minutes=30, threshold=5, warn_minutes=10)
 
 
-@pytest.mark.parametrize("idle_minutes, action", [
-    (0, IDLE), (19.9, IDLE), (20, WARN), (29.9, WARN), (30, STOP), (45, STOP),
-])
+@pytest.mark.parametrize(
+    "idle_minutes, action",
+    [
+        (0, IDLE),
+        (19.9, IDLE),
+        (20, WARN),
+        (29.9, WARN),
+        (30, STOP),
+        (45, STOP),
+    ],
+)
 def test_warning_comes_warn_minutes_before_the_stop(idle_minutes, action):
     t = replay([(m / 2, 0.0) for m in range(0, int(idle_minutes * 2) + 1)] + [(idle_minutes, 0.0)])
     verdict = judge([t], RULE, at(idle_minutes))
@@ -112,13 +144,16 @@ def test_all_gpus_of_a_server_must_be_idle_and_the_latest_clock_counts():
     assert judge([a, busy], RULE, at(25)).action == BUSY
 
 
-@pytest.mark.parametrize("case, tracks_at, now, action", [
-    ("no readings at all", [], 5, UNKNOWN),
-    ("never read", [None], 5, UNKNOWN),
-    ("last reading is stale", [(0, 0.0)], 40, UNKNOWN),
-    ("reading just missing this pass", [(0, 0.0), (1, None)], 1, UNKNOWN),
-    ("fresh enough", [(m, 0.0) for m in range(40)], 40, STOP),
-])
+@pytest.mark.parametrize(
+    "case, tracks_at, now, action",
+    [
+        ("no readings at all", [], 5, UNKNOWN),
+        ("never read", [None], 5, UNKNOWN),
+        ("last reading is stale", [(0, 0.0)], 40, UNKNOWN),
+        ("reading just missing this pass", [(0, 0.0), (1, None)], 1, UNKNOWN),
+        ("fresh enough", [(m, 0.0) for m in range(40)], 40, STOP),
+    ],
+)
 def test_missing_readings_never_count_as_idle(case, tracks_at, now, action):
     if tracks_at == []:
         tracks = []
@@ -136,30 +171,40 @@ def test_off_and_exempt_win_over_everything():
     assert judge([], RULE, at(60), exempt=True).action == EXEMPT
 
 
-@pytest.mark.parametrize("groups, exempt, expected", [
-    (["ml-course"], {"research": {}}, False), (["ml-course", "research"], {"research": {}}, True),
-    ([], {"research": {}}, False), (["research"], [], False),
-])
+@pytest.mark.parametrize(
+    "groups, exempt, expected",
+    [
+        (["ml-course"], {"research": {}}, False),
+        (["ml-course", "research"], {"research": {}}, True),
+        ([], {"research": {}}, False),
+        (["research"], [], False),
+    ],
+)
 def test_exemption_by_group(groups, exempt, expected):
     assert is_exempt(groups, exempt) is expected
 
 
 # -- which rule applies ------------------------------------------------------------
 
-@pytest.mark.parametrize("quota_minutes, quota_threshold, hub_minutes, hub_threshold, minutes, threshold", [
-    (None, None, 30, 5, 30, 5),   # inherit the hub
-    (None, None, 0, 5, 0, 5),     # hub off
-    (60, None, 30, 5, 60, 5),     # the quota's own minutes
-    (0, None, 30, 5, 0, 5),       # 0 in a quota: never reclaimed
-    (None, 15, 30, 5, 30, 15),
-    (20, 2, 0, 5, 20, 2),         # a quota turns it on where the hub has it off
-])
+
+@pytest.mark.parametrize(
+    "quota_minutes, quota_threshold, hub_minutes, hub_threshold, minutes, threshold",
+    [
+        (None, None, 30, 5, 30, 5),  # inherit the hub
+        (None, None, 0, 5, 0, 5),  # hub off
+        (60, None, 30, 5, 60, 5),  # the quota's own minutes
+        (0, None, 30, 5, 0, 5),  # 0 in a quota: never reclaimed
+        (None, 15, 30, 5, 30, 15),
+        (20, 2, 0, 5, 20, 2),  # a quota turns it on where the hub has it off
+    ],
+)
 def test_quota_fields_override_the_hub(quota_minutes, quota_threshold, hub_minutes, hub_threshold, minutes, threshold):
     rule = rule_for(quota_minutes, quota_threshold, hub_minutes, hub_threshold, 10)
     assert (rule.minutes, rule.threshold, rule.enabled) == (minutes, threshold, minutes > 0)
 
 
 # -- words ----------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("minutes, text", [(30, "30 min"), (1.5, "1.5 min"), (0.2, "12 s"), (90, "90 min")])
 def test_minutes_in_words(minutes, text):

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import inspect
 from alembic import command
+from sqlalchemy import inspect
 
 from workbench_hub.configurer import ConfigError, proxy_url, update_idle
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
-from workbench_spawner.rules.idle import GpuTrack
 from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook
 from workbench_spawner.ledger.migrations import alembic_config, current, upgrade
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
-from workbench_spawner.rules.quota import Quota, QuotaBook, quota_from_body
 from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.rules.idle import GpuTrack
+from workbench_spawner.rules.quota import Quota, QuotaBook, quota_from_body
 
-T0 = datetime(2026, 12, 8, 10, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 12, 8, 10, 0, tzinfo=UTC)
 DOC = load_document()  # the service's API document: what request bodies are checked against
 
 
@@ -30,6 +30,7 @@ def store(tmp_path):
 
 # -- notices ----------------------------------------------------------------------------
 
+
 def test_a_warning_is_one_live_notice_per_server_and_kind(store):
     clock = [T0]
     book = NoticeBook(store, clock=lambda: clock[0])
@@ -39,7 +40,10 @@ def test_a_warning_is_one_live_notice_per_server_and_kind(store):
     book.warn("alice", "big", kind="idle", message="other server")
     assert again.id == first.id
     assert [(n.server, n.kind, n.message) for n in book.pending("alice")] == [
-        ("", "idle", "m2"), ("", "preempt", "p"), ("big", "idle", "other server")]
+        ("", "idle", "m2"),
+        ("", "preempt", "p"),
+        ("big", "idle", "other server"),
+    ]
     assert book.pending("alice", "")[0].to_json(T0)["seconds_left"] == 720
     assert book.clear("alice", "", kind="idle") is True
     assert book.clear("alice", "", kind="idle") is False
@@ -71,6 +75,7 @@ def test_a_notice_needs_a_short_kind(store, kind):
 
 # -- idle clocks and exemptions ------------------------------------------------------------
 
+
 def test_saving_tracks_replaces_the_set(store):
     book = IdleBook(store)
     a = GpuTrack("n", "GPU-a", "alice", "", idle_since=T0, last_reading=T0, utilization=0.0, source="host")
@@ -92,12 +97,15 @@ def test_bad_exemptions_are_refused_and_change_nothing(store, group):
     assert list(book.exempt_groups()) == ["research"]
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"reason": "r" * 501}, "reason must be at most 500 characters long, not 501"),
-    ({"reason": 5}, "reason must be text or null, not 5"),
-    ({"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
-    (["reason"], "the body must be a JSON object"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"reason": "r" * 501}, "reason must be at most 500 characters long, not 501"),
+        ({"reason": 5}, "reason must be text or null, not 5"),
+        ({"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
+        (["reason"], "the body must be a JSON object"),
+    ],
+)
 def test_bad_exemption_bodies_are_refused_by_the_document(body, words):
     with pytest.raises(BodyError) as refused:
         validate_body(DOC, "IdleExemptionBody", body)
@@ -114,29 +122,38 @@ def test_exempt_and_unexempt(store):
 
 # -- the quota's idle fields ----------------------------------------------------------------
 
-@pytest.mark.parametrize("body, quota", [
-    ({"max_gpus": 1}, Quota(1)),
-    ({"max_gpus": 1, "gpu_idle_minutes": 30}, Quota(1, gpu_idle_minutes=30.0)),
-    ({"max_gpus": 1, "gpu_idle_minutes": 0}, Quota(1, gpu_idle_minutes=0.0)),
-    ({"max_gpus": 1, "gpu_idle_minutes": 0.1, "gpu_idle_threshold": 12.5},
-     Quota(1, gpu_idle_minutes=0.1, gpu_idle_threshold=12.5)),
-    ({"max_gpus": 1, "gpu_idle_minutes": None, "gpu_idle_threshold": None}, Quota(1)),
-])
+
+@pytest.mark.parametrize(
+    "body, quota",
+    [
+        ({"max_gpus": 1}, Quota(1)),
+        ({"max_gpus": 1, "gpu_idle_minutes": 30}, Quota(1, gpu_idle_minutes=30.0)),
+        ({"max_gpus": 1, "gpu_idle_minutes": 0}, Quota(1, gpu_idle_minutes=0.0)),
+        (
+            {"max_gpus": 1, "gpu_idle_minutes": 0.1, "gpu_idle_threshold": 12.5},
+            Quota(1, gpu_idle_minutes=0.1, gpu_idle_threshold=12.5),
+        ),
+        ({"max_gpus": 1, "gpu_idle_minutes": None, "gpu_idle_threshold": None}, Quota(1)),
+    ],
+)
 def test_idle_fields_of_a_quota(body, quota):
     validate_body(DOC, "QuotaBody", body)
     assert quota_from_body(body) == quota
 
 
-@pytest.mark.parametrize("body, words", [
-    ({"max_gpus": 1, "gpu_idle_minutes": -1}, "gpu_idle_minutes must be between 0 and 10080, not -1"),
-    ({"max_gpus": 1, "gpu_idle_minutes": 0.01}, "gpu_idle_minutes must be 0 or between 0.05 and 10080, not 0.01"),
-    ({"max_gpus": 1, "gpu_idle_minutes": 1e9}, "gpu_idle_minutes must be between 0 and 10080, not 1000000000"),
-    ({"max_gpus": 1, "gpu_idle_minutes": "30"}, 'gpu_idle_minutes must be a number or null, not "30"'),
-    ({"max_gpus": 1, "gpu_idle_minutes": True}, "gpu_idle_minutes must be a number or null, not true"),
-    ({"max_gpus": 1, "gpu_idle_threshold": 0}, "gpu_idle_threshold must be more than 0 and at most 100, not 0"),
-    ({"max_gpus": 1, "gpu_idle_threshold": 101}, "gpu_idle_threshold must be more than 0 and at most 100, not 101"),
-    ({"max_gpus": 1, "gpu_idle_threshold": float("nan")}, "gpu_idle_threshold must be a finite number, not NaN"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ({"max_gpus": 1, "gpu_idle_minutes": -1}, "gpu_idle_minutes must be between 0 and 10080, not -1"),
+        ({"max_gpus": 1, "gpu_idle_minutes": 0.01}, "gpu_idle_minutes must be 0 or between 0.05 and 10080, not 0.01"),
+        ({"max_gpus": 1, "gpu_idle_minutes": 1e9}, "gpu_idle_minutes must be between 0 and 10080, not 1000000000"),
+        ({"max_gpus": 1, "gpu_idle_minutes": "30"}, 'gpu_idle_minutes must be a number or null, not "30"'),
+        ({"max_gpus": 1, "gpu_idle_minutes": True}, "gpu_idle_minutes must be a number or null, not true"),
+        ({"max_gpus": 1, "gpu_idle_threshold": 0}, "gpu_idle_threshold must be more than 0 and at most 100, not 0"),
+        ({"max_gpus": 1, "gpu_idle_threshold": 101}, "gpu_idle_threshold must be more than 0 and at most 100, not 101"),
+        ({"max_gpus": 1, "gpu_idle_threshold": float("nan")}, "gpu_idle_threshold must be a finite number, not NaN"),
+    ],
+)
 def test_bad_idle_fields_are_refused(store, body, words):
     book = QuotaBook(store)
     book.set("user", "alice", Quota(1, gpu_idle_minutes=30.0))
@@ -158,6 +175,7 @@ def test_idle_fields_are_stored_and_the_most_generous_group_wins(store):
 
 # -- migration 0003 ---------------------------------------------------------------------------
 
+
 def test_migration_0003_adds_and_removes_its_tables_and_columns(store):
     tables = set(inspect(store.engine).get_table_names())
     assert {"gpu_idle_tracks", "workbench_notices", "gpu_idle_exemptions"} <= tables
@@ -174,41 +192,61 @@ def test_migration_0003_adds_and_removes_its_tables_and_columns(store):
 
 # -- the hub's settings ---------------------------------------------------------------------
 
+
 class Traits:
     pass
 
 
-@pytest.mark.parametrize("env, minutes, threshold, warn", [
-    ({}, 0.0, 5.0, 10.0),
-    ({"WORKBENCH_GPU_IDLE_MINUTES": "30"}, 30.0, 5.0, 10.0),
-    ({"WORKBENCH_GPU_IDLE_MINUTES": "0.2", "WORKBENCH_GPU_IDLE_THRESHOLD": "10",
-      "WORKBENCH_GPU_IDLE_WARN_MINUTES": "5"}, 0.2, 10.0, 5.0),
-])
+@pytest.mark.parametrize(
+    "env, minutes, threshold, warn",
+    [
+        ({}, 0.0, 5.0, 10.0),
+        ({"WORKBENCH_GPU_IDLE_MINUTES": "30"}, 30.0, 5.0, 10.0),
+        (
+            {
+                "WORKBENCH_GPU_IDLE_MINUTES": "0.2",
+                "WORKBENCH_GPU_IDLE_THRESHOLD": "10",
+                "WORKBENCH_GPU_IDLE_WARN_MINUTES": "5",
+            },
+            0.2,
+            10.0,
+            5.0,
+        ),
+    ],
+)
 def test_idle_environment_becomes_traits(env, minutes, threshold, warn):
     mixin = Traits()
     update_idle(mixin, env)
     assert (mixin.gpu_idle_minutes, mixin.gpu_idle_threshold, mixin.gpu_idle_warn_minutes) == (minutes, threshold, warn)
 
 
-@pytest.mark.parametrize("env, words", [
-    ({"WORKBENCH_GPU_IDLE_MINUTES": "soon"}, "WORKBENCH_GPU_IDLE_MINUTES"),
-    ({"WORKBENCH_GPU_IDLE_MINUTES": "-5"}, "non-negative"),
-    ({"WORKBENCH_GPU_IDLE_MINUTES": "0.01"}, "between"),
-    ({"WORKBENCH_GPU_IDLE_MINUTES": "nan"}, "between"),
-    ({"WORKBENCH_GPU_IDLE_THRESHOLD": "0"}, "percentage"),
-    ({"WORKBENCH_GPU_IDLE_THRESHOLD": "150"}, "percentage"),
-    ({"WORKBENCH_GPU_IDLE_WARN_MINUTES": "inf"}, "WORKBENCH_GPU_IDLE_WARN_MINUTES"),
-])
+@pytest.mark.parametrize(
+    "env, words",
+    [
+        ({"WORKBENCH_GPU_IDLE_MINUTES": "soon"}, "WORKBENCH_GPU_IDLE_MINUTES"),
+        ({"WORKBENCH_GPU_IDLE_MINUTES": "-5"}, "non-negative"),
+        ({"WORKBENCH_GPU_IDLE_MINUTES": "0.01"}, "between"),
+        ({"WORKBENCH_GPU_IDLE_MINUTES": "nan"}, "between"),
+        ({"WORKBENCH_GPU_IDLE_THRESHOLD": "0"}, "percentage"),
+        ({"WORKBENCH_GPU_IDLE_THRESHOLD": "150"}, "percentage"),
+        ({"WORKBENCH_GPU_IDLE_WARN_MINUTES": "inf"}, "WORKBENCH_GPU_IDLE_WARN_MINUTES"),
+    ],
+)
 def test_bad_idle_environment_stops_the_hub_with_a_sentence(env, words):
     with pytest.raises(ConfigError, match=words):
         update_idle(Traits(), env)
 
 
-@pytest.mark.parametrize("bind, url", [
-    ("http://127.0.0.1:8000", "http://127.0.0.1:8000"), ("http://0.0.0.0:9000", "http://127.0.0.1:9000"),
-    ("https://:443", "https://127.0.0.1:443"), ("http://[::]:8000", "http://[::1]:8000"),
-    ("http://hub.example.edu:8000", "http://hub.example.edu:8000"),
-])
+@pytest.mark.parametrize(
+    "bind, url",
+    [
+        ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+        ("http://0.0.0.0:9000", "http://127.0.0.1:9000"),
+        ("https://:443", "https://127.0.0.1:443"),
+        ("http://[::]:8000", "http://[::1]:8000"),
+        ("http://hub.example.edu:8000", "http://hub.example.edu:8000"),
+    ],
+)
 def test_the_service_reaches_user_servers_through_the_proxy(bind, url):
     from traitlets.config import Config
 

@@ -36,9 +36,12 @@ def imported(path: Path) -> set[str]:
 
 
 def backend_imports(path: Path, allowed: str | None = None) -> list[str]:
-    return sorted(name for name in imported(path)
-                  if name.startswith(("workbench_spawner.backends.", "batchspawner", "dockerspawner", "kubespawner"))
-                  and not (allowed and name.startswith(f"workbench_spawner.backends.{allowed}")))
+    return sorted(
+        name
+        for name in imported(path)
+        if name.startswith(("workbench_spawner.backends.", "batchspawner", "dockerspawner", "kubespawner"))
+        and not (allowed and name.startswith(f"workbench_spawner.backends.{allowed}"))
+    )
 
 
 CORE = sorted(p for p in SPAWNER.rglob("*.py") if BACKENDS not in p.parents and p not in ALIASES)
@@ -55,8 +58,9 @@ def test_the_hub_config_and_the_service_import_no_backend(path):
     assert backend_imports(path) == [], f"{path.relative_to(REPO)} imports a backend: use its workbench.backends entry"
 
 
-@pytest.mark.parametrize("folder", sorted(p for p in BACKENDS.iterdir() if p.is_dir() and p.name != "__pycache__"),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "folder", sorted(p for p in BACKENDS.iterdir() if p.is_dir() and p.name != "__pycache__"), ids=lambda p: p.name
+)
 def test_a_backend_imports_no_other_backend(folder):
     for path in folder.rglob("*.py"):
         others = [n for n in backend_imports(path, allowed=folder.name) if n.startswith("workbench_spawner.")]
@@ -66,5 +70,7 @@ def test_a_backend_imports_no_other_backend(folder):
 def test_the_guard_finds_a_wall_breach(tmp_path):
     breach = tmp_path / "breach.py"
     breach.write_text("def f():\n    from workbench_spawner.backends.slurm.jobs import list_jobs\n")
-    assert backend_imports(breach) == ["workbench_spawner.backends.slurm.jobs",
-                                       "workbench_spawner.backends.slurm.jobs.list_jobs"]
+    assert backend_imports(breach) == [
+        "workbench_spawner.backends.slurm.jobs",
+        "workbench_spawner.backends.slurm.jobs.list_jobs",
+    ]

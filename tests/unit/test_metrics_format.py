@@ -49,12 +49,27 @@ class FakeFleet:
         return held
 
 
-def row(index, uuid, name, node, holders, total, util=None, used=None, temp=None, power=None, free_slots=0,
-        **extra) -> dict:
-    return {"index": index, "uuid": uuid, "name": name, "model": "x", "node": node, "memory_total_bytes": total,
-            "simulated": False, "holders": [{"user": u, "server": "", "since": "", "node": node} for u in holders],
-            "free_slots": free_slots, "utilization_percent": util, "memory_used_bytes": used,
-            "temperature_c": temp, "power_w": power, "reading_source": None, "idle_seconds": None, **extra}
+def row(
+    index, uuid, name, node, holders, total, util=None, used=None, temp=None, power=None, free_slots=0, **extra
+) -> dict:
+    return {
+        "index": index,
+        "uuid": uuid,
+        "name": name,
+        "model": "x",
+        "node": node,
+        "memory_total_bytes": total,
+        "simulated": False,
+        "holders": [{"user": u, "server": "", "since": "", "node": node} for u in holders],
+        "free_slots": free_slots,
+        "utilization_percent": util,
+        "memory_used_bytes": used,
+        "temperature_c": temp,
+        "power_w": power,
+        "reading_source": None,
+        "idle_seconds": None,
+        **extra,
+    }
 
 
 ROWS = [
@@ -63,11 +78,34 @@ ROWS = [
     # Not readable (static): no DCGM series; another backend's annotation says nobody else holds it.
     row(1, "GPU-b", MODEL_B, "gpu-1", [BOB], 40 * GIB, other_backend={"held_outside_workbench": False}),
     # Free, on the fleet's own node (empty node), held by a Slurm job outside the workbench; no temperature.
-    row(2, "GPU-c", MODEL_A, "", [], 80 * GIB, util=0.0, used=0, power=70.0, free_slots=2,
-        slurm={"node_state": "mixed", "allocated": True, "held_outside_workbench": True}),
+    row(
+        2,
+        "GPU-c",
+        MODEL_A,
+        "",
+        [],
+        80 * GIB,
+        util=0.0,
+        used=0,
+        power=70.0,
+        free_slots=2,
+        slurm={"node_state": "mixed", "allocated": True, "held_outside_workbench": True},
+    ),
     # Shared by two users, memory full; Slurm says it is not held outside; an unrelated dict entry.
-    row(0, "GPU-d", MODEL_B, "gpu-2", ["zed", "amy"], 40 * GIB, util=100, used=40 * GIB, temp=80, power=250,
-        slurm={"node_state": "allocated", "allocated": True, "held_outside_workbench": False}, extra={"x": 1}),
+    row(
+        0,
+        "GPU-d",
+        MODEL_B,
+        "gpu-2",
+        ["zed", "amy"],
+        40 * GIB,
+        util=100,
+        used=40 * GIB,
+        temp=80,
+        power=250,
+        slurm={"node_state": "allocated", "allocated": True, "held_outside_workbench": False},
+        extra={"x": 1},
+    ),
 ]
 
 
@@ -96,8 +134,7 @@ def parse(text: str) -> dict[str, tuple[str, str, list[tuple[dict, float]]]]:
     families = {}
     for family in text_string_to_metric_families(text):
         assert family.name not in families, family.name
-        families[family.name] = (family.type, family.documentation,
-                                 [(s.labels, s.value) for s in family.samples])
+        families[family.name] = (family.type, family.documentation, [(s.labels, s.value) for s in family.samples])
     return families
 
 
@@ -118,12 +155,19 @@ def expected_gpu_series(simulated: bool) -> dict[str, list[tuple[dict, float]]]:
         "DCGM_FI_DEV_GPU_TEMP": [(a, 55.0), (d, 80.0)],
         "DCGM_FI_DEV_POWER_USAGE": [(a, 301.25), (c, 70.0), (d, 250.0)],
         "workbench_gpu_allocated": [(a, 1.0), (b, 1.0), (c, 0.0), (d, 2.0)],
-        "workbench_gpu_memory_total_bytes": [(a, 85899345920.0), (b, 42949672960.0), (c, 85899345920.0),
-                                             (d, 42949672960.0)],
+        "workbench_gpu_memory_total_bytes": [
+            (a, 85899345920.0),
+            (b, 42949672960.0),
+            (c, 85899345920.0),
+            (d, 42949672960.0),
+        ],
         "workbench_gpu_held_outside": [(b, 0.0), (c, 1.0), (d, 0.0)],
         "workbench_gpus": [({"Hostname": "gpu-1"}, 2.0), ({"Hostname": "gpu-2"}, 1.0), ({"Hostname": "head-1"}, 1.0)],
-        "workbench_gpus_free": [({"Hostname": "gpu-1"}, 0.0), ({"Hostname": "gpu-2"}, 0.0),
-                                ({"Hostname": "head-1"}, 1.0)],
+        "workbench_gpus_free": [
+            ({"Hostname": "gpu-1"}, 0.0),
+            ({"Hostname": "gpu-2"}, 0.0),
+            ({"Hostname": "head-1"}, 1.0),
+        ],
     }
 
 
@@ -164,7 +208,13 @@ def test_without_the_hubs_users_quotas_cover_holders_usage_and_own_quotas(store)
     parsed = parse(render_metrics(FakeFleet(store, ROWS, simulated=False)))
     # No groups known: bob falls back to the default; dave has an own quota and no lease.
     assert user_series(parsed, "workbench_user_quota_max_gpus") == {
-        ALICE: 2.0, "amy": 2.0, BOB: 2.0, "carol": 2.0, "dave": 4.0, "zed": 2.0}
+        ALICE: 2.0,
+        "amy": 2.0,
+        BOB: 2.0,
+        "carol": 2.0,
+        "dave": 4.0,
+        "zed": 2.0,
+    }
 
 
 def test_labels_keep_dcgm_exporters_order_and_escape_quotes_backslashes_newlines(store):
@@ -189,8 +239,10 @@ def test_labels_keep_dcgm_exporters_order_and_escape_quotes_backslashes_newlines
     assert 'modelName="NVIDIA A100\\n40GB"' in text
     assert 'workbench_user_gpus_held{user="al\\"ice"} 1.0\n' in text
     assert 'workbench_user_gpus_held{user="bob\\\\x\\ny"} 1.0\n' in text
-    assert ('DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",modelName="NVIDIA \\"H100\\" 80GB\\\\HBM3",'
-            'Hostname="gpu-1",user="al\\"ice",simulated="true"} 37.5\n') in text
+    assert (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-a",modelName="NVIDIA \\"H100\\" 80GB\\\\HBM3",'
+        'Hostname="gpu-1",user="al\\"ice",simulated="true"} 37.5\n'
+    ) in text
     parsed = parse(text)
     models = {labels["modelName"] for labels, _ in parsed["workbench_gpu_allocated"][2]}
     users = {labels["user"] for labels, _ in parsed["workbench_gpu_allocated"][2]}
@@ -212,9 +264,15 @@ def test_absent_readings_and_annotations_emit_no_sample_and_no_empty_family(stor
     parsed = parse(text)
     assert "DCGM_" not in text, "no reading, no DCGM family (not even HELP/TYPE)"
     assert "workbench_gpu_held_outside" not in text
-    assert list(parsed) == ["workbench_gpu_allocated", "workbench_gpu_memory_total_bytes", "workbench_gpus",
-                            "workbench_gpus_free", "workbench_user_gpus_held", "workbench_user_gpu_hours_week",
-                            "workbench_user_quota_max_gpus"]
+    assert list(parsed) == [
+        "workbench_gpu_allocated",
+        "workbench_gpu_memory_total_bytes",
+        "workbench_gpus",
+        "workbench_gpus_free",
+        "workbench_user_gpus_held",
+        "workbench_user_gpu_hours_week",
+        "workbench_user_quota_max_gpus",
+    ]
     labels = {"gpu": "0", "UUID": "GPU-s", "modelName": "NVIDIA L4", "Hostname": "head-1", "user": ""}
     assert parsed["workbench_gpu_allocated"][2] == [(labels, 0.0)]
     assert parsed["workbench_gpu_memory_total_bytes"][2] == [(labels, 25769803776.0)]
@@ -236,16 +294,20 @@ def test_an_empty_fleet_still_counts_its_node(tmp_path):
         text = render_metrics(FakeFleet(s, [], simulated=True, node="lonely"), None)
     finally:
         s.dispose()
-    assert text == ("# HELP workbench_gpus GPUs in the inventory.\n# TYPE workbench_gpus gauge\n"
-                    'workbench_gpus{Hostname="lonely"} 0.0\n'
-                    "# HELP workbench_gpus_free GPUs with a free slot.\n# TYPE workbench_gpus_free gauge\n"
-                    'workbench_gpus_free{Hostname="lonely"} 0.0\n')
+    assert text == (
+        "# HELP workbench_gpus GPUs in the inventory.\n# TYPE workbench_gpus gauge\n"
+        'workbench_gpus{Hostname="lonely"} 0.0\n'
+        "# HELP workbench_gpus_free GPUs with a free slot.\n# TYPE workbench_gpus_free gauge\n"
+        'workbench_gpus_free{Hostname="lonely"} 0.0\n'
+    )
 
 
 def test_held_outside_is_read_from_any_backends_annotation():
     assert _held_outside({"slurm": {"node_state": "idle", "allocated": True, "held_outside_workbench": True}}) is True
     assert _held_outside({"k8s": {"held_outside_workbench": 0}}) is False
     assert _held_outside({"slurm": {"node_state": "unknown", "allocated": False}}) is None
-    assert _held_outside({"holders": [], "name": "held_outside_workbench", "x": {"held_outside_workbench": None}}) is None
+    assert (
+        _held_outside({"holders": [], "name": "held_outside_workbench", "x": {"held_outside_workbench": None}}) is None
+    )
     assert _held_outside({"a": {"other": 1}, "b": {"held_outside_workbench": 1}}) is True
     assert _held_outside({}) is None

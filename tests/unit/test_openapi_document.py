@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 from tornado import web
 
+from tests.service.openapi_check import resolve
 from workbench_hub.service import handlers, idle_handlers, reservation_handlers
 from workbench_hub.service.app import make_app
 from workbench_hub.service.openapi import BodyError, load_document, load_fragment, validate_body, with_server
@@ -31,7 +32,6 @@ from workbench_spawner.rules.quota import (
     QuotaRow,
 )
 from workbench_spawner.rules.reservations import DEFAULT_GRACE_MINUTES, DEFAULT_WARN_MINUTES, MAX_MINUTES
-from tests.service.openapi_check import resolve
 
 PREFIX = "/services/workbench/"
 MAIN = load_document()
@@ -94,8 +94,11 @@ BOUNDS = [
     ("/components/parameters/Name/schema/maxLength", column_length(QuotaRow, "name"), "gpu_quotas.name"),
     ("/paths/~1api~1usage/get/parameters/0/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/parameters/Group/schema/maxLength", GROUP_LENGTH, "ledger.idle_book.GROUP_PATTERN"),
-    ("/components/parameters/Group/schema/maxLength", column_length(IdleExemptionRow, "group"),
-     "gpu_idle_exemptions.group"),
+    (
+        "/components/parameters/Group/schema/maxLength",
+        column_length(IdleExemptionRow, "group"),
+        "gpu_idle_exemptions.group",
+    ),
     (SLURM_NODE + "/maxLength", _slurm_max_node(), "backends.slurm.service_routes.MAX_NODE"),
 ]
 # Numbers of the request schemas and parameters with no constant in the code (each says why).
@@ -117,8 +120,18 @@ NO_CONSTANT = {
     "/paths/~1api~1usage/get/parameters/0/schema/minLength": "a name",
     SLURM_NODE + "/minLength": "a name",
 }
-BOUND_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
-                  "minItems", "maxItems", "pattern", "default")
+BOUND_KEYWORDS = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+    "pattern",
+    "default",
+)
 
 
 @pytest.mark.parametrize("pointer, value, where", BOUNDS, ids=[f"{b[0]}={b[2]}" for b in BOUNDS])
@@ -153,8 +166,9 @@ def test_every_bound_a_request_may_break_is_checked_against_the_code():
         for method, operation in item.items():
             if method != "parameters":
                 for index, parameter in enumerate(operation.get("parameters", [])):
-                    written |= set(_written_bounds(
-                        parameter, f"/paths/{path.replace('/', '~1')}/{method}/parameters/{index}"))
+                    written |= set(
+                        _written_bounds(parameter, f"/paths/{path.replace('/', '~1')}/{method}/parameters/{index}")
+                    )
     checked = {pointer for pointer, _, _ in BOUNDS} | set(NO_CONSTANT)
     assert written - checked == set(), "add these to BOUNDS (or to NO_CONSTANT, saying why)"
     assert set(NO_CONSTANT) <= written, "NO_CONSTANT names bounds the document no longer has"
@@ -172,6 +186,7 @@ def test_the_fields_of_a_body_are_the_codes():
 
 
 # -- a valid OpenAPI 3.1 document -------------------------------------------------------------------
+
 
 def _refs(node):
     if isinstance(node, dict):
@@ -253,7 +268,7 @@ def app_routes(app: web.Application) -> set[tuple[str, str]]:
     """(method, path) of every route the app mounts, a method counted when its handler implements it."""
     routes = set()
     for rule in app.wildcard_router.rules:
-        relative = rule.matcher.regex.pattern.rstrip("$")[len(PREFIX):]
+        relative = rule.matcher.regex.pattern.rstrip("$")[len(PREFIX) :]
         if relative in NOT_API:
             continue
         path = "/" + relative.replace("([^/]+)", "{name}")
@@ -296,60 +311,121 @@ def test_every_request_body_is_checked_by_its_handler():
                 ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
                 in_document.add(ref.rsplit("/", 1)[1])
     source = "".join(Path(m.__file__).read_text() for m in HANDLER_MODULES)
-    assert set(re.findall(r'valid_body\("(\w+)"', source)) == in_document == {
-        "QuotaBody", "ReservationBody", "IdleExemptionBody"}
+    assert (
+        set(re.findall(r'valid_body\("(\w+)"', source))
+        == in_document
+        == {"QuotaBody", "ReservationBody", "IdleExemptionBody"}
+    )
 
 
 # -- request bodies: refused with a sentence ------------------------------------------------------------
 
-@pytest.mark.parametrize("schema, body, sentence", [
-    ("QuotaBody", {"max_gpus": 5000}, "max_gpus must be between 0 and 1024, not 5000"),
-    ("QuotaBody", {"max_gpus": 1, "foo": 1},
-     "unknown field 'foo'; a quota has max_gpus, gpu_hours_per_week, allowed_models, max_session_hours, "
-     "gpu_idle_minutes and gpu_idle_threshold"),
-    ("QuotaBody", {"max_gpus": 1, "foo": 1, "bar": 2}, "unknown fields 'foo', 'bar'; a quota has max_gpus, "
-     "gpu_hours_per_week, allowed_models, max_session_hours, gpu_idle_minutes and gpu_idle_threshold"),
-    ("QuotaBody", {}, "max_gpus is missing; a quota needs max_gpus"),
-    ("QuotaBody", [1], 'the body must be a JSON object (a quota) such as {"max_gpus": 1}, not [1]'),
-    ("QuotaBody", {"max_gpus": "2"}, 'max_gpus must be a whole number, not "2"'),
-    ("QuotaBody", {"max_gpus": 1, "gpu_hours_per_week": True}, "gpu_hours_per_week must be a number or null, not true"),
-    ("QuotaBody", {"max_gpus": 1, "gpu_idle_minutes": 0.01}, "gpu_idle_minutes must be 0 or between 0.05 and 10080, "
-     "not 0.01"),
-    ("QuotaBody", {"max_gpus": 1, "gpu_idle_threshold": 0}, "gpu_idle_threshold must be more than 0 and at most 100, "
-     "not 0"),
-    ("QuotaBody", {"max_gpus": 1, "allowed_models": ["ok", "<b>"]},
-     'allowed_models[1] must be a GPU model name (letters, digits, . _ + - and spaces; at most 64 characters), '
-     'not "<b>"'),
-    ("QuotaBody", {"max_gpus": 1, "allowed_models": ["A"] * 65}, "allowed_models may have at most 64 items, not 65"),
-    ("QuotaBody", {"max_gpus": 1, "max_session_hours": float("inf")},
-     "max_session_hours must be a finite number, not Infinity"),
-    ("ReservationBody", {"group": "g", "gpus": 1},
-     "window is missing; a reservation needs group, gpus and window"),
-    ("ReservationBody", {"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must not be empty"),
-    ("ReservationBody", {"group": " ", "gpus": 1, "window": "Tue 10:00-11:00"},
-     'group must be the name of a JupyterHub group, not " "'),
-    ("ReservationBody", {"group": "g", "gpus": 1, "window": "x" * 65},
-     "window must be at most 64 characters long, not 65"),
-    ("IdleExemptionBody", {"reason": 5}, "reason must be text or null, not 5"),
-    ("IdleExemptionBody", {"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
-])
+
+@pytest.mark.parametrize(
+    "schema, body, sentence",
+    [
+        ("QuotaBody", {"max_gpus": 5000}, "max_gpus must be between 0 and 1024, not 5000"),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "foo": 1},
+            "unknown field 'foo'; a quota has max_gpus, gpu_hours_per_week, allowed_models, max_session_hours, "
+            "gpu_idle_minutes and gpu_idle_threshold",
+        ),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "foo": 1, "bar": 2},
+            "unknown fields 'foo', 'bar'; a quota has max_gpus, "
+            "gpu_hours_per_week, allowed_models, max_session_hours, gpu_idle_minutes and gpu_idle_threshold",
+        ),
+        ("QuotaBody", {}, "max_gpus is missing; a quota needs max_gpus"),
+        ("QuotaBody", [1], 'the body must be a JSON object (a quota) such as {"max_gpus": 1}, not [1]'),
+        ("QuotaBody", {"max_gpus": "2"}, 'max_gpus must be a whole number, not "2"'),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "gpu_hours_per_week": True},
+            "gpu_hours_per_week must be a number or null, not true",
+        ),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "gpu_idle_minutes": 0.01},
+            "gpu_idle_minutes must be 0 or between 0.05 and 10080, not 0.01",
+        ),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "gpu_idle_threshold": 0},
+            "gpu_idle_threshold must be more than 0 and at most 100, not 0",
+        ),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "allowed_models": ["ok", "<b>"]},
+            "allowed_models[1] must be a GPU model name (letters, digits, . _ + - and spaces; at most 64 characters), "
+            'not "<b>"',
+        ),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "allowed_models": ["A"] * 65},
+            "allowed_models may have at most 64 items, not 65",
+        ),
+        (
+            "QuotaBody",
+            {"max_gpus": 1, "max_session_hours": float("inf")},
+            "max_session_hours must be a finite number, not Infinity",
+        ),
+        ("ReservationBody", {"group": "g", "gpus": 1}, "window is missing; a reservation needs group, gpus and window"),
+        ("ReservationBody", {"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must not be empty"),
+        (
+            "ReservationBody",
+            {"group": " ", "gpus": 1, "window": "Tue 10:00-11:00"},
+            'group must be the name of a JupyterHub group, not " "',
+        ),
+        (
+            "ReservationBody",
+            {"group": "g", "gpus": 1, "window": "x" * 65},
+            "window must be at most 64 characters long, not 65",
+        ),
+        ("IdleExemptionBody", {"reason": 5}, "reason must be text or null, not 5"),
+        ("IdleExemptionBody", {"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
+    ],
+)
 def test_a_refused_body_is_one_sentence_naming_the_field_and_the_rule(schema, body, sentence):
     with pytest.raises(BodyError) as refused:
         validate_body(DOC, schema, body)
     assert str(refused.value) == sentence
 
 
-@pytest.mark.parametrize("schema, body", [
-    ("QuotaBody", {"max_gpus": 0}),
-    ("QuotaBody", {"max_gpus": 2.0, "gpu_hours_per_week": None, "allowed_models": [], "max_session_hours": 0.01,
-                   "gpu_idle_minutes": 0, "gpu_idle_threshold": 100}),
-    ("QuotaBody", {"max_gpus": 1024, "gpu_idle_minutes": 0.05, "allowed_models": None}),
-    ("ReservationBody", {"group": "ml-course", "gpus": 8, "window": "Tue 10:00-12:00", "model": None,
-                         "grace_minutes": None, "warn_minutes": 1440, "preempt": True}),
-    ("IdleExemptionBody", {}),
-    ("IdleExemptionBody", {"reason": None}),
-    ("IdleExemptionBody", {"reason": "r" * 500}),
-])
+@pytest.mark.parametrize(
+    "schema, body",
+    [
+        ("QuotaBody", {"max_gpus": 0}),
+        (
+            "QuotaBody",
+            {
+                "max_gpus": 2.0,
+                "gpu_hours_per_week": None,
+                "allowed_models": [],
+                "max_session_hours": 0.01,
+                "gpu_idle_minutes": 0,
+                "gpu_idle_threshold": 100,
+            },
+        ),
+        ("QuotaBody", {"max_gpus": 1024, "gpu_idle_minutes": 0.05, "allowed_models": None}),
+        (
+            "ReservationBody",
+            {
+                "group": "ml-course",
+                "gpus": 8,
+                "window": "Tue 10:00-12:00",
+                "model": None,
+                "grace_minutes": None,
+                "warn_minutes": 1440,
+                "preempt": True,
+            },
+        ),
+        ("IdleExemptionBody", {}),
+        ("IdleExemptionBody", {"reason": None}),
+        ("IdleExemptionBody", {"reason": "r" * 500}),
+    ],
+)
 def test_a_good_body_passes(schema, body):
     validate_body(DOC, schema, body)
 
@@ -360,6 +436,7 @@ def test_an_unknown_schema_is_a_programming_error():
 
 
 # -- fragments add, never redefine ---------------------------------------------------------------------
+
 
 def test_the_slurm_fragment_adds_its_paths_schemas_and_the_gpu_rows_slurm_property():
     assert "/api/slurm/nodes" in DOC["paths"] and "/api/slurm/nodes" not in MAIN["paths"]
@@ -376,15 +453,21 @@ def test_each_load_is_a_new_document():
     assert load_document() == MAIN and MAIN["paths"]
 
 
-@pytest.mark.parametrize("change, words", [
-    (lambda f: f["paths"].update({"/api/gpus": {}}), "redefines the path /api/gpus"),
-    (lambda f: f["components"]["schemas"].update({"Error": {}}), "redefines components/schemas/Error"),
-    (lambda f: f["components"].update({"responses": {"Forbidden": {}}}), "redefines components/responses/Forbidden"),
-    (lambda f: f["x-schema-properties"]["GPU"].update({"model": {}}), "redefines the property model of GPU"),
-    (lambda f: f["x-schema-properties"].update({"Nothing": {"x": {}}}), "Nothing, which is not an object schema"),
-    (lambda f: f.update({"info": {}}), "has info; a fragment has only paths, components"),
-    (lambda f: f["components"].update({"widgets": {}}), "components/widgets, which OpenAPI does not know"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda f: f["paths"].update({"/api/gpus": {}}), "redefines the path /api/gpus"),
+        (lambda f: f["components"]["schemas"].update({"Error": {}}), "redefines components/schemas/Error"),
+        (
+            lambda f: f["components"].update({"responses": {"Forbidden": {}}}),
+            "redefines components/responses/Forbidden",
+        ),
+        (lambda f: f["x-schema-properties"]["GPU"].update({"model": {}}), "redefines the property model of GPU"),
+        (lambda f: f["x-schema-properties"].update({"Nothing": {"x": {}}}), "Nothing, which is not an object schema"),
+        (lambda f: f.update({"info": {}}), "has info; a fragment has only paths, components"),
+        (lambda f: f["components"].update({"widgets": {}}), "components/widgets, which OpenAPI does not know"),
+    ],
+)
 def test_a_fragment_that_redefines_is_refused_with_a_sentence(change, words):
     fragment = copy.deepcopy(SLURM[0])
     change(fragment)

@@ -5,16 +5,15 @@ import asyncio
 import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.ledger.store import AllocationStore
 
 
 def make_policy(tmp_path, spec="4", slots=1, recheck=5.0):
     devices = parse_simulated_spec(spec)
     url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
-    settings = PolicySettings(url, DeviceInventory("simulated", devices, "test"), servers_per_gpu=slots,
-                              node="node-a")
+    settings = PolicySettings(url, DeviceInventory("simulated", devices, "test"), servers_per_gpu=slots, node="node-a")
     return GPUPolicy(settings, AllocationStore(url), recheck_interval=recheck)
 
 
@@ -64,7 +63,7 @@ async def test_cancelled_wait_leaves_the_line_and_lets_the_next_one_go(tmp_path)
     policy.release("holder", "", "stopped")
     lease = await asyncio.wait_for(second, 5)
     assert lease.user == "second"
-    assert [l.user for l in policy.store.leases()] == ["second"]
+    assert [l.user for l in policy.store.leases()] == ["second"]  # noqa: E741
 
 
 async def test_a_release_made_elsewhere_is_noticed_by_the_recheck(tmp_path):
@@ -100,9 +99,9 @@ async def test_reconcile_after_restart_releases_only_dead_servers(tmp_path):
     restarted = make_policy(tmp_path, "4")  # a new hub process, same database
     verdict = {"pid:1": True, "pid:2": False, "": None}
     released = restarted.reconcile(lambda lease: verdict[lease.ref])
-    assert [l.user for l in released] == ["dead"]
+    assert [l.user for l in released] == ["dead"]  # noqa: E741
     assert restarted.reconcile(lambda lease: False) == [], "reconcile runs once per process"
-    kept = {l.user: l.gpu_uuids for l in restarted.store.leases()}
+    kept = {l.user: l.gpu_uuids for l in restarted.store.leases()}  # noqa: E741
     assert set(kept) == {"alive", "unknown"}
     # The freed GPU goes to a newcomer; the kept ones are never handed out twice.
     lease = await restarted.place("new", "", 1, None, 0)

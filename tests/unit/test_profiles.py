@@ -14,12 +14,20 @@ GiB = 1 << 30
 
 
 def test_profiles_parse_with_limits_in_cores_and_bytes():
-    profiles = parse_profiles([
-        {"slug": "small", "cpu_limit": 2, "mem_limit": "8G"},
-        {"slug": "large", "display_name": "Large (project weeks)", "cpu_limit": "16", "mem_limit": 64 * GiB,
-         "description": "for the final project", "default": True},
-        {"slug": "mem-only", "mem_limit": "512M"},
-    ])
+    profiles = parse_profiles(
+        [
+            {"slug": "small", "cpu_limit": 2, "mem_limit": "8G"},
+            {
+                "slug": "large",
+                "display_name": "Large (project weeks)",
+                "cpu_limit": "16",
+                "mem_limit": 64 * GiB,
+                "description": "for the final project",
+                "default": True,
+            },
+            {"slug": "mem-only", "mem_limit": "512M"},
+        ]
+    )
     assert profiles[0] == ResourceProfile("small", "small", 2.0, 8 * GiB)
     assert profiles[1].cpu_limit == 16.0 and profiles[1].mem_limit == 64 * GiB
     assert profiles[2].cpu_limit is None and profiles[2].mem_limit == 512 << 20
@@ -53,8 +61,10 @@ def test_without_a_marked_default_the_first_is_the_default():
         ([{"slug": "a", "mem_limit": "-1G"}], "more than 0 bytes"),
         ([{"slug": "a", "mem_limit": ""}], "size such as 16G"),
         ([{"slug": "a", "cpu_limit": 1, "gpus": 2}], "unknown key(s) 'gpus'"),
-        ([{"slug": "a", "cpu_limit": 1, "default": True}, {"slug": "b", "cpu_limit": 1, "default": True}],
-         "only one resource profile can be the default, not a, b"),
+        (
+            [{"slug": "a", "cpu_limit": 1, "default": True}, {"slug": "b", "cpu_limit": 1, "default": True}],
+            "only one resource profile can be the default, not a, b",
+        ),
         (["small"], "must be a mapping"),
     ],
 )

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 import pytest
 
+from tests.unit.test_waitlist_threads import run_debug
 from workbench_devices import DeviceInventory, parse_simulated_spec
-from workbench_spawner.policy.clock import hub_clock, set_test_clock
-from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
-from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
-from workbench_spawner.rules.reservations import ReservationError
 from workbench_spawner.ledger.store import AllocationStore
-
-from tests.unit.test_waitlist_threads import run_debug
-
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
+from workbench_spawner.policy.clock import hub_clock, set_test_clock
+from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
+from workbench_spawner.rules.reservations import ReservationError
 
 DOC = load_document()  # the service's API document: what request bodies are checked against
 
@@ -36,14 +34,17 @@ def w(user, joined, hours):
 A, B, C = w("ann", 0, 12.0), w("bob", 60, 2.0), w("cid", 120, 2.0)
 
 
-@pytest.mark.parametrize("mode, now, aging, expect", [
-    ("fifo", 200, 30, ["ann", "bob", "cid"]),
-    ("fair-share", 200, 30, ["bob", "cid", "ann"]),    # fewest GPU-hours first, ties by arrival
-    ("fair-share", 1800, 30, ["ann", "bob", "cid"]),   # ann waited 30 min: aged, goes first
-    ("fair-share", 1860, 30, ["ann", "bob", "cid"]),   # bob aged too: aged ones by arrival
-    ("fair-share", 1799, 30, ["bob", "cid", "ann"]),   # a second short of the bound
-    ("fair-share", 200, 0, ["ann", "bob", "cid"]),     # a 0 bound is first come, first served
-])
+@pytest.mark.parametrize(
+    "mode, now, aging, expect",
+    [
+        ("fifo", 200, 30, ["ann", "bob", "cid"]),
+        ("fair-share", 200, 30, ["bob", "cid", "ann"]),  # fewest GPU-hours first, ties by arrival
+        ("fair-share", 1800, 30, ["ann", "bob", "cid"]),  # ann waited 30 min: aged, goes first
+        ("fair-share", 1860, 30, ["ann", "bob", "cid"]),  # bob aged too: aged ones by arrival
+        ("fair-share", 1799, 30, ["bob", "cid", "ann"]),  # a second short of the bound
+        ("fair-share", 200, 0, ["ann", "bob", "cid"]),  # a 0 bound is first come, first served
+    ],
+)
 def test_order(mode, now, aging, expect):
     assert [x.user for x in order([A, B, C], mode, now, aging)] == expect
 
@@ -56,15 +57,18 @@ def test_nobody_who_came_later_passes_an_aged_request():
 
 def test_explain_says_how_many_who_used_less_are_ahead():
     ordered = order([A, B, C], "fair-share", 200, 30)
-    assert explain(A, ordered, "fair-share", 200, 30) == \
-        "you used 12.0 GPU-hours this week; 2 users who used less are ahead"
+    assert (
+        explain(A, ordered, "fair-share", 200, 30)
+        == "you used 12.0 GPU-hours this week; 2 users who used less are ahead"
+    )
     assert explain(B, ordered, "fair-share", 200, 30) == "you used 2.0 GPU-hours this week"
     assert explain(A, order([A, B], "fifo", 200), "fifo", 200) == ""
     assert "nobody who came after you" in explain(A, order([A, B], "fair-share", 1900), "fair-share", 1900)
 
 
-@pytest.mark.parametrize("value, expect", [(None, "fifo"), ("", "fifo"), ("FIFO", "fifo"),
-                                           (" fair-share ", "fair-share")])
+@pytest.mark.parametrize(
+    "value, expect", [(None, "fifo"), ("", "fifo"), ("FIFO", "fifo"), (" fair-share ", "fair-share")]
+)
 def test_parse_queue_order(value, expect):
     assert parse_queue_order(value) == expect
 
@@ -84,8 +88,7 @@ def allocator(tmp_path):
     store = AllocationStore(url)
     clock_file = tmp_path / "clock"
     inventory = DeviceInventory("simulated", parse_simulated_spec("4"), "test")
-    alloc = HostAllocator(store, inventory, "n1", recheck_interval=0.05, tz=BERLIN,
-                          clock=hub_clock(str(clock_file)))
+    alloc = HostAllocator(store, inventory, "n1", recheck_interval=0.05, tz=BERLIN, clock=hub_clock(str(clock_file)))
     yield alloc, store, clock_file
     store.dispose()
 
@@ -106,7 +109,7 @@ def test_placement_keeps_reserved_gpus_for_members(allocator):
         early = await alloc.place("early", "", 2, None, 1)
         await asyncio.to_thread(alloc.release, "early", "", "stopped")
         set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
-        out1 = await alloc.place("out1", "", 1, None, 1)
+        out1 = await alloc.place("out1", "", 1, None, 1)  # noqa: F841
         out2 = asyncio.create_task(alloc.place("out2", "", 1, None, 10))
         await asyncio.sleep(0.3)
         assert not out2.done()  # waits: the other 3 are reserved
@@ -142,15 +145,30 @@ async def _try(alloc, user):
 def test_fair_share_serves_the_lighter_user_first(tmp_path):
     url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
     store = AllocationStore(url)
-    alloc = HostAllocator(store, DeviceInventory("simulated", parse_simulated_spec("1"), "t"), "n1",
-                          recheck_interval=0.05, queue_order="fair-share")
+    alloc = HostAllocator(
+        store,
+        DeviceInventory("simulated", parse_simulated_spec("1"), "t"),
+        "n1",
+        recheck_interval=0.05,
+        queue_order="fair-share",
+    )
     # heavy used the GPU before (a finished lease in the ledger).
-    from workbench_spawner.ledger.store import UsageRow, utcnow
     from datetime import timedelta
 
+    from workbench_spawner.ledger.store import UsageRow, utcnow
+
     with store.writes().begin() as session:
-        session.add(UsageRow(gpu_uuid="x", user="heavy", server="", started=utcnow() - timedelta(hours=12),
-                             ended=utcnow(), reason="stopped", node="n1"))
+        session.add(
+            UsageRow(
+                gpu_uuid="x",
+                user="heavy",
+                server="",
+                started=utcnow() - timedelta(hours=12),
+                ended=utcnow(),
+                reason="stopped",
+                node="n1",
+            )
+        )
     reports: list[tuple[int, str]] = []
 
     async def main():
@@ -171,28 +189,41 @@ def test_fair_share_serves_the_lighter_user_first(tmp_path):
     store.dispose()
 
 
-@pytest.mark.parametrize("body, words", [
-    ([], "the body must be a JSON object"),
-    ({"group": "g", "gpus": 1}, "window is missing"),
-    ({"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must not be empty"),
-    ({"group": "  ", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be the name of a JupyterHub group"),
-    ({"group": "x" * 256, "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be at most 255 characters long"),
-    ({"group": "g", "gpus": "8", "window": "Tue 10:00-11:00"}, 'gpus must be a whole number, not "8"'),
-    ({"group": "g", "gpus": True, "window": "Tue 10:00-11:00"}, "gpus must be a whole number, not true"),
-    ({"group": "g", "gpus": 0, "window": "Tue 10:00-11:00"}, "gpus must be between 1 and 1024, not 0"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "B200"}, "this hub has no B200 GPUs"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "<b>"}, "model must be a GPU model name"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": -1},
-     "grace_minutes must be between 0 and 1440, not -1"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": float("nan")},
-     "grace_minutes must be a finite number, not NaN"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "warn_minutes": "5"}, "warn_minutes must be a number"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "preempt": "yes"}, 'preempt must be true or false'),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "colour": 1}, "unknown field 'colour'; a reservation has"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00" + " " * 60}, "window must be at most 64 characters long"),
-    ({"group": "g", "gpus": 1, "window": 42}, "window must be text, not 42"),
-    ({"group": "g", "gpus": 1, "window": "Tue 10-11"}, "is malformed"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        ([], "the body must be a JSON object"),
+        ({"group": "g", "gpus": 1}, "window is missing"),
+        ({"group": "", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must not be empty"),
+        ({"group": "  ", "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be the name of a JupyterHub group"),
+        ({"group": "x" * 256, "gpus": 1, "window": "Tue 10:00-11:00"}, "group must be at most 255 characters long"),
+        ({"group": "g", "gpus": "8", "window": "Tue 10:00-11:00"}, 'gpus must be a whole number, not "8"'),
+        ({"group": "g", "gpus": True, "window": "Tue 10:00-11:00"}, "gpus must be a whole number, not true"),
+        ({"group": "g", "gpus": 0, "window": "Tue 10:00-11:00"}, "gpus must be between 1 and 1024, not 0"),
+        ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "B200"}, "this hub has no B200 GPUs"),
+        ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "model": "<b>"}, "model must be a GPU model name"),
+        (
+            {"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": -1},
+            "grace_minutes must be between 0 and 1440, not -1",
+        ),
+        (
+            {"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "grace_minutes": float("nan")},
+            "grace_minutes must be a finite number, not NaN",
+        ),
+        ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "warn_minutes": "5"}, "warn_minutes must be a number"),
+        ({"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "preempt": "yes"}, "preempt must be true or false"),
+        (
+            {"group": "g", "gpus": 1, "window": "Tue 10:00-11:00", "colour": 1},
+            "unknown field 'colour'; a reservation has",
+        ),
+        (
+            {"group": "g", "gpus": 1, "window": "Tue 10:00-11:00" + " " * 60},
+            "window must be at most 64 characters long",
+        ),
+        ({"group": "g", "gpus": 1, "window": 42}, "window must be text, not 42"),
+        ({"group": "g", "gpus": 1, "window": "Tue 10-11"}, "is malformed"),
+    ],
+)
 def test_bad_reservation_bodies(body, words):
     # The schema's refusals are BodyError, the window's and the inventory's ReservationError.
     with pytest.raises((BodyError, ReservationError)) as refused:
@@ -201,22 +232,25 @@ def test_bad_reservation_bodies(body, words):
 
 
 def test_a_good_reservation_body_takes_the_defaults_and_the_inventorys_spelling():
-    body = {"group": "ml-course", "gpus": 2.0, "window": "Tue 10:00-12:00", "model": "h100-80gb",
-            "grace_minutes": None}
+    body = {"group": "ml-course", "gpus": 2.0, "window": "Tue 10:00-12:00", "model": "h100-80gb", "grace_minutes": None}
     reservation = read_reservation(body, ["H100-80GB"])
-    assert (reservation.gpus, reservation.model, reservation.grace_minutes, reservation.warn_minutes,
-            reservation.preempt) == (2, "H100-80GB", 15.0, 10.0, False)
+    assert (
+        reservation.gpus,
+        reservation.model,
+        reservation.grace_minutes,
+        reservation.warn_minutes,
+        reservation.preempt,
+    ) == (2, "H100-80GB", 15.0, 10.0, False)
     assert isinstance(reservation.gpus, int)
 
 
 def test_a_refused_reservation_stores_nothing(tmp_path):
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     book = ReservationBook(store)
-    now = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    now = datetime(2026, 12, 1, tzinfo=UTC)
     book.create(read_reservation({"group": "a", "gpus": 3, "window": "Tue 10:00-12:00"}, []), {"": 4}, now, BERLIN)
     with pytest.raises(ReservationError, match="together 5"):
-        book.create(read_reservation({"group": "b", "gpus": 2, "window": "Tue 11:00-13:00"}, []), {"": 4}, now,
-                    BERLIN)
+        book.create(read_reservation({"group": "b", "gpus": 2, "window": "Tue 11:00-13:00"}, []), {"": 4}, now, BERLIN)
     assert [s.reservation.group for s in book.all()] == ["a"]
     store.dispose()
 
@@ -229,11 +263,17 @@ def test_explain_all_says_what_explain_says_for_each(now):
     from workbench_spawner.rules.queue_order import explain_all
 
     rng = random.Random(now)
-    line = [Waiting(f"u{i}/s{i % 2}", f"u{i % 7}", rng.choice([0, 60, 300, 900, 1700, 1800]) + i,
-                    rng.choice([0.0, 0.0, 2.0, 2.0000001, 12.0, 40.5])) for i in range(40)]
+    line = [
+        Waiting(
+            f"u{i}/s{i % 2}",
+            f"u{i % 7}",
+            rng.choice([0, 60, 300, 900, 1700, 1800]) + i,
+            rng.choice([0.0, 0.0, 2.0, 2.0000001, 12.0, 40.5]),
+        )
+        for i in range(40)
+    ]
     ordered = order(line, "fair-share", now, 30)
-    assert explain_all(ordered, "fair-share", now, 30) == [explain(w, ordered, "fair-share", now, 30)
-                                                           for w in ordered]
+    assert explain_all(ordered, "fair-share", now, 30) == [explain(w, ordered, "fair-share", now, 30) for w in ordered]
     assert explain_all(ordered, "fifo", now, 30) == [""] * len(ordered)
 
 
@@ -283,4 +323,5 @@ def test_after_the_grace_period_a_refusal_names_what_is_held_not_what_was_reserv
     assert "1 of 4 GPUs reserved for ml-course until 12:00 (2 of its 3 went back to everyone at 10:15" in message
     assert alloc.reserved_lines(["ml-course"]) == [
         "1 of 4 GPUs reserved for ml-course until 12:00 (2 of its 3 went back to everyone at 10:15: no member "
-        "asked for them; you are a member: you may use them)"]
+        "asked for them; you are a member: you may use them)"
+    ]

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import socket
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.migrations import HEAD, current
+from workbench_spawner.ledger.store import AllocationStore, UsageRow
 from workbench_spawner.rules.quota import (
     Quota,
     QuotaBook,
@@ -21,7 +22,6 @@ from workbench_spawner.rules.quota import (
     gpu_hours_used,
     quota_from_body,
 )
-from workbench_spawner.ledger.store import AllocationStore, Base, UsageRow
 
 DEFAULT = Quota(max_gpus=1)
 MODELS = ["A100-40GB", "H100-80GB"]
@@ -97,8 +97,13 @@ def test_effective_many_applies_the_rule_to_every_user_in_one_query(store):
     book.set("group", "ml-course", Quota(2))
     book.set("group", "thesis", Quota(3, 40.0))
     book.set("user", "carol", Quota(0))
-    users = {"alice": ["ml-course"], "bob": ["ml-course", "thesis"], "carol": ["thesis"], "dave": [],
-             "erin": ["nobody-set-this"]}
+    users = {
+        "alice": ["ml-course"],
+        "bob": ["ml-course", "thesis"],
+        "carol": ["thesis"],
+        "dave": [],
+        "erin": ["nobody-set-this"],
+    }
     statements = []
     listener = lambda *args: statements.append(args[2])  # noqa: E731
     event.listen(store.read_engine, "before_cursor_execute", listener)
@@ -154,8 +159,15 @@ def test_bad_quotas_are_refused_with_a_reason(body, message):
 
 
 def test_a_good_quota_is_normalised():
-    quota = read_quota({"max_gpus": 2.0, "gpu_hours_per_week": 10, "allowed_models": ["h100-80gb ", "H100-80GB"],
-                        "max_session_hours": 4}, MODELS)
+    quota = read_quota(
+        {
+            "max_gpus": 2.0,
+            "gpu_hours_per_week": 10,
+            "allowed_models": ["h100-80gb ", "H100-80GB"],
+            "max_session_hours": 4,
+        },
+        MODELS,
+    )
     assert quota == Quota(2, 10.0, ("H100-80GB",), 4.0)
     assert isinstance(quota.max_gpus, int) and isinstance(quota.gpu_hours_per_week, float)
     assert read_quota({"max_gpus": 0, "allowed_models": []}, MODELS).allowed_models == ()
@@ -164,7 +176,7 @@ def test_a_good_quota_is_normalised():
 
 # -- the ledger ----------------------------------------------------------------------------
 
-NOW = datetime(2026, 12, 2, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 
 
 def _usage(store, user, started, ended, gpu="GPU-sim-00-h100-80gb"):
@@ -235,14 +247,26 @@ def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
     url = f"sqlite:///{tmp_path / 'old.sqlite'}"
     engine = create_engine(url)
     with engine.begin() as conn:  # the tables as create_all made them before migrations (no node column)
-        conn.execute(text("CREATE TABLE gpu_leases (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), slot INTEGER, "
-                          "user VARCHAR(255), server VARCHAR(255), since DATETIME, ref VARCHAR(255), "
-                          "CONSTRAINT one_holder_per_slot UNIQUE (gpu_uuid, slot))"))
-        conn.execute(text("CREATE TABLE gpu_usage (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), user VARCHAR(255), "
-                          "server VARCHAR(255), started DATETIME, ended DATETIME, reason VARCHAR(64))"))
+        conn.execute(
+            text(
+                "CREATE TABLE gpu_leases (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), slot INTEGER, "
+                "user VARCHAR(255), server VARCHAR(255), since DATETIME, ref VARCHAR(255), "
+                "CONSTRAINT one_holder_per_slot UNIQUE (gpu_uuid, slot))"
+            )
+        )
+        conn.execute(
+            text(
+                "CREATE TABLE gpu_usage (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), user VARCHAR(255), "
+                "server VARCHAR(255), started DATETIME, ended DATETIME, reason VARCHAR(64))"
+            )
+        )
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason) VALUES "
-                          "('GPU-a', 'alice', '', '2026-12-01 10:00:00', '2026-12-01 12:00:00', 'stopped')"))
+        conn.execute(
+            text(
+                "INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason) VALUES "
+                "('GPU-a', 'alice', '', '2026-12-01 10:00:00', '2026-12-01 12:00:00', 'stopped')"
+            )
+        )
     engine.dispose()
     store = AllocationStore(url)
     assert current(store.engine) == HEAD

@@ -13,16 +13,16 @@ import jsonschema
 import pytest
 from tornado.httpclient import AsyncHTTPClient
 
+from tests.service.openapi_check import check
 from workbench_devices import DeviceInventory, GPUDevice, discover_devices
 from workbench_hub.service import handlers
 from workbench_hub.service.app import make_app
 from workbench_hub.service.fleet import NO_SETTINGS, Fleet, SettingsMissing
 from workbench_hub.service.handlers import _jinja
 from workbench_hub.service.metrics import render_metrics
-from workbench_spawner.rules.quota import Quota
-from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
 from workbench_spawner.ledger.store import AllocationStore
-from tests.service.openapi_check import check
+from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
+from workbench_spawner.rules.quota import Quota
 
 PREFIX = "/services/workbench/"
 
@@ -53,13 +53,22 @@ def test_answers_validate_against_the_document(store):
     assert allocations["allocations"][0]["node"] == "gpu-node-7"
     check(doc, "GET", "api/allocations", 200, "application/json", json.dumps(allocations).encode())
     stored = fleet.book.set("user", "alice", Quota(2, 10.0, ("H100-80GB",), 4.0), by="user:admin")
-    view = {"kind": "user", "name": "alice", "quota": stored.to_json(),
-            "effective": fleet.book.effective("alice", [], fleet.default).to_json()}
+    view = {
+        "kind": "user",
+        "name": "alice",
+        "quota": stored.to_json(),
+        "effective": fleet.book.effective("alice", [], fleet.default).to_json(),
+    }
     check(doc, "PUT", "api/quotas/users/alice", 200, "application/json", json.dumps(view).encode())
-    listing = {"default": fleet.default.to_json(), "models": fleet.models(), "node": fleet.node,
-               "users": [stored.to_json()], "groups": []}
+    listing = {
+        "default": fleet.default.to_json(),
+        "models": fleet.models(),
+        "node": fleet.node,
+        "users": [stored.to_json()],
+        "groups": [],
+    }
     check(doc, "GET", "api/quotas", 200, "application/json", json.dumps(listing).encode())
-    error = {"status": 404, "message": "no user named \"x\" on this hub"}
+    error = {"status": 404, "message": 'no user named "x" on this hub'}
     check(doc, "GET", "api/quotas/users/x", 404, "application/json", json.dumps(error).encode())
     with pytest.raises(jsonschema.ValidationError):
         check(doc, "GET", "api/quotas", 200, "application/json", json.dumps({"default": {}}).encode())
@@ -73,16 +82,44 @@ EVIL = '<img src=x onerror="alert(1)">'
 def test_the_admin_page_escapes_names():
     inventory = discover_devices("1")
     html = _jinja.get_template("admin.html").render(
-        prefix=PREFIX, hub_prefix="/hub/", caller={"name": EVIL}, admin=True, inventory=inventory, node=EVIL,
-        simulated=True, gpus=[{"index": 0, "uuid": EVIL, "name": EVIL, "model": "x", "memory_total_bytes": 0,
-                               "holders": [{"user": EVIL, "server": EVIL, "since": "2026-12-02T10:00:00"}],
-                               "utilization_percent": None, "memory_used_bytes": None}],
-        users=[{"name": EVIL, "groups": [EVIL], "held_gpus": 0, "gpu_hours_week": 0.0,
-                "quota": {"max_gpus": 1, "gpu_hours_per_week": None, "allowed_models": [EVIL],
-                          "max_session_hours": None, "origin": f"from group {EVIL}"}}],
+        prefix=PREFIX,
+        hub_prefix="/hub/",
+        caller={"name": EVIL},
+        admin=True,
+        inventory=inventory,
+        node=EVIL,
+        simulated=True,
+        gpus=[
+            {
+                "index": 0,
+                "uuid": EVIL,
+                "name": EVIL,
+                "model": "x",
+                "memory_total_bytes": 0,
+                "holders": [{"user": EVIL, "server": EVIL, "since": "2026-12-02T10:00:00"}],
+                "utilization_percent": None,
+                "memory_used_bytes": None,
+            }
+        ],
+        users=[
+            {
+                "name": EVIL,
+                "groups": [EVIL],
+                "held_gpus": 0,
+                "gpu_hours_week": 0.0,
+                "quota": {
+                    "max_gpus": 1,
+                    "gpu_hours_per_week": None,
+                    "allowed_models": [EVIL],
+                    "max_session_hours": None,
+                    "origin": f"from group {EVIL}",
+                },
+            }
+        ],
         groups=[{"name": EVIL, "users": [EVIL], "quota": None}],
         default={"max_gpus": 1, "gpu_hours_per_week": None, "allowed_models": None, "max_session_hours": None},
-        models=[EVIL], xsrf='"</script><script>alert(1)</script>',
+        models=[EVIL],
+        xsrf='"</script><script>alert(1)</script>',
     )
     assert "<img" not in html and "</script><script>" not in html
     assert "&lt;img src=x onerror=" in html
@@ -108,11 +145,15 @@ def test_metrics_are_prometheus_text_with_dcgm_names(store):
 def test_the_fleet_reads_the_settings_the_hub_stored_and_notices_a_change(store):
     fleet = Fleet(store, refresh_seconds=0)
     with pytest.raises(SettingsMissing, match="has not published its GPU settings yet"):
-        fleet.inventory
-    static = DeviceInventory("static", [GPUDevice("GPU-static-1", 0, "NVIDIA L4", 24 << 30, "L4-24GB")],
-                             "1 GPU(s) from the static_gpus setting")
-    store_policy_settings(store, PolicySettings(store.url, static, servers_per_gpu=3,
-                                                default_quota=Quota(2), node="head-1"))
+        fleet.inventory  # noqa: B018
+    static = DeviceInventory(
+        "static",
+        [GPUDevice("GPU-static-1", 0, "NVIDIA L4", 24 << 30, "L4-24GB")],
+        "1 GPU(s) from the static_gpus setting",
+    )
+    store_policy_settings(
+        store, PolicySettings(store.url, static, servers_per_gpu=3, default_quota=Quota(2), node="head-1")
+    )
     assert fleet.default == Quota(2) and fleet.slots == 3 and fleet.node == "head-1"
     assert [g["uuid"] for g in fleet.gpus()] == ["GPU-static-1"] and fleet.models() == ["L4-24GB"]
     assert fleet.gpus()[0]["utilization_percent"] is None  # static GPUs cannot be read by the hub
@@ -128,8 +169,11 @@ def _free_port() -> int:
 
 async def test_the_api_answers_503_with_a_sentence_until_the_hub_stored_its_settings(store, monkeypatch):
     monkeypatch.setattr(handlers, "SETTINGS_WAIT_SECONDS", 0.3)
-    monkeypatch.setattr(handlers.WorkbenchHandler, "get_current_user",
-                        lambda self: {"kind": "user", "name": "admin", "scopes": [handlers.ADMIN_SCOPE]})
+    monkeypatch.setattr(
+        handlers.WorkbenchHandler,
+        "get_current_user",
+        lambda self: {"kind": "user", "name": "admin", "scopes": [handlers.ADMIN_SCOPE]},
+    )
     fleet = Fleet(store, refresh_seconds=0)
     port = _free_port()
     server = make_app(fleet, None, PREFIX).listen(port, "127.0.0.1")

@@ -6,12 +6,12 @@ from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
-from jupyterhub.spawner import SpawnException, Spawner
+from jupyterhub.spawner import SpawnException
 
 from tests.unit.fake_backends import FakeHostSpawner
+from workbench_spawner.ledger.store import UsageRow, utcnow
 from workbench_spawner.policy.gpu_policy import _policies
 from workbench_spawner.rules.quota import Quota
-from workbench_spawner.ledger.store import UsageRow, utcnow
 
 
 class QuotaSpawner(FakeHostSpawner):
@@ -23,10 +23,13 @@ def make_spawner(tmp_path):
     _policies.clear()
 
     def make(user="alice", name="", groups=(), **traits):
-        traits = {"gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}",
-                  "simulated_gpus": "2xH100-80GB,2xA100-40GB"} | traits
-        user_obj = SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user,
-                                   groups=[SimpleNamespace(name=g) for g in groups])
+        traits = {
+            "gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}",
+            "simulated_gpus": "2xH100-80GB,2xA100-40GB",
+        } | traits
+        user_obj = SimpleNamespace(
+            name=user, url=f"/user/{user}/", escaped_name=user, groups=[SimpleNamespace(name=g) for g in groups]
+        )
         hub = SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/")
         return QuotaSpawner(user=user_obj, hub=hub, orm_spawner=SimpleNamespace(name=name, server=None), **traits)
 
@@ -75,8 +78,16 @@ async def test_exhausted_gpu_hours_budget_is_refused(make_spawner):
     store = spawner.gpu_policy.store
     with store.writes().begin() as session:
         now = utcnow()
-        session.add(UsageRow(gpu_uuid="GPU-sim-00-h100-80gb", user="alice", server="",
-                             started=now - timedelta(hours=3), ended=now - timedelta(hours=1), reason="stopped"))
+        session.add(
+            UsageRow(
+                gpu_uuid="GPU-sim-00-h100-80gb",
+                user="alice",
+                server="",
+                started=now - timedelta(hours=3),
+                ended=now - timedelta(hours=1),
+                reason="stopped",
+            )
+        )
     message = await refused(spawner, {"gpus": 1})
     assert "allows 1 GPU-hours per week" in message and "used 2.0" in message
     assert spawner.gpu_admission_context().allowed_now() == 0

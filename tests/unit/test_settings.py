@@ -6,17 +6,19 @@ import pytest
 from traitlets.config import Config
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_spawner.rules.quota import Quota
+from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.settings import (
     PolicySettings,
     load_policy_settings,
     publish_policy_settings,
     store_policy_settings,
 )
-from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.rules.quota import Quota
 
-STATIC = [{"uuid": "GPU-a", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB", "memory_total_bytes": 40 << 30},
-          {"uuid": "GPU-b", "name": "NVIDIA L40S", "model": "L40S-48GB"}]
+STATIC = [
+    {"uuid": "GPU-a", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB", "memory_total_bytes": 40 << 30},
+    {"uuid": "GPU-b", "name": "NVIDIA L40S", "model": "L40S-48GB"},
+]
 
 
 def config(tmp_path, spawner_class: str, **sections) -> Config:
@@ -29,11 +31,16 @@ def config(tmp_path, spawner_class: str, **sections) -> Config:
     return c
 
 
-@pytest.mark.parametrize("spawner_class", ["gpu-local", "gpu-docker", "workbench_spawner.backends.local.spawner.LocalGPUSpawner"])
+@pytest.mark.parametrize(
+    "spawner_class", ["gpu-local", "gpu-docker", "workbench_spawner.backends.local.spawner.LocalGPUSpawner"]
+)
 def test_the_spawner_class_config_is_resolved_without_making_a_spawner(tmp_path, spawner_class):
-    c = config(tmp_path, spawner_class,
-               GPUSpawnerMixin={"default_max_gpus": 2, "servers_per_gpu": 3, "static_gpus": STATIC},
-               Spawner={"default_max_gpus": 7})  # a base section: the more specific one wins
+    c = config(
+        tmp_path,
+        spawner_class,
+        GPUSpawnerMixin={"default_max_gpus": 2, "servers_per_gpu": 3, "static_gpus": STATIC},
+        Spawner={"default_max_gpus": 7},
+    )  # a base section: the more specific one wins
     settings = publish_policy_settings(c)
     assert settings.default_quota == Quota(max_gpus=2)
     assert settings.servers_per_gpu == 3
@@ -42,16 +49,28 @@ def test_the_spawner_class_config_is_resolved_without_making_a_spawner(tmp_path,
 
 
 def test_the_most_specific_section_wins(tmp_path):
-    c = config(tmp_path, "gpu-docker", GPUSpawnerMixin={"default_max_gpus": 2, "quota_contact": "staff"},
-               DockerGPUSpawner={"default_max_gpus": 4})
+    c = config(
+        tmp_path,
+        "gpu-docker",
+        GPUSpawnerMixin={"default_max_gpus": 2, "quota_contact": "staff"},
+        DockerGPUSpawner={"default_max_gpus": 4},
+    )
     settings = publish_policy_settings(c)
     assert (settings.default_quota.max_gpus, settings.quota_contact) == (4, "staff")
     assert settings.backend == "docker"  # the workbench.backends name the class declares
 
 
 def test_published_settings_are_what_the_service_reads(tmp_path):
-    c = config(tmp_path, "gpu-local", GPUSpawnerMixin={"static_gpus": STATIC, "gpu_node": "gpu-host-1",
-                                                       "gpu_queue_timeout": 42.0, "cpu_servers_allowed": False})
+    c = config(
+        tmp_path,
+        "gpu-local",
+        GPUSpawnerMixin={
+            "static_gpus": STATIC,
+            "gpu_node": "gpu-host-1",
+            "gpu_queue_timeout": 42.0,
+            "cpu_servers_allowed": False,
+        },
+    )
     published = publish_policy_settings(c)
     store = AllocationStore(published.db_url)
     loaded, updated = load_policy_settings(store)
@@ -73,11 +92,14 @@ def test_the_stored_url_has_no_password():
     assert "s3cret" not in settings.to_json()["db_url"]
 
 
-@pytest.mark.parametrize("static, message", [
-    ([{"name": "x"}], "static_gpus entry 0 needs 'uuid' and 'name'"),
-    ([{"uuid": "a", "name": "x", "index": "first"}], "static_gpus entry 0: index and memory_total_bytes"),
-    ([{"uuid": "a", "name": "x"}, {"uuid": "a", "name": "y"}], "names the same GPU UUID twice"),
-])
+@pytest.mark.parametrize(
+    "static, message",
+    [
+        ([{"name": "x"}], "static_gpus entry 0 needs 'uuid' and 'name'"),
+        ([{"uuid": "a", "name": "x", "index": "first"}], "static_gpus entry 0: index and memory_total_bytes"),
+        ([{"uuid": "a", "name": "x"}, {"uuid": "a", "name": "y"}], "names the same GPU UUID twice"),
+    ],
+)
 def test_a_bad_static_list_is_a_sentence(tmp_path, static, message):
     with pytest.raises(ValueError, match=message):
         publish_policy_settings(config(tmp_path, "gpu-local", GPUSpawnerMixin={"static_gpus": static}))

@@ -22,24 +22,83 @@ from workbench_spawner.policy.gpu_policy import _policies
 
 HOSTILE = [
     # the collisions of the first version
-    "müller", "m-fc-ller", "a~b", "a-7e-b", "a~b-c", "a-7e-b-c",
+    "müller",
+    "m-fc-ller",
+    "a~b",
+    "a-7e-b",
+    "a~b-c",
+    "a-7e-b-c",
     # dot tricks and separators
-    ".", "..", "...", ".alice", "alice.", ".-2e-", "-2e-", "/", "//", "../etc", "a/b", "a\\b", "a:b",
+    ".",
+    "..",
+    "...",
+    ".alice",
+    "alice.",
+    ".-2e-",
+    "-2e-",
+    "/",
+    "//",
+    "../etc",
+    "a/b",
+    "a\\b",
+    "a:b",
     # the escape character and look-alikes of escapes
-    "-", "--", "-2d-", "-2d", "2d-", "a-", "-a", "a--b", "-0-", "-41-", "A", "-hash-" + "0" * 32,
+    "-",
+    "--",
+    "-2d-",
+    "-2d",
+    "2d-",
+    "a-",
+    "-a",
+    "a--b",
+    "-0-",
+    "-41-",
+    "A",
+    "-hash-" + "0" * 32,
     # the first version's special case for all-dot names
-    "user-", "user-2e", "user-2e2e",
+    "user-",
+    "user-2e",
+    "user-2e2e",
     # empty-looking names
-    " ", "  ", "\t", "\n", "\x00", "\u200b", "\u00a0", "\ufeff",
+    " ",
+    "  ",
+    "\t",
+    "\n",
+    "\x00",
+    "\u200b",
+    "\u00a0",
+    "\ufeff",
     # case
-    "alice", "Alice", "ALICE", "aLiCe",
+    "alice",
+    "Alice",
+    "ALICE",
+    "aLiCe",
     # unicode
-    "日本語", "😀", "e\u0301", "\u00e9", "ü", "\U0010ffff", "\ud800",
+    "日本語",
+    "😀",
+    "e\u0301",
+    "\u00e9",
+    "ü",
+    "\U0010ffff",
+    "\ud800",
     # ordinary names, with the characters e-mail addresses use
-    "mary-jane", "mary_jane", "mary.jane", "mary@example.org", "mary+gpu@example.org", "x" * 8,
+    "mary-jane",
+    "mary_jane",
+    "mary.jane",
+    "mary@example.org",
+    "mary+gpu@example.org",
+    "x" * 8,
     # very long names: the slug is cut and hashed
-    "x" * 255, "x" * 256, "x" * 1000, "x" * 1001, "ü" * 100, "ü" * 101, "ü" * 300, "-" * 200,
-    "x" * 254 + "ü", "x" * 254 + "ä",
+    "x" * 255,
+    "x" * 256,
+    "x" * 1000,
+    "x" * 1001,
+    "ü" * 100,
+    "ü" * 101,
+    "ü" * 300,
+    "-" * 200,
+    "x" * 254 + "ü",
+    "x" * 254 + "ä",
 ]
 assert len(set(HOSTILE)) == len(HOSTILE)
 
@@ -108,7 +167,9 @@ def test_empty_name_is_refused():
         slugs.dir_slug("")
 
 
-@pytest.mark.parametrize("slug", ["", "-", "--", "-2D-", "-02d-", "-61-", "a.-2e-", ".a", "-hash-", "a/b", "-110000-", "ü"])
+@pytest.mark.parametrize(
+    "slug", ["", "-", "--", "-2D-", "-02d-", "-61-", "a.-2e-", ".a", "-hash-", "a/b", "-110000-", "ü"]
+)
 def test_only_exact_slugs_read_back(slug):
     """Non-canonical spellings name nobody, so they cannot alias a real slug."""
     assert slugs.name_of_slug(slug) is None
@@ -253,7 +314,7 @@ def test_local_spawner_home_dir(local_spawner, tmp_path, caplog):
 def test_docker_volume_names_are_distinct():
     escape = DockerSpawner._escape
     names = [n for n in HOSTILE if "\ud800" not in n]  # not UTF-8: JupyterHub cannot have it
-    volumes = {"workbench-home-{username}".format(username=escape(n)) for n in names}
+    volumes = {f"workbench-home-{escape(n)}" for n in names}
     assert len(volumes) == len(names)
     assert escape("müller") == "m-c3-bcller" and escape("m-fc-ller") == "m-2dfc-2dller"
     assert escape("a~b") != escape("a-7e-b") and escape("Alice") != escape("alice")

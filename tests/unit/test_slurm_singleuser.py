@@ -13,9 +13,12 @@ from workbench_spawner.backends.slurm.singleuser import node_report
 
 
 def confined_nvml(monkeypatch) -> None:
-    fake = fake_pynvml(2, nvmlDeviceGetUUID=lambda h: f"GPU-real-{h[1] + 2}",
-                       nvmlDeviceGetHandleByUUID=lambda uuid: ("gpu", int(uuid.rsplit("-", 1)[1]) - 2),
-                       nvmlDeviceGetMinorNumber=lambda h: h[1] + 2)
+    fake = fake_pynvml(
+        2,
+        nvmlDeviceGetUUID=lambda h: f"GPU-real-{h[1] + 2}",
+        nvmlDeviceGetHandleByUUID=lambda uuid: ("gpu", int(uuid.rsplit("-", 1)[1]) - 2),
+        nvmlDeviceGetMinorNumber=lambda h: h[1] + 2,
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
 
 

@@ -4,7 +4,7 @@ import asyncio
 from types import SimpleNamespace
 
 import pytest
-from jupyterhub.spawner import SpawnException, Spawner
+from jupyterhub.spawner import SpawnException
 from sqlalchemy import text
 
 from tests.unit.fake_backends import FakeHostSpawner
@@ -169,7 +169,7 @@ async def test_form_offers_the_profiles_with_the_default_checked(make_spawner):
     html = await make_spawner(resource_profiles=PROFILES)._render_options_form()
     assert 'id="workbench-profiles"' in html
     assert 'value="standard" checked' in html and 'value="small">' in html
-    assert "small: <span class=\"workbench-profile-summary\">2 CPUs, 8 GiB memory</span>" in html
+    assert 'small: <span class="workbench-profile-summary">2 CPUs, 8 GiB memory</span>' in html
     assert "64 GiB memory" in html
     assert "but not enforced" in html  # FakeGPUSpawner, like the local backend, cannot hold a process to it
     FakeGPUSpawner.enforces_resource_limits = True

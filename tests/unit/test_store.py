@@ -49,7 +49,7 @@ def test_200_concurrent_requests_for_8_gpus_never_double_assign(db_url):
     assert sorted(held) == sorted(GPUS) and set(held.values()) == {1}
     # The database agrees with what the callers were told.
     store = AllocationStore(db_url)
-    assert sorted((l.user, l.gpu_uuids) for l in store.leases()) == sorted((l.user, l.gpu_uuids) for l in granted)
+    assert sorted((l.user, l.gpu_uuids) for l in store.leases()) == sorted((l.user, l.gpu_uuids) for l in granted)  # noqa: E741
 
 
 def test_concurrent_multi_gpu_requests_are_all_or_nothing(db_url):
@@ -61,7 +61,7 @@ def test_concurrent_multi_gpu_requests_are_all_or_nothing(db_url):
     for i, lease in results.items():
         if lease is not None:
             assert len(lease.gpu_uuids) == 1 + i % 3
-    assert sum(len(l.gpu_uuids) for l in granted) <= 8
+    assert sum(len(l.gpu_uuids) for l in granted) <= 8  # noqa: E741
     # Nothing free is left that a one-GPU request could still get, or the
     # allocator refused someone while it could serve them.
     free = 8 - sum(held.values())
@@ -95,7 +95,7 @@ def test_restarting_a_server_replaces_its_old_lease(db_url):
     store.allocate("alice", "exp", 2, GPUS)
     lease = store.allocate("alice", "exp", 1, GPUS)
     assert len(lease.gpu_uuids) == 1
-    assert [l.gpu_uuids for l in store.leases()] == [lease.gpu_uuids]
+    assert [l.gpu_uuids for l in store.leases()] == [lease.gpu_uuids]  # noqa: E741
 
 
 def test_leases_survive_a_new_store_on_the_same_database(db_url):

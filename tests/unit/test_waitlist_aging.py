@@ -30,14 +30,16 @@ class Line:
     def __init__(self, mode: str = "fair-share", aging_minutes: float = 30, **kwargs) -> None:
         self.clock = Clock()
         # Real-time re-checks are short so that waiters see the test clock move at once.
-        self.wl: WaitList[str] = WaitList(recheck_interval=0.01, mode=mode, aging_minutes=aging_minutes,
-                                          clock=self.clock, **kwargs)
+        self.wl: WaitList[str] = WaitList(
+            recheck_interval=0.01, mode=mode, aging_minutes=aging_minutes, clock=self.clock, **kwargs
+        )
         self.free = 0
         self.served: list[str] = []
         self.reasons: dict[str, list[str]] = {}
 
     async def ask(self, user: str, hours: float, timeout: float = 300) -> asyncio.Task:
         """Join the line now (on the test clock) and return the waiting task."""
+
         async def take() -> str | None:
             if self.free:
                 self.free -= 1
@@ -71,8 +73,9 @@ class Line:
         await asyncio.sleep(0.2)
 
 
-async def keep_asking(line: Line, user: str, hours: float, times: list[float], last_timeout: float = 300
-                      ) -> asyncio.Task:
+async def keep_asking(
+    line: Line, user: str, hours: float, times: list[float], last_timeout: float = 300
+) -> asyncio.Task:
     """Ask at each of ``times`` (the test clock must be there), refused each time but the last."""
     task = None
     for i, t in enumerate(times):
@@ -95,8 +98,9 @@ async def test_a_heavy_user_who_keeps_asking_ages_across_refusals_and_goes_first
     assert line.order() == ["light", "heavy"], "not aged yet: fewer GPU-hours first"
     await line.at(1800)
     assert line.order() == ["heavy", "light"], "30 minutes since heavy first asked: aged, goes first"
-    assert line.wl.why(line.wl.waiting()[1]) == ("you used 0.0 GPU-hours this week; 1 request waiting longer "
-                                                  "than 30 minutes goes first")
+    assert line.wl.why(line.wl.waiting()[1]) == (
+        "you used 0.0 GPU-hours this week; 1 request waiting longer than 30 minutes goes first"
+    )
     await line.release()
     assert await asyncio.wait_for(heavy, 2) == "heavy" and not light.done()
     assert "you have waited over 30 minutes" in line.reasons["heavy"][-1]

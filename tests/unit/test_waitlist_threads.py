@@ -13,9 +13,9 @@ import threading
 import time
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.ledger.store import AllocationStore
 
 
 def run_debug(main, timeout: float = 15.0):

@@ -39,8 +39,13 @@ class GPUMonitorApp(ExtensionApp):
 
     def initialize_handlers(self):
         # ExtensionApp prepends the server's base_url.
-        self.handlers.extend([("api/gpu/metrics", GPUMetricsHandler), ("api/gpu/stream", GPUStreamHandler),
-                              ("api/gpu/notices", GPUNoticesHandler)])
+        self.handlers.extend(
+            [
+                ("api/gpu/metrics", GPUMetricsHandler),
+                ("api/gpu/stream", GPUStreamHandler),
+                ("api/gpu/notices", GPUNoticesHandler),
+            ]
+        )
 
     def initialize(self):
         super().initialize()

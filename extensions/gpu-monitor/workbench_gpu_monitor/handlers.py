@@ -32,6 +32,7 @@ from tornado import web
 from tornado.iostream import IOStream, StreamClosedError
 from traitlets import Bool, Float, Unicode, default
 from traitlets.config import LoggingConfigurable
+
 from workbench_devices import make_source
 
 from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, compact_history

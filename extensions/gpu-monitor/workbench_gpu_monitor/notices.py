@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from jupyter_server.auth.decorator import authorized
@@ -66,8 +66,9 @@ def parse_notices(body: Any) -> list[dict]:
     for item in body["notices"]:
         if not isinstance(item, dict):
             raise NoticeError("each notice must be a JSON object")
-        unknown = sorted(set(item) - set(FIELDS) - {"seconds_left", "server", "user", "state", "reason",
-                                                   "created", "updated"})
+        unknown = sorted(
+            set(item) - set(FIELDS) - {"seconds_left", "server", "user", "state", "reason", "created", "updated"}
+        )
         if unknown:
             raise NoticeError(f"unknown notice field(s): {', '.join(unknown)}")
         if isinstance(item.get("id"), bool) or not isinstance(item.get("id"), (int, str)):
@@ -80,13 +81,20 @@ def parse_notices(body: Any) -> list[dict]:
             raise NoticeError("hint must be text")
         if any(len(str(item.get(k) or "")) > MAX_TEXT for k in ("message", "hint")):
             raise NoticeError(f"message and hint are at most {MAX_TEXT} characters")
-        notices.append({"id": str(item["id"]), "kind": item["kind"][:32], "message": item["message"],
-                        "hint": hint, "stop_at": _parse_time(item.get("stop_at"))})
+        notices.append(
+            {
+                "id": str(item["id"]),
+                "kind": item["kind"][:32],
+                "message": item["message"],
+                "hint": hint,
+                "stop_at": _parse_time(item.get("stop_at")),
+            }
+        )
     return notices
 
 
 def render(notices: list[dict], now: datetime | None = None) -> dict:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     out = []
     for n in notices:
         stop_at = n["stop_at"]
@@ -112,8 +120,9 @@ class GPUNoticesHandler(APIHandler):
     @authorized
     async def put(self):
         hub_user = getattr(self.current_user, "hub_user", None)
-        if os.environ.get("JUPYTERHUB_API_TOKEN") and (not isinstance(hub_user, dict)
-                                                       or hub_user.get("kind") != "service"):
+        if os.environ.get("JUPYTERHUB_API_TOKEN") and (
+            not isinstance(hub_user, dict) or hub_user.get("kind") != "service"
+        ):
             raise web.HTTPError(403, "only the hub's workbench service posts notices; users read them")
         try:
             body = json.loads(self.request.body or b"null")

@@ -13,7 +13,7 @@ import logging
 import math
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,13 @@ def compact_history(samples: Iterable[dict]) -> dict:
         for gpu in sample.get("gpus", []):
             series = out.setdefault(
                 gpu["uuid"],
-                {"timestamp": [], "utilization_percent": [], "memory_used_bytes": [], "temperature_c": [], "power_w": []},
+                {
+                    "timestamp": [],
+                    "utilization_percent": [],
+                    "memory_used_bytes": [],
+                    "temperature_c": [],
+                    "power_w": [],
+                },
             )
             series["timestamp"].append(round(ts, 3))
             for key in ("utilization_percent", "memory_used_bytes", "temperature_c", "power_w"):

@@ -24,6 +24,7 @@ import threading
 import time
 
 import ipywidgets as widgets
+
 from workbench_devices import make_source
 
 from .kernel import register as register_kernel_handler
@@ -48,8 +49,10 @@ def render_html(sample: dict, torch_mem: list[dict] | None = None) -> str:
         frac = (used or 0) / total if total else 0
         colour = "#d32f2f" if frac > 0.9 else "#1976d2"
         util = gpu.get("utilization_percent")
-        util_text = f"{util:.0f}%" if util is not None else html.escape(
-            gpu.get("unsupported", {}).get("utilization_percent", "n/a")
+        util_text = (
+            f"{util:.0f}%"
+            if util is not None
+            else html.escape(gpu.get("unsupported", {}).get("utilization_percent", "n/a"))
         )
         extra = ""
         t = torch_by_index.get(gpu.get("cuda_index"))

@@ -54,15 +54,18 @@ def public_origin(public_url: str, hub_base_url: str = "/") -> str:
     except ValueError as e:
         raise PublicURLError(f"WORKBENCH_PUBLIC_URL {public_url!r} is not a URL: {e}") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise PublicURLError(f"WORKBENCH_PUBLIC_URL {public_url!r} must be http(s)://host[:port][/base-url/], "
-                             "e.g. https://hub.example.org")
+        raise PublicURLError(
+            f"WORKBENCH_PUBLIC_URL {public_url!r} must be http(s)://host[:port][/base-url/], "
+            "e.g. https://hub.example.org"
+        )
     if parts.query or parts.fragment:
         raise PublicURLError(f"WORKBENCH_PUBLIC_URL {public_url!r} must not have a query or fragment")
     path, base = _slashed(parts.path), _slashed(hub_base_url)
     if path not in ("/", base):
         raise PublicURLError(
             f"WORKBENCH_PUBLIC_URL {public_url!r} has the path {path}, but the hub's base URL is {base}: "
-            f"give the hub's address, e.g. {parts.scheme}://{parts.netloc}{base}")
+            f"give the hub's address, e.g. {parts.scheme}://{parts.netloc}{base}"
+        )
     return f"{parts.scheme}://{parts.netloc}"
 
 
@@ -92,13 +95,15 @@ def proxy_command(url: str, token_source: str = "file") -> str:
 
 
 def ssh_config(alias: str, login_user: str, url: str, token_source: str = "file") -> str:
-    return "\n".join([
-        f"Host {alias}",
-        f"    User {login_user}",
-        f"    HostKeyAlias {alias}",
-        f"    ProxyCommand {proxy_command(url, token_source)}",
-        "    ServerAliveInterval 30",
-        "    IdentitiesOnly yes",
-        "    IdentityFile ~/.ssh/id_ed25519",
-        "",
-    ])
+    return "\n".join(
+        [
+            f"Host {alias}",
+            f"    User {login_user}",
+            f"    HostKeyAlias {alias}",
+            f"    ProxyCommand {proxy_command(url, token_source)}",
+            "    ServerAliveInterval 30",
+            "    IdentitiesOnly yes",
+            "    IdentityFile ~/.ssh/id_ed25519",
+            "",
+        ]
+    )

@@ -82,8 +82,11 @@ class SSHInfoHandler(_SSHMixin, APIHandler):
 
 
 def _keys_unavailable(e: Exception) -> web.HTTPError:
-    return web.HTTPError(503, f"Cannot read or check your SSH keys right now ({e.__class__.__name__}: {e}); "
-                              "try again in a moment, or ask a hub admin.")
+    return web.HTTPError(
+        503,
+        f"Cannot read or check your SSH keys right now ({e.__class__.__name__}: {e}); "
+        "try again in a moment, or ask a hub admin.",
+    )
 
 
 class SSHKeysHandler(_SSHMixin, APIHandler):
@@ -114,8 +117,17 @@ class SSHKeysHandler(_SSHMixin, APIHandler):
             raise _keys_unavailable(e) from None
         self.set_status(201 if added else 200)
         message = "Key added" if added else "This key was already in authorized_keys"
-        self.finish(json.dumps({"added": added, "fingerprint": key.fingerprint, "type": key.key_type,
-                                "comment": key.comment, "message": f"{message}: {key.fingerprint}."}))
+        self.finish(
+            json.dumps(
+                {
+                    "added": added,
+                    "fingerprint": key.fingerprint,
+                    "type": key.key_type,
+                    "comment": key.comment,
+                    "message": f"{message}: {key.fingerprint}.",
+                }
+            )
+        )
 
 
 class SSHPageHandler(_SSHMixin, JupyterHandler):
@@ -123,8 +135,11 @@ class SSHPageHandler(_SSHMixin, JupyterHandler):
     def get(self):
         page = files("workbench_ssh").joinpath("page.html").read_text()
         self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(page.replace("{{API}}", url_path_join(self.base_url, "api/workbench/ssh"))
-                    .replace("{{XSRF}}", self.xsrf_token.decode()))
+        self.finish(
+            page.replace("{{API}}", url_path_join(self.base_url, "api/workbench/ssh")).replace(
+                "{{XSRF}}", self.xsrf_token.decode()
+            )
+        )
 
 
 class ProxyScriptHandler(JupyterHandler):
@@ -139,9 +154,12 @@ class ProxyScriptHandler(JupyterHandler):
 
 def setup_handlers(web_app) -> None:
     base = web_app.settings["base_url"]
-    web_app.add_handlers(".*$", [
-        (url_path_join(base, "workbench/ssh"), SSHPageHandler),
-        (url_path_join(base, PROXY_SCRIPT_ROUTE), ProxyScriptHandler),
-        (url_path_join(base, "api/workbench/ssh"), SSHInfoHandler),
-        (url_path_join(base, "api/workbench/ssh/keys"), SSHKeysHandler),
-    ])
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "workbench/ssh"), SSHPageHandler),
+            (url_path_join(base, PROXY_SCRIPT_ROUTE), ProxyScriptHandler),
+            (url_path_join(base, "api/workbench/ssh"), SSHInfoHandler),
+            (url_path_join(base, "api/workbench/ssh/keys"), SSHKeysHandler),
+        ],
+    )

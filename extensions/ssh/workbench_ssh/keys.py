@@ -22,10 +22,10 @@ import os
 import struct
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 KEY_TYPES = (
     "ssh-ed25519",
@@ -68,10 +68,13 @@ def _fingerprint(line: str) -> tuple[int, str]:
     with tempfile.NamedTemporaryFile("w", suffix=".pub") as f:
         f.write(line + "\n")
         f.flush()
-        result = subprocess.run(["ssh-keygen", "-l", "-E", "sha256", "-f", f.name],
-                                capture_output=True, text=True, timeout=10)
+        result = subprocess.run(
+            ["ssh-keygen", "-l", "-E", "sha256", "-f", f.name], capture_output=True, text=True, timeout=10
+        )
     if result.returncode != 0:
-        raise InvalidKey("OpenSSH does not accept this key (ssh-keygen -l refused it); paste the whole line of your .pub file.")
+        raise InvalidKey(
+            "OpenSSH does not accept this key (ssh-keygen -l refused it); paste the whole line of your .pub file."
+        )
     bits, fingerprint = result.stdout.split()[:2]
     return int(bits), fingerprint
 
@@ -84,7 +87,9 @@ def parse_public_key(text: str) -> PublicKey:
     if len(text) > MAX_KEY_CHARS:
         raise InvalidKey("That is far too long for one SSH public key.")
     if "PRIVATE KEY" in text:
-        raise InvalidKey("That is a PRIVATE key: never paste it anywhere. Paste the .pub file (e.g. ~/.ssh/id_ed25519.pub) instead.")
+        raise InvalidKey(
+            "That is a PRIVATE key: never paste it anywhere. Paste the .pub file (e.g. ~/.ssh/id_ed25519.pub) instead."
+        )
     if "\n" in text or "\r" in text:
         raise InvalidKey("Paste exactly one key, on one line (add several keys one at a time).")
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
@@ -93,7 +98,8 @@ def parse_public_key(text: str) -> PublicKey:
     if parts[0] not in KEY_TYPES:
         raise InvalidKey(
             f"'{parts[0][:40]}' is not a supported key type (options such as command= are not accepted here); "
-            f"use one of: {', '.join(KEY_TYPES)}.")
+            f"use one of: {', '.join(KEY_TYPES)}."
+        )
     if len(parts) < 2:
         raise InvalidKey("The key has a type but no base64 body.")
     key_type, body = parts[0], parts[1]

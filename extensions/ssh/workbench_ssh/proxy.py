@@ -47,10 +47,14 @@ MAX_REDIRECTS = 3
 #: what a refused handshake means, by HTTP status
 REFUSALS = {
     401: "the hub did not accept the token (HTTP 401 Unauthorized): it may be mistyped, expired or revoked",
-    403: ("the token may not open this server's SSH endpoint (HTTP 403 Forbidden): it is another user's, "
-          "revoked, expired, or lacks access:servers on this server"),
-    404: ("there is no SSH endpoint at this URL (HTTP 404 Not Found): copy the URL from your server's SSH page, "
-          "and check that the token may access this server"),
+    403: (
+        "the token may not open this server's SSH endpoint (HTTP 403 Forbidden): it is another user's, "
+        "revoked, expired, or lacks access:servers on this server"
+    ),
+    404: (
+        "there is no SSH endpoint at this URL (HTTP 404 Not Found): copy the URL from your server's SSH page, "
+        "and check that the token may access this server"
+    ),
     424: "your server is not running (HTTP 424): start it on the hub, then connect again",
     503: "your server is not running or not answering (HTTP 503): start it on the hub, then connect again",
 }
@@ -97,14 +101,18 @@ def read_token(token_file: str | None, token_env: str, environ: dict[str, str]) 
         except UnicodeDecodeError:
             raise ProxyError(f"the token file {token_file} is not text: paste only the token into it") from None
         if os.name == "posix" and stat.S_IMODE(mode) & 0o077:
-            raise ProxyError(f"the token file {token_file} may be read by other accounts "
-                             f"(mode {stat.S_IMODE(mode):04o}): run chmod 600 {token_file}")
+            raise ProxyError(
+                f"the token file {token_file} may be read by other accounts "
+                f"(mode {stat.S_IMODE(mode):04o}): run chmod 600 {token_file}"
+            )
         token, where = text.strip(), f"the token file {token_file}"
     else:
         token, where = environ.get(token_env, "").strip(), f"the environment variable {token_env}"
     if not token:
-        raise ProxyError(f"no hub token in {where}: create one on the hub's token page "
-                         f"(the SSH page links it){'' if token_file else ' or pass --token-file'}")
+        raise ProxyError(
+            f"no hub token in {where}: create one on the hub's token page "
+            f"(the SSH page links it){'' if token_file else ' or pass --token-file'}"
+        )
     if len(token.split()) != 1 or any(ord(c) < 33 or ord(c) == 127 for c in token):
         raise ProxyError(f"{where} must hold just the token, one word with no spaces")
     return token
@@ -129,8 +137,7 @@ def _redirect(ws, url: str, why: str) -> str:
     target = urljoin(url, location)
     target = target.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
     if not same_origin(url, target):
-        raise ProxyError(f"cannot connect to {url}: redirected to {target}; "
-                         "not sending your token to another address")
+        raise ProxyError(f"cannot connect to {url}: redirected to {target}; not sending your token to another address")
     return target
 
 
@@ -145,8 +152,14 @@ def connect(url: str, token: str, cafile: str | None = None):
         direct = {"http_no_proxy": [urlsplit(url).hostname]} if url.startswith("ws://") else {}
         try:
             # no Origin header (not a browser); redirects are followed below, where the target is checked
-            ws.connect(url, header=[f"Authorization: token {token}"], suppress_origin=True,
-                       timeout=CONNECT_TIMEOUT, redirect_limit=0, **direct)
+            ws.connect(
+                url,
+                header=[f"Authorization: token {token}"],
+                suppress_origin=True,
+                timeout=CONNECT_TIMEOUT,
+                redirect_limit=0,
+                **direct,
+            )
         except websocket.WebSocketBadStatusException as e:
             raise ProxyError(refusal(e.status_code, url)) from None
         except websocket.WebSocketException as e:
@@ -170,7 +183,7 @@ def connect(url: str, token: str, cafile: str | None = None):
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def bridge(ws, infd: int = 0, outfd: int = 1) -> None:
@@ -207,20 +220,33 @@ def bridge(ws, infd: int = 0, outfd: int = 1) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog=PROG, allow_abbrev=False, description="ssh's ProxyCommand for a GPU Workbench server: SSH over the hub's websocket. "
-                               "The token is read from a file or an environment variable, never from arguments.")
+        prog=PROG,
+        allow_abbrev=False,
+        description="ssh's ProxyCommand for a GPU Workbench server: SSH over the hub's websocket. "
+        "The token is read from a file or an environment variable, never from arguments.",
+    )
     source = parser.add_mutually_exclusive_group()
-    source.add_argument("--token-file", metavar="PATH",
-                        help="file holding the hub token (mode 600), e.g. ~/.ssh/workbench-token")
-    source.add_argument("--token-env", metavar="NAME", default=TOKEN_ENV,
-                        help=f"environment variable holding the hub token (default {TOKEN_ENV})")
-    parser.add_argument("--cacert", metavar="PATH", help="CA certificate(s) to verify the hub with (PEM), "
-                        "for a hub whose certificate is not signed by a public CA")
+    source.add_argument(
+        "--token-file", metavar="PATH", help="file holding the hub token (mode 600), e.g. ~/.ssh/workbench-token"
+    )
+    source.add_argument(
+        "--token-env",
+        metavar="NAME",
+        default=TOKEN_ENV,
+        help=f"environment variable holding the hub token (default {TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--cacert",
+        metavar="PATH",
+        help="CA certificate(s) to verify the hub with (PEM), for a hub whose certificate is not signed by a public CA",
+    )
     parser.add_argument("url", help="the websocket URL from the SSH page, wss://HUB/user/NAME/sshd/")
     argv = sys.argv[1:] if argv is None else argv
     if any(a == "--token" or a.startswith("--token=") for a in argv):
-        parser.error("the token is never taken as an argument (every account could read it in the process list): "
-                     "use --token-file PATH or --token-env NAME")
+        parser.error(
+            "the token is never taken as an argument (every account could read it in the process list): "
+            "use --token-file PATH or --token-env NAME"
+        )
     return parser.parse_args(argv)
 
 
@@ -229,8 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import websocket  # noqa: F401
     except ImportError:
-        print(f"{PROG}: needs the websocket-client library: python3 -m pip install websocket-client",
-              file=sys.stderr)
+        print(f"{PROG}: needs the websocket-client library: python3 -m pip install websocket-client", file=sys.stderr)
         return 1
     if os.name == "nt":  # ssh's bytes must pass untranslated
         import msvcrt

@@ -80,7 +80,7 @@ class SetupError(RuntimeError):
 def sshd_word(word: str) -> str:
     """``word`` as one argument for sshd's option parser (which splits on whitespace, honours
     double quotes with backslash escapes, and treats an unquoted ``#`` as a comment)."""
-    if word and not any(c.isspace() or c in '"\'\\#' for c in word):
+    if word and not any(c.isspace() or c in "\"'\\#" for c in word):
         return word
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -150,8 +150,9 @@ def without_replaced_options(base: list[str]) -> list[str]:
     return kept
 
 
-def sshd_command(port: str, user: str, environ: dict[str, str], base_command: list[str],
-                 home: str, sftp_server: str) -> list[str]:
+def sshd_command(
+    port: str, user: str, environ: dict[str, str], base_command: list[str], home: str, sftp_server: str
+) -> list[str]:
     """jupyter-sshd-proxy's command with the port filled in, its keys file and sftp subsystem
     taken out, and the hardening options appended."""
     base = [part.replace("{port}", port) for part in base_command]
@@ -168,8 +169,9 @@ def find_sftp_server() -> str:
     for candidate in SFTP_SERVERS:
         if os.access(candidate, os.X_OK):
             return candidate
-    raise SetupError("no sftp-server found (install Debian's openssh-sftp-server); looked in "
-                     + ", ".join(SFTP_SERVERS))
+    raise SetupError(
+        "no sftp-server found (install Debian's openssh-sftp-server); looked in " + ", ".join(SFTP_SERVERS)
+    )
 
 
 def server_home(environ: dict[str, str]) -> str:
@@ -177,8 +179,9 @@ def server_home(environ: dict[str, str]) -> str:
     home = environ.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
     if not os.path.isabs(home) or any(c in home for c in "\n\r\\"):
         # sshd's option parser reads a backslash as an escape even inside the ForceCommand's quotes
-        raise SetupError(f"the server's home {home!r} is not an absolute path sshd can be given "
-                         "(no newlines or backslashes)")
+        raise SetupError(
+            f"the server's home {home!r} is not an absolute path sshd can be given (no newlines or backslashes)"
+        )
     if not os.path.isdir(home):
         raise SetupError(f"the server's home {home} does not exist")
     return home.rstrip("/") or "/"
@@ -202,8 +205,10 @@ def build_command(port: str, environ: dict[str, str]) -> list[str]:
 
 # The only variables sshd itself is started with (locale and a search path for its own helpers).
 SSHD_ENVIRONMENT = ("PATH", "LANG", "LC_ALL", "TZ")
-USAGE = ("usage: workbench-sshd PORT          (started by jupyter-server-proxy at {base_url}sshd/)\n"
-         "       workbench-sshd --check PORT  (print the effective sshd configuration, sshd -T)")
+USAGE = (
+    "usage: workbench-sshd PORT          (started by jupyter-server-proxy at {base_url}sshd/)\n"
+    "       workbench-sshd --check PORT  (print the effective sshd configuration, sshd -T)"
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -215,8 +220,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, file=sys.stderr)
         return 2
     if os.geteuid() == 0:
-        print("workbench-sshd: refusing to run as root: the SSH server of a workbench server runs as its user",
-              file=sys.stderr)
+        print(
+            "workbench-sshd: refusing to run as root: the SSH server of a workbench server runs as its user",
+            file=sys.stderr,
+        )
         return 1
     try:
         command = build_command(argv[0], dict(os.environ))

@@ -19,24 +19,23 @@ import asyncio
 import logging
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
+from workbench_hub.service.openapi import load_document, load_fragment
 from workbench_spawner.backend import extension_of, openapi_fragments
 from workbench_spawner.ledger.store import AllocationStore
-
-from workbench_hub.service.openapi import load_document, load_fragment
 
 from . import handlers as h
 from . import reservation_handlers as rh
 from .fleet import Fleet
-from .hub_client import HubClient
-from .lifetime import CannotListen, Lifetime, listen
 from .gpu_reclaim import make_reclaimer
+from .hub_client import HubClient
 from .idle_handlers import idle_routes
+from .lifetime import CannotListen, Lifetime, listen
 from .session_limits import stop_overlong_servers
 
 log = logging.getLogger("workbench.service")
@@ -44,8 +43,13 @@ log = logging.getLogger("workbench.service")
 MAX_BODY = 64 * 1024
 
 
-def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/services/workbench/",
-             hub_prefix: str = "/hub/", backend: str = "") -> web.Application:
+def make_app(
+    fleet: Fleet | None,
+    hub: HubClient | None = None,
+    prefix: str = "/services/workbench/",
+    hub_prefix: str = "/hub/",
+    backend: str = "",
+) -> web.Application:
     """The service's routes; ``backend`` (the hub passes ``--backend``) adds that backend's own routes."""
     prefix = "/" + prefix.strip("/") + "/"
     extension = extension_of(backend)
@@ -69,34 +73,60 @@ def make_app(fleet: Fleet | None, hub: HubClient | None = None, prefix: str = "/
     ]
     # The API document (api/openapi.json; request bodies are checked against it): openapi.yaml + the backend's part.
     openapi = load_document([load_fragment(path) for path in openapi_fragments([backend])])
-    return web.Application(routes, fleet=fleet, hub=hub, prefix=prefix, hub_prefix=hub_prefix, openapi=openapi,
-                           backends=(backend,) if extension else (), cookie_secret=os.urandom(32), xsrf_cookies=False)
+    return web.Application(
+        routes,
+        fleet=fleet,
+        hub=hub,
+        prefix=prefix,
+        hub_prefix=hub_prefix,
+        openapi=openapi,
+        backends=(backend,) if extension else (),
+        cookie_secret=os.urandom(32),
+        xsrf_cookies=False,
+    )
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m workbench_hub.service", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m workbench_hub.service",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     service_url = urlparse(os.environ.get("JUPYTERHUB_SERVICE_URL", "http://127.0.0.1:10101"))
     parser.add_argument("--ip", default=service_url.hostname or "127.0.0.1")
     parser.add_argument("--port", type=int, default=service_url.port or 10101)
-    parser.add_argument("--db-url", required=True,
-                        help="SQLAlchemy URL of the GPU database the hub uses (the hub config passes it)")
-    parser.add_argument("--backend", default="",
-                        help="the hub's backend (workbench.backends entry point name), whose routes the service "
-                             "adds (the hub config passes it)")
-    parser.add_argument("--session-check-seconds", type=float,
-                        default=float(os.environ.get("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
-                        help="how often to stop servers that outlived their session limit (0: never)")
-    parser.add_argument("--idle-check-seconds", type=float,
-                        default=float(os.environ.get("WORKBENCH_GPU_IDLE_CHECK_SECONDS", "30")),
-                        help="how often to read GPU utilization, warn and stop idle servers, and deliver "
-                             "notices (0: never)")
-    parser.add_argument("--proxy-url", default=os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000",
-                        help="the proxy's address as this machine reaches it: how user servers are reached")
-    parser.add_argument("--reservation-check-seconds", type=float,
-                        default=float(os.environ.get("WORKBENCH_RESERVATION_CHECK_SECONDS", "15")),
-                        help="how often to warn and stop non-members' servers for reservations that say "
-                             "preempt (0: never)")
+    parser.add_argument(
+        "--db-url", required=True, help="SQLAlchemy URL of the GPU database the hub uses (the hub config passes it)"
+    )
+    parser.add_argument(
+        "--backend",
+        default="",
+        help="the hub's backend (workbench.backends entry point name), whose routes the service "
+        "adds (the hub config passes it)",
+    )
+    parser.add_argument(
+        "--session-check-seconds",
+        type=float,
+        default=float(os.environ.get("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
+        help="how often to stop servers that outlived their session limit (0: never)",
+    )
+    parser.add_argument(
+        "--idle-check-seconds",
+        type=float,
+        default=float(os.environ.get("WORKBENCH_GPU_IDLE_CHECK_SECONDS", "30")),
+        help="how often to read GPU utilization, warn and stop idle servers, and deliver notices (0: never)",
+    )
+    parser.add_argument(
+        "--proxy-url",
+        default=os.environ.get("JUPYTERHUB_PUBLIC_URL") or "http://127.0.0.1:8000",
+        help="the proxy's address as this machine reaches it: how user servers are reached",
+    )
+    parser.add_argument(
+        "--reservation-check-seconds",
+        type=float,
+        default=float(os.environ.get("WORKBENCH_RESERVATION_CHECK_SECONDS", "15")),
+        help="how often to warn and stop non-members' servers for reservations that say preempt (0: never)",
+    )
     return parser.parse_args(argv)
 
 
@@ -108,27 +138,47 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
         log.error("cannot open the GPU database %s: %s", args.db_url.split("@")[-1], exc)
         return 1
     fleet = Fleet(store)
-    hub = HubClient(os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
-                    os.environ.get("JUPYTERHUB_API_TOKEN", ""))
+    hub = HubClient(
+        os.environ.get("JUPYTERHUB_API_URL", "http://127.0.0.1:8081/hub/api"),
+        os.environ.get("JUPYTERHUB_API_TOKEN", ""),
+    )
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/workbench/")
     hub_prefix = os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
     try:
-        server = listen(make_app(fleet, hub, prefix, hub_prefix, args.backend), args.port, args.ip,
-                        max_body_size=MAX_BODY, xheaders=True)
+        server = listen(
+            make_app(fleet, hub, prefix, hub_prefix, args.backend),
+            args.port,
+            args.ip,
+            max_body_size=MAX_BODY,
+            xheaders=True,
+        )
     except CannotListen as exc:
         log.error("%s", exc)
         store.dispose()
         return 1
     settings = await asyncio.to_thread(fleet.refresh)
     if settings is None:
-        log.warning("Workbench service at http://%s:%s%s: waiting for the hub to publish its GPU settings "
-                    "(answering 503 until then)", args.ip, args.port, prefix)
+        log.warning(
+            "Workbench service at http://%s:%s%s: waiting for the hub to publish its GPU settings "
+            "(answering 503 until then)",
+            args.ip,
+            args.port,
+            prefix,
+        )
     else:
-        log.info("Workbench service at http://%s:%s%s (node %s, %s GPUs, %s)", args.ip, args.port, prefix,
-                 settings.node, len(settings.inventory.devices), settings.inventory.source)
+        log.info(
+            "Workbench service at http://%s:%s%s (node %s, %s GPUs, %s)",
+            args.ip,
+            args.port,
+            prefix,
+            settings.node,
+            len(settings.inventory.devices),
+            settings.inventory.source,
+        )
 
     checker = None
     if args.session_check_seconds > 0:
+
         async def check_sessions():
             while True:
                 await asyncio.sleep(args.session_check_seconds)
@@ -162,8 +212,9 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
 def main(argv: list[str] | None = None, early: Sequence[str] = ()) -> int:
     parent = os.getppid()  # first: the hub may die while the service is still starting
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="[%(levelname)1.1s %(asctime)s workbench-service] %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="[%(levelname)1.1s %(asctime)s workbench-service] %(message)s"
+    )
     try:
         return asyncio.run(serve(args, parent, early))
     except KeyboardInterrupt:  # a Ctrl-C before the signal handlers were in place

@@ -28,24 +28,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Iterable, Mapping
 
 from sqlalchemy import select
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.rules.quota import Quota, QuotaBook
-from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
-from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.backend import extension_of
+from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.store import AllocationStore, utcnow
-
+from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
+from workbench_spawner.rules.quota import Quota, QuotaBook
 
 log = logging.getLogger("workbench.service")
 
-NO_SETTINGS = ("the hub has not published its GPU settings yet (it writes them to the GPU database when it "
-               "starts); try again in a few seconds, and if this persists check that the hub and this service "
-               "use the same database (--db-url)")
+NO_SETTINGS = (
+    "the hub has not published its GPU settings yet (it writes them to the GPU database when it "
+    "starts); try again in a few seconds, and if this persists check that the hub and this service "
+    "use the same database (--db-url)"
+)
 
 
 class SettingsMissing(Exception):
@@ -58,8 +59,7 @@ class SettingsMissing(Exception):
 class Fleet:
     """The store, the quota book, the hub's stored settings and live readings."""
 
-    def __init__(self, store: AllocationStore, settings: PolicySettings | None = None,
-                 refresh_seconds: float = 2.0):
+    def __init__(self, store: AllocationStore, settings: PolicySettings | None = None, refresh_seconds: float = 2.0):
         self.store = store
         self.book = QuotaBook(store)
         self.refresh_seconds = refresh_seconds
@@ -98,8 +98,11 @@ class Fleet:
                     self._source, self._reading = None, None
             if self._settings is not None:
                 extension = extension_of(self._settings.backend)
-                self._inventory = (extension.resolve_inventory(self.store, self._settings.inventory)
-                                   if extension else self._settings.inventory)
+                self._inventory = (
+                    extension.resolve_inventory(self.store, self._settings.inventory)
+                    if extension
+                    else self._settings.inventory
+                )
             return self._settings
 
     @property
@@ -149,8 +152,11 @@ class Fleet:
                 if inventory.source == "simulated":
                     # An empty environment selects the whole fleet (no WORKBENCH_GPUS); only
                     # GPUs with a lease in the ledger show simulated load, free ones read idle.
-                    self._source = SimulatedSource(select_devices(inventory, {}), held=self.held_uuids,
-                                                   script=self.settings.simulated_utilization or None)
+                    self._source = SimulatedSource(
+                        select_devices(inventory, {}),
+                        held=self.held_uuids,
+                        script=self.settings.simulated_utilization or None,
+                    )
                 elif inventory.source == "nvml" and inventory.devices:
                     self._source = make_source({})
                 else:
@@ -171,8 +177,12 @@ class Fleet:
         for lease in self.store.leases():
             for uuid in lease.gpu_uuids:
                 holders.setdefault(uuid, []).append(
-                    {"user": lease.user, "server": lease.server, "since": lease.since.isoformat(),
-                     "node": lease.node or settings.node}
+                    {
+                        "user": lease.user,
+                        "server": lease.server,
+                        "since": lease.since.isoformat(),
+                        "node": lease.node or settings.node,
+                    }
                 )
         readings = self.readings()
         now = utcnow()
@@ -216,8 +226,14 @@ class Fleet:
     def allocations(self) -> list[dict]:
         node = self.settings.node
         return [
-            {"user": lease.user, "server": lease.server, "node": lease.node or node,
-             "gpu_uuids": list(lease.gpu_uuids), "since": lease.since.isoformat(), "ref": lease.ref}
+            {
+                "user": lease.user,
+                "server": lease.server,
+                "node": lease.node or node,
+                "gpu_uuids": list(lease.gpu_uuids),
+                "since": lease.since.isoformat(),
+                "ref": lease.ref,
+            }
             for lease in self.store.leases()
         ]
 
@@ -231,8 +247,9 @@ class Fleet:
             held[lease.user] = held.get(lease.user, 0) + len(lease.gpu_uuids)
         return held
 
-    def user_summaries(self, users: Iterable[Mapping], hours: Mapping[str, float],
-                       held: Mapping[str, int]) -> list[dict]:
+    def user_summaries(
+        self, users: Iterable[Mapping], hours: Mapping[str, float], held: Mapping[str, int]
+    ) -> list[dict]:
         """One row per hub user model (name, groups): effective quota, held GPUs, GPU-hours.
 
         The quotas of all of them come from one query (``QuotaBook.effective_many``).

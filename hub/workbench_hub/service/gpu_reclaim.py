@@ -33,16 +33,27 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from workbench_spawner.rules.idle import (
-    BUSY, STOP, UNKNOWN, WARN, GpuTrack, IdleRule, advance, is_exempt, judge, ledger_reason, rule_for,
-    stopped_text, warning_text,
-)
 from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.store import utcnow
+from workbench_spawner.rules.idle import (
+    BUSY,
+    STOP,
+    UNKNOWN,
+    WARN,
+    GpuTrack,
+    IdleRule,
+    advance,
+    is_exempt,
+    judge,
+    ledger_reason,
+    rule_for,
+    stopped_text,
+    warning_text,
+)
 
 from .fleet import Fleet
 from .hub_client import HubClient
@@ -68,13 +79,20 @@ def _clock_text(when: datetime, zone_name: str) -> str:
     try:
         zone = ZoneInfo(zone_name or "UTC")
     except Exception:
-        zone = timezone.utc
+        zone = UTC
     return when.astimezone(zone).strftime("%H:%M")
 
 
 class Reclaimer:
-    def __init__(self, fleet: Fleet, hub: HubClient, chooser: SourceChooser, delivery: NoticeDelivery | None,
-                 clock=utcnow, interval: float = 30.0):
+    def __init__(
+        self,
+        fleet: Fleet,
+        hub: HubClient,
+        chooser: SourceChooser,
+        delivery: NoticeDelivery | None,
+        clock=utcnow,
+        interval: float = 30.0,
+    ):
         self.fleet = fleet
         self.hub = hub
         self.chooser = chooser
@@ -112,12 +130,13 @@ class Reclaimer:
         leases = await asyncio.to_thread(self.fleet.store.leases)
         running, groups = await self.running_servers()
         effective = await asyncio.to_thread(
-            self.fleet.book.effective_many, {lease.user: groups.get(lease.user, []) for lease in leases},
-            settings.default_quota)
+            self.fleet.book.effective_many,
+            {lease.user: groups.get(lease.user, []) for lease in leases},
+            settings.default_quota,
+        )
         exempt_groups = await asyncio.to_thread(self.idle.exempt_groups)
         old = {(t.node, t.gpu_uuid): t for t in await asyncio.to_thread(self.idle.tracks)}
-        pending = {(n.user, n.server): n for n in await asyncio.to_thread(self.notices.pending)
-                   if n.kind == KIND}
+        pending = {(n.user, n.server): n for n in await asyncio.to_thread(self.notices.pending) if n.kind == KIND}
         tracks: list[GpuTrack] = []
         live = [lease for lease in leases if (lease.user, lease.server) in running]  # starting: not idle time
         limit = asyncio.Semaphore(self.PARALLEL_READS)
@@ -130,24 +149,37 @@ class Reclaimer:
             return source, readings, self.clock()
 
         results = await asyncio.gather(*(read(lease) for lease in live))
-        for lease, (source, readings, now) in zip(live, results):
+        for lease, (source, readings, now) in zip(live, results):  # noqa: B905
             key = (lease.user, lease.server)
             quota = effective[lease.user].quota
-            rule = rule_for(quota.gpu_idle_minutes, quota.gpu_idle_threshold, settings.gpu_idle_minutes,
-                            settings.gpu_idle_threshold, settings.gpu_idle_warn_minutes)
+            rule = rule_for(
+                quota.gpu_idle_minutes,
+                quota.gpu_idle_threshold,
+                settings.gpu_idle_minutes,
+                settings.gpu_idle_threshold,
+                settings.gpu_idle_warn_minutes,
+            )
             node = lease.node or settings.node
             server_tracks = []
             for uuid in lease.gpu_uuids:
                 previous = old.get((node, uuid))
                 if previous is None or (previous.user, previous.server) != key:
                     previous = GpuTrack(node=node, gpu_uuid=uuid, user=lease.user, server=lease.server)
-                track = advance(previous, readings.get(uuid), rule.threshold, now, source.name,
-                                stale_after=self.stale_after)
-                if previous.idle_since is not None and track.idle_since == now and track.utilization is not None \
-                        and track.utilization < rule.threshold:
-                    log.info("Idle clock of %s on %s restarted: no reading for %s before this one", uuid,
-                             f"{lease.user}/{lease.server or 'default'}",
-                             now - previous.last_reading if previous.last_reading else "ever")
+                track = advance(
+                    previous, readings.get(uuid), rule.threshold, now, source.name, stale_after=self.stale_after
+                )
+                if (
+                    previous.idle_since is not None
+                    and track.idle_since == now
+                    and track.utilization is not None
+                    and track.utilization < rule.threshold
+                ):
+                    log.info(
+                        "Idle clock of %s on %s restarted: no reading for %s before this one",
+                        uuid,
+                        f"{lease.user}/{lease.server or 'default'}",
+                        now - previous.last_reading if previous.last_reading else "ever",
+                    )
                 server_tracks.append(track)
             tracks.extend(server_tracks)
             exempt = is_exempt(groups.get(lease.user, []), exempt_groups)
@@ -178,8 +210,11 @@ class Reclaimer:
             if notice is not None:
                 await asyncio.to_thread(self.notices.clear, user, server, kind=KIND)
                 report.cleared.append(key)
-                log.info("Idle warning for %s withdrawn (%s)", label,
-                         "its GPU is busy again" if verdict.action == BUSY else verdict.action)
+                log.info(
+                    "Idle warning for %s withdrawn (%s)",
+                    label,
+                    "its GPU is busy again" if verdict.action == BUSY else verdict.action,
+                )
             return
         stop_at = verdict.stop_at
         if notice is not None and notice.stop_at is not None:
@@ -188,10 +223,22 @@ class Reclaimer:
             stop_at = now + rule.lead  # past the limit but never warned: warn first
         if verdict.action == STOP and notice is not None and stop_at <= now:
             clock = _clock_text(now, settings.time_zone)
-            await asyncio.to_thread(self.notices.done, user, server, kind=KIND, message=stopped_text(rule, clock),
-                                    hint="", reason=ledger_reason(rule))
-            log.info("Stopping %s: its GPUs %s stayed under %g %% for %s (reclaimed for others)", label,
-                     ", ".join(lease.gpu_uuids), rule.threshold, verdict.idle_for)
+            await asyncio.to_thread(
+                self.notices.done,
+                user,
+                server,
+                kind=KIND,
+                message=stopped_text(rule, clock),
+                hint="",
+                reason=ledger_reason(rule),
+            )
+            log.info(
+                "Stopping %s: its GPUs %s stayed under %g %% for %s (reclaimed for others)",
+                label,
+                ", ".join(lease.gpu_uuids),
+                rule.threshold,
+                verdict.idle_for,
+            )
             try:
                 await self.hub.stop_server(user, server)
                 report.stopped.append(key)
@@ -200,11 +247,13 @@ class Reclaimer:
             return
         message, hint = warning_text(rule, stop_at, len(lease.gpu_uuids), _clock_text(stop_at, settings.time_zone))
         if notice is None or notice.stop_at != stop_at or notice.message != message:
-            await asyncio.to_thread(self.notices.warn, user, server, kind=KIND, message=message, hint=hint,
-                                    stop_at=stop_at)
+            await asyncio.to_thread(
+                self.notices.warn, user, server, kind=KIND, message=message, hint=hint, stop_at=stop_at
+            )
             if notice is None:
-                log.info("Warned %s: its GPUs are idle; stopping at %s unless they are used", label,
-                         stop_at.isoformat())
+                log.info(
+                    "Warned %s: its GPUs are idle; stopping at %s unless they are used", label, stop_at.isoformat()
+                )
         report.warned.append(key)
 
     async def run_forever(self) -> None:
@@ -223,5 +272,6 @@ def make_reclaimer(fleet: Fleet, hub: HubClient, args) -> Reclaimer:
 
     servers = UserServers(args.proxy_url, hub.token)
     chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(servers))
-    return Reclaimer(fleet, hub, chooser, NoticeDelivery(NoticeBook(fleet.store), servers),
-                     interval=args.idle_check_seconds)
+    return Reclaimer(
+        fleet, hub, chooser, NoticeDelivery(NoticeBook(fleet.store), servers), interval=args.idle_check_seconds
+    )

@@ -26,13 +26,12 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 from tornado.escape import xhtml_escape
 
-from workbench_spawner.rules.quota import WEEK, QuotaError, gpu_hours_by_user, quota_from_body
-from workbench_spawner.ledger.store import utcnow
-
 from workbench_hub.service.fleet import Fleet, SettingsMissing
 from workbench_hub.service.hub_client import HubClient, HubUnavailable
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
+from workbench_spawner.ledger.store import utcnow
+from workbench_spawner.rules.quota import WEEK, QuotaError, gpu_hours_by_user, quota_from_body
 
 log = logging.getLogger("workbench.service")
 
@@ -49,13 +48,16 @@ def _json(data: Any) -> str:
     return json.dumps(data).replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-_jinja = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
-                     autoescape=select_autoescape(["html"]))
+_jinja = Environment(
+    loader=FileSystemLoader(str(Path(__file__).parent / "templates")), autoescape=select_autoescape(["html"])
+)
 
 
 def unknown_user(name: str) -> str:
-    return (f"no user named {json.dumps(name)} on this hub: they must sign up at /hub/signup and be "
-            f"authorized at /hub/authorize, or be created on the hub's admin page")
+    return (
+        f"no user named {json.dumps(name)} on this hub: they must sign up at /hub/signup and be "
+        f"authorized at /hub/authorize, or be created on the hub's admin page"
+    )
 
 
 class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
@@ -83,8 +85,9 @@ class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
         except web.HTTPError as exc:
             if exc.status_code >= 500:  # HubAuth could not reach or use the hub's API
                 log.warning("Could not identify the caller: %s", exc.log_message)
-                raise HubUnavailable("the hub's API did not answer while checking the caller's token; "
-                                     "try again in a moment") from None
+                raise HubUnavailable(
+                    "the hub's API did not answer while checking the caller's token; try again in a moment"
+                ) from None
             raise
 
     @property
@@ -153,17 +156,24 @@ class APIHandler(WorkbenchHandler):
         elif isinstance(exc, web.HTTPError) and exc.log_message:
             message = exc.log_message % exc.args if exc.args else exc.log_message
         if message is None:
-            message = {400: "bad request", 401: "authentication required", 403: "forbidden", 404: "not found",
-                       405: "method not allowed; see api/openapi.json"}.get(
-                status_code, "the workbench service failed to answer; the service log says why")
+            message = {
+                400: "bad request",
+                401: "authentication required",
+                403: "forbidden",
+                404: "not found",
+                405: "method not allowed; see api/openapi.json",
+            }.get(status_code, "the workbench service failed to answer; the service log says why")
         self.set_status(status_code)
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.finish(_json({"status": status_code, "message": message}))
 
     def require_caller(self) -> dict:
         if not self.caller:
-            self.fail(403, "authentication required: send a hub API token (Authorization: token ...) "
-                           "or log in through the hub (cookie requests need an X-XSRFToken header)")
+            self.fail(
+                403,
+                "authentication required: send a hub API token (Authorization: token ...) "
+                "or log in through the hub (cookie requests need an X-XSRFToken header)",
+            )
         return self.caller
 
     async def require_read(self) -> None:
@@ -182,7 +192,7 @@ class APIHandler(WorkbenchHandler):
         try:
             return json.loads(self.request.body or b"")
         except (ValueError, UnicodeDecodeError) as exc:
-            self.fail(400, f"the body is not valid JSON ({str(exc)[:80]}); send e.g. {{\"max_gpus\": 1}}")
+            self.fail(400, f'the body is not valid JSON ({str(exc)[:80]}); send e.g. {{"max_gpus": 1}}')
 
     def valid_body(self, schema: str, what: str) -> Any:
         """The JSON body, checked against ``components/schemas/<schema>`` of the service's document;
@@ -211,8 +221,15 @@ class GPUsHandler(APIHandler):
         fleet = self.fleet
         gpus = await asyncio.to_thread(fleet.gpus)
         inventory = fleet.inventory
-        self.send({"node": fleet.node, "source": inventory.source, "simulated": fleet.simulated,
-                   "message": inventory.message, "gpus": gpus})
+        self.send(
+            {
+                "node": fleet.node,
+                "source": inventory.source,
+                "simulated": fleet.simulated,
+                "message": inventory.message,
+                "gpus": gpus,
+            }
+        )
 
 
 class AllocationsHandler(APIHandler):
@@ -245,18 +262,17 @@ class QuotaHandler(APIHandler):
         _check_name(self.kind, name)
         model = await (self.hub.user(name) if self.kind == "user" else self.hub.group(name))
         if model is None:
-            self.fail(404, unknown_user(name) if self.kind == "user"
-                      else f"no group named {json.dumps(name)} on this hub")
+            self.fail(
+                404, unknown_user(name) if self.kind == "user" else f"no group named {json.dumps(name)} on this hub"
+            )
         return model
 
     async def _view(self, name: str, model: dict) -> dict:
         stored = await asyncio.to_thread(self.fleet.book.get, self.kind, name)
-        result: dict[str, Any] = {"kind": self.kind, "name": name,
-                                  "quota": stored.to_json() if stored else None}
+        result: dict[str, Any] = {"kind": self.kind, "name": name, "quota": stored.to_json() if stored else None}
         if self.kind == "user":
             result["effective"] = (
-                await asyncio.to_thread(self.fleet.book.effective, name, model.get("groups") or [],
-                                        self.fleet.default)
+                await asyncio.to_thread(self.fleet.book.effective, name, model.get("groups") or [], self.fleet.default)
             ).to_json()
         else:
             result["users"] = model.get("users") or []
@@ -362,8 +378,11 @@ class PageHandler(WorkbenchHandler):
     async def get(self):
         if not self.can_read():
             self.set_status(403)
-            self.finish(_jinja.get_template("forbidden.html").render(
-                name=(self.caller or {}).get("name", ""), scope=ADMIN_SCOPE, hub_prefix=self.settings["hub_prefix"]))
+            self.finish(
+                _jinja.get_template("forbidden.html").render(
+                    name=(self.caller or {}).get("name", ""), scope=ADMIN_SCOPE, hub_prefix=self.settings["hub_prefix"]
+                )
+            )
             return
         await self.wait_for_settings()
         fleet = self.fleet
@@ -378,25 +397,30 @@ class PageHandler(WorkbenchHandler):
 
         summaries, stored_groups, gpus = await asyncio.to_thread(gather)
         group_rows = [
-            {"name": g["name"], "users": g.get("users") or [],
-             "quota": stored_groups[g["name"]].quota.to_json() if g["name"] in stored_groups else None}
+            {
+                "name": g["name"],
+                "users": g.get("users") or [],
+                "quota": stored_groups[g["name"]].quota.to_json() if g["name"] in stored_groups else None,
+            }
             for g in groups
         ]
         self.set_header("Cache-Control", "no-store")
-        self.finish(_jinja.get_template("admin.html").render(
-            prefix=self.settings["prefix"],
-            hub_prefix=self.settings["hub_prefix"],
-            static=self.settings["hub_prefix"] + "static/",
-            caller=self.caller,
-            admin=self.is_admin(),
-            inventory=fleet.inventory,
-            node=fleet.node,
-            simulated=fleet.simulated,
-            gpus=gpus,
-            users=summaries,
-            groups=group_rows,
-            default=fleet.default.to_json(),
-            models=fleet.models(),
-            xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
-            now=now,
-        ))
+        self.finish(
+            _jinja.get_template("admin.html").render(
+                prefix=self.settings["prefix"],
+                hub_prefix=self.settings["hub_prefix"],
+                static=self.settings["hub_prefix"] + "static/",
+                caller=self.caller,
+                admin=self.is_admin(),
+                inventory=fleet.inventory,
+                node=fleet.node,
+                simulated=fleet.simulated,
+                gpus=gpus,
+                users=summaries,
+                groups=group_rows,
+                default=fleet.default.to_json(),
+                models=fleet.models(),
+                xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
+                now=now,
+            )
+        )

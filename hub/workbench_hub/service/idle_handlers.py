@@ -17,11 +17,10 @@ import asyncio
 import json
 import logging
 
-from workbench_spawner.rules.idle import IdleRule
+from workbench_hub.service.handlers import APIHandler
 from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook, check_group_name
 from workbench_spawner.ledger.store import utcnow
-
-from workbench_hub.service.handlers import APIHandler
+from workbench_spawner.rules.idle import IdleRule
 
 log = logging.getLogger("workbench.service")
 
@@ -32,16 +31,27 @@ def idle_view(book: IdleBook, settings) -> dict:
     gpus = []
     for t in book.tracks():
         idle = t.idle_for(now)
-        gpus.append({"node": t.node, "uuid": t.gpu_uuid, "user": t.user, "server": t.server,
-                     "idle_seconds": None if idle is None else round(idle.total_seconds(), 1),
-                     "idle_since": t.idle_since.isoformat() if t.idle_since else None,
-                     "utilization_percent": t.utilization,
-                     "last_reading": t.last_reading.isoformat() if t.last_reading else None,
-                     "reading_source": t.source or None})
+        gpus.append(
+            {
+                "node": t.node,
+                "uuid": t.gpu_uuid,
+                "user": t.user,
+                "server": t.server,
+                "idle_seconds": None if idle is None else round(idle.total_seconds(), 1),
+                "idle_since": t.idle_since.isoformat() if t.idle_since else None,
+                "utilization_percent": t.utilization,
+                "last_reading": t.last_reading.isoformat() if t.last_reading else None,
+                "reading_source": t.source or None,
+            }
+        )
     return {
-        "default_rule": {"gpu_idle_minutes": rule.minutes, "gpu_idle_threshold": rule.threshold,
-                         "warn_minutes_before": rule.lead.total_seconds() / 60, "enabled": rule.enabled,
-                         "describe": rule.describe()},
+        "default_rule": {
+            "gpu_idle_minutes": rule.minutes,
+            "gpu_idle_threshold": rule.threshold,
+            "warn_minutes_before": rule.lead.total_seconds() / 60,
+            "enabled": rule.enabled,
+            "describe": rule.describe(),
+        },
         "exempt_groups": list(book.exempt_groups().values()),
         "gpus": gpus,
     }

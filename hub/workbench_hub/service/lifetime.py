@@ -22,7 +22,7 @@ import errno
 import logging
 import os
 import signal
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from tornado import web
 from tornado.httpserver import HTTPServer
@@ -60,8 +60,7 @@ class Lifetime:
     ``parent`` is the parent's pid as read when the process began.
     """
 
-    def __init__(self, parent: int, early: Sequence[str] = (),
-                 parent_check_seconds: float = PARENT_CHECK_SECONDS):
+    def __init__(self, parent: int, early: Sequence[str] = (), parent_check_seconds: float = PARENT_CHECK_SECONDS):
         self._loop = asyncio.get_running_loop()
         self._stopped: asyncio.Future[str] = self._loop.create_future()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -31,7 +31,7 @@ backend's annotation of the GPU row (a dict-valued entry with the key
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
@@ -90,8 +90,9 @@ class FleetCollector:
         gpu_labels = GPU_LABELS + (("simulated",) if fleet.simulated else ())
         labels_of = {name: USER_LABELS for name in HELP if name.startswith("workbench_user_")}
         labels_of.update(workbench_gpus=HOST_LABELS, workbench_gpus_free=HOST_LABELS)
-        families = {name: GaugeMetricFamily(name, text, labels=labels_of.get(name, gpu_labels))
-                    for name, text in HELP.items()}
+        families = {
+            name: GaugeMetricFamily(name, text, labels=labels_of.get(name, gpu_labels)) for name, text in HELP.items()
+        }
 
         def add(name: str, values: list[str], value) -> None:
             if value is not None:

@@ -19,18 +19,29 @@ import copy
 import functools
 import json
 import math
+from collections.abc import Iterable, Sequence
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 MAIN = "openapi.yaml"
-COMPONENT_SECTIONS = ("schemas", "responses", "parameters", "requestBodies", "headers", "examples",
-                      "securitySchemes", "links", "callbacks", "pathItems")
+COMPONENT_SECTIONS = (
+    "schemas",
+    "responses",
+    "parameters",
+    "requestBodies",
+    "headers",
+    "examples",
+    "securitySchemes",
+    "links",
+    "callbacks",
+    "pathItems",
+)
 FRAGMENT_KEYS = ("paths", "components", "x-schema-properties")
 
 
@@ -74,13 +85,16 @@ def _merge(document: dict, fragment: dict) -> None:
     name = fragment.pop("x-fragment", "an OpenAPI fragment")
     unknown = sorted(set(fragment) - set(FRAGMENT_KEYS))
     if unknown:
-        raise ValueError(f"the OpenAPI fragment {name} has {', '.join(unknown)}; a fragment has only "
-                         f"{', '.join(FRAGMENT_KEYS)}")
+        raise ValueError(
+            f"the OpenAPI fragment {name} has {', '.join(unknown)}; a fragment has only {', '.join(FRAGMENT_KEYS)}"
+        )
     paths = document.setdefault("paths", {})
     for path, item in (fragment.get("paths") or {}).items():
         if path in paths:
-            raise ValueError(f"the OpenAPI fragment {name} redefines the path {path}, which the document "
-                             f"already has; a fragment may only add paths")
+            raise ValueError(
+                f"the OpenAPI fragment {name} redefines the path {path}, which the document "
+                f"already has; a fragment may only add paths"
+            )
         paths[path] = item
     components = document.setdefault("components", {})
     for section, entries in (fragment.get("components") or {}).items():
@@ -89,19 +103,25 @@ def _merge(document: dict, fragment: dict) -> None:
         known = components.setdefault(section, {})
         for key, value in (entries or {}).items():
             if key in known:
-                raise ValueError(f"the OpenAPI fragment {name} redefines components/{section}/{key}, which the "
-                                 f"document already has; a fragment may only add {section}")
+                raise ValueError(
+                    f"the OpenAPI fragment {name} redefines components/{section}/{key}, which the "
+                    f"document already has; a fragment may only add {section}"
+                )
             known[key] = value
     schemas = components.get("schemas", {})
     for schema_name, added in (fragment.get("x-schema-properties") or {}).items():
         target = schemas.get(schema_name)
         if not isinstance(target, dict) or not isinstance(target.get("properties"), dict):
-            raise ValueError(f"the OpenAPI fragment {name} adds properties to {schema_name}, which is not an "
-                             f"object schema of the document")
+            raise ValueError(
+                f"the OpenAPI fragment {name} adds properties to {schema_name}, which is not an "
+                f"object schema of the document"
+            )
         for prop, schema in added.items():
             if prop in target["properties"]:
-                raise ValueError(f"the OpenAPI fragment {name} redefines the property {prop} of {schema_name}, "
-                                 f"which the document already has; a fragment may only add properties")
+                raise ValueError(
+                    f"the OpenAPI fragment {name} redefines the property {prop} of {schema_name}, "
+                    f"which the document already has; a fragment may only add properties"
+                )
             target["properties"][prop] = schema
 
 
@@ -111,6 +131,7 @@ def with_server(document: dict, prefix: str) -> dict:
 
 
 # -- request bodies -------------------------------------------------------------------------
+
 
 def validate_body(document: dict, schema_name: str, body: Any) -> None:
     """Raise BodyError (one sentence) unless ``body`` matches ``components/schemas/<schema_name>``."""
@@ -122,8 +143,9 @@ def validate_body(document: dict, schema_name: str, body: Any) -> None:
     if odd is not None:
         path, value = odd
         raise BodyError(f"{_field(path)} must be a finite number, not {_show(value)}")
-    validator = Draft202012Validator({"$ref": f"#/components/schemas/{schema_name}",
-                                      "components": document["components"]})
+    validator = Draft202012Validator(
+        {"$ref": f"#/components/schemas/{schema_name}", "components": document["components"]}
+    )
     error = best_match(validator.iter_errors(body))
     if error is not None:
         raise BodyError(_sentence(error, schemas[schema_name]))
@@ -152,7 +174,7 @@ def _show(value: Any, limit: int = 60) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return _number(value)
     text = json.dumps(value, ensure_ascii=False, allow_nan=True)
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _number(value: float) -> str:
@@ -166,8 +188,15 @@ def _and(words: Sequence[str]) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
 
 
-TYPE_WORDS = {"integer": "a whole number", "number": "a number", "string": "text", "boolean": "true or false",
-              "array": "a list", "object": "an object", "null": "null"}
+TYPE_WORDS = {
+    "integer": "a whole number",
+    "number": "a number",
+    "string": "text",
+    "boolean": "true or false",
+    "array": "a list",
+    "object": "an object",
+    "null": "null",
+}
 
 
 def _range(schema: dict) -> str:
@@ -205,7 +234,7 @@ def _sentence(error: ValidationError, root: dict) -> str:
         needs = f"; {title} needs {_and(rule)}" if title else ""
         return f"{where} is missing{needs}"
     if keyword in ("additionalProperties", "unevaluatedProperties"):
-        known = list((schema.get("properties") or {}))
+        known = list(schema.get("properties") or {})
         extra = [k for k in value if k not in known]
         names = ", ".join(repr(k[:40]) for k in extra)
         has = f"; {title} has {_and(known)}" if title and known else (f"; {field} has {_and(known)}" if known else "")
@@ -215,8 +244,11 @@ def _sentence(error: ValidationError, root: dict) -> str:
     if keyword == "not" and isinstance(rule, dict) and "exclusiveMinimum" in rule and "exclusiveMaximum" in rule:
         low, high = rule["exclusiveMinimum"], rule["exclusiveMaximum"]
         first = _number(low) if schema.get("minimum") == low else f"at most {_number(low)}"
-        then = (f"between {_number(high)} and {_number(schema['maximum'])}" if "maximum" in schema
-                else f"at least {_number(high)}")
+        then = (
+            f"between {_number(high)} and {_number(schema['maximum'])}"
+            if "maximum" in schema
+            else f"at least {_number(high)}"
+        )
         return f"{field} must be {first} or {then}, not {_show(value)}"
     if keyword == "minLength":
         if rule == 1:

@@ -27,10 +27,10 @@ import asyncio
 import logging
 import time
 
-from workbench_spawner.policy.clock import real_now
 from workbench_spawner.ledger.notices import NoticeBook
-from workbench_spawner.placement.host import holdings
 from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.placement.host import holdings
+from workbench_spawner.policy.clock import real_now
 from workbench_spawner.rules.reservations import preemption_phase, preemption_plan
 
 from .hub_client import HubClient
@@ -56,7 +56,7 @@ class Preemption:
         now = clock()
         models = {d.uuid: d.model for d in self.fleet.inventory.devices}
         leases = self.fleet.store.leases()
-        held = {u for l in leases for u in l.gpu_uuids}
+        held = {u for l in leases for u in l.gpu_uuids}  # noqa: E741
         free = [d.uuid for d in self.fleet.inventory.devices if d.uuid not in held]
         due = []
         for res in self.book.reservations():
@@ -79,30 +79,44 @@ class Preemption:
                     # The countdown runs on the real clock (a test clock only moves "now" for the rules).
                     stop_at = real_now() + (start - now)
                     await asyncio.to_thread(
-                        self.notices.warn, holding.user, holding.server, kind=KIND,
+                        self.notices.warn,
+                        holding.user,
+                        holding.server,
+                        kind=KIND,
                         message=f"Your server will be stopped at {at:%H:%M} because its GPUs are reserved for "
-                                f"{res.group} from then ({res.window.text()}).",
+                        f"{res.group} from then ({res.window.text()}).",
                         hint="Save your work now. Your files stay; start again later on a free GPU, or start a "
-                             "CPU-only server (0 GPUs).",
-                        stop_at=stop_at)
+                        "CPU-only server (0 GPUs).",
+                        stop_at=stop_at,
+                    )
                     continue
                 if time.monotonic() - self._asked.get(key, -RESTOP_SECONDS) < RESTOP_SECONDS:
                     continue
                 self._asked[key] = time.monotonic()
                 end = (start + res.window.length).astimezone(tz)
                 await asyncio.to_thread(
-                    self.notices.done, holding.user, holding.server, kind=KIND,
+                    self.notices.done,
+                    holding.user,
+                    holding.server,
+                    kind=KIND,
                     message=f"Your server was stopped at {at:%H:%M}: its GPUs are reserved for {res.group} "
-                            f"until {end:%H:%M}. Your files are kept.",
-                    reason=f"preempted: reserved for {res.group}")
-                log.info("Stopping %s/%s: its GPUs are reserved for %s from %s (preempt)",
-                         holding.user, holding.server or "default", res.group, at.isoformat())
+                    f"until {end:%H:%M}. Your files are kept.",
+                    reason=f"preempted: reserved for {res.group}",
+                )
+                log.info(
+                    "Stopping %s/%s: its GPUs are reserved for %s from %s (preempt)",
+                    holding.user,
+                    holding.server or "default",
+                    res.group,
+                    at.isoformat(),
+                )
                 try:
                     await self.hub.stop_server(holding.user, holding.server)
                     stopped.append(key)
                 except Exception as exc:
-                    log.warning("Could not stop %s/%s for reservation %s: %s", holding.user, holding.server,
-                                res.id, exc)
+                    log.warning(
+                        "Could not stop %s/%s for reservation %s: %s", holding.user, holding.server, res.id, exc
+                    )
         # Warnings whose reason went away (a GPU came free, the reservation was deleted).
         for notice in await asyncio.to_thread(self.notices.pending):
             if notice.kind == KIND and (notice.user, notice.server) not in warned:
@@ -118,4 +132,3 @@ class Preemption:
                 await self.check()
             except Exception as exc:  # the next pass tries again
                 log.warning("Reservation check failed: %s", exc)
-

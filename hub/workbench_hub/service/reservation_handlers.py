@@ -24,11 +24,10 @@ import json
 import logging
 from datetime import tzinfo
 
-from workbench_spawner.policy.clock import Clock, hub_clock, zone
-from workbench_spawner.ledger.reservation_book import ReservationBook, StoredReservation, reservation_from_body
-from workbench_spawner.rules.reservations import ReservationError, next_occurrence
-
 from workbench_hub.service.handlers import APIHandler
+from workbench_spawner.ledger.reservation_book import ReservationBook, StoredReservation, reservation_from_body
+from workbench_spawner.policy.clock import Clock, hub_clock, zone
+from workbench_spawner.rules.reservations import ReservationError, next_occurrence
 
 log = logging.getLogger("workbench.service")
 
@@ -43,10 +42,13 @@ def reservation_json(stored: StoredReservation, clock: Clock, tz: tzinfo) -> dic
     now = clock()
     occurrence = next_occurrence(stored.reservation, now, tz)
     active = stored.reservation.window.current(now, tz) is not None
-    return {**stored.to_json(), "active": active,
-            "next_start": occurrence[0].astimezone(tz).isoformat() if occurrence else None,
-            "next_end": occurrence[1].astimezone(tz).isoformat() if occurrence else None,
-            "description": stored.reservation.describe()}
+    return {
+        **stored.to_json(),
+        "active": active,
+        "next_start": occurrence[0].astimezone(tz).isoformat() if occurrence else None,
+        "next_end": occurrence[1].astimezone(tz).isoformat() if occurrence else None,
+        "description": stored.reservation.describe(),
+    }
 
 
 class ReservationListHandler(APIHandler):
@@ -58,8 +60,13 @@ class ReservationListHandler(APIHandler):
         await self.require_read()
         clock, tz, name = hub_time(self.fleet)
         stored = await asyncio.to_thread(self.book.all)
-        self.send({"time_zone": name, "now": clock().astimezone(tz).isoformat(),
-                   "reservations": [reservation_json(s, clock, tz) for s in stored]})
+        self.send(
+            {
+                "time_zone": name,
+                "now": clock().astimezone(tz).isoformat(),
+                "reservations": [reservation_json(s, clock, tz) for s in stored],
+            }
+        )
 
     async def post(self):
         await self.require_admin()
@@ -69,8 +76,11 @@ class ReservationListHandler(APIHandler):
         except ReservationError as exc:
             self.fail(400, f"invalid reservation: {exc}")
         if await self.hub.group(reservation.group) is None:
-            self.fail(400, f"invalid reservation: no group named {json.dumps(reservation.group)} on this hub; "
-                           f"create it on the hub's admin page (Groups) first")
+            self.fail(
+                400,
+                f"invalid reservation: no group named {json.dumps(reservation.group)} on this hub; "
+                f"create it on the hub's admin page (Groups) first",
+            )
         clock, tz, _ = hub_time(self.fleet)
         counts = self.fleet.inventory.count_by_model()
         try:

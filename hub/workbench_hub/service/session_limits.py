@@ -14,8 +14,8 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
-from workbench_spawner.rules.quota import QuotaBook
 from workbench_spawner.ledger.store import utcnow
+from workbench_spawner.rules.quota import QuotaBook
 
 from .hub_client import HubClient
 
@@ -38,8 +38,12 @@ async def stop_overlong_servers(book: QuotaBook, hub: HubClient) -> list[tuple[s
             began = datetime.fromisoformat(started.replace("Z", "+00:00"))
             if now - began <= timedelta(hours=hours):
                 continue
-            log.info("Stopping %s/%s: it ran longer than its %g-hour session limit",
-                     user["name"], server_name or "default", hours)
+            log.info(
+                "Stopping %s/%s: it ran longer than its %g-hour session limit",
+                user["name"],
+                server_name or "default",
+                hours,
+            )
             try:
                 await hub.stop_server(user["name"], server_name)
                 stopped.append((user["name"], server_name))

@@ -44,10 +44,13 @@ class UserServers:
 
     async def call(self, method: str, server_path: str, api: str, body: Any = None) -> Any:
         request = HTTPRequest(
-            self.url(server_path, api), method=method,
+            self.url(server_path, api),
+            method=method,
             headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
-            body=None if body is None else json.dumps(body), request_timeout=self.timeout,
-            follow_redirects=False, validate_cert=self._check_cert,
+            body=None if body is None else json.dumps(body),
+            request_timeout=self.timeout,
+            follow_redirects=False,
+            validate_cert=self._check_cert,
         )
         try:
             response = await AsyncHTTPClient().fetch(request)

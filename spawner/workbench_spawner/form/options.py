@@ -7,8 +7,9 @@ message a student can act on without reading a traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 KNOWN_OPTIONS = ("gpus", "gpu_model", "image", "profile")
 

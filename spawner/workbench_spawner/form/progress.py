@@ -9,7 +9,7 @@ backend's own progress (if any) follows.
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
 
 
 class SpawnEvents:
@@ -39,5 +39,5 @@ class SpawnEvents:
             self._added.clear()
             try:
                 await asyncio.wait_for(self._added.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass

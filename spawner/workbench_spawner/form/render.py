@@ -7,17 +7,18 @@ is a pure function of data and never touches the database.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from workbench_spawner.rules.admission import AdmissionContext
 from workbench_spawner.policy.gpu_policy import GPUStatus
+from workbench_spawner.rules.admission import AdmissionContext
 from workbench_spawner.rules.profiles import ResourceProfile, default_profile
 
-_jinja = Environment(loader=FileSystemLoader(str(Path(__file__).parent / "templates")),
-                     autoescape=select_autoescape(["html"]))
+_jinja = Environment(
+    loader=FileSystemLoader(str(Path(__file__).parent / "templates")), autoescape=select_autoescape(["html"])
+)
 
 
 def render_options_form(

@@ -11,14 +11,14 @@ through ``asyncio.to_thread`` from the event loop.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import datetime
-from typing import Iterable
 
 from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
-from workbench_spawner.rules.idle import GpuTrack
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+from workbench_spawner.rules.idle import GpuTrack
 
 GROUP_PATTERN = re.compile(r"^[^\x00-\x1f/]{1,255}$")
 # The longest reason an exemption's request body may give (the service's IdleExemptionBody schema
@@ -55,10 +55,16 @@ class ExemptionError(ValueError):
 
 
 def _track(row: IdleTrackRow) -> GpuTrack:
-    return GpuTrack(node=row.node or "", gpu_uuid=row.gpu_uuid, user=row.user, server=row.server or "",
-                    idle_since=_aware(row.idle_since) if row.idle_since else None,
-                    last_reading=_aware(row.last_reading) if row.last_reading else None,
-                    utilization=row.utilization, source=row.source or "")
+    return GpuTrack(
+        node=row.node or "",
+        gpu_uuid=row.gpu_uuid,
+        user=row.user,
+        server=row.server or "",
+        idle_since=_aware(row.idle_since) if row.idle_since else None,
+        last_reading=_aware(row.last_reading) if row.last_reading else None,
+        utilization=row.utilization,
+        source=row.source or "",
+    )
 
 
 class IdleBook:
@@ -98,9 +104,15 @@ class IdleBook:
 
     def exempt_groups(self) -> dict[str, dict]:
         with self._reads() as session:
-            return {r.group: {"group": r.group, "reason": r.reason or "", "created": _aware(r.created).isoformat(),
-                              "created_by": r.created_by or ""}
-                    for r in session.scalars(select(IdleExemptionRow).order_by(IdleExemptionRow.group))}
+            return {
+                r.group: {
+                    "group": r.group,
+                    "reason": r.reason or "",
+                    "created": _aware(r.created).isoformat(),
+                    "created_by": r.created_by or "",
+                }
+                for r in session.scalars(select(IdleExemptionRow).order_by(IdleExemptionRow.group))
+            }
 
     def exempt(self, group: str, reason: str = "", by: str = "", now: datetime | None = None) -> dict:
         check_group_name(group)
@@ -120,6 +132,7 @@ class IdleBook:
 
 def check_group_name(group) -> str:
     if not isinstance(group, str) or not GROUP_PATTERN.match(group) or group.strip() != group:
-        raise ExemptionError("a group name is 1 to 255 characters, with no slash, control character "
-                             "or leading/trailing space")
+        raise ExemptionError(
+            "a group name is 1 to 255 characters, with no slash, control character or leading/trailing space"
+        )
     return group

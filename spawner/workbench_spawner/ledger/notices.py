@@ -84,15 +84,36 @@ class Notice:
     def to_json(self, now: datetime | None = None) -> dict[str, Any]:
         now = now or utcnow()
         left = None if self.stop_at is None else max(0.0, (self.stop_at - now).total_seconds())
-        return {"id": self.id, "user": self.user, "server": self.server, "kind": self.kind, "state": self.state,
-                "message": self.message, "hint": self.hint, "reason": self.reason,
-                "stop_at": self.stop_at.isoformat() if self.stop_at else None,
-                "seconds_left": left, "created": self.created.isoformat(), "updated": self.updated.isoformat()}
+        return {
+            "id": self.id,
+            "user": self.user,
+            "server": self.server,
+            "kind": self.kind,
+            "state": self.state,
+            "message": self.message,
+            "hint": self.hint,
+            "reason": self.reason,
+            "stop_at": self.stop_at.isoformat() if self.stop_at else None,
+            "seconds_left": left,
+            "created": self.created.isoformat(),
+            "updated": self.updated.isoformat(),
+        }
 
 
 def _notice(row: NoticeRow) -> Notice:
-    return Notice(row.id, row.user, row.server or "", row.kind, row.state, row.message, row.hint or "",
-                  row.reason or "", _aware(row.stop_at) if row.stop_at else None, _aware(row.created), _aware(row.updated))
+    return Notice(
+        row.id,
+        row.user,
+        row.server or "",
+        row.kind,
+        row.state,
+        row.message,
+        row.hint or "",
+        row.reason or "",
+        _aware(row.stop_at) if row.stop_at else None,
+        _aware(row.created),
+        _aware(row.updated),
+    )
 
 
 class NoticeBook:
@@ -103,16 +124,22 @@ class NoticeBook:
         self._reads = store.reads()
         self._clock = clock
 
-    def warn(self, user: str, server: str, *, kind: str, message: str, hint: str = "",
-             stop_at: datetime | None = None) -> Notice:
+    def warn(
+        self, user: str, server: str, *, kind: str, message: str, hint: str = "", stop_at: datetime | None = None
+    ) -> Notice:
         """Post (or update) the pending notice of this kind for this server."""
         if not kind or len(kind) > KIND_PATTERN_MAX:
             raise ValueError(f"kind must be 1 to {KIND_PATTERN_MAX} characters")
         now = self._clock()
         with self._writes.begin() as session:
-            row = session.scalar(select(NoticeRow).where(
-                NoticeRow.user == user, NoticeRow.server == server, NoticeRow.kind == kind,
-                NoticeRow.state == PENDING))
+            row = session.scalar(
+                select(NoticeRow).where(
+                    NoticeRow.user == user,
+                    NoticeRow.server == server,
+                    NoticeRow.kind == kind,
+                    NoticeRow.state == PENDING,
+                )
+            )
             if row is None:
                 row = NoticeRow(user=user, server=server, kind=kind, state=PENDING, created=now, reason="")
                 session.add(row)
@@ -124,9 +151,16 @@ class NoticeBook:
         """Withdraw the pending notice (the reason went away); True if there was one."""
         now = self._clock()
         with self._writes.begin() as session:
-            rows = list(session.scalars(select(NoticeRow).where(
-                NoticeRow.user == user, NoticeRow.server == server, NoticeRow.kind == kind,
-                NoticeRow.state == PENDING)))
+            rows = list(
+                session.scalars(
+                    select(NoticeRow).where(
+                        NoticeRow.user == user,
+                        NoticeRow.server == server,
+                        NoticeRow.kind == kind,
+                        NoticeRow.state == PENDING,
+                    )
+                )
+            )
             for row in rows:
                 row.state, row.updated = CLEARED, now
             return bool(rows)
@@ -139,12 +173,25 @@ class NoticeBook:
         """
         now = self._clock()
         with self._writes.begin() as session:
-            for row in session.scalars(select(NoticeRow).where(
-                    NoticeRow.user == user, NoticeRow.server == server, NoticeRow.state.in_((PENDING, DONE)))):
+            for row in session.scalars(
+                select(NoticeRow).where(
+                    NoticeRow.user == user, NoticeRow.server == server, NoticeRow.state.in_((PENDING, DONE))
+                )
+            ):
                 # One story per server: the older warning and any older "done" give way.
                 row.state, row.updated = CLEARED, now
-            row = NoticeRow(user=user, server=server, kind=kind, state=DONE, message=message, hint=hint,
-                            reason=reason[:64], stop_at=None, created=now, updated=now)
+            row = NoticeRow(
+                user=user,
+                server=server,
+                kind=kind,
+                state=DONE,
+                message=message,
+                hint=hint,
+                reason=reason[:64],
+                stop_at=None,
+                created=now,
+                updated=now,
+            )
             session.add(row)
             session.flush()
             return _notice(row)
@@ -164,9 +211,14 @@ class NoticeBook:
     def stop_reason(self, user: str, server: str, since: datetime) -> str | None:
         """The ledger reason of a stop announced (``done``) after ``since`` (the lease's start), if any."""
         with self._reads() as session:
-            row = session.scalar(select(NoticeRow).where(
-                NoticeRow.user == user, NoticeRow.server == server, NoticeRow.state == DONE,
-                NoticeRow.reason != "").order_by(NoticeRow.id.desc()).limit(1))
+            row = session.scalar(
+                select(NoticeRow)
+                .where(
+                    NoticeRow.user == user, NoticeRow.server == server, NoticeRow.state == DONE, NoticeRow.reason != ""
+                )
+                .order_by(NoticeRow.id.desc())
+                .limit(1)
+            )
             if row is None or _aware(row.created) < since:
                 return None
             return row.reason
@@ -181,8 +233,9 @@ class NoticeBook:
     def prune(self, older_than: datetime) -> int:
         """Delete cleared notices last touched before ``older_than`` (the table stays small)."""
         with self._writes.begin() as session:
-            result = session.execute(delete(NoticeRow).where(NoticeRow.state == CLEARED,
-                                                             NoticeRow.updated < older_than))
+            result = session.execute(
+                delete(NoticeRow).where(NoticeRow.state == CLEARED, NoticeRow.updated < older_than)
+            )
             return int(result.rowcount or 0)
 
     def _select(self, state: str, user: str | None, server: str | None) -> list[Notice]:
@@ -200,5 +253,7 @@ def render_stop_notice(notice: Notice | None) -> str:
     if notice is None:
         return ""
     hint = f'<p class="workbench-stop-hint">{escape(notice.hint)}</p>' if notice.hint else ""
-    return (f'<div class="alert alert-warning workbench-stopped" role="status" data-kind="{escape(notice.kind)}">'
-            f'<p><strong>{escape(notice.message)}</strong></p>{hint}</div>')
+    return (
+        f'<div class="alert alert-warning workbench-stopped" role="status" data-kind="{escape(notice.kind)}">'
+        f"<p><strong>{escape(notice.message)}</strong></p>{hint}</div>"
+    )

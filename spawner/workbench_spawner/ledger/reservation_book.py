@@ -11,13 +11,15 @@ is written.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
-from typing import Any, Mapping
+from typing import Any
 
 from sqlalchemy import Boolean, DateTime, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 from workbench_spawner.rules.reservations import (
     DEFAULT_GRACE_MINUTES,
     DEFAULT_WARN_MINUTES,
@@ -26,7 +28,6 @@ from workbench_spawner.rules.reservations import (
     check_feasible,
     parse_window,
 )
-from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 
 # What a request body may hold (the service's ReservationBody schema says the same; a test compares them).
 MAX_GROUP = 255
@@ -56,9 +57,19 @@ class StoredReservation:
 
     def to_json(self) -> dict[str, Any]:
         r = self.reservation
-        return {"id": r.id, "group": r.group, "gpus": r.gpus, "model": r.model, "window": r.window.text(),
-                "weekly": r.window.weekly, "grace_minutes": r.grace_minutes, "preempt": r.preempt,
-                "warn_minutes": r.warn_minutes, "created": self.created.isoformat(), "created_by": self.created_by}
+        return {
+            "id": r.id,
+            "group": r.group,
+            "gpus": r.gpus,
+            "model": r.model,
+            "window": r.window.text(),
+            "weekly": r.window.weekly,
+            "grace_minutes": r.grace_minutes,
+            "preempt": r.preempt,
+            "warn_minutes": r.warn_minutes,
+            "created": self.created.isoformat(),
+            "created_by": self.created_by,
+        }
 
 
 def reservation_from_body(body: Mapping[str, Any], models: list[str]) -> Reservation:
@@ -82,15 +93,27 @@ def reservation_from_body(body: Mapping[str, Any], models: list[str]) -> Reserva
         return default if value is None else float(value)
 
     return Reservation(
-        group=body["group"], gpus=int(body["gpus"]), window=parse_window(body["window"]), model=model,
-        grace_minutes=minutes("grace_minutes", DEFAULT_GRACE_MINUTES), preempt=bool(body.get("preempt", False)),
-        warn_minutes=minutes("warn_minutes", DEFAULT_WARN_MINUTES))
+        group=body["group"],
+        gpus=int(body["gpus"]),
+        window=parse_window(body["window"]),
+        model=model,
+        grace_minutes=minutes("grace_minutes", DEFAULT_GRACE_MINUTES),
+        preempt=bool(body.get("preempt", False)),
+        warn_minutes=minutes("warn_minutes", DEFAULT_WARN_MINUTES),
+    )
 
 
 def _from_row(row: ReservationRow) -> StoredReservation:
-    res = Reservation(group=row.group, gpus=row.gpus, window=parse_window(row.window), model=row.model,
-                      grace_minutes=row.grace_minutes, preempt=bool(row.preempt), warn_minutes=row.warn_minutes,
-                      id=row.id)
+    res = Reservation(
+        group=row.group,
+        gpus=row.gpus,
+        window=parse_window(row.window),
+        model=row.model,
+        grace_minutes=row.grace_minutes,
+        preempt=bool(row.preempt),
+        warn_minutes=row.warn_minutes,
+        id=row.id,
+    )
     return StoredReservation(res, _aware(row.created), row.created_by or "")
 
 
@@ -116,15 +139,24 @@ class ReservationBook:
             row = session.get(ReservationRow, rid)
             return _from_row(row) if row is not None else None
 
-    def create(self, res: Reservation, inventory: Mapping[str, int], now: datetime, tz: tzinfo,
-               by: str = "") -> StoredReservation:
+    def create(
+        self, res: Reservation, inventory: Mapping[str, int], now: datetime, tz: tzinfo, by: str = ""
+    ) -> StoredReservation:
         """Store ``res`` if it fits beside every other; else ReservationError and nothing stored."""
         with self.store.writes().begin() as session:
             existing = [_from_row(r).reservation for r in session.scalars(select(ReservationRow))]
             check_feasible(res, existing, inventory, now, tz)
-            row = ReservationRow(group=res.group, gpus=res.gpus, model=res.model, window=res.window.text(),
-                                 grace_minutes=res.grace_minutes, preempt=res.preempt,
-                                 warn_minutes=res.warn_minutes, created=utcnow(), created_by=by[:255])
+            row = ReservationRow(
+                group=res.group,
+                gpus=res.gpus,
+                model=res.model,
+                window=res.window.text(),
+                grace_minutes=res.grace_minutes,
+                preempt=res.preempt,
+                warn_minutes=res.warn_minutes,
+                created=utcnow(),
+                created_by=by[:255],
+            )
             session.add(row)
             session.flush()
             return _from_row(row)

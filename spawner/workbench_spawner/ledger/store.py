@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 
 from sqlalchemy import (
     DateTime,
@@ -90,12 +90,12 @@ class Lease:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _aware(value: datetime) -> datetime:
     # SQLite hands datetimes back without a zone; they were stored in UTC.
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def make_engine(url: str, *, readonly: bool = False):
@@ -196,8 +196,17 @@ class AllocationStore:
                     chosen = free[:count]
                     for uuid in chosen:
                         slot = min(set(range(slots_per_gpu)) - taken.get(uuid, set()))
-                        session.add(LeaseRow(gpu_uuid=uuid, slot=slot, user=user, server=server, since=now,
-                                             node=node, groups=json.dumps(list(groups))))
+                        session.add(
+                            LeaseRow(
+                                gpu_uuid=uuid,
+                                slot=slot,
+                                user=user,
+                                server=server,
+                                since=now,
+                                node=node,
+                                groups=json.dumps(list(groups)),
+                            )
+                        )
                 return Lease(user, server, tuple(chosen), now, node=node, groups=tuple(groups))
             except (IntegrityError, OperationalError):
                 # Another writer won the race for a slot (PostgreSQL) or the
@@ -205,8 +214,16 @@ class AllocationStore:
                 time.sleep(0.01 * (attempt + 1))
         raise RuntimeError(f"could not allocate GPUs for {user}/{server}: the database stayed contended")
 
-    def adopt(self, user: str, server: str, gpu_uuids: Sequence[str], ref: str, since: datetime | None = None,
-              node: str = "", groups: Sequence[str] = ()) -> bool:
+    def adopt(
+        self,
+        user: str,
+        server: str,
+        gpu_uuids: Sequence[str],
+        ref: str,
+        since: datetime | None = None,
+        node: str = "",
+        groups: Sequence[str] = (),
+    ) -> bool:
         """Record a lease for GPUs placed outside this store: a server found
         running without one (after a lost database row), or a job an engine
         such as Slurm placed. Refused, with no change, if any of its GPUs is
@@ -217,9 +234,18 @@ class AllocationStore:
                 if taken & set(gpu_uuids):
                     return False
                 for uuid in gpu_uuids:
-                    session.add(LeaseRow(gpu_uuid=uuid, slot=0, user=user, server=server,
-                                         since=since or utcnow(), ref=ref, node=node,
-                                         groups=json.dumps(sorted(groups))))
+                    session.add(
+                        LeaseRow(
+                            gpu_uuid=uuid,
+                            slot=0,
+                            user=user,
+                            server=server,
+                            since=since or utcnow(),
+                            ref=ref,
+                            node=node,
+                            groups=json.dumps(sorted(groups)),
+                        )
+                    )
             return True
         except IntegrityError:
             return False

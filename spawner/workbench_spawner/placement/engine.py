@@ -52,8 +52,15 @@ class EnginePlacement(Placement):
     clock: Callable[[], float]
 
     @abstractmethod
-    async def admit_to_queue(self, key: str, count: int, model: str | None, groups: Sequence[str],
-                             deadline: float, describe: Callable[[str], None] = _quiet) -> None:
+    async def admit_to_queue(
+        self,
+        key: str,
+        count: int,
+        model: str | None,
+        groups: Sequence[str],
+        deadline: float,
+        describe: Callable[[str], None] = _quiet,
+    ) -> None:
         """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``."""
 
     @abstractmethod

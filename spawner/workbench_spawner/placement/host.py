@@ -19,19 +19,27 @@ import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
-from datetime import timezone, tzinfo
-from typing import TYPE_CHECKING, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from datetime import UTC, tzinfo
+from typing import TYPE_CHECKING
 
 from workbench_devices import DeviceInventory
-
+from workbench_spawner.ledger.reservation_book import ReservationBook
+from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
 from workbench_spawner.policy.clock import Clock, real_now
 from workbench_spawner.rules.queue_order import REJOIN_MINUTES
 from workbench_spawner.rules.quota import gpu_hours_used
-from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.rules.reservations import Holding, Reservation, demand_by_group, gpus_text, is_member, remaining_needs, reserved_now, \
-    takeable
-from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
+from workbench_spawner.rules.reservations import (
+    Holding,
+    Reservation,
+    demand_by_group,
+    gpus_text,
+    is_member,
+    remaining_needs,
+    reserved_now,
+    takeable,
+)
 
 if TYPE_CHECKING:
     from workbench_spawner.placement.engine import EngineJob
@@ -47,7 +55,7 @@ def _nothing(ahead: int, why: str = "") -> None:
 
 
 def holdings(leases: Sequence[Lease]) -> list[Holding]:
-    return [Holding(l.user, l.server, l.gpu_uuids, frozenset(l.groups), l.since) for l in leases]
+    return [Holding(l.user, l.server, l.gpu_uuids, frozenset(l.groups), l.since) for l in leases]  # noqa: E741
 
 
 class NoGPUAvailable(Exception):
@@ -61,9 +69,17 @@ class Placement(ABC):
         self.store = store
 
     @abstractmethod
-    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None
-                    ) -> Lease | None:
+    async def place(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        model: str | None,
+        timeout: float,
+        report: Report = _nothing,
+        groups: Sequence[str] = (),
+        job: EngineJob | None = None,
+    ) -> Lease | None:
         """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailable after ``timeout`` s.
 
         ``groups``: the user's JupyterHub groups (reservations let members in).
@@ -77,7 +93,7 @@ class Placement(ABC):
             self.released()
         return released
 
-    def released(self) -> None:
+    def released(self) -> None:  # noqa: B027
         """Hook: GPUs came free (wake whoever waits). Called from any thread."""
 
     def waiting(self) -> int:
@@ -97,17 +113,28 @@ class HostAllocator(Placement):
     bound, the queue timeout). A simulation passes simulated ones for both.
     """
 
-    def __init__(self, store: AllocationStore, inventory: DeviceInventory, node: str,
-                 slots_per_gpu: int = 1, recheck_interval: float = 2.0, queue_order: str = "fifo",
-                 aging_minutes: float = 30.0, tz: tzinfo | None = None, clock: Clock = real_now,
-                 queue_clock: Callable[[], float] = time.monotonic, rejoin_minutes: float = REJOIN_MINUTES):
+    def __init__(
+        self,
+        store: AllocationStore,
+        inventory: DeviceInventory,
+        node: str,
+        slots_per_gpu: int = 1,
+        recheck_interval: float = 2.0,
+        queue_order: str = "fifo",
+        aging_minutes: float = 30.0,
+        tz: tzinfo | None = None,
+        clock: Clock = real_now,
+        queue_clock: Callable[[], float] = time.monotonic,
+        rejoin_minutes: float = REJOIN_MINUTES,
+    ):
         super().__init__(store)
         self.inventory = inventory
         self.node = node
         self.slots_per_gpu = max(1, slots_per_gpu)
         self.queue_order = queue_order
-        self.waitlist: WaitList[Lease] = WaitList(recheck_interval, queue_order, aging_minutes, clock=queue_clock,
-                                                  rejoin_minutes=rejoin_minutes)
+        self.waitlist: WaitList[Lease] = WaitList(
+            recheck_interval, queue_order, aging_minutes, clock=queue_clock, rejoin_minutes=rejoin_minutes
+        )
         self.reservations = ReservationBook(store)
         self.tz = tz
         self.clock = clock
@@ -129,7 +156,7 @@ class HostAllocator(Placement):
 
     def active_reservations(self) -> list[Reservation]:
         """Reservations whose window is open now (reads the database: call from a thread)."""
-        return self.reservations.open_at(self.clock(), self.tz or timezone.utc)
+        return self.reservations.open_at(self.clock(), self.tz or UTC)
 
     @staticmethod
     def wait_class(model: str | None, groups: Sequence[str], active: Sequence[Reservation]) -> Hashable:
@@ -155,8 +182,11 @@ class HostAllocator(Placement):
 
         changed = self.waitlist.reclassify(classify)
         if changed:
-            log.info("Reservations open now: %s; %d waiting request(s) changed class",
-                     ", ".join(f"{r.group} (#{r.id})" for r in active) or "none", changed)
+            log.info(
+                "Reservations open now: %s; %d waiting request(s) changed class",
+                ", ".join(f"{r.group} (#{r.id})" for r in active) or "none",
+                changed,
+            )
 
     def choose(self, groups: Sequence[str], count: int, active: Sequence[Reservation]):
         """The in-transaction filter: the free GPUs this user may take under ``active`` reservations."""
@@ -164,8 +194,15 @@ class HostAllocator(Placement):
         def pick(free: list[str], leases: list[Lease]) -> list[str]:
             if not active:
                 return free
-            needs = remaining_needs(active, holdings(leases), self.models, self.clock(), self.tz or timezone.utc,
-                                    self.waiting_by_group(), exclude_groups=groups)
+            needs = remaining_needs(
+                active,
+                holdings(leases),
+                self.models,
+                self.clock(),
+                self.tz or UTC,
+                self.waiting_by_group(),
+                exclude_groups=groups,
+            )
             return takeable(free, self.models, count, needs)
 
         return pick
@@ -178,12 +215,19 @@ class HostAllocator(Placement):
         active = [r for r in self.active_reservations() if not (only_others and is_member(r, groups))]
         if not active:
             return []  # the usual case: no lease read
-        return reserved_now(active, self.clock(), self.tz or timezone.utc, self.inventory.count_by_model(), groups,
-                            holdings=holdings(self.store.leases()), models=self.models,
-                            waiting=self.waiting_by_group())
+        return reserved_now(
+            active,
+            self.clock(),
+            self.tz or UTC,
+            self.inventory.count_by_model(),
+            groups,
+            holdings=holdings(self.store.leases()),
+            models=self.models,
+            waiting=self.waiting_by_group(),
+        )
 
     def reserved_note(self, groups: Sequence[str]) -> str:
-        """"; 3 of 4 GPUs reserved for ml-course until 12:00" for reservations the user is not in (reads the DB)."""
+        """ "; 3 of 4 GPUs reserved for ml-course until 12:00" for reservations the user is not in (reads the DB)."""
         return "".join(f"; {line}" for line in self.reserved_lines(groups, only_others=True))
 
     def free_count(self, model: str | None = None) -> int:
@@ -191,8 +235,17 @@ class HostAllocator(Placement):
         holders = self.store.holders()
         return sum(1 for uuid in self.candidates(model) if len(holders.get(uuid, [])) < self.slots_per_gpu)
 
-    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None) -> Lease:
+    async def place(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        model: str | None,
+        timeout: float,
+        report: Report = _nothing,
+        groups: Sequence[str] = (),
+        job: EngineJob | None = None,
+    ) -> Lease:
         if job is not None:
             raise ValueError("the host allocator places GPUs itself: it follows no engine job")
         candidates = self.candidates(model)
@@ -201,8 +254,16 @@ class HostAllocator(Placement):
 
         def take() -> tuple[Lease | None, list[Reservation]]:
             active = self.active_reservations()
-            return self.store.allocate(user, server, count, candidates, self.slots_per_gpu, node=self.node,
-                                       groups=groups, choose=self.choose(groups, count, active)), active
+            return self.store.allocate(
+                user,
+                server,
+                count,
+                candidates,
+                self.slots_per_gpu,
+                node=self.node,
+                groups=groups,
+                choose=self.choose(groups, count, active),
+            ), active
 
         def join() -> tuple[float, list[Reservation]]:
             hours = gpu_hours_used(self.store, user) if self.queue_order == "fair-share" else 0.0
@@ -222,8 +283,9 @@ class HostAllocator(Placement):
         self._asking[key] = (frozenset(groups), count)
         self._requests[key] = (model, frozenset(groups))
         try:
-            return await self.waitlist.wait_for(key, count, try_take, timeout, report, user=user,
-                                                gpu_hours=hours, cls=cls)
+            return await self.waitlist.wait_for(
+                key, count, try_take, timeout, report, user=user, gpu_hours=hours, cls=cls
+            )
         except WaitTimeout:
             free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
             raise NoGPUAvailable(

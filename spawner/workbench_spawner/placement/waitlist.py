@@ -42,8 +42,9 @@ import asyncio
 import math
 import threading
 import time
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Generic, Hashable, TypeVar
+from typing import Generic, TypeVar
 
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, REJOIN_MINUTES, Waiting, explain_all, sort_key
 
@@ -84,12 +85,17 @@ class _Line:
 
 
 class WaitList(Generic[T]):
-    def __init__(self, recheck_interval: float = 2.0, mode: str = "fifo",
-                 aging_minutes: float = DEFAULT_AGING_MINUTES, clock: Callable[[], float] = time.monotonic,
-                 rejoin_minutes: float = REJOIN_MINUTES, idle_recheck_interval: float | None = None):
+    def __init__(
+        self,
+        recheck_interval: float = 2.0,
+        mode: str = "fifo",
+        aging_minutes: float = DEFAULT_AGING_MINUTES,
+        clock: Callable[[], float] = time.monotonic,
+        rejoin_minutes: float = REJOIN_MINUTES,
+        idle_recheck_interval: float | None = None,
+    ):
         self.recheck_interval = recheck_interval
-        self.idle_recheck_interval = (10 * recheck_interval if idle_recheck_interval is None
-                                      else idle_recheck_interval)
+        self.idle_recheck_interval = 10 * recheck_interval if idle_recheck_interval is None else idle_recheck_interval
         self.mode = mode
         self.aging_minutes = aging_minutes
         self.rejoin_minutes = rejoin_minutes
@@ -120,8 +126,9 @@ class WaitList(Generic[T]):
         valid_until = math.inf
         if self.mode == "fair-share":
             # The next instant a ticket reaches the bound; never "now" itself (rounding), so time moves on.
-            valid_until = max(now + 1e-6, min((t.joined + aging for t in tickets if now - t.joined < aging),
-                                              default=math.inf))
+            valid_until = max(
+                now + 1e-6, min((t.joined + aging for t in tickets if now - t.joined < aging), default=math.inf)
+            )
         trying: set[int] = set()
         seen: set = set()
         all_stuck = True
@@ -157,8 +164,9 @@ class WaitList(Generic[T]):
         """Why this ticket is where it is ("" in fifo mode)."""
         line = self._current()
         if line.reasons is None:
-            line.reasons = explain_all([t.as_waiting() for t in line.ordered], self.mode, self.clock(),
-                                       self.aging_minutes)
+            line.reasons = explain_all(
+                [t.as_waiting() for t in line.ordered], self.mode, self.clock(), self.aging_minutes
+            )
         return line.reasons[line.index[id(ticket)]]
 
     def reclassify(self, classify: Callable[[Ticket], Hashable]) -> int:
@@ -271,7 +279,7 @@ class WaitList(Generic[T]):
                     changes_at = self._current().valid_until - now  # the order changes by itself then
                     try:
                         await asyncio.wait_for(waker[1].wait(), max(0.0, min(pause, remaining, changes_at)))
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
                 finally:
                     with self._wakers_lock:

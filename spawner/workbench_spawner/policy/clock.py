@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timedelta, timezone, tzinfo
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
-from typing import Callable
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 Clock = Callable[[], datetime]
@@ -49,12 +49,14 @@ def zone(name: str) -> tzinfo:
     try:
         return ZoneInfo(name or "UTC")
     except (ZoneInfoNotFoundError, ValueError):
-        raise ClockError(f"WORKBENCH_TIME_ZONE={name!r} is not a time zone; use an IANA name such as "
-                         f"Europe/Berlin, America/New_York or UTC") from None
+        raise ClockError(
+            f"WORKBENCH_TIME_ZONE={name!r} is not a time zone; use an IANA name such as "
+            f"Europe/Berlin, America/New_York or UTC"
+        ) from None
 
 
 def real_now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def hub_clock(clock_file: str = "") -> Clock:
@@ -74,8 +76,8 @@ def hub_clock(clock_file: str = "") -> Clock:
         except ValueError:
             return real_now()
         if base.tzinfo is None:
-            base = base.replace(tzinfo=timezone.utc)
-        return base.astimezone(timezone.utc) + timedelta(seconds=max(0.0, time.time() - written))
+            base = base.replace(tzinfo=UTC)
+        return base.astimezone(UTC) + timedelta(seconds=max(0.0, time.time() - written))
 
     return now
 

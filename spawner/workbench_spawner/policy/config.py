@@ -14,6 +14,7 @@ import os
 import socket
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
+
 from workbench_spawner.policy.idle_config import IdlePolicyConfig
 
 

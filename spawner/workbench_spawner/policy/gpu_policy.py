@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from workbench_devices import DeviceInventory, GPUDevice
-
-from workbench_spawner.rules.admission import AdmissionContext
-from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.rules.reservations import reserved_now
-from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
-from workbench_spawner.rules.quota import QuotaBook, gpu_hours_used
-from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
+from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.rules.admission import AdmissionContext
+from workbench_spawner.rules.quota import QuotaBook, gpu_hours_used
+from workbench_spawner.rules.reservations import reserved_now
 
 log = logging.getLogger("workbench.policy")
 
@@ -48,17 +47,29 @@ class GPUStatus:
 
 
 class GPUPolicy:
-    def __init__(self, settings: PolicySettings, store: AllocationStore, placement: Placement | None = None,
-                 recheck_interval: float = 2.0):
+    def __init__(
+        self,
+        settings: PolicySettings,
+        store: AllocationStore,
+        placement: Placement | None = None,
+        recheck_interval: float = 2.0,
+    ):
         self.settings = settings
         self.store = store
         self.quotas = QuotaBook(store)
         self.tz = zone(settings.time_zone)
         self.clock = hub_clock(settings.test_clock_file)
-        self.placement = placement or HostAllocator(store, settings.inventory, settings.node,
-                                                    settings.servers_per_gpu, recheck_interval,
-                                                    settings.queue_order, settings.queue_aging_minutes,
-                                                    self.tz, self.clock)
+        self.placement = placement or HostAllocator(
+            store,
+            settings.inventory,
+            settings.node,
+            settings.servers_per_gpu,
+            recheck_interval,
+            settings.queue_order,
+            settings.queue_aging_minutes,
+            self.tz,
+            self.clock,
+        )
         self._reconciled = False
         self._reconciling = False
         self._reconcile_lock = threading.RLock()
@@ -104,7 +115,7 @@ class GPUPolicy:
         """
         effective = self.quotas.effective(user, groups, self.settings.default_quota)
         leases = self.store.leases()
-        held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)
+        held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)  # noqa: E741
         status = self.status()
         free_by_model: dict[str, int] = {}
         for s in status:
@@ -131,15 +142,29 @@ class GPUPolicy:
         if not open_now:
             return []  # the usual case: no lease read
         inventory = self.inventory
-        return reserved_now(open_now, now, self.tz, inventory.count_by_model(), groups,
-                            holdings=holdings(self.store.leases()),
-                            models={d.uuid: d.model for d in inventory.devices},
-                            waiting=self.placement.waiting_by_group())
+        return reserved_now(
+            open_now,
+            now,
+            self.tz,
+            inventory.count_by_model(),
+            groups,
+            holdings=holdings(self.store.leases()),
+            models={d.uuid: d.model for d in inventory.devices},
+            waiting=self.placement.waiting_by_group(),
+        )
 
     # -- placement ------------------------------------------------------------------
 
-    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = lambda ahead, why="": None, groups: tuple[str, ...] = ()) -> Lease:
+    async def place(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        model: str | None,
+        timeout: float,
+        report: Report = lambda ahead, why="": None,
+        groups: tuple[str, ...] = (),
+    ) -> Lease:
         return await self.placement.place(user, server, count, model, timeout, report, groups=groups)
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
@@ -190,14 +215,19 @@ class GPUPolicy:
                 for lease in self.store.leases():
                     missing = [u for u in lease.gpu_uuids if u not in known]
                     if missing:
-                        log.warning("%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server,
-                                    missing)
+                        log.warning(
+                            "%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server, missing
+                        )
                     if is_alive(lease) is False:
                         self.release(lease.user, lease.server, "reconcile: server gone")
                         released.append(lease)
                     else:
-                        log.info("Kept lease of %s/%s on %s after restart", lease.user, lease.server or "default",
-                                 ", ".join(lease.gpu_uuids))
+                        log.info(
+                            "Kept lease of %s/%s on %s after restart",
+                            lease.user,
+                            lease.server or "default",
+                            ", ".join(lease.gpu_uuids),
+                        )
                 orphans()
                 return released
             finally:

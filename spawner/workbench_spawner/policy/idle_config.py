@@ -39,8 +39,10 @@ class IdlePolicyConfig(Configurable):
     def _check_idle_minutes(self, proposal):
         value = proposal["value"]
         if value and not MIN_IDLE_MINUTES <= value <= MAX_IDLE_MINUTES:
-            raise TraitError(f"gpu_idle_minutes must be 0 (off) or between {MIN_IDLE_MINUTES:g} and "
-                             f"{MAX_IDLE_MINUTES:g}, not {value:g}")
+            raise TraitError(
+                f"gpu_idle_minutes must be 0 (off) or between {MIN_IDLE_MINUTES:g} and "
+                f"{MAX_IDLE_MINUTES:g}, not {value:g}"
+            )
         return value
 
     gpu_idle_threshold = Float(

@@ -24,9 +24,8 @@ from sqlalchemy import DateTime, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
-
-from workbench_spawner.rules.quota import Quota
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+from workbench_spawner.rules.quota import Quota
 
 POLICY_KEY = "policy"
 
@@ -99,7 +98,7 @@ class PolicySettings:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], db_url: str) -> "PolicySettings":
+    def from_json(cls, data: dict[str, Any], db_url: str) -> PolicySettings:
         inv = data.get("inventory") or {}
         devices = [GPUDevice(**d) for d in inv.get("devices") or []]
         quota = data.get("default_quota") or {}
@@ -181,16 +180,19 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
             if not isinstance(entry, dict) or "uuid" not in entry or "name" not in entry:
                 raise ValueError(f"static_gpus entry {i} needs 'uuid' and 'name': {entry!r}")
             try:
-                devices.append(GPUDevice(
-                    uuid=str(entry["uuid"]),
-                    index=int(entry.get("index", i)),
-                    name=str(entry["name"]),
-                    memory_total_bytes=int(entry.get("memory_total_bytes", 0)),
-                    model=str(entry.get("model", "")),
-                ))
+                devices.append(
+                    GPUDevice(
+                        uuid=str(entry["uuid"]),
+                        index=int(entry.get("index", i)),
+                        name=str(entry["name"]),
+                        memory_total_bytes=int(entry.get("memory_total_bytes", 0)),
+                        model=str(entry.get("model", "")),
+                    )
+                )
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"static_gpus entry {i}: index and memory_total_bytes must be whole numbers "
-                                 f"({exc})") from None
+                raise ValueError(
+                    f"static_gpus entry {i}: index and memory_total_bytes must be whole numbers ({exc})"
+                ) from None
         if len({d.uuid for d in devices}) != len(devices):
             raise ValueError("static_gpus names the same GPU UUID twice")
         inventory = DeviceInventory("static", devices, f"{len(devices)} GPU(s) from the static_gpus setting")
@@ -244,12 +246,15 @@ def spawner_gpu_class(config) -> type:
 
     cls = spawner_class_from(config)
     if not issubclass(cls, GPUPolicyConfig):
-        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
-                         "(gpu-local, gpu-docker, gpu-slurm)")
+        raise ValueError(
+            f"c.JupyterHub.spawner_class = {cls.__name__} is not a GPU Workbench spawner "
+            "(gpu-local, gpu-docker, gpu-slurm)"
+        )
     problems = contract_problems(cls)
     if problems:
-        raise ValueError(f"c.JupyterHub.spawner_class = {cls.__name__} does not keep the backend contract: "
-                         + " ".join(problems))
+        raise ValueError(
+            f"c.JupyterHub.spawner_class = {cls.__name__} does not keep the backend contract: " + " ".join(problems)
+        )
     return cls
 
 

@@ -69,9 +69,15 @@ class ServerSizing(Configurable):
     def size_server(self, slug: str | None) -> ResourceProfile | None:
         """Set cpu_limit/mem_limit for this start from the profile ``slug`` (or the default one)."""
         profile = pick_profile(self.gpu_profiles, slug)
-        self.cpu_limit, self.mem_limit = (profile.limits(*self._configured_limits) if profile
-                                          else self._configured_limits)
+        self.cpu_limit, self.mem_limit = (
+            profile.limits(*self._configured_limits) if profile else self._configured_limits
+        )
         if profile:
-            self.log.info("Server %s of %s: resource profile %s (%s)", self.name or "(default)",
-                          self.user.name, profile.slug, profile.summary())
+            self.log.info(
+                "Server %s of %s: resource profile %s (%s)",
+                self.name or "(default)",
+                self.user.name,
+                profile.slug,
+                profile.summary(),
+            )
         return profile

@@ -12,8 +12,9 @@ HTTP status.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from workbench_spawner.form.options import OptionError, SpawnRequest, parse_options
 from workbench_spawner.rules.quota import EffectiveQuota
@@ -90,7 +91,8 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
     if request.gpus == 0 and not ctx.cpu_servers_allowed:
         return Refusal(
             "Cannot start the server: CPU-only servers are switched off on this hub; ask for at least one GPU.",
-            403, "quota",
+            403,
+            "quota",
         )
     budget = quota.gpu_hours_per_week
     if request.gpus and ctx.budget_spent:
@@ -98,7 +100,8 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
             f"Cannot start the server: {source} allows {budget:g} GPU-hours per week and you "
             f"used {ctx.gpu_hours_used:.1f} in the last 7 days. Start a CPU-only server (0 GPUs), wait until "
             f"older use leaves the 7-day window, or {ask}.",
-            403, "quota",
+            403,
+            "quota",
         )
     if request.gpus > allowed:
         held = quota.max_gpus - allowed if quota.max_gpus > allowed else 0
@@ -106,7 +109,8 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
             f"Cannot start the server: you asked for {request.gpus} GPU(s), but {source} allows "
             f"{quota.max_gpus} at once{f' and your other servers hold {held}' if held else ''}. "
             f"Ask for fewer, or {ask}.",
-            403, "quota",
+            403,
+            "quota",
         )
     models = quota.allowed_models
     if request.gpus and models is not None:
@@ -114,7 +118,8 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
             return Refusal(
                 f"Cannot start the server: {source} allows only these GPU models: "
                 f"{', '.join(models) or 'none'}, not {request.gpu_model}. Pick one of those, or {ask}.",
-                403, "quota",
+                403,
+                "quota",
             )
         if request.gpu_model is None:
             offered = ctx.offered_models()
@@ -122,7 +127,8 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
                 return Refusal(
                     f"Cannot start the server: {source} allows only GPU models this hub does not have "
                     f"({', '.join(models) or 'none'}). Start a CPU-only server (0 GPUs), or {ask}.",
-                    403, "quota",
+                    403,
+                    "quota",
                 )
             if len(offered) < len(ctx.inventory_models):
                 # Only allowed models may be handed out: the allowed model with

@@ -34,9 +34,9 @@ warning says so and points to a CPU-only server.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Iterable, Mapping
 
 DEFAULT_THRESHOLD = 5.0
 DEFAULT_WARN_MINUTES = 10.0
@@ -83,8 +83,13 @@ def format_minutes(minutes: float) -> str:
     return f"{minutes:.0f} min" if float(minutes).is_integer() else f"{minutes:.1f} min"
 
 
-def rule_for(quota_minutes: float | None, quota_threshold: float | None, hub_minutes: float,
-             hub_threshold: float = DEFAULT_THRESHOLD, warn_minutes: float = DEFAULT_WARN_MINUTES) -> IdleRule:
+def rule_for(
+    quota_minutes: float | None,
+    quota_threshold: float | None,
+    hub_minutes: float,
+    hub_threshold: float = DEFAULT_THRESHOLD,
+    warn_minutes: float = DEFAULT_WARN_MINUTES,
+) -> IdleRule:
     """A quota's idle fields override the hub's; None inherits them."""
     minutes = hub_minutes if quota_minutes is None else quota_minutes
     threshold = hub_threshold if quota_threshold is None else quota_threshold
@@ -108,8 +113,14 @@ class GpuTrack:
         return None if self.idle_since is None else max(timedelta(0), now - self.idle_since)
 
 
-def advance(track: GpuTrack, reading: float | None, threshold: float, now: datetime,
-            source: str = "", stale_after: timedelta = DEFAULT_STALE_AFTER) -> GpuTrack:
+def advance(
+    track: GpuTrack,
+    reading: float | None,
+    threshold: float,
+    now: datetime,
+    source: str = "",
+    stale_after: timedelta = DEFAULT_STALE_AFTER,
+) -> GpuTrack:
     """The track after one reading (None: no reading this pass).
 
     ``stale_after`` is the same bound ``judge`` uses: an idle reading that
@@ -121,8 +132,7 @@ def advance(track: GpuTrack, reading: float | None, threshold: float, now: datet
     idle = reading < threshold
     watched = track.last_reading is not None and now - track.last_reading <= stale_after
     since = (track.idle_since if watched and track.idle_since is not None else now) if idle else None
-    return replace(track, idle_since=since, last_reading=now, utilization=float(reading),
-                   source=source or track.source)
+    return replace(track, idle_since=since, last_reading=now, utilization=float(reading), source=source or track.source)
 
 
 @dataclass(frozen=True)
@@ -135,8 +145,14 @@ class Verdict:
     detail: str = ""
 
 
-def judge(tracks: Iterable[GpuTrack], rule: IdleRule, now: datetime, *, exempt: bool = False,
-          stale_after: timedelta = DEFAULT_STALE_AFTER) -> Verdict:
+def judge(
+    tracks: Iterable[GpuTrack],
+    rule: IdleRule,
+    now: datetime,
+    *,
+    exempt: bool = False,
+    stale_after: timedelta = DEFAULT_STALE_AFTER,
+) -> Verdict:
     """The verdict for one server from the tracks of all its GPUs."""
     tracks = list(tracks)
     if not rule.enabled:
@@ -145,8 +161,11 @@ def judge(tracks: Iterable[GpuTrack], rule: IdleRule, now: datetime, *, exempt: 
         return Verdict(EXEMPT, detail="the user's group is exempt from idle reclaim")
     if not tracks:
         return Verdict(UNKNOWN, detail="no GPU readings yet")
-    missing = [t.gpu_uuid for t in tracks
-               if t.last_reading is None or t.utilization is None or now - t.last_reading > stale_after]
+    missing = [
+        t.gpu_uuid
+        for t in tracks
+        if t.last_reading is None or t.utilization is None or now - t.last_reading > stale_after
+    ]
     if missing:
         return Verdict(UNKNOWN, detail=f"no recent utilization reading for {', '.join(missing)}")
     if any(t.idle_since is None for t in tracks):
@@ -175,13 +194,17 @@ def warning_text(rule: IdleRule, stop_at: datetime, gpus: int, clock: str) -> tu
     what = "its GPU has" if gpus == 1 else f"its {gpus} GPUs have"
     # Short enough for a JupyterLab notification (140 characters); the hint has the rest.
     message = f"Your server will be stopped at {clock}: {what} been idle (under {rule.threshold:g} % use)."
-    hint = (f"GPUs idle for {format_minutes(rule.minutes)} go to the next person waiting. To keep it, use the "
-            f"GPU (run GPU work). A kernel busy on the CPU still leaves the GPU idle: for CPU work, start a "
-            f"CPU-only server (0 GPUs). Your files stay either way.")
+    hint = (
+        f"GPUs idle for {format_minutes(rule.minutes)} go to the next person waiting. To keep it, use the "
+        f"GPU (run GPU work). A kernel busy on the CPU still leaves the GPU idle: for CPU work, start a "
+        f"CPU-only server (0 GPUs). Your files stay either way."
+    )
     return message, hint
 
 
 def stopped_text(rule: IdleRule, clock: str) -> str:
-    return (f"Your server was stopped at {clock} because its GPUs stayed under {rule.threshold:g} % "
-            f"utilization for {format_minutes(rule.minutes)} (reclaimed for others). Your files are kept; "
-            f"start again when you are ready to use a GPU, or choose 0 GPUs for CPU work.")
+    return (
+        f"Your server was stopped at {clock} because its GPUs stayed under {rule.threshold:g} % "
+        f"utilization for {format_minutes(rule.minutes)} (reclaimed for others). Your files are kept; "
+        f"start again when you are ready to use a GPU, or choose 0 GPUs for CPU work."
+    )

@@ -10,8 +10,9 @@ stops the hub with a message instead of failing a student's spawn later.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from jupyterhub.traitlets import ByteSpecification
 from traitlets import TraitError
@@ -44,8 +45,10 @@ class ResourceProfile:
 
     def limits(self, cpu_limit: float | None, mem_limit: int | None) -> tuple[float | None, int | None]:
         """(cpu, memory) for a start: this profile's, else the configured ones it leaves out."""
-        return (self.cpu_limit if self.cpu_limit is not None else cpu_limit,
-                self.mem_limit if self.mem_limit is not None else mem_limit)
+        return (
+            self.cpu_limit if self.cpu_limit is not None else cpu_limit,
+            self.mem_limit if self.mem_limit is not None else mem_limit,
+        )
 
 
 def format_bytes(value: int) -> str:
@@ -89,12 +92,16 @@ def parse_profiles(raw: Iterable[Mapping[str, Any]]) -> list[ResourceProfile]:
             raise ProfileError(f"{where} must be a mapping with slug, cpu_limit and/or mem_limit")
         unknown = sorted(set(entry) - _PROFILE_KEYS)
         if unknown:
-            raise ProfileError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
-                               f"known keys are {', '.join(sorted(_PROFILE_KEYS))}")
+            raise ProfileError(
+                f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known keys are {', '.join(sorted(_PROFILE_KEYS))}"
+            )
         slug = entry.get("slug")
         if not isinstance(slug, str) or not SLUG.match(slug):
-            raise ProfileError(f"{where}: slug must be 1-40 lower-case letters, digits, '-' or '_' "
-                               f"starting with a letter or digit, not {slug!r}")
+            raise ProfileError(
+                f"{where}: slug must be 1-40 lower-case letters, digits, '-' or '_' "
+                f"starting with a letter or digit, not {slug!r}"
+            )
         where = f"resource profile {slug!r}"
         if any(p.slug == slug for p in profiles):
             raise ProfileError(f"{where} is defined twice")
@@ -102,14 +109,16 @@ def parse_profiles(raw: Iterable[Mapping[str, Any]]) -> list[ResourceProfile]:
         mem = entry.get("mem_limit")
         if cpu is None and mem is None:
             raise ProfileError(f"{where} sets neither cpu_limit nor mem_limit")
-        profiles.append(ResourceProfile(
-            slug=slug,
-            display_name=str(entry.get("display_name") or slug),
-            cpu_limit=None if cpu is None else parse_cpus(cpu, where),
-            mem_limit=None if mem is None else parse_memory(mem, where),
-            description=str(entry.get("description") or ""),
-            default=bool(entry.get("default", False)),
-        ))
+        profiles.append(
+            ResourceProfile(
+                slug=slug,
+                display_name=str(entry.get("display_name") or slug),
+                cpu_limit=None if cpu is None else parse_cpus(cpu, where),
+                mem_limit=None if mem is None else parse_memory(mem, where),
+                description=str(entry.get("description") or ""),
+                default=bool(entry.get("default", False)),
+            )
+        )
     defaults = [p.slug for p in profiles if p.default]
     if len(defaults) > 1:
         raise ProfileError(f"only one resource profile can be the default, not {', '.join(defaults)}")

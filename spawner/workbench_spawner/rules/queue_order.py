@@ -30,8 +30,8 @@ the event loop): a wait is minutes, the week's usage barely moves in it.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 QUEUE_ORDERS = ("fifo", "fair-share")
 DEFAULT_AGING_MINUTES = 30.0
@@ -46,8 +46,10 @@ class QueueOrderError(ValueError):
 def parse_queue_order(value: str | None) -> str:
     text = (value or "fifo").strip().lower()
     if text not in QUEUE_ORDERS:
-        raise QueueOrderError(f"WORKBENCH_QUEUE_ORDER={value!r} is not a queue order; use 'fifo' (first come, "
-                              f"first served, the default) or 'fair-share' (fewest GPU-hours this week first)")
+        raise QueueOrderError(
+            f"WORKBENCH_QUEUE_ORDER={value!r} is not a queue order; use 'fifo' (first come, "
+            f"first served, the default) or 'fair-share' (fewest GPU-hours this week first)"
+        )
     return text
 
 
@@ -69,15 +71,17 @@ def sort_key(item: Waiting, mode: str, now: float, aging_seconds: float) -> tupl
     return (1, round(item.gpu_hours, 6), item.joined)
 
 
-def order(waiting: Sequence[Waiting], mode: str, now: float,
-          aging_minutes: float = DEFAULT_AGING_MINUTES) -> list[Waiting]:
+def order(
+    waiting: Sequence[Waiting], mode: str, now: float, aging_minutes: float = DEFAULT_AGING_MINUTES
+) -> list[Waiting]:
     """The wait list in serving order (stable: equal keys keep their given order)."""
     aging = aging_minutes * 60.0
     return sorted(waiting, key=lambda w: sort_key(w, mode, now, aging))
 
 
-def explain(item: Waiting, ordered: Sequence[Waiting], mode: str, now: float,
-            aging_minutes: float = DEFAULT_AGING_MINUTES) -> str:
+def explain(
+    item: Waiting, ordered: Sequence[Waiting], mode: str, now: float, aging_minutes: float = DEFAULT_AGING_MINUTES
+) -> str:
     """Why ``item`` is where it is, for the spawn page ("" in fifo mode: the position says it all)."""
     if mode != "fair-share":
         return ""
@@ -88,8 +92,9 @@ def explain(item: Waiting, ordered: Sequence[Waiting], mode: str, now: float,
     return _words(item, len({w.user for w in less}), len(aged), now - item.joined >= aging, aging_minutes)
 
 
-def explain_all(ordered: Sequence[Waiting], mode: str, now: float,
-                aging_minutes: float = DEFAULT_AGING_MINUTES) -> list[str]:
+def explain_all(
+    ordered: Sequence[Waiting], mode: str, now: float, aging_minutes: float = DEFAULT_AGING_MINUTES
+) -> list[str]:
     """``explain`` for every request of ``order(...)``'s result at once, in one pass.
 
     The wait list asks for every waiter's reason whenever the line changes;
@@ -121,11 +126,15 @@ def explain_all(ordered: Sequence[Waiting], mode: str, now: float,
 def _words(item: Waiting, users_less: int, aged_ahead: int, item_aged: bool, aging_minutes: float) -> str:
     parts = [f"you used {item.gpu_hours:.1f} GPU-hours this week"]
     if users_less:
-        parts.append(f"{users_less} user{'s' if users_less != 1 else ''} who used less "
-                     f"{'are' if users_less != 1 else 'is'} ahead")
+        parts.append(
+            f"{users_less} user{'s' if users_less != 1 else ''} who used less "
+            f"{'are' if users_less != 1 else 'is'} ahead"
+        )
     if aged_ahead:
-        parts.append(f"{aged_ahead} request{'s' if aged_ahead != 1 else ''} waiting longer than "
-                     f"{aging_minutes:g} minutes {'go' if aged_ahead != 1 else 'goes'} first")
+        parts.append(
+            f"{aged_ahead} request{'s' if aged_ahead != 1 else ''} waiting longer than "
+            f"{aging_minutes:g} minutes {'go' if aged_ahead != 1 else 'goes'} first"
+        )
     if item_aged:
         parts.append(f"you have waited over {aging_minutes:g} minutes, so nobody who came after you goes first")
     return "; ".join(parts)

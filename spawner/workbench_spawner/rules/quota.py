@@ -32,9 +32,10 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
@@ -53,8 +54,14 @@ MAX_SESSION_HOURS_LIMIT = 24.0 * 366
 MIN_SESSION_HOURS = 0.01
 MAX_MODELS = 64
 MODEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+ -]{0,63}$")
-QUOTA_FIELDS = ("max_gpus", "gpu_hours_per_week", "allowed_models", "max_session_hours",
-                "gpu_idle_minutes", "gpu_idle_threshold")
+QUOTA_FIELDS = (
+    "max_gpus",
+    "gpu_hours_per_week",
+    "allowed_models",
+    "max_session_hours",
+    "gpu_idle_minutes",
+    "gpu_idle_threshold",
+)
 KINDS = ("user", "group")
 
 
@@ -165,6 +172,7 @@ def quota_from_body(body: Mapping[str, Any], known_models: Iterable[str] | None 
     types and bounds). Here: model names are trimmed, matched to the inventory without regard to
     case (``known_models``; None: any) and written as the inventory writes them, once each.
     """
+
     def number(key: str) -> float | None:
         value = body.get(key)
         return None if value is None else float(value)
@@ -183,9 +191,14 @@ def quota_from_body(body: Mapping[str, Any], known_models: Iterable[str] | None 
             if model not in cleaned:
                 cleaned.append(model)
         models = tuple(cleaned)
-    return Quota(max_gpus=int(body["max_gpus"]), gpu_hours_per_week=number("gpu_hours_per_week"),
-                 allowed_models=models, max_session_hours=number("max_session_hours"),
-                 gpu_idle_minutes=number("gpu_idle_minutes"), gpu_idle_threshold=number("gpu_idle_threshold"))
+    return Quota(
+        max_gpus=int(body["max_gpus"]),
+        gpu_hours_per_week=number("gpu_hours_per_week"),
+        allowed_models=models,
+        max_session_hours=number("max_session_hours"),
+        gpu_idle_minutes=number("gpu_idle_minutes"),
+        gpu_idle_threshold=number("gpu_idle_threshold"),
+    )
 
 
 def _row_to_quota(row: QuotaRow) -> Quota:
@@ -209,8 +222,13 @@ class StoredQuota:
     updated_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "name": self.name, **self.quota.to_json(),
-                "updated": self.updated.isoformat(), "updated_by": self.updated_by}
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            **self.quota.to_json(),
+            "updated": self.updated.isoformat(),
+            "updated_by": self.updated_by,
+        }
 
 
 class QuotaBook:
@@ -260,8 +278,9 @@ class QuotaBook:
     def effective(self, user: str, groups: Iterable[str], default: Quota) -> EffectiveQuota:
         own = self.get("user", user)
         group_rows = {q.name: q.quota for q in self.all("group")}
-        return effective_quota(own.quota if own else None,
-                               {g: group_rows[g] for g in groups if g in group_rows}, default)
+        return effective_quota(
+            own.quota if own else None, {g: group_rows[g] for g in groups if g in group_rows}, default
+        )
 
     def effective_many(self, users: Mapping[str, Iterable[str]], default: Quota) -> dict[str, EffectiveQuota]:
         """The effective quota of many users (name -> their groups) from ONE query.
@@ -283,8 +302,9 @@ class QuotaBook:
     def record_session_limit(self, user: str, server: str, hours: float | None) -> None:
         """Remember the session length in force for this start (None: no limit)."""
         with self._sessions.begin() as session:
-            session.execute(delete(SessionLimitRow).where(SessionLimitRow.user == user,
-                                                          SessionLimitRow.server == server))
+            session.execute(
+                delete(SessionLimitRow).where(SessionLimitRow.user == user, SessionLimitRow.server == server)
+            )
             if hours is not None:
                 session.add(SessionLimitRow(user=user, server=server, max_session_hours=hours, recorded=utcnow()))
 
@@ -312,8 +332,9 @@ def effective_quota(own: Quota | None, group_quotas: Mapping[str, Quota], defaul
 # -- the GPU-hours ledger ---------------------------------------------------------------
 
 
-def gpu_hours_by_user(store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK,
-                      user: str | None = None) -> dict[str, float]:
+def gpu_hours_by_user(
+    store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK, user: str | None = None
+) -> dict[str, float]:
     """GPU-hours per user in the rolling window ending ``now``.
 
     Finished leases come from the usage ledger (one row per GPU), clipped to

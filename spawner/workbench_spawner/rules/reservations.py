@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, time, timedelta, timezone, tzinfo
-from typing import Callable, Iterable, Mapping, Sequence
+from datetime import UTC, date, datetime, time, timedelta, tzinfo
 
 Clock = Callable[[], datetime]
 DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
@@ -48,7 +48,8 @@ MAX_MINUTES = 24 * 60.0
 # refused further out than this, so the check is complete).
 HORIZON = timedelta(days=400)
 _WINDOW = re.compile(
-    r"^\s*(?P<day>\d{4}-\d{2}-\d{2}|[A-Za-z]+)\s+(?P<start>\d{1,2}:\d{2})\s*[-\u2013\u2014]\s*(?P<end>\d{1,2}:\d{2})\s*$")
+    r"^\s*(?P<day>\d{4}-\d{2}-\d{2}|[A-Za-z]+)\s+(?P<start>\d{1,2}:\d{2})\s*[-\u2013\u2014]\s*(?P<end>\d{1,2}:\d{2})\s*$"
+)
 
 
 class ReservationError(ValueError):
@@ -56,11 +57,11 @@ class ReservationError(ValueError):
 
 
 def utc(value: datetime) -> datetime:
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def gpus_text(count: int, model: str | None) -> str:
-    """"1 GPU", "3 H100-80GB GPUs": how requests and reservations name what they ask for."""
+    """ "1 GPU", "3 H100-80GB GPUs": how requests and reservations name what they ask for."""
     return f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
 
 
@@ -92,7 +93,7 @@ class Window:
         # The end is the same wall clock + length (crossing midnight if end <= start).
         end_day = day + timedelta(days=1) if self.end <= self.start else day
         finish = datetime.combine(end_day, self.end).replace(tzinfo=tz)
-        return begin.astimezone(timezone.utc), finish.astimezone(timezone.utc)
+        return begin.astimezone(UTC), finish.astimezone(UTC)
 
     def occurrences(self, since: datetime, until: datetime, tz: tzinfo) -> list[tuple[datetime, datetime]]:
         """Every (start, end) in UTC that overlaps [since, until)."""
@@ -136,12 +137,15 @@ def parse_window(text: object, weekly: bool | None = None) -> Window:
 
     ``weekly`` True/False insists on one kind (the CLI's --weekly/--once)."""
     if not isinstance(text, str) or not text.strip():
-        raise ReservationError('the window is missing: give e.g. "Tue 10:00-12:00" (weekly) or '
-                               '"2026-12-08 10:00-12:00" (one-off)')
+        raise ReservationError(
+            'the window is missing: give e.g. "Tue 10:00-12:00" (weekly) or "2026-12-08 10:00-12:00" (one-off)'
+        )
     match = _WINDOW.match(text)
     if not match:
-        raise ReservationError(f"the window {text.strip()[:60]!r} is malformed: write a weekday or a date, then "
-                               'start-end, e.g. "Tue 10:00-12:00" or "2026-12-08 10:00-12:00"')
+        raise ReservationError(
+            f"the window {text.strip()[:60]!r} is malformed: write a weekday or a date, then "
+            'start-end, e.g. "Tue 10:00-12:00" or "2026-12-08 10:00-12:00"'
+        )
     start = _clock_time(match["start"], "start")
     end = _clock_time(match["end"], "end")
     if start == end:
@@ -160,9 +164,9 @@ def parse_window(text: object, weekly: bool | None = None) -> Window:
             raise ReservationError(f"{day_text!r} is not a weekday: use Mon, Tue, Wed, Thu, Fri, Sat or Sun")
         window = Window(start, end, weekday=index)
     if weekly is True and not window.weekly:
-        raise ReservationError(f"--weekly needs a weekday, not a date: e.g. \"Tue {start:%H:%M}-{end:%H:%M}\"")
+        raise ReservationError(f'--weekly needs a weekday, not a date: e.g. "Tue {start:%H:%M}-{end:%H:%M}"')
     if weekly is False and window.weekly:
-        raise ReservationError(f"--once needs a date, not a weekday: e.g. \"2026-12-08 {start:%H:%M}-{end:%H:%M}\"")
+        raise ReservationError(f'--once needs a date, not a weekday: e.g. "2026-12-08 {start:%H:%M}-{end:%H:%M}"')
     return window
 
 
@@ -223,9 +227,15 @@ def _member_use(res: Reservation, holdings: Sequence[Holding], models: Mapping[s
     return sum(1 for h in holdings if res.group in h.groups for u in h.gpus if res.in_pool(models.get(u)))
 
 
-def remaining_needs(reservations: Sequence[Reservation], holdings: Sequence[Holding], models: Mapping[str, str],
-                    now: datetime, tz: tzinfo, waiting: Mapping[str, int] | None = None,
-                    exclude_groups: Iterable[str] = ()) -> list[tuple[Reservation, int]]:
+def remaining_needs(
+    reservations: Sequence[Reservation],
+    holdings: Sequence[Holding],
+    models: Mapping[str, str],
+    now: datetime,
+    tz: tzinfo,
+    waiting: Mapping[str, int] | None = None,
+    exclude_groups: Iterable[str] = (),
+) -> list[tuple[Reservation, int]]:
     """Active reservations (other than the caller's groups') and the free GPUs each still needs kept."""
     skip = set(exclude_groups)
     needs = []
@@ -252,8 +262,9 @@ def deficit(free_models: Mapping[str, int], needs: Sequence[tuple[Reservation, i
     return per_model + max(0, sum(keep for _, keep in needs) - sum(free_models.values()))
 
 
-def takeable(free: Sequence[str], models: Mapping[str, str], count: int, needs: Sequence[tuple[Reservation, int]]
-             ) -> list[str]:
+def takeable(
+    free: Sequence[str], models: Mapping[str, str], count: int, needs: Sequence[tuple[Reservation, int]]
+) -> list[str]:
     """Up to ``count`` of the ``free`` GPUs (in order) a user may take without leaving a need uncovered.
 
     ``needs`` are those of reservations the user is not a member of
@@ -291,8 +302,9 @@ def preemption_phase(res: Reservation, now: datetime, tz: tzinfo) -> tuple[str, 
     return None
 
 
-def preemption_plan(res: Reservation, holdings: Sequence[Holding], free: Sequence[str],
-                    models: Mapping[str, str]) -> list[Holding]:
+def preemption_plan(
+    res: Reservation, holdings: Sequence[Holding], free: Sequence[str], models: Mapping[str, str]
+) -> list[Holding]:
     """The non-member servers to stop (newest first) so that ``res.gpus`` of its pool are free or members'."""
     have = sum(1 for u in free if res.in_pool(models.get(u))) + _member_use(res, holdings, models)
     shortfall = res.gpus - have
@@ -309,8 +321,9 @@ def preemption_plan(res: Reservation, holdings: Sequence[Holding], free: Sequenc
     return plan
 
 
-def check_feasible(new: Reservation, existing: Sequence[Reservation], inventory: Mapping[str, int],
-                   now: datetime, tz: tzinfo) -> None:
+def check_feasible(
+    new: Reservation, existing: Sequence[Reservation], inventory: Mapping[str, int], now: datetime, tz: tzinfo
+) -> None:
     """Raise ReservationError (a sentence) unless ``new`` fits beside ``existing`` at every instant.
 
     ``inventory`` maps model -> GPUs of that model."""
@@ -325,15 +338,18 @@ def check_feasible(new: Reservation, existing: Sequence[Reservation], inventory:
     mine = new.window.occurrences(now, now + HORIZON, tz)
     if not mine:
         when = "is past" if new.window.day and new.window._at(new.window.day, tz)[1] <= now else "is too far ahead"
-        raise ReservationError(f"the window {new.window.text()} {when}: a one-off window must end after now "
-                               f"and start within {HORIZON.days} days")
+        raise ReservationError(
+            f"the window {new.window.text()} {when}: a one-off window must end after now "
+            f"and start within {HORIZON.days} days"
+        )
     for begin, finish in mine:
         overlapping = [(r, b, f) for r in existing for b, f in r.window.occurrences(begin, finish, tz)]
         if not overlapping:
             continue
-        points = sorted({begin, finish, *(max(b, begin) for _, b, _ in overlapping),
-                         *(min(f, finish) for _, _, f in overlapping)})
-        for a, b in zip(points, points[1:]):
+        points = sorted(
+            {begin, finish, *(max(b, begin) for _, b, _ in overlapping), *(min(f, finish) for _, _, f in overlapping)}
+        )
+        for a, b in zip(points, points[1:]):  # noqa: B905
             present = [r for r, rb, rf in overlapping if rb < b and rf > a]
             by_model: Counter = Counter()
             for r in [new, *present]:
@@ -347,7 +363,8 @@ def check_feasible(new: Reservation, existing: Sequence[Reservation], inventory:
                 need = demand if not short else by_model[short[0]]
                 raise ReservationError(
                     f"it overlaps {others} from {a:%Y-%m-%d %H:%M} UTC: together {need} GPUs are reserved but this "
-                    f"hub has {have}; reserve fewer, pick another time, or delete the other reservation")
+                    f"hub has {have}; reserve fewer, pick another time, or delete the other reservation"
+                )
 
 
 def next_occurrence(res: Reservation, now: datetime, tz: tzinfo) -> tuple[datetime, datetime] | None:
@@ -366,9 +383,17 @@ def _clock_text(when: datetime, now: datetime, tz: tzinfo) -> str:
     return f"{local:%H:%M}" if local.date() == utc(now).astimezone(tz).date() else f"{local:%a %H:%M}"
 
 
-def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo, inventory: Mapping[str, int],
-                 groups: Iterable[str] = (), *, holdings: Sequence[Holding] | None = None,
-                 models: Mapping[str, str] | None = None, waiting: Mapping[str, int] | None = None) -> list[str]:
+def reserved_now(
+    reservations: Sequence[Reservation],
+    now: datetime,
+    tz: tzinfo,
+    inventory: Mapping[str, int],
+    groups: Iterable[str] = (),
+    *,
+    holdings: Sequence[Holding] | None = None,
+    models: Mapping[str, str] | None = None,
+    waiting: Mapping[str, int] | None = None,
+) -> list[str]:
     """Sentences for the spawn form, one per open window: what it holds for its members **now**.
 
     During the grace period that is the whole reservation: "8 of 16 GPUs
@@ -403,8 +428,10 @@ def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo,
             held = f"{kept}"
             if kept < res.gpus:
                 back = res.gpus - kept
-                details.append(f"{'all' if kept == 0 else f'{back} of its'} {res.gpus} went back to everyone at "
-                               f"{_clock_text(grace_end, now, tz)}: no member asked for them")
+                details.append(
+                    f"{'all' if kept == 0 else f'{back} of its'} {res.gpus} went back to everyone at "
+                    f"{_clock_text(grace_end, now, tz)}: no member asked for them"
+                )
         if res.group in mine:
             details.append("you are a member: you may use them")
         line = f"{held} of {gpus} reserved for {res.group} until {when}"
@@ -412,9 +439,17 @@ def reserved_now(reservations: Sequence[Reservation], now: datetime, tz: tzinfo,
     return lines
 
 
-def gpus_user_may_take(free: Sequence[str], models: Mapping[str, str], count: int, user_groups: Iterable[str],
-                       reservations: Sequence[Reservation], holdings: Sequence[Holding], now: datetime,
-                       tz: tzinfo, waiting: Mapping[str, int] | None = None) -> list[str]:
+def gpus_user_may_take(
+    free: Sequence[str],
+    models: Mapping[str, str],
+    count: int,
+    user_groups: Iterable[str],
+    reservations: Sequence[Reservation],
+    holdings: Sequence[Holding],
+    now: datetime,
+    tz: tzinfo,
+    waiting: Mapping[str, int] | None = None,
+) -> list[str]:
     """The GPUs of ``free`` (in preference order) this user may take now, at most ``count``.
 
     What placement does inside its transaction, as one call for replays

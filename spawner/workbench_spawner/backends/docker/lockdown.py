@@ -13,8 +13,9 @@ means it lists a setting in ``c.DockerGPUSpawner.allowed_host_config_keys``.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 ALLOW_TRAIT = "c.DockerGPUSpawner.allowed_host_config_keys"
 
@@ -62,30 +63,50 @@ class Risk:
 
 RISKS: tuple[Risk, ...] = (
     Risk("Privileged", "privileged", "gives the user root on the host"),
-    Risk("CapAdd", "cap_add",
-         "gives back Linux capabilities the lock-down drops (SYS_ADMIN alone is as good as root on the host)"),
-    Risk("Devices", "devices",
-         "hands host devices to the user (a GPU device node there bypasses the GPU pinning)"),
+    Risk(
+        "CapAdd",
+        "cap_add",
+        "gives back Linux capabilities the lock-down drops (SYS_ADMIN alone is as good as root on the host)",
+    ),
+    Risk("Devices", "devices", "hands host devices to the user (a GPU device node there bypasses the GPU pinning)"),
     Risk("DeviceCgroupRules", "device_cgroup_rules", "lets the user's container open host devices"),
     Risk("Sysctls", "sysctls", "changes kernel settings for the user's container"),
-    Risk("PidMode", "pid_mode",
-         "lets the user see and signal the processes of the host or of another container", _shares_namespace),
-    Risk("NetworkMode", "network_mode",
-         "puts the user on the network of the host or of another container "
-         "(every service on its loopback, other users' servers included)", _shares_namespace),
-    Risk("IpcMode", "ipc_mode",
-         "shares memory and semaphores with the host or another container", _shares_namespace),
+    Risk(
+        "PidMode",
+        "pid_mode",
+        "lets the user see and signal the processes of the host or of another container",
+        _shares_namespace,
+    ),
+    Risk(
+        "NetworkMode",
+        "network_mode",
+        "puts the user on the network of the host or of another container "
+        "(every service on its loopback, other users' servers included)",
+        _shares_namespace,
+    ),
+    Risk("IpcMode", "ipc_mode", "shares memory and semaphores with the host or another container", _shares_namespace),
     Risk("UTSMode", "uts_mode", "shares the host's hostname namespace with the user", _shares_namespace),
-    Risk("UsernsMode", "userns_mode",
-         "turns off user-namespace remapping, so root in the container is root on the host", _shares_namespace),
+    Risk(
+        "UsernsMode",
+        "userns_mode",
+        "turns off user-namespace remapping, so root in the container is root on the host",
+        _shares_namespace,
+    ),
     Risk("CgroupnsMode", "cgroupns", "shows the user the host's cgroup tree", _shares_namespace),
-    Risk("SecurityOpt", "security_opt",
-         "turns off a kernel protection of the lock-down (no-new-privileges, seccomp, AppArmor or SELinux)",
-         _unsafe_security_opts),
+    Risk(
+        "SecurityOpt",
+        "security_opt",
+        "turns off a kernel protection of the lock-down (no-new-privileges, seccomp, AppArmor or SELinux)",
+        _unsafe_security_opts,
+    ),
     Risk("VolumesFrom", "volumes_from", "mounts the volumes of another container, such as another user's home"),
-    Risk("DeviceRequests", "device_requests",
-         "would replace the device request GPU Workbench makes from the user's GPU lease, "
-         "so users could get GPUs that are not theirs", allowable=False),
+    Risk(
+        "DeviceRequests",
+        "device_requests",
+        "would replace the device request GPU Workbench makes from the user's GPU lease, "
+        "so users could get GPUs that are not theirs",
+        allowable=False,
+    ),
 )
 _RISK_BY_NAME: dict[str, Risk] = {**{r.key: r for r in RISKS}, **{r.kwarg: r for r in RISKS}}
 # Host paths: not one value but each entry of a list, so checked on their own.
@@ -98,8 +119,7 @@ LOCKED_SETTINGS = ("extra_host_config", "extra_create_kwargs", "volumes", "read_
 def _sentence(where: str, what: str, why: str, key: str | None) -> str:
     if key is None:
         return f"GPU Workbench: {where} {what}, which {why}; remove it (this cannot be allowed)."
-    return (f"GPU Workbench: {where} {what}, which {why}; remove it, or list {key!r} in "
-            f"{ALLOW_TRAIT} if you mean it.")
+    return f"GPU Workbench: {where} {what}, which {why}; remove it, or list {key!r} in {ALLOW_TRAIT} if you mean it."
 
 
 def canonical_allowed(names: Iterable[str]) -> tuple[set[str], list[str]]:
@@ -117,11 +137,15 @@ def canonical_allowed(names: Iterable[str]) -> tuple[set[str], list[str]]:
             allowed.add(key)
         elif key in _RISK_BY_NAME:
             risk = _RISK_BY_NAME[key]
-            problems.append(f"GPU Workbench: {ALLOW_TRAIT} lists {name!r}, which cannot be allowed: "
-                            f"{risk.key} {risk.why}; remove it from the list.")
+            problems.append(
+                f"GPU Workbench: {ALLOW_TRAIT} lists {name!r}, which cannot be allowed: "
+                f"{risk.key} {risk.why}; remove it from the list."
+            )
         else:
-            problems.append(f"GPU Workbench: {ALLOW_TRAIT} lists {name!r}, which is not a setting the "
-                            f"lock-down refuses; it takes {', '.join(sorted(ALLOWABLE_KEYS))}.")
+            problems.append(
+                f"GPU Workbench: {ALLOW_TRAIT} lists {name!r}, which is not a setting the "
+                f"lock-down refuses; it takes {', '.join(sorted(ALLOWABLE_KEYS))}."
+            )
     return allowed, problems
 
 
@@ -144,21 +168,37 @@ def _mounts(value: Any) -> Iterator[tuple[str, str, bool]]:
     """(type, source, read-only) of each mount, in DockerSpawner's or the API's spelling."""
     for mount in value or []:
         if isinstance(mount, Mapping):
-            get = lambda *keys: next((mount[k] for k in keys if k in mount), None)  # noqa: E731
-            yield (str(get("type", "Type") or "volume"), str(get("source", "Source") or ""),
-                   bool(get("read_only", "ReadOnly")))
+            get = lambda *keys: next((mount[k] for k in keys if k in mount), None)  # noqa: B023, E731
+            yield (
+                str(get("type", "Type") or "volume"),
+                str(get("source", "Source") or ""),
+                bool(get("read_only", "ReadOnly")),
+            )
 
 
-def _host_path_problems(where: str, key: str, entries: Iterable[tuple[str, bool]], allowed: set[str],
-                        datasets: str) -> list[str]:
+def _host_path_problems(
+    where: str, key: str, entries: Iterable[tuple[str, bool]], allowed: set[str], datasets: str
+) -> list[str]:
     problems = []
     for source, read_only in entries:
         if "docker.sock" in source:
-            problems.append(_sentence(where, f"mounts the Docker socket {source!r} into every user's container",
-                                      "gives every user root on the host", None))
+            problems.append(
+                _sentence(
+                    where,
+                    f"mounts the Docker socket {source!r} into every user's container",
+                    "gives every user root on the host",
+                    None,
+                )
+            )
         elif source.startswith("/") and key not in allowed and not (source == datasets and read_only):
-            problems.append(_sentence(where, f"mounts the host path {source!r} into every user's container",
-                                      "lets users reach the host's files (use a named volume instead)", key))
+            problems.append(
+                _sentence(
+                    where,
+                    f"mounts the host path {source!r} into every user's container",
+                    "lets users reach the host's files (use a named volume instead)",
+                    key,
+                )
+            )
     return problems
 
 
@@ -178,14 +218,14 @@ def host_config_problems(host: Mapping[str, Any], where: str, allowed: set[str],
         elif name in ("Binds", "binds"):
             problems += _host_path_problems(where, "Binds", _binds(value), allowed, datasets)
         elif name in ("Mounts", "mounts"):
-            entries = [(source, ro) for kind, source, ro in _mounts(value)
-                       if kind == "bind" or "docker.sock" in source]
+            entries = [(source, ro) for kind, source, ro in _mounts(value) if kind == "bind" or "docker.sock" in source]
             problems += _host_path_problems(where, "Mounts", entries, allowed, datasets)
     return problems
 
 
-def settings_problems(settings: Mapping[str, Any], owners: Mapping[str, str], allowed: set[str],
-                      datasets: str) -> list[str]:
+def settings_problems(
+    settings: Mapping[str, Any], owners: Mapping[str, str], allowed: set[str], datasets: str
+) -> list[str]:
     """Sentences for each lock-down breach in DockerSpawner's settings.
 
     ``settings`` maps the names in LOCKED_SETTINGS to their values (a missing
@@ -203,18 +243,23 @@ def settings_problems(settings: Mapping[str, Any], owners: Mapping[str, str], al
         problems += host_config_problems(host, where("extra_host_config"), allowed, datasets)
     create = settings.get("extra_create_kwargs")
     if isinstance(create, Mapping) and isinstance(create.get("host_config"), Mapping):
-        problems += host_config_problems(create["host_config"], f"{where('extra_create_kwargs')}['host_config']",
-                                         allowed, datasets)
+        problems += host_config_problems(
+            create["host_config"], f"{where('extra_create_kwargs')}['host_config']", allowed, datasets
+        )
     for name, read_only in (("volumes", False), ("read_only_volumes", True)):
         volumes = settings.get(name)
         if isinstance(volumes, Mapping):
             entries = [(source, read_only or ro) for source, ro in _binds(volumes)]
             problems += _host_path_problems(where(name), "Binds", entries, allowed, datasets)
-    entries = [(source, ro) for kind, source, ro in _mounts(settings.get("mounts"))
-               if kind == "bind" or "docker.sock" in source]
+    entries = [
+        (source, ro)
+        for kind, source, ro in _mounts(settings.get("mounts"))
+        if kind == "bind" or "docker.sock" in source
+    ]
     problems += _host_path_problems(where("mounts"), "Mounts", entries, allowed, datasets)
     network = settings.get("network_name")
     if _shares_namespace(network) and "NetworkMode" not in allowed:
-        problems.append(_sentence(where("network_name"), f"is {network!r}", _RISK_BY_NAME["NetworkMode"].why,
-                                  "NetworkMode"))
+        problems.append(
+            _sentence(where("network_name"), f"is {network!r}", _RISK_BY_NAME["NetworkMode"].why, "NetworkMode")
+        )
     return problems

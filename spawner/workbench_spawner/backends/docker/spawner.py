@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import copy
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import docker
 from dockerspawner import DockerSpawner
@@ -59,12 +60,13 @@ from workbench_spawner.backends.docker.lockdown import (
     host_config_problems,
     settings_problems,
 )
-from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.ledger.store import Lease
+from workbench_spawner.mixin import GPUSpawnerMixin
 
 LABEL_USER = "workbench.user"
 LABEL_SERVER = "workbench.server"
 LABEL_GPUS = "workbench.gpus"
+
 
 def _empty_like(trait_name: str) -> Any:
     return [] if trait_name in ("mounts",) else set() if trait_name == "allowed_host_config_keys" else {}
@@ -193,10 +195,13 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         allowed = set(self.allowed_host_config_keys)
         problems = settings_problems(settings, {name: owner for name in settings}, allowed, self.datasets_volume)
         if not problems and create_kwargs is not None:
-            where = (f"the create call of {self.user.name}'s container (from a callable extra_host_config "
-                     f"or extra_create_kwargs, a hook or a subclass)")
-            problems = host_config_problems(create_kwargs.get("host_config") or {}, where, allowed,
-                                            self.datasets_volume)
+            where = (
+                f"the create call of {self.user.name}'s container (from a callable extra_host_config "
+                f"or extra_create_kwargs, a hook or a subclass)"
+            )
+            problems = host_config_problems(
+                create_kwargs.get("host_config") or {}, where, allowed, self.datasets_volume
+            )
         return problems
 
     @default("volumes")
@@ -270,9 +275,7 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         labels.update({LABEL_USER: self.user.name, LABEL_SERVER: self.name, LABEL_GPUS: ",".join(uuids)})
         kwargs["labels"] = labels
         host = kwargs.setdefault("host_config", {})
-        host["DeviceRequests"] = (
-            [{"Driver": "nvidia", "DeviceIDs": uuids, "Capabilities": [["gpu"]]}] if uuids else []
-        )
+        host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": uuids, "Capabilities": [["gpu"]]}] if uuids else []
         if "Privileged" not in allowed:
             host["Privileged"] = False
         host["CapDrop"] = ["ALL"]
@@ -321,7 +324,7 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
             self.log.warning("Cannot list containers to reconcile GPU leases: %s", exc)
             return
         store = self.gpu_policy.store
-        leased = {(l.user, l.server) for l in store.leases()}
+        leased = {(l.user, l.server) for l in store.leases()}  # noqa: E741
         for container in containers:
             labels = container.labels
             key = (labels.get(LABEL_USER, ""), labels.get(LABEL_SERVER, ""))
@@ -331,6 +334,10 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
             if store.adopt(key[0], key[1], uuids, f"container:{container.id}"):
                 self.log.info("Adopted container %s of %s/%s with GPU(s) %s", container.name, *key, uuids)
             else:
-                self.log.warning("Stopping container %s of %s/%s: its GPU(s) %s are held by another server",
-                                 container.name, *key, uuids)
+                self.log.warning(
+                    "Stopping container %s of %s/%s: its GPU(s) %s are held by another server",
+                    container.name,
+                    *key,
+                    uuids,
+                )
                 container.stop(timeout=10)

@@ -18,9 +18,9 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Unicode, default
 
 from workbench_spawner import slugs
+from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.policy.config import default_data_dir
-from workbench_spawner.ledger.store import Lease
 
 
 class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):

@@ -24,18 +24,24 @@ decides:
 
 from __future__ import annotations
 
-from datetime import datetime, timezone, tzinfo
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime, tzinfo
 
 from workbench_devices import DeviceInventory
-
-from workbench_spawner.policy.clock import Clock, real_now
-from workbench_spawner.placement.host import holdings
-from workbench_spawner.rules.queue_order import Waiting, order
-from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.rules.reservations import Holding, Reservation, demand_by_group, gpus_user_may_take, is_member, reserved_now
 from workbench_spawner.backends.slurm.jobs import SlurmJob, SlurmNode
+from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.host import holdings
+from workbench_spawner.policy.clock import Clock, real_now
+from workbench_spawner.rules.queue_order import Waiting, order
+from workbench_spawner.rules.reservations import (
+    Holding,
+    Reservation,
+    demand_by_group,
+    gpus_user_may_take,
+    is_member,
+    reserved_now,
+)
 
 
 def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model: str | None) -> list[str]:
@@ -51,8 +57,9 @@ def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model:
     return free
 
 
-def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode: str, now: float,
-                 aging_minutes: float) -> list[tuple[str, int]]:
+def reprioritize(
+    jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode: str, now: float, aging_minutes: float
+) -> list[tuple[str, int]]:
     """(job id, new priority) for our pending jobs whose priority must change to serve them in ``mode``'s order.
 
     Per partition, the priorities our pending jobs hold now are sorted and
@@ -61,8 +68,9 @@ def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode:
     if mode != "fair-share":
         return []
     # A held job (priority 0, JobHeld*) keeps its hold: passing its 0 on would hold another user's job.
-    ours = [j for j in jobs if j.pending and j.job_id in waiting and j.priority > 0
-            and not j.reason.startswith("JobHeld")]
+    ours = [
+        j for j in jobs if j.pending and j.job_id in waiting and j.priority > 0 and not j.reason.startswith("JobHeld")
+    ]
     changes = []
     for partition in sorted({j.partition for j in ours}):
         here = {j.job_id: j for j in ours if j.partition == partition}
@@ -70,7 +78,7 @@ def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode:
             continue
         ordered = order([waiting[job_id] for job_id in here], mode, now, aging_minutes)
         priorities = sorted((j.priority for j in here.values()), reverse=True)
-        for item, priority in zip(ordered, priorities):
+        for item, priority in zip(ordered, priorities):  # noqa: B905
             if here[item.key].priority != priority:
                 changes.append((item.key, priority))
     return changes
@@ -79,11 +87,16 @@ def reprioritize(jobs: Sequence[SlurmJob], waiting: Mapping[str, Waiting], mode:
 class SlurmReservations:
     """The reservation check before submitting, and the demand members have in Slurm's queue now."""
 
-    def __init__(self, store: AllocationStore, inventory: Callable[[], DeviceInventory], tz: tzinfo | None = None,
-                 clock: Clock = real_now):
+    def __init__(
+        self,
+        store: AllocationStore,
+        inventory: Callable[[], DeviceInventory],
+        tz: tzinfo | None = None,
+        clock: Clock = real_now,
+    ):
         self.store = store
         self.inventory = inventory
-        self.tz = tz or timezone.utc
+        self.tz = tz or UTC
         self.clock = clock
         self.book = ReservationBook(store)
         # request key -> (groups, GPUs, model) of every workbench request admitted to Slurm's queue and
@@ -96,8 +109,9 @@ class SlurmReservations:
     def waiting_by_group(self) -> dict[str, int]:
         return demand_by_group((groups, count) for groups, count, _model in list(self.asking.values()))
 
-    def may_submit(self, groups: Sequence[str], count: int, model: str | None,
-                   nodes: Callable[[], list[SlurmNode]]) -> tuple[bool, str]:
+    def may_submit(
+        self, groups: Sequence[str], count: int, model: str | None, nodes: Callable[[], list[SlurmNode]]
+    ) -> tuple[bool, str]:
         """(True, "") when this request leaves what open reservations keep; else (False, why). Blocking."""
         now = self.clock()
         others = [r for r in self.active(now) if not is_member(r, groups)]

@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import json
 import secrets
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
-from typing import Iterable, Mapping
 
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
-
-from workbench_spawner.policy.settings import SettingsRow
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
 from workbench_spawner.ledger.store import AllocationStore, utcnow
+from workbench_spawner.policy.settings import SettingsRow
 
 NODE_GPUS_KEY = "slurm-node-gpus"
 HUB_ID_KEY = "hub-id"
@@ -58,10 +57,16 @@ def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInve
             if index < len(known):
                 devices.append(replace(known[index], index=index, node=node.name))
             else:
-                devices.append(GPUDevice(uuid=placeholder_uuid(node.name, index), index=index,
-                                         name=f"{node.gpu_type or 'GPU'} on {node.name}",
-                                         memory_total_bytes=0,
-                                         model=(node.gpu_type or "").upper(), node=node.name))
+                devices.append(
+                    GPUDevice(
+                        uuid=placeholder_uuid(node.name, index),
+                        index=index,
+                        name=f"{node.gpu_type or 'GPU'} on {node.name}",
+                        memory_total_bytes=0,
+                        model=(node.gpu_type or "").upper(),
+                        node=node.name,
+                    )
+                )
     source = "simulated" if simulated else "slurm"
     names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
     label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
@@ -73,9 +78,18 @@ class MapConflict(ValueError):
 
 
 def _entries(report: NodeReport) -> list[dict]:
-    return sorted(({"index": int(g.get("index", -1)), "uuid": str(g["uuid"]), "name": str(g.get("name", "")),
-                    "memory_total_bytes": int(g.get("memory_total_bytes") or 0)} for g in report.gpus),
-                  key=lambda e: e["index"])
+    return sorted(
+        (
+            {
+                "index": int(g.get("index", -1)),
+                "uuid": str(g["uuid"]),
+                "name": str(g.get("name", "")),
+                "memory_total_bytes": int(g.get("memory_total_bytes") or 0),
+            }
+            for g in report.gpus
+        ),
+        key=lambda e: e["index"],
+    )
 
 
 class NodeGPUMap:
@@ -112,11 +126,14 @@ class NodeGPUMap:
                     raise MapConflict(
                         f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, but the hub knows it "
                         f"as {old['uuid']}; if the node's GPUs were changed, an admin runs "
-                        f"`workbench slurm-forget-node {report.node}`")
+                        f"`workbench slurm-forget-node {report.node}`"
+                    )
                 place = where.get(entry["uuid"])
                 if place is not None and place != (report.node, entry["index"]):
-                    raise MapConflict(f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, which the "
-                                      f"hub knows as GPU {place[1]} of node {place[0]}")
+                    raise MapConflict(
+                        f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, which the "
+                        f"hub knows as GPU {place[1]} of node {place[0]}"
+                    )
                 if old is None:
                     new.append(entry)
             if not new:
@@ -156,8 +173,14 @@ def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> 
         if entry is None:
             devices.append(device)
             continue
-        devices.append(replace(device, uuid=entry["uuid"], name=entry.get("name") or device.name,
-                               memory_total_bytes=int(entry.get("memory_total_bytes") or 0)))
+        devices.append(
+            replace(
+                device,
+                uuid=entry["uuid"],
+                name=entry.get("name") or device.name,
+                memory_total_bytes=int(entry.get("memory_total_bytes") or 0),
+            )
+        )
     return replace(inventory, devices=devices)
 
 

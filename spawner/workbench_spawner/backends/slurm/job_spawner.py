@@ -12,10 +12,9 @@ import asyncio
 from batchspawner import JobStatus, SlurmSpawner
 
 from workbench_devices import DeviceInventory
-
-from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, job_tag
+from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 
 class SlurmJobSpawner(SlurmSpawner):
@@ -39,8 +38,11 @@ class SlurmJobSpawner(SlurmSpawner):
     async def poll(self):
         status = await self.query_job_status()
         if status == JobStatus.PENDING and self.job_id and not getattr(self, "_gpu_starting", False):
-            self.log.warning("Slurm job %s of %s is pending again (requeued): its server ended; cancelling it",
-                             self.job_id, self._log_name)
+            self.log.warning(
+                "Slurm job %s of %s is pending again (requeued): its server ended; cancelling it",
+                self.job_id,
+                self._log_name,
+            )
             await self._cancel_quietly()
             self.clear_state()
             return 1

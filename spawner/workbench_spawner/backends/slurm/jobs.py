@@ -17,8 +17,9 @@ import math
 import re
 import shlex
 import subprocess
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 from urllib.parse import quote, unquote
 
 TAG_PREFIX = "workbench:"
@@ -43,8 +44,14 @@ REASON_WORDS = {
 
 # Pending reasons that no amount of waiting fixes: the spawn is cancelled at once. Not
 # ReqNodeNotAvail: a drained or rebooting node comes back, so that job waits out the queue timeout.
-HOPELESS_REASONS = ("PartitionConfig", "BadConstraints", "InvalidQOS", "InvalidAccount",
-                    "QOSMaxWallDurationPerJobLimit", "PartitionTimeLimit")
+HOPELESS_REASONS = (
+    "PartitionConfig",
+    "BadConstraints",
+    "InvalidQOS",
+    "InvalidAccount",
+    "QOSMaxWallDurationPerJobLimit",
+    "PartitionTimeLimit",
+)
 
 
 _HUB_ID = re.compile(r"^(?P<hub>[0-9a-f]{6,32}):")
@@ -67,11 +74,11 @@ def parse_tag_with_hub(comment: str | None) -> tuple[str, str, str] | None:
     text = (comment or "").strip()
     if not text.startswith(TAG_PREFIX):
         return None
-    rest = text[len(TAG_PREFIX):]
+    rest = text[len(TAG_PREFIX) :]
     hub = ""
     found = _HUB_ID.match(rest)
     if found:
-        hub, rest = found.group("hub"), rest[found.end():]
+        hub, rest = found.group("hub"), rest[found.end() :]
     if "/" not in rest:
         return None
     user, _, server = rest.partition("/")
@@ -193,20 +200,22 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
         indices: list[int] = []
         for _kind, _count, idx in parse_gres(job.get("gres_detail") or []):
             indices.extend(idx)
-        jobs.append(SlurmJob(
-            job_id=str(job.get("job_id", "")),
-            state=str(state),
-            reason=str(job.get("state_reason", "") or ""),
-            node=str(job.get("batch_host") or job.get("nodes") or ""),
-            user=str(job.get("user_name", "")),
-            comment=str(job.get("comment", "") or ""),
-            gpu_indices=tuple(indices),
-            gpus_requested=_requested_gpus(job),
-            priority=_number(job.get("priority")),
-            submit_time=_number(job.get("submit_time")),
-            partition=str(job.get("partition", "")),
-            start_time=_number(job.get("start_time")),
-        ))
+        jobs.append(
+            SlurmJob(
+                job_id=str(job.get("job_id", "")),
+                state=str(state),
+                reason=str(job.get("state_reason", "") or ""),
+                node=str(job.get("batch_host") or job.get("nodes") or ""),
+                user=str(job.get("user_name", "")),
+                comment=str(job.get("comment", "") or ""),
+                gpu_indices=tuple(indices),
+                gpus_requested=_requested_gpus(job),
+                priority=_number(job.get("priority")),
+                submit_time=_number(job.get("submit_time")),
+                partition=str(job.get("partition", "")),
+                start_time=_number(job.get("start_time")),
+            )
+        )
     return jobs
 
 
@@ -246,9 +255,14 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
         prev = seen.get(name)
         parts = tuple(sorted({*(prev.partitions if prev else ()), *(node.get("partitions") or [])}))
         seen[name] = SlurmNode(
-            name=name, address=str(node.get("address") or name), state=str(state).upper(),
-            gpu_type=declared[0][0] if declared else "", gpu_count=sum(c for _k, c, _i in declared),
-            gpus_used=tuple(sorted(set(used))), partitions=parts)
+            name=name,
+            address=str(node.get("address") or name),
+            state=str(state).upper(),
+            gpu_type=declared[0][0] if declared else "",
+            gpu_count=sum(c for _k, c, _i in declared),
+            gpus_used=tuple(sorted(set(used))),
+            partitions=parts,
+        )
     return sorted(seen.values(), key=lambda n: n.name)
 
 
@@ -257,10 +271,16 @@ def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
     mine = next((j for j in jobs if j.job_id == job_id), None)
     if mine is None:
         return 0
-    ahead = [j for j in jobs if j.pending and j.job_id != job_id and j.gpus_requested
-             and j.partition == mine.partition
-             and (j.priority, -j.submit_time, -int(j.job_id or 0)) > (mine.priority, -mine.submit_time,
-                                                                      -int(mine.job_id or 0))]
+    ahead = [
+        j
+        for j in jobs
+        if j.pending
+        and j.job_id != job_id
+        and j.gpus_requested
+        and j.partition == mine.partition
+        and (j.priority, -j.submit_time, -int(j.job_id or 0))
+        > (mine.priority, -mine.submit_time, -int(mine.job_id or 0))
+    ]
     return len(ahead)
 
 
@@ -278,6 +298,7 @@ def is_hopeless(reason: str) -> bool:
 
 
 # -- sbatch options --------------------------------------------------------------------------
+
 
 def memory_megabytes(limit: int | float | None) -> int | None:
     """Bytes (the spawner's mem_limit) -> whole MiB for ``--mem``; None for no limit."""
@@ -302,10 +323,21 @@ def gres_for(gpus: int, model: str | None) -> str | None:
     return f"gpu:{model.lower()}:{gpus}" if model else f"gpu:{gpus}"
 
 
-def sbatch_options(*, user: str, server: str, gpus: int, model: str | None = None, cpus: float | None = None,
-                   mem_bytes: int | float | None = None, session_hours: float | None = None,
-                   partition: str = "", account: str = "", qos: str = "", extra: str = "",
-                   hub: str = "") -> list[str]:
+def sbatch_options(
+    *,
+    user: str,
+    server: str,
+    gpus: int,
+    model: str | None = None,
+    cpus: float | None = None,
+    mem_bytes: int | float | None = None,
+    session_hours: float | None = None,
+    partition: str = "",
+    account: str = "",
+    qos: str = "",
+    extra: str = "",
+    hub: str = "",
+) -> list[str]:
     """Every sbatch option of one server's job, in order (each goes on an ``#SBATCH`` line).
 
     ``--no-requeue``: Slurm requeues a batch job whose node failed (``JobRequeue=1``
@@ -313,8 +345,11 @@ def sbatch_options(*, user: str, server: str, gpus: int, model: str | None = Non
     new port while the hub still holds the old lease; a failed node ends the
     server instead, and the user starts a new one.
     """
-    opts = [f"--job-name=wb-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)[:40]}",
-            f"--comment={job_tag(user, server, hub)}", "--no-requeue"]
+    opts = [
+        f"--job-name=wb-{re.sub(r'[^A-Za-z0-9_.-]', '_', user)[:40]}",
+        f"--comment={job_tag(user, server, hub)}",
+        "--no-requeue",
+    ]
     gres = gres_for(gpus, model)
     if gres:
         opts.append(f"--gres={gres}")
@@ -334,6 +369,7 @@ def sbatch_options(*, user: str, server: str, gpus: int, model: str | None = Non
 
 
 # -- the commands (blocking: call from a worker thread) -------------------------------------------
+
 
 class SlurmUnavailable(RuntimeError):
     """Slurm's controller did not answer; str(err) says why."""
@@ -373,8 +409,11 @@ def cancel_tagged(tag: str, user: str, jobs: Sequence[SlurmJob] | None = None) -
     For a spawn abandoned while ``sbatch`` still ran: the job may exist though
     the hub never learned its id. Only the user's own jobs: anyone can write
     a comment."""
-    found = [j.job_id for j in (list_jobs() if jobs is None else jobs)
-             if j.comment.strip() == tag and j.user == user and (j.pending or j.running)]
+    found = [
+        j.job_id
+        for j in (list_jobs() if jobs is None else jobs)
+        if j.comment.strip() == tag and j.user == user and (j.pending or j.running)
+    ]
     for job_id in found:
         cancel(job_id)
     return found
@@ -386,16 +425,23 @@ def set_priority(job_id: str, priority: int) -> None:
 
 
 # What sbatch says when the controller, not the request, is the problem.
-UNREACHABLE = ("Unable to contact slurm controller", "Socket timed out", "Zero Bytes were transmitted",
-               "Connection refused", "Communication connection failure")
+UNREACHABLE = (
+    "Unable to contact slurm controller",
+    "Socket timed out",
+    "Zero Bytes were transmitted",
+    "Connection refused",
+    "Communication connection failure",
+)
 
 
 def sbatch_failure(message: str) -> tuple[int, str]:
     """(HTTP status, sentence) for a failed sbatch: 503 when Slurm did not answer, else 400."""
     text = " ".join((message or "").split())[:300] or "no message"
     if any(words.lower() in text.lower() for words in UNREACHABLE):
-        return 503, (f"Slurm's controller did not answer, so no job was submitted ({text}). Try again in a "
-                     "minute; if it persists, tell a hub admin.")
+        return 503, (
+            f"Slurm's controller did not answer, so no job was submitted ({text}). Try again in a "
+            "minute; if it persists, tell a hub admin."
+        )
     return 400, f"Slurm refused the job: {text.rstrip('.')}."
 
 
@@ -408,7 +454,7 @@ class NodeReport:
     job_gpus: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any] | None) -> "NodeReport | None":
+    def from_json(cls, data: Mapping[str, Any] | None) -> NodeReport | None:
         if not isinstance(data, Mapping) or not data.get("node"):
             return None
         gpus = tuple(dict(g) for g in data.get("gpus") or [] if isinstance(g, Mapping) and "uuid" in g)

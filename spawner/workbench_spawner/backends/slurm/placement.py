@@ -21,20 +21,30 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 from workbench_devices import DeviceInventory
-
+from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
+from workbench_spawner.backends.slurm.inventory import MapConflict
+from workbench_spawner.backends.slurm.jobs import (
+    NodeReport,
+    SlurmJob,
+    SlurmNode,
+    SlurmUnavailable,
+    cancel,
+    is_hopeless,
+    list_jobs,
+    list_nodes,
+    pending_message,
+    queue_position,
+    set_priority,
+)
+from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
 from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 from workbench_spawner.rules.reservations import gpus_text
-from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
-from workbench_spawner.backends.slurm.inventory import MapConflict
-from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable, cancel, is_hopeless, list_jobs, \
-    list_nodes, pending_message, queue_position, set_priority
-from workbench_spawner.ledger.store import AllocationStore, Lease
 
 log = logging.getLogger("workbench.slurm")
 
@@ -48,15 +58,24 @@ class JobEnded(NoGPUAvailable):
 class SlurmPlacement(EnginePlacement):
     """Leases for jobs Slurm placed; the wait is Slurm's own queue."""
 
-    def __init__(self, store: AllocationStore, inventory: Callable[[], DeviceInventory], poll_interval: float = 1.0,
-                 report_timeout: float = 120.0, clock: Callable[[], float] = time.monotonic,
-                 jobs: Callable[[], list[SlurmJob]] = list_jobs, cancel_job: Callable[[str], None] = cancel,
-                 nodes: Callable[[], list[SlurmNode]] = list_nodes, queue_order: str = "fifo",
-                 aging_minutes: float = DEFAULT_AGING_MINUTES, reservations: SlurmReservations | None = None,
-                 gpu_hours: Callable[[str], float] = lambda user: 0.0,
-                 set_job_priority: Callable[[str, int], None] = set_priority,
-                 learn: Callable[[NodeReport], None] = lambda report: None,
-                 total_gpus: Callable[[], int] | None = None):
+    def __init__(
+        self,
+        store: AllocationStore,
+        inventory: Callable[[], DeviceInventory],
+        poll_interval: float = 1.0,
+        report_timeout: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+        jobs: Callable[[], list[SlurmJob]] = list_jobs,
+        cancel_job: Callable[[str], None] = cancel,
+        nodes: Callable[[], list[SlurmNode]] = list_nodes,
+        queue_order: str = "fifo",
+        aging_minutes: float = DEFAULT_AGING_MINUTES,
+        reservations: SlurmReservations | None = None,
+        gpu_hours: Callable[[str], float] = lambda user: 0.0,
+        set_job_priority: Callable[[str, int], None] = set_priority,
+        learn: Callable[[NodeReport], None] = lambda report: None,
+        total_gpus: Callable[[], int] | None = None,
+    ):
         super().__init__(store)
         self.inventory = inventory
         self.poll_interval = poll_interval
@@ -97,8 +116,15 @@ class SlurmPlacement(EnginePlacement):
 
     # -- before submitting ---------------------------------------------------------------------
 
-    async def admit_to_queue(self, key: str, count: int, model: str | None, groups: Sequence[str],
-                             deadline: float, describe: Callable[[str], None] = lambda text: None) -> None:
+    async def admit_to_queue(
+        self,
+        key: str,
+        count: int,
+        model: str | None,
+        groups: Sequence[str],
+        deadline: float,
+        describe: Callable[[str], None] = lambda text: None,
+    ) -> None:
         """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``.
 
         The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
@@ -119,7 +145,8 @@ class SlurmPlacement(EnginePlacement):
             if self.clock() >= deadline:
                 raise NoGPUAvailable(
                     f"No {gpus_text(count, model)} outside reserved ones came free in time ({why}); nothing was "
-                    "submitted to Slurm. Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs).")
+                    "submitted to Slurm. Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
+                )
             await asyncio.sleep(self.poll_interval)
 
     def withdraw(self, key: str) -> None:
@@ -128,16 +155,30 @@ class SlurmPlacement(EnginePlacement):
 
     # -- after submitting ----------------------------------------------------------------------
 
-    async def place(self, user: str, server: str, count: int, model: str | None, timeout: float,
-                    report: Report = _nothing, groups: Sequence[str] = (), job: EngineJob | None = None
-                    ) -> Lease | None:
+    async def place(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        model: str | None,
+        timeout: float,
+        report: Report = _nothing,
+        groups: Sequence[str] = (),
+        job: EngineJob | None = None,
+    ) -> Lease | None:
         """The lease of the running ``job`` (None for 0 GPUs), or NoGPUAvailable (the job is then cancelled).
 
         ``job.started`` is called in a worker thread and returns the job's ``NodeReport`` once it came;
         ``job.admitted``: the key ``admit_to_queue`` registered."""
         if job is None or not job.job_id:
             raise NoGPUAvailable("The Slurm job was not submitted, so there is nothing to place.")
-        job_id, started, describe, deadline, admitted = job.job_id, job.started, job.describe, job.deadline, job.admitted
+        job_id, started, describe, deadline, admitted = (
+            job.job_id,
+            job.started,
+            job.describe,
+            job.deadline,
+            job.admitted,
+        )
         what = gpus_text(count, model)
         deadline = self.clock() + timeout if deadline is None else deadline
         hours = await asyncio.to_thread(self.gpu_hours, user) if self.queue_order == "fair-share" else 0.0
@@ -159,29 +200,35 @@ class SlurmPlacement(EnginePlacement):
             raise NoGPUAvailable(
                 f"Slurm gave job {job_id} GPU indices {list(job.gpu_indices)} on {job.node}, but the job "
                 f"reported {list(node_report.job_gpus) if node_report else 'nothing'}; the job was cancelled. "
-                "Tell a hub admin: the node's GPU list and gres.conf disagree.")
+                "Tell a hub admin: the node's GPU list and gres.conf disagree."
+            )
         try:
             # Only now, checked against Slurm's record, and only the job's node and the indices Slurm gave it.
             given = tuple(g for g in node_report.gpus if int(g.get("index", -1)) in job.gpu_indices)
             await asyncio.to_thread(self.learn, replace(node_report, gpus=given))
         except MapConflict as exc:
             await self._cancel(job_id, "its GPU report contradicts what the hub knows of the node")
-            raise NoGPUAvailable(f"The server in Slurm job {job_id} reported GPUs the hub cannot accept: {exc}; "
-                                 "the job was cancelled. Tell a hub admin.") from None
-        ok = await asyncio.to_thread(self.store.adopt, user, server, uuids, f"slurm:{job_id}", None, job.node,
-                                     tuple(groups))
+            raise NoGPUAvailable(
+                f"The server in Slurm job {job_id} reported GPUs the hub cannot accept: {exc}; "
+                "the job was cancelled. Tell a hub admin."
+            ) from None
+        ok = await asyncio.to_thread(
+            self.store.adopt, user, server, uuids, f"slurm:{job_id}", None, job.node, tuple(groups)
+        )
         if not ok:
             await self._cancel(job_id, "its GPUs are leased to another server")
             raise NoGPUAvailable(
                 f"Slurm placed job {job_id} on GPUs {', '.join(uuids)} of {job.node}, which the workbench "
-                "ledger shows as held by another server; the job was cancelled. Try again in a minute.")
+                "ledger shows as held by another server; the job was cancelled. Try again in a minute."
+            )
         lease = await asyncio.to_thread(self.store.lease_of, user, server)
         if lease is None:  # released under us (a stop raced the start)
             raise NoGPUAvailable(f"The lease of Slurm job {job_id} was released while the server started.")
         return lease
 
-    async def _until_running(self, job_id: str, what: str, deadline: float, timeout: float, report: Report,
-                             describe: Callable[[str], None]) -> SlurmJob:
+    async def _until_running(
+        self, job_id: str, what: str, deadline: float, timeout: float, report: Report, describe: Callable[[str], None]
+    ) -> SlurmJob:
         last = ""
         while True:
             try:
@@ -200,7 +247,8 @@ class SlurmPlacement(EnginePlacement):
                     await self._cancel(job_id, f"Slurm cannot run it ({job.reason})")
                     raise NoGPUAvailable(
                         f"Slurm cannot run this request ({job.reason}); the job was cancelled. Ask for fewer "
-                        "GPUs or a shorter session, or ask a hub admin about the partition.")
+                        "GPUs or a shorter session, or ask a hub admin about the partition."
+                    )
                 jobs = await self._fair_share(jobs)
                 job = next((j for j in jobs if j.job_id == job_id), job)
                 ahead = queue_position(jobs, job_id)
@@ -214,7 +262,8 @@ class SlurmPlacement(EnginePlacement):
                 raise NoGPUAvailable(
                     f"Slurm did not start the job for {what} within {timeout:g} seconds ({last or 'pending'}); "
                     "the job was cancelled. Try again later, ask for fewer GPUs, or start a CPU-only server "
-                    "(0 GPUs).")
+                    "(0 GPUs)."
+                )
             await asyncio.sleep(self.poll_interval)
 
     async def _fair_share(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
@@ -253,7 +302,8 @@ class SlurmPlacement(EnginePlacement):
         raise NoGPUAvailable(
             f"The server in Slurm job {job.job_id} on {job.node} did not report back within "
             f"{self.report_timeout:g} seconds; the job was cancelled. Its log is "
-            f"{LOG_FILE.format(job_id=job.job_id)}.")
+            f"{LOG_FILE.format(job_id=job.job_id)}."
+        )
 
     @staticmethod
     def _uuids(job: SlurmJob, node_report: NodeReport | None, count: int) -> list[str]:

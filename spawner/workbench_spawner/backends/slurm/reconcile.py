@@ -25,9 +25,9 @@ JupyterHub does not track any more is ended when that server starts again
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Callable, Iterable, Sequence
+from datetime import UTC, datetime
 
 from workbench_spawner.backends.slurm.jobs import SlurmJob
 from workbench_spawner.ledger.store import Lease
@@ -44,10 +44,15 @@ class Action:
     why: str = ""
 
 
-def reconcile_jobs(jobs: Sequence[SlurmJob], leases: Iterable[Lease], hub: str,
-                   uuid_at: Callable[[str, int], str | None],
-                   adopt: Callable[[str, str, list[str], str, datetime | None, str], bool],
-                   cancel: Callable[[str], None], submitted_before: float | None = None) -> list[Action]:
+def reconcile_jobs(
+    jobs: Sequence[SlurmJob],
+    leases: Iterable[Lease],
+    hub: str,
+    uuid_at: Callable[[str, int], str | None],
+    adopt: Callable[[str, str, list[str], str, datetime | None, str], bool],
+    cancel: Callable[[str], None],
+    submitted_before: float | None = None,
+) -> list[Action]:
     """Apply the rule above to ``jobs``; every decision is logged and returned.
 
     ``submitted_before``: jobs submitted later are this hub process's own spawns in progress, never
@@ -64,32 +69,48 @@ def reconcile_jobs(jobs: Sequence[SlurmJob], leases: Iterable[Lease], hub: str,
             continue
         user, server = tag
         if job.user and job.user != user:
-            log.warning("Slurm job %s of %s carries the tag of %s/%s: not the workbench's, left alone",
-                        job.job_id, job.user, user, server)
+            log.warning(
+                "Slurm job %s of %s carries the tag of %s/%s: not the workbench's, left alone",
+                job.job_id,
+                job.user,
+                user,
+                server,
+            )
             actions.append(Action(job.job_id, "left", "tagged by another user"))
             continue
         if submitted_before is not None and job.submit_time >= submitted_before:
             actions.append(Action(job.job_id, "left", "submitted by this hub process"))
             continue
         if job.pending:
-            log.warning("Cancelling pending Slurm job %s of %s/%s: no spawn waits for it any more",
-                        job.job_id, user, server)
+            log.warning(
+                "Cancelling pending Slurm job %s of %s/%s: no spawn waits for it any more", job.job_id, user, server
+            )
             cancel(job.job_id)
             actions.append(Action(job.job_id, "cancelled", "pending with no spawn waiting"))
             continue
         if not job.running:
             continue
         uuids = [uuid_at(job.node, i) for i in job.gpu_indices]
-        since = datetime.fromtimestamp(job.start_time, timezone.utc) if job.start_time else None
+        since = datetime.fromtimestamp(job.start_time, UTC) if job.start_time else None
         known = [u for u in uuids if u]
-        if len(known) == len(uuids) and (not known or adopt(user, server, known, f"slurm:{job.job_id}", since,
-                                                             job.node)):
-            log.info("Adopted Slurm job %s of %s/%s on %s with GPU(s) %s", job.job_id, user, server, job.node,
-                     known or "none")
+        if len(known) == len(uuids) and (
+            not known or adopt(user, server, known, f"slurm:{job.job_id}", since, job.node)
+        ):
+            log.info(
+                "Adopted Slurm job %s of %s/%s on %s with GPU(s) %s",
+                job.job_id,
+                user,
+                server,
+                job.node,
+                known or "none",
+            )
             actions.append(Action(job.job_id, "adopted"))
         else:
-            why = "its GPUs are unknown to the hub" if len(known) != len(uuids) else \
-                "its GPUs are leased to another server"
+            why = (
+                "its GPUs are unknown to the hub"
+                if len(known) != len(uuids)
+                else "its GPUs are leased to another server"
+            )
             log.warning("Cancelling Slurm job %s of %s/%s: %s", job.job_id, user, server, why)
             cancel(job.job_id)
             actions.append(Action(job.job_id, "cancelled", why))

@@ -51,8 +51,9 @@ def read_report(body: Any) -> dict[str, Any]:
         raise ReportRefused("the start report must be a JSON object with port and workbench_report")
     unknown = sorted(str(k)[:40] for k in body if k not in ALLOWED_KEYS)
     if unknown:
-        raise ReportRefused(f"a start report may carry only {' and '.join(ALLOWED_KEYS)}; refused: "
-                            f"{', '.join(unknown)}")
+        raise ReportRefused(
+            f"a start report may carry only {' and '.join(ALLOWED_KEYS)}; refused: {', '.join(unknown)}"
+        )
     accepted: dict[str, Any] = {}
     if "port" in body:
         port = body["port"]
@@ -68,10 +69,15 @@ def read_report(body: Any) -> dict[str, Any]:
         if not _short_texts(report):
             raise ReportRefused(f"workbench_report has a text longer than {MAX_TEXT} characters")
         for gpu in report.get("gpus") or []:
-            if not (isinstance(gpu, dict) and isinstance(gpu.get("uuid"), str) and _whole(gpu.get("index"))
-                    and _whole(gpu.get("memory_total_bytes", 0))):
-                raise ReportRefused("each GPU in workbench_report needs a text uuid and whole-number index and "
-                                    "memory_total_bytes")
+            if not (
+                isinstance(gpu, dict)
+                and isinstance(gpu.get("uuid"), str)
+                and _whole(gpu.get("index"))
+                and _whole(gpu.get("memory_total_bytes", 0))
+            ):
+                raise ReportRefused(
+                    "each GPU in workbench_report needs a text uuid and whole-number index and memory_total_bytes"
+                )
         if not all(isinstance(u, str) for u in report.get("job_gpus") or []):
             raise ReportRefused("job_gpus in workbench_report must be a list of UUIDs")
         accepted["workbench_report"] = report
@@ -91,18 +97,25 @@ class StartReportHandler(APIHandler):
     def post(self) -> None:
         token = self.get_auth_token() or ""
         spawners = getattr(self.current_user, "spawners", None) or {}  # a service's token has none
-        spawner = next((s for s in spawners.values()
-                        if token and s.api_token and hmac.compare_digest(s.api_token, token)), None)
+        spawner = next(
+            (s for s in spawners.values() if token and s.api_token and hmac.compare_digest(s.api_token, token)), None
+        )
         if spawner is None:
-            raise web.HTTPError(403, "This token belongs to no server of this user that is starting; only a "
-                                     "server's own start-up may report its port.")
+            raise web.HTTPError(
+                403,
+                "This token belongs to no server of this user that is starting; only a "
+                "server's own start-up may report its port.",
+            )
         try:
             accepted = read_report(self.get_json_body())
         except ReportRefused as exc:
             raise web.HTTPError(400, f"Start report refused: {exc}.") from None
         if spawner.pending != "spawn":
-            raise web.HTTPError(409, f"{spawner._log_name} is not starting, so there is nothing to report; "
-                                     "a start report is taken only while the server starts.")
+            raise web.HTTPError(
+                409,
+                f"{spawner._log_name} is not starting, so there is nothing to report; "
+                "a start report is taken only while the server starts.",
+            )
         for key, value in accepted.items():
             setattr(spawner, key, value)
         self.set_status(201)

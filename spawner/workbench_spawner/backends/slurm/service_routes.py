@@ -14,9 +14,8 @@ import asyncio
 import json
 import logging
 
-from workbench_spawner.backends.slurm.inventory import NodeGPUMap
-
 from workbench_hub.service.handlers import APIHandler
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap
 
 log = logging.getLogger("workbench.service")
 
@@ -36,13 +35,15 @@ class SlurmNodeHandler(APIHandler):
         if len(node) > MAX_NODE:
             self.fail(400, f"a node name has at most {MAX_NODE} characters")
         if not await asyncio.to_thread(NodeGPUMap(self.fleet.store).forget, node):
-            self.fail(404, f"the hub knows nothing about the GPUs of a node named {json.dumps(node)}; "
-                           "`workbench slurm-nodes` lists the nodes it knows")
+            self.fail(
+                404,
+                f"the hub knows nothing about the GPUs of a node named {json.dumps(node)}; "
+                "`workbench slurm-nodes` lists the nodes it knows",
+            )
         log.info("%s made the hub forget the GPUs of Slurm node %s", self.caller_name(), node)
         self.set_status(204)
         self.finish()
 
 
 def slurm_routes(prefix: str) -> list[tuple]:
-    return [(prefix + "api/slurm/nodes", SlurmNodesHandler),
-            (prefix + r"api/slurm/nodes/([^/]+)", SlurmNodeHandler)]
+    return [(prefix + "api/slurm/nodes", SlurmNodesHandler), (prefix + r"api/slurm/nodes/([^/]+)", SlurmNodeHandler)]

@@ -64,14 +64,21 @@ def node_report(env: dict[str, str]) -> dict:
     if spec.strip() not in ("", "0"):
         env["WORKBENCH_SIMULATED_NODE"] = node
     inventory = discover_devices(spec or None, node if spec else None)
-    wanted = [int(i) for i in (env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or "").split(",")
-              if i.strip().isdigit()]
+    wanted = [
+        int(i)
+        for i in (env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or "").split(",")
+        if i.strip().isdigit()
+    ]
     minors = slurm_indices(inventory.devices) if inventory.source == "nvml" else {}
     devices = [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
     by_index = {d.index: d for d in devices}
     mine = [by_index[i] for i in wanted if i in by_index]
-    return {"node": node, "source": inventory.source,
-            "gpus": [asdict(d) for d in mine], "job_gpus": [d.uuid for d in mine]}
+    return {
+        "node": node,
+        "source": inventory.source,
+        "gpus": [asdict(d) for d in mine],
+        "job_gpus": [d.uuid for d in mine],
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -89,12 +96,17 @@ def main(argv: list[str] | None = None) -> None:
         kwargs["cert"] = (auth.certfile, auth.keyfile)
     if auth.client_ca:
         kwargs["verify"] = auth.client_ca
-    reply = requests.post(url_path_join(auth.api_url, "batchspawner"),
-                          headers={"Authorization": f"token {auth.api_token}"},
-                          json={"port": port, "workbench_report": report}, timeout=30, **kwargs)
+    reply = requests.post(
+        url_path_join(auth.api_url, "batchspawner"),
+        headers={"Authorization": f"token {auth.api_token}"},
+        json={"port": port, "workbench_report": report},
+        timeout=30,
+        **kwargs,
+    )
     if reply.status_code >= 400:
-        sys.exit(f"workbench-slurm-singleuser: the hub refused the start report ({reply.status_code}): "
-                 f"{reply.text[:300]}")
+        sys.exit(
+            f"workbench-slurm-singleuser: the hub refused the start report ({reply.status_code}): {reply.text[:300]}"
+        )
     service_url = os.environ.get("JUPYTERHUB_SERVICE_URL", "")
     if service_url:
         url = urlparse(service_url)

@@ -40,22 +40,29 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Dict, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
-
-from workbench_spawner.mixin import GPUSpawnerMixin
-from workbench_spawner.placement.engine import EngineJob
-from workbench_spawner.policy.gpu_policy import GPUPolicy
-from workbench_spawner.rules.quota import gpu_hours_used
-from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid
 from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, SlurmPolicy
-from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmUnavailable, cancel, list_jobs, list_nodes, partitions, sbatch_failure, \
-    sbatch_options
+from workbench_spawner.backends.slurm.jobs import (
+    NodeReport,
+    SlurmUnavailable,
+    cancel,
+    list_jobs,
+    list_nodes,
+    partitions,
+    sbatch_failure,
+    sbatch_options,
+)
 from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.traits import SlurmTraits
 from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.mixin import GPUSpawnerMixin
+from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.policy.gpu_policy import GPUPolicy
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.rules.quota import gpu_hours_used
 
 BATCH_SCRIPT = """#!/bin/bash
 {% for opt in sbatch_lines %}#SBATCH {{opt}}
@@ -127,14 +134,21 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         def inventory() -> DeviceInventory:
             return NodeGPUMap(store).resolve(settings.inventory)
 
-        reservations = SlurmReservations(store, inventory, zone(settings.time_zone),
-                                         hub_clock(settings.test_clock_file))
+        reservations = SlurmReservations(
+            store, inventory, zone(settings.time_zone), hub_clock(settings.test_clock_file)
+        )
         real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
-        return SlurmPlacement(store, inventory, self.slurm_poll_interval, queue_order=settings.queue_order,
-                              aging_minutes=settings.queue_aging_minutes, reservations=reservations,
-                              gpu_hours=lambda user: gpu_hours_used(store, user),
-                              learn=NodeGPUMap(store).accept if real else lambda report: None,
-                              total_gpus=lambda: len(settings.inventory.devices))
+        return SlurmPlacement(
+            store,
+            inventory,
+            self.slurm_poll_interval,
+            queue_order=settings.queue_order,
+            aging_minutes=settings.queue_aging_minutes,
+            reservations=reservations,
+            gpu_hours=lambda user: gpu_hours_used(store, user),
+            learn=NodeGPUMap(store).accept if real else lambda report: None,
+            total_gpus=lambda: len(settings.inventory.devices),
+        )
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
         """The policy whose inventory names every GPU a job reported by its real UUID."""
@@ -165,11 +179,17 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             raise SpawnException(
                 f"Cannot start the server: there is no Unix account named {name!r} on the hub's host, and Slurm "
                 "jobs run as the user's own account; ask a hub admin to create it (or to log people in with "
-                "PAM or LDAP, docs/slurm.md).", reason="no_account", status_code=403) from None
+                "PAM or LDAP, docs/slurm.md).",
+                reason="no_account",
+                status_code=403,
+            ) from None
         if uid < self.slurm_min_uid:
             raise SpawnException(
                 f"Cannot start the server: {name!r} is a system account (uid {uid}), and Slurm jobs never run as "
-                f"one; log in with your own account.", reason="system_account", status_code=403)
+                f"one; log in with your own account.",
+                reason="system_account",
+                status_code=403,
+            )
 
     async def _allowed_partition(self, choice: object) -> str:
         try:
@@ -178,28 +198,42 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             raise SpawnException(
                 f"Cannot start the server: Slurm's controller did not answer ({str(exc)[:200]}), so nothing was "
                 "submitted. Try again in a minute; if it persists, tell a hub admin.",
-                reason="slurm_unavailable", status_code=503) from None
+                reason="slurm_unavailable",
+                status_code=503,
+            ) from None
         allowed = [p for p in offered if not self.slurm_partitions or p in self.slurm_partitions]
         name = choice.strip() if isinstance(choice, str) else ""
         if name not in allowed:
             raise SpawnException(
                 f"Cannot start the server: partition {str(choice)[:60]!r} is not a partition you may use on "
                 f"this cluster; choose one of: {', '.join(allowed) or '(none)'}.",
-                reason="bad_options", status_code=400)
+                reason="bad_options",
+                status_code=400,
+            )
         return name
 
     def sbatch_lines(self, session_hours: float | None, hub: str = "") -> list[str]:
         request = self.gpu_request
         return sbatch_options(
-            user=self.user.name, server=self.name, gpus=request.gpus, model=request.gpu_model,
-            cpus=self.cpu_limit or 1, mem_bytes=self.mem_limit, session_hours=session_hours,
-            partition=self.slurm_partition_choice or self.slurm_partition, account=self.slurm_account,
-            qos=self.slurm_qos, extra=self.slurm_extra_options, hub=hub)
+            user=self.user.name,
+            server=self.name,
+            gpus=request.gpus,
+            model=request.gpu_model,
+            cpus=self.cpu_limit or 1,
+            mem_bytes=self.mem_limit,
+            session_hours=session_hours,
+            partition=self.slurm_partition_choice or self.slurm_partition,
+            account=self.slurm_account,
+            qos=self.slurm_qos,
+            extra=self.slurm_extra_options,
+            hub=hub,
+        )
 
     async def _get_batch_script(self, **subvars):
         hours, hub = await asyncio.to_thread(lambda: (self._session_hours(), self.hub_id()))
-        subvars.update(sbatch_lines=self.sbatch_lines(hours, hub), env_bin=shlex.quote(
-            os.path.join(self.slurm_env_prefix, "bin")))
+        subvars.update(
+            sbatch_lines=self.sbatch_lines(hours, hub), env_bin=shlex.quote(os.path.join(self.slurm_env_prefix, "bin"))
+        )
         return await super()._get_batch_script(**subvars)
 
     def _session_hours(self) -> float | None:
@@ -222,11 +256,13 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             self.job_id = ""
             await self._cancel_quietly()
             status, message = sbatch_failure(str(exc))
-            raise SpawnException(message, reason="slurm_refused" if status == 400 else "slurm_unavailable",
-                                 status_code=status) from None
+            raise SpawnException(
+                message, reason="slurm_refused" if status == 400 else "slurm_unavailable", status_code=status
+            ) from None
         if not self.job_id:
-            raise SpawnException("Slurm did not say which job it made; nothing was started.",
-                                 reason="slurm_refused", status_code=500)
+            raise SpawnException(
+                "Slurm did not say which job it made; nothing was started.", reason="slurm_refused", status_code=500
+            )
         self._gpu_events.add(f"Submitted Slurm job {self.job_id}", 5)
 
         def started() -> NodeReport | None:
@@ -290,8 +326,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             return
         store = self.gpu_policy_store()
         inventory = NodeGPUMap(store).resolve(self.engine_inventory())
-        by_place = {(d.node, d.index): d.uuid for d in inventory.devices
-                    if d.uuid != placeholder_uuid(d.node, d.index)}
+        by_place = {(d.node, d.index): d.uuid for d in inventory.devices if d.uuid != placeholder_uuid(d.node, d.index)}
 
         def cancel_quietly(job_id: str) -> None:
             try:
@@ -299,8 +334,15 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             except SlurmUnavailable as exc:
                 self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
-        reconcile_jobs(jobs, store.leases(), hub_id(store), lambda node, index: by_place.get((node, index)),
-                       store.adopt, cancel_quietly, submitted_before=PROCESS_STARTED)
+        reconcile_jobs(
+            jobs,
+            store.leases(),
+            hub_id(store),
+            lambda node, index: by_place.get((node, index)),
+            store.adopt,
+            cancel_quietly,
+            submitted_before=PROCESS_STARTED,
+        )
 
     def gpu_policy_store(self) -> AllocationStore:
         # Called from inside reconcile too, where asking for the policy returns at once (policy.reconcile).
