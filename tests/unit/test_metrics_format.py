@@ -250,7 +250,7 @@ def test_labels_keep_dcgm_exporters_order_and_escape_quotes_backslashes_newlines
 
 
 def test_a_value_that_is_hard_to_escape_still_round_trips(store):
-    nasty = 'a} 1\n# HELP x "y" \\ {z="w"}'
+    nasty = 'a} 1\n# HELP x "y" \\ {z="w"}\x0cp\u2028q\u00e9'  # other line breaks go unescaped
     rows = [row(0, "GPU-a", nasty, nasty, [nasty], 8 * GIB, util=12.0)]
     parsed = parse(render_metrics(FakeFleet(store, rows, simulated=False), []))
     labels = {"gpu": "0", "UUID": "GPU-a", "modelName": nasty, "Hostname": nasty, "user": nasty}

@@ -148,7 +148,8 @@ _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 def _in_declared_order(text: str, order: Mapping[str, tuple[str, ...]]) -> str:
     """Put each series' labels back in its family's order (``generate_latest`` sorts them by name)."""
     lines = []
-    for line in text.splitlines():
+    # split("\n"), not splitlines(): a label value may hold other line breaks (\x0c, \u2028) unescaped.
+    for line in text.split("\n"):
         name, brace, rest = line.partition("{")
         if not line.startswith("#") and brace and name in order:
             labels, value = rest.rsplit("} ", 1)
@@ -156,7 +157,7 @@ def _in_declared_order(text: str, order: Mapping[str, tuple[str, ...]]) -> str:
             if set(pairs) == set(order[name]):
                 line = name + "{" + ",".join(f'{k}="{pairs[k]}"' for k in order[name]) + "} " + value
         lines.append(line)
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
