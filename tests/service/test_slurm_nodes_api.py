@@ -1,6 +1,7 @@
 """The GPUs the hub learned per Slurm node, through the real service and the CLI: listed, forgotten by
 an admin only, an unknown node a 404 with a sentence. (A real cluster names them in tests/slurm; here the
-map is written as the Slurm spawner writes it, into the hub's own GPU database.)"""
+map is written as the Slurm spawner writes it, into the hub's own GPU database.) The hub runs the Slurm backend:
+its service mounts api/slurm/nodes because the backend's extension adds them, and no other hub has them."""
 
 from __future__ import annotations
 
@@ -10,11 +11,29 @@ from workbench_spawner.backends.slurm.inventory import NodeGPUMap
 from workbench_spawner.backends.slurm.jobs import NodeReport
 from workbench_spawner.ledger.store import AllocationStore
 
+from .conftest import shut_down, start_workbench_hub
+
 pytestmark = pytest.mark.integration
 
 
-def test_admins_list_and_forget_what_jobs_reported(workbench_hub):
-    hub = workbench_hub
+@pytest.fixture(scope="module")
+def slurm_hub(tmp_path_factory):
+    """A hub on the Slurm backend (loopback only; it starts whether or not a Slurm controller answers)."""
+    hub = start_workbench_hub(
+        tmp_path_factory.mktemp("slurm-hub") / "hub",
+        {"WORKBENCH_BACKEND": "slurm", "WORKBENCH_HUB_IP": "127.0.0.1", "WORKBENCH_HUB_CONNECT_IP": "127.0.0.1"},
+    )
+    yield hub
+    shut_down(hub)
+
+
+def test_a_hub_on_another_backend_has_no_slurm_routes(workbench_hub):
+    r = workbench_hub.service("GET", "api/slurm/nodes", validate=False)
+    assert r.status_code == 404
+
+
+def test_admins_list_and_forget_what_jobs_reported(slurm_hub):
+    hub = slurm_hub
     assert hub.service("GET", "api/slurm/nodes").json() == {"nodes": []}
     store = AllocationStore(f"sqlite:///{hub.data_dir / 'workbench.sqlite'}")
     try:

@@ -312,7 +312,7 @@ def test_every_request_body_is_checked_by_its_handler():
                 in_document.add(ref.rsplit("/", 1)[1])
     source = "".join(Path(m.__file__).read_text() for m in HANDLER_MODULES)
     assert (
-        set(re.findall(r'valid_body\("(\w+)"', source))
+        set(re.findall(r'valid_body\(\s*"(\w+)"', source))
         == in_document
         == {"QuotaBody", "ReservationBody", "IdleExemptionBody"}
     )
