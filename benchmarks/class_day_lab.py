@@ -28,7 +28,8 @@ from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.admission import Refusal, admit
 from workbench_spawner.rules.quota import Quota
-from workbench_spawner.rules.reservations import Reservation, parse_window
+from workbench_spawner.rules.reservations import Reservation
+from workbench_spawner.rules.window import parse_window
 
 NODE = "sim-node"
 # The shipped defaults: WORKBENCH_QUEUE_TIMEOUT, WORKBENCH_GPU_IDLE_CHECK_SECONDS, WORKBENCH_CULL_IDLE_SECONDS.

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from tests.conftest import Hub  # noqa: E402
 from tests.slurm.conftest import hub_env  # noqa: E402
-from workbench_spawner.backends.slurm.jobs import sbatch_options  # noqa: E402
+from workbench_spawner.backends.slurm.sbatch import sbatch_options  # noqa: E402
 from workbench_spawner.backends.slurm.spawner import BATCH_SCRIPT  # noqa: E402
 
 BACKENDS = ("gpu-slurm", "SlurmSpawner")

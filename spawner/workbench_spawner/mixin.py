@@ -20,10 +20,10 @@ A backend declares one of two placement modes (docs/backends.md):
   the ledger records the lease, and ``engine_connect`` says where the
   server listens. Slurm (Kubernetes next).
 
-The members a backend implements are marked ``@contract_member``, each with
-the mode it belongs to; :func:`contract_problems` names the ones a class
-misses, and the hub refuses to start with such a class (``publish_policy_settings``)
-rather than fail silently at the first spawn. No backend overrides a private
+The members a backend implements are declared in ``contract.py``
+(``BackendContract``, a base of this class), each with the mode it belongs
+to; ``contract_problems`` names the ones a class misses, and the hub refuses
+to start with such a class rather than fail silently at the first spawn. No backend overrides a private
 method of this class or redefines ``start``.
 """
 
@@ -31,20 +31,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from dataclasses import replace
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
-from workbench_devices import DeviceInventory
+from workbench_spawner.contract import BackendContract, BackendContractError, Mode, require_contract
 from workbench_spawner.form.options import SpawnRequest, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.engine import EngineJob, EnginePlacement
+from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.policy.config import GPUPolicyConfig
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
@@ -52,68 +51,8 @@ from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
 from workbench_spawner.rules.quota import QuotaBook
 
-Mode = Literal["host", "engine"]
 
-
-def contract_member(*modes: Mode) -> Callable[[Callable], Callable]:
-    """Mark a declaration of the mixin as a member that backends of ``modes`` must implement."""
-
-    def mark(function: Callable) -> Callable:
-        target = function.__func__ if isinstance(function, classmethod) else function
-        target.__contract_modes__ = modes
-        return function
-
-    return mark
-
-
-def contract_members(mode: str) -> list[str]:
-    """The names of the members a backend of ``mode`` implements, in declaration order."""
-    names = []
-    for name, value in vars(GPUSpawnerMixin).items():
-        target = value.__func__ if isinstance(value, classmethod) else value
-        if mode in getattr(target, "__contract_modes__", ()):
-            names.append(name)
-    return names
-
-
-def contract_problems(cls: type) -> list[str]:
-    """Sentences naming what ``cls`` misses of the backend contract (empty: it keeps it)."""
-    if not issubclass(cls, GPUSpawnerMixin):
-        return [f"{cls.__name__} is not a GPU Workbench spawner: it does not derive from GPUSpawnerMixin"]
-    problems = []
-    if cls.placement_mode not in ("host", "engine"):
-        problems.append(f"{cls.__name__}.placement_mode must be 'host' or 'engine', not {cls.placement_mode!r}")
-        return problems
-    if not cls.workbench_backend:
-        problems.append(
-            f"{cls.__name__}.workbench_backend must name its workbench.backends entry point (e.g. 'docker')"
-        )
-    for name in contract_members(cls.placement_mode):
-        mine = getattr(GPUSpawnerMixin, name)
-        theirs = getattr(cls, name)
-        if getattr(theirs, "__func__", theirs) is getattr(mine, "__func__", mine):
-            problems.append(
-                f"{cls.__name__} is a {cls.placement_mode}-placed backend and does not implement "
-                f"{name}() (see docs/backends.md)"
-            )
-    for name in ("start", "_apply_gpu_options", "_acquire", "_restore_lease", "_release"):
-        owner = next(k for k in cls.__mro__ if name in vars(k))
-        if owner is not GPUSpawnerMixin and issubclass(owner, GPUSpawnerMixin):
-            problems.append(
-                f"{owner.__name__} overrides {name}(), which belongs to the GPU policy's life cycle; "
-                "implement the contract's members instead (docs/backends.md)"
-            )
-    return problems
-
-
-class BackendContractError(TypeError):
-    """A spawner class that does not keep the backend contract; str(err) names what it misses."""
-
-
-_kept_contract: set[type] = set()  # classes checked already (the check runs once per class)
-
-
-class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
+class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, Spawner):
     """GPU policy for a JupyterHub spawner; put it first in the bases.
 
     It derives from Spawner only so that its traits are real, configurable
@@ -176,12 +115,7 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         return type(self)._apply_gpu_options
 
     def __init__(self, *args, **kwargs):
-        cls = type(self)
-        if cls not in _kept_contract:
-            problems = contract_problems(cls)
-            if problems:
-                raise BackendContractError(" ".join(problems))
-            _kept_contract.add(cls)
+        require_contract(type(self))
         super().__init__(*args, **kwargs)
         self._gpu_policy: GPUPolicy | None = None
         self.gpu_request = SpawnRequest(gpus=0)
@@ -238,94 +172,6 @@ class GPUSpawnerMixin(GPUPolicyConfig, ServerSizing, Spawner):
         """The spawn form's reservation lines for this user (reads the database)."""
         groups = [g.name for g in getattr(self.user, "groups", None) or []]
         return self.gpu_policy.reserved_now(groups)
-
-    # -- the contract: what a backend implements (docs/backends.md) -------------------------
-
-    @contract_member("host", "engine")
-    def gpu_lease_ref(self) -> str:
-        """Something that finds this server again after a hub restart ("pid:42", "container:ab12", "slurm:7").
-
-        Stored in the lease; ``gpu_lease_alive`` gets it back. Empty while
-        the server has not started far enough to be found."""
-        raise BackendContractError(f"{type(self).__name__} does not implement gpu_lease_ref()")
-
-    @contract_member("host", "engine")
-    def gpu_lease_alive(self, lease: Lease) -> bool | None:
-        """Whether the server behind a stored lease still runs: True keep, False release, None unknown.
-
-        Called after a hub restart for every lease (blocking: a worker thread).
-        None keeps the lease, and the spawner's first poll settles it."""
-        raise BackendContractError(f"{type(self).__name__} does not implement gpu_lease_alive()")
-
-    @contract_member("host", "engine")
-    def gpu_reconcile_orphans(self) -> None:
-        """After a hub restart: adopt or end the backend's servers that run without a lease (blocking).
-
-        Adopt (``store.adopt``) when none of the server's GPUs is leased to
-        another server, end it otherwise; each backend documents its rule."""
-        raise BackendContractError(f"{type(self).__name__} does not implement gpu_reconcile_orphans()")
-
-    @contract_member("host")
-    def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
-        """Host placement: the environment that pins the server to ``uuids`` (may be empty for CPU-only).
-
-        Merged into ``get_env()``; a backend that pins by other means (the
-        docker backend's device request) still returns what the runtime needs."""
-        raise BackendContractError(f"{type(self).__name__} does not implement gpu_environment()")
-
-    @contract_member("engine")
-    def engine_inventory(self) -> DeviceInventory:
-        """Engine placement: the cluster's GPUs as the engine knows them (blocking; read at hub start).
-
-        Called on a spawner or on a bare config object with the policy's
-        traits (the hub publishes the settings before any spawner exists)."""
-        raise BackendContractError(f"{type(self).__name__} does not implement engine_inventory()")
-
-    @contract_member("engine")
-    def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> EnginePlacement:
-        """Engine placement: the placement that follows the engine's queue and writes the lease.
-
-        Built once per hub process (``gpu_policy``); it admits to the
-        engine's queue, follows a submitted job and learns node and GPUs."""
-        raise BackendContractError(f"{type(self).__name__} does not implement engine_placement()")
-
-    @contract_member("engine")
-    async def engine_submit(self) -> EngineJob:
-        """Engine placement: submit this server (``self.gpu_request``) to the engine; the job to follow.
-
-        Called once the policy admitted the request. Raise ``SpawnException``
-        with the engine's words when the engine refuses (nothing was submitted)."""
-        raise BackendContractError(f"{type(self).__name__} does not implement engine_submit()")
-
-    @contract_member("engine")
-    async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
-        """Engine placement: the job runs and its lease is written (None: CPU-only); where the server listens."""
-        raise BackendContractError(f"{type(self).__name__} does not implement engine_connect()")
-
-    @contract_member("engine")
-    async def engine_cancel(self) -> None:
-        """Engine placement: end whatever this server has in the engine (by id, or found by tag); never raises.
-
-        Called before a new submission (JupyterHub starts a server it believes
-        stopped: anything left of it is stale) and after a failed start."""
-        raise BackendContractError(f"{type(self).__name__} does not implement engine_cancel()")
-
-    # -- optional hooks (each has a meaning when not overridden) ----------------------------
-
-    async def check_options(self, options: dict) -> dict:
-        """Backend options beyond the policy's (Slurm: ``partition``): check them, return the rest.
-
-        Runs before admission; raise ``SpawnException`` to refuse. By default
-        every option goes on to admission, which refuses what it does not know."""
-        return options
-
-    def apply_gpu_request(self, request: SpawnRequest) -> None:
-        """After admission: act on the request beyond the GPUs (the docker backend: the image)."""
-
-    async def prepare_server(self) -> None:
-        """Host placement: the GPUs are leased and the server is about to start (local: copy starter notebooks).
-
-        A failure here releases the lease, as a failed start does."""
 
     # -- options ----------------------------------------------------------------
 

@@ -66,7 +66,19 @@ class FakeRuntime(Spawner):
         return None if self.alive else 0
 
 
-class FakeHostSpawner(GPUSpawnerMixin, FakeRuntime):
+class WorldReconcile:
+    """Both fakes' answers after a hub restart, from what runs in the ``world`` (their runtime's truth)."""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        if self.world is None or not self.world.answers:
+            return None
+        return lease.ref in self.world.running
+
+    def gpu_reconcile_orphans(self) -> None:
+        adopt_orphans(self.world, self.gpu_policy.store)
+
+
+class FakeHostSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
     """Host placement: the policy leases GPUs, then the fake runtime starts the server with them."""
 
     workbench_backend = "fake-host"
@@ -77,14 +89,6 @@ class FakeHostSpawner(GPUSpawnerMixin, FakeRuntime):
 
     def gpu_lease_ref(self) -> str:
         return f"fake:{self.user.name}/{self.name}" if self.alive else ""
-
-    def gpu_lease_alive(self, lease: Lease) -> bool | None:
-        if self.world is None or not self.world.answers:
-            return None
-        return lease.ref in self.world.running
-
-    def gpu_reconcile_orphans(self) -> None:
-        adopt_orphans(self.world, self.gpu_policy.store)
 
 
 def adopt_orphans(world: FakeWorld | None, store: AllocationStore) -> None:
@@ -155,7 +159,7 @@ class FakeEnginePlacement(EnginePlacement):
             await asyncio.sleep(self.poll)
 
 
-class FakeEngineSpawner(GPUSpawnerMixin, FakeRuntime):
+class FakeEngineSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
     """Engine placement: the policy admits, the fake engine places and the lease is learned back."""
 
     workbench_backend = "fake-engine"
@@ -195,14 +199,6 @@ class FakeEngineSpawner(GPUSpawnerMixin, FakeRuntime):
 
     def gpu_lease_ref(self) -> str:
         return f"engine:{self.job_id}" if getattr(self, "job_id", "") else ""
-
-    def gpu_lease_alive(self, lease: Lease) -> bool | None:
-        if self.world is None or not self.world.answers:
-            return None
-        return lease.ref in self.world.running
-
-    def gpu_reconcile_orphans(self) -> None:
-        adopt_orphans(self.world, self.gpu_policy.store)
 
     async def stop(self, now=False):
         await self.engine_cancel()

@@ -22,7 +22,8 @@ from jupyterhub.spawner import SpawnException
 
 from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner, FakeWorld
 from workbench_spawner.backend import installed_backends
-from workbench_spawner.mixin import BackendContractError, GPUSpawnerMixin, contract_members, contract_problems
+from workbench_spawner.contract import BackendContractError, contract_members, contract_problems
+from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.policy.gpu_policy import _policies
 
 FAKES = [FakeHostSpawner, FakeEngineSpawner]

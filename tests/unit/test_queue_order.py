@@ -16,7 +16,7 @@ from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
 from workbench_spawner.policy.clock import hub_clock, set_test_clock
 from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
-from workbench_spawner.rules.reservations import ReservationError
+from workbench_spawner.rules.window import ReservationError
 
 DOC = load_document()  # the service's API document: what request bodies are checked against
 

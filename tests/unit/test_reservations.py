@@ -10,15 +10,14 @@ import pytest
 from workbench_spawner.rules.reservations import (
     Holding,
     Reservation,
-    ReservationError,
     check_feasible,
     held_for_members,
-    parse_window,
     preemption_phase,
     preemption_plan,
     remaining_needs,
     takeable,
 )
+from workbench_spawner.rules.window import ReservationError, parse_window
 
 BERLIN = ZoneInfo("Europe/Berlin")
 UTC = UTC

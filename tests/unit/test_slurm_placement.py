@@ -23,7 +23,8 @@ from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.host import NoGPUAvailable
 from workbench_spawner.rules.queue_order import Waiting
-from workbench_spawner.rules.reservations import Reservation, parse_window
+from workbench_spawner.rules.reservations import Reservation
+from workbench_spawner.rules.window import parse_window
 
 NODES = [SlurmNode("n1", "10.0.0.1", "IDLE", "h100", 2), SlurmNode("n2", "10.0.0.2", "IDLE", "h100", 2)]
 REAL = cluster_inventory(NODES, "")  # SLURM-n1-gpu0 ... until jobs report UUIDs

@@ -14,7 +14,6 @@ from workbench_spawner.backends.slurm.jobs import (
     NodeReport,
     SlurmJob,
     SlurmNode,
-    gres_for,
     is_hopeless,
     job_tag,
     parse_gres,
@@ -25,10 +24,8 @@ from workbench_spawner.backends.slurm.jobs import (
     parse_tag_with_hub,
     pending_message,
     queue_position,
-    sbatch_failure,
-    sbatch_options,
-    time_limit,
 )
+from workbench_spawner.backends.slurm.sbatch import gres_for, sbatch_failure, sbatch_options, time_limit
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,8 @@ from datetime import tzinfo
 from workbench_hub.service.handlers import APIHandler
 from workbench_spawner.ledger.reservation_book import ReservationBook, StoredReservation, reservation_from_body
 from workbench_spawner.policy.clock import Clock, hub_clock, zone
-from workbench_spawner.rules.reservations import ReservationError, next_occurrence
+from workbench_spawner.rules.reservations import next_occurrence
+from workbench_spawner.rules.window import ReservationError
 
 log = logging.getLogger("workbench.service")
 

@@ -24,10 +24,9 @@ from workbench_spawner.rules.reservations import (
     DEFAULT_GRACE_MINUTES,
     DEFAULT_WARN_MINUTES,
     Reservation,
-    ReservationError,
     check_feasible,
-    parse_window,
 )
+from workbench_spawner.rules.window import ReservationError, parse_window
 
 # What a request body may hold (the service's ReservationBody schema says the same; a test compares them).
 MAX_GROUP = 255
@@ -77,7 +76,7 @@ def reservation_from_body(body: Mapping[str, Any], models: list[str]) -> Reserva
     schema cannot say.
 
     ``body`` has passed the service's ``ReservationBody`` schema (``openapi.validate_body``: fields,
-    types, bounds, lengths). Here: the window must parse (``reservations.parse_window``), the model
+    types, bounds, lengths). Here: the window must parse (``window.parse_window``), the model
     must be one of the inventory's ``models`` (any case; written as the inventory writes it), and
     missing or null minutes take their defaults. Whether it fits is ``ReservationBook.create``'s.
     """

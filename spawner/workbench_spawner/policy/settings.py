@@ -241,7 +241,7 @@ def spawner_class_from(config) -> type:
 
 def spawner_gpu_class(config) -> type:
     """The configured spawner class, checked to keep the backend contract (ValueError with sentences)."""
-    from workbench_spawner.mixin import contract_problems
+    from workbench_spawner.contract import contract_problems
     from workbench_spawner.policy.config import GPUPolicyConfig
 
     cls = spawner_class_from(config)

@@ -50,11 +50,10 @@ from workbench_spawner.backends.slurm.jobs import (
     list_jobs,
     list_nodes,
     partitions,
-    sbatch_failure,
-    sbatch_options,
 )
 from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options
 from workbench_spawner.backends.slurm.traits import SlurmTraits
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
