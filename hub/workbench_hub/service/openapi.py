@@ -88,26 +88,12 @@ def _merge(document: dict, fragment: dict) -> None:
         raise ValueError(
             f"the OpenAPI fragment {name} has {', '.join(unknown)}; a fragment has only {', '.join(FRAGMENT_KEYS)}"
         )
-    paths = document.setdefault("paths", {})
-    for path, item in (fragment.get("paths") or {}).items():
-        if path in paths:
-            raise ValueError(
-                f"the OpenAPI fragment {name} redefines the path {path}, which the document "
-                f"already has; a fragment may only add paths"
-            )
-        paths[path] = item
+    _add_only(document.setdefault("paths", {}), fragment.get("paths"), name, "the path {}", "paths")
     components = document.setdefault("components", {})
     for section, entries in (fragment.get("components") or {}).items():
         if section not in COMPONENT_SECTIONS:
             raise ValueError(f"the OpenAPI fragment {name} has components/{section}, which OpenAPI does not know")
-        known = components.setdefault(section, {})
-        for key, value in (entries or {}).items():
-            if key in known:
-                raise ValueError(
-                    f"the OpenAPI fragment {name} redefines components/{section}/{key}, which the "
-                    f"document already has; a fragment may only add {section}"
-                )
-            known[key] = value
+        _add_only(components.setdefault(section, {}), entries, name, f"components/{section}/{{}}", section)
     schemas = components.get("schemas", {})
     for schema_name, added in (fragment.get("x-schema-properties") or {}).items():
         target = schemas.get(schema_name)
@@ -116,13 +102,18 @@ def _merge(document: dict, fragment: dict) -> None:
                 f"the OpenAPI fragment {name} adds properties to {schema_name}, which is not an "
                 f"object schema of the document"
             )
-        for prop, schema in added.items():
-            if prop in target["properties"]:
-                raise ValueError(
-                    f"the OpenAPI fragment {name} redefines the property {prop} of {schema_name}, "
-                    f"which the document already has; a fragment may only add properties"
-                )
-            target["properties"][prop] = schema
+        _add_only(target["properties"], added, name, f"the property {{}} of {schema_name}", "properties")
+
+
+def _add_only(target: dict, entries: dict | None, fragment: str, what: str, kind: str) -> None:
+    """Add a fragment's ``entries`` to ``target``; redefining one (``what`` names it) is a ValueError."""
+    for key, value in (entries or {}).items():
+        if key in target:
+            raise ValueError(
+                f"the OpenAPI fragment {fragment} redefines {what.format(key)}, which the document "
+                f"already has; a fragment may only add {kind}"
+            )
+        target[key] = value
 
 
 def with_server(document: dict, prefix: str) -> dict:
