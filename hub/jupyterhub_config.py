@@ -91,7 +91,8 @@ from workbench_spawner.policy.settings import publish_policy_settings, spawner_g
 
 try:
     # The spawner class decides (a site's subclass of a backend's spawner keeps every feature of it).
-    extension = backend_extension(spawner_gpu_class(final).workbench_backend)
+    spawner_class = spawner_gpu_class(final)
+    extension = backend_extension(spawner_class.workbench_backend)
 except (ValueError, UnknownBackend) as exc:
     fail(str(exc))
 problems = extension.check(final)
@@ -105,7 +106,7 @@ extension.setup_hub(c)
 try:
     # The spawner class's effective traits (these files, the command line,
     # their defaults), stored once in the GPU database for the workbench service.
-    settings = publish_policy_settings(final)
+    settings = publish_policy_settings(final, spawner_class)
 except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url, settings.backend)

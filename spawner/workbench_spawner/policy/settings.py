@@ -258,7 +258,7 @@ def spawner_gpu_class(config) -> type:
     return cls
 
 
-def publish_policy_settings(config) -> PolicySettings:
+def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
     """Resolve the configured spawner's settings and store them for the workbench service.
 
     Called by the hub's config file after every config file is loaded, so
@@ -272,7 +272,7 @@ def publish_policy_settings(config) -> PolicySettings:
 
     from workbench_spawner.policy.config import GPUPolicyConfig
 
-    cls = spawner_gpu_class(config)
+    cls = cls or spawner_gpu_class(config)  # the hub config passes the class it checked already
 
     class SpawnerPolicyConfig(GPUPolicyConfig):
         @classmethod
