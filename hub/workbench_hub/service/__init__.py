@@ -15,7 +15,9 @@ It serves
   ``api/usage``), described by ``api/openapi.json``;
 * ``metrics``: Prometheus text with DCGM-exporter names.
 
-The hub passes only the GPU database's URL; the policy's settings
+The hub passes the GPU database's URL and its backend's name (whose routes
+and OpenAPI fragment the backend's ``workbench.backends`` extension adds;
+this package imports no backend); the policy's settings
 (inventory, servers per GPU, default quota, node) are the ones the hub
 stored there at start, never re-derived here. One job per module:
 
@@ -24,7 +26,9 @@ stored there at start, never re-derived here. One job per module:
 * ``fleet``: the stored settings, leases, live readings, quota summaries;
 * ``hub_client``: the hub REST calls (users, groups, stopping a server);
 * ``session_limits``: stopping servers past their session length;
-* ``handlers``: the page and the REST API; ``openapi``: their description;
+* ``handlers``: the page and the REST API; ``openapi.yaml``: their one
+  document (``openapi``: loads it, merges the backend's fragment, checks
+  request bodies against it);
 * ``metrics``: Prometheus text.
 
 Who may do what is decided here, on every request, from the caller's hub
