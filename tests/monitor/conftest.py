@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import missing as skip_or_fail  # skip, or fail in CI
 from tests.monitor.monitor_support import (
     ARTIFACTS,
     EXTENSION_DIR,
     RunningServer,
-    skip_or_fail,
     start_server,
     stop_server,
 )

@@ -19,7 +19,8 @@ import shutil
 import subprocess
 import sys
 
-from tests.monitor.monitor_support import DEVICES_DIR, EXTENSION_DIR, skip_or_fail
+from tests.conftest import missing as skip_or_fail  # skip, or fail in CI
+from tests.monitor.monitor_support import DEVICES_DIR, EXTENSION_DIR
 
 JUPYTERLAB = os.environ.get("WORKBENCH_TEST_JUPYTERLAB", "jupyterlab==4.6.6")
 
