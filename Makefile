@@ -50,12 +50,12 @@ test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 test-unit: install
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit tests/conformance -m "not integration" $(PYTEST_ARGS)
 
 # The unit tests against the lowest versions pyproject.toml declares (requirements/lowest.txt),
 # in their own venv (.venv-lowest, reused). torch is the same local wheel as in .venv.
 test-lowest: $(LOWEST)/.installed
-	$(LOWEST)/bin/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(LOWEST)/bin/python -m pytest tests/unit tests/conformance -m "not integration" $(PYTEST_ARGS)
 
 $(LOWEST)/.installed: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml $(LOWEST_LOCK) Makefile
 	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)

@@ -2,7 +2,7 @@
 
 They keep the backend contract (``workbench_spawner.mixin``) over a runtime
 made of Python objects, so the policy's life cycle can be tested in
-milliseconds: ``tests/unit/test_backend_contract.py`` runs the same
+milliseconds: ``tests/conformance/test_conformance.py`` runs the same
 scenarios against them as against the real backends' classes, and the
 lifecycle and quota tests spawn through them. ``FakeWorld`` is what runs
 "out there": the servers the runtime knows, by lease ref, including ones
@@ -50,7 +50,7 @@ class FakeRuntime(Spawner):
             await asyncio.sleep(3600)
         self.alive = True
         if self.world is not None:
-            self.world.running[f"fake:{self.user.name}/{self.name}"] = (
+            self.world.running[self.runtime_key()] = (
                 self.user.name,
                 self.name,
                 tuple(getattr(self, "gpu_uuids", ())),
@@ -59,10 +59,16 @@ class FakeRuntime(Spawner):
 
     async def stop(self, now=False):
         if self.world is not None:
-            self.world.running.pop(f"fake:{self.user.name}/{self.name}", None)
+            self.world.running.pop(self.runtime_key(), None)
         self.alive = False
 
+    def runtime_key(self) -> str:
+        """This server's entry in the ``world``."""
+        return f"fake:{self.user.name}/{self.name}"
+
     async def poll(self):
+        if self.alive and self.world is not None and self.runtime_key() not in self.world.running:
+            self.alive = False  # ended out there (killed, cancelled): the runtime says so
         return None if self.alive else 0
 
 
@@ -88,7 +94,7 @@ class FakeHostSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
         return {"FAKE_VISIBLE_DEVICES": ",".join(uuids)}
 
     def gpu_lease_ref(self) -> str:
-        return f"fake:{self.user.name}/{self.name}" if self.alive else ""
+        return self.runtime_key() if self.alive else ""
 
 
 def adopt_orphans(world: FakeWorld | None, store: AllocationStore) -> None:
@@ -200,9 +206,22 @@ class FakeEngineSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
     def gpu_lease_ref(self) -> str:
         return f"engine:{self.job_id}" if getattr(self, "job_id", "") else ""
 
+    def runtime_key(self) -> str:
+        return self.gpu_lease_ref()
+
     async def stop(self, now=False):
         await self.engine_cancel()
         await super().stop(now=now)
+
+    def get_state(self):
+        state = super().get_state()
+        if getattr(self, "job_id", ""):
+            state["job_id"] = self.job_id  # as batchspawner keeps it: the job outlives a hub restart
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self.job_id = state.get("job_id", "")
 
     def clear_state(self):
         super().clear_state()

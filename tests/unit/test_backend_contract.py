@@ -1,14 +1,13 @@
-"""The backend contract's conformance suite: the same scenarios for every backend.
+"""The backend contract, checked on the classes: members, modes, entry points, old import paths.
 
+Every backend's class is held to the declared contract here (every member
+of its mode implemented, no private life-cycle method or ``start``
+overridden, an installed ``workbench.backends`` entry naming its spawner).
 Behaviour (start pinned or placed, stop and poll release, restore after a
-hub restart, reconcile of leases without servers and servers without
-leases, queue and refusal words) runs against the two reference
-implementations in ``fake_backends.py``: a host backend and an engine
-backend. The real backends' classes are held to the declared contract here
-(every member of their mode implemented, no private life-cycle method or
-``start`` overridden, an installed ``workbench.backends`` entry); their
-behaviour runs in their tiers, against a real runtime: ``tests/integration``
-(local), ``tests/docker`` (docker), ``tests/slurm`` (the two-node cluster).
+hub restart, reconcile both ways, queue and refusal words) is the
+conformance suite, ``tests/conformance/test_conformance.py``: the same
+scenarios on the two reference implementations (``fake_backends.py``) and
+on local, docker and slurm against their real runtimes.
 """
 
 from __future__ import annotations
@@ -18,13 +17,11 @@ import warnings
 from types import SimpleNamespace
 
 import pytest
-from jupyterhub.spawner import SpawnException
 
-from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner, FakeWorld
+from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner
 from workbench_spawner.backend import installed_backends
 from workbench_spawner.contract import BackendContractError, contract_members, contract_problems
 from workbench_spawner.mixin import GPUSpawnerMixin
-from workbench_spawner.policy.gpu_policy import _policies
 
 FAKES = [FakeHostSpawner, FakeEngineSpawner]
 REAL = {
@@ -39,35 +36,6 @@ def load(path: str) -> type:
     return getattr(importlib.import_module(module), name)
 
 
-@pytest.fixture(params=FAKES, ids=lambda cls: cls.placement_mode)
-def backend(request, tmp_path):
-    _policies.clear()
-    world = FakeWorld()
-    cls = type(f"Conforming{request.param.__name__}", (request.param,), {"world": world})
-
-    def make(user="alice", name="", **traits):
-        traits = {
-            "gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}",
-            "simulated_gpus": "2",
-            "gpu_queue_timeout": 0.3,
-        } | traits
-        user_obj = SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user, groups=[])
-        hub = SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/")
-        return cls(user=user_obj, hub=hub, orm_spawner=SimpleNamespace(name=name, server=None), **traits)
-
-    yield SimpleNamespace(make=make, world=world, mode=request.param.placement_mode)
-    _policies.clear()
-
-
-async def start(spawner, options):
-    await spawner._apply_gpu_options(options)
-    return await spawner.start()
-
-
-def leases(spawner) -> dict[str, tuple[str, ...]]:
-    return {lease.user: lease.gpu_uuids for lease in spawner.gpu_policy.store.leases()}
-
-
 # -- the declared contract ---------------------------------------------------------------------------
 
 
@@ -78,6 +46,11 @@ def test_every_real_backend_keeps_the_declared_contract(entry):
     assert cls.placement_mode in ("host", "engine")
     extension = installed_backends()[cls.workbench_backend]
     assert extension.spawner == entry, "the backend's extension names its own spawner entry point"
+
+
+@pytest.mark.parametrize("cls", FAKES, ids=lambda cls: cls.__name__)
+def test_the_reference_implementations_keep_the_contract(cls):
+    assert contract_problems(cls) == []
 
 
 def test_the_contract_is_small_and_each_member_is_documented():
@@ -142,108 +115,3 @@ def test_the_old_import_paths_still_work_with_a_deprecation_warning():
             cls = getattr(importlib.import_module(module), name)
         assert issubclass(cls, GPUSpawnerMixin)
         assert any(issubclass(w.category, DeprecationWarning) and module in str(w.message) for w in caught)
-
-
-# -- behaviour, on both reference implementations ------------------------------------------------------
-
-
-async def test_start_pins_or_places_the_server_and_records_the_lease(backend):
-    spawner = backend.make()
-    await start(spawner, {"gpus": 1})
-    assert leases(spawner) == {"alice": tuple(spawner.gpu_uuids)} and len(spawner.gpu_uuids) == 1
-    assert spawner.get_env()["WORKBENCH_GPUS"] == spawner.gpu_uuids[0]
-    if backend.mode == "host":
-        assert spawner.get_env()["FAKE_VISIBLE_DEVICES"] == spawner.gpu_uuids[0]
-    lease = spawner.gpu_policy.store.lease_of("alice", "")
-    assert lease.ref == spawner.gpu_lease_ref() != ""
-
-
-async def test_two_servers_never_share_a_gpu(backend):
-    a, b = backend.make("alice"), backend.make("bob")
-    await start(a, {"gpus": 1})
-    await start(b, {"gpus": 1})
-    assert set(a.gpu_uuids).isdisjoint(b.gpu_uuids)
-
-
-async def test_stop_releases_and_poll_of_a_dead_server_releases(backend):
-    spawner = backend.make()
-    await start(spawner, {"gpus": 1})
-    await spawner.stop()
-    assert leases(spawner) == {}
-    await start(spawner, {"gpus": 1})
-    spawner.alive = False  # the server died under the hub
-    assert await spawner.poll() is not None
-    assert leases(spawner) == {}
-
-
-async def test_a_failed_start_leaves_no_lease(backend):
-    spawner = backend.make()
-    spawner.behaviour = "fail"
-    with pytest.raises((RuntimeError, SpawnException)):
-        await start(spawner, {"gpus": 1})
-    assert leases(spawner) == {}
-
-
-async def test_nothing_free_is_a_503_with_words_after_the_queue_timeout(backend):
-    holder, waiter = backend.make("alice", default_max_gpus=2), backend.make("bob")
-    await start(holder, {"gpus": 2})
-    with pytest.raises(SpawnException) as info:
-        await start(waiter, {"gpus": 1})
-    assert info.value.status_code == 503
-    assert "GPU" in info.value.message or "job" in info.value.message
-    assert set(leases(holder)) == {"alice"}
-
-
-async def test_a_refusal_by_the_quota_starts_nothing(backend):
-    spawner = backend.make()
-    with pytest.raises(SpawnException) as info:
-        await start(spawner, {"gpus": 2})  # the default quota is 1 GPU
-    assert info.value.status_code == 403 and "1" in info.value.message
-    assert leases(spawner) == {} and backend.world.running == {}
-
-
-async def test_restore_after_a_hub_restart_keeps_a_running_servers_gpus(backend):
-    spawner = backend.make()
-    await start(spawner, {"gpus": 1})
-    state, uuids = spawner.get_state(), list(spawner.gpu_uuids)
-    _policies.clear()  # a new hub process
-    again = backend.make()
-    again.load_state(state)
-    again.alive = True
-    assert await again.poll() is None
-    assert again.gpu_uuids == uuids and leases(again) == {"alice": tuple(uuids)}
-
-
-async def test_reconcile_releases_leases_without_servers_and_adopts_servers_without_leases(backend):
-    gone, orphan = backend.make("alice"), backend.make("bob")
-    await start(gone, {"gpus": 1})
-    await start(orphan, {"gpus": 1})
-    store = gone.gpu_policy.store
-    ref = store.lease_of("bob", "").ref
-    backend.world.running.pop(gone.gpu_lease_ref())  # alice's server ended while the hub was down
-    store.release("bob", "", "lost with the database")  # bob's runs, its lease row is lost
-    _policies.clear()
-    fresh = backend.make("carol")
-    policy = fresh.gpu_policy  # the first use reconciles
-    assert {lease.user for lease in policy.store.leases()} == {"bob"}
-    assert policy.store.lease_of("bob", "").ref == ref
-
-
-async def test_an_orphan_whose_gpus_went_to_someone_else_is_ended(backend):
-    bob = backend.make("bob")
-    await start(bob, {"gpus": 1})
-    store = bob.gpu_policy.store
-    ref, uuids = store.lease_of("bob", "").ref, store.lease_of("bob", "").gpu_uuids
-    store.release("bob", "", "lost")
-    store.adopt("dave", "", list(uuids), "elsewhere")  # someone else holds them now, and runs
-    backend.world.running["elsewhere"] = ("dave", "", tuple(uuids))
-    _policies.clear()
-    backend.make("carol").gpu_policy  # noqa: B018
-    assert ref in backend.world.cancelled and ref not in backend.world.running
-
-
-async def test_progress_tells_the_user_what_happens(backend):
-    spawner = backend.make()
-    await start(spawner, {"gpus": 0 if backend.mode == "host" else 1})
-    events = [e["message"] for e in spawner._gpu_events._events]
-    assert any(spawner.gpu_uuids[0] in e for e in events) if spawner.gpu_uuids else events, events

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import signal
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
@@ -27,8 +28,10 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
     """Local processes pinned to their GPUs by CUDA_VISIBLE_DEVICES (host placement).
 
     Reconcile rule after a hub restart: a lease whose process is gone (or
-    whose pid now runs something that is not Jupyter) is released; a local
-    server cannot run without the hub's knowledge, so there are no orphans.
+    whose pid now runs something that is not Jupyter) is released. A server
+    of this hub that runs without a lease (its lease row or the hub's own
+    record of it was lost) is found by its environment (``hub_servers``) and
+    adopted if its GPUs are free, else ended: its GPUs are someone else's.
     """
 
     workbench_backend = "local"
@@ -82,7 +85,47 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
         return pid_runs_jupyter(int(lease.ref[4:]))
 
     def gpu_reconcile_orphans(self) -> None:
-        """Nothing to adopt: a local server is a child of the hub, and ends with it unless it was leased."""
+        """Adopt or end this hub's server processes that hold GPUs and have no lease."""
+        store = self.gpu_policy.store
+        leased = {lease.ref for lease in store.leases()}
+        for pid, env in hub_servers(self.hub.api_url):
+            uuids = [u for u in env.get("WORKBENCH_GPUS", "").split(",") if u]
+            user, server = env.get("JUPYTERHUB_USER", ""), env.get("JUPYTERHUB_SERVER_NAME", "")
+            if f"pid:{pid}" in leased or not uuids or not user:
+                continue
+            if store.adopt(user, server, uuids, f"pid:{pid}"):
+                self.log.info("Adopted server process %d of %s/%s with GPU(s) %s", pid, user, server, uuids)
+                continue
+            self.log.warning(
+                "Ending server process %d of %s/%s: its GPU(s) %s are held by another server", pid, user, server, uuids
+            )
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def hub_servers(api_url: str) -> list[tuple[int, dict[str, str]]]:
+    """The running single-user servers of the hub at ``api_url``, with their environments.
+
+    A server is a Jupyter process whose ``JUPYTERHUB_API_URL`` is this hub's
+    (another hub on the machine has another API address) and whose parent is
+    not one: its kernels and terminals inherit the same environment. Only
+    processes this account may read are seen, which are the ones it started.
+    """
+    found: dict[int, tuple[int, dict[str, str]]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or not pid_runs_jupyter(int(entry.name)):
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            ppid = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+        if env.get("JUPYTERHUB_API_URL") == api_url:
+            found[int(entry.name)] = (ppid, env)
+    return sorted((pid, env) for pid, (ppid, env) in found.items() if ppid not in found)
 
 
 def pid_runs_jupyter(pid: int) -> bool:
