@@ -1,6 +1,6 @@
 """The backend contract's conformance suite: the same scenarios on every backend.
 
-Each scenario runs on five tiers (``tiers.py``):
+Each scenario runs on five tiers (``tiers.py``, ``fake_tier.py``, ``hub_tiers.py``):
 
 * ``fake-host`` and ``fake-engine``: the reference implementations
   (``tests/unit/fake_backends.py``), in-process, in milliseconds;
@@ -25,7 +25,9 @@ import re
 
 import pytest
 
-from tests.conformance.tiers import QUOTA, DockerTier, FakeTier, LocalTier, SlurmTier
+from tests.conformance.fake_tier import FakeTier
+from tests.conformance.hub_tiers import DockerTier, LocalTier, SlurmTier
+from tests.conformance.tiers import QUOTA
 from tests.conftest import hub_pool, wait_until
 from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner
 
