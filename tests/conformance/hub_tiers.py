@@ -110,6 +110,7 @@ class HubTier(ABC):
     def failing(self) -> Iterator[None]:
         """The hub restarted with a setting that makes the runtime fail every start (``failing_config``)."""
         env, args = self.failing_config()
+        before = {name: self.hub.env.get(name) for name in env}
         self.hub.stop()
         self.hub.env.update(env)
         self.hub.args = [*self.args, *args]
@@ -118,8 +119,11 @@ class HubTier(ABC):
             yield
         finally:
             self.hub.stop()
-            for name in env:
-                self.hub.env[name] = self.env.get(name, os.environ.get(name, ""))
+            for name, value in before.items():
+                if value is None:
+                    self.hub.env.pop(name, None)
+                else:
+                    self.hub.env[name] = value
             self.hub.args = list(self.args)
             self.hub.start()
 

@@ -108,10 +108,17 @@ def stop(hub, user: str, timeout: float = 60) -> None:
     hub.wait_stopped(user, timeout)
 
 
-def cancel_all() -> None:
-    subprocess.run(["scancel", "-u", ",".join(USERS)], capture_output=True)
-    deadline = time.monotonic() + 30
-    while our_jobs() and time.monotonic() < deadline:
+def cancel_all(timeout: float = 60) -> None:
+    """Cancel every job of the test users and wait until Slurm has let go of them (their GPUs are free).
+
+    By job id: ``scancel -u`` takes one user, not a list."""
+    ids = [line.split()[0] for line in our_jobs()]
+    if ids:
+        subprocess.run(["scancel", *ids], capture_output=True)
+    deadline = time.monotonic() + timeout
+    while our_jobs():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the test users' Slurm jobs did not end within {timeout} s: {our_jobs()}")
         time.sleep(0.5)
 
 
