@@ -250,8 +250,9 @@ class Hub:
             time.sleep(0.5)
         raise AssertionError(f"{user}'s server still listed after {timeout} s")
 
-    def progress_messages(self, user: str, until: str, timeout: float = 30) -> list[str]:
-        """Read the spawn progress stream the spawn page shows, up to a message containing ``until``."""
+    def progress_messages(self, user: str, until: str | None = None, timeout: float = 30) -> list[str]:
+        """Read the spawn progress stream the spawn page shows, up to a message containing ``until``
+        (or to the ready or failed event). Empty when no spawn is pending: the hub answers 400."""
         messages: list[str] = []
         with self.api("GET", f"/users/{user}/server/progress", stream=True) as r:
             deadline = time.monotonic() + timeout
@@ -259,7 +260,7 @@ class Hub:
                 if line and line.startswith("data:"):
                     event = json.loads(line[5:])
                     messages.append(event.get("message", ""))
-                    if until in messages[-1] or event.get("failed") or event.get("ready"):
+                    if (until is not None and until in messages[-1]) or event.get("failed") or event.get("ready"):
                         break
                 if time.monotonic() > deadline:
                     break

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sqlite3
@@ -16,6 +15,7 @@ from contextlib import contextmanager
 
 from tests.conformance.tiers import GPUS, QUOTA, Spawned
 from tests.conftest import Hub, process_env, wait_until
+from tests.docker.conftest import container_env, docker
 from workbench_devices import parse_simulated_spec
 from workbench_spawner.backends.local.spawner import pid_runs_jupyter
 
@@ -62,22 +62,12 @@ class HubTier(ABC):
     def _follow(self, user: str, post) -> list[str]:
         deadline = time.monotonic() + self.spawn_timeout
         while time.monotonic() < deadline:
-            r = self.hub.api("GET", f"/users/{user}/server/progress", stream=True)
-            if r.status_code != 200:  # not pending yet, or refused before it was
-                r.close()
-                if post.done() and post.result().status_code not in (201, 202):
-                    return []
-                time.sleep(0.05)
-                continue
-            messages = []
-            with r:
-                for line in r.iter_lines(decode_unicode=True):
-                    if line and line.startswith("data:"):
-                        event = json.loads(line[5:])
-                        messages.append(event.get("message", ""))
-                        if event.get("failed") or event.get("ready"):
-                            break
-            return messages
+            messages = self.hub.progress_messages(user, timeout=deadline - time.monotonic())
+            if messages:  # the stream ends with the ready or the failed event
+                return messages
+            if post.done() and post.result().status_code not in (201, 202):
+                return []  # refused before it was pending
+            time.sleep(0.05)  # not pending yet
         raise AssertionError(f"{user}'s spawn neither became ready nor failed in {self.spawn_timeout} s")
 
     @abstractmethod
@@ -226,10 +216,6 @@ class LocalTier(HubTier):
                 os.kill(self.pids.pop(user), signal.SIGKILL)
 
 
-def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check, timeout=120)
-
-
 class DockerTier(HubTier):
     """Containers: the device variable the NVIDIA hook set from the device request; ended with docker kill."""
 
@@ -241,9 +227,8 @@ class DockerTier(HubTier):
         self.containers[user] = server["state"]["object_name"]
 
     def pinned(self, user: str) -> list[str]:
-        out = docker("exec", self.containers[user], "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ").stdout
-        env = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        return [] if env["NVIDIA_VISIBLE_DEVICES"] == "void" else split(env["NVIDIA_VISIBLE_DEVICES"])
+        devices = container_env(self.containers[user])["NVIDIA_VISIBLE_DEVICES"]
+        return [] if devices == "void" else split(devices)
 
     def runs(self, user: str) -> bool:
         name = self.containers.get(user, f"jupyter-{user}")

@@ -48,6 +48,12 @@ def inspect(obj: str) -> dict:
     return json.loads(docker("inspect", obj).stdout)[0]
 
 
+def container_env(name: str) -> dict[str, str]:
+    """The environment of the container's main process, as the runtime set it."""
+    out = docker("exec", name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
 def _unavailable(reason: str):
     if STRICT:
         pytest.fail(f"{reason} (WORKBENCH_STRICT_TESTS=1)", pytrace=False)

@@ -15,19 +15,13 @@ import uuid
 import pytest
 import requests
 
-from tests.docker.conftest import docker, inspect
+from tests.docker.conftest import container_env, docker, inspect
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:6]}"
-
-
-def container_env(name: str) -> dict[str, str]:
-    """The environment of the container's main process, as the runtime set it."""
-    out = docker("exec", name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ").stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 def container_of(hub, user: str) -> str:

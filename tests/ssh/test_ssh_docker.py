@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from tests.conftest import free_port, missing
-from tests.docker.conftest import docker, inspect
+from tests.docker.conftest import container_env, docker, inspect
 
 pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
 
@@ -29,11 +29,6 @@ def server_last_activity(ssh_hub, account) -> datetime:
     """The server's last_activity as the hub's API (and so the idle culler) sees it."""
     server = ssh_hub.hub.api("GET", f"/users/{account.name}").json()["servers"][""]
     return datetime.fromisoformat(server["last_activity"].replace("Z", "+00:00"))
-
-
-def container_env(name: str) -> dict[str, str]:
-    out = docker("exec", name, "sh", "-c", "tr '\\0' '\\n' < /proc/1/environ").stdout
-    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
 #: all a command session's environment may hold: sshd's own variables, the server's GPU variables,

@@ -115,29 +115,34 @@ def hub_servers(api_url: str) -> list[tuple[int, dict[str, str]]]:
     """
     found: dict[int, tuple[int, dict[str, str]]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or not pid_runs_jupyter(int(entry.name)):
+        parent = jupyter_parent(int(entry.name)) if entry.name.isdigit() else None
+        if parent is None:
             continue
         try:
             raw = (entry / "environ").read_bytes()
-            ppid = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+        except OSError:
             continue
         env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
         if env.get("JUPYTERHUB_API_URL") == api_url:
-            found[int(entry.name)] = (ppid, env)
-    return sorted((pid, env) for pid, (ppid, env) in found.items() if ppid not in found)
+            found[int(entry.name)] = (parent, env)
+    return sorted((pid, env) for pid, (parent, env) in found.items() if parent not in found)
 
 
 def pid_runs_jupyter(pid: int) -> bool:
     """True if ``pid`` is alive and is a Jupyter server, not a recycled pid."""
+    return jupyter_parent(pid) is not None
+
+
+def jupyter_parent(pid: int) -> int | None:
+    """The parent pid of ``pid`` if it is a live (not zombie) Jupyter process, else None."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmdline = f.read().replace(b"\0", b" ")
         with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != b"Z" and b"jupyter" in cmdline
+            state, parent = f.read().rsplit(b")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return None
+    return int(parent) if state != b"Z" and b"jupyter" in cmdline else None
 
 
 def safe_dir_name(name: str) -> str:
