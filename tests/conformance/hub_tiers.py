@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 from tests.conformance.tiers import GPUS, QUOTA, Spawned
 from tests.conftest import Hub, process_env, wait_until
-from tests.docker.conftest import container_env, docker
+from tests.docker.conftest import container_env, docker, remove_user_objects, user_container
 from workbench_devices import parse_simulated_spec
 from workbench_spawner.backends.local.spawner import pid_runs_jupyter
 
@@ -231,7 +231,9 @@ class DockerTier(HubTier):
         return [] if devices == "void" else split(devices)
 
     def runs(self, user: str) -> bool:
-        name = self.containers.get(user, f"jupyter-{user}")
+        name = self.containers.get(user) or user_container(user)
+        if not name:
+            return False
         state = docker("inspect", "-f", "{{.State.Running}}", name, check=False)
         return state.returncode == 0 and state.stdout.strip() == "true"
 
@@ -242,9 +244,7 @@ class DockerTier(HubTier):
         return {"WORKBENCH_IMAGE": "workbench-conformance/missing:none"}, ["--DockerSpawner.pull_policy=never"]
 
     def end_leftovers(self) -> None:
-        for user in self.used:
-            docker("rm", "-f", f"jupyter-{user}", check=False)
-            docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", check=False)
+        remove_user_objects(*self.used)
 
 
 class SlurmTier(HubTier):

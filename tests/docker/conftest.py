@@ -144,3 +144,33 @@ def docker_container(docker_engine):
     yield run
     for name in created:
         docker("rm", "-f", "-v", name, check=False)
+
+
+def user_container(user: str) -> str:
+    """The name of the (one) container labelled as ``user``'s server; '' if none."""
+    out = docker("ps", "-a", "--filter", f"label=workbench.user={user}", "--format", "{{.Names}}").stdout.split()
+    return out[0] if out else ""
+
+
+def hub_id_of(data_dir: Path) -> str:
+    """The id a hub keeps in its GPU database (the ``workbench.hub`` label of what it makes)."""
+    import sqlite3
+
+    with sqlite3.connect(data_dir / "workbench.sqlite") as db:
+        (value,) = db.execute("SELECT value FROM workbench_settings WHERE key = 'hub-id'").fetchone()
+    return json.loads(value)
+
+
+def remove_user_objects(*users: str) -> None:
+    """Remove the containers, volumes and networks the hub made for these users, then unused hub networks."""
+    for kind, list_cmd in (
+        ("rm", ["ps", "-aq"]),
+        ("volume", ["volume", "ls", "-q"]),
+        ("network", ["network", "ls", "-q"]),
+    ):
+        for user in users:
+            ids = docker(*list_cmd, "--filter", f"label=workbench.user={user}").stdout.split()
+            if ids:
+                args = ["rm", "-f", *ids] if kind == "rm" else [kind, "rm", *(["-f"] if kind == "volume" else []), *ids]
+                docker(*args, check=False)
+    docker("network", "prune", "-f", "--filter", "label=workbench.hub", check=False)

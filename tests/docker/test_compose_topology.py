@@ -3,6 +3,7 @@ same Docker engine and spawns one user container on a shared network."""
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 import uuid
@@ -10,7 +11,12 @@ import uuid
 import pytest
 import requests
 
-from tests.docker.conftest import docker, inspect
+from tests.docker.conftest import docker, inspect, remove_user_objects, user_container
+
+
+def docker_network(name: str) -> dict:
+    return json.loads(docker("network", "inspect", name).stdout)[0]
+
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -79,10 +85,13 @@ def test_hub_container_spawns_a_pinned_user_container(hub_image, singleuser_imag
             assert server and time.monotonic() < deadline, docker("logs", hub_name).stderr[-3000:]
             time.sleep(1)
 
-        info = inspect(f"jupyter-{user}")
+        info = inspect(user_container(user))
         assert info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == ["GPU-sim-00-h100-80gb"]
         assert info["Config"]["Labels"]["workbench.user"] == user
-        assert network in info["NetworkSettings"]["Networks"]
+        # its own network, which the hub's container joined; not the hub's network
+        (own,) = info["NetworkSettings"]["Networks"]
+        assert own.endswith(f"-u-{user}") and network != own
+        assert inspect(hub_name)["Id"] in docker_network(own)["Containers"]
         assert not any("docker.sock" in m.get("Source", "") for m in info["Mounts"])
         # The proxy in the hub container reaches the user container over the network.
         r = requests.post(f"{url}/hub/api/users/{user}/tokens", headers=headers, json={"expires_in": 600}, timeout=10)
@@ -91,7 +100,6 @@ def test_hub_container_spawns_a_pinned_user_container(hub_image, singleuser_imag
         assert r.status_code == 200, r.text
         requests.delete(f"{url}/hub/api/users/{user}/server", headers=headers, timeout=30)
     finally:
-        docker("rm", "-f", f"jupyter-{user}", check=False)
         docker("rm", "-f", hub_name, check=False)
+        remove_user_objects(user)
         docker("network", "rm", network, check=False)
-        docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", check=False)

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
-from tests.docker.conftest import docker, inspect
+from tests.docker.conftest import inspect, remove_user_objects, user_container
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.integration]
 
@@ -39,9 +39,8 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.wait_for_selector(".jp-DirListing-item:has-text('notebooks')")
         page.screenshot(path=str(_artifact("jupyterlab-docker.png")))
-        info = inspect(f"jupyter-{admin}")
+        info = inspect(user_container(admin))
         assert info["HostConfig"]["DeviceRequests"][0]["DeviceIDs"] == hub.leases()[admin]
         assert info["HostConfig"]["Memory"] == 2 << 30, "the profile picked on the form sizes the container"
     finally:
-        docker("rm", "-f", f"jupyter-{admin}", check=False)
-        docker("volume", "rm", "-f", f"workbench-home-{admin}", f"workbench-checkpoints-{admin}", check=False)
+        remove_user_objects(admin)

@@ -15,7 +15,7 @@ import uuid
 import pytest
 import requests
 
-from tests.docker.conftest import container_env, docker, inspect
+from tests.docker.conftest import container_env, docker, hub_id_of, inspect, remove_user_objects
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -48,9 +48,7 @@ def docker_hub(running_hub, singleuser_image, docker_volume):
         return hub
 
     yield start
-    for user in users:
-        docker("rm", "-f", f"jupyter-{user}", check=False)
-        docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", check=False)
+    remove_user_objects(*users)
 
 
 def make_users(hub, *prefixes: str) -> list[str]:
@@ -76,13 +74,17 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
         ("nvidia", leased, [["gpu"]])
     ]
     labels = info["Config"]["Labels"]
-    assert labels["workbench.user"] == alice and labels["workbench.server"] == ""
+    hub_id = hub_id_of(hub.data_dir)
+    assert labels["workbench.user"] == alice and labels["workbench.server"] == "" and labels["workbench.hub"] == hub_id
+    assert info["Name"] == f"/workbench-{hub_id}-{alice}"
     assert sorted(labels["workbench.gpus"].split(",")) == leased
     assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
     assert host["Privileged"] is False
     assert (host["Memory"], host["CpuPeriod"], host["CpuQuota"]) == (1 << 30, 100_000, 150_000)
     mounts = {m["Destination"]: m for m in info["Mounts"]}
-    assert mounts["/home/jovyan"]["Name"] == f"workbench-home-{alice}" and mounts["/home/jovyan"]["RW"]
+    assert mounts["/home/jovyan"]["Name"] == f"workbench-{hub_id}-home-{alice}" and mounts["/home/jovyan"]["RW"]
+    for volume in (mounts["/home/jovyan"]["Name"], mounts["/checkpoints"]["Name"]):
+        assert inspect(volume)["Labels"] == {"workbench.hub": hub_id, "workbench.user": alice}
     assert mounts["/checkpoints"]["RW"] and not mounts["/datasets"]["RW"]
     assert not any("docker.sock" in m.get("Source", "") for m in info["Mounts"])
 
@@ -189,7 +191,24 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
     # that the database knows nothing about (a lost row).
     docker("kill", bob_container)
     free_gpu = next(g for g in (f"GPU-sim-{i:02d}-h100-80gb" for i in range(4)) if g not in alice_gpus + bob_gpus)
+    hub_label = f"workbench.hub={hub_id_of(hub.data_dir)}"
+    # Another hub's server on the same engine, on one of alice's GPUs: not this hub's to adopt or stop.
+    foreign = docker_container(
+        "--label",
+        "workbench.hub=0therhub",
+        "--label",
+        "workbench.user=neighbour",
+        "--label",
+        "workbench.server=",
+        "--label",
+        f"workbench.gpus={alice_gpus[0]}",
+        base_image,
+        "sleep",
+        "600",
+    )
     adopt = docker_container(
+        "--label",
+        hub_label,
         "--label",
         "workbench.user=orphan",
         "--label",
@@ -201,6 +220,8 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
         "600",
     )
     clash = docker_container(
+        "--label",
+        hub_label,
         "--label",
         "workbench.user=intruder",
         "--label",
@@ -227,6 +248,8 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
     assert leases.get("orphan") == [free_gpu], "a lease-less container with free GPUs is adopted"
     assert "intruder" not in leases
     assert inspect(clash)["State"]["Running"] is False, "a container on someone else's GPU is stopped"
+    assert inspect(foreign)["State"]["Running"] is True, "another hub's container was touched"
+    assert "neighbour" not in leases
     held = [g for gs in leases.values() for g in gs]
     assert len(held) == len(set(held))
     docker("rm", "-f", adopt, check=False)

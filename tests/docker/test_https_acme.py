@@ -27,7 +27,7 @@ import requests
 
 from tests.browser.test_login_to_lab import log_in, sign_up
 from tests.conftest import ARTIFACTS, missing
-from tests.docker.conftest import REPO, SINGLEUSER_IMAGE, docker, inspect
+from tests.docker.conftest import REPO, SINGLEUSER_IMAGE, docker, inspect, remove_user_objects
 from tests.https.certs import CA
 from tests.https.conftest import trusting_chromium  # noqa: F401  (a fixture)
 
@@ -324,9 +324,9 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         context.close()
     finally:
         compose("down", "-v", "--remove-orphans", timeout=180)
-        docker("rm", "-f", f"jupyter-{user}", check=False)
+        remove_user_objects(user)
         compose("down", "-v", "--remove-orphans", timeout=180)
-        docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", datasets, check=False)
+        docker("volume", "rm", "-f", datasets, check=False)
         docker("network", "rm", net, check=False)
 
 

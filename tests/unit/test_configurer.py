@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 from traitlets.config import Config
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_hub import banner, configurer, parent_guard, transport
+from workbench_hub import banner, configurer, parent_guard, proxy_env, transport
 from workbench_hub.configurer import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,9 +175,16 @@ DOCKER = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "gpu-workbench/singl
         (DOCKER, "JupyterHub.hub_connect_ip", "172.17.0.1"),
         ({**DOCKER, "WORKBENCH_HUB_IP": "0.0.0.0"}, "JupyterHub.hub_ip", "0.0.0.0"),
         ({**DOCKER, "WORKBENCH_HUB_IP": "0.0.0.0"}, "JupyterHub.hub_connect_ip", "172.17.0.1"),
-        # the hub in compose: containers join its network
-        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "DockerGPUSpawner.network_name", "wb"),
-        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "DockerGPUSpawner.use_internal_ip", True),
+        # the hub in compose: it joins a network per user, as the container it runs in
+        ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "DockerGPUSpawner.hub_container", socket.gethostname()),
+        (
+            {**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb", "WORKBENCH_HUB_CONTAINER": "wb-hub-1"},
+            "DockerGPUSpawner.hub_container",
+            "wb-hub-1",
+        ),
+        ({**DOCKER}, "DockerGPUSpawner.egress", "internet"),
+        ({**DOCKER, "WORKBENCH_USER_EGRESS": "none"}, "DockerGPUSpawner.egress", "none"),
+        ({**DOCKER, "WORKBENCH_USER_SUBNETS": "10.50.0.0/20"}, "DockerGPUSpawner.user_subnets", "10.50.0.0/20"),
         ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "JupyterHub.hub_ip", "0.0.0.0"),
         ({**DOCKER, "WORKBENCH_DOCKER_NETWORK": "wb"}, "JupyterHub.hub_connect_ip", "hub"),
         (
@@ -255,6 +263,13 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
             {"WORKBENCH_DEFAULT_MAX_GPUS": "two"},
             "WORKBENCH_DEFAULT_MAX_GPUS must be a non-negative whole number, not 'two'",
         ),
+        (
+            {**DOCKER, "WORKBENCH_USER_EGRESS": "off"},
+            "WORKBENCH_USER_EGRESS is 'off'; it takes internet (the default) or none",
+        ),
+        ({**DOCKER, "WORKBENCH_USER_SUBNETS": "lan"}, "WORKBENCH_USER_SUBNETS is 'lan' is not an IPv4 range"),
+        ({**DOCKER, "WORKBENCH_USER_SUBNETS": "8.8.0.0/16"}, "is not a private IPv4 range of /28 or larger"),
+        ({**DOCKER, "WORKBENCH_USER_SUBNETS": "10.1.2.0/29"}, "is not a private IPv4 range of /28 or larger"),
         ({**DOCKER, "WORKBENCH_CPU_LIMIT": "many"}, "WORKBENCH_CPU_LIMIT must be a non-negative number, not 'many'"),
         (
             {"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
@@ -369,11 +384,15 @@ def test_the_idle_culler_runs_behind_the_guard_with_the_timeout():
 
 
 def test_the_proxy_from_the_checkout_is_used_when_it_is_installed(tmp_path):
-    assert "command" not in build({}, repo=tmp_path).ConfigurableHTTPProxy
+    assert build({}, repo=tmp_path).ConfigurableHTTPProxy.command == [
+        *proxy_env.LAUNCHER,
+        "--",
+        "configurable-http-proxy",
+    ]
     chp = tmp_path / "node_modules" / ".bin" / "configurable-http-proxy"
     chp.parent.mkdir(parents=True)
     chp.touch()
-    assert build({}, repo=tmp_path).ConfigurableHTTPProxy.command == [str(chp)]
+    assert build({}, repo=tmp_path).ConfigurableHTTPProxy.command == [*proxy_env.LAUNCHER, "--", str(chp)]
 
 
 def test_configurer_never_reads_the_process_environment(monkeypatch):
@@ -414,6 +433,8 @@ def certs(tmp_path_factory):
 
 HSTS = {"headers": {"Strict-Transport-Security": "max-age=31536000"}}
 CHP = "configurable-http-proxy"
+# the proxy on PATH, behind the launcher that gives it an allow-listed environment (proxy_env.py)
+PROXY = [*proxy_env.LAUNCHER, "--", CHP]
 
 
 @pytest.mark.parametrize(
@@ -431,30 +452,30 @@ CHP = "configurable-http-proxy"
             {"headers": {"Strict-Transport-Security": "max-age=600"}},
         ),
         # our proxy keeps adding X-Forwarded-Proto: https for the hub
-        ({"TLS": 1}, "ConfigurableHTTPProxy.command", None),
+        ({"TLS": 1}, "ConfigurableHTTPProxy.command", PROXY),
         # a TLS-terminating proxy in front: its X-Forwarded-Proto reaches the hub untouched
-        ({"WORKBENCH_ALLOW_HTTP": "1"}, "ConfigurableHTTPProxy.command", [CHP, "--no-x-forward"]),
+        ({"WORKBENCH_ALLOW_HTTP": "1"}, "ConfigurableHTTPProxy.command", [*PROXY, "--no-x-forward"]),
         ({"WORKBENCH_ALLOW_HTTP": "1"}, "JupyterHub.tornado_settings", HSTS),
         ({"WORKBENCH_ALLOW_HTTP": "1"}, "JupyterHub.bind_url", "http://127.0.0.1:8000"),
         ({"WORKBENCH_ALLOW_HTTP": "1"}, "JupyterHub.public_url", None),
         ({"WORKBENCH_DOMAIN": "GPU.example.org"}, "JupyterHub.public_url", "https://gpu.example.org/"),
-        ({"WORKBENCH_DOMAIN": "gpu.example.org"}, "ConfigurableHTTPProxy.command", [CHP, "--no-x-forward"]),
+        ({"WORKBENCH_DOMAIN": "gpu.example.org"}, "ConfigurableHTTPProxy.command", [*PROXY, "--no-x-forward"]),
         ({"WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_HSTS_SECONDS": "0"}, "JupyterHub.tornado_settings", None),
         # the certificate wins over a proxy in front: our proxy serves TLS itself
-        ({"TLS": 1, "WORKBENCH_ALLOW_HTTP": "1"}, "ConfigurableHTTPProxy.command", None),
+        ({"TLS": 1, "WORKBENCH_ALLOW_HTTP": "1"}, "ConfigurableHTTPProxy.command", PROXY),
         # plain HTTP (loopback): nothing changes
         ({}, "JupyterHub.bind_url", "http://127.0.0.1:8000"),
         ({}, "JupyterHub.ssl_cert", None),
         ({}, "JupyterHub.tornado_settings", None),
-        ({}, "ConfigurableHTTPProxy.command", None),
-        ({"WORKBENCH_ALLOW_HTTP": "0"}, "ConfigurableHTTPProxy.command", None),
+        ({}, "ConfigurableHTTPProxy.command", PROXY),
+        ({"WORKBENCH_ALLOW_HTTP": "0"}, "ConfigurableHTTPProxy.command", PROXY),
     ],
 )
 def test_https_settings_become_config(certs, env, trait, expected):
     env = dict(env)
     if env.pop("TLS", None):
         env |= {"WORKBENCH_SSL_CERT": certs["cert"], "WORKBENCH_SSL_KEY": certs["key"]}
-    c = build(env, repo=Path("/nonexistent"))  # no proxy in a checkout: the command is JupyterHub's own
+    c = build(env, repo=Path("/nonexistent"))  # no proxy in a checkout: the one on PATH
     section, _, name = trait.rpartition(".")
     if expected is None:
         assert name not in c[section], (trait, c[section])
@@ -472,7 +493,7 @@ def test_the_checkouts_proxy_gets_no_x_forward_behind_a_tls_proxy(tmp_path):
     chp.parent.mkdir(parents=True)
     chp.touch()
     c = build({"WORKBENCH_ALLOW_HTTP": "yes"}, repo=tmp_path)
-    assert c.ConfigurableHTTPProxy.command == [str(chp), "--no-x-forward"]
+    assert c.ConfigurableHTTPProxy.command == [*proxy_env.LAUNCHER, "--", str(chp), "--no-x-forward"]
 
 
 @pytest.mark.parametrize(

@@ -228,6 +228,8 @@ def make_spawner(tmp_path, monkeypatch):
 
     monkeypatch.setattr(DockerSpawner, "docker", fake_docker)
     monkeypatch.setattr(DockerGPUSpawner, "_client", FakeClient(), raising=False)
+    # the networks and labelled volumes are made on a real engine (tests/docker); here, none is asked
+    monkeypatch.setattr(DockerGPUSpawner, "prepare_tenancy", lambda self: None)
 
     def make(config: Config | None = None, user: str = "alice") -> DockerGPUSpawner:
         spawner = DockerGPUSpawner(
@@ -257,8 +259,12 @@ async def test_safe_defaults_are_forced_at_create(make_spawner):
         {"Driver": "nvidia", "DeviceIDs": ["GPU-sim-01-h100-80gb"], "Capabilities": [["gpu"]]}
     ]
     sources = sorted(b.split(":")[0] for b in host["Binds"])
-    assert sources == ["workbench-checkpoints-alice", "workbench-datasets", "workbench-home-alice"]
-    assert call["labels"]["workbench.user"] == "alice"
+    hub = spawner.hub_id()
+    assert sources == sorted(
+        [f"workbench-{hub}-checkpoints-alice", f"workbench-{hub}-home-alice", "workbench-datasets"]
+    )
+    assert call["labels"]["workbench.user"] == "alice" and call["labels"]["workbench.hub"] == hub
+    assert call["name"] == f"workbench-{hub}-alice"
 
 
 @pytest.mark.parametrize(("setting", "value", "key", "final"), REFUSED, ids=IDS)

@@ -13,11 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, free_on_slurm, reprioritize
-from workbench_spawner.backends.slurm.inventory import MapConflict, NodeGPUMap, cluster_inventory, hub_id, resolve
+from workbench_spawner.backends.slurm.inventory import MapConflict, NodeGPUMap, cluster_inventory, resolve
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
 from workbench_spawner.backends.slurm.placement import JobEnded, SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.report_api import ReportRefused, read_report
+from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine import EngineJob

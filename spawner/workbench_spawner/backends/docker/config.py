@@ -2,19 +2,24 @@
 
 The docker backend's variables (``WORKBENCH_IMAGE``, ``WORKBENCH_IMAGES``,
 ``WORKBENCH_DOCKER_NETWORK``, ``WORKBENCH_DATASETS_VOLUME``,
-``WORKBENCH_MEM_LIMIT``, ``WORKBENCH_CPU_LIMIT``) become config here; the
-README's table lists them. With the hub on the host, containers reach it
+``WORKBENCH_MEM_LIMIT``, ``WORKBENCH_CPU_LIMIT``, ``WORKBENCH_USER_EGRESS``,
+``WORKBENCH_USER_SUBNETS``, ``WORKBENCH_HUB_CONTAINER``) become config here;
+the README's table lists them. With the hub on the host, containers reach it
 through the default bridge's gateway, which is asked of the Docker engine.
+With the hub in a container (``WORKBENCH_DOCKER_NETWORK``, the network it is
+on), each user gets a network of their own that the hub's container joins.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import socket
 
 from traitlets.config import Config
 
 from workbench_hub.env_values import ConfigError, Env, comma_list, number, text
 from workbench_spawner.backend import HubContext
+from workbench_spawner.backends.docker.tenancy import subnets_problem
 
 
 def bridge_gateway() -> str:
@@ -46,11 +51,21 @@ def configure(c: Config, env: Env, hub: HubContext) -> None:
     hub_ip = env.get("WORKBENCH_HUB_IP")
     connect_ip = env.get("WORKBENCH_HUB_CONNECT_IP")
     network = text(env, "WORKBENCH_DOCKER_NETWORK")
+    egress = text(env, "WORKBENCH_USER_EGRESS", "internet")
+    if egress not in ("internet", "none"):
+        raise ConfigError(f"WORKBENCH_USER_EGRESS is {egress!r}; it takes internet (the default) or none")
+    spawner.egress = egress
+    subnets = text(env, "WORKBENCH_USER_SUBNETS")
+    if subnets:
+        problem = subnets_problem(subnets)
+        if problem:
+            raise ConfigError(f"WORKBENCH_USER_SUBNETS is {problem}; per-user networks take their /28 from it")
+        spawner.user_subnets = subnets
     if network:
-        # The hub runs in a container on this network (docker compose):
-        # user containers join it and are reached by their internal address.
-        spawner.network_name = network
-        spawner.use_internal_ip = True
+        # The hub runs in a container on this network (docker compose). Each
+        # user's container gets a network of its own, which the hub's
+        # container joins; the compose network stays the hub's.
+        spawner.hub_container = text(env, "WORKBENCH_HUB_CONTAINER") or socket.gethostname()
         c.JupyterHub.hub_ip = (hub_ip if hub_ip is not None else "0.0.0.0").strip()
         c.JupyterHub.hub_connect_ip = (connect_ip if connect_ip is not None else "hub").strip()
     else:

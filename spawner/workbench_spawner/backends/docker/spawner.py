@@ -7,8 +7,12 @@ promises about every user container:
   so the NVIDIA runtime sets ``NVIDIA_VISIBLE_DEVICES`` to them; a CPU-only
   container gets ``NVIDIA_VISIBLE_DEVICES=void`` so an image that says
   ``all`` (the PyTorch images do) still sees no GPU;
-* labels ``workbench.user``, ``workbench.server``, ``workbench.gpus``, which
-  is how a restarted hub recognises its containers;
+* labels ``workbench.user``, ``workbench.server``, ``workbench.gpus`` and
+  ``workbench.hub`` (this hub's id, also in every container, volume and
+  network name), which is how a restarted hub recognises its containers and
+  only its own;
+* a network that only the hub and the proxy share with the container
+  (``tenancy.py``: inter-container traffic off, or a network per user);
 * a named volume per user for the home, a read-only datasets volume, a
   writable per-user checkpoints volume;
 * no Docker socket, no privileged mode, every capability dropped and
@@ -34,13 +38,17 @@ allowed: the Docker socket (root on the host for anyone who can reach it) and
 device requests (they would replace the ones made from the GPU lease).
 
 Reconcile rule after a hub restart: a lease whose container is gone is
-released. A running ``workbench.*`` container without a lease is adopted (its
-GPUs are leased to it again) when none of its GPUs is held by another server,
-and stopped otherwise, because its GPUs belong to someone else now.
+released. A running container labelled with this hub's id and without a lease
+is adopted (its GPUs are leased to it again) when none of its GPUs is held by
+another server, and stopped otherwise, because its GPUs belong to someone else
+now. Containers of other hubs on the same engine are never looked at. With the
+hub in a container, it joins its running users' networks again (a recreated
+hub container has lost them).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import os
 from collections.abc import Mapping
@@ -52,6 +60,8 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Set, TraitError, Unicode, default, validate
 from traitlets.config import Config, LazyConfigValue
 
+from workbench_spawner.backends.docker import tenancy
+from workbench_spawner.backends.docker.isolation import TenantIsolation
 from workbench_spawner.backends.docker.lockdown import (
     LOCKED_SETTINGS,
     RISKS,
@@ -60,12 +70,12 @@ from workbench_spawner.backends.docker.lockdown import (
     host_config_problems,
     settings_problems,
 )
+from workbench_spawner.backends.docker.tenancy import LABEL_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
+from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 
-LABEL_USER = "workbench.user"
-LABEL_SERVER = "workbench.server"
-LABEL_GPUS = "workbench.gpus"
+__all__ = ["LABEL_GPUS", "LABEL_HUB", "LABEL_SERVER", "LABEL_USER", "DockerGPUSpawner", "check_lockdown"]
 
 
 def _empty_like(trait_name: str) -> Any:
@@ -104,7 +114,7 @@ def check_lockdown(config: Config) -> list[str]:
     return problems + settings_problems(values, owners, allowed, datasets)
 
 
-class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
+class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
     """DockerSpawner with GPU leases, device requests and locked-down containers (host placement)."""
 
     workbench_backend = "docker"
@@ -121,10 +131,13 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
     ).tag(config=True)
 
     home_volume_template = Unicode(
-        "workbench-home-{username}",
+        "workbench-{hub}-home-{username}",
         help="""
         Named volume that holds a user's home (``/home/jovyan``). It survives
-        stop, container removal and image upgrades. ``{username}`` is
+        stop, container removal and image upgrades. ``{hub}`` is this hub's
+        id, so two hubs on one Docker engine never share a home; a home made
+        before hub ids (``workbench-home-{username}``) is moved into this name
+        the first time its user starts a server. ``{username}`` is
         DockerSpawner's escape of the user name, which is collision-free
         (``[a-z0-9]`` kept, every other byte, ``-`` included, written as
         ``-`` and two hex digits), so two users never share a volume. Add
@@ -134,7 +147,7 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
     ).tag(config=True)
 
     checkpoints_volume_template = Unicode(
-        "workbench-checkpoints-{username}",
+        "workbench-{hub}-checkpoints-{username}",
         help="""
         Named volume mounted writable at ``/checkpoints``, for model
         checkpoints kept apart from the home (and easy to size or back up
@@ -244,6 +257,10 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         # them (docker-py would otherwise fail first on some, with a message
         # that does not say why the setting is a problem).
         self._refuse_breaches(self.lockdown_problems())
+        try:
+            await asyncio.to_thread(self.prepare_tenancy)
+        except tenancy.TenancyError as exc:
+            raise SpawnException(f"{exc}", reason="tenancy", status_code=500) from None
         return await super().create_object()
 
     def _refuse_breaches(self, problems: list[str]) -> None:
@@ -272,7 +289,7 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         uuids = list(self.gpu_uuids)
         allowed = set(self.allowed_host_config_keys)
         labels = dict(kwargs.get("labels") or {})
-        labels.update({LABEL_USER: self.user.name, LABEL_SERVER: self.name, LABEL_GPUS: ",".join(uuids)})
+        labels.update({**self.tenant_labels(), LABEL_GPUS: ",".join(uuids)})
         kwargs["labels"] = labels
         host = kwargs.setdefault("host_config", {})
         host["DeviceRequests"] = [{"Driver": "nvidia", "DeviceIDs": uuids, "Capabilities": [["gpu"]]}] if uuids else []
@@ -316,14 +333,16 @@ class DockerGPUSpawner(GPUSpawnerMixin, DockerSpawner):
         return docker.DockerClient(**self.client_kwargs) if self.client_kwargs else docker.from_env()
 
     def gpu_reconcile_orphans(self) -> None:
-        """Adopt or stop running workbench containers that have no lease."""
+        """Adopt or stop this hub's running containers that have no lease; rejoin its users' networks."""
+        store = self.gpu_policy.store
         try:
             client = self._sync_client()
-            containers = client.containers.list(filters={"label": LABEL_USER})
+            containers = client.containers.list(filters={"label": [f"{LABEL_HUB}={hub_id(store)}", LABEL_USER]})
         except docker.errors.DockerException as exc:
             self.log.warning("Cannot list containers to reconcile GPU leases: %s", exc)
             return
-        store = self.gpu_policy.store
+        if self.network_isolation and self.hub_container:
+            self.rejoin_networks(client, containers)
         leased = {(l.user, l.server) for l in store.leases()}  # noqa: E741
         for container in containers:
             labels = container.labels

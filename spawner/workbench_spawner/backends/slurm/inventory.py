@@ -24,7 +24,6 @@ An admin who swaps a node's GPUs clears that node's entry
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
@@ -34,7 +33,6 @@ from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.policy.settings import SettingsRow
 
 NODE_GPUS_KEY = "slurm-node-gpus"
-HUB_ID_KEY = "hub-id"
 
 
 def placeholder_uuid(node: str, index: int) -> str:
@@ -182,17 +180,3 @@ def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> 
             )
         )
     return replace(inventory, devices=devices)
-
-
-def hub_id(store: AllocationStore) -> str:
-    """This hub's id, made once and kept in its GPU database: the tag of its Slurm jobs."""
-    with store.reads()() as session:
-        row = session.get(SettingsRow, HUB_ID_KEY)
-        if row is not None:
-            return json.loads(row.value)
-    with store.writes().begin() as session:
-        row = session.get(SettingsRow, HUB_ID_KEY)
-        if row is None:
-            row = SettingsRow(key=HUB_ID_KEY, value=json.dumps(secrets.token_hex(4)), updated=utcnow())
-            session.add(row)
-        return json.loads(row.value)

@@ -41,7 +41,7 @@ from traitlets import Dict, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
-from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, hub_id, placeholder_uuid
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
 from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, SlurmPolicy
 from workbench_spawner.backends.slurm.jobs import (
     NodeReport,
@@ -55,6 +55,7 @@ from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options
 from workbench_spawner.backends.slurm.traits import SlurmTraits
+from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
