@@ -13,10 +13,15 @@ with ``tests/docker/start-dockerd.sh``.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -174,3 +179,164 @@ def remove_user_objects(*users: str) -> None:
                 args = ["rm", "-f", *ids] if kind == "rm" else [kind, "rm", *(["-f"] if kind == "volume" else []), *ids]
                 docker(*args, check=False)
     docker("network", "prune", "-f", "--filter", "label=workbench.hub", check=False)
+
+
+# -- a real hub with the docker backend, on the host ------------------------------------------
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:6]}"
+
+
+def container_of(hub, user: str) -> str:
+    return hub.server(user)["state"]["object_name"]
+
+
+@pytest.fixture
+def docker_hub(running_hub, singleuser_image, docker_volume):
+    datasets = docker_volume("wb-datasets")
+    users: list[str] = []
+
+    def start(args: list[str] | None = None, **env: str):
+        hub = running_hub(
+            {
+                "WORKBENCH_BACKEND": "docker",
+                "WORKBENCH_IMAGE": singleuser_image,
+                "WORKBENCH_SIMULATED_GPUS": "4",
+                "WORKBENCH_DATASETS_VOLUME": datasets,
+                **env,
+            },
+            ["--Spawner.poll_interval=2", *(args or [])],
+        )
+        hub.track_users = users
+        return hub
+
+    yield start
+    remove_user_objects(*users)
+
+
+def make_users(hub, *prefixes: str) -> list[str]:
+    names = [unique(p) for p in prefixes]
+    hub.track_users.extend(names)
+    hub.create_users(*names)
+    return names
+
+
+# -- tenant isolation: probes from inside a container, a test host beyond Docker's networks --
+
+PROBE = """
+import json, socket, sys
+result = {}
+for target in sys.argv[1:]:
+    host, port = target.rsplit(":", 1)
+    try:
+        socket.create_connection((host, int(port)), timeout=3).close()
+        result[target] = True
+    except OSError:
+        result[target] = False
+print(json.dumps(result))
+"""
+
+
+def reachable(container: str, *targets: str) -> dict[str, bool]:
+    """Which ``host:port`` targets a TCP connection from inside ``container`` reaches (3 s each)."""
+    out = docker("exec", container, "python3", "-c", PROBE, *targets, timeout=60).stdout
+    return json.loads(out)
+
+
+def serve_in(container: str, port: int) -> None:
+    """Start ``python -m http.server`` on 0.0.0.0:port in the container, as the user would, and wait for it."""
+    docker("exec", "-d", container, "python3", "-m", "http.server", str(port), "--bind", "0.0.0.0")
+    wait = (
+        "import socket, time\n"
+        "for _ in range(50):\n"
+        f"    try: socket.create_connection(('127.0.0.1', {port}), 1); break\n"
+        "    except OSError: time.sleep(0.2)"
+    )
+    docker("exec", container, "python3", "-c", wait)
+
+
+def container_ip(container: str) -> str:
+    (network,) = inspect(container)["NetworkSettings"]["Networks"].values()
+    return network["IPAddress"]
+
+
+TINY_HTTP = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], int(sys.argv[2])))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    c.recv(4096)
+    c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: 7\\r\\n\\r\\noutside")
+    c.close()
+"""
+
+
+def _free_test_net() -> ipaddress.IPv4Network:
+    routes = subprocess.run(["ip", "-4", "route"], capture_output=True, text=True, check=True).stdout
+    used = []
+    for line in routes.splitlines():
+        first = line.split()[0]
+        if first != "default":
+            used.append(ipaddress.ip_network(first if "/" in first else f"{first}/32", strict=False))
+    for net in ipaddress.ip_network("198.18.0.0/15").subnets(new_prefix=30):
+        if not any(net.overlaps(u) for u in used):
+            return net
+    raise AssertionError("no /30 of 198.18.0.0/15 is free for the outside test host")
+
+
+@pytest.fixture
+def outside_host():
+    """``ip:port`` of a web server on a test host this machine makes, beyond every Docker network.
+
+    A network namespace behind a veth pair, on a /30 of 198.18.0.0/15 (the
+    benchmarking range) that no route of this machine overlaps: traffic to it
+    leaves a container's network the way traffic to the internet does (through
+    the host, masqueraded), and never leaves this machine.
+    """
+    name = f"wbt-{uuid.uuid4().hex[:6]}"
+    net = _free_test_net()
+    host_ip, ns_ip = (str(a) for a in list(net.hosts())[:2])
+    run = lambda *a: subprocess.run(a, check=True, capture_output=True, text=True)  # noqa: E731
+    run("ip", "netns", "add", name)
+    server = None
+    try:
+        run("ip", "link", "add", f"{name}-h", "type", "veth", "peer", "name", f"{name}-n")
+        run("ip", "link", "set", f"{name}-n", "netns", name)
+        run("ip", "addr", "add", f"{host_ip}/30", "dev", f"{name}-h")
+        run("ip", "link", "set", f"{name}-h", "up")
+        for cmd in (
+            ("ip", "addr", "add", f"{ns_ip}/30", "dev", f"{name}-n"),
+            ("ip", "link", "set", f"{name}-n", "up"),
+            ("ip", "route", "add", "default", "via", host_ip),
+        ):
+            run("ip", "netns", "exec", name, *cmd)
+        server = subprocess.Popen(["ip", "netns", "exec", name, sys.executable, "-c", TINY_HTTP, ns_ip, "8765"])
+        for _ in range(50):
+            try:
+                socket.create_connection((ns_ip, 8765), 1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield f"{ns_ip}:8765"
+    finally:
+        if server:
+            server.kill()
+            server.wait(5)
+        subprocess.run(["ip", "link", "del", f"{name}-h"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def restart_dockerd() -> None:
+    """Stop the Docker daemon (its containers stop with it) and start it again with the test script."""
+    pid = int(Path("/var/run/docker.pid").read_text().strip())
+    os.kill(pid, signal.SIGTERM)
+    for _ in range(600):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.1)
+    proc = subprocess.run(["bash", str(REPO / "tests" / "docker" / "start-dockerd.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]

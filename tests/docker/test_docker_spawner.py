@@ -10,52 +10,13 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-import uuid
 
 import pytest
 import requests
 
-from tests.docker.conftest import container_env, docker, hub_id_of, inspect, remove_user_objects
+from tests.docker.conftest import container_env, container_of, docker, hub_id_of, inspect, make_users, unique
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
-
-
-def unique(prefix: str) -> str:
-    return f"{prefix}{uuid.uuid4().hex[:6]}"
-
-
-def container_of(hub, user: str) -> str:
-    return hub.server(user)["state"]["object_name"]
-
-
-@pytest.fixture
-def docker_hub(running_hub, singleuser_image, docker_volume):
-    datasets = docker_volume("wb-datasets")
-    users: list[str] = []
-
-    def start(args: list[str] | None = None, **env: str):
-        hub = running_hub(
-            {
-                "WORKBENCH_BACKEND": "docker",
-                "WORKBENCH_IMAGE": singleuser_image,
-                "WORKBENCH_SIMULATED_GPUS": "4",
-                "WORKBENCH_DATASETS_VOLUME": datasets,
-                **env,
-            },
-            ["--Spawner.poll_interval=2", *(args or [])],
-        )
-        hub.track_users = users
-        return hub
-
-    yield start
-    remove_user_objects(*users)
-
-
-def make_users(hub, *prefixes: str) -> list[str]:
-    names = [unique(p) for p in prefixes]
-    hub.track_users.extend(names)
-    hub.create_users(*names)
-    return names
 
 
 def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
