@@ -11,15 +11,17 @@ it creates the data directory, loads the local config file, runs the
 backend's checks and hub set-up (its ``workbench.backends`` extension:
 this file imports no backend module), checks on the final config that plain
 HTTP is served on loopback only and that the certificate can be served (the
-files are read), publishes the GPU policy's settings to the GPU database
-(where the workbench service reads them) and prints the banner.
+files are read), gives the ``_xsrf`` cookie the session cookies' ``Secure``
+rule, publishes the GPU policy's settings to the GPU database (where the
+workbench service reads them) and prints the banner (with the local
+backend's warning when more than one person can use the hub).
 """
 
 import os
 import sys
 from pathlib import Path
 
-from workbench_hub import banner, configurer, hub_db, transport
+from workbench_hub import accounts, banner, configurer, hub_db, transport, xsrf_cookie
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
@@ -83,11 +85,14 @@ try:
     served = transport.check_transport(final, env)
 except ConfigError as exc:
     fail(str(exc))
+# The _xsrf cookie gets the session cookies' Secure rule (JupyterHub leaves it out; xsrf_cookie.py).
+xsrf_cookie.secure_xsrf_cookie(c, final)
 
 # The backend's own checks on the final config (docker: the containers' lock-down), and what it
 # adds to the hub (slurm: the job's start report); by its workbench.backends entry point, never by import.
 from workbench_spawner.backend import UnknownBackend, backend_extension  # noqa: E402
 from workbench_spawner.policy.settings import publish_policy_settings, spawner_gpu_class  # noqa: E402
+from workbench_spawner.ssh_forwarding import ssh_forwarding_problems  # noqa: E402
 
 try:
     # The spawner class decides (a site's subclass of a backend's spawner keeps every feature of it).
@@ -95,7 +100,8 @@ try:
     extension = backend_extension(spawner_class.workbench_backend)
 except (ValueError, UnknownBackend) as exc:
     fail(str(exc))
-problems = extension.check(final)
+# Where SSH forwards may lead (WORKBENCH_SSH_PERMIT_OPEN), read as the spawner class will read it.
+problems = ssh_forwarding_problems(final, spawner_class) + extension.check(final)
 for problem in problems:
     print(f"\nGPU Workbench: {problem.removeprefix('GPU Workbench: ')}", file=sys.stderr)
 if problems:
@@ -111,4 +117,6 @@ except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url, settings.backend)
 
-print(banner.banner(final, backend, data_dir, settings.inventory, served), file=sys.stderr, flush=True)
+# Who can use the hub: the local backend warns when more than one person can (workbench_hub/accounts.py).
+reach = accounts.who_can_use(final) if backend == "local" else None
+print(banner.banner(final, backend, data_dir, settings.inventory, served, reach), file=sys.stderr, flush=True)

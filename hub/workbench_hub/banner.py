@@ -6,7 +6,10 @@ from pathlib import Path
 
 from traitlets.config import Config
 
+from workbench_hub.accounts import Reach
 from workbench_hub.transport import Transport
+
+SHOWN_NAMES = 5  # a class of 30 is named by its first few
 
 
 def public_address(c: Config, transport: Transport | None = None) -> str:
@@ -23,8 +26,40 @@ def public_address(c: Config, transport: Transport | None = None) -> str:
     return f"{scheme}://{host}:{public_port}"
 
 
-def banner(c: Config, backend: str, data: Path, inventory, transport: Transport | None = None) -> str:
-    """The lines printed at start: where the hub is, which GPUs, where state lives, how to begin."""
+def shared_local_warning(reach: Reach) -> list[str]:
+    """What the banner says when the local backend serves more than one person (``accounts.py``: who counts).
+
+    The local backend runs every server as the hub's own Unix account on its
+    host and network, and pins GPUs only by ``CUDA_VISIBLE_DEVICES``: nothing
+    keeps one user out of another's server, files or GPUs.
+    """
+    if not reach.shared:
+        return []
+    names = sorted(reach.names)
+    listed = ", ".join(names[:SHOWN_NAMES]) + (
+        f" and {len(names) - SHOWN_NAMES} more" if len(names) > SHOWN_NAMES else ""
+    )
+    if reach.open_to:
+        who = f"{reach.open_to} can use this hub" + (f" ({len(names)} known: {listed})" if names else "")
+    else:
+        who = f"{len(names)} accounts can use this hub ({listed})"
+    return [
+        f"WARNING: {who},",
+        "  but the local backend is for one trusted workstation: every server runs as this hub's own",
+        "  Unix account on this host and its network, so users can reach each other's servers and",
+        "  files (and every GPU). For several users, use the docker backend (WORKBENCH_BACKEND=docker:",
+        "  one locked-down container per user; README: Production on one GPU host: Docker).",
+    ]
+
+
+def banner(
+    c: Config, backend: str, data: Path, inventory, transport: Transport | None = None, reach: Reach | None = None
+) -> str:
+    """The lines printed at start: where the hub is, which GPUs, where state lives, how to begin.
+
+    ``reach`` (who can use the hub, ``accounts.who_can_use``) adds the local
+    backend's warning when more than one person can.
+    """
     address = public_address(c, transport)
     admins = sorted(c.Authenticator.admin_users)
     devices = inventory.devices
@@ -50,6 +85,7 @@ def banner(c: Config, backend: str, data: Path, inventory, transport: Transport 
         )
     elif transport and transport.mode == "behind-proxy":
         transport_lines.append("HTTPS: terminated by the proxy in front (it must forward X-Forwarded-Proto)")
+    warning = shared_local_warning(reach) if backend == "local" and reach else []
     return "\n".join(
         [
             "",
@@ -61,6 +97,7 @@ def banner(c: Config, backend: str, data: Path, inventory, transport: Transport 
             f"First admin: open {address}/hub/signup and sign up as "
             f"{' or '.join(admins) or '(set WORKBENCH_ADMIN_USERS)'}; "
             "admins are authorized at once, other sign-ups wait for an admin at /hub/authorize",
+            *warning,
             "=" * 72,
             "",
         ]

@@ -35,6 +35,7 @@ from traitlets.config import Config
 from workbench_spawner.backend import HubContext, UnknownBackend, backend_extension
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
+from . import proxy_env
 from .env_values import ConfigError, Env, comma_list, flag, number, port, text
 
 # The launcher that ends a managed service when the hub process dies
@@ -51,7 +52,7 @@ def data_dir(env: Env, repo: Path) -> Path:
 
 
 def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
-    """The public address, the proxy and the hub's own database."""
+    """The public address, the proxy (and the environment it gets) and the hub's own database."""
     public_port = port(env, "WORKBENCH_PORT", "8000")
     ip = text(env, "WORKBENCH_IP", "127.0.0.1")
     host = f"[{ip.strip('[]')}]" if ":" in ip else ip  # an IPv6 address goes in brackets
@@ -61,9 +62,8 @@ def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
     c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
-    chp = repo / "node_modules" / ".bin" / "configurable-http-proxy"
-    if chp.exists():
-        c.ConfigurableHTTPProxy.command = [str(chp)]
+    # The proxy gets an allow-list of the environment, not the hub's secrets (proxy_env.py).
+    c.ConfigurableHTTPProxy.command = proxy_env.proxy_command(env, repo)
     # Servers outlive the hub: a hub restart (upgrade, config change) must not
     # kill anyone's training run. The hub re-attaches to them on start.
     c.JupyterHub.cleanup_servers = False

@@ -138,13 +138,17 @@ def signed_up_and_logged_in(url: str, headers: dict[str, str]) -> requests.Respo
     s = requests.Session()
     s.get(f"{url}/hub/signup", headers=headers, timeout=30)
     xsrf = s.cookies.get("_xsrf")
+    # Sent by hand: requests keeps a Secure cookie to https:// URLs, and here the "TLS proxy in front" is
+    # this test, talking plain HTTP to our proxy (a browser talks HTTPS to the real one, and sends it).
+    cookies = {"_xsrf": xsrf}
     data = {"username": "admin", "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD, "_xsrf": xsrf}
-    r = s.post(f"{url}/hub/signup", data=data, headers=headers, timeout=30)
+    r = s.post(f"{url}/hub/signup", data=data, headers=headers, cookies=cookies, timeout=30)
     assert "The signup was successful" in r.text, r.text[-1500:]
     return s.post(
         f"{url}/hub/login?next=",
         data={"username": "admin", "password": PASSWORD, "_xsrf": xsrf},
         headers=headers,
+        cookies=cookies,
         allow_redirects=False,
         timeout=30,
     )
@@ -165,12 +169,19 @@ def test_behind_a_tls_proxy_the_hub_trusts_x_forwarded_proto(running_hub):
     cookies = set_cookies(login)
     for name in ("jupyterhub-session-id", "jupyterhub-hub-login"):
         assert "; secure" in cookies[name] and "; httponly" in cookies[name], cookies
+    # _xsrf too (JupyterHub leaves it out; workbench_hub/xsrf_cookie.py), on the hub's path as JupyterHub sets it
+    assert "; secure" in cookies["_xsrf"] and "; path=/hub/" in cookies["_xsrf"], cookies
     assert login.headers["Strict-Transport-Security"] == HSTS
     assert "HTTPS: terminated by the proxy in front" in hub.log()
 
-    # A request that did not come through the TLS proxy (no header) is not taken for HTTPS.
+    # A request that did not come through the TLS proxy (no header) is not taken for HTTPS: none of the
+    # cookies it gets is Secure, _xsrf included (a browser would drop a Secure one on plain HTTP).
     r = requests.get(f"{hub.url}/hub/login", timeout=30)
+    assert "_xsrf" in set_cookies(r), set_cookies(r)
     assert all("; secure" not in line for line in set_cookies(r).values()), set_cookies(r)
+    # And the header still decides per request, after the plain one, on the same hub.
+    r = requests.get(f"{hub.url}/hub/login", headers={"X-Forwarded-Proto": "https"}, timeout=30)
+    assert "; secure" in set_cookies(r)["_xsrf"], set_cookies(r)
 
 
 def _proxy_command(hub) -> str:
@@ -200,6 +211,28 @@ def test_why_our_proxy_must_not_add_its_own_x_forwarded_proto(running_hub, tmp_p
 
 
 # -- the operator's certificate -------------------------------------------------------------------
+
+
+def test_with_the_operators_certificate_every_cookie_is_secure_xsrf_included(tls_hub, test_ca):
+    """Over HTTPS the hub's _xsrf cookie carries Secure, as its session cookies do: on the login page
+    a browser gets first, and on the login's answer."""
+    hub = tls_hub(
+        {
+            "WORKBENCH_SSL_CERT": str(test_ca["cert"]),
+            "WORKBENCH_SSL_KEY": str(test_ca["key"]),
+            "WORKBENCH_SIMULATED_GPUS": "1",
+        },
+        ca_pem=test_ca["ca_pem"],
+    )
+    assert hub.url.startswith("https://")
+    page = requests.get(f"{hub.url}/hub/login", timeout=30)
+    assert page.status_code == 200
+    assert "; secure" in set_cookies(page)["_xsrf"], set_cookies(page)
+    login = signed_up_and_logged_in(hub.url, {})
+    assert login.status_code == 302, login.text[-1000:]
+    cookies = set_cookies(login)
+    assert {"_xsrf", "jupyterhub-session-id", "jupyterhub-hub-login"} <= set(cookies), cookies
+    assert all("; secure" in line for line in cookies.values()), cookies
 
 
 @pytest.mark.browser

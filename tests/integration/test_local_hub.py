@@ -191,7 +191,12 @@ def test_hub_restart_loses_nothing(running_hub):
     # Whatever bob's start had got to, it does not survive the hub's absence.
     for pid in set(hub.server_pids()) - {alice_pid}:
         os.kill(pid, signal.SIGKILL)
+    # The first start knew one account (the admin); this one finds the users in the hub's database, and
+    # the local backend's banner says what that means (workbench_hub/accounts.py counts them).
+    first_log = hub.log()
+    assert "can use this hub" not in first_log
     hub.start()
+    assert "WARNING: 4 accounts can use this hub (admin, alice, bob, carol)," in hub.log()[len(first_log) :]
 
     hub.wait_ready("alice")
     assert server_pid(hub, "alice") == alice_pid, "alice's server was not restarted"
@@ -226,6 +231,17 @@ def test_hub_restart_loses_nothing(running_hub):
         # Found when the policy's settings are resolved, after the local config file.
         ({"WORKBENCH_SIMULATED_GPUS": "lots"}, [], "GPU Workbench: WORKBENCH_SIMULATED_GPUS: cannot read 'lots'"),
         ({}, ["--GPUSpawnerMixin.simulated_gpus=100"], "GPU Workbench: WORKBENCH_SIMULATED_GPUS=100: at most 64"),
+        # Where SSH forwards may lead, checked on the final config (docs/ssh.md, "Where forwards lead").
+        (
+            {"WORKBENCH_SSH_PERMIT_OPEN": "db.internal"},
+            [],
+            "GPU Workbench: WORKBENCH_SSH_PERMIT_OPEN: 'db.internal' has no port: write host:port",
+        ),
+        (
+            {},
+            ["--GPUSpawnerMixin.ssh_permit_open=db.internal:http"],
+            "GPU Workbench: ssh_permit_open: in 'db.internal:http' the port must be a number from 1 to 65535 or *",
+        ),
         # The docker backend's lock-down, checked on the final config (no engine is asked: both addresses given).
         (
             {
