@@ -57,8 +57,25 @@ def remove_bench_volumes(client: docker.DockerClient) -> None:
             volume.remove(force=True)
 
 
+def server_address(client: docker.DockerClient, container: str, user: str) -> str:
+    """host:port where the user's server answers: the published port (plain DockerSpawner), else the
+    container's address on its network (gpu-docker: isolated networks, nothing published)."""
+    try:
+        attrs = client.containers.get(container).attrs
+    except docker.errors.NotFound:
+        found = client.containers.list(all=True, filters={"label": f"workbench.user={user}"})
+        if not found:
+            raise
+        attrs = found[0].attrs
+    ports = attrs["NetworkSettings"].get("Ports") or {}
+    if ports.get("8888/tcp"):
+        return f"127.0.0.1:{ports['8888/tcp'][0]['HostPort']}"
+    (network,) = attrs["NetworkSettings"]["Networks"].values()
+    return f"{network['IPAddress']}:8888"
+
+
 class AnsweringClock:
-    """Times, from `started`, until the user's container answers its API on the host port."""
+    """Times, from `started`, until the user's container answers its API (where the proxy would reach it)."""
 
     def __init__(self, client: docker.DockerClient, container: str, user: str, started: float):
         self.elapsed: float | None = None
@@ -69,9 +86,8 @@ class AnsweringClock:
     def _watch(self, client: docker.DockerClient, container: str, user: str, started: float) -> None:
         while not self._stop.is_set():
             try:
-                ports = client.containers.get(container).attrs["NetworkSettings"]["Ports"] or {}
-                host_port = ports["8888/tcp"][0]["HostPort"]
-                r = requests.get(f"http://127.0.0.1:{host_port}/user/{user}/api", timeout=1)
+                address = server_address(client, container, user)
+                r = requests.get(f"http://{address}/user/{user}/api", timeout=1)
                 if r.status_code < 500:
                     self.elapsed = time.perf_counter() - started
                     return
@@ -83,7 +99,7 @@ class AnsweringClock:
         self._thread.join(timeout=5)
         self._stop.set()
         if self.elapsed is None:
-            raise SystemExit("the server was ready for the hub but never answered on its published port")
+            raise SystemExit("the server was ready for the hub but never answered at its address")
         return self.elapsed
 
 
@@ -137,8 +153,8 @@ def main() -> None:
     client = docker.from_env()
 
     env = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": args.image, "WORKBENCH_SIMULATED_GPUS": "4"}
-    # User names without characters DockerSpawner escapes, so the container
-    # is simply jupyter-<name> for both backends.
+    # User names without characters DockerSpawner escapes: plain DockerSpawner's container is
+    # jupyter-<name>; gpu-docker's is workbench-<hub id>-<name>, found by its workbench.user label.
     users = {"gpu-docker": "benchgpu", "DockerSpawner": "benchplain"}
     options = {"gpu-docker": {"gpus": 1}, "DockerSpawner": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,11 +199,14 @@ def main() -> None:
             for hub in hubs.values():
                 hub.kill_everything()
             for name in BACKENDS:
+                for container in client.containers.list(all=True, filters={"label": f"workbench.user={users[name]}"}):
+                    container.remove(force=True)
                 try:
                     client.containers.get(f"jupyter-{users[name]}").remove(force=True)
                 except docker.errors.NotFound:
                     pass
             remove_bench_volumes(client)
+            client.networks.prune(filters={"label": "workbench.hub"})
     print(
         f"\n{args.runs} runs each, interleaved"
         + (", plain DockerSpawner with a home volume" if args.plain_home_volume else "")

@@ -35,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.conftest import Hub  # noqa: E402
+from tests.docker.conftest import remove_user_objects  # noqa: E402
 from tests.ssh.conftest import Account, SSHHub, client_path, scoped_token  # noqa: E402
 
 
@@ -137,11 +138,7 @@ def main() -> None:
                     copy[name].append(args.mib / fn())
         finally:
             hub.kill_everything()
-            subprocess.run(["docker", "rm", "-f", f"jupyter-{user}"], capture_output=True)
-            subprocess.run(
-                ["docker", "volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}"],
-                capture_output=True,
-            )
+            remove_user_objects(user)
     print(f"runs: {args.runs}, interleaved; payload {args.mib} MiB")
     for name, values in latency.items():
         print(

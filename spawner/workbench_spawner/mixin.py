@@ -50,9 +50,10 @@ from workbench_spawner.policy.settings import PolicySettings, resolve_policy_set
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
 from workbench_spawner.rules.quota import QuotaBook
+from workbench_spawner.ssh_forwarding import SSHForwarding
 
 
-class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, Spawner):
+class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForwarding, Spawner):
     """GPU policy for a JupyterHub spawner; put it first in the bases.
 
     It derives from Spawner only so that its traits are real, configurable
@@ -406,6 +407,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, Spawner):
                 env["WORKBENCH_SIMULATED_UTILIZATION"] = self.simulated_utilization
         if self.placement_mode == "host":  # an engine pins the job itself (Slurm's cgroup, the device plugin)
             env.update(self.gpu_environment(list(self.gpu_uuids)))
+        env.update(self.ssh_environment())  # where the server's sshd lets forwards go (ssh_forwarding.py)
         return env
 
     def get_state(self):

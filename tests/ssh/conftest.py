@@ -3,6 +3,8 @@
 alice has 2 simulated GPUs and her key in authorized_keys; bob has a CPU-only
 server (0 GPUs) and his own key. Both get a token scoped to their own server only
 (``access:servers!server=<user>/``), the least privilege the SSH page suggests.
+The hub lets forwards reach one destination beyond the servers' own loopback
+(``WORKBENCH_SSH_PERMIT_OPEN=127.0.0.2:6006``), as an operator may.
 The laptop side is Debian's OpenSSH client with the ``~/.ssh/config`` entry the
 SSH page gives, and the ProxyCommand file the page serves, saved where the page
 says (``~/.ssh/workbench-ssh-proxy.py``, HOME being the test's laptop directory)
@@ -24,7 +26,14 @@ import pytest
 import requests
 
 from tests.conftest import hub_pool, missing, wait_until
-from tests.docker.conftest import base_image, docker, docker_engine, singleuser_image, wheelhouse  # noqa: F401
+from tests.docker.conftest import (  # noqa: F401
+    base_image,
+    docker,
+    docker_engine,
+    remove_user_objects,
+    singleuser_image,
+    wheelhouse,
+)
 
 CLIENT_TOOLS = ("ssh", "scp", "sftp", "rsync", "ssh-keygen")
 #: every process's command line in a container, one a line
@@ -227,6 +236,8 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
                 "WORKBENCH_IMAGE": singleuser_image,
                 "WORKBENCH_SIMULATED_GPUS": "4",
                 "WORKBENCH_DATASETS_VOLUME": datasets,
+                # an operator's extra destination for forwards (tests/ssh/test_ssh_forwarding.py)
+                "WORKBENCH_SSH_PERMIT_OPEN": "127.0.0.2:6006",
             },
             [
                 "--Spawner.poll_interval=2",
@@ -251,8 +262,7 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
             yield ssh
         finally:
             for name in users:
-                docker("rm", "-f", f"jupyter-{name}", check=False)
-                docker("volume", "rm", "-f", f"workbench-home-{name}", f"workbench-checkpoints-{name}", check=False)
+                remove_user_objects(name)
             docker("volume", "rm", "-f", datasets, check=False)
 
 

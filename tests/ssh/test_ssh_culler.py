@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from tests.conftest import hub_pool, wait_until
-from tests.docker.conftest import docker
+from tests.docker.conftest import remove_user_objects
 from tests.ssh.conftest import SSHHub
 
 pytestmark = [pytest.mark.ssh, pytest.mark.docker, pytest.mark.integration]
@@ -75,5 +75,4 @@ def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
             )
             assert r.returncode != 0 and "your server is not running (HTTP 424)" in r.stderr, r.stderr
         finally:
-            docker("rm", "-f", f"jupyter-{user}", check=False)
-            docker("volume", "rm", "-f", f"workbench-home-{user}", f"workbench-checkpoints-{user}", check=False)
+            remove_user_objects(user)

@@ -60,6 +60,8 @@ def test_sshd_never_runs_as_root_and_takes_only_keys(singleuser_image):
         "allowstreamlocalforwarding no",
         "permittunnel no",
         "x11forwarding no",
+        # -L and -D lead only to the container's own loopback unless the hub says more (WORKBENCH_SSH_PERMIT_OPEN)
+        "permitopen localhost:* 127.0.0.1:* [::1]:*",
         # every session in the server's home, which in the image is the passwd home
         "authorizedkeysfile /home/jovyan/.ssh/authorized_keys",
         "setenv home=/home/jovyan",
@@ -80,3 +82,32 @@ def test_login_shells_get_the_images_path(singleuser_image):
     ).stdout
     assert out[0] == "/opt/workbench/venv/bin/python"
     assert f"PATH={out[1]}" in image_path.splitlines()
+
+
+#: every shape of entry the hub accepts (tests/unit/test_ssh_forwarding.py), as the hub hands them over
+WIDE = "db.internal:5432,10.0.0.7:*,[fd00::7]:8888,[fe80::1%eth0]:22,*:8888,gpu_node-3.cluster:8080"
+
+
+@pytest.mark.parametrize(
+    "value, effective",
+    [
+        (WIDE, "permitopen localhost:* 127.0.0.1:* [::1]:* " + WIDE.replace(",", " ")),
+        ("any", "permitopen any"),
+    ],
+)
+def test_the_images_sshd_takes_what_the_hub_hands_over(singleuser_image, value, effective):
+    """Debian 12's OpenSSH 9.2 accepts every entry shape the hub lets through (sshd -T would refuse a bad one)."""
+    r = docker(
+        "run", "--rm", "-e", f"WORKBENCH_SSH_PERMIT_OPEN={value}", "--entrypoint", "workbench-sshd",
+        singleuser_image, "--check", "2222", check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert effective in r.stdout.lower().splitlines(), r.stdout
+
+
+def test_a_value_the_hub_would_refuse_stops_sshd(singleuser_image):
+    r = docker(
+        "run", "--rm", "-e", "WORKBENCH_SSH_PERMIT_OPEN=db:80 any", "--entrypoint", "workbench-sshd",
+        singleuser_image, "--check", "2222", check=False,
+    )  # fmt: skip
+    assert r.returncode == 1 and "WORKBENCH_SSH_PERMIT_OPEN in the server's environment holds 'db:80 any'" in r.stderr

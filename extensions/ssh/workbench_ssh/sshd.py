@@ -25,6 +25,10 @@ what sshd could or could not verify as a non-root process:
   nothing else from the server's environment (never the hub API token);
 * forwarding only as far as VS Code Remote-SSH and ``ssh -L``/``-D`` need it: local TCP
   forwarding; no agent, X11, Unix-socket, remote (``-R``) forwarding or tunnel devices;
+* local forwards lead only to the server's own loopback (``PermitOpen localhost:* 127.0.0.1:*
+  [::1]:*``), plus what the operator lists in ``WORKBENCH_SSH_PERMIT_OPEN`` (the hub checks it
+  and sets it in the server's environment): a tunnel from a laptop does not reach other
+  servers or the hub's internal API by default (docs/ssh.md says what it reaches per backend);
 * keepalives both ways, so a live session keeps moving bytes through the proxy,
   which jupyter-server-proxy records as server activity (see docs/ssh.md).
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import re
 import shlex
 import shutil
 import subprocess
@@ -63,13 +68,26 @@ SESSION_SCRIPT = Path(__file__).with_name("session.sh")
 #: option (so its relative keys file would win) and refuses a second ``Subsystem sftp``
 REPLACED_OPTIONS = ("authorizedkeysfile", "subsystem")
 
-#: forwarding: ``ssh -L`` and ``-D`` (VS Code Remote-SSH tunnels its server this way), nothing else
+#: forwarding: ``ssh -L`` and ``-D`` (VS Code Remote-SSH tunnels its server this way), nothing else;
+#: where they may lead is :func:`permit_open_option`'s PermitOpen
 FORWARDING_OPTIONS = (
     "AllowTcpForwarding local",
     "AllowAgentForwarding no",
     "AllowStreamLocalForwarding no",
     "PermitTunnel no",
     "X11Forwarding no",
+)
+
+#: where local forwards may always go: the server's own loopback, any port
+OWN_SERVER = ("localhost:*", "127.0.0.1:*", "[::1]:*")
+
+#: the operator's further destinations, a comma list the hub checked at start (workbench_spawner/ssh_forwarding.py)
+PERMIT_OPEN_VARIABLE = "WORKBENCH_SSH_PERMIT_OPEN"
+
+#: one PermitOpen entry: host name, IPv4 or [IPv6] (or *), then a port (or *); nothing sshd's parser would split
+PERMIT_OPEN_ENTRY = re.compile(
+    r"(?:\*|[A-Za-z0-9_][A-Za-z0-9._-]*|\[[0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?\])"  # host
+    r":(?:\*|[0-9]{1,5})"  # port
 )
 
 
@@ -95,6 +113,30 @@ def session_environment(environ: dict[str, str], home: str | None = None) -> lis
 
 def quote_setenv(words: list[str]) -> str:
     return " ".join(sshd_word(w) for w in words)
+
+
+def permit_open_entry_ok(entry: str) -> bool:
+    """True for ``host:port`` as the hub writes it (a port from 1 to 65535, or ``*``)."""
+    port = entry.rpartition(":")[2]
+    return bool(PERMIT_OPEN_ENTRY.fullmatch(entry)) and (port == "*" or 0 < int(port) < 65536)
+
+
+def permit_open_option(environ: dict[str, str]) -> str:
+    """The ``PermitOpen`` line: the server's own loopback and the hub's ``WORKBENCH_SSH_PERMIT_OPEN``.
+
+    The hub has checked the value with sentences for the operator (this package cannot import the
+    hub's); here only its shape is checked again, so that nothing but ``host:port`` words reaches
+    sshd's command line, and a value that is not the hub's stops sshd rather than widen it."""
+    extra = [e.strip() for e in environ.get(PERMIT_OPEN_VARIABLE, "").split(",") if e.strip()]
+    if [e.lower() for e in extra] == ["any"]:
+        return "PermitOpen any"
+    bad = [e for e in extra if not permit_open_entry_ok(e)]
+    if bad:
+        raise SetupError(
+            f"{PERMIT_OPEN_VARIABLE} in the server's environment holds {bad[0]!r}, not host:port "
+            "(the hub checks this setting at start and sets it; ask a hub admin)"
+        )
+    return "PermitOpen " + " ".join(dict.fromkeys([*OWN_SERVER, *extra]))
 
 
 def force_command(home: str, sftp_server: str) -> str:
@@ -125,6 +167,7 @@ def hardening_options(user: str, environ: dict[str, str], home: str, sftp_server
         "PermitUserRC no",
         "StrictModes yes",
         *FORWARDING_OPTIONS,
+        permit_open_option(environ),
         "ClientAliveInterval 30",
         "ClientAliveCountMax 4",
         "PidFile none",
