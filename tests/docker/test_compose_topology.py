@@ -136,6 +136,8 @@ def test_hub_container_spawns_isolated_pinned_user_containers(hub_image, singleu
                 f"{ip}:8888",
                 f"{container_ip(prometheus)}:9090",
                 f"{prometheus}:9090",
+                "hub:8001",  # the proxy's API
+                "hub:10101",  # the workbench service
             ]
             seen = reachable(cb, *targets)
             assert not any(seen.values()), f"{b}'s container reaches {[t for t, ok in seen.items() if ok]}"
