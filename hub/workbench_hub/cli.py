@@ -21,7 +21,7 @@ Examples::
     workbench slurm-forget-node gpu07   # Slurm: after replacing a node's GPUs
 
 It has no database URL of its own: every command goes through the service,
-which uses the GPU database the hub passes it (``--db-url``, the hub's
+which uses the GPU database the hub passes it (``WORKBENCH_DB_URL`` in its environment, the hub's
 ``gpu_db_url``), so what it sets is what the hub enforces. ``quota show``
 (without a name) prints that database (URL without password; admins only)
 and the GPU models of the inventory the hub stored, which are what

@@ -176,7 +176,7 @@ def update_idle(mixin, env: Env) -> None:
 def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     """Custom scopes, the automation tokens, the idle culler and the workbench service.
 
-    The workbench service's command gets its ``--db-url`` later, from
+    The workbench service gets its database URL later, from
     :func:`point_service_at_settings`, once the GPU policy's settings are
     resolved (after the local config file).
     """
@@ -297,16 +297,20 @@ def point_service_at_settings(c: Config, db_url: str, backend: str = "") -> None
     """Give the workbench service the GPU database its settings were published to, and the backend.
 
     Called after the local config file, so a ``gpu_db_url`` set only there
-    counts; the service reads everything else from that database. The
-    backend (the ``workbench.backends`` name the spawner class declares)
-    decides which backend routes the service adds.
+    counts; the service reads everything else from that database. The URL
+    goes in the service's environment (``WORKBENCH_DB_URL``), never on its
+    command line: any account on the host can read a command line
+    (``ps``), and a PostgreSQL URL carries a password. The backend (the
+    ``workbench.backends`` name the spawner class declares) decides which
+    backend routes the service adds.
     """
     for service in c.JupyterHub.services:
         if service.get("name") == "workbench" and service.get("command"):
             command = [arg for arg in service["command"] if not arg.startswith(("--db-url=", "--backend="))]
             at = next(i for i, arg in enumerate(command) if arg.startswith("--port=")) + 1
             extra = [f"--backend={backend}"] if backend else []
-            service["command"] = [*command[:at], f"--db-url={db_url}", *extra, *command[at:]]
+            service["command"] = [*command[:at], *extra, *command[at:]]
+            service["environment"] = {**service.get("environment", {}), "WORKBENCH_DB_URL": db_url}
 
 
 def update_fairness(mixin, env: Env) -> None:

@@ -83,10 +83,16 @@ def test_the_proxy_and_the_services_get_none_of_the_hubs_secrets(running_hub):
     assert sorted(services.values()) == ["idle-culler", "workbench"]
     for pid, name in services.items():
         env = process_env(pid)
-        foreign = sorted(key for key in env if key not in SERVICE_ENV_KEEP and not key.startswith("JUPYTERHUB_"))
+        own = {"WORKBENCH_DB_URL"} if name == "workbench" else set()  # where its database is, and no more
+        foreign = sorted(key for key in env if key not in SERVICE_ENV_KEEP | own and not key.startswith("JUPYTERHUB_"))
         # JPY_API_TOKEN: JupyterHub's old name for the service's own JUPYTERHUB_API_TOKEN
         assert foreign in ([], ["JPY_API_TOKEN"]), f"{name} was given {foreign}"
         assert env.get("JPY_API_TOKEN", env["JUPYTERHUB_API_TOKEN"]) == env["JUPYTERHUB_API_TOKEN"]
         assert env["JUPYTERHUB_API_TOKEN"] != hub.token
         for secret_name, value in {**hub_secrets, "CONFIGPROXY_AUTH_TOKEN": proxy["CONFIGPROXY_AUTH_TOKEN"]}.items():
             assert value.encode() not in given(pid), f"{name} was given {secret_name}"
+        # The GPU database's URL (a PostgreSQL one carries a password): in the workbench service's
+        # environment, which only its own account reads, never on a command line, which every account reads.
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert b"workbench.sqlite" not in cmdline, f"{name} has the database URL on its command line"
+        assert ("WORKBENCH_DB_URL" in env) == (name == "workbench"), name

@@ -318,17 +318,19 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
         "--proxy-url=http://127.0.0.1:8000",
     ]
     configurer.point_service_at_settings(c, "sqlite:////data/workbench.sqlite")
-    assert workbench["command"][-6:] == [
+    # The URL (a PostgreSQL one carries a password) goes in the environment, never on the command line.
+    assert workbench["command"][-5:] == [
         "--port=10222",
-        "--db-url=sqlite:////data/workbench.sqlite",
         "--session-check-seconds=5.0",
         "--idle-check-seconds=30.0",
         "--reservation-check-seconds=15.0",
         "--proxy-url=http://127.0.0.1:8000",
     ]
-    # Publishing again (a config file calling it twice) replaces, never appends.
+    assert workbench["environment"]["WORKBENCH_DB_URL"] == "sqlite:////data/workbench.sqlite"
+    # Publishing again (a config file calling it twice) replaces.
     configurer.point_service_at_settings(c, "sqlite:////other.sqlite")
-    assert [a for a in workbench["command"] if a.startswith("--db-url")] == ["--db-url=sqlite:////other.sqlite"]
+    assert workbench["environment"]["WORKBENCH_DB_URL"] == "sqlite:////other.sqlite"
+    assert not [a for a in workbench["command"] if "sqlite" in a]
 
 
 @pytest.mark.parametrize(

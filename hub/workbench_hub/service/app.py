@@ -1,7 +1,8 @@
-"""Start the workbench service: ``python -m workbench_hub.service --port=N --db-url=URL``.
+"""Start the workbench service: ``WORKBENCH_DB_URL=URL python -m workbench_hub.service --port=N``.
 
 The hub starts it as a managed service (``hub/jupyterhub_config.py``) with
-only the GPU database's URL on the command line: everything the policy
+only the GPU database's URL in its environment (``--db-url`` overrides it):
+everything the policy
 decides (inventory, servers per GPU, the default quota, the node) is read
 from the settings the hub stored in that database, never from environment
 variables (see ``fleet.py``). ``--session-check-seconds`` (default
@@ -96,7 +97,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ip", default=service_url.hostname or "127.0.0.1")
     parser.add_argument("--port", type=int, default=service_url.port or 10101)
     parser.add_argument(
-        "--db-url", required=True, help="SQLAlchemy URL of the GPU database the hub uses (the hub config passes it)"
+        "--db-url",
+        default=os.environ.get("WORKBENCH_DB_URL", ""),
+        help="SQLAlchemy URL of the GPU database the hub uses (default: $WORKBENCH_DB_URL, which the hub config "
+        "sets in the service's environment: a command line is readable by every account on the host)",
     )
     parser.add_argument(
         "--backend",
@@ -127,7 +131,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=float(os.environ.get("WORKBENCH_RESERVATION_CHECK_SECONDS", "15")),
         help="how often to warn and stop non-members' servers for reservations that say preempt (0: never)",
     )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if not args.db_url:
+        parser.error("the GPU database is not known: set WORKBENCH_DB_URL or pass --db-url")
+    return args
 
 
 async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()) -> int:
