@@ -321,6 +321,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         cookies = {c["name"]: c for c in context.cookies()}
         for name in ("jupyterhub-session-id", "jupyterhub-hub-login", f"jupyterhub-user-{user}"):
             assert cookies[name]["secure"] and cookies[name]["httpOnly"], cookies.get(name)
+        assert cookies["_xsrf"]["secure"], "behind Caddy the form token is Secure too"
         context.close()
     finally:
         compose("down", "-v", "--remove-orphans", timeout=180)
