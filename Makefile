@@ -45,9 +45,11 @@ MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workben
 run: install
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
 
+# The whole suite: the extension's vitest, then pytest as two lanes side by side (tests/lanes.py:
+# the Slurm tests beside everything else; each test runs once).
 test: install
 	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm test
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python tests/lanes.py $(PYTEST_ARGS)
 
 test-unit: install
 	$(BIN)/python -m pytest tests/unit tests/conformance -m "not integration" $(PYTEST_ARGS)
