@@ -62,6 +62,7 @@ def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
     c.JupyterHub.db_url = f"sqlite:///{data / 'jupyterhub.sqlite'}"
     c.JupyterHub.cookie_secret_file = str(data / "jupyterhub_cookie_secret")
     c.ConfigurableHTTPProxy.pid_file = str(data / "jupyterhub-proxy.pid")
+    proxy_env.forget_stale_pid_file(data / "jupyterhub-proxy.pid")
     # The proxy gets an allow-list of the environment, not the hub's secrets (proxy_env.py).
     c.ConfigurableHTTPProxy.command = proxy_env.proxy_command(env, repo)
     # Servers outlive the hub: a hub restart (upgrade, config change) must not

@@ -100,6 +100,30 @@ def proxy_command(env: Env, repo: Path) -> list[str]:
     return [*LAUNCHER, *keep, "--", str(chp) if chp.exists() else "configurable-http-proxy"]
 
 
+def forget_stale_pid_file(pid_file: Path) -> bool:
+    """Remove the proxy's pid file if the process it names is not a configurable-http-proxy.
+
+    JupyterHub kills the process a leftover pid file names before it starts
+    its proxy, and refuses to start when that fails. The file lives in the
+    data dir, which outlives processes: after a reboot, or in a recreated hub
+    container (``docker compose up`` after an upgrade: the data volume stays,
+    pids start again from 1), the pid belongs to some other process. Returns
+    whether the file was removed.
+    """
+    try:
+        pid = int(pid_file.read_text().strip())
+    except (OSError, ValueError):
+        return False
+    try:
+        running = b"configurable-http-proxy" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        running = False
+    if running:
+        return False
+    pid_file.unlink(missing_ok=True)
+    return True
+
+
 def parse(argv: list[str]) -> tuple[frozenset[str], list[str]]:
     """``[--keep=NAMES] -- CMD...`` -> (the extra names, CMD)."""
     if "--" not in argv:

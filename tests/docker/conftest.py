@@ -340,3 +340,23 @@ def restart_dockerd() -> None:
         time.sleep(0.1)
     proc = subprocess.run(["bash", str(REPO / "tests" / "docker" / "start-dockerd.sh")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def lab_in_chromium(browser, hub_url: str, user: str, screenshot: str = "") -> None:
+    """``user`` (an admin, so authorized at once) signs up, logs in and sees their running server's JupyterLab."""
+    from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
+
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        assert "The signup was successful!" in sign_up(page, hub_url, user)
+        log_in(page, hub_url, user)
+        page.wait_for_load_state()
+        page.goto(f"{hub_url}/user/{user}/lab")
+        page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+        page.wait_for_selector(".jp-DirListing-item:has-text('notebooks')")
+        if screenshot:
+            page.screenshot(path=str(_artifact(screenshot)))
+    finally:
+        context.close()

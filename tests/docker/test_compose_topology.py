@@ -23,6 +23,7 @@ from tests.docker.conftest import (
     container_ip,
     docker,
     inspect,
+    lab_in_chromium,
     reachable,
     remove_user_objects,
     serve_in,
@@ -32,7 +33,9 @@ from tests.docker.conftest import (
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
 
-def run_hub(name: str, network: str, data: str, token: str, image: str, singleuser: str, datasets: str) -> str:
+def run_hub(
+    name: str, network: str, data: str, token: str, image: str, singleuser: str, datasets: str, admins: str
+) -> str:
     """Start the hub's container as compose does; return its URL on the host's loopback once it answers."""
     env = {
         "WORKBENCH_BACKEND": "docker",
@@ -46,6 +49,7 @@ def run_hub(name: str, network: str, data: str, token: str, image: str, singleus
         "WORKBENCH_DATASETS_VOLUME": datasets,
         "WORKBENCH_CULL_IDLE_SECONDS": "0",
         "WORKBENCH_DATA_DIR": "/srv/workbench/data",
+        "WORKBENCH_ADMIN_USERS": admins,
     }
     docker(
         "run",
@@ -78,13 +82,16 @@ def run_hub(name: str, network: str, data: str, token: str, image: str, singleus
         time.sleep(1)
 
 
-def test_hub_container_spawns_isolated_pinned_user_containers(hub_image, singleuser_image, docker_volume, outside_host):
+@pytest.mark.browser
+def test_hub_container_spawns_isolated_pinned_user_containers(
+    hub_image, singleuser_image, docker_volume, outside_host, chromium_browser
+):
     tag = uuid.uuid4().hex[:8]
     network, hub_name, prometheus = f"wb-topo-{tag}", f"wb-topo-hub-{tag}", f"wb-topo-prometheus-{tag}"
     a, b = f"topoa{tag}", f"topob{tag}"
     token = secrets.token_hex(16)
     datasets, data = docker_volume("wb-topo-datasets"), docker_volume("wb-topo-data")
-    start = (hub_name, network, data, token, hub_image, singleuser_image, datasets)
+    start = (hub_name, network, data, token, hub_image, singleuser_image, datasets, f"{a},{b}")
     docker("network", "create", network)
     try:
         # what the monitoring profile puts on the compose network: Prometheus, no authentication
@@ -93,7 +100,8 @@ def test_hub_container_spawns_isolated_pinned_user_containers(hub_image, singleu
         url = run_hub(*start)
         headers = {"Authorization": f"token {token}"}
         for user in (a, b):
-            assert requests.post(f"{url}/hub/api/users/{user}", headers=headers, timeout=10).status_code == 201
+            # admins (authorized at sign-up, for Chromium below) exist from the hub's start
+            assert requests.get(f"{url}/hub/api/users/{user}", headers=headers, timeout=10).status_code == 200
             r = requests.post(f"{url}/hub/api/users/{user}/server", headers=headers, json={"gpus": 1}, timeout=30)
             assert r.status_code in (201, 202), r.text
         deadline = time.monotonic() + 180
@@ -146,6 +154,8 @@ def test_hub_container_spawns_isolated_pinned_user_containers(hub_image, singleu
 
         assert_isolated()
         assert reachable(cb, outside_host) == {outside_host: True}, "egress=internet reaches out"
+        for user in (a, b):  # both labs work in a browser, through the proxy in the hub's container
+            lab_in_chromium(chromium_browser, url, user, screenshot=f"compose-lab-{user[:5]}.png")
 
         # `docker compose up` after an upgrade recreates the hub's container: it is on
         # none of its users' networks until it joins them again.

@@ -23,13 +23,16 @@ from tests.docker.conftest import (
     docker,
     hub_id_of,
     inspect,
+    lab_in_chromium,
     make_users,
     reachable,
     restart_dockerd,
     serve_in,
+    unique,
 )
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
+browser = pytest.mark.browser
 
 BOARD = 6006  # where a student's TensorBoard would listen
 JUPYTER = 8888
@@ -62,9 +65,11 @@ def assert_isolated(hub, a: str, b: str) -> None:
     assert through_proxy(hub, a) == 200 and through_proxy(hub, b) == 200
 
 
-def test_users_cannot_reach_each_other_and_it_survives_restarts(docker_hub, outside_host):
-    hub = docker_hub()
-    a, b = make_users(hub, "ann", "ben")
+@browser
+def test_users_cannot_reach_each_other_and_it_survives_restarts(docker_hub, outside_host, chromium_browser):
+    a, b = unique("ann"), unique("ben")
+    hub = docker_hub(WORKBENCH_ADMIN_USERS=f"{a},{b}")  # admins: authorized at sign-up, for Chromium below
+    hub.track_users.extend((a, b))
     for user in (a, b):
         hub.spawn(user, gpus=1)
     for user in (a, b):
@@ -76,6 +81,8 @@ def test_users_cannot_reach_each_other_and_it_survives_restarts(docker_hub, outs
     assert attrs["Labels"] == {"workbench.hub": hub_id}
     assert_isolated(hub, a, b)
     assert reachable(container_of(hub, b), outside_host) == {outside_host: True}, "egress=internet reaches out"
+    for user in (a, b):  # both labs work in a browser, through the proxy
+        lab_in_chromium(chromium_browser, hub.url, user, screenshot=f"isolated-lab-{user[:3]}.png")
 
     # A hub restart with egress turned off: running servers keep their network and
     # stay isolated; a server started now is on an internal network, with no way out.

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -150,3 +151,27 @@ def test_a_missing_proxy_is_named_in_one_sentence(tmp_path):
         f"proxy_env: cannot run {missing}: No such file or directory (run `npm install` in the checkout, "
         "or put configurable-http-proxy and node on the hub's PATH)"
     )
+
+
+def test_a_pid_file_naming_another_process_is_forgotten(tmp_path):
+    """A recreated hub container (same data volume, pids from 1 again) or a reboot leaves a pid file
+    that names some other process: JupyterHub would try to kill it and refuse to start."""
+    pid_file = tmp_path / "jupyterhub-proxy.pid"
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        pid_file.write_text(str(other.pid))
+        assert proxy_env.forget_stale_pid_file(pid_file) and not pid_file.exists()
+        assert other.poll() is None, "the other process is left alone"
+    finally:
+        other.kill()
+        other.wait()
+    pid_file.write_text("not a pid")
+    assert not proxy_env.forget_stale_pid_file(pid_file) and pid_file.exists()
+    fake_proxy = subprocess.Popen(["bash", "-c", "exec -a configurable-http-proxy sleep 30"])
+    try:
+        time.sleep(0.2)
+        pid_file.write_text(str(fake_proxy.pid))
+        assert not proxy_env.forget_stale_pid_file(pid_file) and pid_file.exists(), "a running proxy's file stays"
+    finally:
+        fake_proxy.kill()
+        fake_proxy.wait()
