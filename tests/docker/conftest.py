@@ -16,6 +16,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -360,3 +361,22 @@ def lab_in_chromium(browser, hub_url: str, user: str, screenshot: str = "") -> N
             page.screenshot(path=str(_artifact(screenshot)))
     finally:
         context.close()
+
+
+def wait_for_lab(page, hub_url: str, user: str, timeout_ms: int = 180_000) -> None:
+    """After the spawn form's submit: wait until the browser is in the user's JupyterLab.
+
+    A browser on the hub's own host sees each network Docker makes for a first
+    spawn (a bridge with an address on the host) as a change of its network and
+    drops the request in flight (``net::ERR_NETWORK_CHANGED``, an error page).
+    A student's browser on another machine never sees it; here the page is
+    loaded again, as that user would, from the spawn's progress page.
+    """
+    lab = re.compile(rf"^{re.escape(hub_url)}/user/{re.escape(user)}/lab")
+    try:
+        page.wait_for_url(lab, timeout=timeout_ms)
+    except Exception:
+        if not page.url.startswith("chrome-error://"):
+            raise
+        page.goto(f"{hub_url}/hub/spawn-pending/{user}")
+        page.wait_for_url(lab, timeout=timeout_ms)

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
-from tests.docker.conftest import inspect, remove_user_objects, user_container
+from tests.docker.conftest import inspect, remove_user_objects, user_container, wait_for_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.integration]
 
@@ -35,7 +35,7 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         assert page.locator("#workbench-profile-note").count() == 0, "containers do enforce the size"
         page.check("#workbench-profile-small")
         page.click("form#spawn_form [type=submit]")
-        page.wait_for_url(f"**/user/{admin}/lab**", timeout=180_000)
+        wait_for_lab(page, hub.url, admin)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.wait_for_selector(".jp-DirListing-item:has-text('notebooks')")
         page.screenshot(path=str(_artifact("jupyterlab-docker.png")))

@@ -27,7 +27,7 @@ import requests
 
 from tests.browser.test_login_to_lab import log_in, sign_up
 from tests.conftest import ARTIFACTS, missing
-from tests.docker.conftest import REPO, SINGLEUSER_IMAGE, docker, inspect, remove_user_objects
+from tests.docker.conftest import REPO, SINGLEUSER_IMAGE, docker, inspect, remove_user_objects, wait_for_lab
 from tests.https.certs import CA
 from tests.https.conftest import trusting_chromium  # noqa: F401  (a fixture)
 
@@ -315,7 +315,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         log_in(page, url, user)
         page.wait_for_url("**/hub/spawn**")
         page.click("form#spawn_form [type=submit]")
-        page.wait_for_url(re.compile(rf"^https://{re.escape(DOMAIN)}/user/{user}/lab"), timeout=180_000)
+        wait_for_lab(page, f"https://{DOMAIN}", user)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.screenshot(path=str(ARTIFACTS / "https-acme-lab.png"))
         cookies = {c["name"]: c for c in context.cookies()}
