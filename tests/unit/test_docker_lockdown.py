@@ -139,6 +139,7 @@ def test_safe_configs_pass():
     c = Config()
     # What hub/jupyterhub_config.py sets for the docker backend, and a little more.
     c.DockerGPUSpawner.image = "gpu-workbench/singleuser:latest"
+    c.DockerGPUSpawner.network_isolation = False  # a network of the operator's choosing
     c.DockerGPUSpawner.network_name = "gpu-workbench"
     c.DockerGPUSpawner.use_internal_ip = True
     c.DockerGPUSpawner.datasets_volume = "/srv/datasets"  # a host path, mounted read-only
@@ -335,3 +336,15 @@ def test_allow_list_trait_is_validated(make_spawner):
     assert spawner.allowed_host_config_keys == {"CapAdd", "Binds"}
     with pytest.raises(TraitError, match="cannot be allowed"):
         spawner.allowed_host_config_keys = {"DeviceRequests"}
+
+
+@pytest.mark.parametrize("section", ["DockerGPUSpawner", "DockerSpawner"])
+def test_a_network_of_ones_own_needs_isolation_off(section):
+    """With isolation on (the default) the hub picks each user's network: a configured one would be
+    ignored without a word, so the hub refuses to start and says which of the two to change."""
+    c = configured("network_name", "lab-net", section)
+    (problem,) = check_lockdown(c)
+    assert problem.startswith(f"GPU Workbench: c.{section}.network_name is 'lab-net'")
+    assert "network_isolation = False" in problem
+    c.DockerGPUSpawner.network_isolation = False
+    assert check_lockdown(c) == []

@@ -32,7 +32,9 @@ class TenantIsolation(LoggingConfigurable):
         joins. A student's TensorBoard or ``http.server`` on ``0.0.0.0`` is
         then unreachable from other students' containers. False: the
         containers go on ``network_name`` as DockerSpawner does (Docker's
-        default bridge lets every container reach every other).
+        default bridge lets every container reach every other). Setting
+        ``network_name`` while this is on stops the hub at start with a
+        sentence, since the setting would be ignored.
         """,
     ).tag(config=True)
 

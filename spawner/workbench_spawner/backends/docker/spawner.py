@@ -65,6 +65,7 @@ from workbench_spawner.backends.docker.isolation import TenantIsolation
 from workbench_spawner.backends.docker.lockdown import (
     LOCKED_SETTINGS,
     RISKS,
+    _shares_namespace,
     _unsafe_security_opt,
     canonical_allowed,
     host_config_problems,
@@ -111,7 +112,17 @@ def check_lockdown(config: Config) -> list[str]:
             values[name] = value.get_value(_empty_like(name)) if isinstance(value, LazyConfigValue) else value
     allowed, problems = canonical_allowed(values.get("allowed_host_config_keys") or ())
     datasets = values.get("datasets_volume", DockerGPUSpawner.class_traits()["datasets_volume"].default_value)
-    return problems + settings_problems(values, owners, allowed, datasets)
+    problems += settings_problems(values, owners, allowed, datasets)
+    network = values.get("network_name")
+    if network and not _shares_namespace(network) and merged.get("network_isolation", True) is not False:
+        # Isolation picks each user's network itself; a configured one would be silently ignored.
+        problems.append(
+            f"GPU Workbench: {owners['network_name']}.network_name is {network!r}, but the hub puts each user "
+            "on a network of its own choosing (network_isolation, on by default: users cannot reach each "
+            "other). Remove network_name, or set c.DockerGPUSpawner.network_isolation = False to put every "
+            "user on that network (where they can reach each other)."
+        )
+    return problems
 
 
 class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
