@@ -296,7 +296,7 @@ def test_hub_image_starts_jupyterhub_with_its_proxy(hub_image, docker_container)
     ip = inspect(name)["NetworkSettings"]["IPAddress"]
     info = wait_for_json(name, f"http://{ip}:8000/hub/api", "the hub did not answer through the proxy")
     assert info["version"] == "6.1.1"
-    top = docker("top", name).stdout
+    top = docker("top", name, "-efww").stdout  # ww: ps would cut the command at a COLUMNS dockerd inherited
     assert "configurable-http-proxy" in top
 
 
