@@ -153,46 +153,15 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
     docker("kill", bob_container)
     free_gpu = next(g for g in (f"GPU-sim-{i:02d}-h100-80gb" for i in range(4)) if g not in alice_gpus + bob_gpus)
     hub_label = f"workbench.hub={hub_id_of(hub.data_dir)}"
+
+    def server_without_lease(hub_label: str, user: str, gpu: str) -> str:
+        labels = [hub_label, f"workbench.user={user}", "workbench.server=", f"workbench.gpus={gpu}"]
+        return docker_container(*(a for label in labels for a in ("--label", label)), base_image, "sleep", "600")
+
     # Another hub's server on the same engine, on one of alice's GPUs: not this hub's to adopt or stop.
-    foreign = docker_container(
-        "--label",
-        "workbench.hub=0therhub",
-        "--label",
-        "workbench.user=neighbour",
-        "--label",
-        "workbench.server=",
-        "--label",
-        f"workbench.gpus={alice_gpus[0]}",
-        base_image,
-        "sleep",
-        "600",
-    )
-    adopt = docker_container(
-        "--label",
-        hub_label,
-        "--label",
-        "workbench.user=orphan",
-        "--label",
-        "workbench.server=",
-        "--label",
-        f"workbench.gpus={free_gpu}",
-        base_image,
-        "sleep",
-        "600",
-    )
-    clash = docker_container(
-        "--label",
-        hub_label,
-        "--label",
-        "workbench.user=intruder",
-        "--label",
-        "workbench.server=",
-        "--label",
-        f"workbench.gpus={alice_gpus[0]}",
-        base_image,
-        "sleep",
-        "600",
-    )
+    foreign = server_without_lease("workbench.hub=0therhub", "neighbour", alice_gpus[0])
+    adopt = server_without_lease(hub_label, "orphan", free_gpu)
+    clash = server_without_lease(hub_label, "intruder", alice_gpus[0])
     hub.start()
 
     hub.wait_ready(alice, timeout=60)

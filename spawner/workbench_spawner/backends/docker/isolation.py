@@ -105,17 +105,15 @@ class TenantIsolation(LoggingConfigurable):
 
     def tenant_network(self) -> str:
         """The network this server's container joins (made if missing)."""
-        hub, internal = self.hub_id(), self.egress == "none"
+        client, hub, internal = self._sync_client(), self.hub_id(), self.egress == "none"
         if self.hub_container:
             name = tenancy.user_network_name(hub, self.escaped_name, self.egress)
             labels = {LABEL_HUB: hub, LABEL_USER: self.user.name}
-            tenancy.ensure_network(
-                self._sync_client(), name, labels, internal=internal, icc=True, pool=self.user_subnets
-            )
-            tenancy.join_network(self._sync_client(), name, self.hub_container)
+            tenancy.ensure_network(client, name, labels, internal=internal, icc=True, pool=self.user_subnets)
+            tenancy.join_network(client, name, self.hub_container)
         else:
             name = tenancy.shared_network_name(hub, self.egress)
-            tenancy.ensure_network(self._sync_client(), name, {LABEL_HUB: hub}, internal=internal, icc=False)
+            tenancy.ensure_network(client, name, {LABEL_HUB: hub}, internal=internal, icc=False)
         return name
 
     def prepare_tenancy(self) -> None:

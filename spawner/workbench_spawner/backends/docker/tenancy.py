@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import socket
 from collections.abc import Iterator, Mapping
 
 import docker
@@ -186,8 +185,8 @@ def remove_user_network(client: docker.DockerClient, network: str, hub_container
         attrs = client.api.inspect_network(network)
     except docker.errors.NotFound:
         return True
-    others = [c for c in (attrs.get("Containers") or {}) if not hub_container or not _same(client, c, hub_container)]
-    if others:
+    hub = _container_id(client, hub_container) if hub_container else ""
+    if set(attrs.get("Containers") or {}) - {hub}:
         return False
     try:
         if hub_container:
@@ -199,16 +198,11 @@ def remove_user_network(client: docker.DockerClient, network: str, hub_container
     return True
 
 
-def _same(client: docker.DockerClient, container_id: str, name_or_id: str) -> bool:
+def _container_id(client: docker.DockerClient, name_or_id: str) -> str:
     try:
-        return client.api.inspect_container(name_or_id)["Id"] == container_id
+        return client.api.inspect_container(name_or_id)["Id"]
     except docker.errors.NotFound:
-        return False
-
-
-def own_container() -> str:
-    """The id of the container this process runs in (Docker sets the hostname to its short id)."""
-    return socket.gethostname()
+        return ""
 
 
 def ensure_volume(client: docker.DockerClient, name: str, labels: Mapping[str, str]) -> None:
