@@ -293,3 +293,49 @@ class SlurmTier(HubTier):
         from tests.slurm.conftest import cancel_all
 
         cancel_all()
+
+
+class KubernetesTier(HubTier):
+    """Pods on the test cluster (tests/kubernetes/cluster.sh): the container's own environment, where the
+    device plugin put ``NVIDIA_VISIBLE_DEVICES``; ended by deleting the pod through the API."""
+
+    mode = "engine"
+
+    def __init__(self, start_hub, env: dict[str, str], namespace: str):
+        self.namespace = namespace
+        super().__init__(start_hub, {**env, "WORKBENCH_QUEUE_TIMEOUT": "15"})
+
+    def remember(self, user: str, server: dict) -> None:
+        """Nothing to keep: the pods are found by the user's label."""
+
+    def _pod(self, user: str) -> dict | None:
+        from tests.kubernetes.kube import pods_of
+
+        pods = [p for p in pods_of(self.namespace, user) if not p["metadata"].get("deletionTimestamp")]
+        return pods[0] if pods else None
+
+    def pinned(self, user: str) -> list[str]:
+        from tests.kubernetes.kube import pod_container_env
+
+        devices = pod_container_env(self._pod(user))["NVIDIA_VISIBLE_DEVICES"]
+        return [] if devices == "void" else split(devices)
+
+    def runs(self, user: str) -> bool:
+        pod = self._pod(user)
+        return bool(pod and pod["status"].get("phase") in ("Pending", "Running"))
+
+    def end_outside(self, user: str) -> None:
+        from workbench_spawner.backends.kubernetes.cluster import delete_pod
+
+        delete_pod(self.namespace, self._pod(user)["metadata"]["name"], 0)
+
+    def failing_config(self):
+        # The image is not on the node and may not be pulled: the container never starts.
+        return {"WORKBENCH_IMAGE": "workbench-conformance/missing:none"}, [
+            "--KubernetesGPUSpawner.image_pull_policy=Never"
+        ]
+
+    def end_leftovers(self) -> None:
+        from tests.kubernetes.kube import delete_pods_of
+
+        delete_pods_of(self.namespace, *self.used)

@@ -1,12 +1,14 @@
 """The backend contract's conformance suite: the same scenarios on every backend.
 
-Each scenario runs on five tiers (``tiers.py``, ``fake_tier.py``, ``hub_tiers.py``):
+Each scenario runs on six tiers (``tiers.py``, ``fake_tier.py``, ``hub_tiers.py``):
 
 * ``fake-host`` and ``fake-engine``: the reference implementations
   (``tests/unit/fake_backends.py``), in-process, in milliseconds;
 * ``local``: a real hub whose servers are processes on this machine;
 * ``docker``: a real hub on the Docker engine (the stand-in NVIDIA hook);
-* ``slurm``: a real hub on the two-node Slurm cluster (``tests/slurm/cluster.sh``).
+* ``slurm``: a real hub on the two-node Slurm cluster (``tests/slurm/cluster.sh``);
+* ``kubernetes``: a real hub beside a real Kubernetes 1.20 control plane and node
+  (``tests/kubernetes/cluster.sh``), its pods placed by the scheduler.
 
 Every tier offers four GPUs and a default quota of two at once. A backend
 conforms when it passes all of them: start pinned or placed, two servers
@@ -26,7 +28,7 @@ import re
 import pytest
 
 from tests.conformance.fake_tier import FakeTier
-from tests.conformance.hub_tiers import DockerTier, LocalTier, SlurmTier
+from tests.conformance.hub_tiers import DockerTier, KubernetesTier, LocalTier, SlurmTier
 from tests.conformance.tiers import QUOTA
 from tests.conftest import hub_pool, wait_until
 from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner
@@ -37,6 +39,7 @@ TIERS = [
     pytest.param("local", id="local", marks=pytest.mark.integration),
     pytest.param("docker", id="docker", marks=[pytest.mark.docker, pytest.mark.integration]),
     pytest.param("slurm", id="slurm", marks=[pytest.mark.slurm, pytest.mark.integration]),
+    pytest.param("kubernetes", id="kubernetes", marks=[pytest.mark.kubernetes, pytest.mark.integration]),
 ]
 FAKES = {"fake-host": FakeHostSpawner, "fake-engine": FakeEngineSpawner}
 
@@ -53,6 +56,13 @@ def tier_factory(request, tmp_path_factory):
             hub = LocalTier(start)
         elif kind == "docker":
             hub = DockerTier(start, request.getfixturevalue("singleuser_image"))
+        elif kind == "kubernetes":
+            from tests.kubernetes.kube import hub_env
+
+            cluster = request.getfixturevalue("k8s_cluster")
+            namespace = request.getfixturevalue("k8s_module_namespace")
+            image = request.getfixturevalue("singleuser_image")
+            hub = KubernetesTier(start, hub_env(cluster, namespace, image), namespace)
         else:
             request.getfixturevalue("slurm_cluster")
             from tests.slurm.conftest import USERS, hub_env

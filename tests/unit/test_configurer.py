@@ -231,8 +231,8 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
         ({"WORKBENCH_HUB_API_PORT": "x"}, "WORKBENCH_HUB_API_PORT must be a port number, not 'x'"),
         ({"WORKBENCH_PROXY_API_PORT": "-1"}, "WORKBENCH_PROXY_API_PORT must be a port number, not '-1'"),
         (
-            {"WORKBENCH_BACKEND": "kubernetes"},
-            "WORKBENCH_BACKEND='kubernetes' is not an installed backend; use one of: docker, local, slurm",
+            {"WORKBENCH_BACKEND": "nomad"},
+            "WORKBENCH_BACKEND='nomad' is not an installed backend; use one of: docker, kubernetes, local, slurm",
         ),
         ({"WORKBENCH_BACKEND": "docker"}, "the docker backend needs WORKBENCH_IMAGE, the single-user image"),
         ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": " "}, "the docker backend needs WORKBENCH_IMAGE"),

@@ -25,23 +25,11 @@ decides:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime, tzinfo
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.jobs import SlurmJob, SlurmNode
-from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.host import holdings
-from workbench_spawner.policy.clock import Clock, real_now
+from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.rules.queue_order import Waiting, order
-from workbench_spawner.rules.reservations import (
-    Holding,
-    Reservation,
-    demand_by_group,
-    gpus_user_may_take,
-    is_member,
-    reserved_now,
-)
 
 
 def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model: str | None) -> list[str]:
@@ -84,56 +72,11 @@ def reprioritize(
     return changes
 
 
-class SlurmReservations:
-    """The reservation check before submitting, and the demand members have in Slurm's queue now."""
+class SlurmReservations(EngineReservations):
+    """The reservation check before ``sbatch``, with Slurm's node records as what is free."""
 
-    def __init__(
-        self,
-        store: AllocationStore,
-        inventory: Callable[[], DeviceInventory],
-        tz: tzinfo | None = None,
-        clock: Clock = real_now,
-    ):
-        self.store = store
-        self.inventory = inventory
-        self.tz = tz or UTC
-        self.clock = clock
-        self.book = ReservationBook(store)
-        # request key -> (groups, GPUs, model) of every workbench request admitted to Slurm's queue and
-        # not running yet: about to take free GPUs, and members among them count as asking.
-        self.asking: dict[str, tuple[frozenset[str], int, str | None]] = {}
-
-    def active(self, now: datetime) -> list[Reservation]:
-        return self.book.open_at(now, self.tz)
-
-    def waiting_by_group(self) -> dict[str, int]:
-        return demand_by_group((groups, count) for groups, count, _model in list(self.asking.values()))
-
-    def may_submit(
+    def may_submit(  # type: ignore[override]
         self, groups: Sequence[str], count: int, model: str | None, nodes: Callable[[], list[SlurmNode]]
     ) -> tuple[bool, str]:
         """(True, "") when this request leaves what open reservations keep; else (False, why). Blocking."""
-        now = self.clock()
-        others = [r for r in self.active(now) if not is_member(r, groups)]
-        if not count or not others:
-            return True, ""
-        inventory = self.inventory()
-        models = {d.uuid: d.model for d in inventory.devices}
-        free = free_on_slurm(inventory, nodes(), None)
-        # Requests already admitted to Slurm's queue will take free GPUs before this one: they count as
-        # held (members' among them as members' use), and the free ones they will take are not free.
-        held = holdings(self.store.leases())
-        for n, (their_groups, their_count, their_model) in enumerate(list(self.asking.values())):
-            placeholders = tuple(f"admitted-{n}-{i}" for i in range(their_count))
-            models.update({u: their_model or "" for u in placeholders})
-            held.append(Holding(f"admitted-{n}", "", placeholders, frozenset(their_groups), now))
-            for _ in range(their_count):
-                fits = [u for u in free if their_model is None or models.get(u) == their_model]
-                if fits:
-                    free.remove(fits[-1])
-        free = [u for u in free if model is None or models.get(u) == model]
-        allowed = gpus_user_may_take(free, models, count, groups, others, held, now, self.tz, {})
-        if len(allowed) >= count:
-            return True, ""
-        kept = "; ".join(reserved_now(others, now, self.tz, inventory.count_by_model()))
-        return False, f"{len(free)} free in the cluster, but {kept}"
+        return super().may_submit(groups, count, model, lambda inventory: free_on_slurm(inventory, nodes(), None))

@@ -14,7 +14,6 @@ starting. Anything else is a 400 with a sentence and changes nothing.
 
 from __future__ import annotations
 
-import hmac
 import json
 from typing import Any
 
@@ -23,6 +22,7 @@ from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
 from workbench_spawner.backends.slurm.jobs import NodeReport
+from workbench_spawner.start_report import starting_spawner
 
 ROUTE = r"/api/batchspawner"
 ALLOWED_KEYS = ("port", "workbench_report")
@@ -95,27 +95,11 @@ class StartReportHandler(APIHandler):
 
     @web.authenticated
     def post(self) -> None:
-        token = self.get_auth_token() or ""
-        spawners = getattr(self.current_user, "spawners", None) or {}  # a service's token has none
-        spawner = next(
-            (s for s in spawners.values() if token and s.api_token and hmac.compare_digest(s.api_token, token)), None
-        )
-        if spawner is None:
-            raise web.HTTPError(
-                403,
-                "This token belongs to no server of this user that is starting; only a "
-                "server's own start-up may report its port.",
-            )
+        spawner = starting_spawner(self)
         try:
             accepted = read_report(self.get_json_body())
         except ReportRefused as exc:
             raise web.HTTPError(400, f"Start report refused: {exc}.") from None
-        if spawner.pending != "spawn":
-            raise web.HTTPError(
-                409,
-                f"{spawner._log_name} is not starting, so there is nothing to report; "
-                "a start report is taken only while the server starts.",
-            )
         for key, value in accepted.items():
             setattr(spawner, key, value)
         self.set_status(201)

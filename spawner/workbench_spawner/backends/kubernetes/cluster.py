@@ -1,0 +1,179 @@
+"""What the workbench reads from the Kubernetes API itself: nodes, pods and their GPU requests.
+
+KubeSpawner follows the server's own pod (its reflectors); the policy needs
+more: every node's GPUs (capacity, allocatable and GPU Feature Discovery's
+labels, for the inventory and the fleet view), what *every* pod on a node
+requests (pods that are not the workbench's hold GPUs too), and this hub's
+pods by label after a restart. These reads happen at hub start, in
+reconcile, in the workbench service and in the reservation check, all of
+them blocking code in worker threads, so each runs its own short event loop
+with its own API client (``blocking``). The API is found as kubectl finds
+it: in a pod, the service account; elsewhere ``KUBECONFIG`` or
+``~/.kube/config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Pod phases that hold no resources any more.
+ENDED_PHASES = ("Succeeded", "Failed")
+
+
+class KubernetesUnavailable(RuntimeError):
+    """The API server could not be reached or refused the request; str(err) says why."""
+
+
+@dataclass(frozen=True)
+class KubeNode:
+    """One node as the policy sees it: its GPUs and what pods request of them now."""
+
+    name: str
+    ready: bool
+    schedulable: bool
+    gpu_capacity: int
+    gpu_allocatable: int
+    gpus_requested: int = 0  # by every pod on the node that has not ended
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def gpus_free(self) -> int:
+        return max(0, self.gpu_allocatable - self.gpus_requested) if self.usable else 0
+
+    @property
+    def usable(self) -> bool:
+        return self.ready and self.schedulable
+
+
+async def api_client():
+    """An ``ApiClient`` for this process's cluster (in-cluster config, else the kubeconfig)."""
+    from kubernetes_asyncio import client, config
+
+    configuration = client.Configuration()
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            await config.load_kube_config(client_configuration=configuration)
+    except Exception as exc:  # the loaders raise ConfigException, FileNotFoundError, TypeError...
+        raise KubernetesUnavailable(
+            f"no Kubernetes API configured ({exc}); set KUBECONFIG or run the hub in the cluster"
+        ) from None
+    return client.ApiClient(configuration)
+
+
+def blocking(call: Callable[[Any], Awaitable[T]], timeout: float = 30.0) -> T:
+    """Run ``call(core_v1_api)`` to completion from blocking code, on its own loop and client.
+
+    A fresh thread, so it works whether or not the calling thread runs an
+    event loop (the hub's config file, a worker thread, the CLI)."""
+
+    async def run() -> T:
+        from kubernetes_asyncio import client
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        async with await api_client() as api:
+            try:
+                return await asyncio.wait_for(call(client.CoreV1Api(api)), timeout)
+            except ApiException as exc:
+                raise KubernetesUnavailable(f"the API server said {exc.status} {exc.reason}") from None
+            except (TimeoutError, OSError) as exc:
+                raise KubernetesUnavailable(f"the API server did not answer ({exc or 'timeout'})") from None
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, run()).result()
+
+
+def _quantity(value: object) -> int:
+    """A whole-device quantity ("2") as an int; anything else 0."""
+    try:
+        return int(str(value))
+    except (TypeError, ValueError):
+        return 0
+
+
+def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
+    """GPUs ``pod`` (an API dict) holds: the larger of its containers' sum and any init container's."""
+    spec = pod.get("spec") or {}
+
+    def asked(container: Mapping[str, Any]) -> int:
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        return _quantity(limits.get(resource, requests.get(resource, 0)))
+
+    main = sum(asked(c) for c in spec.get("containers") or [])
+    init = max((asked(c) for c in spec.get("initContainers") or []), default=0)
+    return max(main, init)
+
+
+def node_from_api(node: Mapping[str, Any], resource: str, requested: int = 0) -> KubeNode:
+    """A ``KubeNode`` from the API's node object (a dict)."""
+    metadata = node.get("metadata") or {}
+    status = node.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    return KubeNode(
+        name=str(metadata.get("name", "")),
+        ready=conditions.get("Ready") == "True",
+        schedulable=not (node.get("spec") or {}).get("unschedulable", False),
+        gpu_capacity=_quantity((status.get("capacity") or {}).get(resource, 0)),
+        gpu_allocatable=_quantity((status.get("allocatable") or {}).get(resource, 0)),
+        gpus_requested=requested,
+        labels=dict(metadata.get("labels") or {}),
+    )
+
+
+def nodes_with_requests(nodes: list[dict], pods: list[dict], resource: str) -> list[KubeNode]:
+    """Every node with what the scheduled, not ended pods on it request of ``resource``."""
+    requested: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") not in ENDED_PHASES:
+            requested[node] = requested.get(node, 0) + pod_gpu_request(pod, resource)
+    return [node_from_api(n, resource, requested.get((n.get("metadata") or {}).get("name", ""), 0)) for n in nodes]
+
+
+async def _items(api, method: str, **kwargs) -> list[dict]:
+    """A list call's items as plain dicts (the API's own field names)."""
+    reply = await getattr(api, method)(_preload_content=False, **kwargs)
+    import json
+
+    return json.loads(await reply.read()).get("items") or []
+
+
+def list_nodes(resource: str) -> list[KubeNode]:
+    """The cluster's nodes with their ``resource`` GPUs and what pods request of them (blocking)."""
+
+    async def read(api) -> list[KubeNode]:
+        nodes = await _items(api, "list_node")
+        pods = await _items(api, "list_pod_for_all_namespaces", field_selector="status.phase!=Succeeded")
+        return nodes_with_requests(nodes, pods, resource)
+
+    return blocking(read)
+
+
+def list_pods(namespace: str, label_selector: str) -> list[dict]:
+    """Pods in ``namespace`` with these labels, as dicts (blocking)."""
+    return blocking(lambda api: _items(api, "list_namespaced_pod", namespace=namespace, label_selector=label_selector))
+
+
+def delete_pod(namespace: str, name: str, grace_seconds: int = 0) -> None:
+    """Delete a pod; one already gone is fine (blocking)."""
+
+    async def delete(api) -> None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        try:
+            await api.delete_namespaced_pod(name=name, namespace=namespace, grace_period_seconds=grace_seconds)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    blocking(delete)

@@ -1,0 +1,167 @@
+"""The fleet view's Kubernetes side, the admin's node routes and CLI, and the config check at hub start.
+
+The ledger knows the GPUs the workbench's pods hold; the API knows every
+node's device-plugin count and what *every* pod requests. The difference on
+a node is GPUs held by pods outside the workbench (a training job, another
+hub), which the admin page shows per GPU row (``kubernetes``) and
+``GET api/kubernetes/nodes`` per node with the UUIDs pods reported there.
+``DELETE api/kubernetes/nodes/{node}`` (``workbench kubernetes-forget-node``)
+forgets those UUIDs after a node's GPUs were replaced. Node reads are cached
+for a couple of seconds so a busy page does not hammer the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from urllib.parse import quote
+
+from traitlets.config import Config
+
+from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailable, list_nodes
+
+log = logging.getLogger("workbench.service")
+
+MAX_NODE = 253  # a node name is a DNS subdomain
+RESOURCE = "nvidia.com/gpu"
+
+_cache: dict[str, KubeNode] | None = None
+_cached_at = 0.0
+_lock = threading.Lock()
+
+
+def kube_nodes(max_age: float = 2.0, resource: str = RESOURCE) -> dict[str, KubeNode] | None:
+    """The cluster's nodes by name (None: the API did not answer)."""
+    global _cache, _cached_at
+    with _lock:
+        if _cache is not None and time.monotonic() - _cached_at < max_age:
+            return _cache
+        try:
+            _cache = {n.name: n for n in list_nodes(resource)}
+        except KubernetesUnavailable as exc:
+            log.warning("The cluster's nodes could not be read for the fleet view: %s", exc)
+            _cache = None
+        _cached_at = time.monotonic()
+        return _cache
+
+
+def annotate_kubernetes(gpus: list[dict]) -> None:
+    """Add ``kubernetes`` (node ready and schedulable, GPUs held there outside the workbench) to each GPU row."""
+    nodes = kube_nodes()
+    ours: dict[str, int] = {}
+    for gpu in gpus:
+        if gpu["holders"]:
+            ours[gpu["node"]] = ours.get(gpu["node"], 0) + 1
+    for gpu in gpus:
+        node = (nodes or {}).get(gpu["node"])
+        gpu["kubernetes"] = {
+            "node_ready": bool(node and node.ready),
+            "node_schedulable": bool(node and node.schedulable),
+            "node_gpus_requested": node.gpus_requested if node else 0,
+            "node_gpus_outside_workbench": max(0, node.gpus_requested - ours.get(gpu["node"], 0)) if node else 0,
+        }
+
+
+def node_rows(nodes: dict[str, KubeNode] | None, known: dict[str, list[str]]) -> list[dict]:
+    """``GET api/kubernetes/nodes``: every node with GPUs, and the UUIDs its pods reported."""
+    rows = []
+    for name, node in sorted((nodes or {}).items()):
+        if not node.gpu_capacity and name not in known:
+            continue
+        rows.append(
+            {
+                "node": name,
+                "ready": node.ready,
+                "schedulable": node.schedulable,
+                "gpu_capacity": node.gpu_capacity,
+                "gpu_allocatable": node.gpu_allocatable,
+                "gpus_requested": node.gpus_requested,
+                "reported_uuids": known.get(name, []),
+            }
+        )
+    return rows
+
+
+def kubernetes_routes(prefix: str) -> list[tuple]:
+    from workbench_hub.service.handlers import APIHandler
+    from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs
+
+    class NodesHandler(APIHandler):
+        async def get(self):
+            await self.require_read()
+            nodes, known = await asyncio.to_thread(lambda: (kube_nodes(), NodeUUIDs(self.fleet.store).known()))
+            if nodes is None:
+                self.fail(503, "the Kubernetes API did not answer; the hub's log says why")
+            self.send({"nodes": node_rows(nodes, known)})
+
+    class NodeHandler(APIHandler):
+        async def delete(self, node: str):
+            await self.require_admin("make the hub forget a node's GPUs")
+            if len(node) > MAX_NODE:
+                self.fail(400, f"a node name has at most {MAX_NODE} characters")
+            if not await asyncio.to_thread(NodeUUIDs(self.fleet.store).forget, node):
+                self.fail(
+                    404,
+                    f"the hub knows no GPU UUIDs of a node named {json.dumps(node)}; "
+                    "`workbench kubernetes-nodes` lists the nodes",
+                )
+            log.info("%s made the hub forget the GPUs of Kubernetes node %s", self.caller_name(), node)
+            self.set_status(204)
+            self.finish()
+
+    return [(prefix + "api/kubernetes/nodes", NodesHandler), (prefix + r"api/kubernetes/nodes/([^/]+)", NodeHandler)]
+
+
+def add_parsers(top) -> None:
+    top.add_parser("kubernetes-nodes", help="Kubernetes: each node's GPUs and the UUIDs its pods reported")
+    forget = top.add_parser("kubernetes-forget-node", help="Kubernetes: forget a node's GPU UUIDs after replacing them")
+    forget.add_argument("node", help="the node name, as kubectl get nodes prints it")
+
+
+def run_cli(args, call) -> tuple[object, str]:
+    if args.area == "kubernetes-forget-node":
+        call(args.url, args.token, "DELETE", f"api/kubernetes/nodes/{quote(args.node, safe='')}")
+        return None, f"The hub forgot the GPU UUIDs of {args.node}; the next pod there names them again."
+    data = call(args.url, args.token, "GET", "api/kubernetes/nodes")
+    lines = [
+        f"{n['node']}: {n['gpus_requested']}/{n['gpu_allocatable']} GPU(s) requested"
+        f"{'' if n['ready'] and n['schedulable'] else ' (not schedulable)'}; reported: "
+        f"{', '.join(n['reported_uuids']) or 'none yet'}"
+        for n in data["nodes"]
+    ]
+    return data, "\n".join(lines) or "no node advertises GPUs"
+
+
+def check_config(config: Config) -> list[str]:
+    """Settings of the final config that would weaken every user pod's lock-down, one sentence each."""
+    spawner = config.get("KubernetesGPUSpawner", {})
+    problems = []
+    allowed = list(spawner.get("allowed_host_paths", []) or [])
+    for name in ("privileged",):
+        if spawner.get(name):
+            problems.append(f"c.KubernetesGPUSpawner.{name} = True would make every user pod privileged")
+    if spawner.get("allow_privilege_escalation") is True:
+        problems.append("c.KubernetesGPUSpawner.allow_privilege_escalation = True lets users gain privileges")
+    if spawner.get("automount_service_account_token") is True:
+        problems.append(
+            "c.KubernetesGPUSpawner.automount_service_account_token = True gives every user pod an API token"
+        )
+    if spawner.get("uid") == 0:
+        problems.append("c.KubernetesGPUSpawner.uid = 0 runs user pods as root")
+    volumes = spawner.get("volumes", [])
+    for volume in volumes.values() if isinstance(volumes, dict) else volumes or []:
+        source = (volume.get("hostPath") or volume.get("host_path") or {}) if isinstance(volume, dict) else {}
+        path = source.get("path")
+        if path is not None and path not in allowed:
+            problems.append(
+                f"c.KubernetesGPUSpawner.volumes mounts the node's {path} (hostPath) into every user pod; list it "
+                "in c.KubernetesGPUSpawner.allowed_host_paths if that is meant"
+            )
+    extra = spawner.get("extra_pod_config", {}) or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC", "host_network", "host_pid", "host_ipc"):
+        if isinstance(extra, dict) and extra.get(key):
+            problems.append(f"c.KubernetesGPUSpawner.extra_pod_config sets {key}, sharing the node's namespaces")
+    return problems

@@ -1,0 +1,174 @@
+"""The cluster's GPUs as the workbench knows them: the nodes' device-plugin counts plus the UUIDs pods reported.
+
+A node's ``nvidia.com/gpu`` capacity says how many GPUs it has, and GPU
+Feature Discovery's labels (``nvidia.com/gpu.product``, ``nvidia.com/gpu.memory``)
+what they are; nothing in the API names them. Leases, ``WORKBENCH_GPUS`` and
+the monitor speak UUIDs, so the inventory starts with one device per node
+and GPU (``K8S-<node>-gpuN``) and learns each real GPU's UUID from the first
+pod on that node that reports it (the NVIDIA device plugin's default ID
+strategy puts UUIDs in ``NVIDIA_VISIBLE_DEVICES``). What it learned is kept
+in the GPU database (``NodeUUIDs``), so the hub after a restart, the
+workbench service's fleet view and reconcile resolve the same names.
+
+Trust: the report comes from a process the user controls. It is learned only
+after it agreed with the pod as Kubernetes describes it (the node it was
+scheduled on, the number of GPUs it asked for), a UUID belongs to one node,
+and a node never has more UUIDs than GPUs. A pod can still misname its own
+GPU on first use; ``forget`` clears a node's names (docs/kubernetes.md).
+
+Simulated nodes need no report: the hub computes their UUIDs itself
+(``GPU-sim-<node>-NN-...``, what the stand-in device plugin advertises).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+
+from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
+from workbench_spawner.backends.kubernetes.cluster import KubeNode
+from workbench_spawner.ledger.store import AllocationStore, utcnow
+from workbench_spawner.policy.settings import SettingsRow
+
+NODE_UUIDS_KEY = "kubernetes-node-gpus"
+GFD_PRODUCT = "nvidia.com/gpu.product"
+GFD_MEMORY = "nvidia.com/gpu.memory"
+
+
+def placeholder_uuid(node: str, index: int) -> str:
+    """The name of a real GPU no pod on its node has reported yet."""
+    return f"K8S-{node}-gpu{index}"
+
+
+def model_of(labels: Mapping[str, str], product_label: str = GFD_PRODUCT, memory_label: str = GFD_MEMORY) -> str:
+    """The workbench's model name (``H200-141GB``) from GPU Feature Discovery's labels; "" if unlabelled.
+
+    GFD's product is NVML's name with spaces as dashes (``NVIDIA-H200``);
+    its memory label is in MiB. The model drops the vendor and adds whole
+    GiB, as the simulated and NVML inventories name models."""
+    product = (labels.get(product_label) or "").strip()
+    if not product:
+        return ""
+    short = product.removeprefix("NVIDIA-").removeprefix("Tesla-").upper()
+    try:
+        mib = int(labels.get(memory_label) or 0)
+    except ValueError:
+        mib = 0
+    return f"{short}-{round(mib / 1024)}GB" if mib else short
+
+
+def cluster_inventory(
+    nodes: Sequence[KubeNode],
+    simulated_spec: str,
+    product_label: str = GFD_PRODUCT,
+    memory_label: str = GFD_MEMORY,
+) -> DeviceInventory:
+    """One device per GPU the nodes' device plugins advertise (capacity, so a drained GPU still shows)."""
+    simulated = simulated_spec.strip() not in ("", "0")
+    devices: list[GPUDevice] = []
+    for node in nodes:
+        if not node.gpu_capacity:
+            continue
+        known = parse_simulated_spec(simulated_spec, node.name) if simulated else []
+        model = model_of(node.labels, product_label, memory_label)
+        for index in range(node.gpu_capacity):
+            if index < len(known):
+                devices.append(replace(known[index], index=index, node=node.name))
+                continue
+            devices.append(
+                GPUDevice(
+                    uuid=placeholder_uuid(node.name, index),
+                    index=index,
+                    name=f"{(node.labels.get(product_label) or 'GPU').replace('-', ' ')} on {node.name}",
+                    memory_total_bytes=_memory_bytes(node.labels.get(memory_label)),
+                    model=model,
+                    node=node.name,
+                )
+            )
+    with_gpus = [n for n in nodes if n.gpu_capacity]
+    names = ", ".join(f"{n.name} ({n.gpu_capacity})" for n in with_gpus) or "none"
+    label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
+    source = "simulated" if simulated else "kubernetes"
+    return DeviceInventory(source, devices, f"{len(devices)} {label} on Kubernetes nodes {names}")
+
+
+def _memory_bytes(mib: str | None) -> int:
+    try:
+        return int(mib or 0) * 1024 * 1024
+    except ValueError:
+        return 0
+
+
+class UUIDConflict(ValueError):
+    """A report that contradicts what the hub knows; str(err) is for the admin."""
+
+
+class NodeUUIDs:
+    """Per node, the UUIDs pods reported there (a JSON document in ``workbench_settings``)."""
+
+    def __init__(self, store: AllocationStore):
+        self.store = store
+
+    def known(self) -> dict[str, list[str]]:
+        with self.store.reads()() as session:
+            row = session.get(SettingsRow, NODE_UUIDS_KEY)
+            return json.loads(row.value) if row is not None else {}
+
+    def accept(self, node: str, uuids: Iterable[str], capacity: int) -> None:
+        """Learn ``uuids`` on ``node``; UUIDConflict if one is known elsewhere or the node would exceed ``capacity``."""
+        uuids = list(uuids)
+        with self.store.writes().begin() as session:
+            row = session.get(SettingsRow, NODE_UUIDS_KEY)
+            known: dict[str, list[str]] = json.loads(row.value) if row is not None else {}
+            for uuid in uuids:
+                elsewhere = next((n for n, rows in known.items() if uuid in rows and n != node), None)
+                if elsewhere:
+                    raise UUIDConflict(
+                        f"a pod on {node} reported GPU {uuid}, which the hub knows on node {elsewhere}; if GPUs "
+                        f"moved, an admin runs `workbench kubernetes-forget-node {elsewhere}`"
+                    )
+            here = list(known.get(node, []))
+            new = [u for u in uuids if u not in here]
+            if not new:
+                return
+            if len(here) + len(new) > capacity:
+                raise UUIDConflict(
+                    f"pods on {node} reported {len(here) + len(new)} different GPUs, but the node has {capacity}; "
+                    f"if its GPUs were replaced, an admin runs `workbench kubernetes-forget-node {node}`"
+                )
+            known[node] = here + new
+            if row is None:
+                row = SettingsRow(key=NODE_UUIDS_KEY)
+                session.add(row)
+            row.value = json.dumps(known, sort_keys=True)
+            row.updated = utcnow()
+
+    def forget(self, node: str) -> bool:
+        """Drop what is known about ``node`` (its GPUs were replaced); True if there was something."""
+        with self.store.writes().begin() as session:
+            row = session.get(SettingsRow, NODE_UUIDS_KEY)
+            known = json.loads(row.value) if row is not None else {}
+            if node not in known:
+                return False
+            del known[node]
+            row.value = json.dumps(known, sort_keys=True)
+            row.updated = utcnow()
+            return True
+
+    def resolve(self, inventory: DeviceInventory) -> DeviceInventory:
+        """``inventory`` with every reported GPU under its real UUID (reads the database)."""
+        return resolve(inventory, self.known())
+
+
+def resolve(inventory: DeviceInventory, known: Mapping[str, Sequence[str]]) -> DeviceInventory:
+    """The inventory with each node's placeholders replaced, in order, by the UUIDs its pods reported."""
+    if inventory.source != "kubernetes" or not known:
+        return inventory
+    devices = []
+    for device in inventory.devices:
+        names = known.get(device.node) or []
+        if device.uuid == placeholder_uuid(device.node, device.index) and device.index < len(names):
+            device = replace(device, uuid=names[device.index])
+        devices.append(device)
+    return DeviceInventory(inventory.source, devices, inventory.message)

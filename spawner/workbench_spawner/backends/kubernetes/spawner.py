@@ -1,0 +1,475 @@
+"""The kubernetes backend: KubeSpawner 7.1 with the GPU policy; the scheduler places, we admit and record.
+
+KubeSpawner does the pod work (its pod and event watches, the home PVC, the
+pod object from its settings); this class adds what GPU Workbench promises:
+
+* **Admission is ours, placement is the scheduler's.** Quotas, models,
+  reservations are decided before a pod exists, so a refusal creates
+  nothing. An admitted request becomes a pod asking ``nvidia.com/gpu: N``
+  (a model: a node selector on GPU Feature Discovery's labels). While it is
+  Pending the progress page shows the scheduler's own words and the place in
+  this hub's line; past the queue timeout the pod is deleted and the user
+  told (``placement.py``).
+* **The hub learns which GPUs the pod got**: the node from the pod, the UUIDs
+  from the pod's start-up (``NVIDIA_VISIBLE_DEVICES``, posted to
+  ``report_api``), checked against the pod before the lease is written.
+  The lease's UUIDs then go on the pod as the annotation ``workbench.gpus``.
+* **Names and labels carry this hub's id**: pod ``wb-<hub>-<user_server>``,
+  home ``wb-<hub>-home-<user>``, labels ``workbench.hub/user/server``, so
+  two hubs on one cluster (or one namespace) never touch each other's pods.
+* **The lock-down** (``manifests.py``): non-root, no capabilities, no
+  privilege escalation, seccomp ``RuntimeDefault``, no service-account
+  token, no host namespaces or hostPath volumes unless allow-listed; checked
+  on the final pod. A NetworkPolicy per hub keeps users apart where the
+  network plugin enforces it.
+
+Reconcile rule after a hub restart: a lease whose pod is gone (or ending) is
+released. This hub's pods without a lease (label ``workbench.hub``) that
+were created before this hub process: an unscheduled one is deleted (no
+spawn waits for it); a running one whose ``workbench.gpus`` annotation names
+GPUs nobody holds is adopted, any other is deleted; a running CPU-only pod
+is left to JupyterHub. Pods of other hubs are never looked at.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+from urllib.parse import urlparse
+
+from jupyterhub.spawner import SpawnException
+from kubespawner import KubeSpawner
+from kubespawner.slugs import safe_slug
+from traitlets import Any as AnyTrait
+from traitlets import Unicode, default
+
+from workbench_devices import DeviceInventory
+from workbench_spawner.backends.kubernetes import cluster
+from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
+from workbench_spawner.backends.kubernetes.manifests import (
+    ANNOTATION_GPUS,
+    CONTAINER_SECURITY,
+    LABEL_HUB,
+    LABEL_SERVER,
+    LABEL_USER,
+    POD_SECURITY,
+    lockdown_problems,
+    model_selector,
+    network_policy,
+)
+from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
+from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
+from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
+from workbench_spawner.ledger.hub_identity import hub_id
+from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.mixin import GPUSpawnerMixin
+from workbench_spawner.placement.engine_reservations import EngineReservations
+from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.policy.gpu_policy import GPUPolicy
+from workbench_spawner.policy.settings import PolicySettings
+
+# Pods created after this are this process's own spawns, never orphans of an earlier hub.
+PROCESS_STARTED = time.time()
+
+
+class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
+    """KubeSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
+
+    workbench_backend = "kubernetes"
+    placement_mode = "engine"
+
+    workbench_report = AnyTrait(
+        None,
+        allow_none=True,
+        help="""
+        Set by the pod's start-up through ``/hub/api/workbench/start-report``
+        (never configure it): the node and the GPU UUIDs the pod was given.
+        """,
+    )
+
+    home_mount_path = Unicode(
+        "/home/jovyan",
+        help="""
+        Where the user's home volume is mounted in the pod: the image's home
+        (the workbench image's user is jovyan, uid 1000).
+        """,
+    ).tag(config=True)
+
+    # -- the lock-down and the image's user, as defaults a site may tighten -------------------
+
+    @default("uid")
+    def _default_uid(self):
+        return 1000
+
+    @default("gid")
+    def _default_gid(self):
+        return 100
+
+    @default("fs_gid")
+    def _default_fs_gid(self):
+        return 100
+
+    @default("allow_privilege_escalation")
+    def _default_allow_privilege_escalation(self):
+        return False
+
+    @default("container_security_context")
+    def _default_container_security_context(self):
+        return dict(CONTAINER_SECURITY, capabilities={"drop": ["ALL"]})
+
+    @default("pod_security_context")
+    def _default_pod_security_context(self):
+        return dict(POD_SECURITY)
+
+    @default("automount_service_account_token")
+    def _default_automount(self):
+        return False
+
+    @default("storage_pvc_ensure")
+    def _default_storage_pvc_ensure(self):
+        return True
+
+    @default("storage_capacity")
+    def _default_storage_capacity(self):
+        return self.home_volume_size
+
+    @default("image_pull_policy")
+    def _default_image_pull_policy(self):
+        return "IfNotPresent"
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._hub = ""
+        self._session_limit: float | None = None
+        self._model_selector: dict[str, str] = {}
+
+    # -- the cluster and the policy ------------------------------------------------------------
+
+    def engine_inventory(self) -> DeviceInventory:
+        """The cluster's GPUs from the nodes' device-plugin counts, read once per hub process (blocking).
+
+        ``self`` may be a bare config object with the policy's traits. Nodes
+        added later are seen after a hub restart; the fleet view reads them live."""
+        traits = self if isinstance(self, KubernetesTraits) else _backend_traits(self.config)
+        key = (self.simulated_gpus, traits.gpu_resource_name)
+        if key not in _inventories:
+            try:
+                nodes = cluster.list_nodes(traits.gpu_resource_name)
+            except cluster.KubernetesUnavailable as exc:
+                return DeviceInventory("none", [], f"Kubernetes did not answer: {exc}")
+            _inventories[key] = cluster_inventory(
+                nodes, self.simulated_gpus, traits.gpu_product_label, traits.gpu_memory_label
+            )
+        return _inventories[key]
+
+    def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> KubernetesPlacement:
+        def inventory() -> DeviceInventory:
+            return NodeUUIDs(store).resolve(settings.inventory)
+
+        resource = self.gpu_resource_name
+
+        def free_gpus(current: DeviceInventory) -> list[str]:
+            held = {lease_uuid for lease in store.leases() for lease_uuid in lease.gpu_uuids}
+            free: list[str] = []
+            for node in cluster.list_nodes(resource):
+                mine = [d.uuid for d in current.devices if d.node == node.name and d.uuid not in held]
+                free.extend(mine[: node.gpus_free])
+            return free
+
+        real = settings.inventory.source == "kubernetes"
+        capacity = {d.node: 0 for d in settings.inventory.devices}
+        for device in settings.inventory.devices:
+            capacity[device.node] += 1
+        return KubernetesPlacement(
+            store,
+            inventory,
+            EngineReservations(store, inventory, zone(settings.time_zone), hub_clock(settings.test_clock_file)),
+            free_gpus,
+            self.k8s_poll_interval,
+            self.k8s_report_timeout,
+            learn=(lambda node, uuids: NodeUUIDs(store).accept(node, uuids, capacity.get(node, 0)))
+            if real
+            else (lambda node, uuids: None),
+            total_gpus=lambda: len(settings.inventory.devices),
+        )
+
+    def build_policy(self, settings: PolicySettings) -> GPUPolicy:
+        store = AllocationStore(settings.db_url)
+        return KubernetesPolicy(settings, store, self.engine_placement(settings, store))
+
+    def hub_id(self) -> str:
+        """This hub's id (blocking: the GPU database), in every name and label the hub gives the cluster."""
+        return hub_id(self.gpu_policy.store)
+
+    def _names(self, hub: str) -> None:
+        """This server's pod and home names under this hub's id (kept in state once the home exists)."""
+        self._hub = hub
+        self.pod_name = f"wb-{hub}-{self._expand_user_properties('{user_server}')}"
+        if not self._pvc_exists:
+            self.pvc_name = f"wb-{hub}-home-{safe_slug(self.user.name, max_length=48)}"
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def engine_submit(self) -> PodJob:
+        self.workbench_report = None
+        hub, limit = await asyncio.to_thread(lambda: (self.hub_id(), self._session_hours()))
+        self._names(hub)
+        self._session_limit = limit
+        self._model_selector = {}
+        if self.gpu_request.gpu_model:
+            nodes = await self._nodes()
+            self._model_selector = model_selector(
+                self.gpu_request.gpu_model, [n.labels for n in nodes], self.gpu_product_label, self.gpu_memory_label
+            )
+        if self.workbench_network_policy:
+            await self._ensure_network_policy(hub)
+        key = f"{self.namespace}/{self.pod_name}"
+        # The watches first: the pod and its events are followed from them (KubeSpawner starts them
+        # again in _start, which is a no-op then).
+        await self._start_watching_pods()
+        await self._start_watching_events()
+        self._start_future = asyncio.ensure_future(KubeSpawner._start(self))
+        while key not in self.pod_reflector.pods:
+            if self._start_future.done():
+                self._raise_start_failure()
+                break
+            await asyncio.sleep(0.1)
+        self._gpu_events.add(f"Created pod {self.pod_name} in namespace {self.namespace}", 5)
+        submitted = time.monotonic()
+
+        def started() -> PodReport | None:
+            return PodReport.from_json(self.workbench_report)
+
+        return PodJob(
+            job_id=key,
+            started=started,
+            pod=lambda: self.pod_reflector.pods.get(key),
+            events=lambda: self.events,
+            submitted=submitted,
+        )
+
+    def _raise_start_failure(self) -> None:
+        """KubeSpawner's start ended before the pod was seen: the API refused it, in its words."""
+        exc = self._start_future.exception()
+        if exc is None:
+            return
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        if isinstance(exc, SpawnException):
+            raise exc
+        detail = exc.body if isinstance(exc, ApiException) and exc.body else str(exc)
+        raise SpawnException(
+            f"Kubernetes refused the server's pod or home volume: {str(detail)[:400]}; nothing runs. Tell a hub "
+            "admin if this persists.",
+            reason="kubernetes_refused",
+            status_code=500,
+        ) from None
+
+    async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
+        url = await self._start_future
+        if lease:
+            await self._annotate(ANNOTATION_GPUS, ",".join(lease.gpu_uuids))
+        node = lease.node if lease else (PodReport.from_json(self.workbench_report) or PodReport("", ())).node
+        self._gpu_events.add(f"Running on {node or 'its node'} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
+        parsed = urlparse(url)
+        return parsed.hostname or "", parsed.port or self.port
+
+    async def engine_cancel(self) -> None:
+        """Delete this server's pod (by its name under this hub's id); never raises."""
+        future = getattr(self, "_start_future", None)
+        if future is not None and not future.done():
+            future.cancel()
+        try:
+            if not self._hub:
+                self._names(await asyncio.to_thread(self.hub_id))
+            await asyncio.to_thread(cluster.delete_pod, self.namespace, self.pod_name, 0)
+            key = f"{self.namespace}/{self.pod_name}"
+            for _ in range(300):  # the kubelet confirms deletion in seconds; a new pod needs the name
+                if self.pod_reflector is None or key not in self.pod_reflector.pods:
+                    break
+                await asyncio.sleep(0.1)
+        except Exception as exc:  # noqa: BLE001 - cancel never raises (the contract)
+            self.log.warning("Could not delete the pod of %s: %s", self._log_name, exc)
+
+    async def get_pod_manifest(self):
+        """KubeSpawner's pod plus GPUs, model selector, labels, home, datasets, deadline; lock-down checked."""
+        from kubernetes_asyncio.client import (
+            V1EnvVar,
+            V1EnvVarSource,
+            V1ObjectFieldSelector,
+            V1PersistentVolumeClaimVolumeSource,
+            V1Volume,
+            V1VolumeMount,
+        )
+
+        pod = await super().get_pod_manifest()
+        container = pod.spec.containers[0]
+        gpus = self.gpu_request.gpus
+        if gpus:
+            container.resources.limits = {**(container.resources.limits or {}), self.gpu_resource_name: str(gpus)}
+        else:  # an image that says NVIDIA_VISIBLE_DEVICES=all must still see no GPU
+            container.env = [*(container.env or []), V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void")]
+        if self._model_selector:
+            pod.spec.node_selector = {**(pod.spec.node_selector or {}), **self._model_selector}
+        container.env = [
+            *(container.env or []),
+            V1EnvVar(
+                name="WORKBENCH_NODE_NAME",
+                value_from=V1EnvVarSource(field_ref=V1ObjectFieldSelector(field_path="spec.nodeName")),
+            ),
+            V1EnvVar(name="WORKBENCH_START_REPORT", value="1"),
+        ]
+        pod.metadata.labels = {
+            **(pod.metadata.labels or {}),
+            LABEL_HUB: self._hub,
+            LABEL_USER: safe_slug(self.user.name, max_length=48),
+            LABEL_SERVER: safe_slug(self.name or "default", max_length=48),
+        }
+        pod.metadata.annotations = {
+            **(pod.metadata.annotations or {}),
+            LABEL_USER: self.user.name,
+            LABEL_SERVER: self.name,
+        }
+        claim = V1PersistentVolumeClaimVolumeSource
+        volumes = [V1Volume(name="workbench-home", persistent_volume_claim=claim(claim_name=self.pvc_name))]
+        mounts = [V1VolumeMount(name="workbench-home", mount_path=self.home_mount_path)]
+        if self.datasets_claim:
+            datasets = claim(claim_name=self.datasets_claim, read_only=True)
+            volumes.append(V1Volume(name="workbench-datasets", persistent_volume_claim=datasets))
+            mounts.append(V1VolumeMount(name="workbench-datasets", mount_path="/datasets", read_only=True))
+        pod.spec.volumes = [*(pod.spec.volumes or []), *volumes]
+        container.volume_mounts = [*(container.volume_mounts or []), *mounts]
+        if self._session_limit:
+            pod.spec.active_deadline_seconds = int(self._session_limit * 3600)
+        problems = lockdown_problems(self.api.api_client.sanitize_for_serialization(pod), self.allowed_host_paths)
+        if problems:
+            raise SpawnException(
+                "The hub's Kubernetes settings would weaken the user pod's lock-down: "
+                + "; ".join(problems)
+                + ". Nothing was created; tell a hub admin.",
+                reason="lockdown",
+                status_code=500,
+            )
+        return pod
+
+    def _session_hours(self) -> float | None:
+        """The session limit admission recorded for this start: it becomes the pod's activeDeadlineSeconds."""
+        return self.gpu_quota_book.session_limits().get((self.user.name, self.name))
+
+    async def _nodes(self) -> list[cluster.KubeNode]:
+        try:
+            return await asyncio.to_thread(cluster.list_nodes, self.gpu_resource_name)
+        except cluster.KubernetesUnavailable as exc:
+            raise SpawnException(
+                f"Cannot start the server: the Kubernetes API did not answer ({exc}); nothing was created. Try "
+                "again in a minute.",
+                reason="kubernetes_unavailable",
+                status_code=503,
+            ) from None
+
+    async def _ensure_network_policy(self, hub: str) -> None:
+        from kubernetes_asyncio.client import NetworkingV1Api
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        manifest = network_policy(self.namespace, hub, self.hub_ingress_cidrs)
+        api = NetworkingV1Api(self.api.api_client)
+        try:
+            await api.create_namespaced_network_policy(self.namespace, manifest)
+        except ApiException as exc:
+            if exc.status == 409:  # there already: keep it current
+                await api.replace_namespaced_network_policy(manifest["metadata"]["name"], self.namespace, manifest)
+            else:
+                raise SpawnException(
+                    f"Kubernetes refused the user pods' NetworkPolicy ({exc.status} {exc.reason}); nothing was "
+                    "created. The hub needs to create networkpolicies in its namespace (docs/kubernetes.md).",
+                    reason="kubernetes_refused",
+                    status_code=500,
+                ) from None
+
+    async def _annotate(self, key: str, value: str) -> None:
+        try:
+            await self.api.patch_namespaced_pod(
+                self.pod_name, self.namespace, {"metadata": {"annotations": {key: value}}}
+            )
+        except Exception as exc:  # noqa: BLE001 - the lease is written; reconcile then deletes an unannotated pod
+            self.log.warning("Could not annotate the pod of %s with its GPUs: %s", self._log_name, exc)
+
+    # -- after a hub restart -------------------------------------------------------------------
+
+    def gpu_lease_ref(self) -> str:
+        return f"k8s:{self.namespace}/{self.pod_name}" if self._hub else ""
+
+    def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        if not lease.ref.startswith("k8s:"):
+            return False
+        namespace, _, name = lease.ref[4:].partition("/")
+        try:
+            pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
+        except cluster.KubernetesUnavailable:
+            return None
+        pod = next((p for p in pods if p["metadata"]["name"] == name), None)
+        return bool(pod and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") == "Running")
+
+    def gpu_reconcile_orphans(self) -> None:
+        store = self.gpu_policy.store
+        hub = hub_id(store)
+        try:
+            pods = cluster.list_pods(self.namespace, f"{LABEL_HUB}={hub}")
+        except cluster.KubernetesUnavailable as exc:
+            self.log.warning("Cannot list pods to reconcile GPU leases: %s", exc)
+            return
+
+        def delete(name: str) -> None:
+            try:
+                cluster.delete_pod(self.namespace, name, 0)
+            except cluster.KubernetesUnavailable as exc:
+                self.log.warning("Could not delete pod %s: %s", name, exc)
+
+        reconcile_pods(pods, store.leases(), store.adopt, delete, PROCESS_STARTED)
+
+    def get_state(self):
+        state = super().get_state()
+        if self._hub:
+            state["workbench_hub"] = self._hub
+        return state
+
+    def load_state(self, state):
+        super().load_state(state)
+        self._hub = state.get("workbench_hub", "")
+
+    def clear_state(self):
+        super().clear_state()
+        self._hub = ""
+
+
+class KubernetesPolicy(GPUPolicy):
+    """The GPU policy on Kubernetes: its inventory names every GPU a pod reported by its real UUID."""
+
+    @property
+    def inventory(self) -> DeviceInventory:
+        return NodeUUIDs(self.store).resolve(self.settings.inventory)
+
+
+def _backend_traits(config) -> KubernetesTraits:
+    """This backend's settings read from ``config`` as the spawner reads them (its class's sections)."""
+
+    class Reader(KubernetesTraits):
+        @classmethod
+        def section_names(cls):
+            return KubernetesGPUSpawner.section_names()
+
+    return Reader(config=config)
+
+
+_inventories: dict[tuple[str, str], DeviceInventory] = {}
+_pods_cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
+
+
+def recent_pods(namespace: str, selector: str, max_age: float = 2.0) -> list[dict[str, Any]]:
+    """This hub's pods, read at most every ``max_age`` s (reconcile asks once per lease)."""
+    at, pods = _pods_cache.get((namespace, selector), (0.0, []))
+    if time.monotonic() - at > max_age:
+        pods = cluster.list_pods(namespace, selector)
+        _pods_cache[(namespace, selector)] = (time.monotonic(), pods)
+    return pods

@@ -1,0 +1,37 @@
+"""The hub's side of a server's start report: which starting spawner a request speaks for.
+
+Where an engine places (Slurm, Kubernetes), the server's own start-up tells
+the hub what the engine gave it (port, node, GPU UUIDs) before the lease is
+written. The request carries the server's API token, which the hub gave that
+one spawner; ``starting_spawner`` finds it, and only while it is starting,
+so a report can neither speak for another server nor change a running one.
+Each backend's handler then takes exactly the fields it knows.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from tornado import web
+
+
+def starting_spawner(handler: web.RequestHandler):
+    """The spawner whose API token ``handler``'s request presents, if it is starting; else an HTTPError (403/409)."""
+    token = handler.get_auth_token() or ""
+    spawners = getattr(handler.current_user, "spawners", None) or {}  # a service's token has none
+    spawner = next(
+        (s for s in spawners.values() if token and s.api_token and hmac.compare_digest(s.api_token, token)), None
+    )
+    if spawner is None:
+        raise web.HTTPError(
+            403,
+            "This token belongs to no server of this user that is starting; only a "
+            "server's own start-up may report its port.",
+        )
+    if spawner.pending != "spawn":
+        raise web.HTTPError(
+            409,
+            f"{spawner._log_name} is not starting, so there is nothing to report; "
+            "a start report is taken only while the server starts.",
+        )
+    return spawner
