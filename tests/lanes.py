@@ -44,10 +44,8 @@ def main(argv: list[str]) -> int:
     both_s = time.monotonic() - started
     print("\n== lane engines (tests/artifacts/lane-engines.log) ==", flush=True)
     sys.stdout.write(LOG.read_text(errors="replace"))
-    print(
-        f"== lanes: main exit {main_rc} after {main_s:.0f} s; engines exit {engines_rc}; "
-        f"both done after {both_s:.0f} s"
-    )
+    lanes = f"main exit {main_rc} after {main_s:.0f} s; engines exit {engines_rc}"
+    print(f"== lanes: {lanes}; both done after {both_s:.0f} s")
     for rc in (main_rc, engines_rc):
         if rc not in (0, NO_TESTS):
             return rc
