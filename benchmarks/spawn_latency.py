@@ -23,6 +23,7 @@ Prints medians and ratios (target: ready ratio at most 1.10).
     .venv/bin/python benchmarks/spawn_latency.py [--runs 10] [--image gpu-workbench/singleuser:test]
         [--plain-home-volume]
     .venv/bin/python benchmarks/spawn_latency.py --backend slurm [--runs 10]   # gpu-slurm vs SlurmSpawner
+    .venv/bin/python benchmarks/spawn_latency.py --backend kubernetes [--runs 10]   # vs KubeSpawner
 
 Needs a running Docker engine with the image built (`make test-images`).
 Both hubs keep their volumes under names starting with `bench-`, removed
@@ -130,9 +131,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--backend",
-        choices=("docker", "slurm"),
+        choices=("docker", "slurm", "kubernetes"),
         default="docker",
-        help="slurm: gpu-slurm against batchspawner's SlurmSpawner (spawn_latency_slurm.py)",
+        help="slurm: gpu-slurm against batchspawner's SlurmSpawner (spawn_latency_slurm.py); kubernetes: "
+        "gpu-kubernetes against KubeSpawner on the test cluster (spawn_latency_kubernetes.py)",
     )
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--image", default="gpu-workbench/singleuser:test")
@@ -149,6 +151,11 @@ def main() -> None:
         from spawn_latency_slurm import main as slurm_main
 
         slurm_main(args.runs)
+        return
+    if args.backend == "kubernetes":
+        from spawn_latency_kubernetes import main as kubernetes_main
+
+        kubernetes_main(args.runs, args.image)
         return
     client = docker.from_env()
 

@@ -253,8 +253,9 @@ import sys, tomllib
 data = tomllib.load(open(sys.argv[1], "rb"))
 reqs = data.get("build-system", {}).get("requires", ["setuptools>=40.8.0", "wheel"])
 reqs += data.get("project", {}).get("dependencies", [])
-# the hub image installs "/srv/workbench[docker]" (the Docker backend)
-reqs += data.get("project", {}).get("optional-dependencies", {}).get("docker", [])
+# the hub image installs "/srv/workbench[docker,kubernetes]" (the Docker and Kubernetes backends)
+for extra in ("docker", "kubernetes"):
+    reqs += data.get("project", {}).get("optional-dependencies", {}).get(extra, [])
 print("\n".join(reqs))
 PY
         "${pipw[@]}" -r "$cache/hub-requires.txt"

@@ -137,7 +137,8 @@ def run_cli(args, call) -> tuple[object, str]:
 
 def check_config(config: Config) -> list[str]:
     """Settings of the final config that would weaken every user pod's lock-down, one sentence each."""
-    spawner = config.get("KubernetesGPUSpawner", {})
+    # Both sections reach the spawner: KubeSpawner's (where Zero to JupyterHub writes) and ours on top.
+    spawner = {**config.get("KubeSpawner", {}), **config.get("KubernetesGPUSpawner", {})}
     problems = []
     allowed = list(spawner.get("allowed_host_paths", []) or [])
     for name in ("privileged",):
