@@ -47,10 +47,11 @@ def _tolerations(env: Env) -> list[dict]:
 
 
 def _cidrs(env: Env, name: str, default: list[str]) -> list[str]:
-    cidrs = comma_list(env, name) or default
-    for cidr in cidrs:
+    """CIDRs as Kubernetes takes them (a bare address becomes its /32 or /128)."""
+    cidrs = []
+    for cidr in comma_list(env, name) or default:
         try:
-            ipaddress.ip_network(cidr, strict=False)
+            cidrs.append(str(ipaddress.ip_network(cidr, strict=False)))
         except ValueError:
             raise ConfigError(f"{name} takes CIDRs such as 172.17.0.1/32; {cidr!r} is not one") from None
     return cidrs
@@ -116,6 +117,6 @@ def share_cluster_with_service(c: Config, env: Env) -> None:
     kubeconfig = env.get("KUBECONFIG") or str(Path(env.get("HOME") or Path.home()) / ".kube" / "config")
     if not found:
         found["KUBECONFIG"] = kubeconfig
-    for service in c.JupyterHub.services:
+    for service in c.JupyterHub.services if "services" in c.JupyterHub else []:
         if service.get("name") == "workbench":
             service["environment"] = {**service.get("environment", {}), **found}

@@ -138,31 +138,33 @@ def run_cli(args, call) -> tuple[object, str]:
 def check_config(config: Config) -> list[str]:
     """Settings of the final config that would weaken every user pod's lock-down, one sentence each."""
     # Both sections reach the spawner: KubeSpawner's (where Zero to JupyterHub writes) and ours on top.
-    spawner = {**config.get("KubeSpawner", {}), **config.get("KubernetesGPUSpawner", {})}
+    ours, theirs = config.get("KubernetesGPUSpawner", {}), config.get("KubeSpawner", {})
+    spawner = {**theirs, **ours}
+
+    def where(key: str) -> str:
+        return f"c.{'KubernetesGPUSpawner' if key in ours else 'KubeSpawner'}.{key}"
+
     problems = []
     allowed = list(spawner.get("allowed_host_paths", []) or [])
-    for name in ("privileged",):
-        if spawner.get(name):
-            problems.append(f"c.KubernetesGPUSpawner.{name} = True would make every user pod privileged")
+    if spawner.get("privileged"):
+        problems.append(f"{where('privileged')} = True would make every user pod privileged")
     if spawner.get("allow_privilege_escalation") is True:
-        problems.append("c.KubernetesGPUSpawner.allow_privilege_escalation = True lets users gain privileges")
+        problems.append(f"{where('allow_privilege_escalation')} = True lets users gain privileges")
     if spawner.get("automount_service_account_token") is True:
-        problems.append(
-            "c.KubernetesGPUSpawner.automount_service_account_token = True gives every user pod an API token"
-        )
+        problems.append(f"{where('automount_service_account_token')} = True gives every user pod an API token")
     if spawner.get("uid") == 0:
-        problems.append("c.KubernetesGPUSpawner.uid = 0 runs user pods as root")
+        problems.append(f"{where('uid')} = 0 runs user pods as root")
     volumes = spawner.get("volumes", [])
     for volume in volumes.values() if isinstance(volumes, dict) else volumes or []:
         source = (volume.get("hostPath") or volume.get("host_path") or {}) if isinstance(volume, dict) else {}
         path = source.get("path")
         if path is not None and path not in allowed:
             problems.append(
-                f"c.KubernetesGPUSpawner.volumes mounts the node's {path} (hostPath) into every user pod; list it "
+                f"{where('volumes')} mounts the node's {path} (hostPath) into every user pod; list it "
                 "in c.KubernetesGPUSpawner.allowed_host_paths if that is meant"
             )
     extra = spawner.get("extra_pod_config", {}) or {}
     for key in ("hostNetwork", "hostPID", "hostIPC", "host_network", "host_pid", "host_ipc"):
         if isinstance(extra, dict) and extra.get(key):
-            problems.append(f"c.KubernetesGPUSpawner.extra_pod_config sets {key}, sharing the node's namespaces")
+            problems.append(f"{where('extra_pod_config')} sets {key}, sharing the node's namespaces")
     return problems

@@ -23,6 +23,7 @@ Simulated nodes need no report: the hub computes their UUIDs itself
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 
@@ -34,6 +35,7 @@ from workbench_spawner.policy.settings import SettingsRow
 NODE_UUIDS_KEY = "kubernetes-node-gpus"
 GFD_PRODUCT = "nvidia.com/gpu.product"
 GFD_MEMORY = "nvidia.com/gpu.memory"
+VENDOR_WORDS = {"NVIDIA", "TESLA", "GEFORCE", "RTX"}
 
 
 def placeholder_uuid(node: str, index: int) -> str:
@@ -50,7 +52,10 @@ def model_of(labels: Mapping[str, str], product_label: str = GFD_PRODUCT, memory
     product = (labels.get(product_label) or "").strip()
     if not product:
         return ""
-    short = product.removeprefix("NVIDIA-").removeprefix("Tesla-").upper()
+    # The board's name without vendor words, as the NVML inventory names models: NVIDIA-H100-80GB-HBM3
+    # (80 GiB) is H100-80GB, NVIDIA-A100-SXM4-40GB is A100-40GB, NVIDIA-H200 (141 GiB) is H200-141GB.
+    words = [w for w in re.split(r"[\s-]+", product) if w.upper() not in VENDOR_WORDS]
+    short = (words[0] if words else product).upper()
     try:
         mib = int(labels.get(memory_label) or 0)
     except ValueError:

@@ -115,7 +115,8 @@ def network_policy(namespace: str, hub: str, hub_cidrs: Sequence[str] = ()) -> d
     if hub_cidrs:
         egress.insert(0, {"to": [{"ipBlock": {"cidr": cidr}} for cidr in hub_cidrs]})
     else:
-        egress.insert(0, {"to": [{"podSelector": {"matchLabels": {"hub.jupyter.org/network-access-hub": "true"}}}]})
+        # The hub pod, by the labels KubeSpawner's and Zero to JupyterHub's hub pods carry.
+        egress.insert(0, {"to": [{"podSelector": {"matchLabels": {"app": "jupyterhub", "component": "hub"}}}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",

@@ -88,7 +88,8 @@ def scheduler_words(events: Sequence[Mapping[str, Any]]) -> str:
 
 def container_trouble(pod: Mapping[str, Any]) -> str:
     """Why the pod's container cannot start, in Kubernetes' words (image missing, crash loop), or ""."""
-    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    for status in [*statuses, *((pod.get("status") or {}).get("containerStatuses") or [])]:
         waiting = (status.get("state") or {}).get("waiting") or {}
         reason = waiting.get("reason") or ""
         if reason in ("ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CrashLoopBackOff"):
@@ -253,9 +254,8 @@ class KubernetesPlacement(EnginePlacement):
                 status = pod.get("status") or {}
                 deleted = (pod.get("metadata") or {}).get("deletionTimestamp")
                 if deleted or status.get("phase") in ("Succeeded", "Failed"):
-                    raise PodEnded(
-                        f"The pod {job.job_id} ended before the server started ({status.get('phase') or 'deleted'})."
-                    )
+                    how = "deleted" if deleted else status.get("phase")
+                    raise PodEnded(f"The pod {job.job_id} ended before the server started ({how}).")
                 if (pod.get("spec") or {}).get("nodeName"):
                     return pod
             elif seen:
