@@ -7,6 +7,7 @@ test cluster's kubeconfig, and through Docker for a pod's container (the
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -37,13 +38,40 @@ def hub_env(k8s, namespace: str, image: str) -> dict[str, str]:
 
 
 def create_namespace(prefix: str = "wbt") -> str:
+    """A fresh namespace ``<prefix>-<random>``, ready for pods.
+
+    Ready means its ``default`` service account and that account's token exist: until then the API
+    server refuses pods in it (the ServiceAccount admission plugin)."""
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
-    cluster.blocking(lambda api: api.create_namespace({"metadata": {"name": name, "labels": {"workbench.test": "1"}}}))
+
+    async def create(api) -> None:
+        await api.create_namespace({"metadata": {"name": name, "labels": {"workbench-test": "1"}}})
+        deadline = time.monotonic() + 30
+        while True:
+            accounts = await api.list_namespaced_service_account(name, field_selector="metadata.name=default")
+            if accounts.items and accounts.items[0].secrets:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"namespace {name}: no default service account with a token within 30 s")
+            await asyncio.sleep(0.2)
+
+    cluster.blocking(create, timeout=60)
     return name
 
 
 def delete_namespace(name: str) -> None:
-    cluster.blocking(lambda api: api.delete_namespace(name, grace_period_seconds=0))
+    """Its pods at once (grace 0: the next test finds every GPU free), then the namespace in the background."""
+
+    async def delete(api) -> None:
+        await api.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        await api.delete_namespace(name)
+        deadline = time.monotonic() + 30
+        while (await api.list_namespaced_pod(name)).items:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"namespace {name}: pods still there 30 s after their deletion")
+            await asyncio.sleep(0.2)
+
+    cluster.blocking(delete, timeout=60)
 
 
 def pods(namespace: str, selector: str = "") -> list[dict]:

@@ -325,13 +325,26 @@ async def test_a_report_that_contradicts_what_the_hub_learned_writes_no_lease(st
     assert store.leases() == [] and NodeUUIDs(store).known() == known
 
 
-async def test_gpus_leased_to_another_server_write_no_second_lease(store):
+async def test_gpus_leased_to_another_server_past_the_grace_write_no_second_lease(store):
     assert store.adopt("bob", "", ["GPU-b"], "k8s:wb/wb-1a2b3c4d-bob", node="n1")
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=PodReport("n1", ("GPU-b",)))
-    with pytest.raises(NoGPUAvailable, match="GPU-b on n1, which the workbench ledger shows as held by another"):
+    with pytest.raises(NoGPUAvailable, match="GPU-b on n1, which the workbench ledger still shows as held by another"):
         await place(placement(store, clock), pod)
     assert [(lease.user, lease.ref) for lease in store.leases()] == [("bob", "k8s:wb/wb-1a2b3c4d-bob")]
+    assert any("waiting for its previous server to release it" in text for text in pod.said), pod.said
+    assert clock.now >= 60, "it waited the release grace before giving up"
+
+
+async def test_a_gpu_the_scheduler_gave_away_before_the_hub_released_it_goes_to_the_new_pod_once_released(store):
+    """The scheduler frees a GPU when the old pod is gone; the old server's stop releases its lease a moment later."""
+    assert store.adopt("bob", "", ["GPU-b"], "k8s:wb/wb-1a2b3c4d-bob", node="n1")
+    clock = Clock()
+    pod = Pod(clock, scheduled("n1"), report=PodReport("n1", ("GPU-b",)))
+    pod.watch = lambda: store.release("bob", "", "stopped") if pod.looks == 5 else None
+    lease = await place(placement(store, clock), pod)
+    assert (lease.user, lease.gpu_uuids) == ("alice", ("GPU-b",))
+    assert [lease.user for lease in store.leases()] == ["alice"]
 
 
 async def test_a_cpu_only_pod_gets_no_lease_and_names_no_gpu(store):

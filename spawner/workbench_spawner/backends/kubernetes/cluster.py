@@ -61,7 +61,8 @@ async def api_client():
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             config.load_incluster_config(client_configuration=configuration)
         else:
-            await config.load_kube_config(client_configuration=configuration)
+            # KUBECONFIG as it is now: the client reads it once, at its import.
+            await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     except Exception as exc:  # the loaders raise ConfigException, FileNotFoundError, TypeError...
         raise KubernetesUnavailable(
             f"no Kubernetes API configured ({exc}); set KUBECONFIG or run the hub in the cluster"

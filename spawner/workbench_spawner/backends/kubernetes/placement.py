@@ -114,8 +114,10 @@ class KubernetesPlacement(EnginePlacement):
         clock: Callable[[], float] = time.monotonic,
         learn: Callable[[str, Sequence[str]], None] = lambda node, uuids: None,
         total_gpus: Callable[[], int] | None = None,
+        release_grace: float = 60.0,
     ):
         super().__init__(store)
+        self.release_grace = release_grace
         self.inventory = inventory
         self.reservations = reservations
         self.free_gpus = free_gpus
@@ -216,18 +218,41 @@ class KubernetesPlacement(EnginePlacement):
             raise NoGPUAvailable(
                 f"The pod {job.job_id} reported GPUs that contradict what the hub knows: {exc}; the pod was deleted."
             ) from None
-        ok = await asyncio.to_thread(
-            self.store.adopt, user, server, list(pod_report.gpus), f"k8s:{job.job_id}", None, node, tuple(groups)
-        )
-        if not ok:
-            raise NoGPUAvailable(
-                f"Kubernetes gave the pod GPUs {', '.join(pod_report.gpus)} on {node}, which the workbench ledger "
-                "shows as held by another server; the pod was deleted. Try again in a minute."
-            )
+        await self._adopt(job, user, server, list(pod_report.gpus), node, groups)
         lease = await asyncio.to_thread(self.store.lease_of, user, server)
         if lease is None:
             raise NoGPUAvailable(f"The lease of pod {job.job_id} was released while the server started.")
         return lease
+
+    async def _adopt(
+        self, job: PodJob, user: str, server: str, uuids: list[str], node: str, groups: Sequence[str]
+    ) -> None:
+        """Write the lease; while another server's lease still names these GPUs, wait for its release.
+
+        The scheduler gives a GPU away as soon as the pod that held it is gone,
+        and the hub releases that pod's lease when its stop (or poll) sees it gone:
+        for a moment the ledger lags the engine. Only a lease that stays past
+        ``release_grace`` is a real conflict (the ledger names GPUs Kubernetes
+        gave to someone else): then the pod is deleted."""
+        end = self.clock() + self.release_grace
+        told = False
+        while not await asyncio.to_thread(
+            self.store.adopt, user, server, uuids, f"k8s:{job.job_id}", None, node, tuple(groups)
+        ):
+            if self.clock() >= end:
+                raise NoGPUAvailable(
+                    f"Kubernetes gave the pod GPUs {', '.join(uuids)} on {node}, which the workbench ledger still "
+                    f"shows as held by another server after {self.release_grace:g} seconds; the pod was deleted. "
+                    "Try again in a minute; if it happens again, tell a hub admin."
+                )
+            pod = job.pod()
+            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                raise PodEnded(f"The pod {job.job_id} was deleted before the server started.")
+            if not told:
+                given = ", ".join(uuids)
+                job.describe(f"Kubernetes gave the pod {given}; waiting for its previous server to release it")
+                told = True
+            await asyncio.sleep(self.poll_interval)
 
     def _check(self, pod_report: PodReport, node: str, count: int) -> str:
         """Why a report cannot be taken ("" when it can): node, count, duplicates, and names on that node."""

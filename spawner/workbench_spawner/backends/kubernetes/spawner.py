@@ -78,6 +78,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
 
     workbench_backend = "kubernetes"
     placement_mode = "engine"
+    enforces_resource_limits = True  # the pod's limits: the kubelet's cgroups hold it to them
 
     workbench_report = AnyTrait(
         None,
