@@ -33,7 +33,23 @@ from tests.kubernetes import kube  # noqa: E402
 BACKENDS = ("gpu-kubernetes", "KubeSpawner")
 USERS = {"gpu-kubernetes": "benchk8sgpu", "KubeSpawner": "benchk8splain"}
 STATE = Path(os.environ.get("WB_K8S_STATE", "/var/lib/wb-k8s"))
+# Plain JupyterHub with plain KubeSpawner: the workbench's config file refuses a spawner that is not
+# the workbench's, so the baseline hub reads this one instead (same ports, token and data dir as Hub sets).
 PLAIN_CONFIG = """
+import os
+c.JupyterHub.bind_url = "http://127.0.0.1:" + os.environ["WORKBENCH_PORT"]
+c.JupyterHub.hub_ip = c.JupyterHub.hub_connect_ip = {hub_ip!r}
+c.JupyterHub.hub_port = int(os.environ["WORKBENCH_HUB_API_PORT"])
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:" + os.environ["WORKBENCH_PROXY_API_PORT"]
+c.ConfigurableHTTPProxy.command = [{chp!r}]
+c.JupyterHub.db_url = "sqlite:///" + os.path.join(os.environ["WORKBENCH_DATA_DIR"], "jupyterhub.sqlite")
+c.JupyterHub.cookie_secret_file = os.path.join(os.environ["WORKBENCH_DATA_DIR"], "cookie_secret")
+c.ConfigurableHTTPProxy.pid_file = os.path.join(os.environ["WORKBENCH_DATA_DIR"], "jupyterhub-proxy.pid")
+c.JupyterHub.services = [{{"name": "workbench-admin", "api_token": os.environ["WORKBENCH_ADMIN_TOKEN"]}}]
+c.JupyterHub.load_roles = [{{"name": "bench-admin", "scopes": ["admin:users", "admin:servers", "tokens"],
+                             "services": ["workbench-admin"]}}]
+c.JupyterHub.cleanup_servers = False
+c.JupyterHub.authenticator_class = "null"  # users come from the REST API only (a loopback benchmark hub)
 c.JupyterHub.spawner_class = "kubespawner.KubeSpawner"
 c.KubeSpawner.namespace = {namespace!r}
 c.KubeSpawner.image = {image!r}
@@ -73,16 +89,20 @@ def main(runs: int, image: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         plain_config = Path(tmp) / "plain_config.py"
         plain_config.write_text(
-            PLAIN_CONFIG.format(namespace=namespaces["KubeSpawner"], image=image, storage=kube.STORAGE_CLASS)
+            PLAIN_CONFIG.format(
+                namespace=namespaces["KubeSpawner"],
+                image=image,
+                storage=kube.STORAGE_CLASS,
+                hub_ip=kube.NODE_IP,
+                chp=str(REPO / "node_modules" / ".bin" / "configurable-http-proxy"),
+            )
         )
         hubs = {
             name: Hub(
                 Path(tmp) / name,
-                {
-                    **kube.hub_env(Cluster, namespaces[name], image),
-                    **({"WORKBENCH_LOCAL_CONFIG": str(plain_config)} if name == "KubeSpawner" else {}),
-                },
+                kube.hub_env(Cluster, namespaces[name], image),
                 [],
+                **({"config_file": plain_config} if name == "KubeSpawner" else {}),
             )
             for name in BACKENDS
         }

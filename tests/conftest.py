@@ -111,8 +111,16 @@ def free_port() -> int:
 
 
 class Hub:
-    def __init__(self, data_dir: Path, env: dict[str, str], args: list[str], run_as: str | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        env: dict[str, str],
+        args: list[str],
+        run_as: str | None = None,
+        config_file: Path = REPO / "hub" / "jupyterhub_config.py",
+    ):
         self.data_dir = data_dir
+        self.config_file = config_file  # another file: a plain JupyterHub (the benchmarks' baselines)
         self.run_as = run_as
         self.token = secrets.token_hex(16)
         self.port = free_port()
@@ -149,7 +157,7 @@ class Hub:
             [
                 str(Path(sys.executable).parent / "jupyterhub"),
                 "-f",
-                str(REPO / "hub" / "jupyterhub_config.py"),
+                str(self.config_file),
                 *self.args,
             ],
             cwd=REPO,

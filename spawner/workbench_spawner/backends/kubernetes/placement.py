@@ -316,8 +316,12 @@ class KubernetesPlacement(EnginePlacement):
             pod = job.pod()
             trouble = container_trouble(pod) if pod else "the pod was deleted"
             if trouble:
-                raise PodEnded(f"The server's pod {job.job_id} on {node} cannot start: {trouble}.")
-            await asyncio.sleep(min(0.2, self.poll_interval))
+                namespace, _, name = job.job_id.partition("/")
+                raise PodEnded(
+                    f"The server's pod {job.job_id} on {node} cannot start: {trouble} "
+                    f"(`kubectl logs -n {namespace} {name}` says why)."
+                )
+            await asyncio.sleep(min(0.05, self.poll_interval))
         raise NoGPUAvailable(
             f"The server in pod {job.job_id} on {node} did not report its GPUs within {self.report_timeout:g} "
             "seconds; the pod was deleted. Is the image the workbench's (its start-up reports), and can the pod "

@@ -39,6 +39,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.spawner import SpawnException
+from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.slugs import safe_slug
 from traitlets import Any as AnyTrait
@@ -255,8 +256,6 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
         exc = self._start_future.exception()
         if exc is None:
             return
-        from kubernetes_asyncio.client.exceptions import ApiException
-
         if isinstance(exc, SpawnException):
             raise exc
         detail = exc.body if isinstance(exc, ApiException) and exc.body else str(exc)
@@ -284,7 +283,15 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
         try:
             if not self._hub:
                 self._names(await asyncio.to_thread(self.hub_id))
-            await asyncio.to_thread(cluster.delete_pod, self.namespace, self.pod_name, 0)
+            try:  # KubeSpawner's client, on the hub's loop: no thread, no new connection per spawn
+                await asyncio.wait_for(
+                    self.api.delete_namespaced_pod(self.pod_name, self.namespace, grace_period_seconds=0),
+                    self.k8s_api_request_timeout,
+                )
+                self.log.info("Deleted pod %s/%s of %s", self.namespace, self.pod_name, self._log_name)
+            except ApiException as exc:
+                if exc.status != 404:  # nothing left of an earlier start: the usual case
+                    raise
             key = f"{self.namespace}/{self.pod_name}"
             for _ in range(300):  # the kubelet confirms deletion in seconds; a new pod needs the name
                 if self.pod_reflector is None or key not in self.pod_reflector.pods:
@@ -370,10 +377,13 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
             ) from None
 
     async def _ensure_network_policy(self, hub: str) -> None:
+        """Create or update the namespace's policy for this hub's pods, once per hub process and content."""
         from kubernetes_asyncio.client import NetworkingV1Api
-        from kubernetes_asyncio.client.exceptions import ApiException
 
         manifest = network_policy(self.namespace, hub, self.hub_ingress_cidrs)
+        key = repr(manifest)
+        if key in _policies_kept:
+            return
         api = NetworkingV1Api(self.api.api_client)
         try:
             await api.create_namespaced_network_policy(self.namespace, manifest)
@@ -387,6 +397,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
                     reason="kubernetes_refused",
                     status_code=500,
                 ) from None
+        _policies_kept.add(key)
 
     async def _annotate(self, key: str, value: str) -> None:
         try:
@@ -464,6 +475,8 @@ def _backend_traits(config) -> KubernetesTraits:
 
 
 _inventories: dict[tuple[str, str], DeviceInventory] = {}
+_policies_kept: set[str] = set()  # NetworkPolicies this process created or updated (a deleted one comes back
+# at the next hub start; the hub needs no API call per spawn for it)
 _pods_cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
 
 

@@ -90,7 +90,7 @@ class KubernetesTraits(Configurable):
     ).tag(config=True)
 
     k8s_poll_interval = Float(
-        1.0,
+        0.2,
         min=0.1,
         help="""
         Seconds between looks at a pending pod (the scheduler's words on the
