@@ -277,6 +277,13 @@ def test_a_pod_that_waits_past_the_queue_timeout_is_deleted_and_pods_outside_the
             rows = fleet.json()["gpus"]
             # The fleet view counts the outside pod's GPUs on the node, though the ledger holds none.
             assert rows and all(r["kubernetes"]["node_gpus_outside_workbench"] == len(rows) for r in rows), rows
+            assert all(r["kubernetes"]["held_outside_workbench"] for r in rows), rows
+            metrics = requests.get(
+                f"{hub.url}/services/workbench/metrics", headers={"Authorization": f"token {hub.token}"}, timeout=30
+            ).text
+            held = [line for line in metrics.splitlines() if line.startswith("workbench_gpu_held_outside{")]
+            assert len(held) == len(rows) and all(line.endswith(" 1.0") for line in held), held
+            assert all(f'Hostname="{k8s_cluster.node}"' in line for line in held), held
             with ThreadPoolExecutor(1) as pool:
                 spawn = pool.submit(hub.spawn, user, gpus=1)
                 messages = progress(hub, user, "the pod was deleted", 60)

@@ -344,16 +344,23 @@ def gpu_row(node: str, held: bool) -> dict:
     return {"node": node, "holders": [{"user": "alice", "server": ""}] if held else []}
 
 
+N1 = {"node_ready": True, "node_schedulable": True, "node_gpus_requested": 2, "node_gpus_outside_workbench": 1}
+IDLE_N2 = {"node_ready": True, "node_schedulable": False, "node_gpus_requested": 0, "node_gpus_outside_workbench": 0}
+UNKNOWN = {"node_ready": False, "node_schedulable": False, "node_gpus_requested": 0, "node_gpus_outside_workbench": 0}
+
+
 def test_each_gpu_row_says_what_kubernetes_says_of_its_node(monkeypatch):
     monkeypatch.setattr(fleet, "kube_nodes", lambda: NODES)
     rows = [gpu_row("n1", True), gpu_row("n1", False), gpu_row("n2", False), gpu_row("gone", True)]
     fleet.annotate_kubernetes(rows)
     assert [row["kubernetes"] for row in rows] == [
-        # n1: two GPUs requested, one of them by a workbench server: the other is held outside the workbench
-        {"node_ready": True, "node_schedulable": True, "node_gpus_requested": 2, "node_gpus_outside_workbench": 1},
-        {"node_ready": True, "node_schedulable": True, "node_gpus_requested": 2, "node_gpus_outside_workbench": 1},
-        {"node_ready": True, "node_schedulable": False, "node_gpus_requested": 0, "node_gpus_outside_workbench": 0},
-        {"node_ready": False, "node_schedulable": False, "node_gpus_requested": 0, "node_gpus_outside_workbench": 0},
+        # n1: two GPUs requested, one of them by a workbench server: the other is held outside the workbench,
+        # counted on n1's GPU without a lease
+        {**N1, "held_outside_workbench": False},
+        {**N1, "held_outside_workbench": True},
+        {**IDLE_N2, "held_outside_workbench": False},
+        # a node the API does not list: nothing is known
+        {**UNKNOWN, "held_outside_workbench": None},
     ]
 
 
@@ -361,12 +368,7 @@ def test_gpu_rows_when_the_api_does_not_answer(monkeypatch):
     monkeypatch.setattr(fleet, "kube_nodes", lambda: None)
     rows = [gpu_row("n1", True)]
     fleet.annotate_kubernetes(rows)
-    assert rows[0]["kubernetes"] == {
-        "node_ready": False,
-        "node_schedulable": False,
-        "node_gpus_requested": 0,
-        "node_gpus_outside_workbench": 0,
-    }
+    assert rows[0]["kubernetes"] == {**UNKNOWN, "held_outside_workbench": None}
 
 
 def test_node_reads_are_cached_briefly_and_a_silent_api_is_none(monkeypatch):

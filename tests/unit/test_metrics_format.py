@@ -193,7 +193,9 @@ def test_every_family_type_help_label_set_and_value(store, simulated):
         assert kind == "gauge", name
         assert documentation == HELP[name], name
         assert f"# HELP {name} {HELP[name]}\n# TYPE {name} gauge\n" in text
-    assert parsed["workbench_gpu_held_outside"][1] == "1 if Slurm allocates this GPU to a job outside the workbench."
+    assert parsed["workbench_gpu_held_outside"][1] == (
+        "1 if the engine allocates this GPU to a job outside the workbench (Slurm; Kubernetes by count per node)."
+    )
     assert parsed["DCGM_FI_DEV_FB_USED"][1] == "Framebuffer memory used (in MiB)."
     for name, samples in expected_gpu_series(simulated).items():
         assert parsed[name][2] == samples, name

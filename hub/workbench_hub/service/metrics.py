@@ -49,7 +49,8 @@ HELP: dict[str, str] = {
     "workbench_gpu_memory_total_bytes": "GPU memory in bytes, from the inventory.",
     "workbench_gpus": "GPUs in the inventory.",
     "workbench_gpus_free": "GPUs with a free slot.",
-    "workbench_gpu_held_outside": "1 if Slurm allocates this GPU to a job outside the workbench.",
+    "workbench_gpu_held_outside": "1 if the engine allocates this GPU to a job outside the workbench "
+    "(Slurm; Kubernetes by count per node).",
     "workbench_user_gpus_held": "GPUs a user holds now.",
     "workbench_user_gpu_hours_week": "GPU-hours a user used in the last 7 days.",
     "workbench_user_quota_max_gpus": "The most GPUs a user may hold at once (effective quota).",

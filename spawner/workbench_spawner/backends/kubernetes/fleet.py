@@ -49,19 +49,30 @@ def kube_nodes(max_age: float = 2.0, resource: str = RESOURCE) -> dict[str, Kube
 
 
 def annotate_kubernetes(gpus: list[dict]) -> None:
-    """Add ``kubernetes`` (node ready and schedulable, GPUs held there outside the workbench) to each GPU row."""
+    """Add ``kubernetes`` (node ready and schedulable, GPUs held there outside the workbench) to each GPU row.
+
+    The API says how many GPUs a node's pods request, not which ones: ``held_outside_workbench`` marks
+    that many of the node's GPUs without a lease, in index order, so per node the count (and the
+    metrics' free count) is right while which GPU it names is a guess. None when the API did not answer."""
     nodes = kube_nodes()
     ours: dict[str, int] = {}
     for gpu in gpus:
         if gpu["holders"]:
             ours[gpu["node"]] = ours.get(gpu["node"], 0) + 1
-    for gpu in gpus:
+    marked: dict[str, int] = {}
+    for gpu in sorted(gpus, key=lambda g: (g["node"], g.get("index", 0))):
         node = (nodes or {}).get(gpu["node"])
+        outside = max(0, node.gpus_requested - ours.get(gpu["node"], 0)) if node else 0
+        held = None
+        if node is not None:
+            held = not gpu["holders"] and marked.get(gpu["node"], 0) < outside
+            marked[gpu["node"]] = marked.get(gpu["node"], 0) + int(held)
         gpu["kubernetes"] = {
             "node_ready": bool(node and node.ready),
             "node_schedulable": bool(node and node.schedulable),
             "node_gpus_requested": node.gpus_requested if node else 0,
-            "node_gpus_outside_workbench": max(0, node.gpus_requested - ours.get(gpu["node"], 0)) if node else 0,
+            "node_gpus_outside_workbench": outside,
+            "held_outside_workbench": held,
         }
 
 
