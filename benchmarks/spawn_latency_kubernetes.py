@@ -21,12 +21,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from spawn_latency_slurm import spawn_once  # noqa: E402  (REST spawn to ready, then stopped: the same figure)
 from tests.conftest import Hub  # noqa: E402
 from tests.kubernetes import kube  # noqa: E402
 
@@ -68,18 +68,6 @@ c.KubeSpawner.fs_gid = 100
 class Cluster:
     kubeconfig = STATE / "admin.kubeconfig"
     gpu_spec = os.environ.get("WB_K8S_GPUS", "4xH200-141GB")
-
-
-def spawn_once(hub: Hub, user: str, options: dict) -> float:
-    started = time.perf_counter()
-    r = hub.spawn(user, **options)
-    if r.status_code not in (201, 202):
-        raise SystemExit(f"spawn failed: {r.status_code} {r.text}")
-    hub.wait_ready(user, timeout=180)
-    ready = time.perf_counter() - started
-    hub.api("DELETE", f"/users/{user}/server")
-    hub.wait_stopped(user, timeout=120)
-    return ready
 
 
 def main(runs: int, image: str) -> None:

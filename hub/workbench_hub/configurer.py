@@ -334,6 +334,32 @@ def update_fairness(mixin, env: Env) -> None:
         mixin.gpu_test_clock_file = text(env, "WORKBENCH_TEST_CLOCK_FILE")
 
 
+def update_policy(c: Config, env: Env, data: Path) -> None:
+    """The GPU policy's settings from ``WORKBENCH_*`` (``GPUSpawnerMixin``), on a host or under z2jh."""
+    mixin = c.GPUSpawnerMixin
+    mixin.gpu_db_url = text(env, "WORKBENCH_DB_URL") or f"sqlite:///{data / 'workbench.sqlite'}"
+    simulated = text(env, "WORKBENCH_SIMULATED_GPUS")
+    if simulated:
+        mixin.simulated_gpus = simulated
+    mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
+    update_fairness(mixin, env)
+    mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
+    mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
+    mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
+    update_idle(mixin, env)
+    contact = text(env, "WORKBENCH_QUOTA_CONTACT")
+    if contact:
+        mixin.quota_contact = contact
+    profiles_text = text(env, "WORKBENCH_PROFILES")
+    if profiles_text:
+        try:
+            profiles = profiles_from_text(profiles_text)
+            parse_profiles(profiles)
+        except ProfileError as exc:
+            raise ConfigError(f"WORKBENCH_PROFILES: {exc}") from None
+        mixin.resource_profiles = profiles
+
+
 def update_spawner(
     c: Config,
     env: Env,
@@ -358,26 +384,5 @@ def update_spawner(
     extension.configure(c, env, HubContext(data, repo, Path(sys.executable).parent, lookups))
     c.Spawner.default_url = "/lab"
 
-    mixin = c.GPUSpawnerMixin
-    mixin.gpu_db_url = text(env, "WORKBENCH_DB_URL") or f"sqlite:///{data / 'workbench.sqlite'}"
-    simulated = text(env, "WORKBENCH_SIMULATED_GPUS")
-    if simulated:
-        mixin.simulated_gpus = simulated
-    mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
-    update_fairness(mixin, env)
-    mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
-    mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
-    mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
-    update_idle(mixin, env)
-    contact = text(env, "WORKBENCH_QUOTA_CONTACT")
-    if contact:
-        mixin.quota_contact = contact
-    profiles_text = text(env, "WORKBENCH_PROFILES")
-    if profiles_text:
-        try:
-            profiles = profiles_from_text(profiles_text)
-            parse_profiles(profiles)
-        except ProfileError as exc:
-            raise ConfigError(f"WORKBENCH_PROFILES: {exc}") from None
-        mixin.resource_profiles = profiles
+    update_policy(c, env, data)
     return backend

@@ -58,7 +58,7 @@ from urllib.parse import urlparse
 from traitlets.config import Config
 
 from . import configurer
-from .env_values import ConfigError, Env, flag, number, text
+from .env_values import ConfigError, Env, text
 
 # z2jh's helpers, as its jupyterhub_config.py imports them from its z2jh.py:
 # get_config("hub.db.type", default) reads the chart's values, get_name("hub") a resource's full name.
@@ -346,35 +346,12 @@ def update_chart_spawner(c: Config, env: Env, get_config: GetConfig, data: Path)
 
 
 def update_policy(c: Config, env: Env, data: Path) -> None:
-    """The GPU policy's settings from ``WORKBENCH_*``: the ``GPUSpawnerMixin`` part of ``configurer.update_spawner``.
+    """The GPU policy's settings from ``WORKBENCH_*``: ``configurer.update_policy``, as on a host.
 
-    ``update_spawner`` also runs the backend's own configuration (on a host:
-    the hub's address, the image, the namespace), which the chart owns here;
-    ``tests/unit/test_z2jh.py`` checks that both set the same policy traits.
-    Anything finer: ``hub.config.KubernetesGPUSpawner`` (a subclass's
-    section wins over ``GPUSpawnerMixin``'s, as the local config file does on a host).
+    ``configurer.update_spawner`` also runs the backend's own configuration
+    (on a host: the hub's address, the image, the namespace), which the
+    chart owns here. Anything finer: ``hub.config.KubernetesGPUSpawner`` (a
+    subclass's section wins over ``GPUSpawnerMixin``'s, as the local config
+    file does on a host).
     """
-    from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
-
-    mixin = c.GPUSpawnerMixin
-    mixin.gpu_db_url = text(env, "WORKBENCH_DB_URL") or f"sqlite:///{data / 'workbench.sqlite'}"
-    simulated = text(env, "WORKBENCH_SIMULATED_GPUS")
-    if simulated:
-        mixin.simulated_gpus = simulated
-    mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
-    configurer.update_fairness(mixin, env)
-    mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
-    mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
-    mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
-    configurer.update_idle(mixin, env)
-    contact = text(env, "WORKBENCH_QUOTA_CONTACT")
-    if contact:
-        mixin.quota_contact = contact
-    profiles_text = text(env, "WORKBENCH_PROFILES")
-    if profiles_text:
-        try:
-            profiles = profiles_from_text(profiles_text)
-            parse_profiles(profiles)
-        except ProfileError as exc:
-            raise ConfigError(f"WORKBENCH_PROFILES: {exc}") from None
-        mixin.resource_profiles = profiles
+    configurer.update_policy(c, env, data)

@@ -31,7 +31,7 @@ from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes.inventory import UUIDConflict
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
-from workbench_spawner.placement.engine_reservations import EngineReservations
+from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
 from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
 from workbench_spawner.rules.reservations import gpus_text
 
@@ -150,27 +150,25 @@ class KubernetesPlacement(EnginePlacement):
         deadline: float,
         describe: Callable[[str], None] = lambda text: None,
     ) -> None:
-        note = ""
-        while True:
-            async with self._admitting:
-                try:
-                    ok, why = await asyncio.to_thread(
-                        self.reservations.may_submit, groups, count, model, self.free_gpus
-                    )
-                except RuntimeError as exc:  # KubernetesUnavailable
-                    ok, why = False, f"the Kubernetes API did not answer ({exc})"
-                if ok:
-                    self.reservations.asking[key] = (frozenset(groups), count, model)
-                    return
-            if why != note:
-                describe(f"Waiting for {gpus_text(count, model)} outside reserved ones: {why}")
-                note = why
-            if self.clock() >= deadline:
-                raise NoGPUAvailable(
-                    f"No {gpus_text(count, model)} outside reserved ones came free in time ({why}); no pod was "
-                    "created. Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
-                )
-            await asyncio.sleep(self.poll_interval)
+
+        def check() -> tuple[bool, str]:
+            try:
+                return self.reservations.may_submit(groups, count, model, self.free_gpus)
+            except RuntimeError as exc:  # KubernetesUnavailable
+                return False, f"the Kubernetes API did not answer ({exc})"
+
+        await wait_to_submit(
+            self.reservations,
+            self._admitting,
+            key,
+            (frozenset(groups), count, model),
+            deadline,
+            check,
+            self.clock,
+            self.poll_interval,
+            describe,
+            "no pod was created",
+        )
 
     def withdraw(self, key: str) -> None:
         self.reservations.asking.pop(key, None)

@@ -42,6 +42,7 @@ from workbench_spawner.backends.slurm.jobs import (
 )
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
+from workbench_spawner.placement.engine_reservations import wait_to_submit
 from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 from workbench_spawner.rules.reservations import gpus_text
@@ -129,25 +130,25 @@ class SlurmPlacement(EnginePlacement):
 
         The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
         until ``place`` follows its job or ``withdraw(key)``."""
-        note = ""
-        while True:
-            async with self._admitting:
-                try:
-                    ok, why = await asyncio.to_thread(self.reservations.may_submit, groups, count, model, self.nodes)
-                except SlurmUnavailable as exc:
-                    ok, why = False, f"Slurm's controller did not answer ({exc})"
-                if ok:
-                    self.reservations.asking[key] = (frozenset(groups), count, model)
-                    return
-            if why != note:
-                describe(f"Waiting for {gpus_text(count, model)} outside reserved ones: {why}")
-                note = why
-            if self.clock() >= deadline:
-                raise NoGPUAvailable(
-                    f"No {gpus_text(count, model)} outside reserved ones came free in time ({why}); nothing was "
-                    "submitted to Slurm. Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
-                )
-            await asyncio.sleep(self.poll_interval)
+
+        def check() -> tuple[bool, str]:
+            try:
+                return self.reservations.may_submit(groups, count, model, self.nodes)
+            except SlurmUnavailable as exc:
+                return False, f"Slurm's controller did not answer ({exc})"
+
+        await wait_to_submit(
+            self.reservations,
+            self._admitting,
+            key,
+            (frozenset(groups), count, model),
+            deadline,
+            check,
+            self.clock,
+            self.poll_interval,
+            describe,
+            "nothing was submitted to Slurm",
+        )
 
     def withdraw(self, key: str) -> None:
         """The admitted request ``key`` is not going to Slurm's queue after all (sbatch failed)."""
