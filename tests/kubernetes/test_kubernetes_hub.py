@@ -115,6 +115,15 @@ def users(k8s_hub):
 def test_a_pod_asks_for_its_gpu_is_locked_down_and_reports_what_the_device_plugin_gave_it(k8s_hub, k8s_cluster, users):
     hub, namespace = k8s_hub
     (alice,) = users("alice")
+    # Her quota's session length becomes the pod's activeDeadlineSeconds: Kubernetes ends it then.
+    quota = {"max_gpus": 2, "gpu_hours_per_week": None, "allowed_models": None, "max_session_hours": 2}
+    r = requests.put(
+        f"{hub.url}/services/workbench/api/quotas/users/{alice}",
+        json=quota,
+        headers={"Authorization": f"token {hub.token}"},
+        timeout=30,
+    )
+    assert r.status_code in (200, 201), r.text
     assert hub.spawn(alice, gpus=1).status_code in (201, 202)
     hub.wait_ready(alice, 180)
     (leased, node, ref), pod = lease_rows(hub)[alice], the_pod(namespace, alice)
@@ -135,6 +144,7 @@ def test_a_pod_asks_for_its_gpu_is_locked_down_and_reports_what_the_device_plugi
     assert metrics.json()["source"] == "simulated"
 
     spec = pod["spec"]
+    assert spec["activeDeadlineSeconds"] == 2 * 3600
     (container,) = spec["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
     # The default resource profile sizes the pod, and Kubernetes holds it to that.
