@@ -3,8 +3,9 @@
 Where an engine places (Slurm, Kubernetes), the server's own start-up tells
 the hub what the engine gave it (port, node, GPU UUIDs) before the lease is
 written. The request carries the server's API token, which the hub gave that
-one spawner; ``starting_spawner`` finds it, and only while it is starting,
-so a report can neither speak for another server nor change a running one.
+one spawner; ``token_spawner`` finds it and ``require_starting`` takes a
+report only while it is starting, so a report can neither speak for another
+server nor change a running one.
 Each backend's handler then takes exactly the fields it knows.
 """
 
@@ -15,8 +16,8 @@ import hmac
 from tornado import web
 
 
-def starting_spawner(handler: web.RequestHandler):
-    """The spawner whose API token ``handler``'s request presents, if it is starting; else an HTTPError (403/409)."""
+def token_spawner(handler: web.RequestHandler):
+    """The spawner whose API token ``handler``'s request presents; else an HTTPError 403."""
     token = handler.get_auth_token() or ""
     spawners = getattr(handler.current_user, "spawners", None) or {}  # a service's token has none
     spawner = next(
@@ -28,10 +29,16 @@ def starting_spawner(handler: web.RequestHandler):
             "This token belongs to no server of this user that is starting; only a "
             "server's own start-up may report its port.",
         )
+    return spawner
+
+
+def require_starting(spawner) -> None:
+    """HTTPError 409 unless ``spawner`` is starting: a report never changes a running server.
+
+    Checked after the report's own shape, so a malformed report is a 400 whatever the server's state."""
     if spawner.pending != "spawn":
         raise web.HTTPError(
             409,
             f"{spawner._log_name} is not starting, so there is nothing to report; "
             "a start report is taken only while the server starts.",
         )
-    return spawner

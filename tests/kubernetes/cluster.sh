@@ -111,7 +111,7 @@ launch() {
   if [ -s "$LOGS/$name.log" ]; then mv "$LOGS/$name.log" "$LOGS/$name.log.1"; fi
   echo "--- $(date -u +%FT%TZ) starting $name" >"$LOGS/$name.log"
   date +%s >"$RUN/$name.started"
-  setsid "$@" </dev/null >>"$LOGS/$name.log" 2>&1 &
+  setsid "$@" </dev/null >>"$LOGS/$name.log" 2>&1 8>&- &  # 8: the start lock, which daemons must not keep
   echo $! >"$RUN/$name.pid"
   STARTED+=("$name")
 }
@@ -380,11 +380,15 @@ cmd_start() {
   local t0; t0=$(date +%s.%N)
   STARTED=()
   need_root
+  # One start at a time: CI starts the cluster in the background while the tests' fixture may ask too;
+  # the second waits and then finds everything running.
+  exec 8>/run/lock/wb-k8s-start.lock
+  flock 8
   # build.sh prints the folder holding bin/ (and builds it once, ~10 min, when the cache is empty).
   # The lock: two test runs starting at once on a fresh machine must not build twice side by side.
   local out; out=$(flock /run/lock/wb-k8s-build.lock "$HERE/build.sh") || die "tests/kubernetes/build.sh failed"
   BIN=$out/bin
-  docker info >/dev/null 2>&1 || env -u COLUMNS "$REPO/tests/docker/start-dockerd.sh" >&2 \
+  docker info >/dev/null 2>&1 || env -u COLUMNS "$REPO/tests/docker/start-dockerd.sh" >&2 8>&- \
     || die "no Docker engine (tests/docker/start-dockerd.sh failed)"
   mkdir -p "$STATE"; chmod 700 "$STATE"
   make_pki

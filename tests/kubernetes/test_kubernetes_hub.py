@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from tests.conftest import hub_pool, wait_until
+from tests.docker.conftest import wait_for_lab
 from tests.kubernetes.kube import (
     create_namespace,
     delete_namespace,
@@ -124,7 +125,7 @@ def test_a_pod_asks_for_its_gpu_is_locked_down_and_reports_what_the_device_plugi
         timeout=30,
     )
     assert r.status_code in (200, 201), r.text
-    assert hub.spawn(alice, gpus=1).status_code in (201, 202)
+    assert hub.spawn(alice, gpus=1, profile="medium").status_code in (201, 202)
     hub.wait_ready(alice, 180)
     (leased, node, ref), pod = lease_rows(hub)[alice], the_pod(namespace, alice)
     name = pod["metadata"]["name"]
@@ -147,9 +148,9 @@ def test_a_pod_asks_for_its_gpu_is_locked_down_and_reports_what_the_device_plugi
     assert spec["activeDeadlineSeconds"] == 2 * 3600
     (container,) = spec["containers"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    # The default resource profile sizes the pod, and Kubernetes holds it to that.
-    assert container["resources"]["limits"]["cpu"] == "250m"
-    assert container["resources"]["limits"]["memory"] in ("1Gi", str(1 << 30))
+    # The resource profile she picked sizes the pod, and Kubernetes holds it to that.
+    assert container["resources"]["limits"]["cpu"] == "500m"
+    assert container["resources"]["limits"]["memory"] in ("2Gi", str(2 << 30))
     security = container["securityContext"]
     assert security["allowPrivilegeEscalation"] is False and security["capabilities"]["drop"] == ["ALL"]
     assert security["runAsNonRoot"] is True and security["runAsUser"] == 1000
@@ -355,7 +356,8 @@ def test_a_person_logs_in_spawns_one_gpu_and_the_status_bar_shows_the_pods_gpu(k
         page.wait_for_url("**/hub/spawn**")
         page.locator("#workbench-gpus").fill("1")
         page.click("form#spawn_form [type=submit]")
-        page.wait_for_url(f"**/user/{user}/lab**", timeout=180_000)
+        # A pod's new veth on docker0 is a network change to Chromium on this host (wait_for_lab reloads).
+        wait_for_lab(page, hub.url, user)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         status = page.locator(".jp-WorkbenchGPU-status .jp-WorkbenchGPU-gpu")
         expect(status).to_have_count(1, timeout=90_000)

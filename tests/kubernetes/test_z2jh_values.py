@@ -44,7 +44,19 @@ pytestmark = pytest.mark.kubernetes
 
 VALUES = REPO / "deploy" / "z2jh" / "values.yaml"
 RBAC = REPO / "deploy" / "z2jh" / "rbac.yaml"
-CHART = Path(os.environ.get("WORKBENCH_Z2JH_CHART") or REPO.parent / "shared" / "charts" / "z2jh-4.4.0")
+# The chart lies beside the checkout (../shared/charts, not copied into the project); a clone made
+# elsewhere on this machine finds the same one under /work/shared.
+CHART = Path(
+    os.environ.get("WORKBENCH_Z2JH_CHART")
+    or next(
+        (
+            path
+            for path in (REPO.parent / "shared" / "charts" / "z2jh-4.4.0", Path("/work/shared/charts/z2jh-4.4.0"))
+            if path.is_dir()
+        ),
+        REPO.parent / "shared" / "charts" / "z2jh-4.4.0",
+    )
+)
 HELM_SH = REPO / "tests" / "kubernetes" / "helm.sh"
 RELEASE = "gpu-workbench"
 OLDEST = "1.30.0"

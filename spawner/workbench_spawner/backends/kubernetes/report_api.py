@@ -4,7 +4,7 @@ The workbench image's start-up (``workbench-start``, when the pod has
 ``WORKBENCH_START_REPORT=1``) posts ``{"node": <spec.nodeName>, "gpus":
 [<UUIDs in NVIDIA_VISIBLE_DEVICES>]}`` with the server's API token before
 Jupyter starts. Only the starting spawner that token belongs to takes it
-(``start_report.starting_spawner``), and only these two fields, each checked
+(``start_report``), and only these two fields, each checked
 here for shape; whether they are *true* (the pod's node, as many GPUs as it
 asked for, GPUs of that node) is checked by the placement against what
 Kubernetes says before any lease is written.
@@ -19,7 +19,7 @@ from jupyterhub import apihandlers
 from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
-from workbench_spawner.start_report import starting_spawner
+from workbench_spawner.start_report import require_starting, token_spawner
 
 ROUTE = r"/api/workbench/start-report"
 MAX_GPUS = 64
@@ -52,13 +52,14 @@ class PodReportHandler(APIHandler):
 
     @web.authenticated
     def post(self) -> None:
-        spawner = starting_spawner(self)
+        spawner = token_spawner(self)
         if not hasattr(spawner, "workbench_report"):
             raise web.HTTPError(400, "This server's backend takes no start report.")
         try:
             report = read_report(self.get_json_body())
         except ReportRefused as exc:
             raise web.HTTPError(400, f"Start report refused: {exc}.") from None
+        require_starting(spawner)
         spawner.workbench_report = report
         self.set_status(201)
         self.finish(json.dumps({"message": "start report taken", "fields": ["gpus", "node"]}))

@@ -213,6 +213,11 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
 
     # -- lifecycle -----------------------------------------------------------------------------
 
+    async def load_user_options(self):
+        """Nothing: the workbench's form and admission own the options (``profile`` is a workbench
+        resource profile, already applied by ``size_server``); KubeSpawner's would look ``profile``
+        up in its own ``profile_list`` and refuse the spawn."""
+
     async def engine_submit(self) -> PodJob:
         self.workbench_report = None
         hub, limit = await asyncio.to_thread(lambda: (self.hub_id(), self._session_hours()))

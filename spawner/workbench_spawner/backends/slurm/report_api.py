@@ -22,7 +22,7 @@ from jupyterhub.apihandlers import APIHandler
 from tornado import web
 
 from workbench_spawner.backends.slurm.jobs import NodeReport
-from workbench_spawner.start_report import starting_spawner
+from workbench_spawner.start_report import require_starting, token_spawner
 
 ROUTE = r"/api/batchspawner"
 ALLOWED_KEYS = ("port", "workbench_report")
@@ -95,11 +95,12 @@ class StartReportHandler(APIHandler):
 
     @web.authenticated
     def post(self) -> None:
-        spawner = starting_spawner(self)
+        spawner = token_spawner(self)
         try:
             accepted = read_report(self.get_json_body())
         except ReportRefused as exc:
             raise web.HTTPError(400, f"Start report refused: {exc}.") from None
+        require_starting(spawner)
         for key, value in accepted.items():
             setattr(spawner, key, value)
         self.set_status(201)
