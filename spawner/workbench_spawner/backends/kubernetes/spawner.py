@@ -20,7 +20,8 @@ pod object from its settings); this class adds what GPU Workbench promises:
 * **The lock-down** (``manifests.py``): non-root, no capabilities, no
   privilege escalation, seccomp ``RuntimeDefault``, no service-account
   token, no host namespaces or hostPath volumes unless allow-listed; checked
-  on the final pod. A NetworkPolicy per hub keeps users apart where the
+  on the final pod (``pod_objects.py``, which adds the workbench's part to
+  KubeSpawner's pod). A NetworkPolicy per hub keeps users apart where the
   network plugin enforces it.
 
 Reconcile rule after a hub restart: a lease whose pod is gone (or ending) is
@@ -43,7 +44,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
 from kubespawner.slugs import safe_slug
 from traitlets import Any as AnyTrait
-from traitlets import Unicode, default
+from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes import cluster
@@ -52,14 +53,11 @@ from workbench_spawner.backends.kubernetes.manifests import (
     ANNOTATION_GPUS,
     CONTAINER_SECURITY,
     LABEL_HUB,
-    LABEL_SERVER,
-    LABEL_USER,
     POD_SECURITY,
-    lockdown_problems,
     model_selector,
-    network_policy,
 )
 from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
+from workbench_spawner.backends.kubernetes.pod_objects import WorkbenchPod
 from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 from workbench_spawner.ledger.hub_identity import hub_id
@@ -74,7 +72,7 @@ from workbench_spawner.policy.settings import PolicySettings
 PROCESS_STARTED = time.time()
 
 
-class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
+class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
     """KubeSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
 
     workbench_backend = "kubernetes"
@@ -89,14 +87,6 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
         (never configure it): the node and the GPU UUIDs the pod was given.
         """,
     )
-
-    home_mount_path = Unicode(
-        "/home/jovyan",
-        help="""
-        Where the user's home volume is mounted in the pod: the image's home
-        (the workbench image's user is jovyan, uid 1000).
-        """,
-    ).tag(config=True)
 
     # -- the lock-down and the image's user, as defaults a site may tighten -------------------
 
@@ -305,113 +295,6 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KubernetesTraits, KubeSpawner):
         except Exception as exc:  # noqa: BLE001 - cancel never raises (the contract)
             self.log.warning("Could not delete the pod of %s: %s", self._log_name, exc)
 
-    async def get_pod_manifest(self):
-        """KubeSpawner's pod plus GPUs, model selector, labels, home, datasets, deadline; lock-down checked."""
-        from kubernetes_asyncio.client import (
-            V1EnvVar,
-            V1EnvVarSource,
-            V1ObjectFieldSelector,
-            V1PersistentVolumeClaimVolumeSource,
-            V1Volume,
-            V1VolumeMount,
-        )
-
-        pod = await super().get_pod_manifest()
-        container = pod.spec.containers[0]
-        gpus = self.gpu_request.gpus
-        if gpus:
-            container.resources.limits = {**(container.resources.limits or {}), self.gpu_resource_name: str(gpus)}
-        else:  # an image that says NVIDIA_VISIBLE_DEVICES=all must still see no GPU
-            container.env = [*(container.env or []), V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void")]
-        if self._model_selector:
-            pod.spec.node_selector = {**(pod.spec.node_selector or {}), **self._model_selector}
-        container.env = [
-            *(container.env or []),
-            V1EnvVar(
-                name="WORKBENCH_NODE_NAME",
-                value_from=V1EnvVarSource(field_ref=V1ObjectFieldSelector(field_path="spec.nodeName")),
-            ),
-            V1EnvVar(name="WORKBENCH_START_REPORT", value="1"),
-        ]
-        pod.metadata.labels = {
-            **(pod.metadata.labels or {}),
-            LABEL_HUB: self._hub,
-            LABEL_USER: safe_slug(self.user.name, max_length=48),
-            LABEL_SERVER: safe_slug(self.name or "default", max_length=48),
-        }
-        pod.metadata.annotations = {
-            **(pod.metadata.annotations or {}),
-            LABEL_USER: self.user.name,
-            LABEL_SERVER: self.name,
-        }
-        claim = V1PersistentVolumeClaimVolumeSource
-        volumes = [V1Volume(name="workbench-home", persistent_volume_claim=claim(claim_name=self.pvc_name))]
-        mounts = [V1VolumeMount(name="workbench-home", mount_path=self.home_mount_path)]
-        if self.datasets_claim:
-            datasets = claim(claim_name=self.datasets_claim, read_only=True)
-            volumes.append(V1Volume(name="workbench-datasets", persistent_volume_claim=datasets))
-            mounts.append(V1VolumeMount(name="workbench-datasets", mount_path="/datasets", read_only=True))
-        pod.spec.volumes = [*(pod.spec.volumes or []), *volumes]
-        container.volume_mounts = [*(container.volume_mounts or []), *mounts]
-        if self._session_limit:
-            pod.spec.active_deadline_seconds = int(self._session_limit * 3600)
-        problems = lockdown_problems(self.api.api_client.sanitize_for_serialization(pod), self.allowed_host_paths)
-        if problems:
-            raise SpawnException(
-                "The hub's Kubernetes settings would weaken the user pod's lock-down: "
-                + "; ".join(problems)
-                + ". Nothing was created; tell a hub admin.",
-                reason="lockdown",
-                status_code=500,
-            )
-        return pod
-
-    def _session_hours(self) -> float | None:
-        """The session limit admission recorded for this start: it becomes the pod's activeDeadlineSeconds."""
-        return self.gpu_quota_book.session_limits().get((self.user.name, self.name))
-
-    async def _nodes(self) -> list[cluster.KubeNode]:
-        try:
-            return await asyncio.to_thread(cluster.list_nodes, self.gpu_resource_name)
-        except cluster.KubernetesUnavailable as exc:
-            raise SpawnException(
-                f"Cannot start the server: the Kubernetes API did not answer ({exc}); nothing was created. Try "
-                "again in a minute.",
-                reason="kubernetes_unavailable",
-                status_code=503,
-            ) from None
-
-    async def _ensure_network_policy(self, hub: str) -> None:
-        """Create or update the namespace's policy for this hub's pods, once per hub process and content."""
-        from kubernetes_asyncio.client import NetworkingV1Api
-
-        manifest = network_policy(self.namespace, hub, self.hub_ingress_cidrs)
-        key = repr(manifest)
-        if key in _policies_kept:
-            return
-        api = NetworkingV1Api(self.api.api_client)
-        try:
-            await api.create_namespaced_network_policy(self.namespace, manifest)
-        except ApiException as exc:
-            if exc.status == 409:  # there already: keep it current
-                await api.replace_namespaced_network_policy(manifest["metadata"]["name"], self.namespace, manifest)
-            else:
-                raise SpawnException(
-                    f"Kubernetes refused the user pods' NetworkPolicy ({exc.status} {exc.reason}); nothing was "
-                    "created. The hub needs to create networkpolicies in its namespace (docs/kubernetes.md).",
-                    reason="kubernetes_refused",
-                    status_code=500,
-                ) from None
-        _policies_kept.add(key)
-
-    async def _annotate(self, key: str, value: str) -> None:
-        try:
-            await self.api.patch_namespaced_pod(
-                self.pod_name, self.namespace, {"metadata": {"annotations": {key: value}}}
-            )
-        except Exception as exc:  # noqa: BLE001 - the lease is written; reconcile then deletes an unannotated pod
-            self.log.warning("Could not annotate the pod of %s with its GPUs: %s", self._log_name, exc)
-
     # -- after a hub restart -------------------------------------------------------------------
 
     def gpu_lease_ref(self) -> str:
@@ -480,8 +363,6 @@ def _backend_traits(config) -> KubernetesTraits:
 
 
 _inventories: dict[tuple[str, str], DeviceInventory] = {}
-_policies_kept: set[str] = set()  # NetworkPolicies this process created or updated (a deleted one comes back
-# at the next hub start; the hub needs no API call per spawn for it)
 _pods_cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
 
 
