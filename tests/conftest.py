@@ -256,7 +256,7 @@ class Hub:
             if self.server(user) is None:
                 return
             time.sleep(0.5)
-        raise AssertionError(f"{user}'s server still listed after {timeout} s")
+        raise AssertionError(f"{user}'s server still listed after {timeout} s:\n{self.log()[-4000:]}")
 
     def progress_messages(self, user: str, until: str | None = None, timeout: float = 30) -> list[str]:
         """Read the spawn progress stream the spawn page shows, up to a message containing ``until``

@@ -25,6 +25,8 @@ class HubTier(ABC):
 
     mode = "host"
     spawn_timeout = 120.0
+    # How long a stop may take before the test calls it stuck (the engine's own time to end a server).
+    stop_timeout = 60.0
 
     def __init__(self, start_hub: Callable[[dict[str, str], list[str]], Hub], env: dict[str, str]):
         self.env = {
@@ -77,7 +79,7 @@ class HubTier(ABC):
     def stop(self, user: str) -> None:
         r = self.hub.api("DELETE", f"/users/{user}/server")
         assert r.status_code in (202, 204), r.text
-        self.hub.wait_stopped(user, 60)
+        self.hub.wait_stopped(user, self.stop_timeout)
 
     def listed(self, user: str) -> bool:
         return self.hub.server(user) is not None
@@ -173,7 +175,7 @@ class HubTier(ABC):
             if self.listed(user):
                 self.hub.api("DELETE", f"/users/{user}/server")
         for user in self.used:
-            self.hub.wait_stopped(user, 60)
+            self.hub.wait_stopped(user, self.stop_timeout)
         self.end_leftovers()
         with self._db() as db:  # the leases of servers the hub forgot and adopted
             db.executemany("DELETE FROM gpu_leases WHERE user = ?", [(user,) for user in self.used])
@@ -300,6 +302,8 @@ class KubernetesTier(HubTier):
     device plugin put ``NVIDIA_VISIBLE_DEVICES``; ended by deleting the pod through the API."""
 
     mode = "engine"
+    # The kubelet confirms a pod's deletion in 8-17 s here, past 60 s while CI's other lane loads the host.
+    stop_timeout = 180.0
 
     def __init__(self, start_hub, env: dict[str, str], namespace: str):
         self.namespace = namespace
