@@ -331,7 +331,8 @@ def test_two_hubs_on_one_namespace_leave_each_others_pods_alone(k8s_cluster, sin
             # The second hub restarts: it reconciles only its own pods.
             second.stop()
             second.start()
-            wait_until(lambda: second.server("alice") is not None, 60, "the restarted hub to list its server", second.log)
+            listed = lambda: second.server("alice") is not None  # noqa: E731
+            wait_until(listed, 120, "the restarted hub to list its server", second.log)
             time.sleep(3)  # a reconcile that wrongly deleted the first hub's pod would have by now
             assert {p["metadata"]["labels"]["workbench.hub"] for p in pods_of(namespace, "alice")} == set(both)
             # Stopping on one hub ends its pod only.
