@@ -66,6 +66,7 @@ def progress(hub, user: str, until: str, timeout: float) -> list[str]:
         time.sleep(0.1)  # the POST has not made the spawn pending yet
     return []
 
+
 # The kubelet confirms a pod's deletion in 8-17 s here, past 60 s while CI's other lane loads the host.
 STOP_TIMEOUT = 180
 
