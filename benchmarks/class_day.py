@@ -67,13 +67,26 @@ Scenarios, each replaying the same trace (a feature off is the shipped default):
 from ``--idle-minutes``, threshold 5 %, warned min(10 min, half the limit) before),
 ``fair-share`` (``WORKBENCH_QUEUE_ORDER=fair-share``, aging 30 min), ``reservation`` (3/4 of the
 GPUs for ``ml-course`` 10:00-12:00, grace 15 min, no preempt) and ``all`` (the three together).
+**Sharing** (``--sharing``, default ``whole``): the same trace, same seed, on labs that share the
+GPUs differently (``class_day_lab.py``): ``whole`` (the GPUs whole and exclusive), ``mig`` (each
+GPU cut into ``--mig-layout``, 7x1g.18gb: 56 slices on 8 H200s; every student asks for one slice
+of it), ``timesliced`` (``servers_per_gpu`` = ``--servers-per-gpu``, 4: that many servers share a
+GPU) and ``timesliced-slowdown`` (the same, and k busy servers on one GPU each run at 1/k speed).
+GPU-hours count a slice by its share (slice-hours / 7 for 1g); a time-sliced GPU counts once, "used"
+while any of its servers is busy; "busy shared" is the share of the servers' busy time spent on a
+GPU busy for another server too. A reservation holds whole GPUs, so the ``mig`` lab skips
+``reservation`` and ``all``. Not modelled: a slice's or a shared GPU's memory limit (a notebook
+that needs more than 18 GB, or 4 notebooks that need more than 141 GB together), a 1g slice's
+1/7 of the compute (a burst takes as long on a slice as on a whole GPU), and, without
+``-slowdown``, any slowdown of a time-sliced GPU.
+
 "Out of arrival order" counts leases given while a request that first asked earlier was in line:
 0 in fifo (unless a user was kept out of the line, e.g. by the spawn limit, for longer than the
 15 minutes a retry keeps its first arrival), so it shows how often fair share or a reservation
 decided.
 
     .venv/bin/python benchmarks/class_day.py [--students 60] [--gpus 8] [--seed 13] \\
-        [--idle-minutes 10,30,5] [--scenarios all] [--jobs 2]
+        [--idle-minutes 10,30,5] [--scenarios all] [--jobs 2] [--sharing whole,mig,timesliced]
 """
 
 from __future__ import annotations
@@ -93,9 +106,10 @@ REPO = Path(__file__).resolve().parents[1]
 for sub in ("spawner", "devices", "hub", "benchmarks"):
     sys.path.insert(0, str(REPO / sub))
 
-from class_day_lab import QUEUE_TIMEOUT, Lab, Result  # noqa: E402
+from class_day_lab import QUEUE_TIMEOUT, WHOLE, Lab, Result, Sharing  # noqa: E402
 from class_day_trace import BURST_MEDIAN, CLASS_MINUTES, Person, make_trace  # noqa: E402
 from virtual_time import virtual_loop  # noqa: E402
+from workbench_devices.mig import MigLayoutError, parse_layout  # noqa: E402
 from workbench_spawner.ledger import notices as notices_module  # noqa: E402
 from workbench_spawner.ledger import store as store_module  # noqa: E402
 from workbench_spawner.rules import quota as quota_module  # noqa: E402
@@ -110,6 +124,7 @@ def run(
     fair: bool = False,
     reserve: bool = False,
     seed: int = 13,
+    sharing: Sharing = WHOLE,
 ) -> Result:
     """One scenario on its own simulated clock and GPU database."""
     began = time.perf_counter()
@@ -117,7 +132,7 @@ def run(
     asyncio.set_event_loop(loop)
     saved = {m: m.utcnow for m in (store_module, quota_module, notices_module)}
     try:
-        lab = loop.run_until_complete(_make_lab(people, gpus, workdir, reclaim, fair, reserve, seed))
+        lab = loop.run_until_complete(_make_lab(people, gpus, workdir, reclaim, fair, reserve, seed, sharing))
         for module in saved:
             module.utcnow = lab.now  # the ledger's "now" is the simulated one (see the docstring)
         result = loop.run_until_complete(lab.run())
@@ -130,8 +145,8 @@ def run(
     return result
 
 
-async def _make_lab(people, gpus, workdir, reclaim, fair, reserve, seed) -> Lab:
-    return Lab(people, gpus, workdir, reclaim=reclaim, fair=fair, reserve=reserve, seed=seed)
+async def _make_lab(people, gpus, workdir, reclaim, fair, reserve, seed, sharing) -> Lab:
+    return Lab(people, gpus, workdir, reclaim=reclaim, fair=fair, reserve=reserve, seed=seed, sharing=sharing)
 
 
 # -- the command line ----------------------------------------------------------------------
@@ -155,6 +170,20 @@ SCENARIOS = {
 }
 
 
+SHARINGS = ("whole", "mig", "timesliced", "timesliced-slowdown")
+
+
+def sharing_modes(names: list[str], layout: str = "7x1g.18gb", servers_per_gpu: int = 4) -> tuple[Sharing, ...]:
+    """The labs of ``--sharing``, in the order given."""
+    modes = {
+        "whole": WHOLE,
+        "mig": Sharing("mig", layout=layout),
+        "timesliced": Sharing("timesliced", servers_per_gpu=servers_per_gpu),
+        "timesliced-slowdown": Sharing("timesliced-slowdown", servers_per_gpu=servers_per_gpu, slowdown=True),
+    }
+    return tuple(modes[n] for n in names)
+
+
 def _one(job: tuple) -> Result:
     label, people, gpus, workdir, options = job
     result = run(people, gpus, Path(workdir), **options)
@@ -162,30 +191,39 @@ def _one(job: tuple) -> Result:
     return result
 
 
-def plan(names: list[str], minutes: list[float]) -> list[tuple[str, dict]]:
+def plan(names: list[str], minutes: list[float], sharings: tuple[Sharing, ...] = (WHOLE,)) -> list[tuple[str, dict]]:
+    """Every scenario on every lab (a lab of MIG slices has no whole GPUs to reserve: no reservation)."""
     rows = []
-    for name in names:
-        if name == "idle-reclaim":
-            rows += [(f"idle-reclaim ({m:g} min)", dict(SCENARIOS[name], reclaim=m)) for m in minutes]
-        elif name == "all":
-            rows.append((f"all three (reclaim {minutes[0]:g} min)", dict(SCENARIOS[name], reclaim=minutes[0])))
-        else:
-            rows.append((name, dict(SCENARIOS[name], reclaim=0.0)))
+    for sharing in sharings:
+        for name in names:
+            if SCENARIOS[name]["reserve"] and sharing.layout:
+                continue
+            if name == "idle-reclaim":
+                rows += [
+                    (f"idle-reclaim ({m:g} min)", dict(SCENARIOS[name], reclaim=m, sharing=sharing)) for m in minutes
+                ]
+            elif name == "all":
+                label = f"all three (reclaim {minutes[0]:g} min)"
+                rows.append((label, dict(SCENARIOS[name], reclaim=minutes[0], sharing=sharing)))
+            else:
+                rows.append((name, dict(SCENARIOS[name], reclaim=0.0, sharing=sharing)))
     return rows
 
 
 def table(results: list[Result]) -> list[str]:
     lines = [
-        "| scenario | p50 wait | p95 wait | max wait | p95 light / heavy students | p95 others "
-        "| GPU-h idle | GPU-h used | never got a GPU | refused (retried) | warned | reclaimed "
+        "| lab | scenario | p50 wait | p95 wait | max wait | p95 light / heavy students | p95 others "
+        "| GPU-h idle | GPU-h used | busy shared | never got a GPU | refused (retried) | warned | reclaimed "
         "| out of arrival order | run s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
+        shared = r.contended_hours / r.busy_server_hours if r.busy_server_hours else 0.0
         lines.append(
-            f"| {r.name} | {pct(r.waits, 0.5):.1f} | {pct(r.waits, 0.95):.1f} | {max(r.waits, default=0):.1f} "
+            f"| {r.lab} | {r.name} | {pct(r.waits, 0.5):.1f} | {pct(r.waits, 0.95):.1f} "
+            f"| {max(r.waits, default=0):.1f} "
             f"| {pct(r.light_waits, 0.95):.1f} / {pct(r.heavy_waits, 0.95):.1f} | {pct(r.other_waits, 0.95):.1f} "
-            f"| {r.idle_hours:.2f} | {r.used_hours:.2f} | {r.never} | {r.refusals} | {r.warned} "
+            f"| {r.idle_hours:.2f} | {r.used_hours:.2f} | {shared:.0%} | {r.never} | {r.refusals} | {r.warned} "
             f"| {r.reclaims} | {r.out_of_order} | {r.seconds:.1f} |"
         )
     return lines
@@ -197,8 +235,17 @@ def goal(base: Result, rec: Result) -> str:
     p95_cut = 1 - p95_rec / p95_base if p95_base else 0.0
     met = idle_cut >= 0.5 and p95_cut >= 1 / 3
     return (
-        f"{rec.name} vs baseline: idle GPU-hours {-idle_cut:+.0%} (goal -50 % or better), p95 wait "
+        f"{rec.lab} / {rec.name} vs baseline: idle GPU-hours {-idle_cut:+.0%} (goal -50 % or better), p95 wait "
         f"{-p95_cut:+.0%} (goal -33 % or better): {'goal met' if met else 'goal NOT met'}"
+    )
+
+
+def sharing_goal(r: Result) -> str:
+    """The issue's goal for slices: nobody unserved, p95 wait under 5 minutes."""
+    met = r.never == 0 and pct(r.waits, 0.95) < 5.0
+    return (
+        f"{r.lab} / {r.name}: {r.never} student(s) never served, p95 wait {pct(r.waits, 0.95):.1f} min "
+        f"(goal: nobody unserved and p95 under 5 min): {'goal met' if met else 'goal NOT met'}"
     )
 
 
@@ -221,6 +268,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scenarios", default="all", help="comma list of " + ", ".join(SCENARIOS) + ", or 'all'")
     parser.add_argument(
+        "--sharing",
+        default="whole",
+        help="comma list of the labs to replay the trace on: " + ", ".join(SHARINGS) + ", or 'all' (default whole)",
+    )
+    parser.add_argument("--mig-layout", default="7x1g.18gb", help="every H200's MIG layout in the mig lab")
+    parser.add_argument("--servers-per-gpu", type=int, default=4, help="servers_per_gpu of the timesliced labs")
+    parser.add_argument(
         "--jobs",
         type=int,
         default=min(2, os.cpu_count() or 1),
@@ -231,8 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown:
         parser.error(f"unknown scenario(s) {', '.join(unknown)}; choose from {', '.join(SCENARIOS)}")
-    if args.students < 1 or args.gpus < 1 or args.jobs < 1:
-        parser.error("--students, --gpus and --jobs must be at least 1")
+    sharing = list(SHARINGS) if args.sharing == "all" else [s.strip() for s in args.sharing.split(",")]
+    if [s for s in sharing if s not in SHARINGS] or not sharing:
+        parser.error(f"--sharing: choose from {', '.join(SHARINGS)}, or 'all'; not {args.sharing!r}")
+    try:
+        parse_layout("H200-141GB", args.mig_layout)
+    except MigLayoutError as exc:
+        parser.error(f"--mig-layout: {exc}")
+    if args.students < 1 or args.gpus < 1 or args.jobs < 1 or args.servers_per_gpu < 1:
+        parser.error("--students, --gpus, --jobs and --servers-per-gpu must be at least 1")
     if not 0 < args.burst_minutes <= 60:
         parser.error("--burst-minutes must be between 0 and 60")
     try:
@@ -254,7 +315,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="class-day-", dir=shm) as tmp:
         jobs = [
             (label, trace, args.gpus, str(Path(tmp) / str(i)), dict(options, seed=args.seed))
-            for i, (label, options) in enumerate(plan(names, minutes))
+            for i, (label, options) in enumerate(
+                plan(names, minutes, sharing_modes(sharing, args.mig_layout, args.servers_per_gpu))
+            )
         ]
         for job in jobs:
             Path(job[3]).mkdir()
@@ -268,10 +331,13 @@ def main(argv: list[str] | None = None) -> int:
         "refusals; never served: until class end or leaving).\n"
     )
     print("\n".join(table(results)))
-    base = next((r for r in results if r.name == "baseline"), None)
     print()
-    for rec in (r for r in results if r.name.startswith("idle-reclaim")) if base else ():
-        print(goal(base, rec))
+    for rec in (r for r in results if r.name.startswith("idle-reclaim")):
+        base = next((r for r in results if r.name == "baseline" and r.lab == rec.lab), None)
+        if base:
+            print(goal(base, rec))
+    for r in results if len(sharing) > 1 or sharing != ["whole"] else ():
+        print(sharing_goal(r))
     print(f"total run time {time.perf_counter() - began:.1f} s")
     return 0
 

@@ -6,18 +6,30 @@
 reclaim is on, the workbench service's ``Reclaimer``, for which the lab is both the hub API
 (``users``, ``stop_server``) and the utilization source (``read``). It counts what the table
 shows: waits, GPU-hours held idle and used, refusals, warnings and reclaims.
+
+**Sharing** (``Sharing``): the GPUs are whole and exclusive (``whole``), each cut into a MIG
+layout (``mig``: every student asks for a slice of the layout's first profile, as the spawn form's
+``gpu_profile``; other users ask for "1 GPU", which admission turns into a slice on a hub with no
+whole GPUs), or time-sliced (``timesliced``: ``servers_per_gpu`` servers share one GPU). GPU-hours
+are counted per device, weighted by its share (``GPUDevice.share``: a 1g slice-hour is 1/7 of a
+GPU-hour): a device is "used" while at least one of its servers is busy, "idle" while held and none
+is. The reclaimer reads a device's utilization, as NVML does: a time-sliced GPU reads busy while
+any of its servers is. With ``slowdown`` (time-slicing only), k busy servers on one GPU each run at
+1/k speed (processor sharing, no switching overhead); without it a shared GPU is as fast as a free one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from class_day_trace import CLASS, CLASS_MINUTES, LECTURE, PRE, START, Person, burst, stretch
 from workbench_devices import DeviceInventory, GPUDevice
+from workbench_devices.mig import parse_layout
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
@@ -42,22 +54,46 @@ RECHECK = 30.0
 # JupyterHub's concurrent_spawn_limit (default 100): more pending spawns are refused at once (429),
 # before any of our code runs; the user tries again like after a refusal.
 SPAWN_LIMIT = 100
+MODEL = "H200-141GB"
 
 
-def simulated_inventory(gpus: int) -> DeviceInventory:
-    """``gpus`` simulated H100s (built here: ``WORKBENCH_SIMULATED_GPUS`` stops at 64, a big lab has more)."""
-    devices = [
-        GPUDevice(
-            uuid=f"GPU-sim-{i:03d}-h100-80gb",
-            index=i,
-            name="NVIDIA H100 80GB HBM3 (simulated)",
-            memory_total_bytes=80 << 30,
-            model="H100-80GB",
-            simulated=True,
-        )
-        for i in range(gpus)
-    ]
-    return DeviceInventory("simulated", devices, f"{gpus} simulated GPUs")
+@dataclass(frozen=True)
+class Sharing:
+    """How the lab's GPUs are shared (see the module docstring)."""
+
+    name: str = "whole"
+    layout: str = ""  # every GPU's MIG layout ("7x1g.18gb"); "": whole GPUs
+    servers_per_gpu: int = 1  # time-slicing: servers that may share one GPU
+    slowdown: bool = False  # k busy servers on one GPU each run at 1/k speed
+
+
+WHOLE = Sharing()  # the default: whole GPUs, one server each
+
+
+def simulated_inventory(gpus: int, layout: str = "") -> DeviceInventory:
+    """``gpus`` simulated H200-141GBs, whole or each cut into the MIG ``layout``, built as
+    ``parse_simulated_spec("8xH200-141GB:mig=7x1g.18gb")`` builds them, UUIDs included (built here:
+    ``WORKBENCH_SIMULATED_GPUS`` stops at 64 GPUs, a big lab has more)."""
+    slices = parse_layout(MODEL, layout) if layout else []
+    devices: list[GPUDevice] = []
+    for i in range(gpus):
+        uuid, name = f"GPU-sim-{i:02d}-{MODEL.lower()}", "NVIDIA H200 (simulated)"
+        whole = GPUDevice(uuid, i, name, memory_total_bytes=141 << 30, model=MODEL, simulated=True)
+        cut = [
+            replace(
+                whole,
+                uuid=f"MIG-sim-{i:02d}-{MODEL.lower()}-{place}-{profile.name}",
+                name=f"{whole.name} MIG {profile.name}",
+                memory_total_bytes=profile.memory_gb * 10**9,
+                mig=True,
+                profile=profile.name,
+                parent_uuid=whole.uuid,
+            )
+            for place, profile in enumerate(slices)
+        ]
+        devices += cut or [whole]
+    what = f"{len(devices)} simulated MIG slices of {gpus} GPUs" if slices else f"{gpus} simulated GPUs"
+    return DeviceInventory("simulated", devices, what)
 
 
 # -- one scenario ------------------------------------------------------------------------
@@ -66,6 +102,7 @@ def simulated_inventory(gpus: int) -> DeviceInventory:
 @dataclass
 class Result:
     name: str
+    lab: str = "whole"  # Sharing.name
     waits: list[float] = field(default_factory=list)  # class requests, minutes
     light_waits: list[float] = field(default_factory=list)
     heavy_waits: list[float] = field(default_factory=list)
@@ -73,6 +110,8 @@ class Result:
     out_of_order: int = 0  # leases given while a request that first asked earlier waited in line
     idle_hours: float = 0.0
     used_hours: float = 0.0
+    busy_server_hours: float = 0.0  # servers' busy time (unweighted)
+    contended_hours: float = 0.0  # of it, time a GPU was busy for another server too (time-slicing)
     never: int = 0
     refusals: int = 0
     warned: int = 0
@@ -87,15 +126,30 @@ class Lab:
     name = "host"
 
     def __init__(
-        self, people: list[Person], gpus: int, workdir: Path, *, reclaim: float, fair: bool, reserve: bool, seed: int
+        self,
+        people: list[Person],
+        gpus: int,
+        workdir: Path,
+        *,
+        reclaim: float,
+        fair: bool,
+        reserve: bool,
+        seed: int,
+        sharing: Sharing = WHOLE,
     ):
+        if reserve and sharing.layout:
+            raise ValueError("a reservation holds whole GPUs: a lab of MIG slices has none to reserve")
         self.loop = asyncio.get_running_loop()
         self.people = {p.name: p for p in people}
-        self.result = Result("")
+        self.result = Result("", sharing.name)
+        self.sharing = sharing
         self.noise = random.Random(seed + 1)  # utilization within a phase; never decides a phase
         self.holding: dict[str, bool] = {}
         self.busy: dict[str, bool] = {}
-        self.counted_at: dict[str, float] = {}
+        self.counted_at: dict[str, float] = {}  # device -> minute its hours were last counted
+        self.device: dict[str, str] = {}  # name -> the device its server holds
+        self.on: dict[str, set[str]] = {}  # device -> the servers holding it
+        self.changed: dict[str, asyncio.Event] = {}  # device -> set when its busy servers change
         self.asking: dict[str, float] = {}  # name -> minute its current request began
         self.in_line: dict[str, float] = {}  # the same, only while in the wait list (not between retries)
         self.retry = {p.name: p.stream("retry") for p in people}  # pauses before trying again
@@ -103,8 +157,10 @@ class Lab:
         self.tasks: list[asyncio.Task] = []
         self.warned_now: set[tuple[str, str]] = set()
         self.token = "simulated"
-        inventory = simulated_inventory(gpus)
-        self.store = AllocationStore(f"sqlite:///{workdir / f'{reclaim:g}-{fair}-{reserve}.sqlite'}")
+        inventory = simulated_inventory(gpus, sharing.layout)
+        self.shares = {d.uuid: d.share for d in inventory.devices}
+        self.profile = inventory.profiles()[0] if sharing.layout else None  # what a student asks for
+        self.store = AllocationStore(f"sqlite:///{workdir / f'{sharing.name}-{reclaim:g}-{fair}-{reserve}.sqlite'}")
         settings = PolicySettings(
             self.store.url,
             inventory,
@@ -113,11 +169,13 @@ class Lab:
             node=NODE,
             queue_order="fair-share" if fair else "fifo",
             gpu_idle_minutes=reclaim,
+            servers_per_gpu=sharing.servers_per_gpu,
         )
         placement = HostAllocator(
             self.store,
             inventory,
             NODE,
+            slots_per_gpu=sharing.servers_per_gpu,
             recheck_interval=RECHECK,
             queue_order=settings.queue_order,
             tz=UTC,
@@ -145,7 +203,7 @@ class Lab:
             res = Reservation(
                 CLASS, max(1, gpus * 3 // 4), parse_window(f"{START:%Y-%m-%d} 10:00-12:00"), grace_minutes=15
             )
-            ReservationBook(self.store).create(res, {"H100-80GB": gpus}, self.now() - timedelta(hours=1), UTC)
+            ReservationBook(self.store).create(res, {MODEL: gpus}, self.now() - timedelta(hours=1), UTC)
         fleet = Fleet(self.store, settings=settings)
         chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
         chooser.register(NODE, self)
@@ -182,33 +240,62 @@ class Lab:
         self.stop(user, "stopped")
 
     async def read(self, lease, server_path) -> dict[str, float | None]:
-        busy = self.busy.get(lease.user, False)
-        return {u: self.noise.uniform(60, 95) if busy else self.noise.uniform(0, 3) for u in lease.gpu_uuids}
+        """A device's utilization (NVML's view): a time-sliced GPU is busy while any of its servers is."""
+        return {u: self.noise.uniform(60, 95) if self.busy_on(u) else self.noise.uniform(0, 3) for u in lease.gpu_uuids}
 
     # -- servers -----------------------------------------------------------------------------
 
-    def count(self, name: str) -> None:
-        """Add the time since the last change to the held GPU's idle or used hours (class window only)."""
+    def busy_on(self, uuid: str | None) -> int:
+        return sum(1 for n in self.on.get(uuid, ()) if self.busy.get(n)) if uuid else 0
+
+    def count(self, uuid: str) -> None:
+        """Add the time since the device's last change to its idle or used hours, weighted by its share
+        (class window only), and its servers' busy and contended time."""
         now = min(max(self.minute(), 0.0), CLASS_MINUTES)
-        then = min(max(self.counted_at.get(name, now), 0.0), CLASS_MINUTES)
-        if self.holding.get(name) and now > then:
-            if self.busy.get(name):
-                self.result.used_hours += (now - then) / 60
+        then = min(max(self.counted_at.get(uuid, now), 0.0), CLASS_MINUTES)
+        if self.on.get(uuid) and now > then:
+            hours, busy = (now - then) / 60, self.busy_on(uuid)
+            if busy:
+                self.result.used_hours += hours * self.shares[uuid]
             else:
-                self.result.idle_hours += (now - then) / 60
-        self.counted_at[name] = self.minute()
+                self.result.idle_hours += hours * self.shares[uuid]
+            self.result.busy_server_hours += busy * hours
+            self.result.contended_hours += busy * hours if busy > 1 else 0.0
+        self.counted_at[uuid] = self.minute()
 
     def set_busy(self, name: str, busy: bool) -> None:
-        self.count(name)
-        self.busy[name] = busy and self.holding.get(name, False)
+        uuid = self.device.get(name)
+        if uuid is not None:
+            self.count(uuid)
+        busy = busy and self.holding.get(name, False)
+        if busy != self.busy.get(name, False) and uuid is not None:
+            self.changed.pop(uuid, asyncio.Event()).set()  # wakes the servers slowed down on it
+        self.busy[name] = busy
 
     def stop(self, name: str, otherwise: str) -> None:
         """The spawner's stop: release with the reason the service announced for it, if any."""
         if not self.holding.get(name):
             return
-        self.count(name)
-        self.holding[name] = self.busy[name] = False
+        self.set_busy(name, False)  # counts the device's hours
+        uuid = self.device.pop(name)
+        self.holding[name] = False
+        self.on[uuid].discard(name)
         self.policy.release_on_stop(name, "", otherwise)
+
+    async def progress(self, name: str, work: float, limit: float) -> float:
+        """Busy for ``work`` minutes of work, at most ``limit`` minutes long, at 1/k speed while k servers
+        are busy on its GPU (``Sharing.slowdown``); returns the work done."""
+        done, end = 0.0, self.minute() + limit
+        while done < work - 1e-9 and self.minute() < end - 1e-9:
+            uuid, began = self.device.get(name), self.minute()
+            k = max(1, self.busy_on(uuid))
+            changed = self.changed.setdefault(uuid, asyncio.Event()) if uuid else asyncio.Event()
+            try:
+                await asyncio.wait_for(changed.wait(), min((work - done) * k, end - began) * 60.0)
+            except TimeoutError:
+                pass
+            done += (self.minute() - began) / k
+        return min(done, work)
 
     async def get_gpu(self, p: Person) -> bool:
         """Spawn (admission, then placement with the queue timeout), retrying after refusals."""
@@ -219,11 +306,13 @@ class Lab:
                 await asyncio.sleep(self.retry[p.name].uniform(0.5, 3.0) * 60.0)
                 continue
             ctx = await asyncio.to_thread(self.policy.admission_context, p.name, "", list(p.groups), default_gpus=1)
-            verdict = admit({"gpus": 1}, ctx)
+            ask = {"gpus": 1, "gpu_profile": self.profile} if self.profile and p.kind == "student" else {"gpus": 1}
+            verdict = admit(ask, ctx)
             assert not isinstance(verdict, Refusal), verdict.message
             self.in_line[p.name] = began
             try:
-                await self.policy.place(p.name, "", 1, None, QUEUE_TIMEOUT, groups=p.groups)
+                kind = verdict.request.kind  # None: whole GPUs; "1g.18gb": a slice (the spawner's request.kind)
+                lease = await self.policy.place(p.name, "", 1, kind, QUEUE_TIMEOUT, groups=p.groups)
             except NoGPUAvailable:
                 self.result.refusals += 1
                 del self.in_line[p.name]  # not in line during the pause before trying again
@@ -234,7 +323,10 @@ class Lab:
             if any(b < began for b in self.in_line.values()):
                 self.result.out_of_order += 1  # fair share or a reservation chose
             self.record(p, self.minute() - began)
-            self.holding[p.name], self.busy[p.name], self.counted_at[p.name] = True, False, self.minute()
+            uuid = lease.gpu_uuids[0]
+            self.count(uuid)
+            self.device[p.name], self.holding[p.name], self.busy[p.name] = uuid, True, False
+            self.on.setdefault(uuid, set()).add(p.name)
             self.got_any.add(p.name)
             return True
 
@@ -258,8 +350,12 @@ class Lab:
             if gpu and not self.holding.get(p.name):
                 await self.get_gpu(p)  # reclaimed (e.g. during the lecture): back in line
                 continue
-            step = minutes if t >= LECTURE[1] or p.kind != "student" else min(minutes, LECTURE[0] - t)
+            limit = math.inf if t >= LECTURE[1] or p.kind != "student" else LECTURE[0] - t
             self.set_busy(p.name, gpu)
+            if gpu and self.sharing.slowdown:
+                minutes -= await self.progress(p.name, minutes, limit)
+                continue
+            step = min(minutes, limit)
             await asyncio.sleep(step * 60.0)
             minutes -= step
         self.set_busy(p.name, False)
@@ -336,8 +432,8 @@ class Lab:
         if self.reclaimer is not None:
             self.tasks.append(self.loop.create_task(self.reclaim_loop()))
         await self.until(CLASS_MINUTES)
-        for name in list(self.holding):
-            self.count(name)
+        for uuid in list(self.on):
+            self.count(uuid)
         for name, began in list(self.asking.items()):
             self.record(self.people[name], CLASS_MINUTES - began)  # still waiting at class end
         for task in self.tasks:

@@ -7,7 +7,10 @@ in this package rather than in the hub or the monitor.
 Simulated GPUs stand in for a driver on CI machines and laptops. A spec such
 as ``4`` or ``2xH100-80GB,2xA100-40GB`` always yields the same devices with the
 same UUIDs (``GPU-sim-00-h100-80gb`` ...), so allocations stored by one hub
-process still name real devices after a restart.
+process still name real devices after a restart. A GPU in MIG mode is not a
+device of its own: each of its slices is (``MIG-…``, with its profile and its
+parent GPU), in NVML's answer and in a simulated layout such as
+``1xH200-141GB:mig=7x1g.18gb`` alike.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from .mig import MigLayoutError, parse_layout, profile_in_name, profile_share
+
 SIMULATED_UUID_PREFIX = "GPU-sim-"
+SIMULATED_MIG_UUID_PREFIX = "MIG-sim-"
 DEFAULT_SIMULATED_MODEL = "H100-80GB"
 _GIB = 1024**3
 
@@ -35,7 +41,11 @@ class DeviceSpecError(ValueError):
 
 @dataclass(frozen=True)
 class GPUDevice:
-    """One physical GPU (or MIG slice) as the hub and monitor see it."""
+    """One physical GPU (or MIG slice) as the hub and monitor see it.
+
+    A slice has ``mig`` set, its ``profile`` (``1g.18gb``), its parent GPU's
+    UUID, and the parent's ``index`` and ``model``: a slice of an H200 is an
+    H200-141GB slice, so a model rule applies to its slices too."""
 
     uuid: str
     index: int
@@ -46,6 +56,18 @@ class GPUDevice:
     simulated: bool = False
     # The cluster node the GPU is on (Slurm); empty on one host, where the hub's node applies.
     node: str = ""
+    profile: str = ""  # a slice's MIG profile; "" for a whole GPU
+    parent_uuid: str = ""  # a slice's GPU
+
+    @property
+    def share(self) -> float:
+        """The share of a GPU this device is (1.0 whole; a ``1g`` slice 1/7): what GPU-hours charge."""
+        return profile_share(self.profile) if self.mig else 1.0
+
+    @property
+    def kind(self) -> str:
+        """What a spawn asks for to get this device: its model, and its profile for a slice."""
+        return f"{self.model} {self.profile}".strip() if self.mig else self.model
 
 
 @dataclass
@@ -60,14 +82,23 @@ class DeviceInventory:
         return {d.uuid: d for d in self.devices}
 
     def count_by_model(self) -> dict[str, int]:
-        """GPUs per model ("" for GPUs of no known model): what reservations are measured against."""
+        """Whole GPUs per model ("" for GPUs of no known model): what reservations are measured against.
+
+        Slices are not counted: a reservation holds whole GPUs."""
         counts: dict[str, int] = {}
         for device in self.devices:
-            counts[device.model] = counts.get(device.model, 0) + 1
+            if not device.mig:
+                counts[device.model] = counts.get(device.model, 0) + 1
         return counts
 
+    def profiles(self) -> list[str]:
+        """The MIG profiles of this inventory's slices, in order of first appearance."""
+        return list(dict.fromkeys(d.profile for d in self.devices if d.mig))
 
-_SPEC_ITEM = re.compile(r"^(?:(\d+)\s*[xX]\s*)?([A-Za-z]+\d[A-Za-z0-9]*)(?:-(\d+)\s*GB)?$")
+
+_SPEC_ITEM = re.compile(
+    r"^(?:(\d+)\s*[xX]\s*)?([A-Za-z]+\d[A-Za-z0-9]*)(?:-(\d+)\s*GB)?(?:\s*:\s*mig\s*=\s*(\S+))?$", re.IGNORECASE
+)
 
 
 def simulated_node_key(node: str | None) -> str:
@@ -85,10 +116,13 @@ def parse_simulated_spec(spec: str, node: str | None = None) -> list[GPUDevice]:
     """Turn ``WORKBENCH_SIMULATED_GPUS`` into devices.
 
     Accepts a bare count (``4``: that many H100-80GB) or a comma list of
-    ``[N x]MODEL[-MEMGB]`` items (``2xH100-80GB,1xA100-40GB``). ``node``
-    (a cluster node's name) goes into every UUID: ``GPU-sim-wbnode2-00-h100-80gb``.
+    ``[N x]MODEL[-MEMGB][:mig=LAYOUT]`` items (``2xH100-80GB,1xA100-40GB``;
+    ``1xH200-141GB:mig=7x1g.18gb`` lays that GPU out as seven slices,
+    ``2x1g.18gb+1x2g.35gb+1x3g.71gb`` mixes profiles). ``node`` (a cluster
+    node's name) goes into every UUID: ``GPU-sim-wbnode2-00-h100-80gb``; a
+    slice's is ``MIG-sim-00-h200-141gb-3-1g.18gb`` (its GPU, its place on it).
     """
-    prefix = SIMULATED_UUID_PREFIX + simulated_node_key(node)
+    node_key = simulated_node_key(node)
     spec = (spec or "").strip()
     if not spec:
         return []
@@ -100,33 +134,53 @@ def parse_simulated_spec(spec: str, node: str | None = None) -> list[GPUDevice]:
         if not spec:
             return []
     devices: list[GPUDevice] = []
+    gpus = 0
     for raw in spec.split(","):
         item = raw.strip()
         match = _SPEC_ITEM.match(item)
         if not match:
             raise DeviceSpecError(
-                f"WORKBENCH_SIMULATED_GPUS: cannot read {item!r}; "
-                "write a count such as 4 or items such as 2xH100-80GB,1xA100-40GB"
+                f"WORKBENCH_SIMULATED_GPUS: cannot read {item!r}; write a count such as 4 or items such as "
+                "2xH100-80GB,1xA100-40GB (a MIG layout: 1xH200-141GB:mig=7x1g.18gb)"
             )
         count = int(match.group(1) or 1)
         model = match.group(2).upper()
         memory_gb = int(match.group(3) or 80)
         if count < 1 or memory_gb < 1:
             raise DeviceSpecError(f"WORKBENCH_SIMULATED_GPUS: {item!r} needs a count and memory of at least 1")
+        short = f"{model}-{memory_gb}GB"
+        try:
+            layout = parse_layout(short, match.group(4)) if match.group(4) else []
+        except MigLayoutError as exc:
+            raise DeviceSpecError(f"WORKBENCH_SIMULATED_GPUS: {exc}") from None
         for _ in range(count):
-            index = len(devices)
-            short = f"{model}-{memory_gb}GB"
-            devices.append(
-                GPUDevice(
-                    uuid=f"{prefix}{index:02d}-{short.lower()}",
-                    index=index,
-                    name=_SIMULATED_NAMES.get(model, f"NVIDIA {model} (simulated)"),
-                    memory_total_bytes=memory_gb * _GIB,
-                    model=short,
-                    simulated=True,
-                )
+            index = gpus
+            gpus += 1
+            whole = GPUDevice(
+                uuid=f"{SIMULATED_UUID_PREFIX}{node_key}{index:02d}-{short.lower()}",
+                index=index,
+                name=_SIMULATED_NAMES.get(model, f"NVIDIA {model} (simulated)"),
+                memory_total_bytes=memory_gb * _GIB,
+                model=short,
+                simulated=True,
             )
-        if len(devices) > 64:
+            if not layout:
+                devices.append(whole)
+            for place, profile in enumerate(layout):
+                devices.append(
+                    GPUDevice(
+                        uuid=f"{SIMULATED_MIG_UUID_PREFIX}{node_key}{index:02d}-{short.lower()}-{place}-{profile.name}",
+                        index=index,
+                        name=f"{whole.name} MIG {profile.name}",
+                        memory_total_bytes=profile.memory_gb * 10**9,
+                        model=short,
+                        mig=True,
+                        simulated=True,
+                        profile=profile.name,
+                        parent_uuid=whole.uuid,
+                    )
+                )
+        if gpus > 64:
             raise DeviceSpecError("WORKBENCH_SIMULATED_GPUS: at most 64 simulated GPUs")
     return devices
 
@@ -168,22 +222,49 @@ def _mig_slices(pynvml, handle, index: int, name: str) -> list[GPUDevice]:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
         except pynvml.NVMLError:
             continue
-        slices.append(_device(pynvml, mig, index, f"{name} MIG {mig_index}", name, mig=True))
+        slices.append(_slice(pynvml, mig, handle, index, name))
     return slices
 
 
-def _device(pynvml, handle, index: int, name: str, board: str, mig: bool = False) -> GPUDevice:
-    """One GPUDevice from an NVML handle (a whole GPU, or a MIG slice of board ``board``)."""
+def _device(pynvml, handle, index: int, name: str, board: str) -> GPUDevice:
+    """One whole GPU from its NVML handle."""
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
-    model = _model_from_name(board, total) + ("-MIG" if mig else "")
     return GPUDevice(
         uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
         index=index,
         name=name,
         memory_total_bytes=total,
-        model=model,
-        mig=mig,
+        model=_model_from_name(board, total),
     )
+
+
+def _slice(pynvml, handle, parent, index: int, board: str) -> GPUDevice:
+    """One MIG slice from its NVML handle: its profile, and its GPU's UUID, index and model."""
+    total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+    try:
+        name = _text(pynvml.nvmlDeviceGetName(handle))
+    except pynvml.NVMLError:
+        name = ""
+    profile = profile_in_name(name) or _profile_from_attributes(pynvml, handle, total)
+    return GPUDevice(
+        uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+        index=index,
+        name=f"{board} MIG {profile}".strip(),
+        memory_total_bytes=total,
+        model=_model_from_name(board, int(pynvml.nvmlDeviceGetMemoryInfo(parent).total)),
+        mig=True,
+        profile=profile,
+        parent_uuid=_text(pynvml.nvmlDeviceGetUUID(parent)),
+    )
+
+
+def _profile_from_attributes(pynvml, handle, total: int) -> str:
+    """A slice's profile from its compute slices and memory, where its name does not carry it."""
+    try:
+        compute = int(pynvml.nvmlDeviceGetAttributes(handle).gpuInstanceSliceCount)
+    except (pynvml.NVMLError, AttributeError):
+        return ""
+    return f"{compute}g.{round(total / 10**9)}gb"
 
 
 def _text(value) -> str:
@@ -208,7 +289,7 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
         return DeviceInventory(
             "simulated",
             devices,
-            f"{len(devices)} simulated GPU(s) from WORKBENCH_SIMULATED_GPUS={simulated_spec}: "
+            f"{_counted(devices, 'simulated ')} from WORKBENCH_SIMULATED_GPUS={simulated_spec}: "
             "no real hardware, readings are made up",
         )
     try:
@@ -217,4 +298,13 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
         return DeviceInventory("none", [], f"no NVIDIA driver found ({exc}); servers will be CPU only")
     if not devices:
         return DeviceInventory("none", [], "NVML found no GPUs; servers will be CPU only")
-    return DeviceInventory("nvml", devices, f"{len(devices)} GPU(s) found by NVML")
+    return DeviceInventory("nvml", devices, f"{_counted(devices)} found by NVML")
+
+
+def _counted(devices: list[GPUDevice], adjective: str = "") -> str:
+    """ "4 GPU(s)", or "2 GPU(s) and 10 MIG slice(s)" where slices are among them (their GPUs not counted)."""
+    slices = sum(1 for d in devices if d.mig)
+    whole = len(devices) - slices
+    if not slices:
+        return f"{whole} {adjective}GPU(s)"
+    return f"{whole} {adjective}GPU(s) and {slices} MIG slice(s)" if whole else f"{slices} {adjective}MIG slice(s)"

@@ -34,6 +34,9 @@ def _device_stub(device: GPUDevice, cuda_index: int | None) -> dict:
         "index": device.index,
         "cuda_index": cuda_index,
         "mig": device.mig,
+        # A MIG slice: its profile and its GPU (``index`` is the GPU's), so a panel can name both.
+        "profile": device.profile or None,
+        "parent_uuid": device.parent_uuid or None,
         "state": "ok",
         "message": "",
         "memory_used_bytes": None,
@@ -127,7 +130,7 @@ class SimulatedSource:
                     }
                 ],
             )
-            gpus.append(self._scripted(reading, device))
+            gpus.append(self._scripted(_as_slice(reading) if device.mig else reading, device))
         return _snapshot(self.source, self.selection, gpus, now)
 
     def _scripted(self, reading: dict, device: GPUDevice) -> dict:
@@ -146,6 +149,7 @@ class SimulatedSource:
             power_w=round(60 + (limit - 60) * util / 100, 1),
             temperature_c=round(32 + util * 0.45, 1),
         )
+        reading["unsupported"].pop("utilization_percent", None)
         return reading
 
     def _idle(self, device: GPUDevice, now: float) -> dict:
@@ -163,7 +167,15 @@ class SimulatedSource:
             power_limit_w=limit,
             processes=[],
         )
-        return reading
+        return _as_slice(reading) if device.mig else reading
+
+
+def _as_slice(reading: dict) -> dict:
+    """A simulated MIG slice reads as a real one does: NVML has no utilization, temperature or power per
+    slice, only memory (a script may still give it a utilization, as a site's DCGM reading would)."""
+    reading.update(utilization_percent=None, temperature_c=None, power_w=None, power_limit_w=None)
+    reading["unsupported"] = {key: "n/a (MIG)" for key in ("utilization_percent", "temperature_c", "power_w")}
+    return reading
 
 
 def _simulated_power_limit(device: GPUDevice) -> float:

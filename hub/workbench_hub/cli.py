@@ -11,6 +11,8 @@ Examples::
     workbench quota delete alice
     workbench quota delete-group ml-course
     workbench quota set-group ml-course --max-gpus 1 --gpu-idle-minutes 15   # idle GPUs come back
+    workbench quota set-group students --max-gpus 1 --no-whole-gpus --allowed-profiles 1g.18gb
+    workbench quota set-group research --max-gpus 4 --allowed-profiles none   # whole GPUs, no MIG slices
     workbench idle                      # idle time per held GPU; idle exempt/unexempt GROUP
     workbench reserve ml-course --gpus 8 --weekly "Tue 10:00-12:00"            # every Tuesday
     workbench reserve ml-course --gpus 2 --model H100-80GB --once "2026-12-08 10:00-12:00" \
@@ -75,6 +77,16 @@ def _optional_number(text: str):
     return _number(float)(text)
 
 
+def _profiles(text: str) -> list[str] | None:
+    """``--allowed-profiles``: a comma list of MIG profiles, ``any`` (null) or ``none`` ([])."""
+    word = text.strip().lower()
+    if word == "any":
+        return None
+    if word in ("none", ""):
+        return []
+    return [p.strip() for p in text.split(",") if p.strip()]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="workbench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -122,6 +134,19 @@ def build_parser() -> argparse.ArgumentParser:
             type=_optional_number,
             default=None,
             help="percent utilization under which a GPU counts as idle (default: the hub's, 5)",
+        )
+        p.add_argument(
+            "--whole-gpus",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="whether whole (non-MIG) GPUs are allowed (default: yes; --no-whole-gpus: MIG slices only)",
+        )
+        p.add_argument(
+            "--allowed-profiles",
+            type=_profiles,
+            default=None,
+            metavar="1g.18gb,2g.35gb|any|none",
+            help="comma-separated MIG profiles this user may get; any (the default) or none (no slices)",
         )
     for action, kind in (("show", "user"), ("show-group", "group")):
         p = quota.add_parser(action, help=f"show the quota of a {kind}, or every quota without a name")
@@ -209,6 +234,12 @@ def _describe(q: dict | None) -> str:
         )
     if q.get("gpu_idle_threshold") is not None:
         parts.append(f"idle under {q['gpu_idle_threshold']:g} %")
+    # MIG: said only where the quota narrows the default (whole GPUs and any slice).
+    if not q.get("whole_gpus", True):
+        parts.append("no whole GPUs")
+    profiles = q.get("allowed_profiles")
+    if profiles is not None:
+        parts.append(f"MIG slices {', '.join(profiles)}" if profiles else "no MIG slices")
     return ", ".join(parts)
 
 
@@ -280,6 +311,8 @@ def run(args) -> tuple[object, str]:
             "max_session_hours": args.max_session_hours,
             "gpu_idle_minutes": args.gpu_idle_minutes,
             "gpu_idle_threshold": args.gpu_idle_threshold,
+            "whole_gpus": args.whole_gpus,
+            "allowed_profiles": args.allowed_profiles,
         }
         data = call(args.url, args.token, "PUT", f"api/quotas/{kind}/{quote(args.name, safe='')}", body)
         return (

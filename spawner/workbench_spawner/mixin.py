@@ -38,7 +38,7 @@ from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
 from workbench_spawner.contract import BackendContract, BackendContractError, Mode, require_contract
-from workbench_spawner.form.options import SpawnRequest, options_from_form
+from workbench_spawner.form.options import SpawnRequest, kind_text, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
@@ -226,7 +226,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
 
     async def _acquire(self, request: SpawnRequest) -> Lease:
         policy = await self._policy()
-        what = f"{request.gpus} {request.gpu_model + ' ' if request.gpu_model else ''}GPU(s)"
+        what = kind_text(request.gpus, request.kind)
 
         def report(ahead: int, why: str = "") -> None:
             because = f" ({why})" if why else ""
@@ -241,7 +241,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
                 self.user.name,
                 self.name,
                 request.gpus,
-                request.gpu_model,
+                request.kind,
                 self.gpu_queue_timeout,
                 report,
                 groups=groups,

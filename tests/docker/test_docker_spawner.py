@@ -183,3 +183,24 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
     held = [g for gs in leases.values() for g in gs]
     assert len(held) == len(set(held))
     docker("rm", "-f", adopt, check=False)
+
+
+def test_a_slice_is_a_device_request_by_its_mig_uuid(docker_hub):
+    """Two students on two 1g.18gb slices of one simulated H200: each container's device request, its
+    NVIDIA_VISIBLE_DEVICES (what the NVIDIA runtime hands the container) and WORKBENCH_GPUS name its slice."""
+    hub = docker_hub(WORKBENCH_SIMULATED_GPUS="1xH200-141GB:mig=7x1g.18gb")
+    ann, ben = make_users(hub, "ann", "ben")
+    for user in (ann, ben):
+        assert hub.spawn(user, gpus=1, gpu_profile="1g.18gb").status_code in (201, 202)
+    for user in (ann, ben):
+        hub.wait_ready(user, timeout=180)
+    slices = {}
+    for user in (ann, ben):
+        (leased,) = hub.leases()[user]
+        assert leased.startswith("MIG-sim-00-h200-141gb-") and leased.endswith("-1g.18gb")
+        info = inspect(container_of(hub, user))
+        assert [r["DeviceIDs"] for r in info["HostConfig"]["DeviceRequests"]] == [[leased]]
+        env = container_env(container_of(hub, user))
+        assert env["NVIDIA_VISIBLE_DEVICES"] == env["WORKBENCH_GPUS"] == leased
+        slices[user] = leased
+    assert slices[ann] != slices[ben]

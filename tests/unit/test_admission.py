@@ -66,8 +66,8 @@ REFUSALS = [
         {"gpus": 1, "colour": "red"},
         400,
         "bad_options",
-        "Cannot start the server: unknown spawn option(s): 'colour'; accepted options are gpus, gpu_model, image, "
-        "profile.",
+        "Cannot start the server: unknown spawn option(s): 'colour'; accepted options are gpus, gpu_model, "
+        "gpu_profile, image, profile.",
     ),
     (
         ctx(),

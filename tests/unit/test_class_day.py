@@ -82,3 +82,58 @@ def test_idle_reclaim_warns_before_it_stops_and_frees_gpus(results):
 def test_fair_share_and_the_reservation_decide_on_this_trace(results):
     assert results["fair"].out_of_order > 0, "fair share served someone before an earlier, heavier user"
     assert results["reserve"].out_of_order > 0, "the reservation served a member before an earlier non-member"
+
+
+# -- sharing: MIG slices and time-slicing (--sharing) --------------------------------------
+
+
+def test_the_mig_lab_builds_its_slices_as_the_simulated_spec_does():
+    from class_day_lab import simulated_inventory
+    from workbench_devices.inventory import parse_simulated_spec
+
+    lab = simulated_inventory(8, "7x1g.18gb").devices
+    assert lab == parse_simulated_spec("8xH200-141GB:mig=7x1g.18gb")
+    assert len(lab) == 56 and all(d.mig and d.profile == "1g.18gb" and d.share == pytest.approx(1 / 7) for d in lab)
+    assert simulated_inventory(3).devices == parse_simulated_spec("3xH200-141GB")
+
+
+def test_sharing_plans_every_lab_and_a_mig_lab_has_nothing_to_reserve():
+    labs = class_day.sharing_modes(["whole", "mig", "timesliced"], "7x1g.18gb", 4)
+    rows = class_day.plan(["baseline", "idle-reclaim", "reservation", "all"], [10.0], labs)
+    by_lab = {}
+    for label, options in rows:
+        by_lab.setdefault(options["sharing"].name, []).append(label)
+    assert by_lab["mig"] == ["baseline", "idle-reclaim (10 min)"]
+    every = ["baseline", "idle-reclaim (10 min)", "reservation", "all three (reclaim 10 min)"]
+    assert by_lab["whole"] == by_lab["timesliced"] == every
+    assert labs[2].servers_per_gpu == 4 and labs[1].layout == "7x1g.18gb"
+    for bad in (["--sharing", "mps"], ["--mig-layout", "8x1g.18gb"], ["--servers-per-gpu", "0"]):
+        with pytest.raises(SystemExit):
+            class_day.main(bad)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    trace = make_trace(24, 13, 4)
+    labs = dict(zip(class_day.SHARINGS, class_day.sharing_modes(list(class_day.SHARINGS)), strict=True))
+    return {
+        name: class_day.run(trace, 4, tmp_path_factory.mktemp(name), seed=13, sharing=labs[name])
+        for name in ("mig", "timesliced", "timesliced-slowdown")
+    }
+
+
+def test_slices_serve_the_small_class_at_once_and_count_a_slice_hour_as_a_seventh(results, shared):
+    mig, whole = shared["mig"], results["fifo"]
+    assert mig.lab == "mig" and mig.never == 0 < whole.never
+    assert max(mig.waits) < 5 and mig.refusals == 0, "28 slices for 24 students and their guests"
+    assert mig.contended_hours == 0, "a slice is one server's"
+    assert mig.used_hours == pytest.approx(mig.busy_server_hours / 7), "a busy 1g slice-hour is 1/7 GPU-hour"
+    assert 0 < mig.idle_hours + mig.used_hours <= 4 * CLASS_MINUTES / 60 + 1e-9
+
+
+def test_time_slicing_shares_gpus_and_the_slowdown_stretches_the_work(results, shared):
+    ts, slow, whole = shared["timesliced"], shared["timesliced-slowdown"], results["fifo"]
+    assert ts.never < whole.never, "4 servers per GPU serve more students"
+    assert ts.contended_hours > 0 and ts.busy_server_hours > ts.used_hours, "a GPU busy for two counts once"
+    assert ts.idle_hours + ts.used_hours <= 4 * CLASS_MINUTES / 60 + 1e-9, "still 4 GPUs, 2 hours at most"
+    assert slow.busy_server_hours > ts.busy_server_hours, "at 1/k speed the same work keeps servers busy longer"

@@ -102,25 +102,40 @@ def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
 
 
 def test_nvml_discovery_lists_whole_gpus_and_mig_slices(monkeypatch):
-    """Against a stand-in pynvml (no driver here): one whole H100 and one in MIG mode with two slices."""
+    """Against a stand-in pynvml (no driver here): one whole H100, one in MIG mode with slices in
+    slots 0, 1 and 3 of 7 (slot 2 empty, as after a slice was destroyed); the profile comes from
+    the slice's name, else from its compute slices and memory."""
     import sys
     from types import SimpleNamespace
 
     from tests.unit.fake_nvml import fake_pynvml
     from workbench_devices import nvml_devices
 
-    fake = fake_pynvml(
-        2,
-        nvmlDeviceGetMigMode=lambda h: (1, 1) if h == ("gpu", 1) else (0, 0),
-        nvmlDeviceGetMaxMigDeviceCount=lambda h: 2,
-        nvmlDeviceGetMigDeviceHandleByIndex=lambda h, i: ("mig", h[1], i),
-        nvmlDeviceGetMemoryInfo=lambda h: SimpleNamespace(total=(80 if h[0] == "gpu" else 40) << 30),
-    )
+    fake = fake_pynvml(2)
+    names = {0: b"NVIDIA H100 80GB HBM3 MIG 3g.40gb", 1: b"NVIDIA H100 80GB HBM3 MIG 1g.10gb", 3: b"MIG slice"}
+    memory = {0: 40 * 10**9, 1: 10 * 10**9, 3: 20 * 10**9}
+
+    def slot(handle, i):
+        if i not in names:
+            raise fake.NVMLError("Not Found")
+        return ("mig", handle[1], i)
+
+    fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h == ("gpu", 1) else (0, 0)
+    fake.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
+    fake.nvmlDeviceGetMigDeviceHandleByIndex = slot
+    fake.nvmlDeviceGetName = lambda h: names[h[2]] if h[0] == "mig" else b"NVIDIA H100 80GB HBM3"
+    fake.nvmlDeviceGetMemoryInfo = lambda h: SimpleNamespace(total=memory[h[2]] if h[0] == "mig" else 80 << 30)
+    fake.nvmlDeviceGetUUID = lambda h: ("MIG-" if h[0] == "mig" else "GPU-") + "-".join(map(str, h[1:]))
+    fake.nvmlDeviceGetAttributes = lambda h: SimpleNamespace(gpuInstanceSliceCount=2)
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     devices = nvml_devices()
-    assert [(d.uuid, d.index, d.name, d.model, d.mig) for d in devices] == [
-        ("GPU-gpu-0", 0, "NVIDIA H100 80GB HBM3", "H100-80GB", False),
-        ("GPU-mig-1-0", 1, "NVIDIA H100 80GB HBM3 MIG 0", "H100-40GB-MIG", True),
-        ("GPU-mig-1-1", 1, "NVIDIA H100 80GB HBM3 MIG 1", "H100-40GB-MIG", True),
+    assert [(d.uuid, d.index, d.model, d.mig, d.profile, d.parent_uuid) for d in devices] == [
+        ("GPU-0", 0, "H100-80GB", False, "", ""),
+        ("MIG-1-0", 1, "H100-80GB", True, "3g.40gb", "GPU-1"),
+        ("MIG-1-1", 1, "H100-80GB", True, "1g.10gb", "GPU-1"),
+        ("MIG-1-3", 1, "H100-80GB", True, "2g.20gb", "GPU-1"),
     ]
-    assert [d.memory_total_bytes for d in devices] == [80 << 30, 40 << 30, 40 << 30]
+    profiles = ("3g.40gb", "1g.10gb", "2g.20gb")
+    assert [d.name for d in devices[1:]] == [f"NVIDIA H100 80GB HBM3 MIG {p}" for p in profiles]
+    assert [round(d.share, 3) for d in devices] == [1.0, round(3 / 7, 3), round(1 / 7, 3), round(2 / 7, 3)]
+    assert [d.memory_total_bytes for d in devices] == [80 << 30, 40 * 10**9, 10 * 10**9, 20 * 10**9]

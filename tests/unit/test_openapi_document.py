@@ -25,6 +25,7 @@ from workbench_spawner.rules.quota import (
     MAX_GPU_HOURS_LIMIT,
     MAX_GPUS_LIMIT,
     MAX_MODELS,
+    MAX_PROFILES,
     MAX_SESSION_HOURS_LIMIT,
     MIN_SESSION_HOURS,
     MODEL_PATTERN,
@@ -74,6 +75,7 @@ BOUNDS = [
     (f"{QUOTA}/gpu_hours_per_week/maximum", MAX_GPU_HOURS_LIMIT, "rules.quota.MAX_GPU_HOURS_LIMIT"),
     (f"{QUOTA}/allowed_models/maxItems", MAX_MODELS, "rules.quota.MAX_MODELS"),
     (f"{QUOTA}/allowed_models/items/pattern", MODEL_PATTERN.pattern, "rules.quota.MODEL_PATTERN"),
+    (f"{QUOTA}/allowed_profiles/maxItems", MAX_PROFILES, "rules.quota.MAX_PROFILES"),
     (f"{QUOTA}/max_session_hours/minimum", MIN_SESSION_HOURS, "rules.quota.MIN_SESSION_HOURS"),
     (f"{QUOTA}/max_session_hours/maximum", MAX_SESSION_HOURS_LIMIT, "rules.quota.MAX_SESSION_HOURS_LIMIT"),
     (f"{QUOTA}/gpu_idle_minutes/maximum", MAX_IDLE_MINUTES, "rules.idle.MAX_IDLE_MINUTES"),
@@ -329,13 +331,14 @@ def test_every_request_body_is_checked_by_its_handler():
             "QuotaBody",
             {"max_gpus": 1, "foo": 1},
             "unknown field 'foo'; a quota has max_gpus, gpu_hours_per_week, allowed_models, max_session_hours, "
-            "gpu_idle_minutes and gpu_idle_threshold",
+            "gpu_idle_minutes, gpu_idle_threshold, whole_gpus and allowed_profiles",
         ),
         (
             "QuotaBody",
             {"max_gpus": 1, "foo": 1, "bar": 2},
             "unknown fields 'foo', 'bar'; a quota has max_gpus, "
-            "gpu_hours_per_week, allowed_models, max_session_hours, gpu_idle_minutes and gpu_idle_threshold",
+            "gpu_hours_per_week, allowed_models, max_session_hours, gpu_idle_minutes, gpu_idle_threshold, "
+            "whole_gpus and allowed_profiles",
         ),
         ("QuotaBody", {}, "max_gpus is missing; a quota needs max_gpus"),
         ("QuotaBody", [1], 'the body must be a JSON object (a quota) such as {"max_gpus": 1}, not [1]'),

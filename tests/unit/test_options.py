@@ -71,3 +71,68 @@ def test_profile_must_be_offered():
         parse({"profile": "small"})
     with pytest.raises(OptionError, match="name of one of the offered resource profiles"):
         parse({"profile": 3}, profiles=["small"])
+
+
+# -- MIG slices: gpu_profile ----------------------------------------------------------------
+
+SLICES = {"1g.18gb": {"H200-141GB": 7}, "3g.40gb": {"H100-80GB": 2, "A100-80GB": 2}}
+
+
+def test_a_slice_is_asked_for_by_profile_with_or_without_the_model():
+    asked = parse({"gpus": 1, "gpu_profile": " 1G.18GB "}, slices=SLICES)
+    assert (asked.gpus, asked.gpu_profile, asked.gpu_model, asked.kind) == (1, "1g.18gb", None, "1g.18gb")
+    both = parse({"gpus": 2, "gpu_profile": "3g.40gb", "gpu_model": "a100-80gb"}, slices=SLICES)
+    assert (both.gpu_model, both.kind) == ("A100-80GB", "A100-80GB 3g.40gb")
+    assert parse({"gpus": 0, "gpu_profile": "1g.18gb"}, slices=SLICES).gpu_profile is None, "CPU only: no slice"
+    assert parse({"gpus": 1, "gpu_model": "H100-80GB"}, slices=SLICES).kind == "H100-80GB", "whole GPUs as before"
+
+
+def test_a_hub_of_slices_only_leaves_the_choice_of_profile_to_admission():
+    asked = parse({"gpus": 1}, inventory_size=0, models=[], slices=SLICES)
+    assert (asked.gpus, asked.gpu_profile) == (1, None)
+
+
+@pytest.mark.parametrize(
+    "options, slices, message",
+    [
+        ({"gpu_profile": "2g.35gb"}, SLICES, "no MIG slices of '2g.35gb'; it has: 1g.18gb (7 on H200-141GB), 3g.40gb"),
+        ({"gpu_profile": "1g.18gb"}, {}, "this hub has no MIG slices, so gpu_profile '1g.18gb' cannot be had"),
+        ({"gpu_profile": 1}, SLICES, "gpu_profile must be a MIG profile such as 1g.18gb"),
+        ({"gpu_profile": " "}, SLICES, "gpu_profile must be a MIG profile"),
+        ({"gpus": 8, "gpu_profile": "1g.18gb"}, SLICES, "asked for 8 slices of 1g.18gb but this hub has only 7"),
+        (
+            {"gpus": 3, "gpu_profile": "3g.40gb", "gpu_model": "H100-80GB"},
+            SLICES,
+            "asked for 3 slices of 3g.40gb but this hub has only 2",
+        ),
+        (
+            {"gpu_profile": "1g.18gb", "gpu_model": "H100-80GB"},
+            SLICES,
+            "unknown gpu_model 'H100-80GB'; this hub has 1g.18gb slices on: H200-141GB",
+        ),
+    ],
+)
+def test_a_slice_that_is_not_there_is_refused_with_a_reason(options, slices, message):
+    with pytest.raises(OptionError) as err:
+        parse(options, slices=slices)
+    assert message in str(err.value)
+
+
+def test_a_request_matches_whole_gpus_or_slices_never_both():
+    from workbench_devices import parse_simulated_spec
+    from workbench_spawner.form.options import device_matches, kind_text
+
+    devices = parse_simulated_spec("1xH200-141GB:mig=2x1g.18gb+1x2g.35gb,1xH200-141GB,1xH100-80GB:mig=7x1g.10gb")
+    picked = {
+        kind: [d.uuid for d in devices if device_matches(d, kind)]
+        for kind in (None, "H200-141GB", "1g.18gb", "H200-141GB 2g.35gb", "H100-80GB 2g.35gb", "H100-80GB")
+    }
+    assert picked[None] == picked["H200-141GB"] == ["GPU-sim-01-h200-141gb"]
+    assert picked["1g.18gb"] == ["MIG-sim-00-h200-141gb-0-1g.18gb", "MIG-sim-00-h200-141gb-1-1g.18gb"]
+    assert picked["H200-141GB 2g.35gb"] == ["MIG-sim-00-h200-141gb-2-2g.35gb"]
+    assert picked["H100-80GB 2g.35gb"] == picked["H100-80GB"] == []
+    assert [kind_text(1, "1g.18gb"), kind_text(2, "H200-141GB 1g.18gb"), kind_text(3, None)] == [
+        "1 1g.18gb slice",
+        "2 H200-141GB 1g.18gb slices",
+        "3 GPUs",
+    ]

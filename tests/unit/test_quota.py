@@ -1,5 +1,5 @@
 """The effective-quota rule, quota bodies (checked against the service's document, then read) and the
-GPU-hours ledger."""
+GPU-hours ledger; quotas by kind (whole GPUs, MIG profiles). A slice-hour's share: test_slice_hours."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import socket
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
-from workbench_spawner.ledger.migrations import HEAD, current
+from workbench_spawner.ledger.migrations import HEAD, alembic_config, current, upgrade
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
 from workbench_spawner.rules.quota import (
     Quota,
@@ -147,6 +148,25 @@ def test_the_shortest_session_limit_is_accepted():
         ({"max_gpus": 1, "allowed_models": ["H100-80GB"] * 65}, "allowed_models may have at most 64 items, not 65"),
         ({"max_gpus": 1, "allowed_models": ["V100"]}, 'unknown GPU model "V100"; this hub has: A100-40GB, H100-80GB'),
         ({"max_gpus": 1, "colour": "red"}, "unknown field 'colour'; a quota has max_gpus, "),
+        ({"max_gpus": 1, "whole_gpus": "yes"}, 'whole_gpus must be true or false, not "yes"'),
+        ({"max_gpus": 1, "whole_gpus": None}, "whole_gpus must be true or false, not null"),
+        ({"max_gpus": 1, "allowed_profiles": "1g.18gb"}, 'allowed_profiles must be a list or null, not "1g.18gb"'),
+        ({"max_gpus": 1, "allowed_profiles": [7]}, "allowed_profiles[0] must be text, not 7"),
+        ({"max_gpus": 1, "allowed_profiles": ["1g.18gb"] * 65}, "allowed_profiles may have at most 64 items, not 65"),
+        (
+            {"max_gpus": 1, "allowed_profiles": ["1x.5gb"]},
+            "allowed_profiles: '1x.5gb' is not a MIG profile; profiles read like 1g.18gb or 3g.71gb",
+        ),
+        (
+            {"max_gpus": 1, "allowed_profiles": ["1g.18gb", "H100-80GB"]},
+            "allowed_profiles: 'H100-80GB' is not a MIG profile; profiles read like 1g.18gb or 3g.71gb",
+        ),
+        ({"max_gpus": 1, "allowed_profiles": ["8g.99gb"]}, "allowed_profiles: '8g.99gb' is not a MIG profile"),
+        (
+            {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": []},
+            "whole_gpus is false and allowed_profiles is [], so this quota allows neither whole GPUs nor any MIG "
+            "slice; set max_gpus to 0 for CPU only, or allow a profile",
+        ),
         ([1, 2], "the body must be a JSON object"),
         ("max_gpus=1", "the body must be a JSON object"),
     ],
@@ -172,6 +192,70 @@ def test_a_good_quota_is_normalised():
     assert isinstance(quota.max_gpus, int) and isinstance(quota.gpu_hours_per_week, float)
     assert read_quota({"max_gpus": 0, "allowed_models": []}, MODELS).allowed_models == ()
     assert read_quota({"max_gpus": 1, "allowed_models": ["V100"]}).allowed_models == ("V100",)  # no inventory: any
+
+
+# -- quotas by kind: whole GPUs and MIG profiles ---------------------------------------------------
+
+
+def test_kind_parts_are_normalised_and_missing_ones_keep_their_defaults():
+    assert read_quota({"max_gpus": 1}) == Quota(1, whole_gpus=True, allowed_profiles=None)
+    student = read_quota({"max_gpus": 1, "whole_gpus": False, "allowed_profiles": [" 1G.18GB", "1g.18gb", "3g.71gb"]})
+    assert student == Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb", "3g.71gb"))
+    research = read_quota({"max_gpus": 4, "allowed_profiles": []})
+    assert research == Quota(4, whole_gpus=True, allowed_profiles=())
+    assert read_quota({"max_gpus": 1, "allowed_profiles": None}).allowed_profiles is None
+    # CPU only may say so with the kind parts too.
+    assert read_quota({"max_gpus": 0, "whole_gpus": False, "allowed_profiles": []}).max_gpus == 0
+    assert student.to_json()["allowed_profiles"] == ["1g.18gb", "3g.71gb"] and student.to_json()["whole_gpus"] is False
+    assert Quota.from_json(student.to_json()) == student
+    assert Quota.from_json({"max_gpus": 2}) == Quota(2), "a quota written before MIG: whole GPUs and any slice"
+
+
+@pytest.mark.parametrize(
+    "quota, profile, allowed",
+    [
+        (Quota(1), "", True),
+        (Quota(1), "1g.18gb", True),
+        (Quota(1, whole_gpus=False), "", False),
+        (Quota(1, whole_gpus=False), "3g.71gb", True),
+        (Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)), "1g.18gb", True),
+        (Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)), "1G.18GB", True),
+        (Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)), "2g.35gb", False),
+        (Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)), "", False),
+        (Quota(4, allowed_profiles=()), "1g.18gb", False),
+        (Quota(4, allowed_profiles=()), "", True),
+    ],
+)
+def test_allows_profile(quota, profile, allowed):
+    assert quota.allows_profile(profile) is allowed
+
+
+def test_the_most_generous_group_compares_the_kind_parts_after_the_models():
+    slices_only = Quota(1, whole_gpus=False)
+    assert effective_quota(None, {"a": slices_only, "b": Quota(1)}, DEFAULT).group == "b", "whole GPUs beat none"
+    one = Quota(1, allowed_profiles=("1g.18gb",))
+    two = Quota(1, allowed_profiles=("1g.18gb", "2g.35gb"))
+    assert effective_quota(None, {"a": one, "b": Quota(1)}, DEFAULT).group == "b", "any profile beats a list"
+    assert effective_quota(None, {"a": one, "b": two}, DEFAULT).group == "b", "a longer list beats a shorter"
+    assert effective_quota(None, {"a": Quota(1, allowed_profiles=()), "b": one}, DEFAULT).group == "b"
+    # Whole GPUs come before profiles: a list with whole GPUs beats any slice without them.
+    assert effective_quota(None, {"a": Quota(1, whole_gpus=False), "b": one}, DEFAULT).group == "b"
+    # ... and after the models: any model wins even without whole GPUs.
+    models = Quota(1, allowed_models=("H100-80GB",))
+    assert effective_quota(None, {"a": models, "b": Quota(1, whole_gpus=False)}, DEFAULT).group == "b"
+    # ... and before the session length.
+    longer = Quota(1, whole_gpus=False, max_session_hours=None)
+    assert effective_quota(None, {"a": longer, "b": Quota(1, max_session_hours=1.0)}, DEFAULT).group == "b"
+
+
+def test_the_book_stores_the_kind_parts(store):
+    book = QuotaBook(store)
+    book.set("group", "students", Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)))
+    book.set("group", "research", Quota(4, allowed_profiles=()))
+    assert book.get("group", "students").quota == Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",))
+    assert book.get("group", "research").quota.allowed_profiles == ()
+    book.set("group", "research", Quota(4))
+    assert book.get("group", "research").quota.allowed_profiles is None
 
 
 # -- the ledger ----------------------------------------------------------------------------
@@ -279,3 +363,38 @@ def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
     again = AllocationStore(url)
     assert QuotaBook(again).get("user", "alice").quota == Quota(1)
     again.dispose()
+
+
+def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kind(store):
+    with store.engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0004")
+    assert current(store.engine) == "0004"
+    assert "share" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_leases")}
+    assert "whole_gpus" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_quotas")}
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO gpu_leases (gpu_uuid, slot, user, server, since, ref, node, groups) VALUES "
+                "('GPU-a', 0, 'alice', '', '2026-12-02 05:00:00', '', 'n', '[]')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason, node) VALUES "
+                "('GPU-a', 'bob', '', '2026-12-02 08:00:00', '2026-12-02 10:00:00', 'stopped', 'n')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO gpu_quotas (kind, name, max_gpus, updated, updated_by) VALUES "
+                "('group', 'old', 2, '2026-12-01 10:00:00', '')"
+            )
+        )
+    upgrade(store.engine)
+    assert current(store.engine) == HEAD == "0005"
+    assert store.lease_of("alice", "").shares == (1.0,)
+    assert store.usage(user="bob")[0].share == 1.0
+    assert gpu_hours_by_user(store, now=NOW) == pytest.approx({"alice": 7.0, "bob": 2.0})
+    assert QuotaBook(store).get("group", "old").quota == Quota(2, whole_gpus=True, allowed_profiles=None)

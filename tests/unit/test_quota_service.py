@@ -5,6 +5,7 @@ there are any)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import socket
@@ -191,3 +192,139 @@ async def test_the_api_answers_503_with_a_sentence_until_the_hub_stored_its_sett
         check(doc, "GET", "api/gpus", r.code, r.headers["Content-Type"], r.body)
     finally:
         server.stop()
+
+
+# -- quotas by kind (MIG): the REST round trip and the CLI ----------------------------------------------
+
+
+class FakeHub:
+    """The hub's API as the quota handlers ask it: every user and group exists."""
+
+    async def user(self, name: str) -> dict:
+        return {"name": name, "groups": []}
+
+    async def group(self, name: str) -> dict:
+        return {"name": name, "users": []}
+
+
+@pytest.fixture
+async def live_service(store, monkeypatch):
+    monkeypatch.setattr(
+        handlers.WorkbenchHandler,
+        "get_current_user",
+        lambda self: {"kind": "user", "name": "admin", "scopes": [handlers.ADMIN_SCOPE]},
+    )
+    store_policy_settings(store, settings_for(store.url))
+    port = _free_port()
+    server = make_app(Fleet(store, refresh_seconds=0), FakeHub(), PREFIX).listen(port, "127.0.0.1")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+async def test_the_kind_parts_of_a_quota_round_trip_through_the_api(live_service, store):
+    doc = service_document()
+    client = AsyncHTTPClient()
+
+    async def put(path: str, body) -> tuple[int, dict]:
+        r = await client.fetch(f"{live_service}{PREFIX}{path}", method="PUT", body=json.dumps(body), raise_error=False)
+        check(doc, "PUT", path, r.code, r.headers["Content-Type"], r.body)
+        return r.code, json.loads(r.body)
+
+    code, view = await put(
+        "api/quotas/users/alice", {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": ["1G.18GB"]}
+    )
+    assert code == 200, view
+    assert (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (False, ["1g.18gb"])
+    assert (view["effective"]["whole_gpus"], view["effective"]["allowed_profiles"]) == (False, ["1g.18gb"])
+    r = await client.fetch(f"{live_service}{PREFIX}api/quotas/users/alice")
+    check(doc, "GET", "api/quotas/users/alice", r.code, r.headers["Content-Type"], r.body)
+    assert json.loads(r.body)["quota"]["allowed_profiles"] == ["1g.18gb"]
+    code, view = await put("api/quotas/groups/research", {"max_gpus": 4, "allowed_profiles": []})
+    assert code == 200 and (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (True, [])
+    # Refused bodies are a sentence each, and change nothing.
+    code, error = await put("api/quotas/users/alice", {"max_gpus": 1, "allowed_profiles": ["1x.5gb"]})
+    assert (code, error["message"]) == (
+        400,
+        "invalid quota: allowed_profiles: '1x.5gb' is not a MIG profile; profiles read like 1g.18gb or 3g.71gb",
+    )
+    code, error = await put("api/quotas/users/alice", {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": []})
+    assert code == 400 and "allows neither whole GPUs nor any MIG slice" in error["message"]
+    stored = Fleet(store, refresh_seconds=0).book.get("user", "alice").quota
+    assert stored == Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",))
+    # A body without the kind parts gets their defaults.
+    code, view = await put("api/quotas/users/alice", {"max_gpus": 1})
+    assert (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (True, None)
+    r = await client.fetch(f"{live_service}{PREFIX}api/quotas")
+    check(doc, "GET", "api/quotas", r.code, r.headers["Content-Type"], r.body)
+
+
+async def test_the_cli_sets_and_shows_the_kind_parts(live_service, store, capsys):
+    from workbench_hub.cli import main
+
+    base = ["--url", live_service, "--token", "t"]
+    code = await asyncio.to_thread(
+        main,
+        [
+            *base,
+            "quota",
+            "set-group",
+            "students",
+            "--max-gpus",
+            "1",
+            "--no-whole-gpus",
+            "--allowed-profiles",
+            "1g.18gb,2G.35GB",
+        ],
+    )
+    assert code == 0, capsys.readouterr().err
+    assert "no whole GPUs, MIG slices 1g.18gb, 2g.35gb" in capsys.readouterr().out
+    book = Fleet(store, refresh_seconds=0).book
+    assert book.get("group", "students").quota == Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb", "2g.35gb"))
+    assert (
+        await asyncio.to_thread(
+            main, [*base, "quota", "set-group", "research", "--max-gpus", "4", "--allowed-profiles", "none"]
+        )
+        == 0
+    )
+    assert "no MIG slices" in capsys.readouterr().out
+    assert book.get("group", "research").quota == Quota(4, whole_gpus=True, allowed_profiles=())
+    assert (
+        await asyncio.to_thread(
+            main, [*base, "quota", "set-group", "research", "--max-gpus", "4", "--allowed-profiles", "any"]
+        )
+        == 0
+    )
+    assert book.get("group", "research").quota == Quota(4)
+    assert await asyncio.to_thread(main, [*base, "quota", "show"]) == 0
+    out = capsys.readouterr().out
+    assert "group students: 1 GPU(s) at once" in out and "no whole GPUs, MIG slices 1g.18gb, 2g.35gb" in out
+    code = await asyncio.to_thread(
+        main, [*base, "quota", "set", "alice", "--max-gpus", "1", "--allowed-profiles", "1x.5gb"]
+    )
+    assert code == 1 and "'1x.5gb' is not a MIG profile" in capsys.readouterr().err
+
+
+def test_the_admin_page_shows_and_edits_the_kind_parts():
+    quota = {**Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)).to_json(), "origin": "own quota"}
+    html = _jinja.get_template("admin.html").render(
+        prefix=PREFIX,
+        hub_prefix="/hub/",
+        caller={"name": "admin"},
+        admin=True,
+        inventory=discover_devices("1"),
+        node="n",
+        simulated=True,
+        gpus=[],
+        users=[{"name": "alice", "groups": [], "held_gpus": 0, "gpu_hours_week": 0.0, "quota": quota}],
+        groups=[{"name": "research", "users": [], "quota": Quota(4, allowed_profiles=()).to_json()}],
+        default=Quota(1).to_json(),
+        models=["H100-80GB"],
+        xsrf="x",
+    )
+    assert "any; no whole GPUs; MIG slices: 1g.18gb</td>" in html
+    assert "any; MIG slices: none</td>" in html
+    assert 'id="quota-whole-gpus"' in html and "MIG profiles (comma list; empty: any)" in html
+    assert 'whole_gpus: document.getElementById("quota-whole-gpus").checked' in html
+    assert 'allowed_profiles: profiles === "" ? null' in html

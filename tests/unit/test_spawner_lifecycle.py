@@ -101,7 +101,7 @@ async def test_waiting_spawn_reports_progress_then_times_out(make_spawner):
     assert err.value.status_code == 503 and "No 1 GPU became free within 0.5 seconds" in err.value.message
     await asyncio.sleep(0.1)
     watcher.cancel()
-    assert any("Waiting for 1 GPU(s)" in e for e in events), events
+    assert any("Waiting for 1 GPU to become free" in e for e in events), events
 
 
 async def test_restored_spawner_reads_its_gpus_from_the_store(make_spawner):
@@ -200,7 +200,7 @@ async def test_no_sql_runs_on_the_event_loop(make_spawner):
     await spawner._render_options_form()
     await spawner._apply_gpu_options({"gpus": 1})
     await spawner.start()
-    assert any(m.startswith("Got 1 GPU(s)") for m in [e["message"] async for e in spawner.progress()])
+    assert any(m.startswith("Got 1 GPU: ") for m in [e["message"] async for e in spawner.progress()])
     assert await spawner.poll() is None
     spawner.load_state(spawner.get_state())  # as after a hub restart
     assert await spawner.poll() is None

@@ -17,6 +17,8 @@ export interface IGPUReading {
   index?: number;
   cuda_index?: number | null;
   mig?: boolean;
+  profile?: string | null;
+  parent_uuid?: string | null;
   state?: string;
   message?: string;
   memory_used_bytes: number | null;
@@ -74,6 +76,24 @@ export function formatMemory(
     return used === null ? 'n/a' : formatBytes(used);
   }
   return `${(used / GIB).toFixed(1)}/${(total / GIB).toFixed(1)} GiB`;
+}
+
+/**
+ * What a MIG slice is, in words, for its card: its profile and its GPU, and
+ * plainly that NVML has no utilization for a slice. Empty for a whole GPU.
+ */
+export function sliceText(gpu: IGPUReading): string {
+  if (!gpu.mig) {
+    return '';
+  }
+  const profile = gpu.profile ? ` ${gpu.profile}` : '';
+  const parent = gpu.parent_uuid ? ` (${gpu.parent_uuid})` : '';
+  const what = `MIG slice${profile} of GPU ${gpu.index ?? '?'}${parent}`;
+  const noUtil =
+    gpu.utilization_percent === null || gpu.utilization_percent === undefined
+      ? ': NVML has no utilization counter for a MIG slice, only its memory'
+      : '';
+  return what + noUtil;
 }
 
 /** Utilization as "37%", or the reason it is missing ("n/a (MIG)"). */

@@ -17,6 +17,7 @@ import {
   IPoint,
   ISnapshot,
   memoryLevel,
+  sliceText,
   stateText
 } from './model';
 
@@ -62,6 +63,7 @@ export class GPUStatusItem extends Widget {
 class GPUCard {
   readonly node: HTMLElement;
   private info: HTMLElement;
+  private slice: HTMLElement;
   private problem: HTMLElement;
   private note: HTMLElement;
   private charts: ChartView[];
@@ -78,6 +80,7 @@ class GPUCard {
       title.append(' ', el('span', 'jp-WorkbenchGPU-sim', 'simulated'));
     }
     this.info = el('div');
+    this.slice = el('div', 'jp-WorkbenchGPU-slice');
     this.problem = el('div', 'jp-WorkbenchGPU-state');
     this.note = el('div', 'jp-WorkbenchGPU-muted');
     this.charts = CHARTS.map(spec => new ChartView(spec, windowSeconds));
@@ -86,6 +89,7 @@ class GPUCard {
     node.append(
       title,
       el('div', 'jp-WorkbenchGPU-muted', g.uuid),
+      this.slice,
       this.info,
       this.problem,
       this.note,
@@ -111,6 +115,8 @@ class GPUCard {
       `util ${formatUtilization(g)} · memory ${formatMemory(g.memory_used_bytes, g.memory_total_bytes)}${reserved}`
     );
     this.info.dataset.level = memoryLevel(g);
+    setText(this.slice, sliceText(g));
+    this.slice.hidden = !g.mig;
     const problem = g.state && g.state !== 'ok' ? (g.message ?? g.state) : '';
     setText(this.problem, problem);
     this.problem.hidden = !problem;

@@ -206,6 +206,11 @@ class Fleet:
                     "model": device.model,
                     "node": device.node or settings.node,
                     "memory_total_bytes": device.memory_total_bytes,
+                    # A MIG slice: its profile and its GPU (index and model above are the GPU's).
+                    "mig": device.mig,
+                    "profile": device.profile or None,
+                    "parent_uuid": device.parent_uuid or None,
+                    "share": round(device.share, 4),
                     "simulated": settings.simulated,
                     "holders": held,
                     "free_slots": max(0, self.slots - len(held)),

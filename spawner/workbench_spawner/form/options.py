@@ -11,7 +11,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-KNOWN_OPTIONS = ("gpus", "gpu_model", "image", "profile")
+from workbench_devices.mig import is_profile_name
+
+KNOWN_OPTIONS = ("gpus", "gpu_model", "gpu_profile", "image", "profile")
 
 
 class OptionError(ValueError):
@@ -23,7 +25,33 @@ class SpawnRequest:
     gpus: int
     gpu_model: str | None = None
     image: str | None = None
-    profile: str | None = None
+    profile: str | None = None  # a resource profile (CPU, memory), not a MIG profile
+    gpu_profile: str | None = None  # a MIG profile: the request is for that many slices of it
+
+    @property
+    def kind(self) -> str | None:
+        """What placement looks for (``device_matches``): a model, a MIG profile, both, or None (any GPU)."""
+        if self.gpu_profile:
+            return f"{self.gpu_model} {self.gpu_profile}" if self.gpu_model else self.gpu_profile
+        return self.gpu_model
+
+
+def device_matches(device, kind: str | None) -> bool:
+    """Whether ``device`` (a ``GPUDevice``) is what a request of ``kind`` (``SpawnRequest.kind``) asks for.
+
+    No kind or a model asks for whole GPUs (a slice is never handed out as a GPU);
+    a MIG profile, alone or after a model, asks for slices of that profile."""
+    if kind is None:
+        return not device.mig
+    if not device.mig:
+        return device.model == kind
+    return kind in (device.profile, device.kind)
+
+
+def kind_text(count: int, kind: str | None) -> str:
+    """ "1 GPU", "3 H100-80GB GPUs", "1 1g.18gb slice", "2 H200-141GB 1g.18gb slices": a request in words."""
+    noun = "slice" if kind and is_profile_name(kind.split(" ")[-1]) else "GPU"
+    return f"{count} {kind + ' ' if kind else ''}{noun}{'s' if count != 1 else ''}"
 
 
 def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -83,13 +111,17 @@ def parse_options(
     default_gpus: int,
     allowed_images: Iterable[str] = (),
     profiles: Iterable[str] = (),
+    slices: Mapping[str, Mapping[str, int]] | None = None,
 ) -> SpawnRequest:
     """Check raw user options against what this hub has.
 
+    ``inventory_size`` and ``models`` are the whole GPUs; ``slices`` the MIG
+    slices, by profile and model (``{"1g.18gb": {"H200-141GB": 7}}``).
     ``default_gpus`` is used when ``gpus`` is absent. Quota limits are not
     checked here: they depend on who asks and are checked at spawn time.
     """
     options = dict(options or {})
+    slices = slices or {}
     unknown = sorted(k for k in options if k not in KNOWN_OPTIONS)
     if unknown:
         raise OptionError(
@@ -99,7 +131,8 @@ def parse_options(
     gpus = _as_count(options["gpus"]) if options.get("gpus") is not None else default_gpus
     if gpus < 0:
         raise OptionError(f"gpus cannot be negative (asked for {gpus})")
-    if gpus > inventory_size:
+    gpu_profile = _gpu_profile(options.get("gpu_profile"), slices) if gpus else None
+    if gpu_profile is None and gpus > inventory_size and not (inventory_size == 0 and slices):
         if inventory_size == 0:
             raise OptionError(f"this hub has no GPUs, so it can only start CPU servers (gpus=0), not gpus={gpus}")
         raise OptionError(f"asked for {gpus} GPUs but this hub has only {inventory_size}")
@@ -108,15 +141,46 @@ def parse_options(
     if model is not None:
         if not isinstance(model, str):
             raise OptionError("gpu_model must be a model name such as H100-80GB")
-        known = sorted(set(models))
+        offered = slices[gpu_profile] if gpu_profile else {m: 1 for m in models}
+        known = sorted(set(offered) | (set() if gpu_profile else set(models)))
         matches = [m for m in known if m.lower() == model.strip().lower()]
         if not matches:
             shown = ", ".join(known) if known else "none"
-            raise OptionError(f"unknown gpu_model {model.strip()[:40]!r}; this hub has: {shown}")
+            has = f"this hub has {gpu_profile} slices on" if gpu_profile else "this hub has"
+            raise OptionError(f"unknown gpu_model {model.strip()[:40]!r}; {has}: {shown}")
         model = matches[0]
         if gpus == 0:
             model = None
+    if gpu_profile:
+        have = slices[gpu_profile].get(model, 0) if model else sum(slices[gpu_profile].values())
+        if gpus > have:
+            raise OptionError(f"asked for {gpus} slices of {gpu_profile} but this hub has only {have}")
 
     image = _one_of(options.get("image"), allowed_images, name="image", plural="images")
     profile = _one_of(options.get("profile"), profiles, name="profile", plural="resource profiles", fold_case=True)
-    return SpawnRequest(gpus=gpus, gpu_model=model, image=image, profile=profile)
+    return SpawnRequest(gpus=gpus, gpu_model=model, image=image, profile=profile, gpu_profile=gpu_profile)
+
+
+def _gpu_profile(value: Any, slices: Mapping[str, Mapping[str, int]]) -> str | None:
+    """The MIG profile asked for (None: whole GPUs), one this hub has slices of."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise OptionError("gpu_profile must be a MIG profile such as 1g.18gb")
+    choice = value.strip().lower()
+    if choice not in slices:
+        if not slices:
+            raise OptionError(
+                f"this hub has no MIG slices, so gpu_profile {choice[:40]!r} cannot be had; "
+                "ask for whole GPUs with gpus (and gpu_model)"
+            )
+        raise OptionError(f"this hub has no MIG slices of {choice[:40]!r}; it has: {slice_summary(slices)}")
+    return choice
+
+
+def slice_summary(slices: Mapping[str, Mapping[str, int]]) -> str:
+    """ "1g.18gb (7 on H200-141GB), 3g.40gb (2 on H100-80GB)": the slices a hub has, for sentences."""
+    return ", ".join(
+        f"{profile} ({', '.join(f'{n} on {model}' for model, n in by_model.items())})"
+        for profile, by_model in slices.items()
+    )

@@ -60,4 +60,30 @@ def render_options_form(
         cpu_allowed=ctx.cpu_servers_allowed,
         contact=ctx.contact,
         reserved=list(reserved),
+        kinds=gpu_kinds(ctx),
     )
+
+
+def gpu_kinds(ctx: AdmissionContext) -> list[dict[str, str]]:
+    """The spawn form's choice of kind where the hub has MIG slices: whole GPUs and each profile the quota
+    allows, with how many are free ("1 x 1g.18gb slice of an H200-141GB, 18 GB: 5 of 7 free"); the
+    choice is sent as ``gpu_profile``, as the REST API takes it (empty: whole GPUs).
+
+    Empty where the hub has no slices (or cannot hand them out): the form then asks for GPUs as before."""
+    if not ctx.slices or not ctx.pins_slices:
+        return []
+    quota = ctx.quota.quota
+    kinds = []
+    if ctx.inventory_size and quota.allows_profile(""):
+        free = sum(ctx.free_by_model.get(m, 0) for m in ctx.inventory_models)
+        kinds.append({"value": "", "label": f"Whole GPUs: {free} of {ctx.inventory_size} free"})
+    for profile, by_model in ctx.slices.items():
+        models = [m for m in by_model if quota.allows_model(m)]
+        if not quota.allows_profile(profile) or not models:
+            continue
+        free = sum(ctx.free_by_model.get(f"{m} {profile}", 0) for m in models)
+        total = sum(by_model[m] for m in models)
+        memory = profile.split(".")[1].upper().replace("GB", " GB")
+        of = " or ".join(f"an {m}" for m in models)
+        kinds.append({"value": profile, "label": f"1 \u00d7 {profile} slice of {of}, {memory}: {free} of {total} free"})
+    return kinds

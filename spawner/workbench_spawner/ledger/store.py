@@ -12,18 +12,25 @@ quotas on GPU-hours read later.
 Every lease names the **node** its GPUs are on (the host name on a single
 host, the Slurm node on a cluster), so the fleet view, metrics and ledger can
 tell two nodes' GPU 0 apart.
+
+Every lease row also records the **share** of a GPU its device is (1.0 for
+a whole GPU; a MIG slice's ``g / 7``, from the inventory's
+``GPUDevice.share``), and the ledger row copies it when the lease ends:
+GPU-hours charge share x hours, and a later MIG layout change does not
+rewrite history.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from sqlalchemy import (
     DateTime,
+    Float,
     Integer,
     String,
     Text,
@@ -59,6 +66,8 @@ class LeaseRow(Base):
     # The user's JupyterHub groups when the lease began (a JSON list):
     # reservations count what their members hold, in the hub and the service alike.
     groups: Mapped[str] = mapped_column(Text, default="[]")
+    # The share of a GPU this device is (1.0 whole, 1/7 for a 1g MIG slice): migration 0005.
+    share: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")
 
 
 class UsageRow(Base):
@@ -74,11 +83,16 @@ class UsageRow(Base):
     ended: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
     reason: Mapped[str] = mapped_column(String(64), default="")
     node: Mapped[str] = mapped_column(String(255), default="")
+    share: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # the lease's, copied
 
 
 @dataclass(frozen=True)
 class Lease:
-    """The GPUs one server holds."""
+    """The GPUs one server holds.
+
+    ``shares`` goes with ``gpu_uuids``, one per device: the share of a GPU
+    each is (1.0 whole, a MIG slice's ``g / 7``); left out, every device is
+    a whole GPU."""
 
     user: str
     server: str
@@ -87,6 +101,26 @@ class Lease:
     ref: str = ""
     node: str = ""
     groups: tuple[str, ...] = ()
+    shares: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.shares:
+            object.__setattr__(self, "shares", (1.0,) * len(self.gpu_uuids))
+        elif len(self.shares) != len(self.gpu_uuids):
+            raise ValueError(f"a lease of {len(self.gpu_uuids)} device(s) needs as many shares, not {len(self.shares)}")
+
+    @property
+    def gpu_share(self) -> float:
+        """How many GPUs' worth this lease holds (two 1g slices: 2/7): what an hour of it charges."""
+        return sum(self.shares)
+
+
+def share_of(shares: Mapping[str, float] | None, uuid: str) -> float:
+    """The share of a GPU ``uuid`` is by ``shares`` (uuid -> share; missing: a whole GPU, 1.0)."""
+    value = 1.0 if shares is None else float(shares.get(uuid, 1.0))
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"the share of a GPU that {uuid} is must be more than 0 and at most 1, not {value:g}")
+    return value
 
 
 def utcnow() -> datetime:
@@ -162,6 +196,8 @@ class AllocationStore:
         node: str = "",
         groups: Sequence[str] = (),
         choose: Callable[[list[str], list[Lease]], list[str]] | None = None,
+        *,
+        shares: Mapping[str, float] | None = None,
     ) -> Lease | None:
         """Give ``user``/``server`` ``count`` distinct GPUs from ``candidates``.
 
@@ -171,7 +207,8 @@ class AllocationStore:
         given, narrows the free GPUs (in preference order) inside the same
         transaction, from the leases that transaction sees: reservations
         are enforced there, so two spawns can never both take the last GPU
-        a reservation keeps.
+        a reservation keeps. ``shares`` (uuid -> share of a GPU; missing:
+        1.0) is recorded with each device: the inventory's ``GPUDevice.share``.
         """
         if count < 1:
             raise ValueError("count must be at least 1")
@@ -194,7 +231,8 @@ class AllocationStore:
                             return None
                     now = utcnow()
                     chosen = free[:count]
-                    for uuid in chosen:
+                    chosen_shares = tuple(share_of(shares, uuid) for uuid in chosen)
+                    for uuid, share in zip(chosen, chosen_shares, strict=True):
                         slot = min(set(range(slots_per_gpu)) - taken.get(uuid, set()))
                         session.add(
                             LeaseRow(
@@ -205,9 +243,10 @@ class AllocationStore:
                                 since=now,
                                 node=node,
                                 groups=json.dumps(list(groups)),
+                                share=share,
                             )
                         )
-                return Lease(user, server, tuple(chosen), now, node=node, groups=tuple(groups))
+                return Lease(user, server, tuple(chosen), now, node=node, groups=tuple(groups), shares=chosen_shares)
             except (IntegrityError, OperationalError):
                 # Another writer won the race for a slot (PostgreSQL) or the
                 # database was busy for longer than busy_timeout: try again.
@@ -223,11 +262,14 @@ class AllocationStore:
         since: datetime | None = None,
         node: str = "",
         groups: Sequence[str] = (),
+        *,
+        shares: Mapping[str, float] | None = None,
     ) -> bool:
         """Record a lease for GPUs placed outside this store: a server found
         running without one (after a lost database row), or a job an engine
         such as Slurm placed. Refused, with no change, if any of its GPUs is
-        held by someone else now. ``groups`` as in ``allocate``."""
+        held by someone else now. ``groups`` and ``shares`` as in ``allocate``."""
+        recorded = {uuid: share_of(shares, uuid) for uuid in gpu_uuids}
         try:
             with self._sessions.begin() as session:
                 taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
@@ -244,6 +286,7 @@ class AllocationStore:
                             ref=ref,
                             node=node,
                             groups=json.dumps(sorted(groups)),
+                            share=recorded[uuid],
                         )
                     )
             return True
@@ -275,6 +318,7 @@ class AllocationStore:
                     ended=now,
                     reason=reason[:64],
                     node=row.node or "",
+                    share=row.share if row.share is not None else 1.0,
                 )
             )
         session.execute(delete(LeaseRow).where(LeaseRow.id.in_([r.id for r in rows])))
@@ -340,6 +384,7 @@ def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
             ref=group[0].ref,
             node=group[0].node or "",
             groups=_groups(group[0].groups),
+            shares=tuple(r.share if r.share is not None else 1.0 for r in group),
         )
         for (user, server), group in grouped.items()
     ]

@@ -50,6 +50,9 @@ class EnginePlacement(Placement):
     """Placement that follows an engine's queue."""
 
     clock: Callable[[], float]
+    # An engine hands out slices only where its backend maps a profile to the engine's own resource
+    # (a Slurm GRES type, a Kubernetes MIG resource); until then a slice request is refused in words.
+    pins_slices = False
 
     @abstractmethod
     async def admit_to_queue(

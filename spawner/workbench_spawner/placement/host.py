@@ -24,6 +24,7 @@ from datetime import UTC, tzinfo
 from typing import TYPE_CHECKING
 
 from workbench_devices import DeviceInventory
+from workbench_spawner.form.options import device_matches, kind_text
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
@@ -34,7 +35,6 @@ from workbench_spawner.rules.reservations import (
     Holding,
     Reservation,
     demand_by_group,
-    gpus_text,
     is_member,
     remaining_needs,
     reserved_now,
@@ -64,6 +64,9 @@ class NoGPUAvailable(Exception):
 
 class Placement(ABC):
     """Turns an admitted request into a lease in the ledger, waiting if it must."""
+
+    # Whether this placement hands out MIG slices (a request's kind may name a profile).
+    pins_slices = True
 
     def __init__(self, store: AllocationStore):
         self.store = store
@@ -138,7 +141,9 @@ class HostAllocator(Placement):
         self.reservations = ReservationBook(store)
         self.tz = tz
         self.clock = clock
-        self.models = {d.uuid: d.model for d in inventory.devices}
+        # A slice is known by its kind ("H200-141GB 1g.18gb"), never its GPU's model: a reservation of
+        # H200-141GB GPUs holds whole GPUs, not slices.
+        self.models = {d.uuid: d.kind for d in inventory.devices}
         # key -> (groups, count) of every request waiting now (members waiting count as "asked").
         self._asking: dict[str, tuple[frozenset[str], int]] = {}
         # key -> (model, groups) of every request waiting now: its class is computed from them.
@@ -148,8 +153,9 @@ class HostAllocator(Placement):
         self._reads = itertools.count()  # numbers each reservation read as it begins (_saw_open)
         self._newest_read = -1
 
-    def candidates(self, model: str | None) -> list[str]:
-        return [d.uuid for d in self.inventory.devices if model is None or d.model == model]
+    def candidates(self, kind: str | None) -> list[str]:
+        """The devices a request of ``kind`` may get: whole GPUs (of a model), or slices of a profile."""
+        return [d.uuid for d in self.inventory.devices if device_matches(d, kind)]
 
     def waiting_by_group(self) -> dict[str, int]:
         return demand_by_group(self._asking.values())
@@ -263,6 +269,7 @@ class HostAllocator(Placement):
                 node=self.node,
                 groups=groups,
                 choose=self.choose(groups, count, active),
+                shares={d.uuid: d.share for d in self.inventory.devices},  # a MIG slice's GPU-hours: its share
             ), active
 
         def join() -> tuple[float, list[Reservation]]:
@@ -289,7 +296,7 @@ class HostAllocator(Placement):
         except WaitTimeout:
             free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
             raise NoGPUAvailable(
-                f"No {gpus_text(count, model)} became free within {timeout:g} seconds "
+                f"No {kind_text(count, model)} became free within {timeout:g} seconds "
                 f"({free} free now, {len(self.waitlist.waiting())} still waiting{note}). "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
             ) from None

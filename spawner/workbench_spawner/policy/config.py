@@ -48,10 +48,14 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         different machine or in a container without NVIDIA utilities).
 
         Each entry needs ``uuid`` and ``name``; ``memory_total_bytes``,
-        ``model`` and ``index`` are optional. Example::
+        ``model`` and ``index`` are optional. A MIG slice is listed with its
+        ``profile`` (and optionally ``parent_uuid``, its GPU); ``model`` is
+        then its GPU's model. Example::
 
             c.LocalGPUSpawner.static_gpus = [
                 {"uuid": "GPU-5f3c...", "name": "NVIDIA A100-SXM4-40GB", "model": "A100-40GB"},
+                {"uuid": "MIG-9a1e...", "name": "NVIDIA H200 MIG 1g.18gb", "model": "H200-141GB",
+                 "profile": "1g.18gb", "parent_uuid": "GPU-77b0...", "index": 1},
             ]
 
         When set, it wins over NVML and ``simulated_gpus``.

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from workbench_devices import DeviceInventory, GPUDevice
+from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -99,9 +100,13 @@ class GPUPolicy:
         holders = self.store.holders()
         return [GPUStatus(d, holders.get(d.uuid, []), self.slots_per_gpu) for d in self.devices]
 
-    def free_count(self, model: str | None = None) -> int:
-        """GPUs a new server could get right now."""
-        return sum(1 for s in self.status() if s.free_slots > 0 and (model is None or s.device.model == model))
+    def free_count(self, kind: str | None = None) -> int:
+        """GPUs (or slices, for a MIG profile's ``kind``) a new server could get right now."""
+        return sum(1 for s in self.status() if s.free_slots > 0 and device_matches(s.device, kind))
+
+    def shares(self) -> dict[str, float]:
+        """Each device's share of a GPU (a ``1g`` MIG slice 1/7): what a lease records for GPU-hours."""
+        return {d.uuid: d.share for d in self.inventory.devices}
 
     def held_by_user(self, user: str) -> int:
         return sum(len(lease.gpu_uuids) for lease in self.store.leases() if lease.user == user)
@@ -117,14 +122,16 @@ class GPUPolicy:
         leases = self.store.leases()
         held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)  # noqa: E741
         status = self.status()
-        free_by_model: dict[str, int] = {}
+        free_by_model: dict[str, int] = {}  # whole GPUs by model, slices by kind ("H200-141GB 1g.18gb")
         for s in status:
             if s.free_slots > 0 and s.device.model:
-                free_by_model[s.device.model] = free_by_model.get(s.device.model, 0) + 1
+                free_by_model[s.device.kind] = free_by_model.get(s.device.kind, 0) + 1
         return AdmissionContext(
             quota=effective,
-            inventory_size=len(self.devices),
-            inventory_models=self.models(),
+            inventory_size=sum(1 for d in self.devices if not d.mig),
+            inventory_models=self.settings.whole_models(),
+            slices=self.settings.slices(),
+            pins_slices=self.placement.pins_slices,
             held_elsewhere=held_elsewhere,
             gpu_hours_used=gpu_hours_used(self.store, user),
             free_by_model=free_by_model,
@@ -188,7 +195,7 @@ class GPUPolicy:
             return lease.gpu_uuids
         if not saved:
             return ()
-        if self.store.adopt(user, server, saved, ref, node=self.settings.node):
+        if self.store.adopt(user, server, saved, ref, node=self.settings.node, shares=self.shares()):
             log.info("Re-leased GPU(s) %s to running server %s/%s", ", ".join(saved), user, server or "default")
             return tuple(saved)
         return None
@@ -218,6 +225,11 @@ class GPUPolicy:
                         log.warning(
                             "%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server, missing
                         )
+                    if missing and len(missing) == len(lease.gpu_uuids) and all(u.startswith("MIG-") for u in missing):
+                        # Its slices are gone: the GPU's MIG layout changed while the hub was down.
+                        self.release(lease.user, lease.server, "MIG layout changed: its slice(s) no longer exist")
+                        released.append(lease)
+                        continue
                     if is_alive(lease) is False:
                         self.release(lease.user, lease.server, "reconcile: server gone")
                         released.append(lease)

@@ -24,6 +24,7 @@ from sqlalchemy import DateTime, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
+from workbench_devices.mig import is_profile_name
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 from workbench_spawner.rules.quota import Quota
 
@@ -70,7 +71,21 @@ class PolicySettings:
         return self.inventory.source == "simulated"
 
     def models(self) -> list[str]:
+        """Every model of this hub, of whole GPUs and of GPUs cut into slices (a model rule covers both)."""
         return sorted({d.model for d in self.inventory.devices if d.model})
+
+    def whole_models(self) -> list[str]:
+        """The models of the whole GPUs (what ``gpu_model`` alone asks for)."""
+        return sorted({d.model for d in self.inventory.devices if d.model and not d.mig})
+
+    def slices(self) -> dict[str, dict[str, int]]:
+        """The MIG slices, counted by profile and model: ``{"1g.18gb": {"H200-141GB": 7}}``."""
+        counts: dict[str, dict[str, int]] = {}
+        for device in self.inventory.devices:
+            if device.mig:
+                by_model = counts.setdefault(device.profile, {})
+                by_model[device.model] = by_model.get(device.model, 0) + 1
+        return counts
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -179,6 +194,12 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
         for i, entry in enumerate(static_gpus):
             if not isinstance(entry, dict) or "uuid" not in entry or "name" not in entry:
                 raise ValueError(f"static_gpus entry {i} needs 'uuid' and 'name': {entry!r}")
+            profile = str(entry.get("profile") or "").strip().lower()
+            if profile and not is_profile_name(profile):
+                raise ValueError(
+                    f"static_gpus entry {i}: profile {profile[:30]!r} is not a MIG profile; "
+                    "profiles read like 1g.18gb or 3g.71gb"
+                )
             try:
                 devices.append(
                     GPUDevice(
@@ -187,6 +208,9 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
                         name=str(entry["name"]),
                         memory_total_bytes=int(entry.get("memory_total_bytes", 0)),
                         model=str(entry.get("model", "")),
+                        mig=bool(profile),
+                        profile=profile,
+                        parent_uuid=str(entry.get("parent_uuid") or ""),
                     )
                 )
             except (TypeError, ValueError) as exc:
@@ -195,7 +219,9 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
                 ) from None
         if len({d.uuid for d in devices}) != len(devices):
             raise ValueError("static_gpus names the same GPU UUID twice")
-        inventory = DeviceInventory("static", devices, f"{len(devices)} GPU(s) from the static_gpus setting")
+        slices = sum(1 for d in devices if d.mig)
+        counted = f"{len(devices) - slices} GPU(s)" + (f" and {slices} MIG slice(s)" if slices else "")
+        inventory = DeviceInventory("static", devices, f"{counted} from the static_gpus setting")
     else:
         try:
             inventory = discover_devices(simulated_gpus)

@@ -54,6 +54,9 @@ class AdmissionContext:
     contact: str = "a hub admin"
     offered_images: Sequence[str] = ()
     profiles: Sequence[str] = ()
+    # MIG slices by profile and model ({"1g.18gb": {"H200-141GB": 7}}); inventory_size counts whole GPUs.
+    slices: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    pins_slices: bool = True  # False: the backend hands out whole GPUs only
 
     @property
     def budget_spent(self) -> bool:
@@ -64,7 +67,8 @@ class AdmissionContext:
         """GPUs one more server may ask for now (0 when the week's GPU-hours are spent)."""
         if self.budget_spent:
             return 0
-        return max(0, min(self.quota.quota.max_gpus - self.held_elsewhere, self.inventory_size))
+        largest = max([self.inventory_size, *(sum(m.values()) for m in self.slices.values())])
+        return max(0, min(self.quota.quota.max_gpus - self.held_elsewhere, largest))
 
     def offered_models(self) -> list[str]:
         """Models of this hub the quota lets the user have."""
@@ -77,6 +81,13 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
     source = ctx.quota.describe
     allowed = ctx.allowed_now()
     ask = f"ask {ctx.contact} to raise your GPU quota"
+    if (options or {}).get("gpu_profile") is not None and not ctx.pins_slices:
+        return Refusal(
+            "Cannot start the server: this hub's backend hands out whole GPUs only, not MIG slices; "
+            "ask for whole GPUs (gpus, and gpu_model if you need one).",
+            400,
+            "bad_options",
+        )
     try:
         request = parse_options(
             options,
@@ -85,6 +96,7 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
             default_gpus=min(ctx.default_gpus, allowed),
             allowed_images=ctx.offered_images,
             profiles=ctx.profiles,
+            slices=ctx.slices if ctx.pins_slices else {},
         )
     except OptionError as exc:
         return Refusal(f"Cannot start the server: {exc}.", 400, "bad_options")
@@ -106,12 +118,20 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
     if request.gpus > allowed:
         held = quota.max_gpus - allowed if quota.max_gpus > allowed else 0
         return Refusal(
-            f"Cannot start the server: you asked for {request.gpus} GPU(s), but {source} allows "
+            f"Cannot start the server: you asked for {request.gpus} {'slice' if request.gpu_profile else 'GPU'}(s), "
+            f"but {source} allows "
             f"{quota.max_gpus} at once{f' and your other servers hold {held}' if held else ''}. "
             f"Ask for fewer, or {ask}.",
             403,
             "quota",
         )
+    if request.gpus and ctx.pins_slices:
+        kind = _slice_or_whole(request, ctx, source, ask)
+        if isinstance(kind, Refusal):
+            return kind
+        request = kind
+    if request.gpu_profile:
+        return Admitted(request, quota.max_session_hours)  # its model, if any, was checked with the slice
     models = quota.allowed_models
     if request.gpus and models is not None:
         if request.gpu_model is not None and not quota.allows_model(request.gpu_model):
@@ -136,3 +156,71 @@ def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted 
                 best = max(offered, key=lambda m: (ctx.free_by_model.get(m, 0), -offered.index(m)))
                 request = replace(request, gpu_model=best)
     return Admitted(request, quota.max_session_hours)
+
+
+def _slice_or_whole(request: SpawnRequest, ctx: AdmissionContext, source: str, ask: str) -> SpawnRequest | Refusal:
+    """The quota's rules by kind: whole GPUs or slices, which profiles, which models.
+
+    A request that names no profile gets a slice where the quota allows no
+    whole GPU or the hub has none: the allowed profile with the most free
+    slices now (as a model is chosen for a quota that narrows models)."""
+    quota = ctx.quota.quota
+    if request.gpu_profile is None:
+        if quota.allows_profile("") and ctx.inventory_size:
+            return request
+        allowed = [p for p in ctx.slices if quota.allows_profile(p)]
+        if request.gpu_model is not None and ctx.inventory_size:  # a whole GPU of a model, by name
+            slices = f"only MIG slices of {', '.join(allowed)}" if allowed else "no MIG slice either"
+            return Refusal(
+                f"Cannot start the server: {source} allows no whole GPUs ({slices}), so not a whole "
+                f"{request.gpu_model}. {'Ask for a slice' if allowed else 'Start a CPU-only server (0 GPUs)'}, "
+                f"or {ask}.",
+                403,
+                "quota",
+            )
+        if not allowed:
+            has = "has no whole GPUs" if not ctx.inventory_size else "allows no whole GPUs"
+            why = f"this hub {has}" if not ctx.inventory_size else f"{source} {has}"
+            offered = ", ".join(ctx.slices) or "none"
+            return Refusal(
+                f"Cannot start the server: {why}, and no MIG slice it has may be yours (its slices: {offered}). "
+                f"Start a CPU-only server (0 GPUs), or {ask}.",
+                403,
+                "quota",
+            )
+
+        def free(profile: str) -> int:
+            return sum(ctx.free_by_model.get(f"{m} {profile}", 0) for m in ctx.slices[profile])
+
+        request = replace(request, gpu_profile=max(allowed, key=lambda p: (free(p), -allowed.index(p))))
+    profile = request.gpu_profile
+    if not quota.allows_profile(profile):
+        allowed = quota.allowed_profiles
+        only = f"only MIG slices of {', '.join(allowed)}" if allowed else "no MIG slices"
+        return Refusal(
+            f"Cannot start the server: {source} allows {only}, not {profile}. "
+            f"Ask for {'one of those' if allowed else 'whole GPUs'}, or {ask}.",
+            403,
+            "quota",
+        )
+    by_model = ctx.slices[profile]
+    models = [m for m in by_model if request.gpu_model in (None, m) and quota.allows_model(m)]
+    if not models:
+        return Refusal(
+            f"Cannot start the server: {source} allows only these GPU models: "
+            f"{', '.join(quota.allowed_models or ()) or 'none'}, and this hub has {profile} slices only on "
+            f"{', '.join(by_model)}. Ask for another slice, or {ask}.",
+            403,
+            "quota",
+        )
+    if request.gpu_model is None and len(models) < len(by_model):
+        best = max(models, key=lambda m: (ctx.free_by_model.get(f"{m} {profile}", 0), -models.index(m)))
+        request = replace(request, gpu_model=best)
+    have = sum(by_model[m] for m in models) if request.gpu_model is None else by_model[request.gpu_model]
+    if request.gpus > have:
+        return Refusal(
+            f"Cannot start the server: asked for {request.gpus} slices of {profile} but this hub has only {have}.",
+            400,
+            "bad_options",
+        )
+    return request

@@ -1,11 +1,17 @@
 """GPU quotas: what each user may hold, and how much they used this week.
 
-A quota is set for a JupyterHub user or a JupyterHub group and has four parts:
+A quota is set for a JupyterHub user or a JupyterHub group and has these parts:
 
-* ``max_gpus``: GPUs held at once, over all the user's servers;
+* ``max_gpus``: devices held at once, over all the user's servers; a MIG
+  slice counts 1 like a whole GPU;
 * ``gpu_hours_per_week`` (optional): GPU-hours in the rolling last 7 days,
   counted from the usage ledger (finished leases) plus the leases held now;
+  an hour of a MIG slice counts its share of the GPU (a ``1g`` slice 1/7,
+  recorded with the lease: ``GPUDevice.share``);
 * ``allowed_models`` (optional): the GPU models this user may get;
+* ``whole_gpus`` (default true): whether whole (non-MIG) GPUs are allowed;
+* ``allowed_profiles`` (optional): the MIG profiles (``1g.18gb``) this user
+  may get; null: any, []: no slices (``Quota.allows_profile``);
 * ``max_session_hours`` (optional): how long one server may run;
 * ``gpu_idle_minutes`` and ``gpu_idle_threshold`` (optional): stop a server
   whose GPUs all stayed under the threshold (percent) that long, so they go
@@ -18,8 +24,9 @@ The effective quota of a user is (``effective_quota``):
 2. else the most generous quota among the user's groups, compared part by
    part in the order above (more GPUs wins; then more GPU-hours, no limit
    beating any limit; then any model beating a list, a longer list beating a
-   shorter one; then the longer session); ties go to the group whose name
-   sorts first;
+   shorter one; then whole GPUs allowed beating not; then any MIG profile
+   beating a list, a longer list beating a shorter one; then the longer
+   session; then idle reclaim); ties go to the group whose name sorts first;
 3. else the default from the hub configuration.
 
 Quotas live in the allocation store's database (table ``gpu_quotas``), so the
@@ -37,9 +44,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select
+from sqlalchemy import Boolean, DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select, true
 from sqlalchemy.orm import Mapped, mapped_column
 
+from workbench_devices.mig import is_profile_name
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 
 WEEK = timedelta(days=7)
@@ -54,6 +62,7 @@ MAX_SESSION_HOURS_LIMIT = 24.0 * 366
 MIN_SESSION_HOURS = 0.01
 MAX_MODELS = 64
 MODEL_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+ -]{0,63}$")
+MAX_PROFILES = 64
 QUOTA_FIELDS = (
     "max_gpus",
     "gpu_hours_per_week",
@@ -61,6 +70,8 @@ QUOTA_FIELDS = (
     "max_session_hours",
     "gpu_idle_minutes",
     "gpu_idle_threshold",
+    "whole_gpus",
+    "allowed_profiles",
 )
 KINDS = ("user", "group")
 
@@ -84,6 +95,8 @@ class QuotaRow(Base):
     max_session_hours: Mapped[float | None] = mapped_column(Float, nullable=True)
     gpu_idle_minutes: Mapped[float | None] = mapped_column(Float, nullable=True)  # migration 0003
     gpu_idle_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent
+    whole_gpus: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # migration 0005
+    allowed_profiles: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list; null: any
     updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_by: Mapped[str] = mapped_column(String(255), default="")
 
@@ -109,6 +122,8 @@ class Quota:
     max_session_hours: float | None = None
     gpu_idle_minutes: float | None = None  # None: the hub's default; 0: never reclaimed
     gpu_idle_threshold: float | None = None  # percent; None: the hub's default
+    whole_gpus: bool = True  # whole (non-MIG) GPUs allowed
+    allowed_profiles: tuple[str, ...] | None = None  # MIG profiles, lower case; None: any, (): no slices
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -118,7 +133,24 @@ class Quota:
             "max_session_hours": self.max_session_hours,
             "gpu_idle_minutes": self.gpu_idle_minutes,
             "gpu_idle_threshold": self.gpu_idle_threshold,
+            "whole_gpus": self.whole_gpus,
+            "allowed_profiles": list(self.allowed_profiles) if self.allowed_profiles is not None else None,
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Quota:
+        """The quota ``to_json`` wrote (a part it lacks gets its default)."""
+        models, profiles = data.get("allowed_models"), data.get("allowed_profiles")
+        return cls(
+            max_gpus=int(data.get("max_gpus", 1)),
+            gpu_hours_per_week=data.get("gpu_hours_per_week"),
+            allowed_models=tuple(models) if models is not None else None,
+            max_session_hours=data.get("max_session_hours"),
+            gpu_idle_minutes=data.get("gpu_idle_minutes"),
+            gpu_idle_threshold=data.get("gpu_idle_threshold"),
+            whole_gpus=bool(data.get("whole_gpus", True)),
+            allowed_profiles=tuple(profiles) if profiles is not None else None,
+        )
 
     def generosity(self) -> tuple:
         inf = math.inf
@@ -126,6 +158,8 @@ class Quota:
             self.max_gpus,
             inf if self.gpu_hours_per_week is None else self.gpu_hours_per_week,
             inf if self.allowed_models is None else len(self.allowed_models),
+            self.whole_gpus,
+            inf if self.allowed_profiles is None else len(self.allowed_profiles),
             inf if self.max_session_hours is None else self.max_session_hours,
             # Idle reclaim last: off (0) beats any limit, a longer one a shorter; no opinion (None) is least.
             -inf if self.gpu_idle_minutes is None else (inf if self.gpu_idle_minutes == 0 else self.gpu_idle_minutes),
@@ -135,6 +169,12 @@ class Quota:
         if self.allowed_models is None or model is None:
             return True
         return model.lower() in {m.lower() for m in self.allowed_models}
+
+    def allows_profile(self, profile: str) -> bool:
+        """Whether this quota allows a device of MIG ``profile`` ("": a whole GPU, allowed by ``whole_gpus``)."""
+        if not profile:
+            return self.whole_gpus
+        return self.allowed_profiles is None or profile.lower() in self.allowed_profiles
 
 
 @dataclass(frozen=True)
@@ -191,18 +231,42 @@ def quota_from_body(body: Mapping[str, Any], known_models: Iterable[str] | None 
             if model not in cleaned:
                 cleaned.append(model)
         models = tuple(cleaned)
-    return Quota(
+    quota = Quota(
         max_gpus=int(body["max_gpus"]),
         gpu_hours_per_week=number("gpu_hours_per_week"),
         allowed_models=models,
         max_session_hours=number("max_session_hours"),
         gpu_idle_minutes=number("gpu_idle_minutes"),
         gpu_idle_threshold=number("gpu_idle_threshold"),
+        whole_gpus=bool(body.get("whole_gpus", True)),
+        allowed_profiles=_profiles(body.get("allowed_profiles")),
     )
+    if quota.max_gpus > 0 and not quota.whole_gpus and quota.allowed_profiles == ():
+        raise QuotaError(
+            "whole_gpus is false and allowed_profiles is [], so this quota allows neither whole GPUs nor any "
+            "MIG slice; set max_gpus to 0 for CPU only, or allow a profile"
+        )
+    return quota
+
+
+def _profiles(names: Iterable[str] | None) -> tuple[str, ...] | None:
+    """MIG profile names trimmed, lower-cased and once each; QuotaError for a name that is not one."""
+    if names is None:
+        return None
+    cleaned: list[str] = []
+    for raw in names:
+        name = raw.strip().lower()
+        if not is_profile_name(name):
+            shown = raw if len(raw) <= 40 else raw[:39] + "…"
+            raise QuotaError(f"allowed_profiles: {shown!r} is not a MIG profile; profiles read like 1g.18gb or 3g.71gb")
+        if name not in cleaned:
+            cleaned.append(name)
+    return tuple(cleaned)
 
 
 def _row_to_quota(row: QuotaRow) -> Quota:
     models = json.loads(row.allowed_models) if row.allowed_models is not None else None
+    profiles = json.loads(row.allowed_profiles) if row.allowed_profiles is not None else None
     return Quota(
         max_gpus=row.max_gpus,
         gpu_hours_per_week=row.gpu_hours_per_week,
@@ -210,6 +274,8 @@ def _row_to_quota(row: QuotaRow) -> Quota:
         max_session_hours=row.max_session_hours,
         gpu_idle_minutes=row.gpu_idle_minutes,
         gpu_idle_threshold=row.gpu_idle_threshold,
+        whole_gpus=bool(row.whole_gpus) if row.whole_gpus is not None else True,
+        allowed_profiles=tuple(profiles) if profiles is not None else None,
     )
 
 
@@ -265,6 +331,10 @@ class QuotaBook:
             row.max_session_hours = quota.max_session_hours
             row.gpu_idle_minutes = quota.gpu_idle_minutes
             row.gpu_idle_threshold = quota.gpu_idle_threshold
+            row.whole_gpus = quota.whole_gpus
+            row.allowed_profiles = (
+                json.dumps(list(quota.allowed_profiles)) if quota.allowed_profiles is not None else None
+            )
             row.updated = utcnow()
             row.updated_by = by[:255]
             session.flush()
@@ -340,7 +410,8 @@ def gpu_hours_by_user(
     Finished leases come from the usage ledger (one row per GPU), clipped to
     the window; leases held now count from their start (or the window's
     start) until ``now``. Both live in the database, so a hub restart loses
-    nothing.
+    nothing. Every device's hours count its share of a GPU, recorded when
+    its lease was made: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
     """
     now = now or utcnow()
     cutoff = now - window
@@ -349,13 +420,14 @@ def gpu_hours_by_user(
         start = max(_aware(row.started), cutoff)
         end = min(_aware(row.ended), now)
         if end > start:
-            seconds[row.user] = seconds.get(row.user, 0.0) + (end - start).total_seconds()
+            share = row.share if row.share is not None else 1.0
+            seconds[row.user] = seconds.get(row.user, 0.0) + share * (end - start).total_seconds()
     for lease in store.leases():
         if user is not None and lease.user != user:
             continue
         start = max(lease.since, cutoff)
         if now > start:
-            seconds[lease.user] = seconds.get(lease.user, 0.0) + len(lease.gpu_uuids) * (now - start).total_seconds()
+            seconds[lease.user] = seconds.get(lease.user, 0.0) + lease.gpu_share * (now - start).total_seconds()
     return {name: value / 3600.0 for name, value in seconds.items()}
 
 

@@ -10,6 +10,7 @@ import {
   IdleHintRule,
   IGPUReading,
   ISnapshot,
+  sliceText,
   memoryLevel,
   RingBuffer,
   SSEParser,
@@ -62,6 +63,27 @@ describe('formatting', () => {
       )
     ).toBe('GPU0 n/a (MIG) 12.0/80.0 GiB');
     expect(formatGpuStatus(gpu({ state: 'lost' }))).toBe('GPU0 lost');
+  });
+  it('names a MIG slice, its GPU, and that NVML has no utilization for it', () => {
+    expect(sliceText(gpu())).toBe('');
+    expect(
+      sliceText(
+        gpu({
+          mig: true,
+          index: 0,
+          profile: '1g.18gb',
+          parent_uuid: 'GPU-77b0',
+          utilization_percent: null
+        })
+      )
+    ).toBe(
+      'MIG slice 1g.18gb of GPU 0 (GPU-77b0): NVML has no utilization counter for a MIG slice, only its memory'
+    );
+    expect(
+      sliceText(
+        gpu({ mig: true, index: 2, profile: '3g.71gb', parent_uuid: null })
+      )
+    ).toBe('MIG slice 3g.71gb of GPU 2');
   });
   it('flags memory above 90%', () => {
     expect(memoryLevel(gpu())).toBe('normal');

@@ -361,7 +361,7 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
             uuids = [u for u in labels.get(LABEL_GPUS, "").split(",") if u]
             if key in leased or not uuids:
                 continue
-            if store.adopt(key[0], key[1], uuids, f"container:{container.id}"):
+            if store.adopt(key[0], key[1], uuids, f"container:{container.id}", shares=self.gpu_policy.shares()):
                 self.log.info("Adopted container %s of %s/%s with GPU(s) %s", container.name, *key, uuids)
             else:
                 self.log.warning(

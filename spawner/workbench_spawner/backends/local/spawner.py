@@ -93,7 +93,7 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
             user, server = env.get("JUPYTERHUB_USER", ""), env.get("JUPYTERHUB_SERVER_NAME", "")
             if f"pid:{pid}" in leased or not uuids or not user:
                 continue
-            if store.adopt(user, server, uuids, f"pid:{pid}"):
+            if store.adopt(user, server, uuids, f"pid:{pid}", shares=self.gpu_policy.shares()):
                 self.log.info("Adopted server process %d of %s/%s with GPU(s) %s", pid, user, server, uuids)
                 continue
             self.log.warning(

@@ -1,0 +1,46 @@
+"""MIG slices: the share of a GPU on every lease and ledger row; quotas by kind.
+
+* ``gpu_leases.share`` and ``gpu_usage.share``: the share of a GPU the
+  device is (1.0 for a whole GPU, ``g / 7`` for a ``<g>g`` MIG slice), as
+  GPU-hours charge it. Recorded when the lease is made and copied to the
+  ledger when it ends, so a later MIG layout change does not rewrite
+  history. Rows from before this revision held whole GPUs: they get 1.0.
+* ``gpu_quotas.whole_gpus`` (whether whole, non-MIG GPUs are allowed; true
+  for quotas from before) and ``gpu_quotas.allowed_profiles`` (a JSON list
+  of MIG profiles; null: any profile, which is what older quotas meant).
+
+Revision ID: 0005
+Revises: 0004
+Create Date: 2026-12-04
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0005"
+down_revision = "0004"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    inspector = sa.inspect(op.get_bind())
+    for table in ("gpu_leases", "gpu_usage"):
+        if "share" not in {c["name"] for c in inspector.get_columns(table)}:
+            with op.batch_alter_table(table) as batch:
+                batch.add_column(sa.Column("share", sa.Float, nullable=False, server_default="1.0"))
+    columns = {c["name"] for c in inspector.get_columns("gpu_quotas")}
+    with op.batch_alter_table("gpu_quotas") as batch:
+        if "whole_gpus" not in columns:
+            batch.add_column(sa.Column("whole_gpus", sa.Boolean, nullable=False, server_default=sa.true()))
+        if "allowed_profiles" not in columns:
+            batch.add_column(sa.Column("allowed_profiles", sa.Text, nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("gpu_quotas") as batch:
+        batch.drop_column("allowed_profiles")
+        batch.drop_column("whole_gpus")
+    for table in ("gpu_usage", "gpu_leases"):
+        with op.batch_alter_table(table) as batch:
+            batch.drop_column("share")

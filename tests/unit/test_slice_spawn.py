@@ -1,0 +1,63 @@
+"""MIG slices through the spawner as the hub drives it: the form's choice of kind, and a slice pinned."""
+
+from __future__ import annotations
+
+from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
+from workbench_spawner.rules.quota import Quota
+
+MIXED = "1xH200-141GB:mig=7x1g.18gb,1xH100-80GB"
+
+
+async def test_the_form_offers_whole_gpus_and_each_profile_with_what_is_free(make_spawner):  # noqa: F811
+    spawner = make_spawner(simulated_gpus=MIXED)
+    html = await spawner._render_options_form()
+    assert 'name="gpu_profile"' in html
+    assert '<option value="">Whole GPUs: 1 of 1 free</option>' in html
+    assert '<option value="1g.18gb">1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free</option>' in html
+
+
+async def test_a_student_is_offered_only_the_slices_the_quota_allows(make_spawner):  # noqa: F811
+    spawner = make_spawner(simulated_gpus=MIXED, groups=("students",))
+    spawner.gpu_quota_book.set("group", "students", Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)))
+    html = await spawner._render_options_form()
+    assert "Whole GPUs" not in html and '<option value="1g.18gb">' in html
+
+
+async def test_a_hub_without_slices_keeps_its_form(make_spawner):  # noqa: F811
+    html = await make_spawner()._render_options_form()
+    assert 'name="gpu_profile"' not in html
+
+
+async def test_a_slice_is_pinned_and_a_second_student_gets_another(make_spawner):  # noqa: F811
+    first, second = make_spawner(simulated_gpus=MIXED), make_spawner("bob", simulated_gpus=MIXED)
+    for spawner in (first, second):
+        await spawner._apply_gpu_options({"gpus": 1, "gpu_profile": "1g.18gb"})
+        await spawner._acquire(spawner.gpu_request)
+    leases = {lease.user: lease.gpu_uuids for lease in first.gpu_policy.store.leases()}
+    assert all(len(g) == 1 and g[0].startswith("MIG-sim-00-h200-141gb-") for g in leases.values()), leases
+    assert leases["alice"] != leases["bob"]
+    # A whole GPU is still a whole GPU: never one of the slices.
+    third = make_spawner("carol", simulated_gpus=MIXED)
+    await third._apply_gpu_options({"gpus": 1})
+    assert (await third._acquire(third.gpu_request)).gpu_uuids == ("GPU-sim-01-h100-80gb",)
+
+
+def test_a_lease_on_slices_that_no_longer_exist_is_closed_with_the_reason(tmp_path):
+    """The layout changed while the hub was down (7x1g.18gb -> 3x2g.35gb): the old slices' lease is
+    released at reconcile and the ledger says why; a lease on a slice that still exists is kept."""
+    from workbench_devices import DeviceInventory, parse_simulated_spec
+    from workbench_spawner.ledger.store import AllocationStore
+    from workbench_spawner.policy.gpu_policy import GPUPolicy
+    from workbench_spawner.policy.settings import PolicySettings
+
+    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
+    store = AllocationStore(url)
+    assert store.adopt("old", "", ["MIG-sim-00-h200-141gb-4-1g.18gb"], "pid:1")
+    assert store.adopt("kept", "", ["MIG-sim-01-h200-141gb-0-2g.35gb"], "pid:2")
+    devices = parse_simulated_spec("2xH200-141GB:mig=3x2g.35gb")
+    policy = GPUPolicy(PolicySettings(url, DeviceInventory("simulated", devices, "test"), node="n"), store)
+    released = policy.reconcile(lambda lease: True)
+    assert [lease.user for lease in released] == ["old"]
+    assert [lease.user for lease in store.leases()] == ["kept"]
+    (row,) = store.usage(user="old")
+    assert row.reason == "MIG layout changed: its slice(s) no longer exist"
