@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-import requests
 
 from tests.conftest import process_env
 
@@ -11,16 +10,6 @@ pytestmark = pytest.mark.integration
 
 H200_SLICES = "1xH200-141GB:mig=7x1g.18gb"
 SLICE_UUIDS = [f"MIG-sim-00-h200-141gb-{i}-1g.18gb" for i in range(7)]
-
-
-def service(hub, method: str, path: str, **kwargs) -> requests.Response:
-    return requests.request(
-        method,
-        f"{hub.url}/services/workbench/{path}",
-        headers={"Authorization": f"token {hub.token}"},
-        timeout=30,
-        **kwargs,
-    )
 
 
 def pinned(hub, user: str) -> dict[str, str]:
@@ -47,7 +36,7 @@ def test_seven_students_get_seven_slices_and_an_eighth_gets_the_first_freed(runn
     assert all(env["CUDA_VISIBLE_DEVICES"] == env["WORKBENCH_GPUS"] for env in envs.values()), envs
 
     # api/gpus lists each slice with its profile and parent, and who holds it.
-    gpus = service(hub, "GET", "api/gpus").json()
+    gpus = hub.service("GET", "api/gpus").json()
     rows = gpus["gpus"] if isinstance(gpus, dict) else gpus
     assert [(r["uuid"], r["profile"], r["parent_uuid"], r["mig"]) for r in rows] == [
         (uuid, "1g.18gb", "GPU-sim-00-h200-141gb", True) for uuid in SLICE_UUIDS
@@ -85,7 +74,7 @@ def test_a_quota_of_slices_only_refuses_a_whole_gpu_in_words(running_hub, option
     hub.create_users("ann")
     assert hub.api("POST", "/groups/students", json={"users": ["ann"]}).status_code in (201, 409)
     quota = {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": ["1g.18gb"]}
-    assert service(hub, "PUT", "api/quotas/groups/students", json=quota).status_code == 200
+    assert hub.service("PUT", "api/quotas/groups/students", json=quota).status_code == 200
     r = hub.spawn("ann", **options)
     assert r.status_code == status and words in r.json()["message"], r.text
     assert hub.server("ann") is None and hub.leases() == {}

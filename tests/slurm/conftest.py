@@ -93,13 +93,7 @@ def outside_jobs(count: int, seconds: int = 600) -> list[str]:
 
 def service(hub, method: str, path: str, **kwargs) -> requests.Response:
     """A call to the workbench service through the hub's proxy, as the hub's admin."""
-    return requests.request(
-        method,
-        f"{hub.url}/services/workbench/{path}",
-        headers={"Authorization": f"token {hub.token}"},
-        timeout=30,
-        **kwargs,
-    )
+    return hub.service(method, path, **kwargs)
 
 
 def stop(hub, user: str, timeout: float = 60) -> None:
