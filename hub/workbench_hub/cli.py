@@ -19,6 +19,8 @@ Examples::
         --grace-minutes 10 --preempt --warn-minutes 15
     workbench reservations              # list them (id, window, open now or next)
     workbench reservations delete 3
+    workbench drain 0 --reason "new MIG layout"   # GPU 0 (or GPU-.../MIG-...): no new servers there
+    workbench drains                    # drained GPUs and who still runs there; undrain GPU
     workbench slurm-nodes               # Slurm: the GPUs jobs reported per node
     workbench slurm-forget-node gpu07   # Slurm: after replacing a node's GPUs
 
@@ -35,7 +37,8 @@ overlap the inventory cannot cover, a malformed window, an unknown group or
 model) is refused with the service's sentence and nothing is stored.
 
 Exit codes: 0 done, 1 the service refused (the message says why), 2 bad
-command line or the service could not be reached.
+command line or the service could not be reached (``drain``/``undrain``: also
+a GPU the hub does not have, or one not drained).
 """
 
 from __future__ import annotations
@@ -50,15 +53,20 @@ from urllib.parse import quote
 
 from workbench_spawner.backend import installed_backends
 
+from .drain_cli import AREAS as DRAIN_AREAS
+from .drain_cli import add_drain_parsers, run_drain
 from .idle_cli import add_idle_parser, run_idle
 
 SERVICE_PATH = "/services/workbench/"
 
 
 class CLIError(Exception):
-    def __init__(self, message: str, code: int = 1):
+    """``code``: the exit code; ``status``: the service's HTTP status, when it refused (drain maps 404 to 2)."""
+
+    def __init__(self, message: str, code: int = 1, status: int | None = None):
         super().__init__(message)
         self.code = code
+        self.status = status
 
 
 def _number(kind):
@@ -182,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
     listing.add_argument("id", nargs="?", help="the reservation to delete (see the list)")
     add_idle_parser(top)
+    add_drain_parsers(top)
     for backend in installed_backends().values():
         if backend.cli:
             backend.cli.add_parsers(top)
@@ -207,7 +216,7 @@ def call(url: str, token: str, method: str, path: str, body=None):
             message = json.loads(raw)["message"]
         except (ValueError, KeyError, TypeError):
             message = raw.decode(errors="replace")[:200] or exc.reason
-        raise CLIError(f"{method} {path} failed ({exc.code}): {message}") from None
+        raise CLIError(f"{method} {path} failed ({exc.code}): {message}", status=exc.code) from None
     except (urllib.error.URLError, OSError) as exc:
         raise CLIError(f"cannot reach the workbench service at {url}: {getattr(exc, 'reason', exc)}", 2) from None
 
@@ -296,6 +305,8 @@ def run(args) -> tuple[object, str]:
         return run_idle(args, call, CLIError)
     if args.area in ("reserve", "reservations"):
         return run_reservations(args)
+    if args.area in DRAIN_AREAS:
+        return run_drain(args, call, CLIError)
     for backend in installed_backends().values():
         if backend.cli and args.area in backend.cli.names:
             return backend.cli.run(args, call)

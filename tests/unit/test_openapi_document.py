@@ -14,10 +14,11 @@ import pytest
 from tornado import web
 
 from tests.service.openapi_check import resolve
-from workbench_hub.service import handlers, idle_handlers, reservation_handlers
+from workbench_hub.service import drain_handlers, handlers, idle_handlers, reservation_handlers
 from workbench_hub.service.app import make_app
 from workbench_hub.service.openapi import BodyError, load_document, load_fragment, validate_body, with_server
 from workbench_spawner.backend import installed_backends, openapi_fragments
+from workbench_spawner.ledger.drain_book import MAX_REASON as MAX_DRAIN_REASON
 from workbench_spawner.ledger.idle_book import GROUP_PATTERN, MAX_REASON, IdleExemptionRow
 from workbench_spawner.ledger.reservation_book import FIELDS, MAX_GROUP, ReservationRow
 from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
@@ -38,7 +39,7 @@ PREFIX = "/services/workbench/"
 MAIN = load_document()
 SLURM = [load_fragment(path) for path in openapi_fragments(["slurm"])]
 DOC = load_document(SLURM)  # what a Slurm hub serves: every path there is
-HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers)
+HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers, drain_handlers)
 
 
 def at(doc: dict, pointer: str):
@@ -92,6 +93,7 @@ BOUNDS = [
     (f"{STORED_RESERVATION}/grace_minutes/maximum", MAX_MINUTES, "rules.reservations.MAX_MINUTES"),
     (f"{STORED_RESERVATION}/warn_minutes/maximum", MAX_MINUTES, "rules.reservations.MAX_MINUTES"),
     ("/components/schemas/IdleExemptionBody/properties/reason/maxLength", MAX_REASON, "ledger.idle_book.MAX_REASON"),
+    ("/components/schemas/DrainBody/properties/reason/maxLength", MAX_DRAIN_REASON, "ledger.drain_book.MAX_REASON"),
     ("/components/parameters/Name/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/parameters/Name/schema/maxLength", column_length(QuotaRow, "name"), "gpu_quotas.name"),
     ("/paths/~1api~1usage/get/parameters/0/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
@@ -156,7 +158,7 @@ def _written_bounds(node, pointer: str):
 
 def test_every_bound_a_request_may_break_is_checked_against_the_code():
     """Each number (or pattern) of a request body or parameter is in BOUNDS or says why it has no constant."""
-    request_schemas = {"QuotaBody", "ReservationBody", "IdleExemptionBody"}
+    request_schemas = {"QuotaBody", "ReservationBody", "IdleExemptionBody", "DrainBody"}
     written = set()
     for name in request_schemas:
         written |= set(_written_bounds(DOC["components"]["schemas"][name], f"/components/schemas/{name}"))
@@ -182,7 +184,7 @@ def test_the_fields_of_a_body_are_the_codes():
     assert tuple(schemas["Quota"]["required"]) == QUOTA_FIELDS
     assert tuple(schemas["ReservationBody"]["properties"]) == FIELDS
     assert MODEL_LENGTH == column_length(ReservationRow, "model")
-    for name in ("QuotaBody", "ReservationBody", "IdleExemptionBody"):
+    for name in ("QuotaBody", "ReservationBody", "IdleExemptionBody", "DrainBody"):
         assert schemas[name]["additionalProperties"] is False, name
         assert schemas[name]["title"], f"{name} needs a title: the 400 sentences name it"
 
@@ -316,7 +318,7 @@ def test_every_request_body_is_checked_by_its_handler():
     assert (
         set(re.findall(r'valid_body\(\s*"(\w+)"', source))
         == in_document
-        == {"QuotaBody", "ReservationBody", "IdleExemptionBody"}
+        == {"QuotaBody", "ReservationBody", "IdleExemptionBody", "DrainBody"}
     )
 
 
@@ -388,6 +390,8 @@ def test_every_request_body_is_checked_by_its_handler():
         ),
         ("IdleExemptionBody", {"reason": 5}, "reason must be text or null, not 5"),
         ("IdleExemptionBody", {"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
+        ("DrainBody", {"why": "x"}, "unknown field 'why'; a drain has reason"),
+        ("DrainBody", {"reason": "r" * 501}, "reason must be at most 500 characters long, not 501"),
     ],
 )
 def test_a_refused_body_is_one_sentence_naming_the_field_and_the_rule(schema, body, sentence):
@@ -427,6 +431,8 @@ def test_a_refused_body_is_one_sentence_naming_the_field_and_the_rule(schema, bo
         ("IdleExemptionBody", {}),
         ("IdleExemptionBody", {"reason": None}),
         ("IdleExemptionBody", {"reason": "r" * 500}),
+        ("DrainBody", {}),
+        ("DrainBody", {"reason": "r" * 500}),
     ],
 )
 def test_a_good_body_passes(schema, body):

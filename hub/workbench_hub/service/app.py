@@ -32,6 +32,7 @@ from workbench_spawner.ledger.store import AllocationStore
 
 from . import handlers as h
 from . import reservation_handlers as rh
+from .drain_handlers import drain_routes
 from .fleet import Fleet
 from .gpu_reclaim import make_reclaimer
 from .hub_client import HubClient
@@ -69,6 +70,7 @@ def make_app(
         (prefix + "api/openapi.json", h.OpenAPIHandler),
         (prefix + "metrics", h.MetricsHandler),
         *idle_routes(prefix),
+        *drain_routes(prefix),
         *(extension.service_routes(prefix) if extension else []),
         (prefix + "api/.*", h.NotFoundHandler),
     ]

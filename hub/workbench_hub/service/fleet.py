@@ -10,7 +10,8 @@ Everything here is read from the GPU database the hub writes:
   The row's ``updated`` stamp is looked at every few seconds; a hub restart
   with other settings is picked up without restarting the service. Before
   any hub stored them, ``SettingsMissing`` tells the handlers to answer 503;
-* the **leases** (who holds which GPU on which node, since when);
+* the **leases** (who holds which GPU on which node, since when) and the
+  **drains** (GPUs closed to new servers, ``drain_book.py``);
 * the **quota book** and the GPU-hours ledger;
 * the **inventory as the backend knows it**, re-read with the settings
   (the backend extension's ``resolve_inventory``: on Slurm the UUIDs jobs
@@ -35,6 +36,7 @@ from sqlalchemy import select
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backend import extension_of
+from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
@@ -188,6 +190,7 @@ class Fleet:
         now = utcnow()
         # Idle clocks by (node, GPU): on a cluster a track names the lease's node, on one host this one.
         idle = {(t.node or settings.node, t.gpu_uuid): t for t in IdleBook(self.store).tracks()}
+        drained = DrainBook(self.store).drained()
         result = []
         for device in self.inventory.devices:
             reading = readings.get(device.uuid, {})
@@ -198,6 +201,7 @@ class Fleet:
                 # A GPU the service cannot read itself (another node): idle reclaim's last reading of it,
                 # from the user server's own monitor.
                 reading = {**reading, "utilization_percent": track.utilization, "source": track.source}
+            closed = is_drained(device, drained)
             result.append(
                 {
                     "index": device.index,
@@ -213,7 +217,9 @@ class Fleet:
                     "share": round(device.share, 4),
                     "simulated": settings.simulated,
                     "holders": held,
-                    "free_slots": max(0, self.slots - len(held)),
+                    "free_slots": 0 if closed else max(0, self.slots - len(held)),
+                    # Drained (api/drains): no new server gets it; its holders keep running until they stop.
+                    "drained": closed,
                     "utilization_percent": reading.get("utilization_percent"),
                     "memory_used_bytes": reading.get("memory_used_bytes"),
                     "temperature_c": reading.get("temperature_c"),

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import device_matches, kind_text
+from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
@@ -154,8 +155,13 @@ class HostAllocator(Placement):
         self._newest_read = -1
 
     def candidates(self, kind: str | None) -> list[str]:
-        """The devices a request of ``kind`` may get: whole GPUs (of a model), or slices of a profile."""
-        return [d.uuid for d in self.inventory.devices if device_matches(d, kind)]
+        """The devices a request of ``kind`` may get now: whole GPUs (of a model), or slices of a profile,
+        less the drained ones (``drain_book``: an admin changes a MIG layout while nothing new starts).
+
+        Reads the drains (blocking: call from a thread). ``place`` asks on every try, so a request
+        waiting in line is never given a GPU that was drained after it joined."""
+        drained = DrainBook(self.store).drained()
+        return [d.uuid for d in self.inventory.devices if device_matches(d, kind) and not is_drained(d, drained)]
 
     def waiting_by_group(self) -> dict[str, int]:
         return demand_by_group(self._asking.values())
@@ -254,7 +260,6 @@ class HostAllocator(Placement):
     ) -> Lease:
         if job is not None:
             raise ValueError("the host allocator places GPUs itself: it follows no engine job")
-        candidates = self.candidates(model)
         groups = tuple(groups)
         key = f"{user}/{server}"
 
@@ -264,7 +269,7 @@ class HostAllocator(Placement):
                 user,
                 server,
                 count,
-                candidates,
+                self.candidates(model),  # every try: a GPU drained meanwhile is left out
                 self.slots_per_gpu,
                 node=self.node,
                 groups=groups,

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_spawner.form.options import device_matches
+from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -38,13 +39,17 @@ __all__ = ["GPUPolicy", "GPUStatus", "NoGPUAvailable", "shared_policy"]
 
 @dataclass
 class GPUStatus:
+    """One device as the spawn form and admission see it. ``drained``: an admin closed it to new
+    servers (``drain_book``); its holders keep running, and it has no free slot for anyone else."""
+
     device: GPUDevice
     holders: list[tuple[str, str]]
     slots: int
+    drained: bool = False
 
     @property
     def free_slots(self) -> int:
-        return max(0, self.slots - len(self.holders))
+        return 0 if self.drained else max(0, self.slots - len(self.holders))
 
 
 class GPUPolicy:
@@ -98,7 +103,8 @@ class GPUPolicy:
 
     def status(self) -> list[GPUStatus]:
         holders = self.store.holders()
-        return [GPUStatus(d, holders.get(d.uuid, []), self.slots_per_gpu) for d in self.devices]
+        drained = DrainBook(self.store).drained()
+        return [GPUStatus(d, holders.get(d.uuid, []), self.slots_per_gpu, is_drained(d, drained)) for d in self.devices]
 
     def free_count(self, kind: str | None = None) -> int:
         """GPUs (or slices, for a MIG profile's ``kind``) a new server could get right now."""

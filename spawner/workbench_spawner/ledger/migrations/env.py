@@ -3,6 +3,7 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
+from workbench_spawner.ledger import drain_book as _drain_book  # noqa: F401  (drained GPUs: 0005)
 from workbench_spawner.ledger import idle_book as _idle_book  # noqa: F401  (idle tracks, exemptions: 0003)
 from workbench_spawner.ledger import notices as _notices  # noqa: F401  (notices: 0003)
 from workbench_spawner.ledger import reservation_book as _reservation_book  # noqa: F401  (reservations: 0004)

@@ -1,4 +1,4 @@
-"""MIG slices: the share of a GPU on every lease and ledger row; quotas by kind.
+"""MIG slices: the share of a GPU on every lease and ledger row; quotas by kind; drained GPUs.
 
 * ``gpu_leases.share`` and ``gpu_usage.share``: the share of a GPU the
   device is (1.0 for a whole GPU, ``g / 7`` for a ``<g>g`` MIG slice), as
@@ -8,6 +8,10 @@
 * ``gpu_quotas.whole_gpus`` (whether whole, non-MIG GPUs are allowed; true
   for quotas from before) and ``gpu_quotas.allowed_profiles`` (a JSON list
   of MIG profiles; null: any profile, which is what older quotas meant).
+* ``gpu_drains``: the GPUs and slices an admin closed to new leases, so a
+  GPU's MIG layout can be changed while nothing runs there (one row per
+  device UUID, with the reason, who drained it and since when;
+  ``drain_book.py``). Before this revision nothing was drained.
 
 Revision ID: 0005
 Revises: 0004
@@ -35,9 +39,20 @@ def upgrade() -> None:
             batch.add_column(sa.Column("whole_gpus", sa.Boolean, nullable=False, server_default=sa.true()))
         if "allowed_profiles" not in columns:
             batch.add_column(sa.Column("allowed_profiles", sa.Text, nullable=True))
+    if not inspector.has_table("gpu_drains"):
+        op.create_table(
+            "gpu_drains",
+            sa.Column("id", sa.Integer, primary_key=True),
+            sa.Column("gpu_uuid", sa.String(128), nullable=False),
+            sa.Column("reason", sa.Text, nullable=False, server_default=""),
+            sa.Column("drained_by", sa.String(255), nullable=False, server_default=""),
+            sa.Column("since", sa.DateTime(timezone=True), nullable=False),
+            sa.UniqueConstraint("gpu_uuid", name="one_drain_per_device"),
+        )
 
 
 def downgrade() -> None:
+    op.drop_table("gpu_drains")
     with op.batch_alter_table("gpu_quotas") as batch:
         batch.drop_column("allowed_profiles")
         batch.drop_column("whole_gpus")
