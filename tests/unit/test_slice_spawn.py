@@ -61,3 +61,45 @@ def test_a_lease_on_slices_that_no_longer_exist_is_closed_with_the_reason(tmp_pa
     assert [lease.user for lease in store.leases()] == ["kept"]
     (row,) = store.usage(user="old")
     assert row.reason == "MIG layout changed: its slice(s) no longer exist"
+
+
+def test_the_fleet_page_says_which_servers_have_no_idle_rule_and_why():
+    """A held MIG slice has no utilization reading (NVML has none per slice): never counted as idle,
+    and the fleet page says so, on the first render and in the JavaScript that refreshes it."""
+    from workbench_devices import discover_devices
+    from workbench_hub.service.handlers import _jinja
+    from workbench_spawner.rules.quota import Quota
+
+    def row(uuid: str, mig: bool) -> dict:
+        return {
+            "index": 0,
+            "uuid": uuid,
+            "name": "H200",
+            "model": "H200-141GB",
+            "mig": mig,
+            "memory_total_bytes": 0,
+            "holders": [{"user": "ann", "server": "", "since": "2026-12-05T10:00:00"}],
+            "utilization_percent": None,
+            "memory_used_bytes": None,
+            "idle_seconds": None,
+            "drained": False,
+        }
+
+    html = _jinja.get_template("admin.html").render(
+        prefix="/services/workbench/",
+        hub_prefix="/hub/",
+        caller={"name": "admin"},
+        admin=True,
+        inventory=discover_devices("1xH200-141GB:mig=7x1g.18gb,1xH100-80GB"),
+        node="n",
+        simulated=True,
+        gpus=[row("MIG-sim-00-h200-141gb-0-1g.18gb", True), row("GPU-sim-01-h100-80gb", False)],
+        users=[],
+        groups=[],
+        default=Quota(1).to_json(),
+        models=[],
+        xsrf="x",
+    )
+    assert html.count("no reading (MIG slice): no idle rule</span>") == 1
+    assert html.count("no reading: no idle rule</span>") == 1
+    assert '(g.mig ? "no reading (MIG slice): no idle rule" : "no reading: no idle rule")' in html
