@@ -203,7 +203,7 @@ def nvml_devices() -> list[GPUDevice]:
             if mig_slices:
                 devices.extend(mig_slices)
                 continue
-            devices.append(_device(pynvml, handle, index, name, name))
+            devices.append(_device(pynvml, handle, index, name))
         return devices
     finally:
         pynvml.nvmlShutdown()
@@ -216,30 +216,31 @@ def _mig_slices(pynvml, handle, index: int, name: str) -> list[GPUDevice]:
         return []
     if current != pynvml.NVML_DEVICE_MIG_ENABLE:
         return []
+    parent = _device(pynvml, handle, index, name)
     slices: list[GPUDevice] = []
     for mig_index in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
         except pynvml.NVMLError:
             continue
-        slices.append(_slice(pynvml, mig, handle, index, name))
+        slices.append(_slice(pynvml, mig, parent))
     return slices
 
 
-def _device(pynvml, handle, index: int, name: str, board: str) -> GPUDevice:
-    """One whole GPU from its NVML handle."""
+def _device(pynvml, handle, index: int, name: str) -> GPUDevice:
+    """One whole GPU from its NVML handle (for a GPU in MIG mode: its slices' parent)."""
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     return GPUDevice(
         uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
         index=index,
         name=name,
         memory_total_bytes=total,
-        model=_model_from_name(board, total),
+        model=_model_from_name(name, total),
     )
 
 
-def _slice(pynvml, handle, parent, index: int, board: str) -> GPUDevice:
-    """One MIG slice from its NVML handle: its profile, and its GPU's UUID, index and model."""
+def _slice(pynvml, handle, parent: GPUDevice) -> GPUDevice:
+    """One MIG slice from its NVML handle: its profile, and its GPU's (``parent``) UUID, index and model."""
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     try:
         name = _text(pynvml.nvmlDeviceGetName(handle))
@@ -248,13 +249,13 @@ def _slice(pynvml, handle, parent, index: int, board: str) -> GPUDevice:
     profile = profile_in_name(name) or _profile_from_attributes(pynvml, handle, total)
     return GPUDevice(
         uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-        index=index,
-        name=f"{board} MIG {profile}".strip(),
+        index=parent.index,
+        name=f"{parent.name} MIG {profile}".strip(),
         memory_total_bytes=total,
-        model=_model_from_name(board, int(pynvml.nvmlDeviceGetMemoryInfo(parent).total)),
+        model=parent.model,
         mig=True,
         profile=profile,
-        parent_uuid=_text(pynvml.nvmlDeviceGetUUID(parent)),
+        parent_uuid=parent.uuid,
     )
 
 
@@ -289,7 +290,7 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
         return DeviceInventory(
             "simulated",
             devices,
-            f"{_counted(devices, 'simulated ')} from WORKBENCH_SIMULATED_GPUS={simulated_spec}: "
+            f"{counted(devices, 'simulated ')} from WORKBENCH_SIMULATED_GPUS={simulated_spec}: "
             "no real hardware, readings are made up",
         )
     try:
@@ -298,10 +299,10 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
         return DeviceInventory("none", [], f"no NVIDIA driver found ({exc}); servers will be CPU only")
     if not devices:
         return DeviceInventory("none", [], "NVML found no GPUs; servers will be CPU only")
-    return DeviceInventory("nvml", devices, f"{_counted(devices)} found by NVML")
+    return DeviceInventory("nvml", devices, f"{counted(devices)} found by NVML")
 
 
-def _counted(devices: list[GPUDevice], adjective: str = "") -> str:
+def counted(devices: list[GPUDevice], adjective: str = "") -> str:
     """ "4 GPU(s)", or "2 GPU(s) and 10 MIG slice(s)" where slices are among them (their GPUs not counted)."""
     slices = sum(1 for d in devices if d.mig)
     whole = len(devices) - slices

@@ -38,7 +38,7 @@ from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
 from workbench_spawner.contract import BackendContract, BackendContractError, Mode, require_contract
-from workbench_spawner.form.options import SpawnRequest, kind_text, options_from_form
+from workbench_spawner.form.options import SpawnRequest, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
@@ -50,6 +50,7 @@ from workbench_spawner.policy.settings import PolicySettings, resolve_policy_set
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
 from workbench_spawner.rules.quota import QuotaBook
+from workbench_spawner.rules.reservations import gpus_text
 from workbench_spawner.ssh_forwarding import SSHForwarding
 
 
@@ -226,7 +227,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
 
     async def _acquire(self, request: SpawnRequest) -> Lease:
         policy = await self._policy()
-        what = kind_text(request.gpus, request.kind)
+        what = gpus_text(request.gpus, request.kind)
 
         def report(ahead: int, why: str = "") -> None:
             because = f" ({why})" if why else ""

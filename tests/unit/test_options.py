@@ -120,7 +120,8 @@ def test_a_slice_that_is_not_there_is_refused_with_a_reason(options, slices, mes
 
 def test_a_request_matches_whole_gpus_or_slices_never_both():
     from workbench_devices import parse_simulated_spec
-    from workbench_spawner.form.options import device_matches, kind_text
+    from workbench_spawner.form.options import device_matches
+    from workbench_spawner.rules.reservations import gpus_text as kind_text
 
     devices = parse_simulated_spec("1xH200-141GB:mig=2x1g.18gb+1x2g.35gb,1xH200-141GB,1xH100-80GB:mig=7x1g.10gb")
     picked = {

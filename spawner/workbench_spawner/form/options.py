@@ -11,8 +11,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workbench_devices.mig import is_profile_name
-
 KNOWN_OPTIONS = ("gpus", "gpu_model", "gpu_profile", "image", "profile")
 
 
@@ -46,12 +44,6 @@ def device_matches(device, kind: str | None) -> bool:
     if not device.mig:
         return device.model == kind
     return kind in (device.profile, device.kind)
-
-
-def kind_text(count: int, kind: str | None) -> str:
-    """ "1 GPU", "3 H100-80GB GPUs", "1 1g.18gb slice", "2 H200-141GB 1g.18gb slices": a request in words."""
-    noun = "slice" if kind and is_profile_name(kind.split(" ")[-1]) else "GPU"
-    return f"{count} {kind + ' ' if kind else ''}{noun}{'s' if count != 1 else ''}"
 
 
 def options_from_form(formdata: Mapping[str, list[str]]) -> dict[str, Any]:
@@ -141,8 +133,7 @@ def parse_options(
     if model is not None:
         if not isinstance(model, str):
             raise OptionError("gpu_model must be a model name such as H100-80GB")
-        offered = slices[gpu_profile] if gpu_profile else {m: 1 for m in models}
-        known = sorted(set(offered) | (set() if gpu_profile else set(models)))
+        known = sorted(slices[gpu_profile] if gpu_profile else set(models))
         matches = [m for m in known if m.lower() == model.strip().lower()]
         if not matches:
             shown = ", ".join(known) if known else "none"

@@ -24,7 +24,7 @@ from datetime import UTC, tzinfo
 from typing import TYPE_CHECKING
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.form.options import device_matches, kind_text
+from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -36,6 +36,7 @@ from workbench_spawner.rules.reservations import (
     Holding,
     Reservation,
     demand_by_group,
+    gpus_text,
     is_member,
     remaining_needs,
     reserved_now,
@@ -145,6 +146,8 @@ class HostAllocator(Placement):
         # A slice is known by its kind ("H200-141GB 1g.18gb"), never its GPU's model: a reservation of
         # H200-141GB GPUs holds whole GPUs, not slices.
         self.models = {d.uuid: d.kind for d in inventory.devices}
+        # Each device's share of a GPU (a 1g MIG slice 1/7): what its lease records for GPU-hours.
+        self.shares = {d.uuid: d.share for d in inventory.devices}
         # key -> (groups, count) of every request waiting now (members waiting count as "asked").
         self._asking: dict[str, tuple[frozenset[str], int]] = {}
         # key -> (model, groups) of every request waiting now: its class is computed from them.
@@ -274,7 +277,7 @@ class HostAllocator(Placement):
                 node=self.node,
                 groups=groups,
                 choose=self.choose(groups, count, active),
-                shares={d.uuid: d.share for d in self.inventory.devices},  # a MIG slice's GPU-hours: its share
+                shares=self.shares,
             ), active
 
         def join() -> tuple[float, list[Reservation]]:
@@ -301,7 +304,7 @@ class HostAllocator(Placement):
         except WaitTimeout:
             free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
             raise NoGPUAvailable(
-                f"No {kind_text(count, model)} became free within {timeout:g} seconds "
+                f"No {gpus_text(count, model)} became free within {timeout:g} seconds "
                 f"({free} free now, {len(self.waitlist.waiting())} still waiting{note}). "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
             ) from None

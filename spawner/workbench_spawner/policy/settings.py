@@ -24,6 +24,7 @@ from sqlalchemy import DateTime, String, Text, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
+from workbench_devices.inventory import counted
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 from workbench_spawner.rules.quota import Quota
@@ -219,9 +220,7 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
                 ) from None
         if len({d.uuid for d in devices}) != len(devices):
             raise ValueError("static_gpus names the same GPU UUID twice")
-        slices = sum(1 for d in devices if d.mig)
-        counted = f"{len(devices) - slices} GPU(s)" + (f" and {slices} MIG slice(s)" if slices else "")
-        inventory = DeviceInventory("static", devices, f"{counted} from the static_gpus setting")
+        inventory = DeviceInventory("static", devices, f"{counted(devices)} from the static_gpus setting")
     else:
         try:
             inventory = discover_devices(simulated_gpus)

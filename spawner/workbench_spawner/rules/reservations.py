@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
 
+from workbench_devices.mig import is_profile_name
 from workbench_spawner.rules.window import ReservationError, Window, utc
 
 Clock = Callable[[], datetime]
@@ -48,9 +49,11 @@ MAX_MINUTES = 24 * 60.0
 HORIZON = timedelta(days=400)
 
 
-def gpus_text(count: int, model: str | None) -> str:
-    """ "1 GPU", "3 H100-80GB GPUs": how requests and reservations name what they ask for."""
-    return f"{count} {model + ' ' if model else ''}GPU{'s' if count != 1 else ''}"
+def gpus_text(count: int, kind: str | None) -> str:
+    """ "1 GPU", "3 H100-80GB GPUs", "1 1g.18gb slice", "2 H200-141GB 1g.18gb slices": how requests and
+    reservations name what they ask for (``kind``: a model, or a request's ``SpawnRequest.kind``)."""
+    noun = "slice" if kind and is_profile_name(kind.split(" ")[-1]) else "GPU"
+    return f"{count} {kind + ' ' if kind else ''}{noun}{'s' if count != 1 else ''}"
 
 
 @dataclass(frozen=True)
