@@ -334,6 +334,24 @@ def update_fairness(mixin, env: Env) -> None:
         mixin.gpu_test_clock_file = text(env, "WORKBENCH_TEST_CLOCK_FILE")
 
 
+def servers_per_gpu(value: str) -> tuple[int, dict[str, int]]:
+    """``WORKBENCH_SERVERS_PER_GPU``: ``4`` for every GPU, or ``1,T4-16GB=4,GPU-5f3c…=2``: a default
+    (0 reads as 1) and the GPUs (a model, a MIG profile or one device's UUID) that differ from it."""
+    default, per_device = 1, {}
+    for item in (part.strip() for part in value.split(",")):
+        if "=" not in item:
+            default = max(1, number({"WORKBENCH_SERVERS_PER_GPU": item}, "WORKBENCH_SERVERS_PER_GPU", "1", int))
+            continue
+        key, _, count = (part.strip() for part in item.rpartition("="))
+        if not key or not count.isdigit() or int(count) < 1:
+            raise ConfigError(
+                f"WORKBENCH_SERVERS_PER_GPU: cannot read {item[:60]!r}; for some GPUs write MODEL=N, PROFILE=N "
+                "or UUID=N with N at least 1, after the default for all: e.g. 1,T4-16GB=4"
+            )
+        per_device[key] = int(count)
+    return default, per_device
+
+
 def update_policy(c: Config, env: Env, data: Path) -> None:
     """The GPU policy's settings from ``WORKBENCH_*`` (``GPUSpawnerMixin``), on a host or under z2jh."""
     mixin = c.GPUSpawnerMixin
@@ -343,7 +361,7 @@ def update_policy(c: Config, env: Env, data: Path) -> None:
         mixin.simulated_gpus = simulated
     mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
     update_fairness(mixin, env)
-    mixin.servers_per_gpu = max(1, number(env, "WORKBENCH_SERVERS_PER_GPU", "1", int))
+    mixin.servers_per_gpu, mixin.servers_per_device = servers_per_gpu(text(env, "WORKBENCH_SERVERS_PER_GPU", "1"))
     mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
     mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
     update_idle(mixin, env)

@@ -155,7 +155,7 @@ def test_the_fleet_reads_the_settings_the_hub_stored_and_notices_a_change(store)
     store_policy_settings(
         store, PolicySettings(store.url, static, servers_per_gpu=3, default_quota=Quota(2), node="head-1")
     )
-    assert fleet.default == Quota(2) and fleet.slots == 3 and fleet.node == "head-1"
+    assert fleet.default == Quota(2) and fleet.gpus()[0]["slots"] == 3 and fleet.node == "head-1"
     assert [g["uuid"] for g in fleet.gpus()] == ["GPU-static-1"] and fleet.models() == ["L4-24GB"]
     assert fleet.gpus()[0]["utilization_percent"] is None  # static GPUs cannot be read by the hub
     store_policy_settings(store, settings_for(store.url, spec="3", node="head-2", default=4))

@@ -125,10 +125,6 @@ class Fleet:
         return self.settings.default_quota
 
     @property
-    def slots(self) -> int:
-        return max(1, self.settings.servers_per_gpu)
-
-    @property
     def node(self) -> str:
         return self.settings.node
 
@@ -217,7 +213,9 @@ class Fleet:
                     "share": round(device.share, 4),
                     "simulated": settings.simulated,
                     "holders": held,
-                    "free_slots": 0 if closed else max(0, self.slots - len(held)),
+                    # Servers this device takes at once (more than 1: time-sliced) and how many more fit.
+                    "slots": settings.slots_for(device),
+                    "free_slots": 0 if closed else max(0, settings.slots_for(device) - len(held)),
                     # Drained (api/drains): no new server gets it; its holders keep running until they stop.
                     "drained": closed,
                     "utilization_percent": reading.get("utilization_percent"),

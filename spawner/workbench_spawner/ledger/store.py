@@ -191,7 +191,7 @@ class AllocationStore:
         server: str,
         count: int,
         candidates: Sequence[str],
-        slots_per_gpu: int = 1,
+        slots_per_gpu: int | Mapping[str, int] = 1,
         retries: int = 20,
         node: str = "",
         groups: Sequence[str] = (),
@@ -207,7 +207,8 @@ class AllocationStore:
         given, narrows the free GPUs (in preference order) inside the same
         transaction, from the leases that transaction sees: reservations
         are enforced there, so two spawns can never both take the last GPU
-        a reservation keeps. ``shares`` (uuid -> share of a GPU; missing:
+        a reservation keeps. ``slots_per_gpu`` may differ per device (uuid ->
+        servers; missing: 1). ``shares`` (uuid -> share of a GPU; missing:
         1.0) is recorded with each device: the inventory's ``GPUDevice.share``.
         """
         if count < 1:
@@ -220,7 +221,11 @@ class AllocationStore:
                     for row in session.scalars(select(LeaseRow)):
                         taken.setdefault(row.gpu_uuid, set()).add(row.slot)
                     order = {uuid: i for i, uuid in enumerate(candidates)}
-                    free = [u for u in candidates if len(taken.get(u, ())) < slots_per_gpu]
+
+                    def slots(uuid: str) -> int:
+                        return slots_per_gpu.get(uuid, 1) if isinstance(slots_per_gpu, Mapping) else slots_per_gpu
+
+                    free = [u for u in candidates if len(taken.get(u, ())) < slots(u)]
                     if len(free) < count:
                         return None
                     # Least-shared GPUs first, then inventory order.
@@ -233,7 +238,7 @@ class AllocationStore:
                     chosen = free[:count]
                     chosen_shares = tuple(share_of(shares, uuid) for uuid in chosen)
                     for uuid, share in zip(chosen, chosen_shares, strict=True):
-                        slot = min(set(range(slots_per_gpu)) - taken.get(uuid, set()))
+                        slot = min(set(range(slots(uuid))) - taken.get(uuid, set()))
                         session.add(
                             LeaseRow(
                                 gpu_uuid=uuid,

@@ -19,7 +19,7 @@ import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import UTC, tzinfo
 from typing import TYPE_CHECKING
 
@@ -123,7 +123,7 @@ class HostAllocator(Placement):
         store: AllocationStore,
         inventory: DeviceInventory,
         node: str,
-        slots_per_gpu: int = 1,
+        slots_per_gpu: int | Mapping[str, int] = 1,
         recheck_interval: float = 2.0,
         queue_order: str = "fifo",
         aging_minutes: float = 30.0,
@@ -135,7 +135,8 @@ class HostAllocator(Placement):
         super().__init__(store)
         self.inventory = inventory
         self.node = node
-        self.slots_per_gpu = max(1, slots_per_gpu)
+        # Servers per device: one number for all, or by UUID (settings.slots(): time-sliced GPUs).
+        self.slots_per_gpu = slots_per_gpu if isinstance(slots_per_gpu, Mapping) else max(1, slots_per_gpu)
         self.queue_order = queue_order
         self.waitlist: WaitList[Lease] = WaitList(
             recheck_interval, queue_order, aging_minutes, clock=queue_clock, rejoin_minutes=rejoin_minutes
@@ -248,7 +249,12 @@ class HostAllocator(Placement):
     def free_count(self, model: str | None = None) -> int:
         """GPUs a new server could get right now (reads the database: call from a thread)."""
         holders = self.store.holders()
-        return sum(1 for uuid in self.candidates(model) if len(holders.get(uuid, [])) < self.slots_per_gpu)
+        return sum(1 for uuid in self.candidates(model) if len(holders.get(uuid, [])) < self.slots_of(uuid))
+
+    def slots_of(self, uuid: str) -> int:
+        """How many servers may hold this device at once."""
+        slots = self.slots_per_gpu
+        return max(1, slots.get(uuid, 1)) if isinstance(slots, Mapping) else slots
 
     async def place(
         self,

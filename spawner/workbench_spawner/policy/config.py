@@ -102,6 +102,22 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         a GPU belongs to at most one running server. Larger values time-slice a
         GPU between several servers, which suits intro courses with small
         models; the spawn form then marks GPUs as shared.
+        ``servers_per_device`` sets it for some GPUs only.
+        """,
+    ).tag(config=True)
+
+    servers_per_device = Dict(
+        value_trait=Integer(min=1),
+        help="""
+        Servers per GPU where it differs from ``servers_per_gpu``, keyed by
+        a GPU model (``T4-16GB``), a MIG profile (``1g.18gb``: each slice of
+        it) or one device's UUID; a UUID wins over a profile, a profile over
+        a model. Time-slice the small GPUs of a course and keep the big ones
+        exclusive::
+
+            c.GPUSpawnerMixin.servers_per_device = {"T4-16GB": 4, "GPU-5f3c...": 2}
+
+        ``WORKBENCH_SERVERS_PER_GPU=1,T4-16GB=4`` says the same.
         """,
     ).tag(config=True)
 

@@ -69,7 +69,7 @@ class GPUPolicy:
             store,
             settings.inventory,
             settings.node,
-            settings.servers_per_gpu,
+            settings.slots(),
             recheck_interval,
             settings.queue_order,
             settings.queue_aging_minutes,
@@ -89,12 +89,9 @@ class GPUPolicy:
         return self.inventory.devices
 
     @property
-    def slots_per_gpu(self) -> int:
-        return max(1, self.settings.servers_per_gpu)
-
-    @property
     def shared(self) -> bool:
-        return self.slots_per_gpu > 1
+        """Whether any device is time-sliced (more than one server may hold it)."""
+        return any(slots > 1 for slots in self.settings.slots().values())
 
     def models(self) -> list[str]:
         return self.settings.models()
@@ -104,7 +101,8 @@ class GPUPolicy:
     def status(self) -> list[GPUStatus]:
         holders = self.store.holders()
         drained = DrainBook(self.store).drained()
-        return [GPUStatus(d, holders.get(d.uuid, []), self.slots_per_gpu, is_drained(d, drained)) for d in self.devices]
+        slots = self.settings.slots()
+        return [GPUStatus(d, holders.get(d.uuid, []), slots[d.uuid], is_drained(d, drained)) for d in self.devices]
 
     def free_count(self, kind: str | None = None) -> int:
         """GPUs (or slices, for a MIG profile's ``kind``) a new server could get right now."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
@@ -49,6 +50,9 @@ class PolicySettings:
     db_url: str
     inventory: DeviceInventory
     servers_per_gpu: int = 1
+    # Servers per device where it differs from ``servers_per_gpu``: keyed by a device's UUID, a MIG
+    # profile or a model (``slots_for``: the first that names the device wins, in that order).
+    servers_per_device: Mapping[str, int] = field(default_factory=dict)
     default_quota: Quota = field(default_factory=lambda: Quota(max_gpus=1))
     queue_timeout: float = 300.0
     cpu_servers_allowed: bool = True
@@ -70,6 +74,19 @@ class PolicySettings:
     @property
     def simulated(self) -> bool:
         return self.inventory.source == "simulated"
+
+    def slots_for(self, device: GPUDevice) -> int:
+        """How many servers may share ``device``: by its UUID, else its MIG profile, else its model
+        (``servers_per_device``), else ``servers_per_gpu``."""
+        keys = (device.uuid, device.profile if device.mig else None, device.model)
+        for key in keys:
+            if key and key in self.servers_per_device:
+                return max(1, int(self.servers_per_device[key]))
+        return max(1, self.servers_per_gpu)
+
+    def slots(self) -> dict[str, int]:
+        """Servers per device, by UUID, for every device of the inventory."""
+        return {d.uuid: self.slots_for(d) for d in self.inventory.devices}
 
     def models(self) -> list[str]:
         """Every model of this hub, of whole GPUs and of GPUs cut into slices (a model rule covers both)."""
@@ -97,6 +114,7 @@ class PolicySettings:
                 "devices": [asdict(d) for d in self.inventory.devices],
             },
             "servers_per_gpu": self.servers_per_gpu,
+            "servers_per_device": dict(self.servers_per_device),
             "default_quota": self.default_quota.to_json(),
             "queue_timeout": self.queue_timeout,
             "cpu_servers_allowed": self.cpu_servers_allowed,
@@ -123,6 +141,7 @@ class PolicySettings:
             db_url=db_url,
             inventory=DeviceInventory(inv.get("source", "none"), devices, inv.get("message", "")),
             servers_per_gpu=int(data.get("servers_per_gpu", 1)),
+            servers_per_device={str(k): int(v) for k, v in (data.get("servers_per_device") or {}).items()},
             default_quota=Quota(
                 max_gpus=int(quota.get("max_gpus", 1)),
                 gpu_hours_per_week=quota.get("gpu_hours_per_week"),
@@ -236,6 +255,7 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         db_url=spawner.gpu_db_url,
         inventory=discover_inventory(list(spawner.static_gpus), spawner.simulated_gpus),
         servers_per_gpu=max(1, int(spawner.servers_per_gpu)),
+        servers_per_device={str(k): max(1, int(v)) for k, v in dict(spawner.servers_per_device).items()},
         default_quota=Quota(max_gpus=int(spawner.default_max_gpus)),
         queue_timeout=float(spawner.gpu_queue_timeout),
         cpu_servers_allowed=bool(spawner.cpu_servers_allowed),
