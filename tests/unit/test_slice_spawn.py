@@ -13,6 +13,7 @@ async def test_the_form_offers_whole_gpus_and_each_profile_with_what_is_free(mak
     html = await spawner._render_options_form()
     assert 'name="gpu_profile"' in html
     assert '<option value="">Whole GPUs: 1 of 1 free</option>' in html
+    assert '<span id="workbench-free">1 of 1 GPU and 7 of 7 MIG slices free now</span>' in html
     assert '<option value="1g.18gb">1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free</option>' in html
 
 

@@ -45,6 +45,7 @@ def render_options_form(
         quota_source=ctx.quota.describe,
         default=min(ctx.default_gpus, allowed),
         free=sum(1 for s in status if s.free_slots > 0),
+        free_text=free_text(status),
         shared=shared,
         models=ctx.offered_models(),
         images=list(ctx.offered_images),
@@ -62,6 +63,21 @@ def render_options_form(
         reserved=list(reserved),
         kinds=gpu_kinds(ctx),
     )
+
+
+def free_text(status: Sequence[GPUStatus]) -> str:
+    """ "3 of 4 GPUs free now", or "1 of 1 GPU and 5 of 7 MIG slices free now": slices are not GPUs."""
+
+    def counted(rows: list[GPUStatus], noun: str) -> str:
+        free = sum(1 for s in rows if s.free_slots > 0)
+        return f"{free} of {len(rows)} {noun}{'' if len(rows) == 1 else 's'}"
+
+    whole = [s for s in status if not s.device.mig]
+    slices = [s for s in status if s.device.mig]
+    parts = [counted(whole, "GPU")] if whole or not slices else []
+    if slices:
+        parts.append(counted(slices, "MIG slice"))
+    return " and ".join(parts) + " free now"
 
 
 def gpu_kinds(ctx: AdmissionContext) -> list[dict[str, str]]:
