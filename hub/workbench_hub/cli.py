@@ -13,6 +13,7 @@ Examples::
     workbench quota set-group ml-course --max-gpus 1 --gpu-idle-minutes 15   # idle GPUs come back
     workbench quota set-group students --max-gpus 1 --no-whole-gpus --allowed-profiles 1g.18gb
     workbench quota set-group research --max-gpus 4 --allowed-profiles none   # whole GPUs, no MIG slices
+    workbench quota set-group thesis --max-gpus 1 --no-shared-gpus   # never a time-sliced GPU
     workbench idle                      # idle time per held GPU; idle exempt/unexempt GROUP
     workbench reserve ml-course --gpus 8 --weekly "Tue 10:00-12:00"            # every Tuesday
     workbench reserve ml-course --gpus 2 --model H100-80GB --once "2026-12-08 10:00-12:00" \
@@ -156,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="1g.18gb,2g.35gb|any|none",
             help="comma-separated MIG profiles this user may get; any (the default) or none (no slices)",
         )
+        p.add_argument(
+            "--shared-gpus",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="whether a time-sliced GPU (shared by several servers) may be this user's "
+            "(default: yes; --no-shared-gpus: only GPUs a server holds alone)",
+        )
     for action, kind in (("show", "user"), ("show-group", "group")):
         p = quota.add_parser(action, help=f"show the quota of a {kind}, or every quota without a name")
         p.add_argument("name", nargs="?" if kind == "user" else None)
@@ -249,6 +257,8 @@ def _describe(q: dict | None) -> str:
     profiles = q.get("allowed_profiles")
     if profiles is not None:
         parts.append(f"MIG slices {', '.join(profiles)}" if profiles else "no MIG slices")
+    if not q.get("shared_gpus", True):
+        parts.append("no time-sliced GPUs")
     return ", ".join(parts)
 
 
@@ -324,6 +334,7 @@ def run(args) -> tuple[object, str]:
             "gpu_idle_threshold": args.gpu_idle_threshold,
             "whole_gpus": args.whole_gpus,
             "allowed_profiles": args.allowed_profiles,
+            "shared_gpus": args.shared_gpus,
         }
         data = call(args.url, args.token, "PUT", f"api/quotas/{kind}/{quote(args.name, safe='')}", body)
         return (

@@ -246,6 +246,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
                 self.gpu_queue_timeout,
                 report,
                 groups=groups,
+                exclusive=request.exclusive,
             )
         except NoGPUAvailable as exc:
             raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None

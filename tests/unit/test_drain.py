@@ -25,7 +25,7 @@ from workbench_hub.service.app import make_app
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.handlers import _jinja
 from workbench_spawner.ledger.drain_book import AmbiguousGPU, DrainBook, UnknownGPU, resolve_gpu
-from workbench_spawner.ledger.migrations import alembic_config, current, upgrade
+from workbench_spawner.ledger.migrations import HEAD, alembic_config, current, upgrade
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
 from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
@@ -53,7 +53,7 @@ def make_policy(store: AllocationStore, spec: str = MIXED, recheck: float = 0.05
 
 
 def test_the_migration_makes_the_table_and_its_downgrade_drops_it(store):
-    assert current(store.engine) == "0005"
+    assert current(store.engine) == HEAD
     inspector = sa.inspect(store.engine)
     assert {c["name"] for c in inspector.get_columns("gpu_drains")} == {
         "id",
@@ -71,7 +71,7 @@ def test_the_migration_makes_the_table_and_its_downgrade_drops_it(store):
         command.downgrade(config, "0004")
     assert not sa.inspect(store.engine).has_table("gpu_drains")
     upgrade(store.engine)  # a database at 0004 gets the table
-    assert sa.inspect(store.engine).has_table("gpu_drains") and current(store.engine) == "0005"
+    assert sa.inspect(store.engine).has_table("gpu_drains") and current(store.engine) == HEAD
 
 
 def test_drain_undrain_and_what_is_listed(store):

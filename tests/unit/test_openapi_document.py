@@ -333,14 +333,14 @@ def test_every_request_body_is_checked_by_its_handler():
             "QuotaBody",
             {"max_gpus": 1, "foo": 1},
             "unknown field 'foo'; a quota has max_gpus, gpu_hours_per_week, allowed_models, max_session_hours, "
-            "gpu_idle_minutes, gpu_idle_threshold, whole_gpus and allowed_profiles",
+            "gpu_idle_minutes, gpu_idle_threshold, whole_gpus, allowed_profiles and shared_gpus",
         ),
         (
             "QuotaBody",
             {"max_gpus": 1, "foo": 1, "bar": 2},
             "unknown fields 'foo', 'bar'; a quota has max_gpus, "
             "gpu_hours_per_week, allowed_models, max_session_hours, gpu_idle_minutes, gpu_idle_threshold, "
-            "whole_gpus and allowed_profiles",
+            "whole_gpus, allowed_profiles and shared_gpus",
         ),
         ("QuotaBody", {}, "max_gpus is missing; a quota needs max_gpus"),
         ("QuotaBody", [1], 'the body must be a JSON object (a quota) such as {"max_gpus": 1}, not [1]'),

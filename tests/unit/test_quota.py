@@ -14,13 +14,12 @@ from sqlalchemy import create_engine, inspect, text
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.migrations import HEAD, alembic_config, current, upgrade
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
+from workbench_spawner.rules.gpu_hours import gpu_hours_by_user, gpu_hours_used
 from workbench_spawner.rules.quota import (
     Quota,
     QuotaBook,
     QuotaError,
     effective_quota,
-    gpu_hours_by_user,
-    gpu_hours_used,
     quota_from_body,
 )
 
@@ -393,8 +392,37 @@ def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kin
             )
         )
     upgrade(store.engine)
-    assert current(store.engine) == HEAD == "0005"
+    assert current(store.engine) == HEAD == "0006"
     assert store.lease_of("alice", "").shares == (1.0,)
     assert store.usage(user="bob")[0].share == 1.0
     assert gpu_hours_by_user(store, now=NOW) == pytest.approx({"alice": 7.0, "bob": 2.0})
     assert QuotaBook(store).get("group", "old").quota == Quota(2, whole_gpus=True, allowed_profiles=None)
+
+
+def test_migration_0006_lets_old_quotas_have_time_sliced_gpus(store):
+    with store.engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0005")
+    assert "shared_gpus" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_quotas")}
+    with store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO gpu_quotas (kind, name, max_gpus, updated, updated_by) VALUES "
+                "('group', 'old', 2, '2026-12-01 10:00:00', '')"
+            )
+        )
+    upgrade(store.engine)
+    assert current(store.engine) == HEAD == "0006"
+    book = QuotaBook(store)
+    assert book.get("group", "old").quota.shared_gpus is True
+    book.set("group", "thesis", Quota(1, shared_gpus=False))
+    assert book.get("group", "thesis").quota == Quota(1, shared_gpus=False)
+
+
+def test_allowing_shared_gpus_is_the_more_generous_group_quota():
+    strict, lenient = Quota(1, shared_gpus=False), Quota(1)
+    chosen = effective_quota(None, {"a-thesis": strict, "b-intro": lenient}, DEFAULT)
+    assert (chosen.group, chosen.quota.shared_gpus) == ("b-intro", True)
+    assert Quota.from_json(strict.to_json()) == strict
+    assert quota_from_body({"max_gpus": 1, "shared_gpus": False}) == strict

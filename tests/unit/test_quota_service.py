@@ -243,6 +243,11 @@ async def test_the_kind_parts_of_a_quota_round_trip_through_the_api(live_service
     assert json.loads(r.body)["quota"]["allowed_profiles"] == ["1g.18gb"]
     code, view = await put("api/quotas/groups/research", {"max_gpus": 4, "allowed_profiles": []})
     assert code == 200 and (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (True, [])
+    code, view = await put("api/quotas/groups/thesis", {"max_gpus": 1, "shared_gpus": False})
+    assert code == 200 and (view["quota"]["shared_gpus"], view["quota"]["whole_gpus"]) == (False, True)
+    code, error = await put("api/quotas/groups/thesis", {"max_gpus": 1, "shared_gpus": "no"})
+    assert code == 400 and "shared_gpus" in error["message"], error
+    assert Fleet(store, refresh_seconds=0).book.get("group", "thesis").quota == Quota(1, shared_gpus=False)
     # Refused bodies are a sentence each, and change nothing.
     code, error = await put("api/quotas/users/alice", {"max_gpus": 1, "allowed_profiles": ["1x.5gb"]})
     assert (code, error["message"]) == (
@@ -255,7 +260,11 @@ async def test_the_kind_parts_of_a_quota_round_trip_through_the_api(live_service
     assert stored == Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",))
     # A body without the kind parts gets their defaults.
     code, view = await put("api/quotas/users/alice", {"max_gpus": 1})
-    assert (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (True, None)
+    assert (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"], view["quota"]["shared_gpus"]) == (
+        True,
+        None,
+        True,
+    )
     r = await client.fetch(f"{live_service}{PREFIX}api/quotas")
     check(doc, "GET", "api/quotas", r.code, r.headers["Content-Type"], r.body)
 
@@ -304,6 +313,10 @@ async def test_the_cli_sets_and_shows_the_kind_parts(live_service, store, capsys
         main, [*base, "quota", "set", "alice", "--max-gpus", "1", "--allowed-profiles", "1x.5gb"]
     )
     assert code == 1 and "'1x.5gb' is not a MIG profile" in capsys.readouterr().err
+    args = [*base, "quota", "set-group", "thesis", "--max-gpus", "1", "--no-shared-gpus"]
+    assert await asyncio.to_thread(main, args) == 0
+    assert "1 GPU(s) at once, no GPU-hour limit, any model, no time-sliced GPUs." in capsys.readouterr().out
+    assert book.get("group", "thesis").quota == Quota(1, shared_gpus=False)
 
 
 def test_the_admin_page_shows_and_edits_the_kind_parts():
@@ -318,7 +331,10 @@ def test_the_admin_page_shows_and_edits_the_kind_parts():
         simulated=True,
         gpus=[],
         users=[{"name": "alice", "groups": [], "held_gpus": 0, "gpu_hours_week": 0.0, "quota": quota}],
-        groups=[{"name": "research", "users": [], "quota": Quota(4, allowed_profiles=()).to_json()}],
+        groups=[
+            {"name": "research", "users": [], "quota": Quota(4, allowed_profiles=()).to_json()},
+            {"name": "thesis", "users": [], "quota": Quota(1, shared_gpus=False).to_json()},
+        ],
         default=Quota(1).to_json(),
         models=["H100-80GB"],
         xsrf="x",
@@ -328,3 +344,5 @@ def test_the_admin_page_shows_and_edits_the_kind_parts():
     assert 'id="quota-whole-gpus"' in html and "MIG profiles (comma list; empty: any)" in html
     assert 'whole_gpus: document.getElementById("quota-whole-gpus").checked' in html
     assert 'allowed_profiles: profiles === "" ? null' in html
+    assert "<td>any; no time-sliced GPUs</td>" in html and html.count("no time-sliced GPUs</td>") == 1
+    assert 'shared_gpus: document.getElementById("quota-shared-gpus").checked' in html

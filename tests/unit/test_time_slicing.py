@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from jupyterhub.spawner import SpawnException
 
 from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
 from workbench_devices import DeviceInventory, parse_simulated_spec
@@ -11,6 +12,7 @@ from workbench_hub.env_values import ConfigError
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.rules.quota import Quota
 
 SPEC = "1xH200-141GB:mig=2x1g.18gb+1x3g.71gb,2xT4-16GB,1xH100-80GB"
 
@@ -76,3 +78,68 @@ async def test_the_form_says_who_shares_a_gpu(make_spawner):  # noqa: F811
     assert "yours, shared with 1 other, 1 slot left" in await alice._render_options_form()
     carol = make_spawner("carol", simulated_gpus="1xT4-16GB", servers_per_device={"T4-16GB": 3})
     assert "shared with 2 others, 1 slot left" in await carol._render_options_form()
+
+
+# -- a quota that forbids time-sliced GPUs (shared_gpus false) ---------------------------------------------
+
+ALONE = "the GPU quota of group thesis allows no time-sliced GPUs"
+
+
+@pytest.mark.parametrize(
+    ("options", "got", "refusal"),
+    [
+        # T4s are shared by 2, the H100 and the 3g.71gb slice are not, the 1g.18gb slices by 3.
+        ({"gpus": 1}, "GPU-sim-03-h100-80gb", None),  # any whole GPU: the one a server holds alone
+        ({"gpus": 1, "gpu_model": "H100-80GB"}, "GPU-sim-03-h100-80gb", None),
+        ({"gpus": 1, "gpu_profile": "3g.71gb"}, "MIG-sim-00-h200-141gb-2-3g.71gb", None),
+        (
+            {"gpus": 1, "gpu_model": "T4-16GB"},
+            None,
+            f"you asked for 1 T4-16GB GPU, but {ALONE} and every T4-16GB GPU here is time-sliced "
+            "(shared by up to 2 servers)",
+        ),
+        (
+            {"gpus": 1, "gpu_profile": "1g.18gb"},
+            None,
+            f"you asked for 1 1g.18gb slice, but {ALONE} and every 1g.18gb slice here is time-sliced "
+            "(shared by up to 3 servers)",
+        ),
+        (
+            {"gpus": 2},
+            None,
+            f"you asked for 2 GPUs, but {ALONE} and only 1 of them here is not time-sliced",
+        ),
+    ],
+)
+async def test_a_quota_without_shared_gpus_gets_only_gpus_held_alone(make_spawner, options, got, refusal):  # noqa: F811
+    traits = {"simulated_gpus": SPEC, "servers_per_device": {"T4-16GB": 2, "1g.18gb": 3}}
+    spawner = make_spawner(groups=("thesis",), **traits)
+    spawner.gpu_quota_book.set("group", "thesis", Quota(2, shared_gpus=False))
+    if refusal:
+        with pytest.raises(SpawnException) as info:
+            await spawner._apply_gpu_options(options)
+        assert info.value.status_code == 403
+        assert refusal in str(info.value) and "ask a hub admin to allow time-sliced GPUs" in str(info.value)
+        return
+    await spawner._apply_gpu_options(options)
+    assert spawner.gpu_request.exclusive
+    assert (await spawner._acquire(spawner.gpu_request)).gpu_uuids == (got,)
+    # Without the rule the same request may land on a shared GPU, and is not marked.
+    other = make_spawner("bob", **traits)
+    await other._apply_gpu_options(options)
+    assert not other.gpu_request.exclusive
+
+
+async def test_the_rule_holds_while_waiting_and_on_a_hub_that_shares_nothing(make_spawner):  # noqa: F811
+    traits = {"simulated_gpus": "1xT4-16GB,1xH100-80GB", "servers_per_device": {"T4-16GB": 4}, "gpu_queue_timeout": 0.2}
+    first = make_spawner("ann", groups=("thesis",), **traits)
+    first.gpu_quota_book.set("group", "thesis", Quota(1, shared_gpus=False))
+    await first._apply_gpu_options({"gpus": 1})
+    assert (await first._acquire(first.gpu_request)).gpu_uuids == ("GPU-sim-01-h100-80gb",)
+    second = make_spawner("ben", groups=("thesis",), **traits)
+    await second._apply_gpu_options({"gpus": 1})
+    with pytest.raises(SpawnException, match="No 1 GPU became free"):
+        await second._acquire(second.gpu_request)  # the T4 has 3 slots free, but they are shared
+    plain = make_spawner("cy", groups=("thesis",), simulated_gpus="2xH100-80GB")
+    await plain._apply_gpu_options({"gpus": 1})
+    assert not plain.gpu_request.exclusive, "no device is time-sliced: the rule has nothing to do"

@@ -31,7 +31,8 @@ from workbench_hub.service.hub_client import HubClient, HubUnavailable
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
 from workbench_spawner.ledger.store import utcnow
-from workbench_spawner.rules.quota import WEEK, QuotaError, gpu_hours_by_user, quota_from_body
+from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_user
+from workbench_spawner.rules.quota import QuotaError, quota_from_body
 
 log = logging.getLogger("workbench.service")
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
-from workbench_spawner.rules.quota import gpu_hours_by_user
+from workbench_spawner.rules.gpu_hours import gpu_hours_by_user
 
 #: Every metric served: name -> HELP text, in the order they are written. All are gauges.
 HELP: dict[str, str] = {

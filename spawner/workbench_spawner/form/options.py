@@ -25,6 +25,9 @@ class SpawnRequest:
     image: str | None = None
     profile: str | None = None  # a resource profile (CPU, memory), not a MIG profile
     gpu_profile: str | None = None  # a MIG profile: the request is for that many slices of it
+    # Set by admission, not by the user: the quota forbids time-sliced GPUs, so placement takes only
+    # devices a server holds alone (``Quota.shared_gpus``).
+    exclusive: bool = False
 
     @property
     def kind(self) -> str | None:

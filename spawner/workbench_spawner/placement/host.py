@@ -30,8 +30,8 @@ from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
 from workbench_spawner.policy.clock import Clock, real_now
+from workbench_spawner.rules.gpu_hours import gpu_hours_used
 from workbench_spawner.rules.queue_order import REJOIN_MINUTES
-from workbench_spawner.rules.quota import gpu_hours_used
 from workbench_spawner.rules.reservations import (
     Holding,
     Reservation,
@@ -158,14 +158,19 @@ class HostAllocator(Placement):
         self._reads = itertools.count()  # numbers each reservation read as it begins (_saw_open)
         self._newest_read = -1
 
-    def candidates(self, kind: str | None) -> list[str]:
+    def candidates(self, kind: str | None, exclusive: bool = False) -> list[str]:
         """The devices a request of ``kind`` may get now: whole GPUs (of a model), or slices of a profile,
-        less the drained ones (``drain_book``: an admin changes a MIG layout while nothing new starts).
+        less the drained ones (``drain_book``: an admin changes a MIG layout while nothing new starts);
+        ``exclusive``: only devices one server holds alone (a quota that forbids time-sliced GPUs).
 
         Reads the drains (blocking: call from a thread). ``place`` asks on every try, so a request
         waiting in line is never given a GPU that was drained after it joined."""
         drained = DrainBook(self.store).drained()
-        return [d.uuid for d in self.inventory.devices if device_matches(d, kind) and not is_drained(d, drained)]
+        return [
+            d.uuid
+            for d in self.inventory.devices
+            if device_matches(d, kind) and not is_drained(d, drained) and not (exclusive and self.slots_of(d.uuid) > 1)
+        ]
 
     def waiting_by_group(self) -> dict[str, int]:
         return demand_by_group(self._asking.values())
@@ -266,6 +271,7 @@ class HostAllocator(Placement):
         report: Report = _nothing,
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
+        exclusive: bool = False,
     ) -> Lease:
         if job is not None:
             raise ValueError("the host allocator places GPUs itself: it follows no engine job")
@@ -278,7 +284,7 @@ class HostAllocator(Placement):
                 user,
                 server,
                 count,
-                self.candidates(model),  # every try: a GPU drained meanwhile is left out
+                self.candidates(model, exclusive),  # every try: a GPU drained meanwhile is left out
                 self.slots_per_gpu,
                 node=self.node,
                 groups=groups,

@@ -25,11 +25,13 @@ from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.admission import AdmissionContext
-from workbench_spawner.rules.quota import QuotaBook, gpu_hours_used
+from workbench_spawner.rules.gpu_hours import gpu_hours_used
+from workbench_spawner.rules.quota import QuotaBook
 from workbench_spawner.rules.reservations import reserved_now
 
 log = logging.getLogger("workbench.policy")
@@ -96,6 +98,14 @@ class GPUPolicy:
     def models(self) -> list[str]:
         return self.settings.models()
 
+    def sharing(self) -> tuple[tuple[GPUDevice, int], ...]:
+        """Every device with its slots where this hub time-slices some device and places GPUs itself
+        (admission's ``shared_gpus`` rule); empty otherwise: an engine shares nothing of ours."""
+        if not self.shared or isinstance(self.placement, EnginePlacement):
+            return ()
+        slots = self.settings.slots()
+        return tuple((d, slots[d.uuid]) for d in self.devices)
+
     # -- reads (blocking) ---------------------------------------------------------
 
     def status(self) -> list[GPUStatus]:
@@ -136,6 +146,7 @@ class GPUPolicy:
             inventory_models=self.settings.whole_models(),
             slices=self.settings.slices(),
             pins_slices=self.placement.pins_slices,
+            sharing=self.sharing(),
             held_elsewhere=held_elsewhere,
             gpu_hours_used=gpu_hours_used(self.store, user),
             free_by_model=free_by_model,
@@ -175,8 +186,12 @@ class GPUPolicy:
         timeout: float,
         report: Report = lambda ahead, why="": None,
         groups: tuple[str, ...] = (),
+        exclusive: bool = False,
     ) -> Lease:
-        return await self.placement.place(user, server, count, model, timeout, report, groups=groups)
+        """Host placement; ``exclusive``: only devices a server holds alone (admission's ``shared_gpus``,
+        which only host placement honours: an engine placement is never asked)."""
+        only = {"exclusive": True} if exclusive else {}
+        return await self.placement.place(user, server, count, model, timeout, report, groups=groups, **only)
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
         return self.placement.release(user, server, reason)

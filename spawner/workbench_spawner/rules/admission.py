@@ -16,8 +16,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from workbench_spawner.form.options import OptionError, SpawnRequest, parse_options
+from workbench_spawner.form.options import OptionError, SpawnRequest, device_matches, parse_options
 from workbench_spawner.rules.quota import EffectiveQuota
+from workbench_spawner.rules.reservations import gpus_text
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,9 @@ class AdmissionContext:
     # MIG slices by profile and model ({"1g.18gb": {"H200-141GB": 7}}); inventory_size counts whole GPUs.
     slices: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     pins_slices: bool = True  # False: the backend hands out whole GPUs only
+    # Every device with how many servers may hold it (``PolicySettings.slots_for``), given only where
+    # the hub time-slices some device and places GPUs itself; empty: no device is shared.
+    sharing: Sequence[tuple[Any, int]] = ()
 
     @property
     def budget_spent(self) -> bool:
@@ -77,6 +81,39 @@ class AdmissionContext:
 
 def admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted | Refusal:
     """Check ``options`` (form or REST, already normalised) against the rules."""
+    verdict = _admit(options, ctx)
+    if isinstance(verdict, Refusal):
+        return verdict
+    request = _unshared(verdict.request, ctx)
+    return request if isinstance(request, Refusal) else replace(verdict, request=request)
+
+
+def _unshared(request: SpawnRequest, ctx: AdmissionContext) -> SpawnRequest | Refusal:
+    """A quota that forbids time-sliced GPUs (``shared_gpus`` false) gets only devices of the asked kind
+    that one server holds alone: the request is marked ``exclusive`` for placement, or refused in words
+    where too few such devices exist."""
+    if not request.gpus or ctx.quota.quota.shared_gpus or all(slots == 1 for _, slots in ctx.sharing):
+        return request
+    matching = [slots for device, slots in ctx.sharing if device_matches(device, request.kind)]
+    alone = sum(1 for slots in matching if slots == 1)
+    if alone >= request.gpus:
+        return replace(request, exclusive=True)
+    source = ctx.quota.describe
+    what = gpus_text(request.gpus, request.kind)
+    if not alone:
+        most = max(matching, default=1)
+        why = f"every {what.split(' ', 1)[1].rstrip('s')} here is time-sliced (shared by up to {most} servers)"
+    else:
+        why = f"only {alone} of them here {'is' if alone == 1 else 'are'} not time-sliced"
+    return Refusal(
+        f"Cannot start the server: you asked for {what}, but {source} allows no time-sliced GPUs and {why}. "
+        f"Ask for another kind of GPU or fewer, or ask {ctx.contact} to allow time-sliced GPUs for you.",
+        403,
+        "quota",
+    )
+
+
+def _admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted | Refusal:
     quota = ctx.quota.quota
     source = ctx.quota.describe
     allowed = ctx.allowed_now()

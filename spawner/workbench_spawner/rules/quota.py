@@ -12,6 +12,9 @@ A quota is set for a JupyterHub user or a JupyterHub group and has these parts:
 * ``whole_gpus`` (default true): whether whole (non-MIG) GPUs are allowed;
 * ``allowed_profiles`` (optional): the MIG profiles (``1g.18gb``) this user
   may get; null: any, []: no slices (``Quota.allows_profile``);
+* ``shared_gpus`` (default true): whether a time-sliced GPU (one that several
+  servers share, ``servers_per_device``) may be this user's; false: only
+  devices a server holds alone, for work that needs its memory to itself;
 * ``max_session_hours`` (optional): how long one server may run;
 * ``gpu_idle_minutes`` and ``gpu_idle_threshold`` (optional): stop a server
   whose GPUs all stayed under the threshold (percent) that long, so they go
@@ -25,8 +28,8 @@ The effective quota of a user is (``effective_quota``):
    part in the order above (more GPUs wins; then more GPU-hours, no limit
    beating any limit; then any model beating a list, a longer list beating a
    shorter one; then whole GPUs allowed beating not; then any MIG profile
-   beating a list, a longer list beating a shorter one; then the longer
-   session; then idle reclaim); ties go to the group whose name sorts first;
+   beating a list, a longer list beating a shorter one; then shared GPUs
+   allowed beating not; then the longer session; then idle reclaim); ties go to the group whose name sorts first;
 3. else the default from the hub configuration.
 
 Quotas live in the allocation store's database (table ``gpu_quotas``), so the
@@ -41,7 +44,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Boolean, DateTime, Float, Integer, String, Text, UniqueConstraint, delete, select, true
@@ -50,7 +53,6 @@ from sqlalchemy.orm import Mapped, mapped_column
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 
-WEEK = timedelta(days=7)
 # Bounds that catch typos (a quota of 1e9 GPUs or 10 years of GPU-hours).
 MAX_GPUS_LIMIT = 1024
 MAX_GPU_HOURS_LIMIT = 1_000_000.0
@@ -72,6 +74,7 @@ QUOTA_FIELDS = (
     "gpu_idle_threshold",
     "whole_gpus",
     "allowed_profiles",
+    "shared_gpus",
 )
 KINDS = ("user", "group")
 
@@ -97,6 +100,7 @@ class QuotaRow(Base):
     gpu_idle_threshold: Mapped[float | None] = mapped_column(Float, nullable=True)  # percent
     whole_gpus: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # migration 0005
     allowed_profiles: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON list; null: any
+    shared_gpus: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # migration 0006
     updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_by: Mapped[str] = mapped_column(String(255), default="")
 
@@ -124,6 +128,7 @@ class Quota:
     gpu_idle_threshold: float | None = None  # percent; None: the hub's default
     whole_gpus: bool = True  # whole (non-MIG) GPUs allowed
     allowed_profiles: tuple[str, ...] | None = None  # MIG profiles, lower case; None: any, (): no slices
+    shared_gpus: bool = True  # time-sliced GPUs allowed (False: only devices a server holds alone)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -135,6 +140,7 @@ class Quota:
             "gpu_idle_threshold": self.gpu_idle_threshold,
             "whole_gpus": self.whole_gpus,
             "allowed_profiles": list(self.allowed_profiles) if self.allowed_profiles is not None else None,
+            "shared_gpus": self.shared_gpus,
         }
 
     @classmethod
@@ -150,6 +156,7 @@ class Quota:
             gpu_idle_threshold=data.get("gpu_idle_threshold"),
             whole_gpus=bool(data.get("whole_gpus", True)),
             allowed_profiles=tuple(profiles) if profiles is not None else None,
+            shared_gpus=bool(data.get("shared_gpus", True)),
         )
 
     def generosity(self) -> tuple:
@@ -160,6 +167,7 @@ class Quota:
             inf if self.allowed_models is None else len(self.allowed_models),
             self.whole_gpus,
             inf if self.allowed_profiles is None else len(self.allowed_profiles),
+            self.shared_gpus,
             inf if self.max_session_hours is None else self.max_session_hours,
             # Idle reclaim last: off (0) beats any limit, a longer one a shorter; no opinion (None) is least.
             -inf if self.gpu_idle_minutes is None else (inf if self.gpu_idle_minutes == 0 else self.gpu_idle_minutes),
@@ -240,6 +248,7 @@ def quota_from_body(body: Mapping[str, Any], known_models: Iterable[str] | None 
         gpu_idle_threshold=number("gpu_idle_threshold"),
         whole_gpus=bool(body.get("whole_gpus", True)),
         allowed_profiles=_profiles(body.get("allowed_profiles")),
+        shared_gpus=bool(body.get("shared_gpus", True)),
     )
     if quota.max_gpus > 0 and not quota.whole_gpus and quota.allowed_profiles == ():
         raise QuotaError(
@@ -276,6 +285,7 @@ def _row_to_quota(row: QuotaRow) -> Quota:
         gpu_idle_threshold=row.gpu_idle_threshold,
         whole_gpus=bool(row.whole_gpus) if row.whole_gpus is not None else True,
         allowed_profiles=tuple(profiles) if profiles is not None else None,
+        shared_gpus=bool(row.shared_gpus) if row.shared_gpus is not None else True,
     )
 
 
@@ -335,6 +345,7 @@ class QuotaBook:
             row.allowed_profiles = (
                 json.dumps(list(quota.allowed_profiles)) if quota.allowed_profiles is not None else None
             )
+            row.shared_gpus = quota.shared_gpus
             row.updated = utcnow()
             row.updated_by = by[:255]
             session.flush()
@@ -397,39 +408,3 @@ def effective_quota(own: Quota | None, group_quotas: Mapping[str, Quota], defaul
         name, quota = max(best, key=lambda item: item[1].generosity())
         return EffectiveQuota(quota, "group", name)
     return EffectiveQuota(default, "default")
-
-
-# -- the GPU-hours ledger ---------------------------------------------------------------
-
-
-def gpu_hours_by_user(
-    store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK, user: str | None = None
-) -> dict[str, float]:
-    """GPU-hours per user in the rolling window ending ``now``.
-
-    Finished leases come from the usage ledger (one row per GPU), clipped to
-    the window; leases held now count from their start (or the window's
-    start) until ``now``. Both live in the database, so a hub restart loses
-    nothing. Every device's hours count its share of a GPU, recorded when
-    its lease was made: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
-    """
-    now = now or utcnow()
-    cutoff = now - window
-    seconds: dict[str, float] = {}
-    for row in store.usage(since=cutoff, user=user):
-        start = max(_aware(row.started), cutoff)
-        end = min(_aware(row.ended), now)
-        if end > start:
-            share = row.share if row.share is not None else 1.0
-            seconds[row.user] = seconds.get(row.user, 0.0) + share * (end - start).total_seconds()
-    for lease in store.leases():
-        if user is not None and lease.user != user:
-            continue
-        start = max(lease.since, cutoff)
-        if now > start:
-            seconds[lease.user] = seconds.get(lease.user, 0.0) + lease.gpu_share * (now - start).total_seconds()
-    return {name: value / 3600.0 for name, value in seconds.items()}
-
-
-def gpu_hours_used(store: AllocationStore, user: str, now: datetime | None = None, window: timedelta = WEEK) -> float:
-    return gpu_hours_by_user(store, now, window, user=user).get(user, 0.0)

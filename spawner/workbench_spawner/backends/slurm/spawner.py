@@ -62,7 +62,7 @@ from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.rules.quota import gpu_hours_used
+from workbench_spawner.rules.gpu_hours import gpu_hours_used
 
 BATCH_SCRIPT = """#!/bin/bash
 {% for opt in sbatch_lines %}#SBATCH {{opt}}
