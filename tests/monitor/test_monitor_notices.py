@@ -87,3 +87,36 @@ def test_notices_need_the_server_s_authentication(pinned_server):
     assert pinned_server.get("api/gpu/notices", auth=False).status_code == 403
     assert put(pinned_server, {"notices": [idle_notice()]}, auth=False).status_code == 403
     assert pinned_server.get("api/gpu/notices").json()["notices"] == []
+
+
+def test_the_hub_says_who_shares_a_time_sliced_gpu(pinned_server):
+    sharing = [{"uuid": "GPU-sim-00-t4-16gb", "slots": 4, "others": 2}]
+    assert put(pinned_server, {"notices": [], "sharing": sharing}).status_code == 200
+    assert pinned_server.get("api/gpu/notices").json()["sharing"] == sharing
+    # Sharing left out is none: a service that says nothing of it withdraws it.
+    assert put(pinned_server, {"notices": []}).status_code == 200
+    assert pinned_server.get("api/gpu/notices").json()["sharing"] == []
+
+
+@pytest.mark.parametrize(
+    "sharing, words",
+    [
+        ("x", "sharing must be a list"),
+        ([{"uuid": "GPU-a", "slots": 2}], '{"uuid": ..., "slots": ..., "others": ...}'),
+        ([{"uuid": "", "slots": 2, "others": 0}], "uuid must be a GPU's UUID"),
+        ([{"uuid": "GPU-a", "slots": "2", "others": 0}], "whole numbers"),
+        ([{"uuid": "GPU-a", "slots": True, "others": 0}], "whole numbers"),
+        ([{"uuid": "GPU-a", "slots": 1, "others": 0}], "at least 2 servers"),
+        ([{"uuid": "GPU-a", "slots": 2, "others": 2}], "not slots=2, others=2"),
+        ([{"uuid": "GPU-a", "slots": 2, "others": -1}], "others=-1"),
+        ([{"uuid": f"GPU-{i}", "slots": 2, "others": 0} for i in range(65)], "at most 64"),
+    ],
+)
+def test_bad_sharing_is_refused_with_a_sentence_and_changes_nothing(pinned_server, sharing, words):
+    kept = [{"uuid": "GPU-kept", "slots": 2, "others": 1}]
+    assert put(pinned_server, {"notices": [idle_notice(10)], "sharing": kept}).status_code == 200
+    r = put(pinned_server, {"notices": [], "sharing": sharing})
+    assert r.status_code == 400 and words in r.json()["message"], r.text
+    body = pinned_server.get("api/gpu/notices").json()
+    assert body["sharing"] == kept and [n["id"] for n in body["notices"]] == ["7"]
+    put(pinned_server, {"notices": []})

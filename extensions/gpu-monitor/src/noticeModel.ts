@@ -13,9 +13,47 @@ export interface INotice {
   seconds_left: number | null;
 }
 
+/** One of this server's time-sliced GPUs: how many servers it takes, how many others hold it now. */
+export interface ISharing {
+  uuid: string;
+  slots: number;
+  others: number;
+}
+
 export interface INoticeList {
   now: string;
   notices: INotice[];
+  sharing?: ISharing[];
+}
+
+/**
+ * The status-bar words for this server's time-sliced GPUs, or null when it
+ * holds its GPUs alone: "GPU shared with 2 others", "GPU time-sliced: yours
+ * alone now"; with several GPUs, the most crowded one speaks for them.
+ */
+export function sharingText(sharing: ISharing[] | undefined): string | null {
+  if (!sharing || sharing.length === 0) {
+    return null;
+  }
+  const others = Math.max(...sharing.map(s => s.others));
+  const noun = sharing.length === 1 ? 'GPU' : 'GPUs';
+  if (others === 0) {
+    return `${noun} time-sliced: yours alone now`;
+  }
+  return `${noun} shared with ${sharing.length === 1 ? '' : 'up to '}${others} other${others === 1 ? '' : 's'}`;
+}
+
+/** The tooltip: each GPU, its servers at most and the others on it now. */
+export function sharingTitle(sharing: ISharing[]): string {
+  const lines = sharing.map(
+    s =>
+      `${s.uuid}: time-sliced, up to ${s.slots} servers; ${s.others} other server${s.others === 1 ? '' : 's'} on it now`
+  );
+  return [
+    ...lines,
+    '',
+    'A time-sliced GPU divides its time, not its memory: the other servers use the same GPU memory.'
+  ].join('\n');
 }
 
 /** "9:41", "1:02:03", "0:00"; whole seconds, never negative. */

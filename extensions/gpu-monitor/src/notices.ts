@@ -8,7 +8,10 @@ import {
   diffNotices,
   INotice,
   INoticeList,
+  ISharing,
   localDeadline,
+  sharingText,
+  sharingTitle,
   soonest,
   toastText
 } from './noticeModel';
@@ -17,7 +20,8 @@ const POLL_MS = 10_000;
 
 /**
  * The hub's notices for this server: a JupyterLab notification per notice and
- * a status-bar countdown to the soonest stop.
+ * a status-bar countdown to the soonest stop; without one, the status bar
+ * says whether this server's GPU is time-sliced ("GPU shared with 2 others").
  *
  * Reads ``api/gpu/notices`` (posted there by the workbench service on the
  * hub) every 10 s while the tab is visible; the countdown ticks every second
@@ -25,6 +29,7 @@ const POLL_MS = 10_000;
  */
 export class NoticeStatusItem extends Widget {
   private notices: INotice[] = [];
+  private sharing: ISharing[] = [];
   private receivedAt = 0;
   private toasts = new Map<string, string>();
   private pollTimer: number | null = null;
@@ -89,6 +94,7 @@ export class NoticeStatusItem extends Widget {
   private receive(list: INoticeList): void {
     const { added, changed, removed } = diffNotices(this.notices, list.notices);
     this.notices = list.notices;
+    this.sharing = list.sharing ?? [];
     this.receivedAt = Date.now();
     for (const id of removed) {
       const toast = this.toasts.get(id);
@@ -127,9 +133,12 @@ export class NoticeStatusItem extends Widget {
 
   render(): void {
     const n = soonest(this.notices);
-    this.node.hidden = n === null;
+    const shared = sharingText(this.sharing);
+    this.node.hidden = n === null && shared === null;
     if (n === null) {
-      this.node.textContent = '';
+      this.node.textContent = shared ?? '';
+      this.node.dataset.kind = shared === null ? '' : 'shared';
+      this.node.title = shared === null ? '' : sharingTitle(this.sharing);
       return;
     }
     const text = countdownText(n, this.secondsLeft(n));

@@ -9,12 +9,16 @@ proxy routes to it) while the user server cannot always reach the service.
 
 ``GET {base_url}api/gpu/notices``
     ``{"now": iso, "notices": [{"id", "kind", "message", "hint", "stop_at",
-    "seconds_left"}]}``: the live notices, ``seconds_left`` counted from this
-    server's clock so a browser with a wrong clock still counts down right.
+    "seconds_left"}], "sharing": [{"uuid", "slots", "others"}]}``: the live
+    notices, ``seconds_left`` counted from this server's clock so a browser
+    with a wrong clock still counts down right; ``sharing``: this server's
+    time-sliced GPUs, how many servers each takes and how many other servers
+    hold it now (the status bar says "GPU shared with 2 others").
 ``PUT {base_url}api/gpu/notices``
-    Replaces the whole list (``{"notices": [...]}``; an empty list withdraws
-    them). Under JupyterHub only a service (the workbench service's token,
-    with ``access:servers``) may do this; the user reads, never writes, so a
+    Replaces the whole list (``{"notices": [...], "sharing": [...]}``; an
+    empty list withdraws them; ``sharing`` left out is an empty list).
+    Under JupyterHub only a service (the workbench service's token, with
+    ``access:servers``) may do this; the user reads, never writes, so a
     browser script cannot hide a warning from its user by accident.
 
 Notices live in memory: a server that restarts has none until the next pass
@@ -33,6 +37,8 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 NOTICES_KEY = "workbench_gpu_monitor_notices"
+SHARING_KEY = "workbench_gpu_monitor_sharing"
+MAX_SHARED = 64
 MAX_NOTICES = 16
 MAX_TEXT = 2000
 FIELDS = ("id", "kind", "message", "hint", "stop_at")
@@ -93,14 +99,37 @@ def parse_notices(body: Any) -> list[dict]:
     return notices
 
 
-def render(notices: list[dict], now: datetime | None = None) -> dict:
+def parse_sharing(body: dict) -> list[dict]:
+    """The time-sliced GPUs of a PUT body (checked after ``parse_notices``); raise NoticeError with a sentence."""
+    items = body.get("sharing", [])
+    if not isinstance(items, list) or len(items) > MAX_SHARED:
+        raise NoticeError(f"sharing must be a list of at most {MAX_SHARED} GPUs")
+    sharing = []
+    for item in items:
+        if not isinstance(item, dict) or set(item) != {"uuid", "slots", "others"}:
+            raise NoticeError('each sharing entry must be {"uuid": ..., "slots": ..., "others": ...}')
+        uuid, slots, others = item["uuid"], item["slots"], item["others"]
+        if not isinstance(uuid, str) or not 0 < len(uuid) <= 128:
+            raise NoticeError("a sharing entry's uuid must be a GPU's UUID (text)")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (slots, others)):
+            raise NoticeError("a sharing entry's slots and others must be whole numbers")
+        if slots < 2 or not 0 <= others < slots:
+            raise NoticeError(
+                f"sharing of {uuid}: a time-sliced GPU takes at least 2 servers (slots) and others holders "
+                f"besides this server must be fewer than slots, not slots={slots}, others={others}"
+            )
+        sharing.append({"uuid": uuid, "slots": slots, "others": others})
+    return sharing
+
+
+def render(notices: list[dict], sharing: list[dict], now: datetime | None = None) -> dict:
     now = now or datetime.now(UTC)
     out = []
     for n in notices:
         stop_at = n["stop_at"]
         left = None if stop_at is None else max(0.0, (stop_at - now).total_seconds())
         out.append({**n, "stop_at": stop_at.isoformat() if stop_at else None, "seconds_left": left})
-    return {"now": now.isoformat(), "notices": out}
+    return {"now": now.isoformat(), "notices": out, "sharing": sharing}
 
 
 class GPUNoticesHandler(APIHandler):
@@ -114,7 +143,7 @@ class GPUNoticesHandler(APIHandler):
     @authorized
     async def get(self):
         self.set_header("Cache-Control", "no-store")
-        self.finish(json.dumps(render(self.notices)))
+        self.finish(json.dumps(render(self.notices, self.settings.get(SHARING_KEY, []))))
 
     @web.authenticated
     @authorized
@@ -130,8 +159,10 @@ class GPUNoticesHandler(APIHandler):
             raise web.HTTPError(400, "the body is not JSON") from None
         try:
             parsed = parse_notices(body)
+            sharing = parse_sharing(body)
         except NoticeError as exc:
             raise web.HTTPError(400, str(exc)) from None
         self.settings[NOTICES_KEY] = parsed
-        self.log.info("GPU monitor: %d notice(s) from the hub", len(parsed))
-        self.finish(json.dumps(render(parsed)))
+        self.settings[SHARING_KEY] = sharing
+        self.log.info("GPU monitor: %d notice(s), %d time-sliced GPU(s) from the hub", len(parsed), len(sharing))
+        self.finish(json.dumps(render(parsed, sharing)))

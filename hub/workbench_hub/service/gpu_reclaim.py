@@ -57,7 +57,7 @@ from workbench_spawner.rules.idle import (
 
 from .fleet import Fleet
 from .hub_client import HubClient
-from .notice_delivery import NoticeDelivery
+from .notice_delivery import NoticeDelivery, time_sliced
 from .utilization import SourceChooser
 
 log = logging.getLogger("workbench.service")
@@ -272,6 +272,7 @@ def make_reclaimer(fleet: Fleet, hub: HubClient, args) -> Reclaimer:
 
     servers = UserServers(args.proxy_url, hub.token)
     chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(servers))
-    return Reclaimer(
-        fleet, hub, chooser, NoticeDelivery(NoticeBook(fleet.store), servers), interval=args.idle_check_seconds
+    delivery = NoticeDelivery(
+        NoticeBook(fleet.store), servers, sharing=lambda: time_sliced(fleet.store.leases(), fleet.settings.slots())
     )
+    return Reclaimer(fleet, hub, chooser, delivery, interval=args.idle_check_seconds)

@@ -69,5 +69,6 @@ class UserServers:
             raise ServerUnreachable("api/gpu/metrics answered with no JSON object")
         return data
 
-    async def put_notices(self, server_path: str, notices: list[dict]) -> None:
-        await self.call("PUT", server_path, "api/gpu/notices", {"notices": notices})
+    async def put_notices(self, server_path: str, notices: list[dict], sharing: list[dict] | None = None) -> None:
+        """Replace the server's notices and its time-sliced GPUs (``notice_delivery``)."""
+        await self.call("PUT", server_path, "api/gpu/notices", {"notices": notices, "sharing": sharing or []})

@@ -5,6 +5,8 @@ import {
   formatCountdown,
   INotice,
   localDeadline,
+  sharingText,
+  sharingTitle,
   soonest,
   toastText
 } from '../noticeModel';
@@ -94,5 +96,32 @@ describe('diffNotices', () => {
       changed: [],
       removed: []
     });
+  });
+});
+
+describe('sharingText', () => {
+  const gpu = (others: number, slots = 4, uuid = 'GPU-a') => ({
+    uuid,
+    slots,
+    others
+  });
+  it.each([
+    [undefined, null],
+    [[], null],
+    [[gpu(0)], 'GPU time-sliced: yours alone now'],
+    [[gpu(1)], 'GPU shared with 1 other'],
+    [[gpu(3)], 'GPU shared with 3 others'],
+    [[gpu(1), gpu(2, 4, 'GPU-b')], 'GPUs shared with up to 2 others'],
+    [[gpu(0), gpu(0, 2, 'GPU-b')], 'GPUs time-sliced: yours alone now']
+  ])('%j -> %s', (sharing, text) => {
+    expect(sharingText(sharing)).toBe(text);
+  });
+
+  it('names each GPU and warns that memory is not divided', () => {
+    const title = sharingTitle([gpu(2, 4, 'GPU-sim-00-t4-16gb')]);
+    expect(title).toContain(
+      'GPU-sim-00-t4-16gb: time-sliced, up to 4 servers; 2 other servers on it now'
+    );
+    expect(title).toContain('divides its time, not its memory');
   });
 });
