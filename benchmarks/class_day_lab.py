@@ -29,6 +29,7 @@ from pathlib import Path
 
 from class_day_trace import CLASS, CLASS_MINUTES, LECTURE, PRE, START, Person, burst, stretch
 from workbench_devices import DeviceInventory, GPUDevice
+from workbench_devices.inventory import simulated_gpu_instance_id
 from workbench_devices.mig import parse_layout
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
@@ -88,6 +89,7 @@ def simulated_inventory(gpus: int, layout: str = "") -> DeviceInventory:
                 mig=True,
                 profile=profile.name,
                 parent_uuid=whole.uuid,
+                gpu_instance_id=simulated_gpu_instance_id(place),
             )
             for place, profile in enumerate(slices)
         ]

@@ -45,7 +45,11 @@ class GPUDevice:
 
     A slice has ``mig`` set, its ``profile`` (``1g.18gb``), its parent GPU's
     UUID, and the parent's ``index`` and ``model``: a slice of an H200 is an
-    H200-141GB slice, so a model rule applies to its slices too."""
+    H200-141GB slice, so a model rule applies to its slices too. Its
+    ``gpu_instance_id`` is the driver's GPU instance id on that GPU: DCGM (and
+    so dcgm-exporter, label ``GPU_I_ID``) names a slice by its parent's UUID
+    and this id, never by the slice's ``MIG-`` UUID, so a slice's
+    utilization can only be found with both."""
 
     uuid: str
     index: int
@@ -58,6 +62,7 @@ class GPUDevice:
     node: str = ""
     profile: str = ""  # a slice's MIG profile; "" for a whole GPU
     parent_uuid: str = ""  # a slice's GPU
+    gpu_instance_id: int | None = None  # a slice's GPU instance id on its GPU (NVML, DCGM's GPU_I_ID)
 
     @property
     def share(self) -> float:
@@ -178,11 +183,19 @@ def parse_simulated_spec(spec: str, node: str | None = None) -> list[GPUDevice]:
                         simulated=True,
                         profile=profile.name,
                         parent_uuid=whole.uuid,
+                        # Stable per place, as the UUID is; a real driver numbers its own (see _slice).
+                        gpu_instance_id=simulated_gpu_instance_id(place),
                     )
                 )
         if gpus > 64:
             raise DeviceSpecError("WORKBENCH_SIMULATED_GPUS: at most 64 simulated GPUs")
     return devices
+
+
+def simulated_gpu_instance_id(place: int) -> int:
+    """The GPU instance id of a simulated slice: its place in its GPU's layout, from 1 (a demo's exporter
+    text, or a test's, names a simulated slice with it as ``GPU_I_ID``, its GPU's UUID as ``UUID``)."""
+    return place + 1
 
 
 def nvml_devices() -> list[GPUDevice]:
@@ -256,7 +269,17 @@ def _slice(pynvml, handle, parent: GPUDevice) -> GPUDevice:
         mig=True,
         profile=profile,
         parent_uuid=parent.uuid,
+        gpu_instance_id=_gpu_instance_id(pynvml, handle),
     )
+
+
+def _gpu_instance_id(pynvml, handle) -> int | None:
+    """A slice's GPU instance id (what DCGM calls it), or None where the driver or library cannot say:
+    that slice then has no DCGM reading, which idle reclaim never counts as idle."""
+    try:
+        return int(pynvml.nvmlDeviceGetGpuInstanceId(handle))
+    except (pynvml.NVMLError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def _profile_from_attributes(pynvml, handle, total: int) -> str:

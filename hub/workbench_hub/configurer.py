@@ -172,6 +172,29 @@ def update_idle(mixin, env: Env) -> None:
     mixin.gpu_idle_minutes = float(minutes)
     mixin.gpu_idle_threshold = float(threshold)
     mixin.gpu_idle_warn_minutes = float(warn)
+    urls = dcgm_exporter_urls(env)
+    if urls:
+        mixin.dcgm_exporter_urls = urls
+
+
+def dcgm_exporter_urls(env: Env) -> list[str]:
+    """``WORKBENCH_DCGM_EXPORTER_URL``: the dcgm-exporters' /metrics URLs (comma-separated), where idle
+    reclaim reads MIG slices' utilization; a bare ``host:port`` gets ``http://`` and ``/metrics``."""
+    urls = []
+    for item in comma_list(env, "WORKBENCH_DCGM_EXPORTER_URL"):
+        url = item if "://" in item else f"http://{item}"
+        parsed = urlparse(url)
+        try:
+            parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            parsed = parsed._replace(netloc="")
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ConfigError(
+                f"WORKBENCH_DCGM_EXPORTER_URL: cannot read {item[:80]!r}; write dcgm-exporter's metrics URL, "
+                "e.g. http://gpu-node-1:9400/metrics (several: comma-separated)"
+            )
+        urls.append(url if parsed.path not in ("", "/") else url.rstrip("/") + "/metrics")
+    return urls
 
 
 def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:

@@ -103,4 +103,4 @@ def test_the_fleet_page_says_which_servers_have_no_idle_rule_and_why():
     )
     assert html.count("no reading (MIG slice): no idle rule</span>") == 1
     assert html.count("no reading: no idle rule</span>") == 1
-    assert '(g.mig ? "no reading (MIG slice): no idle rule" : "no reading: no idle rule")' in html
+    assert '(g.mig ? "no reading (MIG slice" + (g.no_reading_reason ? ": " + g.no_reading_reason : "") +' in html

@@ -21,7 +21,11 @@ Everything here is read from the GPU database the hub writes:
   backend: the hub published which one runs.
 
 Live utilization and memory come from ``workbench_devices`` (NVML, or the
-simulated readings for a simulated inventory), cached for a second.
+simulated readings for a simulated inventory), cached for a second; a MIG
+slice's utilization from the hub's dcgm-exporters where it names any
+(``dcgm.py``: ``reading_source`` "dcgm"), and where a held slice has none,
+``no_reading_reason`` says why (no exporter configured, exporter unreachable,
+no series for this slice...): it has no idle rule then.
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
 from workbench_spawner.rules.quota import Quota, QuotaBook
+
+from .dcgm import NOT_CONFIGURED, DcgmExporters, Scrape
 
 log = logging.getLogger("workbench.service")
 
@@ -75,6 +81,7 @@ class Fleet:
         self._reading: dict | None = None
         self._reading_at = 0.0
         self._inventory: DeviceInventory | None = None  # the backend's view, refreshed with the settings
+        self.dcgm = DcgmExporters()  # MIG slices' readings, shared by the page and idle reclaim
 
     # -- the hub's settings ----------------------------------------------------------
 
@@ -167,6 +174,20 @@ class Fleet:
         self._reading, self._reading_at = result, time.monotonic()
         return result
 
+    def dcgm_scrape(self) -> Scrape | None:
+        """The dcgm-exporters' series (blocking, at most one scrape every 2 s); None when the hub names none."""
+        urls = self.settings.dcgm_exporter_urls
+        return self.dcgm.scrape(urls) if urls else None
+
+    def _slice_reading(self, device, reading: dict, scrape: Scrape | None) -> tuple[dict, str | None]:
+        """A slice's reading from DCGM where the hub names exporters, and why there is none if none."""
+        if scrape is None:
+            return reading, None if reading.get("utilization_percent") is not None else NOT_CONFIGURED
+        percent, why = scrape.reading(device)
+        if percent is None:
+            return {**reading, "utilization_percent": None}, why
+        return {**reading, "utilization_percent": percent, "source": "dcgm"}, None
+
     # -- views -----------------------------------------------------------------------------
 
     def gpus(self) -> list[dict]:
@@ -187,16 +208,21 @@ class Fleet:
         # Idle clocks by (node, GPU): on a cluster a track names the lease's node, on one host this one.
         idle = {(t.node or settings.node, t.gpu_uuid): t for t in IdleBook(self.store).tracks()}
         drained = DrainBook(self.store).drained()
+        scrape = self.dcgm_scrape() if any(d.mig for d in self.inventory.devices) else None
         result = []
         for device in self.inventory.devices:
             reading = readings.get(device.uuid, {})
             held = holders.get(device.uuid, [])
+            why = None
+            if device.mig:
+                reading, why = self._slice_reading(device, reading, scrape)
             track = idle.get((device.node or settings.node, device.uuid)) if held else None
             idle_for = track.idle_for(now) if track else None
             if reading.get("utilization_percent") is None and track is not None and track.utilization is not None:
                 # A GPU the service cannot read itself (another node): idle reclaim's last reading of it,
                 # from the user server's own monitor.
                 reading = {**reading, "utilization_percent": track.utilization, "source": track.source}
+                why = None
             closed = is_drained(device, drained)
             result.append(
                 {
@@ -223,6 +249,9 @@ class Fleet:
                     "temperature_c": reading.get("temperature_c"),
                     "power_w": reading.get("power_w"),
                     "reading_source": reading.get("source"),
+                    # A held slice without a reading (so without an idle rule): why ("no exporter configured"...).
+                    "no_reading_reason": why if held and reading.get("utilization_percent") is None else None,
+                    "gpu_instance_id": device.gpu_instance_id,
                     # Idle reclaim's clock for a held GPU (None: busy, or no reading yet).
                     "idle_seconds": None if idle_for is None else round(idle_for.total_seconds(), 1),
                 }

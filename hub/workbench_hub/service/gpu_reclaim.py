@@ -6,7 +6,8 @@ default 30; 0 turns the loop off), in the workbench service:
 1. lists the leases (the GPU database) and the hub's running servers;
 2. reads each held GPU's utilization where it is true (``utilization.py``:
    the hub's NVML or simulated source for local and docker, the user
-   server's own monitor where the hub cannot see the node's GPUs);
+   server's own monitor where the hub cannot see the node's GPUs, the
+   site's dcgm-exporter for a MIG slice, ``dcgm.py``);
 3. advances each GPU's idle clock and judges each server by the rules of
    ``workbench_spawner.rules.idle`` with the user's rule (quota, else the hub's
    ``WORKBENCH_GPU_IDLE_MINUTES``) and the exempt groups;
@@ -266,12 +267,14 @@ class Reclaimer:
 
 
 def make_reclaimer(fleet: Fleet, hub: HubClient, args) -> Reclaimer:
-    """The loop as the service runs it: host readings where the hub sees the GPUs, else the server's monitor."""
+    """The loop as the service runs it: host readings where the hub sees the GPUs, else the server's monitor;
+    MIG slices from the hub's dcgm-exporters where it names any."""
+    from .dcgm import DcgmReadings
     from .user_servers import UserServers
     from .utilization import HostReadings, ServerMonitorReadings
 
     servers = UserServers(args.proxy_url, hub.token)
-    chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(servers))
+    chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(servers), dcgm=DcgmReadings(fleet))
     delivery = NoticeDelivery(
         NoticeBook(fleet.store), servers, sharing=lambda: time_sliced(fleet.store.leases(), fleet.settings.slots())
     )

@@ -8,11 +8,17 @@ Each backend has one place where the number is true:
   lists): the user server's GPU monitor, ``GET {server}api/gpu/metrics``,
   read through the proxy with the service's token (``user_servers.py``).
 
-``SourceChooser`` picks one per lease: a source registered for the lease's
-node wins (a backend plugs its own in with ``register``), else the host's
-readings when the lease is on the hub's node and the hub can read its GPUs,
-else the server's monitor. A source answers ``{uuid: percent or None}``;
-None means "no reading", which the idle rules never count as idle.
+A MIG slice has neither: NVML has no utilization per slice. Its one honest
+reading is DCGM's per-instance ``DCGM_FI_PROF_GR_ENGINE_ACTIVE``, from the
+dcgm-exporters the hub names (``dcgm_exporter_urls``; ``dcgm.py``).
+
+``SourceChooser`` picks one per lease: a lease holding a slice reads from the
+exporters when the hub names any (its whole GPUs, if any, as below); else a
+source registered for the lease's node wins (a backend plugs its own in with
+``register``), else the host's readings when the lease is on the hub's node
+and the hub can read its GPUs, else the server's monitor. A source answers
+``{uuid: percent or None}``; None means "no reading", which the idle rules
+never count as idle.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from typing import Protocol
 
 from workbench_spawner.ledger.store import Lease
 
+from .dcgm import DcgmReadings
 from .user_servers import ServerUnreachable, UserServers
 
 Readings = dict[str, "float | None"]
@@ -93,9 +100,16 @@ class ServerMonitorReadings:
 
 
 class SourceChooser:
-    def __init__(self, host: HostReadings, server: ServerMonitorReadings, host_node: str | None = None):
+    def __init__(
+        self,
+        host: HostReadings,
+        server: ServerMonitorReadings,
+        host_node: str | None = None,
+        dcgm: DcgmReadings | None = None,
+    ):
         self.host = host
         self.server = server
+        self.dcgm = dcgm  # None: slices read like whole GPUs (no reading: no idle rule)
         self._host_node = host_node  # None: the node in the hub's stored settings, read each time
         self._by_node: dict[str, UtilizationSource] = {}
 
@@ -107,6 +121,12 @@ class SourceChooser:
         self._by_node[node] = source
 
     def for_lease(self, lease: Lease) -> UtilizationSource:
+        base = self._base(lease)
+        if self.dcgm is not None and self.dcgm.covers(lease):
+            return self.dcgm.over(base)
+        return base
+
+    def _base(self, lease: Lease) -> UtilizationSource:
         if lease.node in self._by_node:
             return self._by_node[lease.node]
         if lease.node in ("", self.host_node()) and self.host.can_read():

@@ -58,6 +58,10 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
                  "profile": "1g.18gb", "parent_uuid": "GPU-77b0...", "index": 1},
             ]
 
+        A slice may also give its ``gpu_instance_id`` (the ``GPU_I_ID`` that
+        dcgm-exporter labels it with, ``nvidia-smi mig -lgi`` shows it), so
+        idle reclaim can read it from ``dcgm_exporter_urls``.
+
         When set, it wins over NVML and ``simulated_gpus``.
         """,
     ).tag(config=True)
@@ -222,3 +226,41 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         $WORKBENCH_TEST_CLOCK_FILE in the shipped config; see clock.py.
         """,
     ).tag(config=True)
+
+    dcgm_exporter_urls = List(
+        Unicode(),
+        help="""
+        The ``/metrics`` URLs of the dcgm-exporters the site runs on its GPU
+        nodes, where idle-GPU reclaim reads a MIG slice's utilization.
+
+        NVML has no utilization for a MIG slice (``nvidia-smi`` shows N/A),
+        and a missing reading never counts as idle: without an exporter a
+        slice has no idle rule, and the fleet page says so. DCGM's profiling
+        field ``DCGM_FI_PROF_GR_ENGINE_ACTIVE`` is measured per GPU instance;
+        dcgm-exporter labels it with the parent GPU's ``UUID`` and the slice's
+        ``GPU_I_ID``, which the inventory knows. The exporter must collect that
+        field (dcgm-exporter's ``dcp-metrics-included.csv`` lists it; check the
+        counters file yours runs with) and every node with slices needs its
+        URL. Whole GPUs keep their reading from NVML (or the user server's
+        monitor). An exporter that does not answer within two
+        seconds, or lacks a slice's series, leaves that slice without a reading.
+        Example::
+
+            c.GPUSpawnerMixin.dcgm_exporter_urls = ["http://gpu-node-1:9400/metrics"]
+
+        $WORKBENCH_DCGM_EXPORTER_URL (comma-separated) in the shipped config.
+        """,
+    ).tag(config=True)
+
+    @validate("dcgm_exporter_urls")
+    def _check_dcgm_exporter_urls(self, proposal):
+        from urllib.parse import urlparse
+
+        for url in proposal["value"]:
+            parsed = urlparse(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise TraitError(
+                    f"dcgm_exporter_urls: {url[:80]!r} is not an http(s) URL; write it like "
+                    "http://gpu-node-1:9400/metrics"
+                )
+        return proposal["value"]

@@ -70,6 +70,8 @@ class PolicySettings:
     gpu_idle_threshold: float = 5.0
     gpu_idle_warn_minutes: float = 10.0
     simulated_utilization: str = ""
+    # dcgm-exporter /metrics URLs: where a MIG slice's utilization comes from (service/dcgm.py).
+    dcgm_exporter_urls: tuple[str, ...] = ()
 
     @property
     def simulated(self) -> bool:
@@ -129,6 +131,7 @@ class PolicySettings:
             "gpu_idle_threshold": self.gpu_idle_threshold,
             "gpu_idle_warn_minutes": self.gpu_idle_warn_minutes,
             "simulated_utilization": self.simulated_utilization,
+            "dcgm_exporter_urls": list(self.dcgm_exporter_urls),
         }
 
     @classmethod
@@ -161,6 +164,7 @@ class PolicySettings:
             gpu_idle_threshold=float(data.get("gpu_idle_threshold", 5.0)),
             gpu_idle_warn_minutes=float(data.get("gpu_idle_warn_minutes", 10.0)),
             simulated_utilization=str(data.get("simulated_utilization", "")),
+            dcgm_exporter_urls=tuple(str(url) for url in data.get("dcgm_exporter_urls") or ()),
         )
 
 
@@ -231,8 +235,11 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
                         mig=bool(profile),
                         profile=profile,
                         parent_uuid=str(entry.get("parent_uuid") or ""),
+                        gpu_instance_id=_instance_id(i, entry.get("gpu_instance_id")),
                     )
                 )
+            except _StaticEntryError:
+                raise
             except (TypeError, ValueError) as exc:
                 raise ValueError(
                     f"static_gpus entry {i}: index and memory_total_bytes must be whole numbers ({exc})"
@@ -247,6 +254,24 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceIn
             raise ValueError(str(exc)) from None
     _inventories[key] = inventory
     return inventory
+
+
+def _instance_id(entry: int, value) -> int | None:
+    """A static slice's ``gpu_instance_id`` (DCGM's ``GPU_I_ID``), if given; ValueError with a sentence if it is
+    not a whole number (raised past the caller's catch-all, which words index and memory errors)."""
+    if value is None or value == "":
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    raise _StaticEntryError(
+        f"static_gpus entry {entry}: gpu_instance_id must be a whole number (the slice's GPU_I_ID), not {value!r}"
+    )
+
+
+class _StaticEntryError(ValueError):
+    """A static_gpus entry's error already worded for the operator."""
 
 
 def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettings:
@@ -270,6 +295,7 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         gpu_idle_threshold=float(spawner.gpu_idle_threshold),
         gpu_idle_warn_minutes=float(spawner.gpu_idle_warn_minutes),
         simulated_utilization=str(spawner.simulated_utilization),
+        dcgm_exporter_urls=tuple(getattr(spawner, "dcgm_exporter_urls", ()) or ()),
     )
 
 
