@@ -23,6 +23,7 @@ from .inventory import (
     nvml_devices,
     parse_simulated_spec,
     simulated_node_key,
+    simulated_spec_text,
 )
 from .scripted import SCRIPT_ENV, ScriptedUtilization
 from .selection import Selection, select_devices
@@ -44,6 +45,7 @@ __all__ = [
     "make_source",
     "nvml_devices",
     "parse_simulated_spec",
+    "simulated_spec_text",
     "simulated_node_key",
     "select_devices",
 ]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .mig import MigLayoutError, parse_layout, profile_in_name, profile_share
 
@@ -309,11 +310,13 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
     sessions, and the message says which case applies.
     """
     if simulated_spec and simulated_spec.strip() not in ("", "0"):
-        devices = parse_simulated_spec(simulated_spec, node)
+        spec = simulated_spec_text(simulated_spec)
+        devices = parse_simulated_spec(spec, node)
+        shown = simulated_spec if spec == simulated_spec else f"{simulated_spec.strip()} ({spec})"
         return DeviceInventory(
             "simulated",
             devices,
-            f"{counted(devices, 'simulated ')} from WORKBENCH_SIMULATED_GPUS={simulated_spec}: "
+            f"{counted(devices, 'simulated ')} from WORKBENCH_SIMULATED_GPUS={shown}: "
             "no real hardware, readings are made up",
         )
     try:
@@ -323,6 +326,22 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
     if not devices:
         return DeviceInventory("none", [], "NVML found no GPUs; servers will be CPU only")
     return DeviceInventory("nvml", devices, f"{counted(devices)} found by NVML")
+
+
+def simulated_spec_text(value: str) -> str:
+    """The spec itself, or, for ``@FILE``, the spec written in that file: the hub re-reads it like NVML
+    (``inventory_refresh_seconds``), so a demo or a test can change a simulated MIG layout while the hub runs."""
+    if not value.strip().startswith("@"):
+        return value
+    path = Path(value.strip()[1:])
+    setting = f"WORKBENCH_SIMULATED_GPUS={value.strip()}"
+    try:
+        spec = path.read_text().strip()
+    except OSError as exc:
+        raise DeviceSpecError(f"{setting}: cannot read {path} ({exc.strerror})") from None
+    if not spec:
+        raise DeviceSpecError(f"{setting}: {path} is empty; write a spec such as 2xH100-80GB")
+    return spec
 
 
 def counted(devices: list[GPUDevice], adjective: str = "") -> str:

@@ -30,7 +30,6 @@ method of this class or redefines ``start``.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import replace
 from typing import ClassVar
 
@@ -46,6 +45,7 @@ from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.policy.config import GPUPolicyConfig
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
+from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force, watch
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
@@ -139,9 +139,11 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             settings = resolve_policy_settings(self)
             if self.placement_mode == "engine":
                 settings = replace(settings, inventory=type(self).engine_inventory(self), node="")
-            key = (type(self).placement_mode, json.dumps(settings.to_json(), sort_keys=True), settings.db_url)
-            policy = self._gpu_policy = shared_policy(key, lambda: self.build_policy(settings))
+            host = self.placement_mode == "host"
+            key = (self.placement_mode, policy_key(settings, host, list(self.static_gpus), self.simulated_gpus))
+            policy = self._gpu_policy = shared_policy((*key, settings.db_url), lambda: self.build_policy(settings))
         policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
+        policy.refresh_inventory()  # a host's MIG layout may have changed: at most every inventory_refresh_seconds
         return policy
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
@@ -149,7 +151,9 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         store = AllocationStore(settings.db_url)
         if self.placement_mode == "engine":
             return GPUPolicy(settings, store, self.engine_placement(settings, store))
-        return GPUPolicy(settings, store, recheck_interval=self.gpu_queue_recheck_interval)
+        policy = GPUPolicy(settings, store, recheck_interval=self.gpu_queue_recheck_interval)
+        watch(policy, list(self.static_gpus), self.simulated_gpus, self.inventory_refresh_seconds)
+        return policy
 
     async def _policy(self) -> GPUPolicy:
         return await asyncio.to_thread(lambda: self.gpu_policy)
@@ -404,7 +408,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         env = super().get_env()
         env["WORKBENCH_GPUS"] = ",".join(self.gpu_uuids)
         if self.simulated_gpus and not self.static_gpus:
-            env["WORKBENCH_SIMULATED_GPUS"] = self.simulated_gpus
+            env["WORKBENCH_SIMULATED_GPUS"] = spec_in_force(self.simulated_gpus)  # a @FILE's spec: docker has no file
             if self.simulated_utilization:  # scripted utilization (tests, demos): the monitor reads it too
                 env["WORKBENCH_SIMULATED_UTILIZATION"] = self.simulated_utilization
         if self.placement_mode == "host":  # an engine pins the job itself (Slurm's cgroup, the device plugin)

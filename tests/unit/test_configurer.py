@@ -117,6 +117,8 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
         ({"WORKBENCH_SIMULATED_GPUS": "2xH100-80GB"}, "GPUSpawnerMixin.simulated_gpus", "2xH100-80GB"),
         ({}, "GPUSpawnerMixin.gpu_queue_timeout", 300.0),
         ({"WORKBENCH_QUEUE_TIMEOUT": "2.5"}, "GPUSpawnerMixin.gpu_queue_timeout", 2.5),
+        ({"WORKBENCH_INVENTORY_REFRESH_SECONDS": "5"}, "GPUSpawnerMixin.inventory_refresh_seconds", 5.0),
+        ({}, "GPUSpawnerMixin.inventory_refresh_seconds", 60.0),
         ({}, "GPUSpawnerMixin.servers_per_gpu", 1),
         ({"WORKBENCH_SERVERS_PER_GPU": "4"}, "GPUSpawnerMixin.servers_per_gpu", 4),
         ({"WORKBENCH_SERVERS_PER_GPU": "0"}, "GPUSpawnerMixin.servers_per_gpu", 1),
@@ -255,6 +257,10 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
             "WORKBENCH_SESSION_CHECK_SECONDS must be a non-negative number, not 'often'",
         ),
         ({"WORKBENCH_QUEUE_TIMEOUT": "-1"}, "WORKBENCH_QUEUE_TIMEOUT must be a non-negative number, not '-1'"),
+        (
+            {"WORKBENCH_INVENTORY_REFRESH_SECONDS": "soon"},
+            "WORKBENCH_INVENTORY_REFRESH_SECONDS must be a non-negative number, not 'soon'",
+        ),
         (
             {"WORKBENCH_SERVERS_PER_GPU": "1.5"},
             "WORKBENCH_SERVERS_PER_GPU must be a non-negative whole number, not '1.5'",

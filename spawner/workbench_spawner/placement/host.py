@@ -133,10 +133,11 @@ class HostAllocator(Placement):
         rejoin_minutes: float = REJOIN_MINUTES,
     ):
         super().__init__(store)
-        self.inventory = inventory
         self.node = node
-        # Servers per device: one number for all, or by UUID (settings.slots(): time-sliced GPUs).
-        self.slots_per_gpu = slots_per_gpu if isinstance(slots_per_gpu, Mapping) else max(1, slots_per_gpu)
+        self.adopt_inventory(inventory, slots_per_gpu)
+        # Re-reads the inventory if it is time (``inventory_refresh``, set by the policy's owner); every try
+        # of a waiting request calls it, so the line sees a GPU's new MIG layout without another spawn.
+        self.refresh_inventory: Callable[[], object] = lambda: None
         self.queue_order = queue_order
         self.waitlist: WaitList[Lease] = WaitList(
             recheck_interval, queue_order, aging_minutes, clock=queue_clock, rejoin_minutes=rejoin_minutes
@@ -144,11 +145,6 @@ class HostAllocator(Placement):
         self.reservations = ReservationBook(store)
         self.tz = tz
         self.clock = clock
-        # A slice is known by its kind ("H200-141GB 1g.18gb"), never its GPU's model: a reservation of
-        # H200-141GB GPUs holds whole GPUs, not slices.
-        self.models = {d.uuid: d.kind for d in inventory.devices}
-        # Each device's share of a GPU (a 1g MIG slice 1/7): what its lease records for GPU-hours.
-        self.shares = {d.uuid: d.share for d in inventory.devices}
         # key -> (groups, count) of every request waiting now (members waiting count as "asked").
         self._asking: dict[str, tuple[frozenset[str], int]] = {}
         # key -> (model, groups) of every request waiting now: its class is computed from them.
@@ -157,6 +153,18 @@ class HostAllocator(Placement):
         self._open_ids: frozenset[int] | None = None
         self._reads = itertools.count()  # numbers each reservation read as it begins (_saw_open)
         self._newest_read = -1
+
+    def adopt_inventory(self, inventory: DeviceInventory, slots_per_gpu: int | Mapping[str, int]) -> None:
+        """Place on these devices from now on (at start, and when a re-read finds a new MIG layout: the
+        next try of a request waiting in line already sees it, ``inventory_refresh``)."""
+        self.inventory = inventory
+        # Servers per device: one number for all, or by UUID (settings.slots(): time-sliced GPUs).
+        self.slots_per_gpu = slots_per_gpu if isinstance(slots_per_gpu, Mapping) else max(1, slots_per_gpu)
+        # A slice is known by its kind ("H200-141GB 1g.18gb"), never its GPU's model: a reservation of
+        # H200-141GB GPUs holds whole GPUs, not slices.
+        self.models = {d.uuid: d.kind for d in inventory.devices}
+        # Each device's share of a GPU (a 1g MIG slice 1/7): what its lease records for GPU-hours.
+        self.shares = {d.uuid: d.share for d in inventory.devices}
 
     def candidates(self, kind: str | None, exclusive: bool = False) -> list[str]:
         """The devices a request of ``kind`` may get now: whole GPUs (of a model), or slices of a profile,
@@ -279,6 +287,7 @@ class HostAllocator(Placement):
         key = f"{user}/{server}"
 
         def take() -> tuple[Lease | None, list[Reservation]]:
+            self.refresh_inventory()
             active = self.active_reservations()
             return self.store.allocate(
                 user,

@@ -34,6 +34,27 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         (``GPU-sim-00-h100-80gb``), and every page that shows them says
         "simulated". Empty (the default) means: use NVML, or run CPU-only
         servers when no driver is found. Defaults to $WORKBENCH_SIMULATED_GPUS.
+
+        ``"@/path/to/file"`` reads the spec from that file, and the hub
+        re-reads it like NVML (``inventory_refresh_seconds``): write another
+        MIG layout there to watch the hub adopt it without a restart.
+        """,
+    ).tag(config=True)
+
+    inventory_refresh_seconds = Float(
+        60.0,
+        min=0.0,
+        help="""
+        How often, at most, the hub asks NVML (or the simulated spec file, or
+        ``static_gpus``) for its GPUs again, so a GPU whose MIG layout an admin
+        changed (``workbench drain``, ``nvidia-smi mig``, ``workbench undrain``)
+        is handed out as its new slices without a hub restart. The read happens
+        when a spawn, a spawn form or a poll needs the policy, never more often
+        than this; leases on slices that are gone are closed with a reason.
+        0 turns re-reading off (the inventory of the hub's start is kept).
+        Only where the hub places GPUs itself (local, docker): Slurm and
+        Kubernetes know their nodes' GPUs from the engine.
+        The hub config sets it from ``WORKBENCH_INVENTORY_REFRESH_SECONDS`` (default 60).
         """,
     ).tag(config=True)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_spawner.form.options import device_matches
@@ -28,7 +28,7 @@ from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
 from workbench_spawner.policy.clock import hub_clock, zone
-from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.policy.settings import PolicySettings, load_policy_settings, store_policy_settings
 from workbench_spawner.rules.admission import AdmissionContext
 from workbench_spawner.rules.gpu_hours import gpu_hours_used
 from workbench_spawner.rules.quota import QuotaBook
@@ -81,6 +81,9 @@ class GPUPolicy:
         self._reconciled = False
         self._reconciling = False
         self._reconcile_lock = threading.RLock()
+        # Re-reads the inventory now and then where the hub places GPUs itself (``inventory_refresh``;
+        # the spawner sets it): True when a changed one was adopted.
+        self.refresh_inventory: Callable[[], bool] = lambda: False
 
     @property
     def inventory(self) -> DeviceInventory:
@@ -219,6 +222,23 @@ class GPUPolicy:
             return tuple(saved)
         return None
 
+    def adopt_inventory(self, inventory: DeviceInventory) -> list[Lease]:
+        """Use a re-read inventory from now on (a MIG layout changed, ``inventory_refresh``): placement, the
+        settings the workbench service reads, and the ledger, where a lease's slices are all gone. Returns the
+        leases closed. Blocking (the database)."""
+        self.settings = replace(self.settings, inventory=inventory)
+        if isinstance(self.placement, HostAllocator):
+            self.placement.adopt_inventory(inventory, self.settings.slots())
+        stored = load_policy_settings(self.store)
+        if stored is not None:
+            store_policy_settings(self.store, replace(stored[0], inventory=inventory))
+        known = inventory.by_uuid()
+        closed = [lease for lease in self.store.leases() if slices_gone(lease, known)]
+        for lease in closed:
+            log.warning("Closing the lease of %s/%s: %s", lease.user, lease.server or "default", LAYOUT_CHANGED)
+            self.release(lease.user, lease.server, LAYOUT_CHANGED)
+        return closed
+
     def reconcile(
         self, is_alive: Callable[[Lease], bool | None], orphans: Callable[[], None] = lambda: None
     ) -> list[Lease]:
@@ -244,9 +264,9 @@ class GPUPolicy:
                         log.warning(
                             "%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server, missing
                         )
-                    if missing and len(missing) == len(lease.gpu_uuids) and all(u.startswith("MIG-") for u in missing):
+                    if slices_gone(lease, known):
                         # Its slices are gone: the GPU's MIG layout changed while the hub was down.
-                        self.release(lease.user, lease.server, "MIG layout changed: its slice(s) no longer exist")
+                        self.release(lease.user, lease.server, LAYOUT_CHANGED)
                         released.append(lease)
                         continue
                     if is_alive(lease) is False:
@@ -264,6 +284,16 @@ class GPUPolicy:
             finally:
                 self._reconciling = False
                 self._reconciled = True
+
+
+LAYOUT_CHANGED = "MIG layout changed: its slice(s) no longer exist"
+
+
+def slices_gone(lease: Lease, known: dict) -> bool:
+    """Whether every device of ``lease`` is a MIG slice the inventory (``known``, by UUID) no longer has: its
+    GPU's layout changed. A whole GPU that is missing is only logged (it may be back after a driver reload)."""
+    missing = [u for u in lease.gpu_uuids if u not in known]
+    return bool(missing) and len(missing) == len(lease.gpu_uuids) and all(u.startswith("MIG-") for u in missing)
 
 
 _policies: dict[tuple, GPUPolicy] = {}

@@ -203,15 +203,16 @@ def load_policy_settings(store: AllocationStore) -> tuple[PolicySettings, dateti
 _inventories: dict[tuple, DeviceInventory] = {}
 
 
-def discover_inventory(static_gpus: list[dict], simulated_gpus: str) -> DeviceInventory:
+def discover_inventory(static_gpus: list[dict], simulated_gpus: str, fresh: bool = False) -> DeviceInventory:
     """The GPUs this hub hands out: ``static_gpus`` if set, else simulated, else NVML.
 
     Discovered once per process and arguments: NVML is asked once, and the
-    hub's banner, its spawners and the stored settings see one answer.
+    hub's banner, its spawners and the stored settings see one answer;
+    ``fresh`` asks again and keeps the new answer (``inventory_refresh``).
     Raises ValueError with a sentence for an operator.
     """
     key = (json.dumps(static_gpus, sort_keys=True, default=str), simulated_gpus)
-    if key in _inventories:
+    if key in _inventories and not fresh:
         return _inventories[key]
     if static_gpus:
         devices = []
