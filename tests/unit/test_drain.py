@@ -25,7 +25,7 @@ from workbench_hub.service.app import make_app
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.handlers import _jinja
 from workbench_spawner.ledger.drain_book import AmbiguousGPU, DrainBook, UnknownGPU, resolve_gpu
-from workbench_spawner.ledger.migrations import HEAD, alembic_config, current, upgrade
+from workbench_spawner.ledger.migrations import HEAD, current, downgrade, upgrade
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
 from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
@@ -63,12 +63,8 @@ def test_the_migration_makes_the_table_and_its_downgrade_drops_it(store):
         "since",
     }
     assert [u["column_names"] for u in inspector.get_unique_constraints("gpu_drains")] == [["gpu_uuid"]]
-    from alembic import command
 
-    with store.engine.begin() as connection:
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0004")
+    downgrade(store.engine, "0004")
     assert not sa.inspect(store.engine).has_table("gpu_drains")
     upgrade(store.engine)  # a database at 0004 gets the table
     assert sa.inspect(store.engine).has_table("gpu_drains") and current(store.engine) == HEAD

@@ -5,13 +5,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from alembic import command
 from sqlalchemy import inspect
 
 from workbench_hub.configurer import ConfigError, proxy_url, update_idle
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook
-from workbench_spawner.ledger.migrations import alembic_config, current, upgrade
+from workbench_spawner.ledger.migrations import current, downgrade, upgrade
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.rules.idle import GpuTrack
@@ -179,10 +178,7 @@ def test_idle_fields_are_stored_and_the_most_generous_group_wins(store):
 def test_migration_0003_adds_and_removes_its_tables_and_columns(store):
     tables = set(inspect(store.engine).get_table_names())
     assert {"gpu_idle_tracks", "workbench_notices", "gpu_idle_exemptions"} <= tables
-    with store.engine.begin() as connection:
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0002")
+    downgrade(store.engine, "0002")
     assert current(store.engine) == "0002"
     assert "workbench_notices" not in inspect(store.engine).get_table_names()
     assert "gpu_idle_minutes" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_quotas")}

@@ -8,11 +8,10 @@ import socket
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from alembic import command
 from sqlalchemy import create_engine, inspect, text
 
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
-from workbench_spawner.ledger.migrations import HEAD, alembic_config, current, upgrade
+from workbench_spawner.ledger.migrations import HEAD, current, downgrade, upgrade
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
 from workbench_spawner.rules.gpu_hours import gpu_hours_by_user, gpu_hours_used
 from workbench_spawner.rules.quota import (
@@ -365,10 +364,7 @@ def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
 
 
 def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kind(store):
-    with store.engine.begin() as connection:
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0004")
+    downgrade(store.engine, "0004")
     assert current(store.engine) == "0004"
     assert "share" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_leases")}
     assert "whole_gpus" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_quotas")}
@@ -400,10 +396,7 @@ def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kin
 
 
 def test_migration_0006_lets_old_quotas_have_time_sliced_gpus(store):
-    with store.engine.begin() as connection:
-        config = alembic_config()
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0005")
+    downgrade(store.engine, "0005")
     assert "shared_gpus" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_quotas")}
     with store.engine.begin() as conn:
         conn.execute(

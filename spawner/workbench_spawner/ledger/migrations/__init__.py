@@ -51,6 +51,14 @@ def upgrade(engine, revision: str = "head", retries: int = 5) -> None:
             time.sleep(0.2 * (attempt + 1))
 
 
+def downgrade(engine, revision: str) -> None:
+    """Run ``alembic downgrade <revision>`` on ``engine``: how a test makes a database of an older release."""
+    with engine.begin() as connection:
+        config = alembic_config()
+        config.attributes["connection"] = connection
+        command.downgrade(config, revision)
+
+
 def current(engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
