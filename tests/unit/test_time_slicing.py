@@ -140,6 +140,9 @@ async def test_the_rule_holds_while_waiting_and_on_a_hub_that_shares_nothing(mak
     await second._apply_gpu_options({"gpus": 1})
     with pytest.raises(SpawnException, match="No 1 GPU became free"):
         await second._acquire(second.gpu_request)  # the T4 has 3 slots free, but they are shared
+    form = await second._render_options_form()
+    assert "Your quota allows no time-sliced GPUs: you get a GPU (or slice) no other server shares" in form
+    assert 'id="workbench-no-shared"' not in await make_spawner("dee", **traits)._render_options_form()
     plain = make_spawner("cy", groups=("thesis",), simulated_gpus="2xH100-80GB")
     await plain._apply_gpu_options({"gpus": 1})
     assert not plain.gpu_request.exclusive, "no device is time-sliced: the rule has nothing to do"

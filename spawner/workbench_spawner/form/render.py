@@ -58,6 +58,7 @@ def render_options_form(
         hours_budget=quota.gpu_hours_per_week,
         allowed_models=quota.allowed_models,
         max_session_hours=quota.max_session_hours,
+        shared_gpus_allowed=quota.shared_gpus,
         cpu_allowed=ctx.cpu_servers_allowed,
         contact=ctx.contact,
         reserved=list(reserved),
