@@ -3,8 +3,9 @@
 The engine tests wait mostly on their own clusters (Slurm's munge,
 slurmctld and two slurmd; Kubernetes' control plane and kubelet), the rest
 mostly on Docker, hubs and Chromium; on CI's two cores the waits overlap
-well. Lane ``engines`` is ``-m "slurm or kubernetes"``, lane ``main``
-everything else, so every test runs exactly once. ``main`` prints as it
+well. Lane ``engines`` is ``-m "slurm or kubernetes or second_lane"`` (the
+engine tests, and tests/browser to balance the lanes: ``second_lane``),
+lane ``main`` everything else, so every test runs exactly once. ``main`` prints as it
 goes; ``engines`` writes ``tests/artifacts/lane-engines.log``, printed once
 both lanes end. The exit
 status is the first failing lane's (pytest's "no tests collected", 5, counts
@@ -24,7 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "artifacts" / "lane-engines.log"
-ENGINES = "slurm or kubernetes"
+ENGINES = "slurm or kubernetes or second_lane"
 NO_TESTS = 5
 
 
