@@ -258,7 +258,9 @@ class SlurmTier(HubTier):
 
     def __init__(self, start_hub, env: dict[str, str], accounts: list[str]):
         self.accounts = list(accounts)
-        super().__init__(start_hub, {**env, "WORKBENCH_QUEUE_TIMEOUT": "15", "WORKBENCH_SIMULATED_GPUS": "2xH100-80GB"})
+        from tests.slurm.conftest import SIMULATED  # the cluster's GPUs and wbnode2's MIG slices, in Slurm's order
+
+        super().__init__(start_hub, {**env, "WORKBENCH_QUEUE_TIMEOUT": "15", "WORKBENCH_SIMULATED_GPUS": SIMULATED})
 
     def users(self, *names: str) -> list[str]:
         real = [self.accounts[len(self.used) + i] for i in range(len(names))]

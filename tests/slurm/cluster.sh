@@ -12,8 +12,14 @@
 #   mount namespace. Each slurmd gets a private /run/wb-slurmd (pid file), its own spool dir (%n) and log.
 #   We do not rely on Debian's build having --enable-multiple-slurmd: the namespaces make each slurmd
 #   think it is alone, and each finds its NodeName from its own host name.
-# Every node declares 2 fake GPUs of type h100-80gb in gres.conf as character devices (slurmd refuses
-# plain files): wbnode1 /dev/nvidia0-1, wbnode2 /dev/nvidia2-3 (4 GPUs in the cluster).
+# Every node declares 2 fake whole GPUs of type h100-80gb in gres.conf as character devices (slurmd
+# refuses plain files): wbnode1 /dev/nvidia0-1, wbnode2 /dev/nvidia2-3 (4 whole GPUs in the cluster).
+# wbnode2 also has an H200 laid out as MIG slices, one GRES type per profile as a site writes them by
+# hand: two 1g.18gb and one 3g.71gb, whose files are fake /dev/nvidia-caps/nvidia-cap21..23. Slurm numbers
+# a node's GPUs across its gres.conf lines in order, so wbnode2's GRES indices are 0-1 the H100s,
+# 2-3 the 1g.18gb slices and 4 the 3g.71gb slice (the hub's simulated spec lists them in that order:
+# tests/slurm/conftest.py SIMULATED). A whole-GPU job asks for its type (gpu:h100-80gb:1), or Slurm
+# could hand it a slice.
 # select/cons_tres; no cgroup confinement (proctrack/linuxproc, task/none: two slurmd on one kernel
 # would fight over one cgroup tree), so Slurm's job detail is the only truth about GPU indices.
 set -euo pipefail
@@ -68,7 +74,7 @@ MinJobAge=30
 DefMemPerCPU=256
 MpiDefault=none
 NodeName=wbnode1 NodeAddr=${HOST_IP} CPUs=4 RealMemory=4000 Gres=gpu:h100-80gb:2 State=UNKNOWN
-NodeName=wbnode2 NodeAddr=${NODE2_IP} CPUs=4 RealMemory=4000 Gres=gpu:h100-80gb:2 State=UNKNOWN
+NodeName=wbnode2 NodeAddr=${NODE2_IP} CPUs=4 RealMemory=4000 Gres=gpu:h100-80gb:2,gpu:1g.18gb:2,gpu:3g.71gb:1 State=UNKNOWN
 PartitionName=gpu Nodes=wbnode1,wbnode2 Default=YES MaxTime=INFINITE State=UP
 PartitionName=debug Nodes=wbnode1 Default=NO MaxTime=60 State=UP
 EOF
@@ -76,6 +82,9 @@ EOF
 # Fake GPUs: character devices made by cluster.sh (mknod c 195 N); each node has its own files.
 NodeName=wbnode1 Name=gpu Type=h100-80gb File=/dev/nvidia[0-1]
 NodeName=wbnode2 Name=gpu Type=h100-80gb File=/dev/nvidia[2-3]
+# MIG slices of wbnode2's H200 (its parent /dev/nvidia4 is not a GRES: it is never handed out whole).
+NodeName=wbnode2 Name=gpu Type=1g.18gb File=/dev/nvidia-caps/nvidia-cap[21-22]
+NodeName=wbnode2 Name=gpu Type=3g.71gb File=/dev/nvidia-caps/nvidia-cap23
 EOF
   cat >"$CONF_DIR/cgroup.conf.new" <<EOF
 # No confinement in the test cluster (see cluster.sh); a site sets ConstrainDevices=yes.
@@ -94,8 +103,14 @@ EOF
 }
 
 make_devices() {
-  for i in 0 1 2 3; do
+  for i in 0 1 2 3 4; do
     if [ ! -c "/dev/nvidia$i" ]; then rm -f "/dev/nvidia$i"; mknod -m 666 "/dev/nvidia$i" c 195 "$i"; fi
+  done
+  # MIG slices' capability files (the driver's nvidia-caps major is dynamic; any char device will do here).
+  mkdir -p /dev/nvidia-caps
+  for i in 21 22 23; do
+    local f=/dev/nvidia-caps/nvidia-cap$i
+    if [ ! -c "$f" ]; then rm -f "$f"; mknod -m 444 "$f" c 236 "$i"; fi
   done
 }
 
@@ -164,6 +179,8 @@ cmd_start() {
   need_root
   local changed; changed=$(write_config)
   make_devices
+  # A node's GRES (gres.conf, Gres= in slurm.conf) is read only when the daemons start: restart them.
+  if [ "$changed" = 1 ]; then log "configuration changed: restarting the daemons"; cmd_stop; fi
   start_munge
   make_netns
   start_ctld "$changed"
@@ -174,10 +191,17 @@ cmd_start() {
 }
 
 cmd_stop() {
+  local pids=()
   for f in "$STATE"/wbnode1/run/slurmd.pid:slurmd "$STATE"/wbnode2/run/slurmd.pid:slurmd "$STATE"/slurmctld.pid:slurmctld; do
-    if pid_alive "${f%:*}" "${f##*:}"; then kill "$(cat "${f%:*}")"; fi
+    if pid_alive "${f%:*}" "${f##*:}"; then pids+=("$(tr -dc 0-9 <"${f%:*}")"); kill "${pids[-1]}"; fi
   done
-  sleep 1
+  for _ in $(seq 100); do
+    local alive=0
+    for p in "${pids[@]}"; do [ -d "/proc/$p" ] && alive=1; done
+    [ "$alive" = 0 ] && return 0
+    sleep 0.1
+  done
+  log "daemons still running 10 s after SIGTERM: ${pids[*]}"
 }
 
 case "${1:-start}" in

@@ -24,6 +24,11 @@ from tests.conftest import REPO, hub_pool, let_users_reach, missing, wait_until
 CLUSTER = REPO / "tests" / "slurm" / "cluster.sh"
 HUB_IP = "10.77.0.1"
 USERS = [f"wbslurm{i}" for i in range(1, 8)]  # the 7th signs up in the browser
+# The hub's simulated GPUs, in Slurm's index order (cluster.sh): each node takes as many as it has GRES,
+# so wbnode1 has the two H100s and wbnode2 the two H100s plus its H200's slices (indices 2-3 the 1g.18gb,
+# 4 the 3g.71gb).
+SIMULATED = "2xH100-80GB,1xH200-141GB:mig=2x1g.18gb+1x3g.71gb"
+WHOLE_GRES = "gpu:h100-80gb:1"  # a whole GPU, by type: a bare gpu:1 could get one of wbnode2's slices
 
 
 def squeue(*args: str) -> list[str]:
@@ -73,7 +78,7 @@ def outside_jobs(count: int, seconds: int = 600) -> list[str]:
                 USERS[5],
                 "sbatch",
                 "--parsable",
-                "--gres=gpu:1",
+                f"--gres={WHOLE_GRES}",
                 "-c1",
                 "--mem=50",
                 "-o",
@@ -151,7 +156,7 @@ def slurm_cluster():
 def hub_env(**extra: str) -> dict[str, str]:
     return {
         "WORKBENCH_BACKEND": "slurm",
-        "WORKBENCH_SIMULATED_GPUS": "2xH100-80GB",
+        "WORKBENCH_SIMULATED_GPUS": SIMULATED,
         "WORKBENCH_HUB_IP": HUB_IP,
         "WORKBENCH_HUB_CONNECT_IP": HUB_IP,
         "WORKBENCH_SLURM_PARTITION": "gpu",

@@ -1,6 +1,7 @@
 """gpu-slurm through the real hub and proxy on the real two-node Slurm cluster (tests/slurm/cluster.sh).
 
-One hub for the module (4 simulated GPUs: 2 per node), tests in the order a
+One hub for the module (4 simulated whole GPUs: 2 per node; wbnode2's MIG slices are
+test_slurm_slices.py's), tests in the order a
 term goes: four users fill the cluster, a fifth waits with Slurm's reason and
 starts when one stops, scancel releases within a poll, a hub restart
 reattaches, refusals submit nothing, the ledger has every job's time, the
@@ -39,9 +40,11 @@ def gpus_seen_by(hub, user: str) -> list[str]:
 
 
 def fleet(hub) -> dict:
+    """The fleet view's whole GPUs (wbnode2's MIG slices are test_slurm_slices.py's)."""
     r = service(hub, "GET", "api/gpus")
     assert r.status_code == 200, r.text
-    return r.json()
+    data = r.json()
+    return {**data, "gpus": [g for g in data["gpus"] if not g["mig"]]}
 
 
 def ledger(hub) -> list[tuple]:
@@ -210,8 +213,9 @@ def test_queue_timeout_cancels_the_job_and_says_so(hub):
         metrics = requests.get(
             f"{hub.url}/services/workbench/metrics", headers={"Authorization": f"token {hub.token}"}, timeout=20
         ).text
-        for node in ("wbnode1", "wbnode2"):
-            assert f'workbench_gpus{{Hostname="{node}"}} 2.0' in metrics, metrics  # prometheus_client writes floats
+        # Devices per node (prometheus_client writes floats): wbnode2's 2 GPUs and 3 MIG slices.
+        for node, devices in (("wbnode1", 2), ("wbnode2", 5)):
+            assert f'workbench_gpus{{Hostname="{node}"}} {devices:.1f}' in metrics, metrics
             assert any(
                 line.startswith("workbench_gpu_held_outside") and f'Hostname="{node}"' in line and line.endswith(" 1.0")
                 for line in metrics.splitlines()

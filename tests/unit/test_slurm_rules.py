@@ -218,7 +218,9 @@ def test_sinfo_json_gives_gres_and_used_indices():
         )
     )
     assert [n.name for n in nodes] == ["wbnode1", "wbnode2"]
-    assert nodes[1] == SlurmNode("wbnode2", "10.77.0.2", "MIXED", "h100-80gb", 2, (1,), ("gpu",))
+    assert nodes[1] == SlurmNode(
+        "wbnode2", "10.77.0.2", "MIXED", "h100-80gb", 2, (1,), ("gpu",), gres=(("h100-80gb", 2),)
+    )
     assert not nodes[0].usable and nodes[1].usable
 
 

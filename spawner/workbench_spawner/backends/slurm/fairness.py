@@ -28,19 +28,22 @@ from collections.abc import Callable, Mapping, Sequence
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.jobs import SlurmJob, SlurmNode
+from workbench_spawner.form.options import device_matches
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.rules.queue_order import Waiting, order
 
 
 def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model: str | None) -> list[str]:
-    """The inventory's GPUs (of ``model``) that Slurm has not allocated, on nodes that can run jobs."""
+    """The inventory's whole GPUs (of ``model``) that Slurm has not allocated, on nodes that can run jobs.
+
+    MIG slices are left out: reservations keep whole GPUs, and a free slice is not a free GPU."""
     by_name = {n.name: n for n in nodes}
     free = []
     for device in inventory.devices:
         node = by_name.get(device.node)
         if node is None or not node.usable or device.index in node.gpus_used:
             continue
-        if model is None or device.model == model:
+        if device_matches(device, model):
             free.append(device.uuid)
     return free
 

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
+from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.policy.settings import SettingsRow
@@ -43,32 +44,54 @@ def placeholder_uuid(node: str, index: int) -> str:
 def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInventory:
     """Every GPU of the cluster from Slurm's node records, one device per (node, GRES index).
 
-    Simulated GPUs take the UUIDs each node's jobs will report
-    (``GPU-sim-<node>-NN-...``); real GPUs are named ``SLURM-<node>-gpuN``
-    until ``NodeGPUMap.resolve`` puts the reported UUID in their place.
+    A GRES whose type is a MIG profile (``gpu:1g.18gb``, a site's gres.conf
+    lists slices so) is a slice: asked for by that profile, charged by its
+    share of a GPU. Simulated GPUs take the UUIDs each node's jobs will report
+    (``GPU-sim-<node>-NN-...``, ``MIG-sim-<node>-...``): the spec lists the
+    devices in Slurm's index order, and a node takes as many as it has GRES.
+    Real GPUs are named ``SLURM-<node>-gpuN`` until ``NodeGPUMap.resolve`` puts
+    the reported UUID in their place. A simulated device whose kind is not
+    the GRES type Slurm has at its index (a slice where Slurm has a whole GPU)
+    would put the wrong UUID in leases: such a spec gives no inventory and
+    says why.
     """
     simulated = simulated_spec.strip() not in ("", "0")
     devices: list[GPUDevice] = []
     for node in nodes:
         known = parse_simulated_spec(simulated_spec, node.name) if simulated else []
-        for index in range(node.gpu_count):
+        for index, kind in enumerate(node.gres_types()):
             if index < len(known):
-                devices.append(replace(known[index], index=index, node=node.name))
-            else:
-                devices.append(
-                    GPUDevice(
-                        uuid=placeholder_uuid(node.name, index),
-                        index=index,
-                        name=f"{node.gpu_type or 'GPU'} on {node.name}",
-                        memory_total_bytes=0,
-                        model=(node.gpu_type or "").upper(),
-                        node=node.name,
+                device = known[index]
+                if is_profile_name(kind) != device.mig or (device.mig and device.profile != kind):
+                    what = f"a {device.profile} slice" if device.mig else f"a whole {device.model}"
+                    return DeviceInventory(
+                        "none",
+                        [],
+                        f"WORKBENCH_SIMULATED_GPUS lists {what} as GPU {index} of {node.name}, where Slurm has "
+                        f"GRES type {kind or '(none)'}; list the simulated devices in gres.conf's order",
                     )
-                )
+                devices.append(replace(device, index=index, node=node.name))
+            else:
+                devices.append(placeholder(node.name, index, kind))
     source = "simulated" if simulated else "slurm"
     names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
     label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
     return DeviceInventory(source, devices, f"{len(devices)} {label} on Slurm nodes {names}")
+
+
+def placeholder(node: str, index: int, kind: str) -> GPUDevice:
+    """A real GPU (or slice, where the GRES type is a MIG profile) no job on its node has reported yet."""
+    slice_ = is_profile_name(kind)
+    return GPUDevice(
+        uuid=placeholder_uuid(node, index),
+        index=index,
+        name=f"{kind or 'GPU'} {'slice ' if slice_ else ''}on {node}",
+        memory_total_bytes=0,
+        model="" if slice_ else (kind or "").upper(),
+        node=node,
+        mig=slice_,
+        profile=kind if slice_ else "",
+    )
 
 
 class MapConflict(ValueError):
@@ -76,18 +99,20 @@ class MapConflict(ValueError):
 
 
 def _entries(report: NodeReport) -> list[dict]:
-    return sorted(
-        (
-            {
-                "index": int(g.get("index", -1)),
-                "uuid": str(g["uuid"]),
-                "name": str(g.get("name", "")),
-                "memory_total_bytes": int(g.get("memory_total_bytes") or 0),
-            }
-            for g in report.gpus
-        ),
-        key=lambda e: e["index"],
-    )
+    """The reported GPUs as kept per node; a slice keeps its profile, its GPU and that GPU's model."""
+    entries = []
+    for g in report.gpus:
+        entry = {
+            "index": int(g.get("index", -1)),
+            "uuid": str(g["uuid"]),
+            "name": str(g.get("name", "")),
+            "memory_total_bytes": int(g.get("memory_total_bytes") or 0),
+        }
+        if g.get("mig") and g.get("profile"):
+            entry.update(profile=str(g["profile"]), parent_uuid=str(g.get("parent_uuid") or ""))
+            entry["model"] = str(g.get("model") or "")
+        entries.append(entry)
+    return sorted(entries, key=lambda e: e["index"])
 
 
 class NodeGPUMap:
@@ -171,12 +196,13 @@ def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> 
         if entry is None:
             devices.append(device)
             continue
-        devices.append(
-            replace(
-                device,
-                uuid=entry["uuid"],
-                name=entry.get("name") or device.name,
-                memory_total_bytes=int(entry.get("memory_total_bytes") or 0),
-            )
+        learned = replace(
+            device,
+            uuid=entry["uuid"],
+            name=entry.get("name") or device.name,
+            memory_total_bytes=int(entry.get("memory_total_bytes") or 0),
         )
+        if device.mig and entry.get("profile") == device.profile:  # the slice's GPU, as the job saw it
+            learned = replace(learned, parent_uuid=entry.get("parent_uuid", ""), model=entry.get("model", ""))
+        devices.append(learned)
     return replace(inventory, devices=devices)

@@ -25,7 +25,7 @@ TAG_PREFIX = "workbench:"
 
 # Slurm's pending reasons, in words a student understands. {what} is the request.
 REASON_WORDS = {
-    "Resources": "all {total} GPUs that fit are in use",
+    "Resources": "all {total} that fit are in use",
     "Priority": "jobs with higher priority are ahead",
     "Dependency": "it waits for another job",
     "QOSMaxGRESPerUser": "your Slurm QOS allows no more GPUs at once",
@@ -227,6 +227,17 @@ class SlurmNode:
     gpu_count: int = 0
     gpus_used: tuple[int, ...] = ()
     partitions: tuple[str, ...] = ()
+    # Each GPU GRES line of the node as (type, count), in Slurm's order: a MIG slice's type is its profile.
+    gres: tuple[tuple[str, int], ...] = ()
+
+    def gres_types(self) -> list[str]:
+        """The GRES type of each of the node's GPUs by Slurm's index (``gpu:h100:2,gpu:1g.18gb:1`` -> 3 types).
+
+        Slurm numbers a node's GPUs across its gres.conf lines in order, so index 2
+        above is the ``1g.18gb`` slice. A node read without ``gres`` has ``gpu_type`` on every index."""
+        if not self.gres:
+            return [self.gpu_type] * self.gpu_count
+        return [kind for kind, count in self.gres for _ in range(count)]
 
     @property
     def usable(self) -> bool:
@@ -261,6 +272,7 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
             gpu_count=sum(c for _k, c, _i in declared),
             gpus_used=tuple(sorted(set(used))),
             partitions=parts,
+            gres=tuple((k, c) for k, c, _i in declared),
         )
     return sorted(seen.values(), key=lambda n: n.name)
 
@@ -283,11 +295,14 @@ def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
     return len(ahead)
 
 
-def pending_message(job: SlurmJob, ahead: int, total_gpus: int, what: str) -> str:
-    """The progress line for a pending job: Slurm's reason in words, and the position."""
+def pending_message(job: SlurmJob, ahead: int, total_gpus: int, what: str, noun: str = "GPUs") -> str:
+    """The progress line for a pending job: Slurm's reason in words, and the position.
+
+    ``total_gpus`` counts what the request asks for, ``noun`` names it: "GPUs", or "1g.18gb slices"
+    for a slice request (a whole GPU does not fit a slice request, nor a slice a whole one)."""
     # "ReqNodeNotAvail, UnavailableNodes:n2" is a ReqNodeNotAvail: the words go by the first one.
     key = re.split(r"[ ,:(]", job.reason or "", maxsplit=1)[0]
-    words = REASON_WORDS.get(key, "Slurm keeps it pending").format(total=total_gpus)
+    words = REASON_WORDS.get(key, "Slurm keeps it pending").format(total=f"{total_gpus} {noun}")
     position = f"{ahead} job{'s' if ahead != 1 else ''} ahead" if ahead else "next in line"
     return f"Waiting for {what}: {words} (Slurm: {job.reason or 'pending'}), {position}"
 

@@ -22,9 +22,10 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from workbench_devices import DeviceInventory
+from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
 from workbench_spawner.backends.slurm.inventory import MapConflict
 from workbench_spawner.backends.slurm.jobs import (
@@ -40,6 +41,7 @@ from workbench_spawner.backends.slurm.jobs import (
     queue_position,
     set_priority,
 )
+from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
 from workbench_spawner.placement.engine_reservations import wait_to_submit
@@ -52,12 +54,27 @@ log = logging.getLogger("workbench.slurm")
 LOG_FILE = "~/workbench-slurm-{job_id}.log"  # the batch script's --output (slurm_backend.BATCH_SCRIPT)
 
 
+@dataclass(frozen=True)
+class SlurmEngineJob(EngineJob):
+    """A submitted job with what it asked for: the mixin hands placement a whole-GPU ``model`` only.
+
+    ``kind``: the request's ``SpawnRequest.kind`` (a model, a MIG profile, or
+    ``"<model> <profile>"``; None: any whole GPU), so a slice request waits as
+    "1 1g.18gb slice" among that profile's slices and its lease is charged by
+    each slice's share of a GPU."""
+
+    kind: str | None = None
+
+
 class JobEnded(NoGPUAvailable):
     """The job left Slurm's queue before it ran (cancelled outside the hub, failed at once)."""
 
 
 class SlurmPlacement(EnginePlacement):
     """Leases for jobs Slurm placed; the wait is Slurm's own queue."""
+
+    # A slice is a GRES of its profile's type (``gpu:1g.18gb:1``); the job's report maps its index to the MIG UUID.
+    pins_slices = True
 
     def __init__(
         self,
@@ -75,7 +92,7 @@ class SlurmPlacement(EnginePlacement):
         gpu_hours: Callable[[str], float] = lambda user: 0.0,
         set_job_priority: Callable[[str, int], None] = set_priority,
         learn: Callable[[NodeReport], None] = lambda report: None,
-        total_gpus: Callable[[], int] | None = None,
+        total_gpus: Callable[[str | None], int] | None = None,
     ):
         super().__init__(store)
         self.inventory = inventory
@@ -104,9 +121,12 @@ class SlurmPlacement(EnginePlacement):
     def waiting_by_group(self) -> dict[str, int]:
         return self.reservations.waiting_by_group()
 
-    def total_gpus(self) -> int:
-        """GPUs in the cluster (read on the event loop: never the database)."""
-        return self._total_gpus() if self._total_gpus else len(self.inventory().devices)
+    def total_gpus(self, kind: str | None = None) -> int:
+        """GPUs (or slices) of ``kind`` in the cluster: whole GPUs for None (read on the event loop: never
+        the database)."""
+        if self._total_gpus:
+            return self._total_gpus(kind)
+        return sum(device_matches(d, kind) for d in self.inventory().devices)
 
     async def _cancel(self, job_id: str, why: str) -> None:
         log.info("Cancelling Slurm job %s: %s", job_id, why)
@@ -180,14 +200,15 @@ class SlurmPlacement(EnginePlacement):
             job.deadline,
             job.admitted,
         )
-        what = gpus_text(count, model)
+        kind = getattr(job, "kind", None) or model
+        what = gpus_text(count, kind)
         deadline = self.clock() + timeout if deadline is None else deadline
         hours = await asyncio.to_thread(self.gpu_hours, user) if self.queue_order == "fair-share" else 0.0
         self._pending[job_id] = Waiting(key=job_id, user=user, joined=self.clock(), gpu_hours=hours)
         self.reservations.asking[job_id] = (frozenset(groups), count, model)
         self.withdraw(admitted)
         try:
-            job = await self._until_running(job_id, what, deadline, timeout, report, describe)
+            job = await self._until_running(job_id, what, kind, deadline, timeout, report, describe)
         finally:
             self._pending.pop(job_id, None)
             self.reservations.asking.pop(job_id, None)
@@ -213,8 +234,11 @@ class SlurmPlacement(EnginePlacement):
                 f"The server in Slurm job {job_id} reported GPUs the hub cannot accept: {exc}; "
                 "the job was cancelled. Tell a hub admin."
             ) from None
+        shares = await asyncio.to_thread(self._shares, uuids)
         ok = await asyncio.to_thread(
-            self.store.adopt, user, server, uuids, f"slurm:{job_id}", None, job.node, tuple(groups)
+            lambda: self.store.adopt(
+                user, server, uuids, f"slurm:{job_id}", None, job.node, tuple(groups), shares=shares
+            )
         )
         if not ok:
             await self._cancel(job_id, "its GPUs are leased to another server")
@@ -227,9 +251,24 @@ class SlurmPlacement(EnginePlacement):
             raise NoGPUAvailable(f"The lease of Slurm job {job_id} was released while the server started.")
         return lease
 
+    def _shares(self, uuids: Sequence[str]) -> dict[str, float]:
+        """Each leased device's share of a GPU (a ``1g`` slice 1/7): what GPU-hours charge (reads the database)."""
+        devices = self.inventory().by_uuid()
+        return {uuid: devices[uuid].share for uuid in uuids if uuid in devices}
+
     async def _until_running(
-        self, job_id: str, what: str, deadline: float, timeout: float, report: Report, describe: Callable[[str], None]
+        self,
+        job_id: str,
+        what: str,
+        kind: str | None,
+        deadline: float,
+        timeout: float,
+        report: Report,
+        describe: Callable[[str], None],
     ) -> SlurmJob:
+        # What fits the request, named as it asks: "4 GPUs", "2 1g.18gb slices".
+        profile = (kind or "").split(" ")[-1]
+        noun = f"{profile} slices" if is_profile_name(profile) else "GPUs"
         last = ""
         while True:
             try:
@@ -253,7 +292,7 @@ class SlurmPlacement(EnginePlacement):
                 jobs = await self._fair_share(jobs)
                 job = next((j for j in jobs if j.job_id == job_id), job)
                 ahead = queue_position(jobs, job_id)
-                text = pending_message(job, ahead, self.total_gpus(), what) + self._why(job_id)
+                text = pending_message(job, ahead, self.total_gpus(kind), what, noun) + self._why(job_id)
                 if text != last:
                     report(ahead)
                     describe(text)

@@ -29,8 +29,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.jobs import SlurmJob
-from workbench_spawner.ledger.store import Lease
+from workbench_spawner.ledger.store import AllocationStore, Lease
 
 log = logging.getLogger("workbench.slurm")
 
@@ -42,6 +43,19 @@ class Action:
     job_id: str
     what: str
     why: str = ""
+
+
+def adopter(
+    store: AllocationStore, inventory: DeviceInventory
+) -> Callable[[str, str, list[str], str, datetime | None, str], bool]:
+    """``store.adopt`` recording each device's share of a GPU: an adopted MIG slice is charged as a slice
+    (a ``1g`` slice-hour is 1/7 of a GPU-hour), as it was before the hub restarted."""
+    shares = {d.uuid: d.share for d in inventory.devices}
+
+    def adopt(user: str, server: str, uuids: list[str], ref: str, since: datetime | None, node: str) -> bool:
+        return store.adopt(user, server, uuids, ref, since, node, shares=shares)
+
+    return adopt
 
 
 def reconcile_jobs(

@@ -2,7 +2,7 @@
 
 Pure functions with table tests (tests/unit/test_slurm_rules.py): memory in
 whole MiB, the session limit as ``--time``, the GPU request as a GRES
-(``gpu:<type>:N`` where the model is the GRES type), the job's tag in its
+(``gpu:<type>:N`` where the model, or a MIG slice's profile, is the GRES type), the job's tag in its
 comment; and a failed sbatch as an HTTP status and a sentence for the user
 (503 when the controller did not answer, 400 when it refused the request).
 """
@@ -32,11 +32,33 @@ def time_limit(hours: float | None) -> str | None:
     return f"{days}-{minutes // 60:02d}:{minutes % 60:02d}:00"
 
 
-def gres_for(gpus: int, model: str | None) -> str | None:
-    """The GPU request: ``gpu:N``, or ``gpu:<type>:N`` where the GRES type is the model key lower-cased."""
+def gres_for(gpus: int, model: str | None, profile: str | None = None, whole_type: str | None = None) -> str | None:
+    """The GPU request as a GRES: ``gpu:<profile>:N`` for MIG slices, ``gpu:<type>:N`` for whole GPUs.
+
+    A slice's GRES type is its MIG profile (``gpu:1g.18gb:1``); a whole GPU's
+    is the model key lower-cased (``gpu:h100-80gb:2``). A request for any
+    whole GPU is a bare ``gpu:N``, except on a cluster that also has slices:
+    Slurm would hand out a slice for it, so it names ``whole_type`` (the
+    type of the cluster's whole GPUs, ``whole_gpu_type``)."""
     if gpus <= 0:
         return None
-    return f"gpu:{model.lower()}:{gpus}" if model else f"gpu:{gpus}"
+    kind = profile or (model.lower() if model else whole_type)
+    return f"gpu:{kind}:{gpus}" if kind else f"gpu:{gpus}"
+
+
+def whole_gpu_type(inventory) -> str | None:
+    """The GRES type a whole-GPU request with no model names: None where the cluster has no slices.
+
+    Where it has, the model with the most whole GPUs (a site with several
+    whole models and slices lets its users or quotas name the model)."""
+    devices = inventory.devices
+    if not any(d.mig for d in devices):
+        return None
+    counts: dict[str, int] = {}
+    for d in devices:
+        if not d.mig and d.model:
+            counts[d.model.lower()] = counts.get(d.model.lower(), 0) + 1
+    return max(counts, key=lambda m: (counts[m], m)) if counts else None
 
 
 def sbatch_options(
@@ -45,6 +67,8 @@ def sbatch_options(
     server: str,
     gpus: int,
     model: str | None = None,
+    profile: str | None = None,
+    whole_type: str | None = None,
     cpus: float | None = None,
     mem_bytes: int | float | None = None,
     session_hours: float | None = None,
@@ -66,7 +90,7 @@ def sbatch_options(
         f"--comment={job_tag(user, server, hub)}",
         "--no-requeue",
     ]
-    gres = gres_for(gpus, model)
+    gres = gres_for(gpus, model, profile, whole_type)
     if gres:
         opts.append(f"--gres={gres}")
     if cpus:

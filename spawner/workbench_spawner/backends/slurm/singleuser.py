@@ -52,6 +52,25 @@ def slurm_indices(devices) -> dict[str, int]:
     return found
 
 
+def slurm_devices(inventory) -> list:
+    """This node's GPUs and MIG slices, each under its Slurm GRES index.
+
+    Simulated nodes list their devices in gres.conf's order (whole GPUs,
+    then each GPU's slices, as ``WORKBENCH_SIMULATED_GPUS`` lays them out),
+    so a device's Slurm index is its place in that list: a slice's MIG UUID
+    is what the job reports for the index of its ``gpu:<profile>`` GRES.
+    NVML GPUs go by the minor number of ``/dev/nvidiaN`` (``slurm_indices``),
+    others by their own index; an NVML slice is not reported, because its GRES index depends on the
+    order of the capability files in the site's gres.conf, which the job
+    cannot see: a slice job on such a node is refused with a sentence
+    (docs/slurm.md, "MIG slices on Slurm").
+    """
+    if inventory.source == "simulated":
+        return [replace(d, index=i) for i, d in enumerate(inventory.devices)]
+    minors = slurm_indices(inventory.devices) if inventory.source == "nvml" else {}
+    return [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
+
+
 def node_report(env: dict[str, str]) -> dict:
     """This job's node and GPUs, as the hub's ``NodeReport`` reads them.
 
@@ -69,8 +88,7 @@ def node_report(env: dict[str, str]) -> dict:
         for i in (env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or "").split(",")
         if i.strip().isdigit()
     ]
-    minors = slurm_indices(inventory.devices) if inventory.source == "nvml" else {}
-    devices = [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
+    devices = slurm_devices(inventory)
     by_index = {d.index: d for d in devices}
     mine = [by_index[i] for i in wanted if i in by_index]
     return {
@@ -81,6 +99,19 @@ def node_report(env: dict[str, str]) -> dict:
     }
 
 
+def slice_environment(report: dict) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` naming the job's MIG slices by UUID; {} for a job of whole GPUs.
+
+    For whole GPUs Slurm's own value is right (renumbered under cgroup
+    confinement). For a slice in a hand-written gres.conf Slurm sets the
+    GRES index, which CUDA would take for a whole GPU: the slice's MIG UUID
+    is the only name CUDA reads as that slice, so the server sees exactly it."""
+    gpus = report.get("gpus") or []
+    if not gpus or not any(g.get("mig") for g in gpus):
+        return {}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(report["job_gpus"])}
+
+
 def main(argv: list[str] | None = None) -> None:
     import requests
     from jupyterhub.services.auth import HubAuth
@@ -89,6 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv if argv is None else argv)
     report = node_report(os.environ)  # sets WORKBENCH_SIMULATED_NODE for the server it starts
     os.environ["WORKBENCH_GPUS"] = ",".join(report["job_gpus"])
+    os.environ.update(slice_environment(report))
     port = random_port()
     auth = HubAuth()
     kwargs = {}

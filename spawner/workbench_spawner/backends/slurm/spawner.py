@@ -51,10 +51,11 @@ from workbench_spawner.backends.slurm.jobs import (
     list_nodes,
     partitions,
 )
-from workbench_spawner.backends.slurm.placement import SlurmPlacement
-from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
-from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options
+from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
+from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
+from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.traits import SlurmTraits
+from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
@@ -147,7 +148,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             reservations=reservations,
             gpu_hours=lambda user: gpu_hours_used(store, user),
             learn=NodeGPUMap(store).accept if real else lambda report: None,
-            total_gpus=lambda: len(settings.inventory.devices),
+            total_gpus=lambda kind: sum(device_matches(d, kind) for d in settings.inventory.devices),
         )
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
@@ -212,13 +213,16 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             )
         return name
 
-    def sbatch_lines(self, session_hours: float | None, hub: str = "") -> list[str]:
+    def sbatch_lines(self, session_hours: float | None, hub: str = "", whole_type: str | None = None) -> list[str]:
+        """The job's sbatch options; ``whole_type``: the GRES type of a whole-GPU request (``whole_gpu_type``)."""
         request = self.gpu_request
         return sbatch_options(
             user=self.user.name,
             server=self.name,
             gpus=request.gpus,
             model=request.gpu_model,
+            profile=request.gpu_profile,
+            whole_type=whole_type,
             cpus=self.cpu_limit or 1,
             mem_bytes=self.mem_limit,
             session_hours=session_hours,
@@ -230,9 +234,12 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         )
 
     async def _get_batch_script(self, **subvars):
-        hours, hub = await asyncio.to_thread(lambda: (self._session_hours(), self.hub_id()))
+        hours, hub, whole = await asyncio.to_thread(
+            lambda: (self._session_hours(), self.hub_id(), whole_gpu_type(self.engine_inventory()))
+        )
         subvars.update(
-            sbatch_lines=self.sbatch_lines(hours, hub), env_bin=shlex.quote(os.path.join(self.slurm_env_prefix, "bin"))
+            sbatch_lines=self.sbatch_lines(hours, hub, whole),
+            env_bin=shlex.quote(os.path.join(self.slurm_env_prefix, "bin")),
         )
         return await super()._get_batch_script(**subvars)
 
@@ -269,7 +276,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             report = NodeReport.from_json(self.workbench_report)
             return self._trusted(report) if report else None
 
-        return EngineJob(job_id=self.job_id, started=started)
+        return SlurmEngineJob(job_id=self.job_id, started=started, kind=self.gpu_request.kind)
 
     async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
         report = NodeReport.from_json(self.workbench_report)
@@ -295,7 +302,8 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         if self.simulated_gpus.strip() in ("", "0"):
             return report
         known = parse_simulated_spec(self.simulated_gpus, report.node)
-        return replace(report, gpus=tuple(asdict(d) for d in known))
+        # Listed in Slurm's index order (``cluster_inventory``): a slice's index is its place in the list.
+        return replace(report, gpus=tuple(asdict(replace(d, index=i)) for i, d in enumerate(known)))
 
     def _node_address(self, node: str) -> str:
         try:
@@ -339,7 +347,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             store.leases(),
             hub_id(store),
             lambda node, index: by_place.get((node, index)),
-            store.adopt,
+            adopter(store, inventory),
             cancel_quietly,
             submitted_before=PROCESS_STARTED,
         )
