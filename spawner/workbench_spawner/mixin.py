@@ -303,14 +303,15 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             if await asyncio.to_thread(policy.store.lease_of, self.user.name, self.name) is not None:
                 await asyncio.to_thread(self._release, "replaced by a new start")
             try:
-                await placement.admit_to_queue(
-                    key,
-                    request.gpus,
-                    request.gpu_model,
-                    groups,
-                    deadline,
-                    describe=lambda text: self._gpu_events.add(text, 3),
-                )
+                if not request.gpu_profile:  # reservations hold whole GPUs: a request for slices waits for none
+                    await placement.admit_to_queue(
+                        key,
+                        request.gpus,
+                        request.gpu_model,
+                        groups,
+                        deadline,
+                        describe=lambda text: self._gpu_events.add(text, 3),
+                    )
                 job = None
                 try:
                     job = await self.engine_submit()

@@ -13,14 +13,16 @@
 #   kube-controller-manager   healthz on 127.0.0.1:16457, scheduler on 127.0.0.1:16459 (no leader election)
 #   kubelet                   node wbk8s-node1 at 172.17.0.1 (docker0), port 10350, healthz 127.0.0.1:10348;
 #                             dockershim drives the machine's Docker, pods are plain containers on docker0
-#   device_plugin.py          the stand-in NVIDIA device plugin: nvidia.com/gpu = the simulated GPUs
+#   device_plugin.py          the stand-in NVIDIA device plugin: nvidia.com/gpu = the simulated GPUs,
+#                             nvidia.com/mig-<profile> = the simulated MIG slices (the "mixed" strategy)
 #   provisioner.py            a stand-in volume provisioner: storage class workbench-test-local, a folder
 #                             per claim under $STATE/volumes (the backend's per-user homes)
 # Nothing listens beyond loopback except the kubelet on docker0's address (the API server reaches it
 # there for logs and exec; the kubelet refuses 127.0.0.1 as a node IP). Ports are away from the defaults
 # so a real cluster's components on the same machine would not collide.
 #
-# Simulated GPUs: WB_K8S_GPUS (default 4xH200-141GB: the conformance tiers offer four), a workbench_devices spec. The device IDs are
+# Simulated GPUs: WB_K8S_GPUS, a workbench_devices spec; the default is four whole H200 (the conformance
+# tiers offer four) and a fifth laid out as MIG slices 2x1g.18gb+1x3g.71gb. The device IDs are
 # exactly parse_simulated_spec(spec, "wbk8s-node1")'s UUIDs, the ones the hub's simulated inventory
 # shows, and the node carries the labels NVIDIA's GPU Feature Discovery would put on it.
 #
@@ -41,7 +43,7 @@ PKI=$STATE/pki
 RUN=$STATE/run
 LOGS=$STATE/log
 PY=${WB_K8S_PYTHON:-$REPO/.venv/bin/python}
-GPUS=${WB_K8S_GPUS:-4xH200-141GB}
+GPUS=${WB_K8S_GPUS:-4xH200-141GB,1xH200-141GB:mig=2x1g.18gb+1x3g.71gb}
 
 NODE=wbk8s-node1
 NODE_IP=172.17.0.1
@@ -265,20 +267,33 @@ make_images() {
 
 # ---------------------------------------------------------------------------------------------------
 # The simulated GPUs, from the same function the hub's simulated inventory uses. Prints
-#   <count> <MiB per GPU> <product as GFD writes it> <uuid,uuid,...>
+#   <count> <MiB per GPU> <product as GFD writes it> <uuid,uuid,...> <mig-PROFILE=N,...|none>
 gpu_facts() {
   "$PY" - "$GPUS" "$NODE" <<'EOF'
 import sys
 from workbench_devices import parse_simulated_spec
 
-gpus = parse_simulated_spec(sys.argv[1], sys.argv[2])
+# Whole GPUs only: GFD's gpu.count and the nvidia.com/gpu count leave a GPU laid out in MIG slices out;
+# its slices are counted per profile (the plugin's nvidia.com/mig-<profile> resources).
+devices = parse_simulated_spec(sys.argv[1], sys.argv[2])
+gpus = [g for g in devices if not g.mig]
+slices = {}
+for d in devices:
+    if d.mig:
+        slices[f"mig-{d.profile}"] = slices.get(f"mig-{d.profile}", 0) + 1
 if not gpus:
     sys.exit(f"WB_K8S_GPUS={sys.argv[1]!r} gives no GPUs")
 first = gpus[0]
 # GFD labels one product per node (the first GPU's); NVML says e.g. "NVIDIA H200", GFD writes
 # "NVIDIA-H200". Our name carries " (simulated)", which NVML's would not.
 product = first.name.replace(" (simulated)", "").strip().replace(" ", "-")
-print(len(gpus), first.memory_total_bytes // 2**20, product, ",".join(g.uuid for g in gpus))
+print(
+    len(gpus),
+    first.memory_total_bytes // 2**20,
+    product,
+    ",".join(g.uuid for g in gpus),
+    ",".join(f"{k}={n}" for k, n in slices.items()) or "none",
+)
 EOF
 }
 
@@ -312,6 +327,8 @@ node_ready() {
 }
 node_gpus() { node_json | jq -r '.status.allocatable["nvidia.com/gpu"] // "0"'; }
 node_has_gpus() { [ "$(node_gpus)" = "$1" ]; }
+# node_has RESOURCE N: the node's allocatable RESOURCE (e.g. nvidia.com/mig-1g.18gb) is N.
+node_has() { [ "$(node_json | jq -r --arg r "$1" '.status.allocatable[$r] // "0"')" = "$2" ]; }
 
 write_configs() {
   mkdir -p "$STATE/kubelet/pki" "$STATE/etcd" "$RUN" "$LOGS"
@@ -395,9 +412,9 @@ cmd_start() {
   write_configs
   make_images
   compile_proto
-  local facts count mib product uuids
+  local facts count mib product uuids slices
   facts=$(gpu_facts) || die "cannot work out the simulated GPUs from WB_K8S_GPUS=$GPUS"
-  read -r count mib product uuids <<<"$facts"
+  read -r count mib product uuids slices <<<"$facts"
 
   launch etcd "" /usr/bin/etcd --name wbk8s --data-dir "$STATE/etcd" \
     --listen-client-urls "http://$ETCD_CLIENT" --advertise-client-urls "http://$ETCD_CLIENT" \
@@ -468,10 +485,16 @@ cmd_start() {
     grep -iE 'device|plugin|nvidia' "$LOGS/kubelet.log" | tail -15 >&2 || true
     exit 1
   fi
+  local item
+  for item in ${slices//,/ }; do
+    [ "$item" = none ] && continue
+    wait_for device-plugin 60 "node $NODE to advertise nvidia.com/${item}" node_has "nvidia.com/${item%=*}" "${item#*=}" \
+      || exit 1
+  done
 
   local what="already running"
   [ ${#STARTED[@]} -eq 0 ] || what="started ${STARTED[*]}"
-  log "up in $(awk -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.1f", t1 - t0}') s ($what): node $NODE Ready, nvidia.com/gpu=$count ($product, ${mib} MiB): $uuids"
+  log "up in $(awk -v t0="$t0" -v t1="$(date +%s.%N)" 'BEGIN {printf "%.1f", t1 - t0}') s ($what): node $NODE Ready, nvidia.com/gpu=$count ($product, ${mib} MiB): $uuids; MIG slices: $slices"
   log "KUBECONFIG=$STATE/admin.kubeconfig"
 }
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,7 +37,8 @@ CLUSTER = HERE / "cluster.sh"
 STATE = Path(os.environ.get("WB_K8S_STATE", "/var/lib/wb-k8s"))
 NODE = "wbk8s-node1"
 API_URL = "https://127.0.0.1:16443"
-GPU_SPEC = os.environ.get("WB_K8S_GPUS", "4xH200-141GB")
+# Four whole GPUs (nvidia.com/gpu) and a fifth laid out as MIG slices (nvidia.com/mig-<profile>): cluster.sh's default.
+GPU_SPEC = os.environ.get("WB_K8S_GPUS", "4xH200-141GB,1xH200-141GB:mig=2x1g.18gb+1x3g.71gb")
 # Images cluster.sh makes with `docker import` (no registry is reachable): pods must not pull.
 BUSYBOX_IMAGE = "workbench/k8s-busybox:test"
 PAUSE_IMAGE = "workbench/k8s-pause:3.4"
@@ -58,10 +59,12 @@ def pytest_collection_modifyitems(config, items):
 class K8sCluster:
     kubeconfig: Path
     node: str
-    gpu_uuids: list[str]  # parse_simulated_spec(gpu_spec, node): the nvidia.com/gpu device IDs
+    gpu_uuids: list[str]  # parse_simulated_spec(gpu_spec, node)'s whole GPUs: the nvidia.com/gpu device IDs
     gpu_spec: str  # WB_K8S_GPUS, e.g. "2xH200-141GB": give the hub the same (WORKBENCH_SIMULATED_GPUS)
     api_url: str
     state: Path
+    # The spec's MIG slices by profile: the nvidia.com/mig-<profile> device IDs ({"1g.18gb": ["MIG-sim-..."]}).
+    slice_uuids: dict[str, list[str]] = field(default_factory=dict)
 
     @asynccontextmanager
     async def client(self) -> AsyncIterator[Any]:
@@ -125,10 +128,16 @@ def k8s_cluster() -> K8sCluster:
 
     # The backend's own API helpers (cluster.blocking), which tests use too, find the cluster as kubectl does.
     os.environ["KUBECONFIG"] = str(STATE / "admin.kubeconfig")
+    devices = parse_simulated_spec(GPU_SPEC, NODE)
+    slices: dict[str, list[str]] = {}
+    for device in devices:
+        if device.mig:
+            slices.setdefault(device.profile, []).append(device.uuid)
     return K8sCluster(
         kubeconfig=STATE / "admin.kubeconfig",
         node=NODE,
-        gpu_uuids=[gpu.uuid for gpu in parse_simulated_spec(GPU_SPEC, NODE)],
+        gpu_uuids=[gpu.uuid for gpu in devices if not gpu.mig],
+        slice_uuids=slices,
         gpu_spec=GPU_SPEC,
         api_url=API_URL,
         state=STATE,

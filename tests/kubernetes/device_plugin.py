@@ -11,7 +11,10 @@ not a simulation. Only the devices are made up.
 
 - By default one resource, ``nvidia.com/gpu``, whose device IDs are the UUIDs that
   ``workbench_devices.parse_simulated_spec(spec, node)`` gives (the hub's simulated inventory uses the
-  same function, so the hub and the pods agree on which GPU is which).
+  same function, so the hub and the pods agree on which GPU is which). A GPU the spec lays out in MIG
+  slices (``1xH200-141GB:mig=2x1g.18gb+1x3g.71gb``) is advertised as its slices instead, one resource
+  per profile (``nvidia.com/mig-1g.18gb``, NVIDIA's "mixed" strategy) with the slices' ``MIG-sim-...``
+  UUIDs as device IDs.
 - ``--resource NAME=ID,ID`` (repeatable) adds a resource, e.g. MIG slices in NVIDIA's "mixed"
   strategy. Each resource is one plugin server on its own socket, as NVIDIA's plugin does it: the
   kubelet allows one resource name per registration.
@@ -241,7 +244,11 @@ def resources_from(args: argparse.Namespace) -> list[Resource]:
     if args.spec:
         from workbench_devices import parse_simulated_spec
 
-        table["nvidia.com/gpu"] = [gpu.uuid for gpu in parse_simulated_spec(args.spec, args.node)]
+        # Whole GPUs are nvidia.com/gpu; a GPU the spec lays out in MIG slices is not, its slices are
+        # nvidia.com/mig-<profile> each (NVIDIA's "mixed" strategy), with their MIG-sim-... UUIDs as IDs.
+        for gpu in parse_simulated_spec(args.spec, args.node):
+            name = f"nvidia.com/mig-{gpu.profile}" if gpu.mig else "nvidia.com/gpu"
+            table.setdefault(name, []).append(gpu.uuid)
     for item in args.resource:
         name, sep, ids = item.partition("=")
         id_list = [i for i in ids.split(",") if i]

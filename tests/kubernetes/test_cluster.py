@@ -132,3 +132,24 @@ async def test_deleting_a_gpu_pod_frees_its_gpu_for_a_waiting_pod(k8s_cluster, k
         # object goes, and only then does the scheduler count its GPU as free.
         await core.delete_namespaced_pod("gpu0", k8s_namespace)
         assert await devices_of(core, k8s_namespace, "waiting", timeout=45) == held["gpu0"]
+
+
+async def test_mig_slices_are_advertised_per_profile_and_handed_out_by_their_mig_uuid(k8s_cluster, k8s_namespace):
+    """The mixed strategy: each profile is a resource of its own, its device IDs the spec's MIG UUIDs."""
+    if not k8s_cluster.slice_uuids:
+        pytest.skip(f"WB_K8S_GPUS={GPU_SPEC} lays out no MIG slices")
+    registered = json.loads(CHECKPOINT.read_text())["Data"]["RegisteredDevices"]
+    async with k8s_cluster.client() as api:
+        core = CoreV1Api(api)
+        node = await core.read_node(k8s_cluster.node)
+        for profile, uuids in k8s_cluster.slice_uuids.items():
+            resource = f"nvidia.com/mig-{profile}"
+            assert node.status.allocatable.get(resource) == str(len(uuids)), node.status.allocatable
+            assert sorted(registered[resource]) == sorted(uuids)
+        assert not set(registered[GPU]) & {u for ids in k8s_cluster.slice_uuids.values() for u in ids}
+        profile, uuids = next(iter(k8s_cluster.slice_uuids.items()))
+        await core.create_namespaced_pod(
+            k8s_namespace, busybox_pod("slice", PRINT_DEVICES, {f"nvidia.com/mig-{profile}": 1})
+        )
+        [given] = await devices_of(core, k8s_namespace, "slice")
+    assert given in uuids and given.startswith("MIG-"), given

@@ -239,8 +239,10 @@ def test_with_every_gpu_held_the_next_spawn_shows_the_schedulers_words_and_start
         ({"gpus": 1, "gpu_model": "A999-1GB"}, "A999-1GB"),
         ({"gpus": 1, "profile": "enormous"}, "enormous"),
         ({"gpus": 3}, "allows 2 at once"),
+        # A MIG profile no node advertises (the node has 1g.18gb and 3g.71gb slices).
+        ({"gpus": 1, "gpu_profile": "2g.35gb"}, "no MIG slices of '2g.35gb'"),
     ],
-    ids=["negative-gpus", "unknown-model", "unknown-profile", "over-quota"],
+    ids=["negative-gpus", "unknown-model", "unknown-profile", "over-quota", "unadvertised-mig-profile"],
 )
 def test_bad_input_and_a_quota_refusal_are_4xx_sentences_that_create_nothing(k8s_hub, users, options, words):
     hub, namespace = k8s_hub
@@ -289,14 +291,18 @@ def test_a_pod_that_waits_past_the_queue_timeout_is_deleted_and_pods_outside_the
                 f"{hub.url}/services/workbench/api/gpus", headers={"Authorization": f"token {hub.token}"}, timeout=30
             )
             assert fleet.status_code == 200, fleet.text
-            rows = fleet.json()["gpus"]
+            rows = [r for r in fleet.json()["gpus"] if not r["mig"]]
+            slices = [r for r in fleet.json()["gpus"] if r["mig"]]
             # The fleet view counts the outside pod's GPUs on the node, though the ledger holds none.
             assert rows and all(r["kubernetes"]["node_gpus_outside_workbench"] == len(rows) for r in rows), rows
             assert all(r["kubernetes"]["held_outside_workbench"] for r in rows), rows
+            # It holds whole GPUs only: the node's MIG slices are free.
+            assert all(r["kubernetes"]["held_outside_workbench"] is False for r in slices), slices
             metrics = requests.get(
                 f"{hub.url}/services/workbench/metrics", headers={"Authorization": f"token {hub.token}"}, timeout=30
             ).text
             held = [line for line in metrics.splitlines() if line.startswith("workbench_gpu_held_outside{")]
+            held = [line for line in held if any(f'"{r["uuid"]}"' in line for r in rows)]
             assert len(held) == len(rows) and all(line.endswith(" 1.0") for line in held), held
             assert all(f'Hostname="{k8s_cluster.node}"' in line for line in held), held
             with ThreadPoolExecutor(1) as pool:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from tests.unit.fake_backends import FakeEnginePlacement, FakeEngineSpawner
 from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
+from workbench_spawner.policy.gpu_policy import _policies
 from workbench_spawner.rules.quota import Quota
 
 MIXED = "1xH200-141GB:mig=7x1g.18gb,1xH100-80GB"
@@ -104,3 +108,48 @@ def test_the_fleet_page_says_which_servers_have_no_idle_rule_and_why():
     assert html.count("no reading (MIG slice): no idle rule</span>") == 1
     assert html.count("no reading: no idle rule</span>") == 1
     assert '(g.mig ? "no reading (MIG slice" + (g.no_reading_reason ? ": " + g.no_reading_reason : "") +' in html
+
+
+# -- an engine: reservations hold whole GPUs, so a request for slices never waits for them ---------------------
+
+
+class SliceEngine(FakeEnginePlacement):
+    """The reference engine, pinning slices (as Slurm's GRES types and Kubernetes' MIG resources do)."""
+
+    pins_slices = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.asked: list[tuple[str, int, str | None]] = []
+
+    async def admit_to_queue(self, key, count, model, groups, deadline, describe=lambda text: None) -> None:
+        self.asked.append((key, count, model))
+        await super().admit_to_queue(key, count, model, groups, deadline, describe)
+
+
+class SliceEngineSpawner(FakeEngineSpawner):
+    def engine_placement(self, settings, store):
+        return SliceEngine(store, settings.inventory)
+
+
+async def test_an_engine_sends_a_slice_request_past_the_whole_gpu_reservation_check(tmp_path):
+    _policies.clear()
+
+    def make(user: str) -> SliceEngineSpawner:
+        return SliceEngineSpawner(
+            user=SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user, groups=[]),
+            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
+            orm_spawner=SimpleNamespace(name="", server=None),
+            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+            simulated_gpus="1xH200-141GB:mig=2x1g.18gb,1xH100-80GB",
+        )
+
+    alice, bob = make("alice"), make("bob")
+    await alice._apply_gpu_options({"gpus": 1, "gpu_profile": "1g.18gb"})
+    await alice.start()
+    placement = alice.gpu_policy.placement
+    assert placement.asked == [], "a slice request went through the whole-GPU reservation check"
+    await bob._apply_gpu_options({"gpus": 1})
+    await bob.start()
+    assert placement.asked == [("bob/", 1, None)], "a whole-GPU request still is checked"
+    _policies.clear()

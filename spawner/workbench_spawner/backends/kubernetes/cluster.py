@@ -25,10 +25,30 @@ T = TypeVar("T")
 
 # Pod phases that hold no resources any more.
 ENDED_PHASES = ("Succeeded", "Failed")
+# NVIDIA's device plugin in the "mixed" MIG strategy advertises each profile as its own resource.
+MIG_PREFIX = "nvidia.com/mig-"
+
+
+def mig_resource(profile: str) -> str:
+    """The resource a pod asks for slices of ``profile`` by (``nvidia.com/mig-1g.18gb``)."""
+    return f"{MIG_PREFIX}{profile}"
 
 
 class KubernetesUnavailable(RuntimeError):
     """The API server could not be reached or refused the request; str(err) says why."""
+
+
+@dataclass(frozen=True)
+class SliceCount:
+    """One MIG profile on one node: what the device plugin advertises and what pods request of it."""
+
+    capacity: int
+    allocatable: int
+    requested: int = 0
+
+    @property
+    def free(self) -> int:
+        return max(0, self.allocatable - self.requested)
 
 
 @dataclass(frozen=True)
@@ -42,6 +62,8 @@ class KubeNode:
     gpu_allocatable: int
     gpus_requested: int = 0  # by every pod on the node that has not ended
     labels: Mapping[str, str] = field(default_factory=dict)
+    # MIG slices by profile ({"1g.18gb": SliceCount(7, 7, 2)}), from the mixed strategy's resources.
+    slices: Mapping[str, SliceCount] = field(default_factory=dict)
 
     @property
     def gpus_free(self) -> int:
@@ -115,7 +137,40 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
     return max(main, init)
 
 
-def node_from_api(node: Mapping[str, Any], resource: str, requested: int = 0) -> KubeNode:
+def pod_slice_requests(pod: Mapping[str, Any]) -> dict[str, int]:
+    """MIG slices ``pod`` holds, by profile (every ``nvidia.com/mig-*`` resource its containers name)."""
+    names = set()
+    for container in [
+        *((pod.get("spec") or {}).get("containers") or []),
+        *((pod.get("spec") or {}).get("initContainers") or []),
+    ]:
+        resources = container.get("resources") or {}
+        names.update(
+            k
+            for k in [*(resources.get("limits") or {}), *(resources.get("requests") or {})]
+            if k.startswith(MIG_PREFIX)
+        )
+    counts = {name[len(MIG_PREFIX) :]: pod_gpu_request(pod, name) for name in sorted(names)}
+    return {profile: n for profile, n in counts.items() if n}
+
+
+def node_slices(status: Mapping[str, Any], requested: Mapping[str, int]) -> dict[str, SliceCount]:
+    """The node's MIG profiles from its status (capacity, so a drained slice still shows)."""
+    capacity = status.get("capacity") or {}
+    allocatable = status.get("allocatable") or {}
+    slices = {}
+    for name in sorted(capacity):
+        if name.startswith(MIG_PREFIX) and _quantity(capacity[name]):
+            profile = name[len(MIG_PREFIX) :]
+            slices[profile] = SliceCount(
+                _quantity(capacity[name]), _quantity(allocatable.get(name, 0)), requested.get(profile, 0)
+            )
+    return slices
+
+
+def node_from_api(
+    node: Mapping[str, Any], resource: str, requested: int = 0, slices_requested: Mapping[str, int] | None = None
+) -> KubeNode:
     """A ``KubeNode`` from the API's node object (a dict)."""
     metadata = node.get("metadata") or {}
     status = node.get("status") or {}
@@ -128,17 +183,23 @@ def node_from_api(node: Mapping[str, Any], resource: str, requested: int = 0) ->
         gpu_allocatable=_quantity((status.get("allocatable") or {}).get(resource, 0)),
         gpus_requested=requested,
         labels=dict(metadata.get("labels") or {}),
+        slices=node_slices(status, slices_requested or {}),
     )
 
 
 def nodes_with_requests(nodes: list[dict], pods: list[dict], resource: str) -> list[KubeNode]:
     """Every node with what the scheduled, not ended pods on it request of ``resource``."""
     requested: dict[str, int] = {}
+    slices: dict[str, dict[str, int]] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if node and (pod.get("status") or {}).get("phase") not in ENDED_PHASES:
             requested[node] = requested.get(node, 0) + pod_gpu_request(pod, resource)
-    return [node_from_api(n, resource, requested.get((n.get("metadata") or {}).get("name", ""), 0)) for n in nodes]
+            held = slices.setdefault(node, {})
+            for profile, count in pod_slice_requests(pod).items():
+                held[profile] = held.get(profile, 0) + count
+    names = [(n.get("metadata") or {}).get("name", "") for n in nodes]
+    return [node_from_api(n, resource, requested.get(m, 0), slices.get(m)) for n, m in zip(nodes, names, strict=True)]
 
 
 async def _items(api, method: str, **kwargs) -> list[dict]:

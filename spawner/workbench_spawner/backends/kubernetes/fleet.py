@@ -53,24 +53,38 @@ def annotate_kubernetes(gpus: list[dict]) -> None:
 
     The API says how many GPUs a node's pods request, not which ones: ``held_outside_workbench`` marks
     that many of the node's GPUs without a lease, in index order, so per node the count (and the
-    metrics' free count) is right while which GPU it names is a guess. None when the API did not answer."""
+    metrics' free count) is right while which GPU it names is a guess. A MIG slice's row counts what
+    pods request of its profile (``nvidia.com/mig-<profile>``) on that node, apart from whole GPUs.
+    None when the API did not answer."""
     nodes = kube_nodes()
-    ours: dict[str, int] = {}
+
+    def pool(gpu: dict) -> tuple[str, str]:
+        return gpu["node"], (gpu.get("profile") or "") if gpu.get("mig") else ""
+
+    def requested(node: KubeNode, profile: str) -> int:
+        if not profile:
+            return node.gpus_requested
+        count = node.slices.get(profile)
+        return count.requested if count else 0
+
+    ours: dict[tuple[str, str], int] = {}
     for gpu in gpus:
         if gpu["holders"]:
-            ours[gpu["node"]] = ours.get(gpu["node"], 0) + 1
-    marked: dict[str, int] = {}
-    for gpu in sorted(gpus, key=lambda g: (g["node"], g.get("index", 0))):
+            ours[pool(gpu)] = ours.get(pool(gpu), 0) + 1
+    marked: dict[tuple[str, str], int] = {}
+    for gpu in sorted(gpus, key=lambda g: (*pool(g), g.get("index", 0))):
         node = (nodes or {}).get(gpu["node"])
-        outside = max(0, node.gpus_requested - ours.get(gpu["node"], 0)) if node else 0
+        key = pool(gpu)
+        asked = requested(node, key[1]) if node else 0
+        outside = max(0, asked - ours.get(key, 0)) if node else 0
         held = None
         if node is not None:
-            held = not gpu["holders"] and marked.get(gpu["node"], 0) < outside
-            marked[gpu["node"]] = marked.get(gpu["node"], 0) + int(held)
+            held = not gpu["holders"] and marked.get(key, 0) < outside
+            marked[key] = marked.get(key, 0) + int(held)
         gpu["kubernetes"] = {
             "node_ready": bool(node and node.ready),
             "node_schedulable": bool(node and node.schedulable),
-            "node_gpus_requested": node.gpus_requested if node else 0,
+            "node_gpus_requested": asked,
             "node_gpus_outside_workbench": outside,
             "held_outside_workbench": held,
         }
@@ -79,8 +93,13 @@ def annotate_kubernetes(gpus: list[dict]) -> None:
 def node_rows(nodes: dict[str, KubeNode] | None, known: dict[str, list[str]]) -> list[dict]:
     """``GET api/kubernetes/nodes``: every node with GPUs, and the UUIDs its pods reported."""
     rows = []
+    # MIG UUIDs are learned per node and profile ("<node>/mig-<profile>"): listed with their node.
+    by_node: dict[str, list[str]] = {}
+    for key, uuids in known.items():
+        by_node.setdefault(key.partition("/")[0], []).extend(uuids)
+    known = by_node
     for name, node in sorted((nodes or {}).items()):
-        if not node.gpu_capacity and name not in known:
+        if not node.gpu_capacity and not node.slices and name not in known:
             continue
         rows.append(
             {

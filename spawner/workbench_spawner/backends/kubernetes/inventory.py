@@ -18,6 +18,13 @@ GPU on first use; ``forget`` clears a node's names (docs/kubernetes.md).
 
 Simulated nodes need no report: the hub computes their UUIDs itself
 (``GPU-sim-<node>-NN-...``, what the stand-in device plugin advertises).
+
+MIG slices: in the device plugin's "mixed" strategy a node advertises each
+profile as a resource of its own (``nvidia.com/mig-1g.18gb: 7``). Each slice
+is a device (``mig``, its ``profile``, the node's GPU model), named
+``K8S-<node>-mig-<profile>-N`` until a pod on it reports its MIG UUID, which is
+learned per node and profile (``slice_key``) by the same rules; a simulated
+node's slices are the spec's own (``MIG-sim-<node>-...``).
 """
 
 from __future__ import annotations
@@ -41,6 +48,20 @@ VENDOR_WORDS = {"NVIDIA", "TESLA", "GEFORCE", "RTX"}
 def placeholder_uuid(node: str, index: int) -> str:
     """The name of a real GPU no pod on its node has reported yet."""
     return f"K8S-{node}-gpu{index}"
+
+
+def slice_placeholder(node: str, profile: str, place: int) -> str:
+    """The name of a real MIG slice of ``profile`` no pod on its node has reported yet."""
+    return f"K8S-{node}-mig-{profile}-{place}"
+
+
+def slice_key(node: str, profile: str) -> str:
+    """Where ``NodeUUIDs`` keeps the MIG UUIDs reported for ``profile`` on ``node`` (a node name has no "/")."""
+    return f"{node}/mig-{profile}"
+
+
+def is_placeholder(uuid: str) -> bool:
+    return uuid.startswith("K8S-")
 
 
 def model_of(labels: Mapping[str, str], product_label: str = GFD_PRODUCT, memory_label: str = GFD_MEMORY) -> str:
@@ -73,10 +94,12 @@ def cluster_inventory(
     simulated = simulated_spec.strip() not in ("", "0")
     devices: list[GPUDevice] = []
     for node in nodes:
-        if not node.gpu_capacity:
+        if not node.gpu_capacity and not node.slices:
             continue
-        known = parse_simulated_spec(simulated_spec, node.name) if simulated else []
+        spec = parse_simulated_spec(simulated_spec, node.name) if simulated else []
+        known = [d for d in spec if not d.mig]
         model = model_of(node.labels, product_label, memory_label)
+        devices.extend(_slices(node, [d for d in spec if d.mig], model, product_label))
         for index in range(node.gpu_capacity):
             if index < len(known):
                 devices.append(replace(known[index], index=index, node=node.name))
@@ -91,11 +114,51 @@ def cluster_inventory(
                     node=node.name,
                 )
             )
-    with_gpus = [n for n in nodes if n.gpu_capacity]
-    names = ", ".join(f"{n.name} ({n.gpu_capacity})" for n in with_gpus) or "none"
+    with_gpus = [n for n in nodes if n.gpu_capacity or n.slices]
+    names = ", ".join(f"{n.name} ({_counted(n)})" for n in with_gpus) or "none"
     label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
     source = "simulated" if simulated else "kubernetes"
-    return DeviceInventory(source, devices, f"{len(devices)} {label} on Kubernetes nodes {names}")
+    whole = sum(1 for d in devices if not d.mig)
+    cut = f" and {len(devices) - whole} MIG slice(s)" if whole < len(devices) else ""
+    # Whole GPUs first, by node, then the slices: the order the form and the fleet list them in.
+    devices.sort(key=lambda d: d.mig)
+    return DeviceInventory(source, devices, f"{whole} {label}{cut} on Kubernetes nodes {names}")
+
+
+def _counted(node: KubeNode) -> str:
+    slices = ", ".join(f"{c.capacity}x{p}" for p, c in node.slices.items())
+    return f"{node.gpu_capacity}, {slices}" if slices else str(node.gpu_capacity)
+
+
+def _slices(node: KubeNode, simulated: Sequence[GPUDevice], model: str, product_label: str) -> list[GPUDevice]:
+    """One device per MIG slice the node advertises: the spec's on a simulated node, else placeholders."""
+    devices = []
+    for profile, count in node.slices.items():
+        spec = [d for d in simulated if d.profile == profile]
+        for place in range(count.capacity):
+            if place < len(spec):
+                devices.append(replace(spec[place], node=node.name))
+                continue
+            product = (node.labels.get(product_label) or "GPU").replace("-", " ")
+            devices.append(
+                GPUDevice(
+                    uuid=slice_placeholder(node.name, profile, place),
+                    index=place,
+                    name=f"{product} MIG {profile} on {node.name}",
+                    memory_total_bytes=_profile_bytes(profile),
+                    model=model,
+                    mig=True,
+                    node=node.name,
+                    profile=profile,
+                )
+            )
+    return devices
+
+
+def _profile_bytes(profile: str) -> int:
+    """A profile's memory as its name says it (``1g.18gb``: 18 GB), as the simulated slices count it."""
+    digits = profile.partition(".")[2].lower().removesuffix("gb")
+    return int(digits) * 10**9 if digits.isdigit() else 0
 
 
 def _memory_bytes(mib: str | None) -> int:
@@ -120,27 +183,32 @@ class NodeUUIDs:
             row = session.get(SettingsRow, NODE_UUIDS_KEY)
             return json.loads(row.value) if row is not None else {}
 
-    def accept(self, node: str, uuids: Iterable[str], capacity: int) -> None:
-        """Learn ``uuids`` on ``node``; UUIDConflict if one is known elsewhere or the node would exceed ``capacity``."""
+    def accept(self, node: str, uuids: Iterable[str], capacity: int, profile: str = "") -> None:
+        """Learn ``uuids`` on ``node`` (slices of ``profile`` if given); UUIDConflict if one is known
+        elsewhere or the node would exceed ``capacity`` (of that profile)."""
         uuids = list(uuids)
+        where = node
+        node = slice_key(node, profile) if profile else node
         with self.store.writes().begin() as session:
             row = session.get(SettingsRow, NODE_UUIDS_KEY)
             known: dict[str, list[str]] = json.loads(row.value) if row is not None else {}
             for uuid in uuids:
                 elsewhere = next((n for n, rows in known.items() if uuid in rows and n != node), None)
                 if elsewhere:
+                    other = elsewhere.partition("/")[0]
                     raise UUIDConflict(
-                        f"a pod on {node} reported GPU {uuid}, which the hub knows on node {elsewhere}; if GPUs "
-                        f"moved, an admin runs `workbench kubernetes-forget-node {elsewhere}`"
+                        f"a pod on {where} reported GPU {uuid}, which the hub knows on node {elsewhere}; if GPUs "
+                        f"moved, an admin runs `workbench kubernetes-forget-node {other}`"
                     )
             here = list(known.get(node, []))
             new = [u for u in uuids if u not in here]
             if not new:
                 return
             if len(here) + len(new) > capacity:
+                what = f"{profile} MIG slices" if profile else "GPUs"
                 raise UUIDConflict(
-                    f"pods on {node} reported {len(here) + len(new)} different GPUs, but the node has {capacity}; "
-                    f"if its GPUs were replaced, an admin runs `workbench kubernetes-forget-node {node}`"
+                    f"pods on {where} reported {len(here) + len(new)} different {what}, but the node has {capacity}; "
+                    f"if its GPUs were replaced, an admin runs `workbench kubernetes-forget-node {where}`"
                 )
             known[node] = here + new
             if row is None:
@@ -150,13 +218,15 @@ class NodeUUIDs:
             row.updated = utcnow()
 
     def forget(self, node: str) -> bool:
-        """Drop what is known about ``node`` (its GPUs were replaced); True if there was something."""
+        """Drop what is known about ``node``, its slices too (its GPUs were replaced); True if there was something."""
         with self.store.writes().begin() as session:
             row = session.get(SettingsRow, NODE_UUIDS_KEY)
             known = json.loads(row.value) if row is not None else {}
-            if node not in known:
+            keys = [k for k in known if k == node or k.startswith(f"{node}/")]
+            if not keys:
                 return False
-            del known[node]
+            for key in keys:
+                del known[key]
             row.value = json.dumps(known, sort_keys=True)
             row.updated = utcnow()
             return True
@@ -172,6 +242,14 @@ def resolve(inventory: DeviceInventory, known: Mapping[str, Sequence[str]]) -> D
         return inventory
     devices = []
     for device in inventory.devices:
+        if device.mig:
+            names = known.get(slice_key(device.node, device.profile)) or []
+            if device.uuid == slice_placeholder(device.node, device.profile, device.index) and device.index < len(
+                names
+            ):
+                device = replace(device, uuid=names[device.index])
+            devices.append(device)
+            continue
         names = known.get(device.node) or []
         if device.uuid == placeholder_uuid(device.node, device.index) and device.index < len(names):
             device = replace(device, uuid=names[device.index])

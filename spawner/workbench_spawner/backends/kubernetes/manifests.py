@@ -10,7 +10,8 @@
   sentence, and the hub refuses to start with such config
   (``extension.check``).
 * **GPUs**: ``nvidia.com/gpu: N`` as a limit (extended resources are
-  requested by limit), and a model as a node selector on GPU Feature
+  requested by limit; MIG slices ``nvidia.com/mig-<profile>: N``, the device
+  plugin's mixed strategy, ``pod_objects.gpu_limits``), and a model as a node selector on GPU Feature
   Discovery's product and memory labels.
 * **NetworkPolicy** like Zero to JupyterHub's singleuser policy: ingress
   only from the hub and proxy, egress to DNS, the hub and the internet but

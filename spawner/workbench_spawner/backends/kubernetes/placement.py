@@ -13,6 +13,12 @@ gave it (``report_api``); the report must name the pod's node and as many
 GPUs as the pod asked for, on that node (``NodeUUIDs``), before the lease is
 written with ``ref`` ``k8s:<namespace>/<pod>``.
 
+MIG slices (``pins_slices``): a request for slices of a profile is a pod
+asking ``nvidia.com/mig-<profile>: N`` (the device plugin's mixed strategy);
+its report must name that many slices of that profile on the pod's node, and
+the lease records each slice's share of a GPU (GPU-hours by share). Open
+reservations hold whole GPUs, so a slice request is never held back for them.
+
 Queue order: the scheduler takes pending pods by priority, then by arrival,
 so the hub's FIFO is the scheduler's; fair-share order is not applied on
 Kubernetes (a PriorityClass per group is the cluster's own tool, docs/kubernetes.md).
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.backends.kubernetes.inventory import UUIDConflict
+from workbench_spawner.backends.kubernetes.inventory import UUIDConflict, is_placeholder
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
 from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
@@ -50,11 +56,13 @@ def _no_events() -> list[dict]:
 
 @dataclass(frozen=True)
 class PodJob(EngineJob):
-    """A submitted pod: ``pod()`` its latest state from the watch (None while unseen), ``events()`` its events."""
+    """A submitted pod: ``pod()`` its latest state from the watch (None while unseen), ``events()`` its events;
+    ``profile`` the MIG profile its slices are of ("" for whole GPUs)."""
 
     pod: Callable[[], Mapping[str, Any] | None] = _none
     events: Callable[[], list[dict]] = _no_events
     submitted: float = 0.0
+    profile: str = ""
 
 
 @dataclass(frozen=True)
@@ -103,6 +111,8 @@ def container_trouble(pod: Mapping[str, Any]) -> str:
 class KubernetesPlacement(EnginePlacement):
     """Leases for pods the scheduler placed; the wait is the scheduler's queue."""
 
+    pins_slices = True  # a gpu_profile request asks for the device plugin's nvidia.com/mig-<profile>
+
     def __init__(
         self,
         store: AllocationStore,
@@ -115,6 +125,7 @@ class KubernetesPlacement(EnginePlacement):
         learn: Callable[[str, Sequence[str]], None] = lambda node, uuids: None,
         total_gpus: Callable[[], int] | None = None,
         release_grace: float = 60.0,
+        learn_slices: Callable[[str, Sequence[str], str], None] = lambda node, uuids, profile: None,
     ):
         super().__init__(store)
         self.release_grace = release_grace
@@ -125,6 +136,7 @@ class KubernetesPlacement(EnginePlacement):
         self.report_timeout = report_timeout
         self.clock = clock
         self.learn = learn
+        self.learn_slices = learn_slices
         self._total_gpus = total_gpus
         # pod -> when it joined, for every pod of ours not scheduled yet (the hub's own FIFO).
         self._pending: dict[str, float] = {}
@@ -150,7 +162,6 @@ class KubernetesPlacement(EnginePlacement):
         deadline: float,
         describe: Callable[[str], None] = lambda text: None,
     ) -> None:
-
         def check() -> tuple[bool, str]:
             try:
                 return self.reservations.may_submit(groups, count, model, self.free_gpus)
@@ -189,10 +200,11 @@ class KubernetesPlacement(EnginePlacement):
         """The lease of the pod once scheduled and reported (None for 0 GPUs), or NoGPUAvailable."""
         if not isinstance(job, PodJob) or not job.job_id:
             raise NoGPUAvailable("No pod was created, so there is nothing to place.")
-        what = gpus_text(count, model)
+        what = gpus_text(count, f"{model} {job.profile}" if model and job.profile else job.profile or model)
         deadline = self.clock() + timeout if job.deadline is None else job.deadline
         self._pending[job.job_id] = job.submitted or self.clock()
-        self.reservations.asking[job.job_id] = (frozenset(groups), count, model)
+        if not job.profile:
+            self.reservations.asking[job.job_id] = (frozenset(groups), count, model)
         self.withdraw(job.admitted)
         try:
             pod = await self._until_scheduled(job, what, deadline, timeout, report)
@@ -204,14 +216,17 @@ class KubernetesPlacement(EnginePlacement):
         pod_report = await self._until_reported(job, node)
         if not count:
             return None
-        problem = self._check(pod_report, node, count)
+        problem = self._check(pod_report, node, count, job.profile)
         if problem:
             raise NoGPUAvailable(
                 f"The pod {job.job_id} on {node} reported GPUs the hub cannot accept: {problem}; the pod was "
                 "deleted. Tell a hub admin."
             )
         try:
-            await asyncio.to_thread(self.learn, node, pod_report.gpus)
+            if job.profile:
+                await asyncio.to_thread(self.learn_slices, node, pod_report.gpus, job.profile)
+            else:
+                await asyncio.to_thread(self.learn, node, pod_report.gpus)
         except UUIDConflict as exc:
             raise NoGPUAvailable(
                 f"The pod {job.job_id} reported GPUs that contradict what the hub knows: {exc}; the pod was deleted."
@@ -234,8 +249,11 @@ class KubernetesPlacement(EnginePlacement):
         gave to someone else): then the pod is deleted."""
         end = self.clock() + self.release_grace
         told = False
+        # GPU-hours by share: a 1g slice is 1/7 of a GPU (the inventory, resolved after learning, knows it).
+        devices = self.inventory().by_uuid()
+        shares = {u: devices[u].share for u in uuids if u in devices}
         while not await asyncio.to_thread(
-            self.store.adopt, user, server, uuids, f"k8s:{job.job_id}", None, node, tuple(groups)
+            lambda: self.store.adopt(user, server, uuids, f"k8s:{job.job_id}", None, node, tuple(groups), shares=shares)
         ):
             if self.clock() >= end:
                 raise NoGPUAvailable(
@@ -252,17 +270,23 @@ class KubernetesPlacement(EnginePlacement):
                 told = True
             await asyncio.sleep(self.poll_interval)
 
-    def _check(self, pod_report: PodReport, node: str, count: int) -> str:
-        """Why a report cannot be taken ("" when it can): node, count, duplicates, and names on that node."""
+    def _check(self, pod_report: PodReport, node: str, count: int, profile: str = "") -> str:
+        """Why a report cannot be taken ("" when it can): node, count, duplicates, and names on that node
+        of the kind asked for (whole GPUs, or slices of ``profile``)."""
         if pod_report.node != node:
             return f"it says it runs on {pod_report.node!r}, Kubernetes says {node!r}"
         if len(pod_report.gpus) != count or len(set(pod_report.gpus)) != count:
             return f"{len(pod_report.gpus)} GPU(s) {list(pod_report.gpus)}, but the pod asked for {count}"
-        on_node = {d.uuid for d in self.inventory().devices if d.node == node}
-        placeholders = any(u.startswith("K8S-") for u in on_node)
+        on_node = {
+            d.uuid for d in self.inventory().devices if d.node == node and (d.profile if d.mig else "") == profile
+        }
+        placeholders = any(is_placeholder(u) for u in on_node)
         unknown = [u for u in pod_report.gpus if u not in on_node]
         if unknown and not placeholders:
-            return f"{', '.join(unknown)} is not a GPU of {node}"
+            what = f"a {profile} MIG slice" if profile else "a GPU"
+            return f"{', '.join(unknown)} is not {what} of {node}"
+        if profile and not all(u.startswith("MIG-") for u in pod_report.gpus):
+            return f"{', '.join(pod_report.gpus)} is not a MIG UUID (MIG-...), but the pod asked for {profile} slices"
         return ""
 
     async def _until_scheduled(

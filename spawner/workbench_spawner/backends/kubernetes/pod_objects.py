@@ -26,6 +26,15 @@ from workbench_spawner.backends.kubernetes.manifests import (
 )
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 
+
+def gpu_limits(gpus: int, profile: str | None, resource: str) -> dict[str, str]:
+    """The pod's GPU limit: ``resource`` (``nvidia.com/gpu``) for whole GPUs, the mixed strategy's
+    ``nvidia.com/mig-<profile>`` for MIG slices (the device plugin then hands out exactly such slices)."""
+    if not gpus:
+        return {}
+    return {cluster.mig_resource(profile) if profile else resource: str(gpus)}
+
+
 # NetworkPolicies this process created or updated: one API call per hub process, not per spawn (a
 # policy deleted by hand comes back at the next hub start).
 _policies_kept: set[str] = set()
@@ -57,7 +66,8 @@ class WorkbenchPod(KubernetesTraits):
         container = pod.spec.containers[0]
         gpus = self.gpu_request.gpus
         if gpus:
-            container.resources.limits = {**(container.resources.limits or {}), self.gpu_resource_name: str(gpus)}
+            limits = gpu_limits(gpus, self.gpu_request.gpu_profile, self.gpu_resource_name)
+            container.resources.limits = {**(container.resources.limits or {}), **limits}
         else:  # an image that says NVIDIA_VISIBLE_DEVICES=all must still see no GPU
             container.env = [*(container.env or []), V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void")]
         if self._model_selector:

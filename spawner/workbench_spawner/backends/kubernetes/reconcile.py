@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from workbench_spawner.backends.kubernetes.cluster import ENDED_PHASES, pod_gpu_request
+from workbench_spawner.backends.kubernetes.cluster import ENDED_PHASES, pod_gpu_request, pod_slice_requests
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_SERVER, LABEL_USER
 from workbench_spawner.ledger.store import Lease
 
@@ -88,7 +88,8 @@ def reconcile_pods(
             delete(name)
             actions.append(Action(name, "deleted", "not scheduled, no spawn waiting"))
             continue
-        wanted = pod_gpu_request(pod, resource)
+        # Whole GPUs, or MIG slices (nvidia.com/mig-<profile>): a slice pod is not a CPU-only one.
+        wanted = pod_gpu_request(pod, resource) + sum(pod_slice_requests(pod).values())
         if not wanted:
             actions.append(Action(name, "left", "CPU-only"))
             continue

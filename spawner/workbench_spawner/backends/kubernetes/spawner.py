@@ -6,7 +6,8 @@ pod object from its settings); this class adds what GPU Workbench promises:
 * **Admission is ours, placement is the scheduler's.** Quotas, models,
   reservations are decided before a pod exists, so a refusal creates
   nothing. An admitted request becomes a pod asking ``nvidia.com/gpu: N``
-  (a model: a node selector on GPU Feature Discovery's labels). While it is
+  (a model: a node selector on GPU Feature Discovery's labels; MIG slices of a
+  ``gpu_profile``: ``nvidia.com/mig-<profile>: N``). While it is
   Pending the progress page shows the scheduler's own words and the place in
   this hub's line; past the queue timeout the pod is deleted and the user
   told (``placement.py``).
@@ -48,7 +49,7 @@ from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes import cluster
-from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
+from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory, slice_key
 from workbench_spawner.backends.kubernetes.manifests import (
     ANNOTATION_GPUS,
     CONTAINER_SECURITY,
@@ -162,17 +163,19 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
         resource = self.gpu_resource_name
 
         def free_gpus(current: DeviceInventory) -> list[str]:
+            """Whole GPUs not allocated now (what reservations are measured in; slices are not)."""
             held = {lease_uuid for lease in store.leases() for lease_uuid in lease.gpu_uuids}
             free: list[str] = []
             for node in cluster.list_nodes(resource):
-                mine = [d.uuid for d in current.devices if d.node == node.name and d.uuid not in held]
+                mine = [d.uuid for d in current.devices if d.node == node.name and not d.mig and d.uuid not in held]
                 free.extend(mine[: node.gpus_free])
             return free
 
         real = settings.inventory.source == "kubernetes"
-        capacity = {d.node: 0 for d in settings.inventory.devices}
+        capacity: dict[str, int] = {}  # whole GPUs by node, slices by slice_key(node, profile)
         for device in settings.inventory.devices:
-            capacity[device.node] += 1
+            where = slice_key(device.node, device.profile) if device.mig else device.node
+            capacity[where] = capacity.get(where, 0) + 1
         return KubernetesPlacement(
             store,
             inventory,
@@ -184,6 +187,13 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
             if real
             else (lambda node, uuids: None),
             total_gpus=lambda: len(settings.inventory.devices),
+            learn_slices=(
+                lambda node, uuids, profile: NodeUUIDs(store).accept(
+                    node, uuids, capacity.get(slice_key(node, profile), 0), profile
+                )
+            )
+            if real
+            else (lambda node, uuids, profile: None),
         )
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
@@ -244,6 +254,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
             pod=lambda: self.pod_reflector.pods.get(key),
             events=lambda: self.events,
             submitted=submitted,
+            profile=(self.gpu_request.gpu_profile or "") if self.gpu_request.gpus else "",
         )
 
     def _raise_start_failure(self) -> None:
@@ -326,7 +337,12 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
             except cluster.KubernetesUnavailable as exc:
                 self.log.warning("Could not delete pod %s: %s", name, exc)
 
-        reconcile_pods(pods, store.leases(), store.adopt, delete, PROCESS_STARTED)
+        shares = self.gpu_policy.shares()  # an adopted slice is charged by its share, as when it started
+
+        def adopt(*args) -> bool:
+            return store.adopt(*args, shares=shares)
+
+        reconcile_pods(pods, store.leases(), adopt, delete, PROCESS_STARTED)
 
     def get_state(self):
         state = super().get_state()

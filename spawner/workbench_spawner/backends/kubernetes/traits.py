@@ -16,7 +16,9 @@ class KubernetesTraits(Configurable):
         device plugin advertises it. NVIDIA's device plugin and the GPU
         Operator use ``nvidia.com/gpu``; change it only for a plugin that
         renames the resource (for example time-sliced GPUs renamed to
-        ``nvidia.com/gpu.shared``).
+        ``nvidia.com/gpu.shared``). MIG slices are not asked for by this name:
+        a ``gpu_profile`` request asks for the plugin's mixed-strategy
+        resource of that profile (``nvidia.com/mig-1g.18gb``).
         """,
     ).tag(config=True)
 
