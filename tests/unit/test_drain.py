@@ -37,13 +37,6 @@ H100 = "GPU-sim-01-h100-80gb"
 SLICES = [f"MIG-sim-00-h200-141gb-{i}-1g.18gb" for i in range(7)]
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
-
-
 def make_policy(store: AllocationStore, spec: str = MIXED, recheck: float = 0.05) -> GPUPolicy:
     settings = PolicySettings(store.url, DeviceInventory("simulated", parse_simulated_spec(spec), "test"), node="n")
     return GPUPolicy(settings, store, recheck_interval=recheck)

@@ -21,18 +21,10 @@ from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUn
 from workbench_spawner.backends.kubernetes.config import configure
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
 from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, ReportRefused, read_report
-from workbench_spawner.ledger.store import AllocationStore
 
 IMAGE = "registry.example.org/gpu-workbench/singleuser:1.0"
 OUTSIDE = {"WORKBENCH_IMAGE": IMAGE, "WORKBENCH_HUB_CONNECT_IP": "172.17.0.1"}
 INSIDE = {"WORKBENCH_IMAGE": IMAGE, "KUBERNETES_SERVICE_HOST": "10.96.0.1"}
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 def configured(env: dict, tmp_path: Path) -> Config:

@@ -25,7 +25,6 @@ from workbench_spawner.backends.kubernetes.inventory import (
     placeholder_uuid,
     resolve,
 )
-from workbench_spawner.ledger.store import AllocationStore
 
 H200 = {GFD_PRODUCT: "NVIDIA-H200", GFD_MEMORY: "144384"}
 NODES = [
@@ -33,13 +32,6 @@ NODES = [
     KubeNode("cpu1", True, True, 0, 0),  # no device plugin: not in the inventory
     KubeNode("n2", True, True, 1, 1, labels=H200),
 ]
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 # -- model names ---------------------------------------------------------------------------------------

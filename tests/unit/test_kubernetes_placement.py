@@ -26,7 +26,6 @@ from workbench_spawner.backends.kubernetes.placement import (
     scheduler_words,
 )
 from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailable
@@ -42,13 +41,6 @@ SIM_N1 = [d.uuid for d in SIM.devices if d.node == "n1"]
 SIM_N2 = [d.uuid for d in SIM.devices if d.node == "n2"]
 INSUFFICIENT = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu."
 NOW = datetime(2026, 12, 8, 10, 5, tzinfo=UTC)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 class Clock:

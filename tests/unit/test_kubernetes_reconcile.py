@@ -10,18 +10,10 @@ import pytest
 
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
 from workbench_spawner.backends.kubernetes.reconcile import Action, reconcile_pods
-from workbench_spawner.ledger.store import AllocationStore
 
 HUB_STARTED = datetime(2026, 12, 8, 10, 0, tzinfo=UTC).timestamp()
 BEFORE = "2026-12-08T09:00:00Z"
 AFTER = "2026-12-08T10:00:05Z"
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 def pod(

@@ -29,7 +29,6 @@ from workbench_spawner.backends.kubernetes.inventory import (
 )
 from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
 from workbench_spawner.backends.kubernetes.pod_objects import gpu_limits
-from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailable
 from workbench_spawner.rules.admission import AdmissionContext, Admitted, Refusal, admit
@@ -46,13 +45,6 @@ SLICED = KubeNode(
     labels=H200,
     slices={"1g.18gb": SliceCount(2, 2), "3g.71gb": SliceCount(1, 1)},
 )
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 # -- the pod's GPU limit -----------------------------------------------------------------------------------

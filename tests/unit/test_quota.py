@@ -33,13 +33,6 @@ def read_quota(body, models=None) -> Quota:
     return quota_from_body(body, models)
 
 
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
-
-
 # -- the rule -------------------------------------------------------------------------
 
 

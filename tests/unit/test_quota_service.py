@@ -21,7 +21,6 @@ from workbench_hub.service.app import make_app
 from workbench_hub.service.fleet import NO_SETTINGS, Fleet, SettingsMissing
 from workbench_hub.service.handlers import _jinja
 from workbench_hub.service.metrics import render_metrics
-from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
 from workbench_spawner.rules.quota import Quota
 
@@ -35,13 +34,6 @@ def service_document() -> dict:
 
 def settings_for(url: str, spec: str = "2", node: str = "gpu-node-7", default: int = 1) -> PolicySettings:
     return PolicySettings(url, discover_devices(spec), servers_per_gpu=1, default_quota=Quota(default), node=node)
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 def test_answers_validate_against_the_document(store):

@@ -20,7 +20,6 @@ from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.report_api import ReportRefused, read_report
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.host import NoGPUAvailable
 from workbench_spawner.rules.queue_order import Waiting
@@ -37,13 +36,6 @@ def report(node: str, uuids: list[str], job: list[str]) -> NodeReport:
         tuple({"index": i, "uuid": u, "name": "NVIDIA H100", "memory_total_bytes": 80} for i, u in enumerate(uuids)),
         tuple(job),
     )
-
-
-@pytest.fixture
-def store(tmp_path):
-    s = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
-    yield s
-    s.dispose()
 
 
 class FakeSlurm:
