@@ -7,7 +7,7 @@ reads this node's GPUs (NVML, or the simulated fleet keyed by the node's
 name), takes the job's own by Slurm's global indices (``SLURM_JOB_GPUS``,
 not ``CUDA_VISIBLE_DEVICES``, which renumbers under cgroup confinement), sets
 ``WORKBENCH_GPUS`` to their UUIDs for the monitor, and sends the job's GPUs
-(by Slurm's index, the minor number of ``/dev/nvidiaN``) with the port.
+(by Slurm's index: the place of their device files in gres.conf, ``gres_map``) with the port.
 The hub checks those against the indices in Slurm's own job record before
 it leases anything.
 """
@@ -21,15 +21,17 @@ from runpy import run_path
 from shutil import which
 from urllib.parse import urlparse, urlunparse
 
+from workbench_spawner.backends.slurm.gres_map import devices_by_index, gres_devices, mig_minors
 
-def slurm_indices(devices) -> dict[str, int]:
-    """Each NVML GPU's index as Slurm counts it: the minor number of its ``/dev/nvidiaN``.
+MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"  # the driver's capability minor of each GPU instance
 
-    Slurm's GRES index is the position of the device file in gres.conf's
-    ``File=`` list, which with the usual ``File=/dev/nvidia[0-7]`` is the
-    minor number. NVML's own index is not: under ``ConstrainDevices=yes`` a
-    job sees only its GPUs, numbered from 0. A GPU whose minor number NVML
-    cannot tell keeps NVML's index."""
+
+def gpu_minors(uuids) -> dict[str, int]:
+    """Each NVML GPU's minor number (its ``/dev/nvidiaN``), by UUID; a GPU NVML cannot tell is left out.
+
+    Slurm's GRES index is the place of a device file in gres.conf, not NVML's
+    index (under ``ConstrainDevices=yes`` a job sees only its GPUs, numbered
+    from 0): the minor number is what ties NVML's GPUs to gres.conf's files."""
     try:
         import pynvml
 
@@ -38,10 +40,10 @@ def slurm_indices(devices) -> dict[str, int]:
         return {}
     found = {}
     try:
-        for device in devices:
+        for uuid in uuids:
             try:
-                handle = pynvml.nvmlDeviceGetHandleByUUID(device.uuid)
-                found[device.uuid] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
+                handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+                found[uuid] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
             except Exception:
                 continue
     finally:
@@ -52,22 +54,44 @@ def slurm_indices(devices) -> dict[str, int]:
     return found
 
 
-def slurm_devices(inventory) -> list:
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def gres_conf_path(env) -> str:
+    """gres.conf is always beside slurm.conf (``SLURM_CONF``, else Debian's /etc/slurm)."""
+    return os.path.join(os.path.dirname(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"), "gres.conf")
+
+
+def slurm_devices(inventory, node: str = "", env=None, read=_read, minors_of=gpu_minors) -> list:
     """This node's GPUs and MIG slices, each under its Slurm GRES index.
 
     Simulated nodes list their devices in gres.conf's order (whole GPUs,
     then each GPU's slices, as ``WORKBENCH_SIMULATED_GPUS`` lays them out),
-    so a device's Slurm index is its place in that list: a slice's MIG UUID
-    is what the job reports for the index of its ``gpu:<profile>`` GRES.
-    NVML GPUs go by the minor number of ``/dev/nvidiaN`` (``slurm_indices``),
-    others by their own index; an NVML slice is not reported, because its GRES index depends on the
-    order of the capability files in the site's gres.conf, which the job
-    cannot see: a slice job on such a node is refused with a sentence
+    so a device's Slurm index is its place in that list. NVML devices are
+    found by the files gres.conf lists for each index (``gres_map``): a whole
+    GPU by its ``/dev/nvidiaN``, a slice by the GPU instance its capability
+    file opens (``/proc/driver/nvidia-caps/mig-minors``). Where gres.conf
+    lists no files (``AutoDetect=nvml``), whole GPUs go by their minor number
+    (the usual ``File=/dev/nvidia[0-7]``) and no slice is reported: a slice
+    job there is refused with a sentence rather than leased under a guess
     (docs/slurm.md, "MIG slices on Slurm").
     """
     if inventory.source == "simulated":
         return [replace(d, index=i) for i, d in enumerate(inventory.devices)]
-    minors = slurm_indices(inventory.devices) if inventory.source == "nvml" else {}
+    if inventory.source != "nvml":
+        return [d for d in inventory.devices if not d.mig]
+    env = os.environ if env is None else env
+    uuids = {d.parent_uuid if d.mig else d.uuid for d in inventory.devices} - {""}
+    minors = minors_of(sorted(uuids))
+    gres = gres_devices(read(gres_conf_path(env)), node)
+    if gres is not None:
+        by_index = devices_by_index(gres, mig_minors(read(MIG_MINORS)), inventory.devices, minors.get)
+        return [replace(d, index=i) for i, d in sorted(by_index.items())]
     return [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
 
 
@@ -88,7 +112,7 @@ def node_report(env: dict[str, str]) -> dict:
         for i in (env.get("SLURM_JOB_GPUS") or env.get("SLURM_STEP_GPUS") or "").split(",")
         if i.strip().isdigit()
     ]
-    devices = slurm_devices(inventory)
+    devices = slurm_devices(inventory, node, env)
     by_index = {d.index: d for d in devices}
     mine = [by_index[i] for i in wanted if i in by_index]
     return {
