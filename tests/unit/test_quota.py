@@ -356,6 +356,16 @@ def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
     again.dispose()
 
 
+def insert_old_group_quota(conn) -> None:
+    """A group quota as a release before the kind parts stored it (only the columns it had)."""
+    conn.execute(
+        text(
+            "INSERT INTO gpu_quotas (kind, name, max_gpus, updated, updated_by) VALUES "
+            "('group', 'old', 2, '2026-12-01 10:00:00', '')"
+        )
+    )
+
+
 def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kind(store):
     downgrade(store.engine, "0004")
     assert current(store.engine) == "0004"
@@ -374,12 +384,7 @@ def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kin
                 "('GPU-a', 'bob', '', '2026-12-02 08:00:00', '2026-12-02 10:00:00', 'stopped', 'n')"
             )
         )
-        conn.execute(
-            text(
-                "INSERT INTO gpu_quotas (kind, name, max_gpus, updated, updated_by) VALUES "
-                "('group', 'old', 2, '2026-12-01 10:00:00', '')"
-            )
-        )
+        insert_old_group_quota(conn)
     upgrade(store.engine)
     assert current(store.engine) == HEAD == "0006"
     assert store.lease_of("alice", "").shares == (1.0,)
@@ -392,12 +397,7 @@ def test_migration_0006_lets_old_quotas_have_time_sliced_gpus(store):
     downgrade(store.engine, "0005")
     assert "shared_gpus" not in {c["name"] for c in inspect(store.engine).get_columns("gpu_quotas")}
     with store.engine.begin() as conn:
-        conn.execute(
-            text(
-                "INSERT INTO gpu_quotas (kind, name, max_gpus, updated, updated_by) VALUES "
-                "('group', 'old', 2, '2026-12-01 10:00:00', '')"
-            )
-        )
+        insert_old_group_quota(conn)
     upgrade(store.engine)
     assert current(store.engine) == HEAD == "0006"
     book = QuotaBook(store)

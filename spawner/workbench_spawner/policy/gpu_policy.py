@@ -104,9 +104,11 @@ class GPUPolicy:
     def sharing(self) -> tuple[tuple[GPUDevice, int], ...]:
         """Every device with its slots where this hub time-slices some device and places GPUs itself
         (admission's ``shared_gpus`` rule); empty otherwise: an engine shares nothing of ours."""
-        if not self.shared or isinstance(self.placement, EnginePlacement):
+        if isinstance(self.placement, EnginePlacement):
             return ()
-        slots = self.settings.slots()
+        slots = self.settings.slots()  # once: ``shared`` would read them again
+        if all(n == 1 for n in slots.values()):
+            return ()
         return tuple((d, slots[d.uuid]) for d in self.devices)
 
     # -- reads (blocking) ---------------------------------------------------------
