@@ -25,11 +25,12 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import warnings
 from collections.abc import Iterable
 
 from traitlets import List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
+
+from workbench_spawner.config_sections import quietly
 
 #: the operator's variable, and the name the hub gives the value in the servers' environment
 ENV = "WORKBENCH_SSH_PERMIT_OPEN"
@@ -163,10 +164,7 @@ def ssh_forwarding_problems(config: Config, spawner_class: type) -> list[str]:
             return spawner_class.section_names()
 
     try:
-        with warnings.catch_warnings():
-            # The spawner's sections hold every other spawner option too: not this reader's to recognise.
-            warnings.filterwarnings("ignore", message="Config option .* not recognized by `Resolved`")
-            Resolved(config=config).ssh_permit_open  # noqa: B018 (a dynamic default is read, and checked, on access)
+        quietly(Resolved, config).ssh_permit_open  # noqa: B018 (a dynamic default is read, and checked, on access)
     except TraitError as exc:
         return [str(exc)]
     return []

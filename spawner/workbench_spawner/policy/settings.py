@@ -27,6 +27,7 @@ from sqlalchemy.orm import Mapped, mapped_column
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 from workbench_devices.inventory import counted
 from workbench_devices.mig import is_profile_name
+from workbench_spawner.config_sections import quietly
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 from workbench_spawner.rules.quota import Quota
 
@@ -351,7 +352,7 @@ def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
         def section_names(cls_):  # noqa: N805  (traitlets' classmethod)
             return cls.section_names()
 
-    policy_config = SpawnerPolicyConfig(config=config)
+    policy_config = quietly(SpawnerPolicyConfig, config)
     settings = resolve_policy_settings(policy_config, backend=cls.workbench_backend)
     if cls.placement_mode == "engine":
         # An engine knows the cluster's GPUs (Slurm's node records), not this host.
