@@ -35,7 +35,7 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         assert page.locator("#workbench-profile-note").count() == 0, "containers do enforce the size"
         page.check("#workbench-profile-small")
         page.click("form#spawn_form [type=submit]")
-        wait_for_lab(page, hub.url, admin)
+        wait_for_lab(page, hub.url, admin, log=hub.log)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.wait_for_selector(".jp-DirListing-item:has-text('notebooks')")
         page.screenshot(path=str(_artifact("jupyterlab-docker.png")))

@@ -315,7 +315,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         log_in(page, url, user)
         page.wait_for_url("**/hub/spawn**")
         page.click("form#spawn_form [type=submit]")
-        wait_for_lab(page, f"https://{DOMAIN}", user)
+        wait_for_lab(page, f"https://{DOMAIN}", user, log=lambda: compose("logs", "hub").stdout)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.screenshot(path=str(ARTIFACTS / "https-acme-lab.png"))
         cookies = {c["name"]: c for c in context.cookies()}

@@ -368,7 +368,7 @@ def test_a_person_logs_in_spawns_one_gpu_and_the_status_bar_shows_the_pods_gpu(k
         page.locator("#workbench-gpus").fill("1")
         page.click("form#spawn_form [type=submit]")
         # A pod's new veth on docker0 is a network change to Chromium on this host (wait_for_lab reloads).
-        wait_for_lab(page, hub.url, user)
+        wait_for_lab(page, hub.url, user, log=hub.log)
         page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         status = page.locator(".jp-WorkbenchGPU-status .jp-WorkbenchGPU-gpu")
         expect(status).to_have_count(1, timeout=90_000)
