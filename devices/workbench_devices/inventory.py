@@ -15,6 +15,7 @@ parent GPU), in NVML's answer and in a simulated layout such as
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ SIMULATED_UUID_PREFIX = "GPU-sim-"
 SIMULATED_MIG_UUID_PREFIX = "MIG-sim-"
 DEFAULT_SIMULATED_MODEL = "H100-80GB"
 _GIB = 1024**3
+log = logging.getLogger("workbench.devices")
 
 # Model name as NVML reports it, keyed by the short model used in specs.
 _SIMULATED_NAMES = {
@@ -213,32 +215,60 @@ def nvml_devices() -> list[GPUDevice]:
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = _text(pynvml.nvmlDeviceGetName(handle))
-            mig_slices = _mig_slices(pynvml, handle, index, name)
-            if mig_slices:
-                devices.extend(mig_slices)
+            try:
+                mig_slices = _mig_slices(pynvml, handle, index, name)
+            except pynvml.NVMLError as exc:
+                _warn_once(
+                    f"GPU {index} ({name}) is in MIG mode but its MIG slices could not be read ({exc}): left out"
+                )
                 continue
-            devices.append(_device(pynvml, handle, index, name))
+            if mig_slices is None:
+                devices.append(_device(pynvml, handle, index, name))
+            elif mig_slices:
+                devices.extend(mig_slices)
+            else:
+                # In MIG mode CUDA sees a GPU only through its slices: with none, a server pinned to the
+                # GPU's own UUID would see no device at all. Left out until a layout is made.
+                _warn_once(
+                    f"GPU {index} ({name}) is in MIG mode but has no MIG slices: left out of the inventory until "
+                    "slices are made (nvidia-smi mig -cgi ... -C) or MIG mode is switched off"
+                )
         return devices
     finally:
         pynvml.nvmlShutdown()
 
 
-def _mig_slices(pynvml, handle, index: int, name: str) -> list[GPUDevice]:
+def _mig_slices(pynvml, handle, index: int, name: str) -> list[GPUDevice] | None:
+    """A GPU's MIG slices: None where it is not in MIG mode (or the driver cannot say), so it is a whole
+    GPU; a list, perhaps empty, where it is."""
     try:
         current, _pending = pynvml.nvmlDeviceGetMigMode(handle)
     except pynvml.NVMLError:
-        return []
+        return None
     if current != pynvml.NVML_DEVICE_MIG_ENABLE:
-        return []
+        return None
     parent = _device(pynvml, handle, index, name)
     slices: list[GPUDevice] = []
+    # An empty place (a slice destroyed, or never made) is NOT_FOUND; any other error is raised, so a GPU
+    # whose slices cannot be read is not mistaken for one without slices.
+    empty = getattr(pynvml, "NVMLError_NotFound", ())
     for mig_index in range(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
         try:
             mig = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, mig_index)
-        except pynvml.NVMLError:
+        except empty:
             continue
         slices.append(_slice(pynvml, mig, parent))
     return slices
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log ``message`` the first time only: the hub re-reads the inventory every minute while a layout changes."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
 def _device(pynvml, handle, index: int, name: str) -> GPUDevice:

@@ -371,6 +371,11 @@ def servers_per_gpu(value: str) -> tuple[int, dict[str, int]]:
                 f"WORKBENCH_SERVERS_PER_GPU: cannot read {item[:60]!r}; for some GPUs write MODEL=N, PROFILE=N "
                 "or UUID=N with N at least 1, after the default for all: e.g. 1,T4-16GB=4"
             )
+        same = next((k for k in per_device if k.lower() == key.lower()), None)
+        if same is not None:
+            raise ConfigError(
+                f"WORKBENCH_SERVERS_PER_GPU names {same!r} and {key!r}, the same GPUs whatever the case: keep one"
+            )
         per_device[key] = int(count)
     return default, per_device
 

@@ -8,6 +8,10 @@ A GPU is named by its UUID (``GPU-...``; in MIG mode with all its slices),
 one slice's ``MIG-...`` UUID, or its index on this hub; the fleet page
 lists them. Servers already on a drained GPU keep running until they stop;
 once ``workbench drains`` shows nobody there, its layout may change.
+Only the hub's own placement (local, docker) reads drains: where Slurm or
+Kubernetes places servers, ``workbench drain`` is refused (exit code 1)
+with the engine's command to drain or cordon the node instead;
+``workbench undrain`` still removes a drain stored before.
 
 Every command goes through the workbench service (``api/drains``), like the
 rest of ``workbench``; exit codes are the same (1: refused, 2: bad command

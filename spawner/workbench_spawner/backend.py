@@ -67,6 +67,43 @@ class CLICommands:
     run: Callable[[Any, Callable[..., Any]], tuple[object, str]]  # (args, call) -> (data, text)
 
 
+@dataclass(frozen=True)
+class NodeDrain:
+    """How an engine closes a node to new servers and opens it again.
+
+    Where an engine places servers it never reads a workbench drain, so the
+    service refuses ``PUT api/drains`` and says this instead (and the fleet
+    page says where to drain). ``close`` and ``reopen`` are commands with
+    ``{node}`` in them; empty where the engine has none to name.
+    """
+
+    engine: str  # as a person names it: "Slurm"
+    verb: str  # what closing a node is called there: "drain", "cordon"
+    close: str = ""  # 'scontrol update NodeName={node} State=DRAIN Reason="..."'
+    reopen: str = ""  # "scontrol update NodeName={node} State=RESUME"
+    wait_for: str = "its servers"  # what must end before a node's MIG layout can change
+
+    def line(self) -> str:
+        """One line for the fleet page: where a node is closed to new servers here."""
+        how = f" ({self.close.format(node='<node>')})" if self.close else ""
+        line = f"{self.engine} places servers on GPUs here: {self.verb} a node in {self.engine}{how}."
+        return line[0].upper() + line[1:]
+
+    def refusal(self, node: str = "") -> str:
+        """Why a workbench drain is refused here, and what to run instead (on ``node`` where it is known)."""
+        node = node or "<node>"
+        how = (
+            f" with `{self.close.format(node=node)}` (and `{self.reopen.format(node=node)}` after)"
+            if self.close
+            else ""
+        )
+        return (
+            f"this hub runs on {self.engine}, which places servers on GPUs itself and does not read workbench "
+            f"drains, so nothing was drained; {self.verb} the node in {self.engine} instead{how}. A MIG layout "
+            f"change needs all the node's GPUs idle: wait until {self.wait_for} have ended."
+        )
+
+
 def _no_problems(config: Config) -> list[str]:
     return []
 
@@ -110,6 +147,10 @@ class BackendExtension:
     under the key ``name`` (Slurm: node state, allocated outside the workbench).
 
     ``cli``: subcommands of ``workbench``.
+
+    ``node_drain``: for an engine backend, how its engine closes a node to
+    new servers (:class:`NodeDrain`); the service names it when it refuses a
+    workbench drain, which only the hub's own placement reads.
     """
 
     name: str
@@ -123,6 +164,7 @@ class BackendExtension:
     resolve_inventory: Callable[[AllocationStore, DeviceInventory], DeviceInventory] = _same_inventory
     annotate_fleet: Callable[[list[dict]], None] = _nothing
     cli: CLICommands | None = None
+    node_drain: NodeDrain | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -158,6 +200,14 @@ def backend_extension(name: str) -> BackendExtension:
 def extension_of(backend: str) -> BackendExtension | None:
     """The extension a published ``PolicySettings.backend`` names, or None (an unknown or empty name)."""
     return installed_backends().get(backend)
+
+
+def node_drain_of(backend: str) -> NodeDrain:
+    """How the engine of a published ``backend`` closes a node; a general answer for one that does not say."""
+    extension = extension_of(backend)
+    if extension is not None and extension.node_drain is not None:
+        return extension.node_drain
+    return NodeDrain(engine=f"the {backend} engine" if backend else "its engine", verb="close")
 
 
 def openapi_fragments(names: Sequence[str]) -> list[Path]:

@@ -13,7 +13,10 @@ pytestmark = [pytest.mark.browser, pytest.mark.integration]
 def test_the_form_offers_slices_and_the_panel_names_the_slice_and_its_gpu(running_hub, chromium_browser):
     from playwright.sync_api import expect
 
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1xH200-141GB:mig=7x1g.18gb,1xH100-80GB"})
+    hub = running_hub(
+        {"WORKBENCH_SIMULATED_GPUS": "1xH200-141GB:mig=7x1g.18gb,2xH100-80GB"},
+        ["--GPUSpawnerMixin.default_max_gpus=2"],
+    )
     page = chromium_browser.new_page(viewport={"width": 1400, "height": 900})
     page.set_default_timeout(60_000)
     assert "The signup was successful!" in sign_up(page, hub.url, "admin")
@@ -22,9 +25,17 @@ def test_the_form_offers_slices_and_the_panel_names_the_slice_and_its_gpu(runnin
 
     kind = page.locator("#workbench-gpu-kind")
     options = [o.strip() for o in kind.locator("option").all_inner_texts()]
-    assert options == ["Whole GPUs: 1 of 1 free", "1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free"]
+    assert options == ["Whole GPUs: 2 of 2 free", "1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free"]
+    # One slice per server: picking a slice caps the number at 1 (and lowers a 2 to it); whole GPUs lift the cap.
+    gpus = page.locator("#workbench-gpus")
+    expect(gpus).to_have_attribute("max", "2")
+    gpus.fill("2")
     kind.select_option("1g.18gb")
-    page.locator("#workbench-gpus").fill("1")
+    expect(gpus).to_have_attribute("max", "1")
+    expect(gpus).to_have_value("1")
+    kind.select_option("")
+    expect(gpus).to_have_attribute("max", "2")
+    kind.select_option("1g.18gb")
     page.screenshot(path=str(_artifact("spawn-form-slices.png")), full_page=True)
     page.click("form#spawn_form [type=submit]")
     page.wait_for_url("**/user/admin/lab**", timeout=120_000)

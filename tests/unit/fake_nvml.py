@@ -13,6 +13,7 @@ from types import SimpleNamespace
 def fake_pynvml(count: int, **calls) -> types.ModuleType:
     fake = types.ModuleType("pynvml")
     fake.NVMLError = type("NVMLError", (Exception,), {})
+    fake.NVMLError_NotFound = type("NVMLError_NotFound", (fake.NVMLError,), {})  # NVML_ERROR_NOT_FOUND
     fake.NVML_DEVICE_MIG_ENABLE = 1
     fake.nvmlInit = fake.nvmlShutdown = lambda: None
     fake.nvmlDeviceGetCount = lambda: count

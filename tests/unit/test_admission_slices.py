@@ -10,6 +10,10 @@ from workbench_spawner.rules.quota import EffectiveQuota, Quota
 SLICES = {"1g.18gb": {"H200-141GB": 7}, "3g.40gb": {"H100-80GB": 2, "A100-80GB": 2}}
 STUDENT = Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",))
 ASK = "ask the course staff to raise your GPU quota"
+ONE_SLICE = (
+    "Cannot start the server: a server gets one MIG slice at most, not {n} slices{of}: a CUDA program sees only "
+    "one MIG slice, so the others could not be used. Ask for {instead}."
+)
 
 
 def ctx(quota: Quota = Quota(2), group: str | None = None, **kw) -> AdmissionContext:  # noqa: B008
@@ -37,6 +41,10 @@ ADMITTED = [
     (ctx(Quota(2, allowed_models=("A100-80GB",))), {"gpu_profile": "3g.40gb"}, 1, "3g.40gb", "A100-80GB"),
     (ctx(Quota(2, allowed_profiles=())), {"gpus": 2}, 2, None, None),  # research: whole GPUs only
     (ctx(STUDENT), {"gpus": 0}, 0, None, None),  # CPU only stays possible
+    # A hub's default of two GPUs gives a slice request one slice (one a server), not a refusal.
+    (ctx(Quota(4), default_gpus=2), {"gpu_profile": "1g.18gb"}, 1, "1g.18gb", None),
+    (ctx(Quota(4, whole_gpus=False), default_gpus=2), {}, 1, "1g.18gb", None),
+    (ctx(Quota(4), default_gpus=2), {}, 2, None, None),  # whole GPUs keep the default
 ]
 
 
@@ -90,11 +98,38 @@ REFUSALS = [
         "Cannot start the server: the default quota allows only these GPU models: H100-80GB, and this hub has 1g.18gb "
         f"slices only on H200-141GB. Ask for another slice, or {ASK}.",
     ),
+    # One slice a server (a CUDA program sees one MIG device): the refusal names only what the quota allows.
     (
         ctx(Quota(8)),
         {"gpus": 3, "gpu_profile": "3g.40gb", "gpu_model": "H100-80GB"},
         400,
-        "Cannot start the server: asked for 3 slices of 3g.40gb but this hub has only 2.",
+        ONE_SLICE.format(n=3, of=" of 3g.40gb", instead="one slice or whole GPUs"),
+    ),
+    (
+        ctx(Quota(8)),
+        {"gpus": 2, "gpu_profile": "1g.18gb"},
+        400,
+        ONE_SLICE.format(n=2, of=" of 1g.18gb", instead="one slice, one of a larger profile (3g.40gb) or whole GPUs"),
+    ),
+    (
+        ctx(Quota(8, allowed_profiles=("1g.18gb",), whole_gpus=False)),
+        {"gpus": 2, "gpu_profile": "1g.18gb"},
+        400,
+        ONE_SLICE.format(n=2, of=" of 1g.18gb", instead="one slice"),
+    ),
+    (
+        # A quota of slices only on a hub that has whole GPUs too: admission would pick a slice, still one.
+        ctx(Quota(2, whole_gpus=False)),
+        {"gpus": 2},
+        400,
+        ONE_SLICE.format(n=2, of="", instead="one slice (1g.18gb, 3g.40gb)"),
+    ),
+    (
+        # A hub of slices only: one slice a server, whichever profile admission would pick.
+        ctx(Quota(4), inventory_size=0, inventory_models=()),
+        {"gpus": 2},
+        400,
+        ONE_SLICE.format(n=2, of="", instead="one slice (1g.18gb, 3g.40gb)"),
     ),
     (
         ctx(),
@@ -112,10 +147,9 @@ REFUSALS = [
     ),
     (
         ctx(STUDENT, "students"),
-        {"gpus": 2, "gpu_profile": "1g.18gb"},
-        403,
-        f"Cannot start the server: you asked for 2 slice(s), but the GPU quota of group students allows 1 at once. "
-        f"Ask for fewer, or {ASK}.",
+        {"gpus": 2},
+        400,
+        ONE_SLICE.format(n=2, of="", instead="one slice (1g.18gb)"),
     ),
 ]
 

@@ -117,7 +117,7 @@ def test_nvml_discovery_lists_whole_gpus_and_mig_slices(monkeypatch):
 
     def slot(handle, i):
         if i not in names:
-            raise fake.NVMLError("Not Found")
+            raise fake.NVMLError_NotFound("Not Found")
         return ("mig", handle[1], i)
 
     fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h == ("gpu", 1) else (0, 0)
@@ -139,3 +139,38 @@ def test_nvml_discovery_lists_whole_gpus_and_mig_slices(monkeypatch):
     assert [d.name for d in devices[1:]] == [f"NVIDIA H100 80GB HBM3 MIG {p}" for p in profiles]
     assert [round(d.share, 3) for d in devices] == [1.0, round(3 / 7, 3), round(1 / 7, 3), round(2 / 7, 3)]
     assert [d.memory_total_bytes for d in devices] == [80 << 30, 40 * 10**9, 10 * 10**9, 20 * 10**9]
+
+
+def test_a_gpu_in_mig_mode_without_slices_is_left_out_and_said(monkeypatch, caplog):
+    """In MIG mode CUDA reaches a GPU only through its slices: one with none (MIG switched on, no layout
+    made yet) is no device a server could use, so it is not offered as a whole GPU either."""
+    import sys
+
+    from tests.unit.fake_nvml import fake_pynvml
+    from workbench_devices import nvml_devices
+
+    fake = fake_pynvml(2)
+    fake.nvmlDeviceGetMigMode = lambda h: (1, 1) if h == ("gpu", 1) else (0, 0)
+    fake.nvmlDeviceGetMaxMigDeviceCount = lambda h: 7
+
+    def no_slice(handle, i):
+        raise fake.NVMLError_NotFound("Not Found")
+
+    fake.nvmlDeviceGetMigDeviceHandleByIndex = no_slice
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr("workbench_devices.inventory._warned", set())
+    with caplog.at_level("WARNING", logger="workbench.devices"):
+        assert [d.uuid for d in nvml_devices()] == ["GPU-gpu-0"]
+        assert [d.uuid for d in nvml_devices()] == ["GPU-gpu-0"]  # the hub re-reads every minute
+    said = "GPU 1 (NVIDIA H100 80GB HBM3) is in MIG mode but has no MIG slices: left out"
+    assert caplog.text.count(said) == 1, "said once, not on every read"
+
+    # Slices that cannot be read (another NVML error than an empty place) are not "no slices".
+    def refused(handle, i):
+        raise fake.NVMLError("Insufficient Permissions")
+
+    fake.nvmlDeviceGetMigDeviceHandleByIndex = refused
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="workbench.devices"):
+        assert [d.uuid for d in nvml_devices()] == ["GPU-gpu-0"]
+    assert "its MIG slices could not be read (Insufficient Permissions): left out" in caplog.text

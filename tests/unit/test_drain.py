@@ -298,3 +298,16 @@ def test_the_admin_page_offers_drain_and_undrain():
     assert '<span class="wb-drain-state">draining: no new servers</span>' in html
     assert 'api("DELETE", path) : api("PUT", path, {})' in html
     assert 'wb-drain-button" data-gpu' not in render(False)  # only admins drain
+
+
+def test_where_an_engine_places_a_stored_drain_closes_nothing(store):
+    """A drain stored while the hub placed GPUs itself, after a move to Slurm or Kubernetes: the engine
+    would not read it, so the form and admission must not count the GPU as closed either."""
+    from tests.unit.fake_backends import FakeEnginePlacement
+
+    host = make_policy(store)
+    DrainBook(store).drain([H100])
+    assert {s.device.uuid: s.free_slots for s in host.status()}[H100] == 0
+    engine = GPUPolicy(host.settings, store, FakeEnginePlacement(store, host.settings.inventory))
+    status = {s.device.uuid: s for s in engine.status()}
+    assert (status[H100].drained, status[H100].free_slots) == (False, 1)

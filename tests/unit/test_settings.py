@@ -98,6 +98,18 @@ def test_the_stored_url_has_no_password():
         ([{"name": "x"}], "static_gpus entry 0 needs 'uuid' and 'name'"),
         ([{"uuid": "a", "name": "x", "index": "first"}], "static_gpus entry 0: index and memory_total_bytes"),
         ([{"uuid": "a", "name": "x"}, {"uuid": "a", "name": "y"}], "names the same GPU UUID twice"),
+        ([{"uuid": "MIG-a", "name": "x", "profile": "half"}], r"entry 0: profile 'half' is not a MIG profile"),
+        (
+            [{"uuid": "MIG-a", "name": "x", "model": "H100-80GB", "profile": "1g.18gb"}],
+            r"entry 0: the model H100-80GB has no MIG profile '1g.18gb'; its profiles are 1g.10gb, 1g.20gb, 2g.20gb",
+        ),
+        (
+            [
+                {"uuid": "GPU-p", "name": "H200", "model": "H200-141GB"},
+                {"uuid": "MIG-a", "name": "x", "model": "H200-141GB", "profile": "1g.18gb", "parent_uuid": "GPU-p"},
+            ],
+            "lists GPU-p as a whole GPU and as the parent of MIG slices",
+        ),
     ],
 )
 def test_a_bad_static_list_is_a_sentence(tmp_path, static, message):
@@ -113,3 +125,30 @@ def test_a_bad_simulated_spec_is_a_sentence(tmp_path):
 def test_a_spawner_that_is_not_ours_is_refused(tmp_path):
     with pytest.raises(ValueError, match="is not a GPU Workbench spawner"):
         publish_policy_settings(config(tmp_path, "simple"))
+
+
+def test_a_static_list_may_name_slices_with_their_gpu(tmp_path):
+    """A hub that cannot see the driver lists slices itself: each is a MIG device of its profile, with its
+    GPU's UUID, and counts its share of that GPU."""
+    static = [
+        {"uuid": "GPU-h100", "name": "NVIDIA H100 80GB HBM3", "model": "H100-80GB", "index": 0},
+        *(
+            {
+                "uuid": f"MIG-{i}",
+                "name": "NVIDIA H200 MIG 3g.71gb",
+                "model": "H200-141GB",
+                "index": 1,
+                "profile": " 3G.71GB ",
+                "parent_uuid": "GPU-h200",
+            }
+            for i in range(2)
+        ),
+    ]
+    settings = publish_policy_settings(config(tmp_path, "gpu-local", GPUSpawnerMixin={"static_gpus": static}))
+    devices = settings.inventory.devices
+    assert [(d.uuid, d.mig, d.profile, d.parent_uuid, round(d.share, 3)) for d in devices] == [
+        ("GPU-h100", False, "", "", 1.0),
+        ("MIG-0", True, "3g.71gb", "GPU-h200", round(3 / 7, 3)),
+        ("MIG-1", True, "3g.71gb", "GPU-h200", round(3 / 7, 3)),
+    ]
+    assert settings.inventory.message == "1 GPU(s) and 2 MIG slice(s) from the static_gpus setting"

@@ -19,13 +19,16 @@ async def test_the_form_offers_whole_gpus_and_each_profile_with_what_is_free(mak
     assert '<option value="">Whole GPUs: 1 of 1 free</option>' in html
     assert '<span id="workbench-free">1 of 1 GPU and 7 of 7 MIG slices free now</span>' in html
     assert '<option value="1g.18gb">1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free</option>' in html
+    assert "A server gets one slice at most" in html and "pick a larger slice or whole GPUs." in html
 
 
 async def test_a_student_is_offered_only_the_slices_the_quota_allows(make_spawner):  # noqa: F811
     spawner = make_spawner(simulated_gpus=MIXED, groups=("students",))
-    spawner.gpu_quota_book.set("group", "students", Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",)))
+    spawner.gpu_quota_book.set("group", "students", Quota(3, whole_gpus=False, allowed_profiles=("1g.18gb",)))
     html = await spawner._render_options_form()
     assert "Whole GPUs" not in html and '<option value="1g.18gb">' in html
+    assert "pick a larger slice." in html, "no whole GPUs to suggest to a student whose quota allows none"
+    assert 'max="1"' in html, "one slice a server, though the quota allows 3 at once"
 
 
 async def test_a_hub_without_slices_keeps_its_form(make_spawner):  # noqa: F811

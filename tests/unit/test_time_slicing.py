@@ -42,6 +42,40 @@ def test_a_uuid_beats_a_profile_beats_a_model_beats_the_default(tmp_path):
     assert again.slots() == s.slots(), "the service reads the same numbers the hub resolved"
 
 
+def test_a_model_or_profile_is_matched_whatever_its_case(tmp_path):
+    s = settings(tmp_path, 1, {"t4-16gb": 4, "1G.18GB": 3, "gpu-sim-02-T4-16GB": 2})
+    slots = s.slots()
+    assert (slots["GPU-sim-01-t4-16gb"], slots["MIG-sim-00-h200-141gb-0-1g.18gb"]) == (4, 3)
+    assert slots["GPU-sim-02-t4-16gb"] == 2, "a UUID still wins over its model, whatever the case of either"
+
+
+def test_two_keys_that_differ_only_in_case_are_refused():
+    from traitlets import TraitError
+
+    from workbench_spawner.policy.config import GPUPolicyConfig
+
+    with pytest.raises(ConfigError, match="names 'T4-16GB' and 't4-16gb', the same GPUs whatever the case"):
+        parse_servers("1,T4-16GB=4,t4-16gb=2")
+    with pytest.raises(TraitError, match="names 'T4-16GB' and 't4-16gb', the same GPUs whatever the case"):
+        GPUPolicyConfig(servers_per_device={"T4-16GB": 4, "t4-16gb": 2})
+
+
+def test_a_key_that_names_nothing_here_is_said_at_start(tmp_path, caplog):
+    from tests.unit.test_settings import config
+    from workbench_spawner.policy.settings import publish_policy_settings
+
+    c = config(
+        tmp_path,
+        "gpu-local",
+        GPUSpawnerMixin={"simulated_gpus": SPEC, "servers_per_device": {"T4-16GB": 4, "T4-61GB": 2, "2g.35gb": 2}},
+    )
+    with caplog.at_level("WARNING", logger="workbench.policy"):
+        publish_policy_settings(c)
+    said = "names no GPU model, MIG profile or GPU UUID of this hub in 'T4-61GB', '2g.35gb' (it has 3 simulated GPU(s)"
+    assert said in caplog.text, caplog.text
+    assert "'T4-16GB'" not in caplog.text
+
+
 @pytest.mark.parametrize(
     ("value", "parsed"),
     [("4", (4, {})), ("0", (1, {})), ("1,T4-16GB=4", (1, {"T4-16GB": 4})), ("2, 1g.18gb = 3 ", (2, {"1g.18gb": 3}))],

@@ -10,7 +10,7 @@
   ``{"reason": "..."}`` (``DrainBody`` in ``openapi.yaml``). 200 with the
   drain, the device UUIDs it closes and their holders; draining again keeps
   the first ``since``. 404 for a name that is no GPU of this hub, 400 for
-  an index that is on several nodes.
+  an index that is on several nodes, 409 where an engine places (below).
 * ``DELETE api/drains/{gpu}``: open it to new servers again (204). 404
   when nothing by that name is drained; 409 for a slice whose whole GPU is
   drained (undrain the GPU).
@@ -18,7 +18,12 @@
 Servers already on a drained GPU keep running until they stop: draining
 only stops new leases (``HostAllocator.candidates`` reads the drains on
 every try, so requests already waiting in line are not given it either).
-An engine (Slurm, Kubernetes) places by itself: drain the node there.
+
+Only the hub's own placement (``placement`` "host" in the published
+settings: local, docker) reads drains. An engine (Slurm, Kubernetes) places
+by itself, so there PUT answers 409 with the engine's own command
+(``NodeDrain`` of the backend's extension) and stores nothing; GET and DELETE still work, so
+a drain stored before the hub moved to an engine can be removed.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Mapping, Sequence
 
 from workbench_devices import GPUDevice
 from workbench_hub.service.handlers import APIHandler
+from workbench_spawner.backend import node_drain_of
 from workbench_spawner.ledger.drain_book import (
     AmbiguousGPU,
     Drain,
@@ -82,8 +88,21 @@ class DrainHandler(APIHandler):
         except AmbiguousGPU as exc:
             self.fail(400, str(exc))
 
+    def _node_of(self, name: str) -> str:
+        """The one node a name's devices are on, or "" (unknown name, several nodes, a node-less inventory)."""
+        devices = self.fleet.inventory.devices
+        try:
+            target = resolve_gpu(name, devices)
+        except (UnknownGPU, AmbiguousGPU):
+            return ""
+        nodes = {d.node for d in devices if d.uuid == target.gpu_uuid or d.uuid in target.devices}
+        return nodes.pop() if len(nodes) == 1 else ""
+
     async def put(self, name: str):
         await self.require_admin("drain GPUs")
+        settings = self.fleet.settings
+        if settings.placement == "engine":  # nothing here would read the drain: say so, store nothing
+            self.fail(409, node_drain_of(settings.backend).refusal(self._node_of(name)))
         body = self.valid_body("DrainBody", "invalid drain") if self.request.body else {}
         reason = body.get("reason") or ""
         target = self._target(name)

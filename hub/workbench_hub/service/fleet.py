@@ -207,7 +207,8 @@ class Fleet:
         now = utcnow()
         # Idle clocks by (node, GPU): on a cluster a track names the lease's node, on one host this one.
         idle = {(t.node or settings.node, t.gpu_uuid): t for t in IdleBook(self.store).tracks()}
-        drained = DrainBook(self.store).drained()
+        # Only the hub's own placement reads drains (api/drains refuses new ones where an engine places).
+        drained = DrainBook(self.store).drained() if settings.placement == "host" else set()
         scrape = self.dcgm_scrape() if any(d.mig for d in self.inventory.devices) else None
         result = []
         for device in self.inventory.devices:

@@ -30,6 +30,7 @@ from workbench_hub.service.fleet import Fleet, SettingsMissing
 from workbench_hub.service.hub_client import HubClient, HubUnavailable
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
+from workbench_spawner.backend import node_drain_of
 from workbench_spawner.ledger.store import utcnow
 from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_user
 from workbench_spawner.rules.quota import QuotaError, quota_from_body
@@ -397,6 +398,9 @@ class PageHandler(WorkbenchHandler):
             return (fleet.user_summaries(users, hours, fleet.held_by_user()), stored_groups, fleet.gpus())
 
         summaries, stored_groups, gpus = await asyncio.to_thread(gather)
+        # Where an engine places servers a workbench drain stops nothing: no Drain button, a line saying where.
+        settings = fleet.settings
+        drain_elsewhere = node_drain_of(settings.backend).line() if settings.placement == "engine" else ""
         group_rows = [
             {
                 "name": g["name"],
@@ -421,6 +425,7 @@ class PageHandler(WorkbenchHandler):
                 groups=group_rows,
                 default=fleet.default.to_json(),
                 models=fleet.models(),
+                drain_elsewhere=drain_elsewhere,
                 xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
                 now=now,
             )

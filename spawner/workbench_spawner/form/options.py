@@ -24,7 +24,7 @@ class SpawnRequest:
     gpu_model: str | None = None
     image: str | None = None
     profile: str | None = None  # a resource profile (CPU, memory), not a MIG profile
-    gpu_profile: str | None = None  # a MIG profile: the request is for that many slices of it
+    gpu_profile: str | None = None  # a MIG profile: the request is for a slice of it (one a server: admission)
     # Set by admission, not by the user: the quota forbids time-sliced GPUs, so placement takes only
     # devices a server holds alone (``Quota.shared_gpus``).
     exclusive: bool = False
@@ -126,7 +126,8 @@ def parse_options(
     gpus = _as_count(options["gpus"]) if options.get("gpus") is not None else default_gpus
     if gpus < 0:
         raise OptionError(f"gpus cannot be negative (asked for {gpus})")
-    gpu_profile = _gpu_profile(options.get("gpu_profile"), slices) if gpus else None
+    # Checked even for a CPU server (then dropped), as gpu_model is: a typo is said, not ignored.
+    gpu_profile = _gpu_profile(options.get("gpu_profile"), slices)
     if gpu_profile is None and gpus > inventory_size and not (inventory_size == 0 and slices):
         if inventory_size == 0:
             raise OptionError(f"this hub has no GPUs, so it can only start CPU servers (gpus=0), not gpus={gpus}")
@@ -143,12 +144,8 @@ def parse_options(
             has = f"this hub has {gpu_profile} slices on" if gpu_profile else "this hub has"
             raise OptionError(f"unknown gpu_model {model.strip()[:40]!r}; {has}: {shown}")
         model = matches[0]
-        if gpus == 0:
-            model = None
-    if gpu_profile:
-        have = slices[gpu_profile].get(model, 0) if model else sum(slices[gpu_profile].values())
-        if gpus > have:
-            raise OptionError(f"asked for {gpus} slices of {gpu_profile} but this hub has only {have}")
+    if gpus == 0:
+        model = gpu_profile = None
 
     image = _one_of(options.get("image"), allowed_images, name="image", plural="images")
     profile = _one_of(options.get("profile"), profiles, name="profile", plural="resource profiles", fold_case=True)

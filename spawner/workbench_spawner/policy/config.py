@@ -137,14 +137,28 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         Servers per GPU where it differs from ``servers_per_gpu``, keyed by
         a GPU model (``T4-16GB``), a MIG profile (``1g.18gb``: each slice of
         it) or one device's UUID; a UUID wins over a profile, a profile over
-        a model. Time-slice the small GPUs of a course and keep the big ones
-        exclusive::
+        a model. Keys are matched whatever their case, so two keys that differ
+        only in case are refused; a key that names nothing of the hub's
+        inventory is logged at start. Time-slice the small GPUs of a course
+        and keep the big ones exclusive::
 
             c.GPUSpawnerMixin.servers_per_device = {"T4-16GB": 4, "GPU-5f3c...": 2}
 
         ``WORKBENCH_SERVERS_PER_GPU=1,T4-16GB=4`` says the same.
         """,
     ).tag(config=True)
+
+    @validate("servers_per_device")
+    def _check_servers_per_device(self, proposal):
+        seen: dict[str, str] = {}
+        for key in proposal["value"]:
+            if key.lower() in seen:
+                raise TraitError(
+                    f"servers_per_device names {seen[key.lower()]!r} and {key!r}, the same GPUs whatever the "
+                    "case: keep one"
+                )
+            seen[key.lower()] = key
+        return proposal["value"]
 
     gpu_queue_timeout = Float(
         300.0,

@@ -115,7 +115,8 @@ class GPUPolicy:
 
     def status(self) -> list[GPUStatus]:
         holders = self.store.holders()
-        drained = DrainBook(self.store).drained()
+        # Only the hub's own placement reads drains; where an engine places, a stored drain closes nothing.
+        drained = set() if isinstance(self.placement, EnginePlacement) else DrainBook(self.store).drained()
         slots = self.settings.slots()
         return [GPUStatus(d, holders.get(d.uuid, []), slots[d.uuid], is_drained(d, drained)) for d in self.devices]
 

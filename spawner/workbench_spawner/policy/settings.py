@@ -15,6 +15,7 @@ the database URL itself travels on the service's command line.
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -26,10 +27,12 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 from workbench_devices.inventory import counted
-from workbench_devices.mig import is_profile_name
+from workbench_devices.mig import is_profile_name, profiles_of
 from workbench_spawner.config_sections import quietly
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
 from workbench_spawner.rules.quota import Quota
+
+log = logging.getLogger("workbench.policy")
 
 POLICY_KEY = "policy"
 
@@ -61,6 +64,8 @@ class PolicySettings:
     # The node this hub places GPUs on (single host: its host name).
     node: str = field(default_factory=socket.gethostname)
     backend: str = ""
+    # "host" (the hub places GPUs: local, docker) or "engine" (Slurm, Kubernetes place them): what a drain can do.
+    placement: str = "host"
     # Reservations and the wait list (queue_order.py, reservations.py, clock.py).
     queue_order: str = "fifo"
     queue_aging_minutes: float = 30.0
@@ -81,11 +86,17 @@ class PolicySettings:
     def slots_for(self, device: GPUDevice) -> int:
         """How many servers may share ``device``: by its UUID, else its MIG profile, else its model
         (``servers_per_device``), else ``servers_per_gpu``."""
-        keys = (device.uuid, device.profile if device.mig else None, device.model)
-        for key in keys:
-            if key and key in self.servers_per_device:
-                return max(1, int(self.servers_per_device[key]))
+        given = {key.lower(): count for key, count in self.servers_per_device.items()}  # T4-16GB or t4-16gb
+        for key in (device.uuid, device.profile if device.mig else None, device.model):
+            if key and key.lower() in given:
+                return max(1, int(given[key.lower()]))
         return max(1, self.servers_per_gpu)
+
+    def unmatched_slot_keys(self) -> list[str]:
+        """The ``servers_per_device`` keys that name no GPU, MIG profile or model of the inventory: a typo,
+        or a GPU that is not here now. They share nothing, and the hub says so at start."""
+        names = {n.lower() for d in self.inventory.devices for n in (d.uuid, d.profile, d.model) if n}
+        return [key for key in self.servers_per_device if key.lower() not in names]
 
     def slots(self) -> dict[str, int]:
         """Servers per device, by UUID, for every device of the inventory."""
@@ -124,6 +135,7 @@ class PolicySettings:
             "quota_contact": self.quota_contact,
             "node": self.node,
             "backend": self.backend,
+            "placement": self.placement,
             "queue_order": self.queue_order,
             "queue_aging_minutes": self.queue_aging_minutes,
             "time_zone": self.time_zone,
@@ -157,6 +169,7 @@ class PolicySettings:
             quota_contact=str(data.get("quota_contact", "a hub admin")),
             node=str(data.get("node", "")),
             backend=str(data.get("backend", "")),
+            placement=str(data.get("placement") or "host"),  # rows stored before it existed: host
             queue_order=str(data.get("queue_order", "fifo")),
             queue_aging_minutes=float(data.get("queue_aging_minutes", 30.0)),
             time_zone=str(data.get("time_zone", "UTC")),
@@ -226,6 +239,12 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str, fresh: bool
                     f"static_gpus entry {i}: profile {profile[:30]!r} is not a MIG profile; "
                     "profiles read like 1g.18gb or 3g.71gb"
                 )
+            known = profiles_of(str(entry.get("model", "")))
+            if profile and known and profile not in known:
+                raise ValueError(
+                    f"static_gpus entry {i}: the model {str(entry['model']).upper()} has no MIG profile {profile!r}; "
+                    f"its profiles are {', '.join(known)}"
+                )
             try:
                 devices.append(
                     GPUDevice(
@@ -248,6 +267,13 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str, fresh: bool
                 ) from None
         if len({d.uuid for d in devices}) != len(devices):
             raise ValueError("static_gpus names the same GPU UUID twice")
+        both = sorted({d.parent_uuid for d in devices if d.mig} & {d.uuid for d in devices if not d.mig})
+        if both:
+            # In MIG mode a GPU is reached only through its slices: listing it whole too would hand it out twice.
+            raise ValueError(
+                f"static_gpus lists {both[0]} as a whole GPU and as the parent of MIG slices; a GPU in MIG "
+                "mode is handed out only as its slices: list it or its slices, not both"
+            )
         inventory = DeviceInventory("static", devices, f"{counted(devices)} from the static_gpus setting")
     else:
         try:
@@ -289,6 +315,7 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         quota_contact=str(spawner.quota_contact),
         node=spawner.gpu_node,
         backend=backend if backend is not None else getattr(spawner, "workbench_backend", ""),
+        placement=getattr(spawner, "placement_mode", "host"),  # a spawner's own; publish passes its class's
         queue_order=str(spawner.gpu_queue_order),
         queue_aging_minutes=float(spawner.gpu_queue_aging_minutes),
         time_zone=str(spawner.gpu_time_zone),
@@ -353,10 +380,20 @@ def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
             return cls.section_names()
 
     policy_config = quietly(SpawnerPolicyConfig, config)
-    settings = resolve_policy_settings(policy_config, backend=cls.workbench_backend)
+    settings = replace(
+        resolve_policy_settings(policy_config, backend=cls.workbench_backend), placement=cls.placement_mode
+    )
     if cls.placement_mode == "engine":
         # An engine knows the cluster's GPUs (Slurm's node records), not this host.
         settings = replace(settings, inventory=cls.engine_inventory(policy_config), node="")
+    unmatched = settings.unmatched_slot_keys() if settings.placement == "host" else []
+    if unmatched:
+        log.warning(
+            "servers_per_device (WORKBENCH_SERVERS_PER_GPU) names no GPU model, MIG profile or GPU UUID of "
+            "this hub in %s (it has %s): no GPU is time-sliced by that",
+            ", ".join(repr(k) for k in unmatched),
+            settings.inventory.message,
+        )
     store = AllocationStore(settings.db_url)
     try:
         store_policy_settings(store, settings)

@@ -71,7 +71,8 @@ class AdmissionContext:
         """GPUs one more server may ask for now (0 when the week's GPU-hours are spent)."""
         if self.budget_spent:
             return 0
-        largest = max([self.inventory_size, *(sum(m.values()) for m in self.slices.values())])
+        # The most one server can get: all the whole GPUs, or one slice (a CUDA program sees one MIG device).
+        largest = max(self.inventory_size, 1 if any(sum(m.values()) for m in self.slices.values()) else 0)
         return max(0, min(self.quota.quota.max_gpus - self.held_elsewhere, largest))
 
     def offered_models(self) -> list[str]:
@@ -137,6 +138,10 @@ def _admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted
         )
     except OptionError as exc:
         return Refusal(f"Cannot start the server: {exc}.", 400, "bad_options")
+    one = _one_slice(request, ctx, defaulted=(options or {}).get("gpus") is None)
+    if isinstance(one, Refusal):
+        return one
+    request = one
     if request.gpus == 0 and not ctx.cpu_servers_allowed:
         return Refusal(
             "Cannot start the server: CPU-only servers are switched off on this hub; ask for at least one GPU.",
@@ -193,6 +198,51 @@ def _admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted
                 best = max(offered, key=lambda m: (ctx.free_by_model.get(m, 0), -offered.index(m)))
                 request = replace(request, gpu_model=best)
     return Admitted(request, quota.max_session_hours)
+
+
+def _one_slice(request: SpawnRequest, ctx: AdmissionContext, defaulted: bool) -> SpawnRequest | Refusal:
+    """A server gets one MIG slice at most.
+
+    A CUDA process enumerates a single MIG device, however many are visible
+    (NVIDIA's MIG User Guide, "CUDA Device Enumeration"): a second slice would
+    be leased and charged but never usable. More room on MIG is a larger
+    profile. A request for slices (a profile named, or one ``_slice_or_whole``
+    will pick because whole GPUs are not to be had) of several is refused in
+    words that name only what the quota allows; a hub's ``default_gpus`` of
+    more than one gives a slice request one."""
+    quota = ctx.quota.quota
+    whole = bool(ctx.inventory_size) and quota.allows_profile("")
+    sliced = request.gpu_profile is not None or (bool(ctx.slices) and not whole)
+    if request.gpus <= 1 or not sliced or not ctx.pins_slices:
+        return request
+    if defaulted:
+        return replace(request, gpus=1)
+    asked = request.gpu_profile
+    larger = [p for p in ctx.slices if quota.allows_profile(p) and asked and _larger(p, asked)]
+    allowed = [p for p in ctx.slices if quota.allows_profile(p)]
+    instead = "one slice" if asked or not allowed else f"one slice ({', '.join(allowed)})"
+    if larger:
+        instead += f"{',' if whole else ' or'} one of a larger profile ({', '.join(larger)})"
+    if whole:
+        instead += " or whole GPUs"
+    return Refusal(
+        f"Cannot start the server: a server gets one MIG slice at most, not {request.gpus} slices"
+        f"{f' of {asked}' if asked else ''}: a CUDA program sees only one MIG slice, so the others could not "
+        f"be used. Ask for {instead}.",
+        400,
+        "bad_options",
+    )
+
+
+def _larger(profile: str, than: str) -> bool:
+    """Whether ``profile`` has at least the compute and memory of ``than``, and more of one (2g.35gb > 1g.18gb)."""
+
+    def size(name: str) -> tuple[int, int]:
+        compute, memory = name.split(".")
+        return int(compute.removesuffix("g")), int(memory.removesuffix("gb"))
+
+    (c, m), (c0, m0) = size(profile), size(than)
+    return c >= c0 and m >= m0 and (c, m) != (c0, m0)
 
 
 def _slice_or_whole(request: SpawnRequest, ctx: AdmissionContext, source: str, ask: str) -> SpawnRequest | Refusal:
@@ -253,11 +303,4 @@ def _slice_or_whole(request: SpawnRequest, ctx: AdmissionContext, source: str, a
     if request.gpu_model is None and len(models) < len(by_model):
         best = max(models, key=lambda m: (ctx.free_by_model.get(f"{m} {profile}", 0), -models.index(m)))
         request = replace(request, gpu_model=best)
-    have = sum(by_model[m] for m in models) if request.gpu_model is None else by_model[request.gpu_model]
-    if request.gpus > have:
-        return Refusal(
-            f"Cannot start the server: asked for {request.gpus} slices of {profile} but this hub has only {have}.",
-            400,
-            "bad_options",
-        )
     return request

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from workbench_spawner.backend import BackendExtension, CLICommands
+from workbench_spawner.backend import BackendExtension, CLICommands, NodeDrain
 from workbench_spawner.backends.kubernetes.config import configure
 
 
@@ -72,4 +72,11 @@ extension = BackendExtension(
     resolve_inventory=resolve_inventory,
     annotate_fleet=annotate_fleet,
     cli=CLICommands(names=("kubernetes-nodes", "kubernetes-forget-node"), add_parsers=_add_parsers, run=_run),
+    node_drain=NodeDrain(
+        engine="Kubernetes",
+        verb="cordon",
+        close="kubectl cordon {node}",
+        reopen="kubectl uncordon {node}",
+        wait_for="the pods on it",
+    ),
 )

@@ -10,7 +10,7 @@
   sentence, and the hub refuses to start with such config
   (``extension.check``).
 * **GPUs**: ``nvidia.com/gpu: N`` as a limit (extended resources are
-  requested by limit; MIG slices ``nvidia.com/mig-<profile>: N``, the device
+  requested by limit; MIG slices ``nvidia.com/mig-<profile>: 1`` (one slice a server), the device
   plugin's mixed strategy, ``pod_objects.gpu_limits``), and a model as a node selector on GPU Feature
   Discovery's product and memory labels.
 * **NetworkPolicy** like Zero to JupyterHub's singleuser policy: ingress

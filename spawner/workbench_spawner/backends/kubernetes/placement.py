@@ -14,7 +14,7 @@ GPUs as the pod asked for, on that node (``NodeUUIDs``), before the lease is
 written with ``ref`` ``k8s:<namespace>/<pod>``.
 
 MIG slices (``pins_slices``): a request for slices of a profile is a pod
-asking ``nvidia.com/mig-<profile>: N`` (the device plugin's mixed strategy);
+asking ``nvidia.com/mig-<profile>: 1`` (one slice a server; the device plugin's mixed strategy);
 its report must name that many slices of that profile on the pod's node, and
 the lease records each slice's share of a GPU (GPU-hours by share). Open
 reservations hold whole GPUs, so a slice request is never held back for them.

@@ -7,7 +7,7 @@ pod object from its settings); this class adds what GPU Workbench promises:
   reservations are decided before a pod exists, so a refusal creates
   nothing. An admitted request becomes a pod asking ``nvidia.com/gpu: N``
   (a model: a node selector on GPU Feature Discovery's labels; MIG slices of a
-  ``gpu_profile``: ``nvidia.com/mig-<profile>: N``). While it is
+  ``gpu_profile``: ``nvidia.com/mig-<profile>: 1`` (one slice a server)). While it is
   Pending the progress page shows the scheduler's own words and the place in
   this hub's line; past the queue timeout the pod is deleted and the user
   told (``placement.py``).

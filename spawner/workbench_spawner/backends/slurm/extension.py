@@ -14,7 +14,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
-from workbench_spawner.backend import BackendExtension, CLICommands
+from workbench_spawner.backend import BackendExtension, CLICommands, NodeDrain
 from workbench_spawner.backends.slurm.config import configure
 
 
@@ -65,4 +65,11 @@ extension = BackendExtension(
     resolve_inventory=resolve_inventory,
     annotate_fleet=annotate_fleet,
     cli=CLICommands(names=("slurm-nodes", "slurm-forget-node"), add_parsers=_add_parsers, run=_run),
+    node_drain=NodeDrain(
+        engine="Slurm",
+        verb="drain",
+        close='scontrol update NodeName={node} State=DRAIN Reason="..."',
+        reopen="scontrol update NodeName={node} State=RESUME",
+        wait_for="its jobs",
+    ),
 )
