@@ -185,22 +185,47 @@ def test_hub_restart_keeps_containers_and_reconciles_with_labels(docker_hub, bas
     docker("rm", "-f", adopt, check=False)
 
 
-def test_a_slice_is_a_device_request_by_its_mig_uuid(docker_hub):
-    """Two students on two 1g.18gb slices of one simulated H200: each container's device request, its
-    NVIDIA_VISIBLE_DEVICES (what the NVIDIA runtime hands the container) and WORKBENCH_GPUS name its slice."""
-    hub = docker_hub(WORKBENCH_SIMULATED_GPUS="1xH200-141GB:mig=7x1g.18gb")
-    ann, ben = make_users(hub, "ann", "ben")
-    for user in (ann, ben):
-        assert hub.spawn(user, gpus=1, gpu_profile="1g.18gb").status_code in (201, 202)
-    for user in (ann, ben):
-        hub.wait_ready(user, timeout=180)
-    slices = {}
-    for user in (ann, ben):
-        (leased,) = hub.leases()[user]
-        assert leased.startswith("MIG-sim-00-h200-141gb-") and leased.endswith("-1g.18gb")
-        info = inspect(container_of(hub, user))
-        assert [r["DeviceIDs"] for r in info["HostConfig"]["DeviceRequests"]] == [[leased]]
-        env = container_env(container_of(hub, user))
-        assert env["NVIDIA_VISIBLE_DEVICES"] == env["WORKBENCH_GPUS"] == leased
-        slices[user] = leased
-    assert slices[ann] != slices[ben]
+H200_SLICES = "1xH200-141GB:mig=7x1g.18gb"
+SLICE_UUIDS = [f"MIG-sim-00-h200-141gb-{i}-1g.18gb" for i in range(7)]
+
+
+def pinned_slice(hub, user: str) -> str:
+    """The one slice ``user``'s lease holds, after checking that the container asks Docker for exactly it:
+    its device request, NVIDIA_VISIBLE_DEVICES (what the NVIDIA runtime hands the container) and
+    WORKBENCH_GPUS all name that MIG UUID and nothing else."""
+    (leased,) = hub.leases()[user]
+    name = container_of(hub, user)
+    assert [r["DeviceIDs"] for r in inspect(name)["HostConfig"]["DeviceRequests"]] == [[leased]]
+    env = container_env(name)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == env["WORKBENCH_GPUS"] == leased, env
+    assert inspect(name)["Config"]["Labels"]["workbench.gpus"] == leased
+    return leased
+
+
+def test_seven_containers_get_the_seven_slices_and_an_eighth_gets_the_first_freed(docker_hub):
+    """Seven students on one simulated H200 laid out 7x1g.18gb: seven containers, each pinned to its own
+    slice by MIG UUID; an eighth waits in line, then gets exactly the slice a stopped server gave back."""
+    hub = docker_hub(
+        ["--GPUSpawnerMixin.gpu_queue_recheck_interval=0.5"],
+        WORKBENCH_SIMULATED_GPUS=H200_SLICES,
+        WORKBENCH_QUEUE_TIMEOUT="300",
+    )
+    students = make_users(hub, *(f"s{i}" for i in range(8)))
+    for i, user in enumerate(students[:7]):
+        # Half name the profile; on a hub of slices only, the others get one all the same.
+        options = {"gpus": 1, "gpu_profile": "1g.18gb"} if i % 2 else {"gpus": 1}
+        assert hub.spawn(user, **options).status_code in (201, 202)
+    for user in students[:7]:
+        hub.wait_ready(user, timeout=300)
+    slices = {user: pinned_slice(hub, user) for user in students[:7]}
+    assert sorted(slices.values()) == SLICE_UUIDS, "seven distinct slices, one each"
+
+    eighth, leaving = students[7], students[2]
+    assert hub.spawn(eighth, gpus=1, gpu_profile="1g.18gb").status_code == 202
+    waiting = hub.progress_messages(eighth, until="next in line")[-1]
+    assert "Waiting for 1 1g.18gb slice to become free (you are next in line)" in waiting, waiting
+    assert eighth not in hub.leases()
+    assert hub.api("DELETE", f"/users/{leaving}/server").status_code in (202, 204)
+    hub.wait_ready(eighth, timeout=180)
+    assert pinned_slice(hub, eighth) == slices[leaving]
+    assert leaving not in hub.leases()
