@@ -20,8 +20,9 @@ trace, ``class_day_lab.py`` plays it:
   source: servers are warned a lead before they are stopped, stopped through the hub API
   stand-in, and the ledger says "reclaimed: GPU idle 10 min".
 
-The store, the quota ledger and the notices read "now" through ``utcnow``, which has no clock
-parameter; the benchmark points those modules' ``utcnow`` at the simulated clock.
+The store, the GPU-hours and quota ledgers and the notices read "now" through ``utcnow``, which has no
+clock parameter; the benchmark points every workbench module's ``utcnow`` at the simulated clock
+(``ledger_clock_modules``).
 
 **The trace model** (``--seed``, default 13). Minutes from the start of class (Tuesday 10:00);
 the simulation starts at 9:30, the class ends at minute 120; a lecture from 45 to 60 stops the
@@ -110,9 +111,7 @@ from class_day_lab import QUEUE_TIMEOUT, WHOLE, Lab, Result, Sharing  # noqa: E4
 from class_day_trace import BURST_MEDIAN, CLASS_MINUTES, Person, make_trace  # noqa: E402
 from virtual_time import virtual_loop  # noqa: E402
 from workbench_devices.mig import MigLayoutError, parse_layout  # noqa: E402
-from workbench_spawner.ledger import notices as notices_module  # noqa: E402
 from workbench_spawner.ledger import store as store_module  # noqa: E402
-from workbench_spawner.rules import quota as quota_module  # noqa: E402
 
 
 def run(
@@ -130,7 +129,7 @@ def run(
     began = time.perf_counter()
     loop = virtual_loop()
     asyncio.set_event_loop(loop)
-    saved = {m: m.utcnow for m in (store_module, quota_module, notices_module)}
+    saved = {m: m.utcnow for m in ledger_clock_modules()}
     try:
         lab = loop.run_until_complete(_make_lab(people, gpus, workdir, reclaim, fair, reserve, seed, sharing))
         for module in saved:
@@ -143,6 +142,22 @@ def run(
         asyncio.set_event_loop(None)
     result.seconds = time.perf_counter() - began
     return result
+
+
+def ledger_clock_modules() -> list:
+    """Every loaded module of the workbench that reads "now" through the store's ``utcnow``.
+
+    They import it by name (``from ...store import utcnow``), so each module's own name must point at
+    the simulated clock: a module missed here would mix the wall clock into the ledger (GPU-hours
+    moved to ``rules/gpu_hours.py`` once and fair share silently read real time)."""
+    import workbench_spawner.policy.gpu_policy  # noqa: F401  (loads the policy's modules, as the lab does)
+
+    original = store_module.utcnow
+    return [
+        module
+        for name, module in sorted(sys.modules.items())
+        if name.startswith(("workbench_spawner", "workbench_hub")) and getattr(module, "utcnow", None) is original
+    ]
 
 
 async def _make_lab(people, gpus, workdir, reclaim, fair, reserve, seed, sharing) -> Lab:

@@ -137,3 +137,16 @@ def test_time_slicing_shares_gpus_and_the_slowdown_stretches_the_work(results, s
     assert ts.contended_hours > 0 and ts.busy_server_hours > ts.used_hours, "a GPU busy for two counts once"
     assert ts.idle_hours + ts.used_hours <= 4 * CLASS_MINUTES / 60 + 1e-9, "still 4 GPUs, 2 hours at most"
     assert slow.busy_server_hours > ts.busy_server_hours, "at 1/k speed the same work keeps servers busy longer"
+
+
+def test_every_module_that_reads_the_ledgers_now_is_on_the_simulated_clock():
+    """A module that imports ``utcnow`` by name and is left on the wall clock mixes real time into a
+    simulated day (GPU-hours, and with them fair share, once did)."""
+    names = {m.__name__ for m in class_day.ledger_clock_modules()}
+    assert {
+        "workbench_spawner.ledger.store",
+        "workbench_spawner.rules.gpu_hours",
+        "workbench_spawner.rules.quota",
+        "workbench_spawner.ledger.notices",
+        "workbench_hub.service.gpu_reclaim",
+    } <= names
