@@ -85,6 +85,9 @@ class DeviceInventory:
     source: str  # "nvml" | "simulated" | "static" | "slurm" | "none"
     devices: list[GPUDevice] = field(default_factory=list)
     message: str = ""
+    # GPUs the source showed but could not read whole (NVML: a MIG GPU whose slices failed to read), as
+    # sentences; they are not in ``devices``. A re-read with any is not taken for a layout change.
+    unread: tuple[str, ...] = ()
 
     def by_uuid(self) -> dict[str, GPUDevice]:
         return {d.uuid: d for d in self.devices}
@@ -202,25 +205,34 @@ def simulated_gpu_instance_id(place: int) -> int:
 
 
 def nvml_devices() -> list[GPUDevice]:
-    """Every GPU the driver shows, MIG slices listed as their own devices.
+    """Every GPU the driver shows, MIG slices listed as their own devices (``nvml_read``'s devices).
 
     Raises whatever NVML raises when no driver is present; callers decide how
     loud to be about that.
+    """
+    return nvml_read()[0]
+
+
+def nvml_read() -> tuple[list[GPUDevice], list[str]]:
+    """The devices NVML shows, and a sentence for each GPU it showed but whose MIG slices could not be
+    read (left out of the devices): a re-read that has any is not a layout change (``inventory_refresh``).
+
+    Raises whatever NVML raises when no driver is present.
     """
     import pynvml  # from nvidia-ml-py
 
     pynvml.nvmlInit()
     try:
         devices: list[GPUDevice] = []
+        unread: list[str] = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             name = _text(pynvml.nvmlDeviceGetName(handle))
             try:
                 mig_slices = _mig_slices(pynvml, handle, index, name)
             except pynvml.NVMLError as exc:
-                _warn_once(
-                    f"GPU {index} ({name}) is in MIG mode but its MIG slices could not be read ({exc}): left out"
-                )
+                unread.append(f"GPU {index} ({name}) is in MIG mode but its MIG slices could not be read ({exc})")
+                _warn_once(f"{unread[-1]}: left out")
                 continue
             if mig_slices is None:
                 devices.append(_device(pynvml, handle, index, name))
@@ -233,7 +245,7 @@ def nvml_devices() -> list[GPUDevice]:
                     f"GPU {index} ({name}) is in MIG mode but has no MIG slices: left out of the inventory until "
                     "slices are made (nvidia-smi mig -cgi ... -C) or MIG mode is switched off"
                 )
-        return devices
+        return devices, unread
     finally:
         pynvml.nvmlShutdown()
 
@@ -350,12 +362,13 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
             "no real hardware, readings are made up",
         )
     try:
-        devices = nvml_devices()
+        devices, unread = nvml_read()
     except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver mismatch...
         return DeviceInventory("none", [], f"no NVIDIA driver found ({exc}); servers will be CPU only")
-    if not devices:
+    if not devices and not unread:
         return DeviceInventory("none", [], "NVML found no GPUs; servers will be CPU only")
-    return DeviceInventory("nvml", devices, f"{counted(devices)} found by NVML")
+    left_out = f" ({'; '.join(unread)}: left out)" if unread else ""
+    return DeviceInventory("nvml", devices, f"{counted(devices)} found by NVML{left_out}", unread=tuple(unread))
 
 
 def simulated_spec_text(value: str) -> str:

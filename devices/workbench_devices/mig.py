@@ -92,6 +92,12 @@ def is_profile_name(name: str) -> bool:
     return bool(_PROFILE_NAME.match(name))
 
 
+def profile_size(name: str) -> tuple[int, int] | None:
+    """A profile's compute slices and memory in GB (``1g.18gb`` -> (1, 18)); None for what is no profile name."""
+    match = _PROFILE_NAME.match(name or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def profile_share(name: str) -> float:
     """The share of its GPU a slice of profile ``name`` is: compute slices / 7; 1.0 for a whole GPU ("")."""
     match = _PROFILE_NAME.match(name or "")

@@ -373,9 +373,8 @@ def servers_per_gpu(value: str) -> tuple[int, dict[str, int]]:
             )
         same = next((k for k in per_device if k.lower() == key.lower()), None)
         if same is not None:
-            raise ConfigError(
-                f"WORKBENCH_SERVERS_PER_GPU names {same!r} and {key!r}, the same GPUs whatever the case: keep one"
-            )
+            twice = f"{key!r} twice" if same == key else f"{same!r} and {key!r}, the same GPUs whatever the case"
+            raise ConfigError(f"WORKBENCH_SERVERS_PER_GPU names {twice}: keep one")
         per_device[key] = int(count)
     return default, per_device
 

@@ -124,6 +124,27 @@ REFUSALS = [
         400,
         ONE_SLICE.format(n=2, of="", instead="one slice (1g.18gb, 3g.40gb)"),
     ),
+    # Several of what the quota refuses anyway: that refusal speaks, not the one-slice rule's offer.
+    (
+        ctx(Quota(2, allowed_profiles=())),
+        {"gpus": 2, "gpu_profile": "1g.18gb"},
+        403,
+        f"Cannot start the server: the default quota allows no MIG slices, not 1g.18gb. Ask for whole GPUs, or {ASK}.",
+    ),
+    (
+        ctx(Quota(2, whole_gpus=False)),
+        {"gpus": 2, "gpu_model": "H100-80GB"},
+        403,
+        "Cannot start the server: the default quota allows no whole GPUs (only MIG slices of 1g.18gb, 3g.40gb), "
+        f"so not a whole H100-80GB. Ask for a slice, or {ASK}.",
+    ),
+    (
+        ctx(Quota(2, allowed_models=("H100-80GB",))),
+        {"gpus": 2, "gpu_profile": "1g.18gb"},
+        403,
+        "Cannot start the server: the default quota allows only these GPU models: H100-80GB, and this hub has "
+        f"1g.18gb slices only on H200-141GB. Ask for another slice, or {ASK}.",
+    ),
     (
         # A hub of slices only: one slice a server, whichever profile admission would pick.
         ctx(Quota(4), inventory_size=0, inventory_models=()),
@@ -159,3 +180,20 @@ def test_refused_by_kind_with_a_sentence(context, options, status, message):
     verdict = admit(options, context)
     assert isinstance(verdict, Refusal), verdict
     assert (verdict.status, verdict.message) == (status, message)
+
+
+@pytest.mark.parametrize(
+    "profile, than, larger",
+    [
+        ("2g.35gb", "1g.18gb", True),
+        ("1g.35gb", "1g.18gb", True),  # the same compute, more memory
+        ("2g.10gb", "1g.20gb", False),  # more compute, less memory: not simply larger
+        ("1g.18gb", "1g.18gb", False),
+        ("1g.10gb.me", "1g.10gb", False),  # an engine's resource name that is no profile: never offered
+        ("3g.40gb", "", False),
+    ],
+)
+def test_a_larger_profile_has_at_least_the_compute_and_memory(profile, than, larger):
+    from workbench_spawner.rules.admission import _larger
+
+    assert _larger(profile, than) is larger

@@ -174,3 +174,11 @@ def test_a_gpu_in_mig_mode_without_slices_is_left_out_and_said(monkeypatch, capl
     with caplog.at_level("WARNING", logger="workbench.devices"):
         assert [d.uuid for d in nvml_devices()] == ["GPU-gpu-0"]
     assert "its MIG slices could not be read (Insufficient Permissions): left out" in caplog.text
+    # ... and the inventory says so, which keeps a re-read from taking it for a layout change.
+    from workbench_devices import discover_devices
+
+    inventory = discover_devices("")
+    assert inventory.unread == (
+        "GPU 1 (NVIDIA H100 80GB HBM3) is in MIG mode but its MIG slices could not be read (Insufficient Permissions)",
+    )
+    assert inventory.message.startswith("1 GPU(s) found by NVML (GPU 1 (NVIDIA H100 80GB HBM3) is in MIG mode")

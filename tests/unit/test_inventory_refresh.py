@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 import pytest
 from jupyterhub.spawner import SpawnException
@@ -74,6 +75,12 @@ def test_zero_turns_it_off():
     [
         (inventory("", "none"), "found none (none) where it had simulated; keeping the last one"),
         (ValueError("WORKBENCH_SIMULATED_GPUS=@/x: cannot read /x"), "failed, keeping the last one: "),
+        (
+            # NVML showed the GPU but not its slices this time: not a layout change that closes leases.
+            replace(inventory(""), unread=("GPU 0 (NVIDIA H200) is in MIG mode but its MIG slices could not be read",)),
+            "could not read every GPU (GPU 0 (NVIDIA H200) is in MIG mode but its MIG slices could not be read); "
+            "keeping the last one",
+        ),
     ],
 )
 def test_a_read_that_fails_or_finds_another_source_is_kept_out_and_logged_once(answer, logged, caplog):

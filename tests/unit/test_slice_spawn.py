@@ -19,7 +19,8 @@ async def test_the_form_offers_whole_gpus_and_each_profile_with_what_is_free(mak
     assert '<option value="">Whole GPUs: 1 of 1 free</option>' in html
     assert '<span id="workbench-free">1 of 1 GPU and 7 of 7 MIG slices free now</span>' in html
     assert '<option value="1g.18gb">1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free</option>' in html
-    assert "A server gets one slice at most" in html and "pick a larger slice or whole GPUs." in html
+    assert "A server gets one slice at most" in html and "for more room pick whole GPUs." in html
+    assert "larger slice" not in html, "one profile only: there is no larger slice to pick"
 
 
 async def test_a_student_is_offered_only_the_slices_the_quota_allows(make_spawner):  # noqa: F811
@@ -27,7 +28,7 @@ async def test_a_student_is_offered_only_the_slices_the_quota_allows(make_spawne
     spawner.gpu_quota_book.set("group", "students", Quota(3, whole_gpus=False, allowed_profiles=("1g.18gb",)))
     html = await spawner._render_options_form()
     assert "Whole GPUs" not in html and '<option value="1g.18gb">' in html
-    assert "pick a larger slice." in html, "no whole GPUs to suggest to a student whose quota allows none"
+    assert "(a CUDA program sees only one MIG slice)." in html, "nothing larger or whole to suggest to this student"
     assert 'max="1"' in html, "one slice a server, though the quota allows 3 at once"
 
 
@@ -69,6 +70,23 @@ def test_a_lease_on_slices_that_no_longer_exist_is_closed_with_the_reason(tmp_pa
     assert [lease.user for lease in store.leases()] == ["kept"]
     (row,) = store.usage(user="old")
     assert row.reason == "MIG layout changed: its slice(s) no longer exist"
+
+
+def test_a_lease_is_kept_when_nvml_could_not_read_every_gpu(tmp_path):
+    """At a restart NVML shows a MIG GPU but not its slices (a passing error): a lease on slices that are
+    not in this read may still be running there, so reconcile keeps it rather than calling it a layout change."""
+    from workbench_devices import DeviceInventory, parse_simulated_spec
+    from workbench_spawner.ledger.store import AllocationStore
+    from workbench_spawner.policy.gpu_policy import GPUPolicy
+    from workbench_spawner.policy.settings import PolicySettings
+
+    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
+    store = AllocationStore(url)
+    assert store.adopt("ann", "", ["MIG-sim-00-h200-141gb-4-1g.18gb"], "pid:1")
+    read = DeviceInventory("nvml", parse_simulated_spec("1xH100-80GB"), "test", unread=("GPU 1 (H200): slices",))
+    policy = GPUPolicy(PolicySettings(url, read, node="n"), store)
+    assert policy.reconcile(lambda lease: True) == []
+    assert [lease.user for lease in store.leases()] == ["ann"]
 
 
 def test_the_fleet_page_says_which_servers_have_no_idle_rule_and_why():

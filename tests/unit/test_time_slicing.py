@@ -58,6 +58,10 @@ def test_two_keys_that_differ_only_in_case_are_refused():
         parse_servers("1,T4-16GB=4,t4-16gb=2")
     with pytest.raises(TraitError, match="names 'T4-16GB' and 't4-16gb', the same GPUs whatever the case"):
         GPUPolicyConfig(servers_per_device={"T4-16GB": 4, "t4-16gb": 2})
+    with pytest.raises(ConfigError, match="names 'T4-16GB' twice: keep one"):
+        parse_servers("1,T4-16GB=4,T4-16GB=2")
+    with pytest.raises(TraitError):
+        GPUPolicyConfig(servers_per_device={0: 2})  # a key names a model, profile or UUID
 
 
 def test_a_key_that_names_nothing_here_is_said_at_start(tmp_path, caplog):

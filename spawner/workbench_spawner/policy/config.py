@@ -132,6 +132,7 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
     ).tag(config=True)
 
     servers_per_device = Dict(
+        key_trait=Unicode(),
         value_trait=Integer(min=1),
         help="""
         Servers per GPU where it differs from ``servers_per_gpu``, keyed by

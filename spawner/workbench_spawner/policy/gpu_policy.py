@@ -267,8 +267,9 @@ class GPUPolicy:
                         log.warning(
                             "%s/%s holds GPU(s) no longer in the inventory: %s", lease.user, lease.server, missing
                         )
-                    if slices_gone(lease, known):
-                        # Its slices are gone: the GPU's MIG layout changed while the hub was down.
+                    if slices_gone(lease, known) and not self.settings.inventory.unread:
+                        # Its slices are gone: the GPU's MIG layout changed while the hub was down (not when
+                        # NVML could not read some GPU now: its slices may be this lease's, still running).
                         self.release(lease.user, lease.server, LAYOUT_CHANGED)
                         released.append(lease)
                         continue

@@ -14,9 +14,10 @@ policy; a changed answer is adopted in place (``GPUPolicy.adopt_inventory``):
   reason "MIG layout changed: its slice(s) no longer exist" (the same rule
   the reconcile after a restart applies).
 
-A read that fails, or that finds a different *kind* of inventory (NVML
-answering nothing after it found GPUs: a driver reload, a library hiccup),
-is logged and not adopted: losing a GPU for a minute must not close the
+A read that fails, that could not read every GPU (a MIG GPU whose slices
+NVML did not give this time), or that finds a different *kind* of inventory
+(NVML answering nothing after it found GPUs: a driver reload, a library
+hiccup), is logged and not adopted: losing a GPU for a minute must not close the
 leases of everyone on it. Engines (Slurm, Kubernetes) know their nodes'
 GPUs from the engine; nothing here applies to them.
 """
@@ -84,6 +85,12 @@ class InventoryRefresh:
             new = self.discover()
         except ValueError as exc:
             self._refuse(f"Re-reading the GPU inventory failed, keeping the last one: {exc}")
+            return False
+        if new.unread:  # a GPU NVML could not read now is not a GPU whose slices are gone
+            self._refuse(
+                f"Re-reading the GPU inventory could not read every GPU ({'; '.join(new.unread)}); "
+                "keeping the last one until it can"
+            )
             return False
         if new.source != old.source:
             self._refuse(

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from workbench_devices.mig import profile_size
 from workbench_spawner.form.options import OptionError, SpawnRequest, device_matches, parse_options
 from workbench_spawner.rules.quota import EffectiveQuota
 from workbench_spawner.rules.reservations import gpus_text
@@ -206,21 +207,28 @@ def _one_slice(request: SpawnRequest, ctx: AdmissionContext, defaulted: bool) ->
     A CUDA process enumerates a single MIG device, however many are visible
     (NVIDIA's MIG User Guide, "CUDA Device Enumeration"): a second slice would
     be leased and charged but never usable. More room on MIG is a larger
-    profile. A request for slices (a profile named, or one ``_slice_or_whole``
-    will pick because whole GPUs are not to be had) of several is refused in
-    words that name only what the quota allows; a hub's ``default_gpus`` of
-    more than one gives a slice request one."""
+    profile. A request for several slices (a profile named, or one
+    ``_slice_or_whole`` will pick because whole GPUs are not to be had) is
+    refused in words that offer only what the quota allows; a hub's
+    ``default_gpus`` of more than one gives a slice request one. A request
+    the quota refuses anyway (a profile it does not allow, a whole GPU by
+    model) is left to that refusal, which says why."""
     quota = ctx.quota.quota
+
+    def usable(profile: str) -> bool:
+        return quota.allows_profile(profile) and any(quota.allows_model(m) for m in ctx.slices.get(profile, {}))
+
     whole = bool(ctx.inventory_size) and quota.allows_profile("")
-    sliced = request.gpu_profile is not None or (bool(ctx.slices) and not whole)
+    asked = request.gpu_profile
+    allowed = [p for p in ctx.slices if usable(p)]
+    by_model = request.gpu_model is not None and bool(ctx.inventory_size)  # a whole GPU of a model, by name
+    sliced = usable(asked) if asked else bool(allowed) and not whole and not by_model
     if request.gpus <= 1 or not sliced or not ctx.pins_slices:
         return request
     if defaulted:
         return replace(request, gpus=1)
-    asked = request.gpu_profile
-    larger = [p for p in ctx.slices if quota.allows_profile(p) and asked and _larger(p, asked)]
-    allowed = [p for p in ctx.slices if quota.allows_profile(p)]
-    instead = "one slice" if asked or not allowed else f"one slice ({', '.join(allowed)})"
+    larger = [p for p in allowed if asked and _larger(p, asked)]
+    instead = "one slice" if asked else f"one slice ({', '.join(allowed)})"
     if larger:
         instead += f"{',' if whole else ' or'} one of a larger profile ({', '.join(larger)})"
     if whole:
@@ -235,14 +243,15 @@ def _one_slice(request: SpawnRequest, ctx: AdmissionContext, defaulted: bool) ->
 
 
 def _larger(profile: str, than: str) -> bool:
-    """Whether ``profile`` has at least the compute and memory of ``than``, and more of one (2g.35gb > 1g.18gb)."""
-
-    def size(name: str) -> tuple[int, int]:
-        compute, memory = name.split(".")
-        return int(compute.removesuffix("g")), int(memory.removesuffix("gb"))
-
-    (c, m), (c0, m0) = size(profile), size(than)
-    return c >= c0 and m >= m0 and (c, m) != (c0, m0)
+    """Whether ``profile`` has at least the compute and memory of ``than``, and more of one (2g.35gb > 1g.18gb);
+    False where either is no profile name (an engine's resource name may be anything)."""
+    size, size0 = profile_size(profile), profile_size(than)
+    return (
+        size is not None
+        and size0 is not None
+        and size != size0
+        and all(a >= b for a, b in zip(size, size0, strict=True))
+    )
 
 
 def _slice_or_whole(request: SpawnRequest, ctx: AdmissionContext, source: str, ask: str) -> SpawnRequest | Refusal:
