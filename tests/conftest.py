@@ -364,3 +364,46 @@ def chromium_browser():
             yield browser
         finally:
             browser.close()
+
+
+# -- the one Docker Engine, shared by the two lanes (tests/lanes.py) ------------------------------------------
+
+ENGINE_LOCKS = Path("/run/lock")
+
+
+@contextmanager
+def docker_engine_use(exclusive: bool):
+    """Hold the Docker Engine for a test that needs it steady (shared) or that restarts it (exclusive).
+
+    The lanes run side by side on one dockerd: the Kubernetes tests' pods are Docker containers
+    (dockershim) in one lane, and a docker test in the other restarts dockerd, which stops every
+    container and fails a pod starting then ("failed to start sandbox container"). A restart waits for
+    the Kubernetes test under way and keeps new ones out until dockerd is back. A gate lock in front
+    keeps the restart from waiting behind an endless line of Kubernetes tests: a waiting restart holds
+    the gate, so no new one starts."""
+    import fcntl
+
+    ENGINE_LOCKS.mkdir(parents=True, exist_ok=True)
+    with open(ENGINE_LOCKS / "wb-dockerd-gate.lock", "a") as gate, open(ENGINE_LOCKS / "wb-dockerd.lock", "a") as held:
+        fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)  # in: the next test of the lane may come in too
+        try:
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _pods_keep_the_docker_engine(request):
+    """A Kubernetes test holds the Docker Engine shared for its length (its pods run there), so the other
+    lane's dockerd restart (tests/docker/conftest.py ``restart_dockerd``) waits until it ends."""
+    if request.node.get_closest_marker("kubernetes") is None:
+        yield
+        return
+    with docker_engine_use(exclusive=False):
+        yield

@@ -332,15 +332,22 @@ def outside_host():
 
 
 def restart_dockerd() -> None:
-    """Stop the Docker daemon (its containers stop with it) and start it again with the test script."""
-    pid = int(Path("/var/run/docker.pid").read_text().strip())
-    os.kill(pid, signal.SIGTERM)
-    for _ in range(600):
-        if not Path(f"/proc/{pid}").exists():
-            break
-        time.sleep(0.1)
-    proc = subprocess.run(["bash", str(REPO / "tests" / "docker" / "start-dockerd.sh")], capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    """Stop the Docker daemon (its containers stop with it) and start it again with the test script.
+
+    Alone on the engine (``docker_engine_use``): a Kubernetes test in the other lane, whose pods are
+    containers of this daemon, ends first, and none starts until the daemon is back."""
+    from tests.conftest import docker_engine_use
+
+    with docker_engine_use(exclusive=True):
+        pid = int(Path("/var/run/docker.pid").read_text().strip())
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(600):
+            if not Path(f"/proc/{pid}").exists():
+                break
+            time.sleep(0.1)
+        script = str(REPO / "tests" / "docker" / "start-dockerd.sh")
+        proc = subprocess.run(["bash", script], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr[-2000:]
 
 
 def lab_in_chromium(browser, hub_url: str, user: str, screenshot: str = "") -> None:
