@@ -18,9 +18,28 @@ hookdir="$here/stand-in-nvidia"
 log="${WORKBENCH_DOCKERD_LOG:-/tmp/workbench-dockerd.log}"
 timeout="${WORKBENCH_DOCKERD_TIMEOUT:-60}"
 
+# Whether the running dockerd finds an nvidia-container-runtime-hook on its own PATH (read from /proc): a
+# daemon started from a checkout that was deleted since has lost the stand-in, and every GPU device
+# request then fails with 'exec: "nvidia-container-runtime-hook": executable file not found in $PATH'.
+hook_on_daemon_path() {
+    local pid dir
+    pid=$(pgrep -o -x dockerd) || return 0
+    for dir in $(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^PATH=//p' | tr ':' ' '); do
+        [ -x "$dir/nvidia-container-runtime-hook" ] && return 0
+    done
+    return 1
+}
+
 if docker info >/dev/null 2>&1; then
-    echo "dockerd already running (server $(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
-    exit 0
+    if hook_on_daemon_path; then
+        echo "dockerd already running (server $(docker version --format '{{.Server.Version}}' 2>/dev/null || echo '?'))"
+        exit 0
+    fi
+    old_pid=$(pgrep -o -x dockerd)
+    echo "start-dockerd: the running dockerd (pid $old_pid) has no nvidia-container-runtime-hook on its PATH" \
+        "(started from a checkout that is gone?); restarting it with $hookdir"
+    kill "$old_pid"
+    for _ in $(seq 60); do kill -0 "$old_pid" 2>/dev/null || break; sleep 1; done
 fi
 
 if ! command -v dockerd >/dev/null 2>&1; then
