@@ -10,6 +10,7 @@ import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
 from tests.conftest import write_utilization
+from tests.lab_browser import wait_for_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -46,8 +47,7 @@ def test_the_idle_warning_counts_down_in_jupyterlab_and_the_spawn_page_says_why(
     assert page.locator(".workbench-stopped").count() == 0, "nothing to explain before any stop"
     page.locator("#workbench-gpus").fill("1")
     page.click("form#spawn_form [type=submit]")
-    page.wait_for_url("**/user/admin/lab**", timeout=120_000)
-    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    wait_for_lab(page, hub.url, "admin", log=hub.log)
     assert page.locator(".jp-WorkbenchGPU-notice").is_hidden(), "a busy GPU gets no warning"
 
     write_utilization(utilization, {"*": 0})  # the kernel goes quiet: the GPU is idle from now on

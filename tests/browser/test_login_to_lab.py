@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import ARTIFACTS, process_env
+from tests.lab_browser import wait_for_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -51,8 +52,7 @@ def test_admin_signs_up_picks_one_gpu_and_reaches_jupyterlab(running_hub, chromi
 
     form.fill("1")
     page.click("form#spawn_form [type=submit]")
-    page.wait_for_url("**/user/admin/lab**", timeout=120_000)
-    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    wait_for_lab(page, hub.url, "admin", log=hub.log)
     page.wait_for_selector(".jp-Launcher, .jp-DirListing-item", timeout=60_000)
     page.screenshot(path=str(_artifact("jupyterlab.png")))
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
+from tests.lab_browser import wait_for_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -29,8 +30,7 @@ def test_the_status_bar_says_who_shares_the_gpu(running_hub, chromium_browser):
     page.wait_for_url("**/hub/spawn**")
     expect(page.locator("#workbench-gpu-table")).to_contain_text("free (time-sliced: up to 2 servers)")
     page.click("form#spawn_form [type=submit]")
-    page.wait_for_url("**/user/admin/lab**", timeout=120_000)
-    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    wait_for_lab(page, hub.url, "admin", log=hub.log)
     assert hub.leases()["admin"] == [T4]
 
     # Alone on it: said so (the lab polls every 10 s; the service pushes every second).

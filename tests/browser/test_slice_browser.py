@@ -6,6 +6,7 @@ import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
 from tests.conftest import process_env
+from tests.lab_browser import wait_for_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -38,8 +39,7 @@ def test_the_form_offers_slices_and_the_panel_names_the_slice_and_its_gpu(runnin
     kind.select_option("1g.18gb")
     page.screenshot(path=str(_artifact("spawn-form-slices.png")), full_page=True)
     page.click("form#spawn_form [type=submit]")
-    page.wait_for_url("**/user/admin/lab**", timeout=120_000)
-    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    wait_for_lab(page, hub.url, "admin", log=hub.log)
 
     (leased,) = hub.leases()["admin"]
     assert leased.startswith("MIG-sim-00-h200-141gb-") and leased.endswith("-1g.18gb")

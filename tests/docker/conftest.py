@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -368,44 +367,3 @@ def lab_in_chromium(browser, hub_url: str, user: str, screenshot: str = "") -> N
             page.screenshot(path=str(_artifact(screenshot)))
     finally:
         context.close()
-
-
-def wait_for_lab(page, hub_url: str, user: str, timeout_ms: int = 180_000, log=None) -> None:
-    """After the spawn form's submit: wait until the browser is in the user's JupyterLab.
-
-    A browser on the hub's own host sees each network Docker makes for a spawn
-    (a bridge or a pod's veth with an address on the host) as a change of its
-    network and drops the request in flight (``net::ERR_NETWORK_CHANGED``, an
-    error page). A student's browser on another machine never sees it; here
-    the page is loaded again, as that user would, from the spawn's progress
-    page, as often as it happens within the time allowed.
-
-    On failure the message says where the page was, what it showed and, with
-    ``log`` (a callable such as ``hub.log``), the end of the hub's log: a CI
-    failure then says whether the spawn was slow or the page was stuck.
-    """
-    lab = re.compile(rf"^{re.escape(hub_url)}/user/{re.escape(user)}/lab")
-    deadline = time.monotonic() + timeout_ms / 1000
-    reloads = 0
-    while True:
-        left_ms = (deadline - time.monotonic()) * 1000
-        try:
-            page.wait_for_url(lab, timeout=max(left_ms, 1_000))
-            return
-        except Exception:
-            if not page.url.startswith("chrome-error://") or left_ms <= 1_000:
-                break
-        reloads += 1
-        page.goto(f"{hub_url}/hub/spawn-pending/{user}")
-    try:
-        shown = page.inner_text("body", timeout=5_000)[-2000:]
-    except Exception as e:  # a page that cannot be read says so, instead of hiding the real failure
-        shown = f"(the page could not be read: {e})"
-    artifacts = REPO / "tests" / "artifacts"
-    artifacts.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(artifacts / f"wait-for-lab-{user}.png"))
-    tail = f"\nhub log, last lines:\n{log()[-4000:]}" if log else ""
-    raise AssertionError(
-        f"{user}'s browser was not in JupyterLab within {timeout_ms / 1000:.0f} s "
-        f"(reloaded {reloads} time(s) after a dropped network); the page is at {page.url} and shows:\n{shown}{tail}"
-    )

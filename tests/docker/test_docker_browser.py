@@ -7,7 +7,8 @@ import uuid
 import pytest
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
-from tests.docker.conftest import inspect, remove_user_objects, user_container, wait_for_lab
+from tests.docker.conftest import inspect, remove_user_objects, user_container
+from tests.lab_browser import wait_for_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.browser, pytest.mark.integration]
 
@@ -36,7 +37,6 @@ def test_admin_reaches_jupyterlab_in_a_pinned_container(running_hub, chromium_br
         page.check("#workbench-profile-small")
         page.click("form#spawn_form [type=submit]")
         wait_for_lab(page, hub.url, admin, log=hub.log)
-        page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         page.wait_for_selector(".jp-DirListing-item:has-text('notebooks')")
         page.screenshot(path=str(_artifact("jupyterlab-docker.png")))
         info = inspect(user_container(admin))

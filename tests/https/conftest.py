@@ -46,7 +46,7 @@ def tls_hub(tmp_path, monkeypatch):
 
 @pytest.fixture
 def trusting_chromium(tmp_path):
-    """A factory: trusting_chromium(ca_pem, resolve={name: ip}) -> a Playwright browser.
+    """A factory: trusting_chromium(ca_pem, resolve={name: ip}, http2=True) -> a Playwright browser.
 
     Chromium trusts ``ca_pem`` through an NSS database in a HOME of its own
     (certutil from libnss3-tools), exactly as an operator's workstation would
@@ -65,12 +65,12 @@ def trusting_chromium(tmp_path):
     playwright = manager.start()
     browsers = []
 
-    def launch(ca_pem: Path, resolve: dict[str, str]):
+    def launch(ca_pem: Path, resolve: dict[str, str], http2: bool = True):
         home = nss_home(tmp_path / f"chromium-home{len(browsers)}", ca_pem)
         rules = ", ".join(f"MAP {name} {ip}" for name, ip in resolve.items())
         browser = playwright.chromium.launch(
             executable_path=CHROMIUM,
-            args=[*CHROMIUM_ARGS, f"--host-resolver-rules={rules}"],
+            args=[*CHROMIUM_ARGS, f"--host-resolver-rules={rules}", *([] if http2 else ["--disable-http2"])],
             env={**os.environ, "HOME": str(home)},
         )
         browsers.append(browser)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
 from tests.conftest import ARTIFACTS, REPO, free_port, missing
 from tests.https.certs import NOW
 from tests.https.conftest import TEST_NAME
+from tests.lab_browser import wait_for_lab
 
 pytestmark = pytest.mark.integration
 
@@ -273,8 +273,7 @@ def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, tru
     log_in(page, url, "admin")
     page.wait_for_url("**/hub/spawn**")
     page.click("form#spawn_form [type=submit]")
-    page.wait_for_url(re.compile(rf"^https://{re.escape(TEST_NAME)}:{hub.port}/user/admin/lab"), timeout=120_000)
-    page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
+    wait_for_lab(page, f"https://{TEST_NAME}:{hub.port}", "admin", log=hub.log)
     page.wait_for_selector(".jp-Launcher, .jp-DirListing-item", timeout=60_000)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "https-operator-cert-lab.png"))

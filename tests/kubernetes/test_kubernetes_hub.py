@@ -21,7 +21,6 @@ import pytest
 import requests
 
 from tests.conftest import hub_pool, wait_until
-from tests.docker.conftest import wait_for_lab
 from tests.kubernetes.kube import (
     create_namespace,
     delete_namespace,
@@ -32,6 +31,7 @@ from tests.kubernetes.kube import (
     pods,
     pods_of,
 )
+from tests.lab_browser import wait_for_lab
 from workbench_spawner.backends.kubernetes import cluster
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.integration]
@@ -369,7 +369,6 @@ def test_a_person_logs_in_spawns_one_gpu_and_the_status_bar_shows_the_pods_gpu(k
         page.click("form#spawn_form [type=submit]")
         # A pod's new veth on docker0 is a network change to Chromium on this host (wait_for_lab reloads).
         wait_for_lab(page, hub.url, user, log=hub.log)
-        page.wait_for_selector("#jp-main-dock-panel", timeout=120_000)
         status = page.locator(".jp-WorkbenchGPU-status .jp-WorkbenchGPU-gpu")
         expect(status).to_have_count(1, timeout=90_000)
         uuid_shown = status.get_attribute("data-uuid")
