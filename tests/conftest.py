@@ -8,6 +8,7 @@ servers (which outlive the hub on purpose, so they are found by their cwd).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -381,8 +382,6 @@ def docker_engine_use(exclusive: bool):
     the Kubernetes test under way and keeps new ones out until dockerd is back. A gate lock in front
     keeps the restart from waiting behind an endless line of Kubernetes tests: a waiting restart holds
     the gate, so no new one starts."""
-    import fcntl
-
     ENGINE_LOCKS.mkdir(parents=True, exist_ok=True)
     with open(ENGINE_LOCKS / "wb-dockerd-gate.lock", "a") as gate, open(ENGINE_LOCKS / "wb-dockerd.lock", "a") as held:
         fcntl.flock(gate, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)

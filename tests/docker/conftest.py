@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import docker_engine_use
+
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "images" / "build-test-images.sh"
 CACHE = Path(os.environ.get("WORKBENCH_CACHE_DIR", REPO / ".cache"))
@@ -335,8 +337,6 @@ def restart_dockerd() -> None:
 
     Alone on the engine (``docker_engine_use``): a Kubernetes test in the other lane, whose pods are
     containers of this daemon, ends first, and none starts until the daemon is back."""
-    from tests.conftest import docker_engine_use
-
     with docker_engine_use(exclusive=True):
         pid = int(Path("/var/run/docker.pid").read_text().strip())
         os.kill(pid, signal.SIGTERM)

@@ -317,7 +317,10 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         page = context.new_page()
         page.set_default_timeout(60_000)
         url = f"https://{DOMAIN}"
-        hub_log = lambda: compose("logs", "hub").stdout  # noqa: E731
+
+        def hub_log() -> str:
+            return compose("logs", "hub").stdout
+
         with explained(page, f"https-acme-{user}", hub_log):
             assert "The signup was successful!" in sign_up(page, url, user)
             log_in(page, url, user)
