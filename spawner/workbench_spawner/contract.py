@@ -130,6 +130,20 @@ class BackendContract:
     def apply_gpu_request(self, request: SpawnRequest) -> None:
         """After admission: act on the request beyond the GPUs (the docker backend: the image)."""
 
+    async def gpu_exit_reason(self) -> str | None:
+        """Why the server ended on its own, in the ledger's words (``ledger.reasons``): ``OUT_OF_MEMORY``,
+        ``NODE_FAILED``, ``JOB_CANCELLED``, ``POD_DELETED``, ``EVICTED``... None: ``SERVER_EXITED``.
+
+        Called by ``poll`` right after the backend's own poll found the server
+        gone, before its lease is released; a backend remembers what its poll
+        saw (Docker's ``State.OOMKilled``, Slurm's job state, the pod's status)."""
+        return None
+
+    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+        """Why the server behind ``lease`` is gone, when ``gpu_lease_alive`` said False (blocking: the
+        reconciler's thread). In the ledger's words (``ledger.reasons``); None: ``SERVER_GONE``."""
+        return None
+
     async def prepare_server(self) -> None:
         """Host placement: the GPUs are leased and the server is about to start (local: copy starter notebooks).
 
