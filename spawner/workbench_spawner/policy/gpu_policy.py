@@ -78,6 +78,9 @@ class GPUPolicy:
             self.tz,
             self.clock,
         )
+        # (user, server) of every spawn between start() and its lease being recorded with a ref: the
+        # reconciler leaves those alone (a job submitted, a process forked, its lease not written yet).
+        self.starting: set[tuple[str, str]] = set()
         self._reconciled = False
         self._reconciling = False
         self._reconcile_lock = threading.RLock()
