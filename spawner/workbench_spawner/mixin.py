@@ -40,6 +40,7 @@ from workbench_spawner.contract import BackendContract, BackendContractError, Mo
 from workbench_spawner.form.options import SpawnRequest, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
+from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
@@ -52,6 +53,7 @@ from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
 from workbench_spawner.rules.quota import QuotaBook
 from workbench_spawner.rules.reservations import gpus_text
 from workbench_spawner.ssh_forwarding import SSHForwarding
+from workbench_spawner.stop_requester import requested_by
 
 
 class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForwarding, Spawner):
@@ -124,7 +126,11 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         self.gpu_uuids: list[str] = []
         self._gpu_events = SpawnEvents()
         self._gpu_starting = False
+        # The reason of a stop in progress: poll() (which the backend's stop may call) leaves the release to it.
+        self._gpu_stopping: str | None = None
         self._lease_unchecked = False
+        # Clean-ups of cancelled starts still running (kept so the loop does not drop them).
+        self._gpu_cleanups: set[asyncio.Future] = set()
 
     # -- the shared policy (blocking: call from a worker thread) ----------------
 
@@ -261,8 +267,11 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         """The template: admission happened in ``apply_user_options``; place, start, record the lease."""
         self._gpu_events.reset()
         self._gpu_starting = True
+        key = (self.user.name, self.name)
+        policy: GPUPolicy | None = None
         try:
             policy = await self._policy()
+            policy.starting.add(key)  # the reconciler leaves a spawn in flight alone
             # Starting again: the spawn page's "why your server stopped" has been read.
             await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
             if self.placement_mode == "engine":
@@ -270,17 +279,30 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             return await self._start_on_host()
         finally:
             self._gpu_starting = False
+            if policy is not None:
+                policy.starting.discard(key)
 
     async def _start_on_host(self):
         request = self.gpu_request
-        self.gpu_uuids = list((await self._acquire(request)).gpu_uuids) if request.gpus else []
+        lease = await self._acquire(request) if request.gpus else None
+        self.gpu_uuids = list(lease.gpu_uuids) if lease else []
         if not request.gpus:
             self._gpu_events.add("Starting a CPU-only server (no GPU requested)", 10)
         try:
             await self.prepare_server()
             result = await super().start()
+        except asyncio.CancelledError:
+            # The user stopped a pending spawn: JupyterHub's DELETE gives the cancel one second before it calls
+            # the spawn stuck (a 500), so the GPUs go back in the background; the hub's stop() that follows
+            # ends whatever of the server had started.
+            if lease is not None:
+                self._in_background(
+                    lambda: self.gpu_policy.release(lease.user, lease.server, reasons.START_CANCELLED, lease.since)
+                )
+            self.gpu_uuids = []
+            raise
         except BaseException:
-            await asyncio.to_thread(self._release, "start failed")
+            await asyncio.to_thread(self._release, reasons.START_FAILED)
             raise
         ref = self.gpu_lease_ref()
         if self.gpu_uuids and ref:
@@ -338,23 +360,54 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
                     f"The engine placed the server on {lease.node or 'its node'}: {', '.join(lease.gpu_uuids)}", 80
                 )
             return await self.engine_connect(lease)
-        except BaseException:
-            # Refused, timed out, or abandoned by the hub (start_timeout, the user cancelled): nothing stays.
-            await self.engine_cancel()
-            await asyncio.to_thread(self._release, "start failed")
+        except asyncio.CancelledError:
+            # The user stopped a pending spawn: cancel the job and give the GPUs back in the background, so the
+            # cancel ends within the second JupyterHub's DELETE gives it (see _start_on_host).
+            self._in_background(self._cancel_engine_start)
             raise
+        except BaseException:
+            # Refused, timed out, or abandoned by the hub (start_timeout): nothing stays.
+            await self.engine_cancel()
+            await asyncio.to_thread(self._release, reasons.START_FAILED)
+            raise
+
+    async def _cancel_engine_start(self) -> None:
+        await self.engine_cancel()
+        await asyncio.to_thread(self._release, reasons.START_CANCELLED)
+
+    def _in_background(self, work) -> None:
+        """Run a clean-up after the current task is cancelled: ``work`` is a coroutine function, or a blocking
+        function run in a worker thread. Failures are logged; the loop keeps a reference until it ends."""
+        loop = asyncio.get_running_loop()
+        if asyncio.iscoroutinefunction(work):
+            future: asyncio.Future = asyncio.ensure_future(work())
+        else:
+            future = loop.run_in_executor(None, work)
+
+        def done(f: asyncio.Future) -> None:
+            self._gpu_cleanups.discard(f)
+            if not f.cancelled() and f.exception() is not None:
+                self.log.error("Cleaning up the cancelled start of %s failed: %s", self._log_name, f.exception())
+
+        self._gpu_cleanups.add(future)
+        future.add_done_callback(done)
 
     async def _groups(self) -> tuple[str, ...]:
         # The hub's ORM may load the groups lazily: off the event loop, as admission does.
         return await asyncio.to_thread(lambda: tuple(sorted(g.name for g in getattr(self.user, "groups", None) or [])))
 
     async def stop(self, now=False):
+        # Who asked (the user, an admin, the culler), read before the first await (stop_requester.py).
+        self._gpu_stopping = requested_by(self.user.name) or reasons.STOPPED
         try:
             await super().stop(now=now)
         finally:
-            await asyncio.to_thread(self._release_on_stop)
+            try:
+                await asyncio.to_thread(self._release_on_stop, self._gpu_stopping)
+            finally:
+                self._gpu_stopping = None
 
-    def _release_on_stop(self, otherwise: str = "stopped") -> None:
+    def _release_on_stop(self, otherwise: str = reasons.STOPPED) -> None:
         """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any.
 
         A stop through the hub API may end the process before ``stop()``
@@ -368,8 +421,10 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         status = await super().poll()
         if status is None and self._lease_unchecked:
             status = await self._restore_lease()
-        if status is not None and held and not self._gpu_starting:
-            await asyncio.to_thread(self._release_on_stop, "server exited")
+        # A backend's stop() may poll to see the server end: that stop releases, with its own reason.
+        if status is not None and held and not self._gpu_starting and self._gpu_stopping is None:
+            why = await self.gpu_exit_reason() or reasons.SERVER_EXITED
+            await asyncio.to_thread(self._release_on_stop, why)
         return status
 
     async def _restore_lease(self) -> int | None:

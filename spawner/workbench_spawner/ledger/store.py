@@ -298,18 +298,29 @@ class AllocationStore:
         except IntegrityError:
             return False
 
-    def release(self, user: str, server: str, reason: str = "stopped") -> tuple[str, ...]:
-        """Free whatever ``user``/``server`` holds; safe to call twice."""
+    def release(
+        self, user: str, server: str, reason: str = "stopped", *, since: datetime | None = None
+    ) -> tuple[str, ...]:
+        """Free whatever ``user``/``server`` holds; safe to call twice.
+
+        ``since``: only the lease that began then. A start cancelled while its
+        allocation ran in a worker thread releases that allocation later, by
+        then perhaps replaced by a new start of the same server, whose lease
+        it must not end."""
         with self._sessions.begin() as session:
-            return self._delete_lease(session, user, server, reason)
+            return self._delete_lease(session, user, server, reason, since=since)
 
     def set_ref(self, user: str, server: str, ref: str) -> None:
         with self._sessions.begin() as session:
             for row in session.scalars(select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server)):
                 row.ref = ref
 
-    def _delete_lease(self, session: Session, user: str, server: str, reason: str) -> tuple[str, ...]:
+    def _delete_lease(
+        self, session: Session, user: str, server: str, reason: str, since: datetime | None = None
+    ) -> tuple[str, ...]:
         rows = list(session.scalars(select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server)))
+        if since is not None:
+            rows = [row for row in rows if _aware(row.since) == _aware(since)]
         if not rows:
             return ()
         now = utcnow()

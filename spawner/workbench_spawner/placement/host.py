@@ -19,13 +19,14 @@ import itertools
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from datetime import UTC, tzinfo
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
+from workbench_spawner.ledger.reasons import START_CANCELLED
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
@@ -90,9 +91,11 @@ class Placement(ABC):
         ``groups``: the user's JupyterHub groups (reservations let members in).
         ``job``: on an engine, the submitted job to follow (host placement has none)."""
 
-    def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
-        """End the lease (the ledger keeps it); blocking, so call it from a worker thread."""
-        released = self.store.release(user, server, reason)
+    def release(self, user: str, server: str, reason: str, since: datetime | None = None) -> tuple[str, ...]:
+        """End the lease (the ledger keeps it); blocking, so call it from a worker thread.
+
+        ``since``: only the lease that began then (``AllocationStore.release``)."""
+        released = self.store.release(user, server, reason, since=since)
         if released:
             log.info("Released GPU(s) %s of %s/%s (%s)", ", ".join(released), user, server or "default", reason)
             self.released()
@@ -153,10 +156,20 @@ class HostAllocator(Placement):
         self._open_ids: frozenset[int] | None = None
         self._reads = itertools.count()  # numbers each reservation read as it begins (_saw_open)
         self._newest_read = -1
+        # Releases of what cancelled waits took (``_give_back``), kept until done.
+        self._giving_back: set[asyncio.Future] = set()
 
-    def adopt_inventory(self, inventory: DeviceInventory, slots_per_gpu: int | Mapping[str, int]) -> None:
+    def adopt_inventory(
+        self,
+        inventory: DeviceInventory,
+        slots_per_gpu: int | Mapping[str, int],
+        held_back: Collection[str] = frozenset(),
+    ) -> None:
         """Place on these devices from now on (at start, and when a re-read finds a new MIG layout: the
-        next try of a request waiting in line already sees it, ``inventory_refresh``)."""
+        next try of a request waiting in line already sees it, ``inventory_refresh``). ``held_back``: devices
+        in force only for the servers on them, given to nobody new: a GPU whose layout change waits for
+        them (``GPUPolicy.adopt_inventory``)."""
+        self.held_back = frozenset(held_back)
         self.inventory = inventory
         # Servers per device: one number for all, or by UUID (settings.slots(): time-sliced GPUs).
         self.slots_per_gpu = slots_per_gpu if isinstance(slots_per_gpu, Mapping) else max(1, slots_per_gpu)
@@ -168,8 +181,9 @@ class HostAllocator(Placement):
 
     def candidates(self, kind: str | None, exclusive: bool = False) -> list[str]:
         """The devices a request of ``kind`` may get now: whole GPUs (of a model), or slices of a profile,
-        less the drained ones (``drain_book``: an admin changes a MIG layout while nothing new starts);
-        ``exclusive``: only devices one server holds alone (a quota that forbids time-sliced GPUs).
+        less the drained ones (``drain_book``: an admin changes a MIG layout while nothing new starts) and
+        those of a GPU whose layout change waits (``held_back``); ``exclusive``: only devices one server
+        holds alone (a quota that forbids time-sliced GPUs).
 
         Reads the drains (blocking: call from a thread). ``place`` asks on every try, so a request
         waiting in line is never given a GPU that was drained after it joined."""
@@ -177,7 +191,10 @@ class HostAllocator(Placement):
         return [
             d.uuid
             for d in self.inventory.devices
-            if device_matches(d, kind) and not is_drained(d, drained) and not (exclusive and self.slots_of(d.uuid) > 1)
+            if device_matches(d, kind)
+            and not is_drained(d, drained)
+            and d.uuid not in self.held_back
+            and not (exclusive and self.slots_of(d.uuid) > 1)
         ]
 
     def waiting_by_group(self) -> dict[str, int]:
@@ -221,6 +238,10 @@ class HostAllocator(Placement):
         """The in-transaction filter: the free GPUs this user may take under ``active`` reservations."""
 
         def pick(free: list[str], leases: list[Lease]) -> list[str]:
+            # The devices in force now, read inside the allocating transaction: a layout adopted after the
+            # candidates were listed (``GPUPolicy.adopt_inventory`` switches inside a write transaction of
+            # its own, which this one waits for) never has a gone or held-back device handed out.
+            free = [uuid for uuid in free if uuid in self.models and uuid not in self.held_back]
             if not active:
                 return free
             needs = remaining_needs(
@@ -307,7 +328,13 @@ class HostAllocator(Placement):
 
         async def try_take() -> Lease | None:
             read = next(self._reads)
-            lease, active = await asyncio.to_thread(take)
+            taking = asyncio.ensure_future(asyncio.to_thread(take))
+            try:
+                # Shielded: a cancel must not leave the transaction's outcome unread.
+                lease, active = await asyncio.shield(taking)
+            except asyncio.CancelledError:
+                taking.add_done_callback(lambda done: self._give_back(done, user, server))
+                raise
             self._saw_open(active, read)
             return lease
 
@@ -332,6 +359,21 @@ class HostAllocator(Placement):
         finally:
             self._asking.pop(key, None)
             self._requests.pop(key, None)
+
+    def _give_back(self, taking: asyncio.Future, user: str, server: str) -> None:
+        """A wait was cancelled while its allocating transaction ran in a worker thread: whatever that
+        transaction took goes back (only that lease: the server may have been started again since)."""
+        if taking.cancelled() or taking.exception() is not None:
+            return
+        lease = taking.result()[0]
+        if lease is None:
+            return
+        log.info("A cancelled wait of %s/%s took %s: giving it back", user, server or "default", lease.gpu_uuids)
+        release = asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.release(user, server, START_CANCELLED, since=lease.since)
+        )
+        self._giving_back.add(release)
+        release.add_done_callback(self._giving_back.discard)
 
     def released(self) -> None:
         self.waitlist.notify()

@@ -19,21 +19,30 @@ same key within that time keeps the arrival of the first one, so the aging
 bound counts the whole time the user has been asking. Being served forgets
 it.
 
-**Wake-ups.** A release in this hub wakes every waiter at once (``notify``);
-so do a waiter leaving, a fruitless try and a class change, since each may
-let someone else try. A waiter that may try also looks again every
-``recheck_interval`` seconds, which covers what the hub does not see:
-releases by another process, a reservation's grace period ending. The others
-only need to look when they are woken, when the order changes by itself (a
-request reaching the aging bound) and at their deadline; they also look every
-``idle_recheck_interval`` as a safety net. The order, who may try and every
-reason are computed once per change of the line and shared by all waiters,
-so a wake-up costs the same however long the line is.
+**Wake-ups.** A release in this hub (``notify``) and a fruitless try wake
+only the waiters that may try now (the head of each class), so the cost of
+a release does not grow with the line. A change of places (a waiter joining
+or leaving, a class change, the order moving by itself at the aging bound)
+wakes everyone, since each must tell its user a new place, but at most once
+per turn of the event loop however many changes land in it: a class
+cancelling 100 waits at once costs one wake-up of the rest, not 100. A
+waiter that may try also looks again every ``recheck_interval`` seconds,
+which covers what the hub does not see: releases by another process, a
+reservation's grace period ending. The others look when woken, at their
+deadline, and every ``idle_recheck_interval`` as a safety net. The order,
+who may try and every reason are computed once per change of the line and
+shared by all waiters.
+
+**Cancelling.** A wait that is cancelled (JupyterHub's DELETE of a pending
+spawn, the hub shutting down) leaves the line at once and never takes a
+GPU afterwards. Its pause is ``asyncio.timeout``, not ``asyncio.wait_for``:
+on Python 3.11 ``wait_for`` swallows a cancel that lands just after the
+awaited event was set, and the cancelled spawn would carry on in line.
 
 Releases happen in worker threads (the database write runs in
 ``asyncio.to_thread``), and asyncio objects may only be touched from their
-own loop's thread, so ``notify`` hands each wake-up to the waiter's loop with
-``call_soon_threadsafe`` instead of setting the event itself.
+own loop's thread, so ``notify`` hands each wake-up to the waiters' loop with
+``call_soon_threadsafe`` instead of setting the events itself.
 """
 
 from __future__ import annotations
@@ -101,8 +110,11 @@ class WaitList(Generic[T]):
         self.rejoin_minutes = rejoin_minutes
         self.clock = clock
         self._tickets: list[Ticket] = []
-        self._wakers: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        # id(ticket) -> (its loop, the event its pause waits on), while it waits or tries.
+        self._wakers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
         self._wakers_lock = threading.Lock()
+        # Loops with a wake-up of everyone already scheduled (one per turn of the loop, ``_poke``).
+        self._poke_pending: set[asyncio.AbstractEventLoop] = set()
         # Bumped by every release: a ticket whose last try saw the current
         # generation is stuck until something comes free.
         self._generation = 0
@@ -186,23 +198,45 @@ class WaitList(Generic[T]):
     # -- wake-ups ---------------------------------------------------------------------
 
     def notify(self) -> None:
-        """Something was released: let the head try again.
+        """Something was released: let the head(s) try again (not everyone: see the module docstring).
 
         Safe to call from any thread."""
         with self._wakers_lock:
             self._generation += 1
             self._version += 1
-        self._poke()
+            loops = {loop for loop, _ in self._wakers.values()}
+        for loop in loops:
+            self._call(loop, self._wake_heads)
+
+    @staticmethod
+    def _call(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # that loop is closed: nobody is waiting on it any more
+            pass
+
+    def _wake_heads(self) -> None:
+        """On the waiters' loop: wake those that may try now (the head of each class)."""
+        trying = self._current().trying
+        with self._wakers_lock:
+            events = [event for key, (_, event) in self._wakers.items() if key in trying]
+        for event in events:
+            event.set()
 
     def _poke(self) -> None:
-        """Wake every waiter to look again (the order or who may try changed; nothing came free)."""
+        """Wake every waiter to look again (places or who may try changed), once per turn of each loop."""
         with self._wakers_lock:
-            wakers = list(self._wakers)
-        for loop, event in wakers:
-            try:
-                loop.call_soon_threadsafe(event.set)
-            except RuntimeError:  # that loop is closed: nobody is waiting on it any more
-                pass
+            loops = {loop for loop, _ in self._wakers.values()} - self._poke_pending
+            self._poke_pending |= loops
+        for loop in loops:
+            self._call(loop, lambda loop=loop: self._wake_all(loop))
+
+    def _wake_all(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._wakers_lock:
+            self._poke_pending.discard(loop)
+            events = [event for owner, event in self._wakers.values() if owner is loop]
+        for event in events:
+            event.set()
 
     def _join(self, ticket: Ticket) -> None:
         now = self.clock()
@@ -251,9 +285,9 @@ class WaitList(Generic[T]):
         try:
             while True:
                 # Registered before looking, so a release during try_take is not missed.
-                waker = (loop, asyncio.Event())
+                event = asyncio.Event()
                 with self._wakers_lock:
-                    self._wakers.add(waker)
+                    self._wakers[id(ticket)] = (loop, event)
                 try:
                     if self.may_try(ticket):
                         generation = self._generation
@@ -264,7 +298,7 @@ class WaitList(Generic[T]):
                         if ticket.failed_gen != generation:
                             ticket.failed_gen = generation
                             self._changed()
-                            self._poke()  # those behind of another class may try now
+                            self._call(loop, self._wake_heads)  # those behind of another class may try now
                     ahead = self.position(ticket)
                     why = self.why(ticket)
                     if (ahead, why) != last_reported:
@@ -278,11 +312,13 @@ class WaitList(Generic[T]):
                     pause = self.recheck_interval if self.may_try(ticket) else self.idle_recheck_interval
                     changes_at = self._current().valid_until - now  # the order changes by itself then
                     try:
-                        await asyncio.wait_for(waker[1].wait(), max(0.0, min(pause, remaining, changes_at)))
+                        # Not asyncio.wait_for: it may swallow a cancel (the module docstring).
+                        async with asyncio.timeout(max(0.0, min(pause, remaining, changes_at))):
+                            await event.wait()
                     except TimeoutError:
                         pass
                 finally:
                     with self._wakers_lock:
-                        self._wakers.discard(waker)
+                        self._wakers.pop(id(ticket), None)
         finally:
             self._leave(ticket, served)

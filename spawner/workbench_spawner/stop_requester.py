@@ -1,0 +1,65 @@
+"""Who asked the hub to stop a server: the user, an admin, the idle culler or another service.
+
+The usage ledger says why each lease ended, and "stopped" alone does not
+tell an admin whether a student pressed Stop, a colleague stopped the server
+from the admin page, or the culler found it idle. JupyterHub gives a spawner
+no way to learn who asked for its ``stop()`` (it is called with no request
+and no requester; no upstream hook or event carries it: the hub's
+``server-action`` event names only the user and server). What the hub does
+have is the request handler that started the stop: ``stop_single_user``'s
+inner ``stop()`` closes over it, and that coroutine is on the stack while
+``Spawner.stop`` begins. This module is the one place that reads it, so if
+JupyterHub ever passes the requester, only ``requested_by`` changes. When
+nothing is found (the hub's own shutdown, a poll that found the server dead,
+a test calling ``stop()`` directly), the answer is None and the caller keeps
+its plain reason.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from workbench_spawner.ledger import reasons
+
+# The culler services the hub may run: ours (configurer.update_services) and the z2jh chart's.
+CULLERS = frozenset({"idle-culler", "jupyterhub-idle-culler", "cull-idle"})
+# How far up the stack to look: the handler sits a few frames above Spawner.stop.
+_DEPTH = 40
+
+
+def _requester() -> object | None:
+    """The ``current_user`` of the JupyterHub request handler on the stack, if any (a User or a Service)."""
+    try:
+        from tornado.web import RequestHandler
+    except ImportError:  # pragma: no cover - tornado comes with JupyterHub
+        return None
+    frame = sys._getframe(2)
+    for _ in range(_DEPTH):
+        if frame is None:
+            return None
+        handler = frame.f_locals.get("self")
+        if isinstance(handler, RequestHandler):
+            try:
+                return handler.current_user
+            except Exception:  # a handler that cannot say (a finished request): unknown
+                return None
+        frame = frame.f_back
+    return None
+
+
+def stop_reason_for(owner: str, requester: object | None) -> str | None:
+    """The ledger reason for a stop of ``owner``'s server asked by ``requester`` (None: unknown)."""
+    if requester is None:
+        return None
+    kind = getattr(requester, "kind", None)
+    name = getattr(requester, "name", None)
+    if kind == "service":
+        return reasons.STOPPED_BY_CULLER if name in CULLERS else reasons.STOPPED_BY_SERVICE
+    if kind == "user":
+        return reasons.STOPPED_BY_USER if name == owner else reasons.STOPPED_BY_ADMIN
+    return None
+
+
+def requested_by(owner: str) -> str | None:
+    """Call at the very start of ``Spawner.stop``: who asked for it, as a ledger reason, or None."""
+    return stop_reason_for(owner, _requester())
