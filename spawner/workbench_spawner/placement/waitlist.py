@@ -215,9 +215,9 @@ class WaitList(Generic[T]):
         except RuntimeError:  # that loop is closed: nobody is waiting on it any more
             pass
 
-    def _wake_heads(self) -> None:
-        """On the waiters' loop: wake those that may try now (the head of each class)."""
-        trying = self._current().trying
+    def _wake_heads(self, skip: int | None = None) -> None:
+        """On the waiters' loop: wake those that may try now (the head of each class), but ``skip``."""
+        trying = self._current().trying - {skip}
         with self._wakers_lock:
             events = [event for key, (_, event) in self._wakers.items() if key in trying]
         for event in events:
@@ -298,7 +298,8 @@ class WaitList(Generic[T]):
                         if ticket.failed_gen != generation:
                             ticket.failed_gen = generation
                             self._changed()
-                            self._call(loop, self._wake_heads)  # those behind of another class may try now
+                            # Those behind of another class may try now (not this one again: it just did).
+                            self._call(loop, lambda: self._wake_heads(skip=id(ticket)))
                     ahead = self.position(ticket)
                     why = self.why(ticket)
                     if (ahead, why) != last_reported:

@@ -1,0 +1,173 @@
+"""Waits that are cancelled, and the cost of a release: the rules behind tests/integration/test_cancelled_waits.
+
+* a release wakes only the head(s) that may try, not the whole line;
+* many waits cancelled while GPUs come free all end cancelled: none is served after its cancel;
+* an allocation still running in a worker thread when its wait is cancelled is given back;
+* who asked for a stop, as a ledger reason (stop_requester), and how usage groups reasons.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.waitlist import WaitList
+from workbench_spawner.policy.gpu_policy import GPUPolicy
+from workbench_spawner.policy.settings import PolicySettings
+from workbench_spawner.stop_requester import stop_reason_for
+
+
+class CountingLine(WaitList[str]):
+    """A WaitList that counts how often its waiters look at their place (once per wake-up each)."""
+
+    looks = 0
+
+    def position(self, ticket) -> int:
+        type(self).looks += 1
+        return super().position(ticket)
+
+
+def test_a_release_wakes_only_the_head_not_the_whole_line():
+    async def main() -> int:
+        # Long re-checks: only wake-ups make anyone look during the test.
+        line = CountingLine(recheck_interval=30, idle_recheck_interval=30)
+        free: list[str] = []
+
+        async def take() -> str | None:
+            return free.pop() if free else None
+
+        waiters = [asyncio.create_task(line.wait_for(f"u{i}/", 1, take, 60)) for i in range(50)]
+        await asyncio.sleep(0.2)  # everyone joined and looked once
+        CountingLine.looks = 0
+        for _ in range(10):  # ten releases that free nothing this line can use
+            line.notify()
+            await asyncio.sleep(0.01)
+        looks = CountingLine.looks
+        for w in waiters:
+            w.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+        return looks
+
+    # The head looks once per release; before, all 50 did (500 looks).
+    assert asyncio.run(main()) <= 10
+
+
+def test_no_cancelled_wait_is_served_after_its_cancel():
+    async def main() -> tuple[int, int, int]:
+        line: WaitList[str] = WaitList(recheck_interval=0.005)
+        free: list[str] = []
+        served_after_cancel = 0
+        cancelled = False
+
+        async def take() -> str | None:
+            nonlocal served_after_cancel
+            await asyncio.sleep(0)
+            if free:
+                if cancelled:
+                    served_after_cancel += 1
+                return free.pop()
+            return None
+
+        waiters = [asyncio.create_task(line.wait_for(f"u{i}/", 1, take, 60)) for i in range(100)]
+        await asyncio.sleep(0.1)
+        for i in range(8):  # releases that land just before the mass cancel, waking heads
+            free.append(f"gpu{i}")
+            line.notify()
+        await asyncio.sleep(0)
+        cancelled = True
+        for w in waiters:
+            w.cancel()
+        for i in range(8, 40):  # and more right after it
+            free.append(f"gpu{i}")
+            line.notify()
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        await asyncio.sleep(0.1)
+        finished = sum(1 for r in results if isinstance(r, str))
+        return served_after_cancel, finished, len(line.waiting())
+
+    served_after_cancel, finished, waiting = asyncio.run(main())
+    assert served_after_cancel == 0, "a cancelled wait took a GPU after its cancel"
+    assert finished == 0, "a cancelled wait carried on and returned a GPU"
+    assert waiting == 0, "a cancelled wait stayed in line"
+
+
+@pytest.fixture
+def policy(db_url: str) -> GPUPolicy:
+    inventory = DeviceInventory("simulated", parse_simulated_spec("1"), "test")
+    return GPUPolicy(PolicySettings(db_url, inventory, node="n1"), AllocationStore(db_url), recheck_interval=0.05)
+
+
+def test_an_allocation_that_finishes_after_its_wait_was_cancelled_is_given_back(policy: GPUPolicy):
+    store = policy.store
+    real_allocate = store.allocate
+
+    def slow_allocate(*args, **kwargs):
+        time.sleep(0.4)  # the transaction is still running when the cancel lands
+        return real_allocate(*args, **kwargs)
+
+    store.allocate = slow_allocate
+
+    async def main() -> None:
+        task = asyncio.create_task(policy.place("ann", "", 1, None, 30))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.0)  # the transaction commits, then the give-back runs
+
+    asyncio.run(main())
+    assert store.leases() == [], "the cancelled wait's GPU stayed leased"
+    assert [row.reason for row in store.usage()] == [reasons.START_CANCELLED]
+
+
+def test_a_late_give_back_never_ends_the_lease_of_a_new_start(policy: GPUPolicy):
+    store = policy.store
+    first = store.allocate("ann", "", 1, ["GPU-sim-00-h100-80gb"])
+    second = store.allocate("ann", "", 1, ["GPU-sim-00-h100-80gb"])  # a new start replaced it
+    assert first is not None and second is not None
+    assert policy.release("ann", "", reasons.START_CANCELLED, first.since) == ()
+    assert [lease.since for lease in store.leases()] == [second.since]
+    assert policy.release("ann", "", reasons.STOPPED, second.since) == ("GPU-sim-00-h100-80gb",)
+
+
+USER = SimpleNamespace(kind="user", name="ann")
+ADMIN = SimpleNamespace(kind="user", name="prof")
+CULLER = SimpleNamespace(kind="service", name="idle-culler")
+CHART_CULLER = SimpleNamespace(kind="service", name="jupyterhub-idle-culler")
+SCRIPT = SimpleNamespace(kind="service", name="workbench-admin")
+
+
+@pytest.mark.parametrize(
+    ("requester", "reason"),
+    [
+        (USER, reasons.STOPPED_BY_USER),
+        (ADMIN, reasons.STOPPED_BY_ADMIN),
+        (CULLER, reasons.STOPPED_BY_CULLER),
+        (CHART_CULLER, reasons.STOPPED_BY_CULLER),
+        (SCRIPT, reasons.STOPPED_BY_SERVICE),
+        (None, None),
+        (SimpleNamespace(kind="deleted", name="x"), None),
+    ],
+)
+def test_who_asked_for_a_stop(requester, reason):
+    assert stop_reason_for("ann", requester) == reason
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind"),
+    [
+        ("reclaimed: GPU idle 30 min", "reclaimed"),
+        (reasons.STOPPED_BY_ADMIN, reasons.STOPPED_BY_ADMIN),
+        (reasons.OUT_OF_MEMORY, reasons.OUT_OF_MEMORY),
+        ("", "unknown"),
+        ("something else", "something else"),
+    ],
+)
+def test_usage_groups_reasons_by_kind(reason, kind):
+    assert reasons.reason_kind(reason) == kind
