@@ -1,0 +1,82 @@
+"""Every way a server ends on the local backend leaves its true reason in the usage ledger.
+
+Before, a stop through the hub's API, the admin page or the idle culler was recorded as "server exited":
+the local spawner's stop() polls the process, and the poll released the lease first. Here one real hub:
+a student stops her own server, an admin stops another's, a script with the admin service token stops a
+third, a fourth server's process is killed, and the idle culler stops a fifth.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from tests.conftest import wait_until
+from workbench_spawner.ledger import reasons
+
+pytestmark = pytest.mark.integration
+
+CULL_AFTER = 30  # the culler looks every 15 s
+
+
+def ledger_reasons(hub) -> dict[str, list[str]]:
+    with sqlite3.connect(hub.data_dir / "workbench.sqlite") as db:
+        rows = db.execute("SELECT user, reason FROM gpu_usage ORDER BY id").fetchall()
+    found: dict[str, list[str]] = {}
+    for user, reason in rows:
+        found.setdefault(user, []).append(reason)
+    return found
+
+
+def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_CULL_IDLE_SECONDS": str(CULL_AFTER)})
+    hub.create_users("ann", "ben", "cat", "dan", "eve", "admin")  # admin: WORKBENCH_ADMIN_USERS' default
+    ann_token = hub.user_token("ann")
+    r = hub.api("POST", "/users/admin/tokens", json={"note": "tests", "expires_in": 3600, "scopes": ["admin:servers"]})
+    assert r.status_code == 201, r.text
+    prof_token = r.json()["token"]
+
+    def as_token(token: str, method: str, path: str) -> requests.Response:
+        return requests.request(
+            method, f"{hub.url}/hub/api{path}", headers={"Authorization": f"token {token}"}, timeout=30
+        )
+
+    def stop_when_ready(user: str) -> None:
+        hub.wait_ready(user, timeout=180)
+        if user == "ann":
+            r = as_token(ann_token, "DELETE", "/users/ann/server")  # the student herself
+        elif user == "ben":
+            r = as_token(prof_token, "DELETE", "/users/ben/server")  # an admin
+        elif user == "cat":
+            r = hub.api("DELETE", "/users/cat/server")  # a script with WORKBENCH_ADMIN_TOKEN (a service)
+        else:
+            pid = next(p for p in hub.server_pids() if os.readlink(f"/proc/{p}/cwd").endswith("/dan"))
+            os.kill(pid, signal.SIGKILL)  # the server dies on its own
+            return
+        assert r.status_code in (202, 204), r.text
+
+    with ThreadPoolExecutor(4) as pool:
+        for r in pool.map(lambda u: hub.spawn(u, gpus=1), ["ann", "ben", "cat", "dan"]):
+            assert r.status_code in (201, 202), r.text
+        list(pool.map(stop_when_ready, ["ann", "ben", "cat", "dan"]))
+    for user in ("ann", "ben", "cat", "dan"):
+        hub.wait_stopped(user, timeout=120)
+
+    # The idle culler finds eve's server idle and stops it.
+    assert hub.spawn("eve", gpus=1).status_code in (201, 202)
+    hub.wait_ready("eve", timeout=180)
+    hub.wait_stopped("eve", timeout=3 * CULL_AFTER + 30)
+
+    wait_until(lambda: len(ledger_reasons(hub)) == 5, 30, "five ledger rows", hub.log)
+    assert ledger_reasons(hub) == {
+        "ann": [reasons.STOPPED_BY_USER],
+        "ben": [reasons.STOPPED_BY_ADMIN],
+        "cat": [reasons.STOPPED_BY_SERVICE],
+        "dan": [reasons.SERVER_EXITED],
+        "eve": [reasons.STOPPED_BY_CULLER],
+    }
