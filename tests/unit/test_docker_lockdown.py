@@ -19,6 +19,7 @@ from traitlets import TraitError
 from traitlets.config import Config
 
 from workbench_spawner.backends.docker.spawner import DockerGPUSpawner, check_lockdown
+from workbench_spawner.ledger import reasons
 from workbench_spawner.policy.gpu_policy import _policies
 
 ALLOW = "c.DockerGPUSpawner.allowed_host_config_keys"
@@ -348,3 +349,21 @@ def test_a_network_of_ones_own_needs_isolation_off(section):
     assert "network_isolation = False" in problem
     c.DockerGPUSpawner.network_isolation = False
     assert check_lockdown(c) == []
+
+
+@pytest.mark.parametrize(
+    ("inspected", "reason"),
+    [
+        ({"State": {"Status": "exited", "ExitCode": 137, "OOMKilled": True}}, reasons.OUT_OF_MEMORY),
+        ({"State": {"Status": "exited", "ExitCode": 137, "OOMKilled": False}}, None),
+        (None, None),  # the container is gone already: the ledger says "server exited"
+    ],
+)
+async def test_a_container_killed_for_memory_is_recorded_as_out_of_memory(make_spawner, monkeypatch, inspected, reason):
+    spawner = make_spawner()
+
+    async def inspect(self):
+        return inspected
+
+    monkeypatch.setattr(DockerSpawner, "get_object", inspect)
+    assert await spawner.gpu_exit_reason() == reason
