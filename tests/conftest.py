@@ -296,6 +296,17 @@ class Hub:
             result.setdefault(user, []).append(uuid)
         return result
 
+    def usage_reasons(self) -> dict[str, list[str]]:
+        """Why each user's finished leases ended (the usage ledger's reasons, in order), from its SQLite file."""
+        import sqlite3
+
+        with sqlite3.connect(self.data_dir / "workbench.sqlite") as db:
+            rows = db.execute("SELECT user, reason FROM gpu_usage ORDER BY id").fetchall()
+        found: dict[str, list[str]] = {}
+        for user, reason in rows:
+            found.setdefault(user, []).append(reason)
+        return found
+
 
 def process_env(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()

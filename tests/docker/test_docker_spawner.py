@@ -16,6 +16,7 @@ import requests
 
 from tests.conftest import wait_until
 from tests.docker.conftest import container_env, container_of, docker, hub_id_of, inspect, make_users, unique
+from workbench_spawner.ledger import reasons
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
 
@@ -96,6 +97,10 @@ def test_killed_container_releases_its_gpu_within_a_poll(docker_hub):
     hub.spawn(nxt, gpus=1)
     hub.wait_ready(nxt, timeout=180)
     assert hub.leases() == {nxt: ["GPU-sim-00-h100-80gb"]}
+    # The ledger says why each ended: the container died on its own; the next was stopped by a script.
+    assert hub.api("DELETE", f"/users/{nxt}/server").status_code in (202, 204)
+    hub.wait_stopped(nxt, timeout=60)
+    assert hub.usage_reasons() == {victim: [reasons.SERVER_EXITED], nxt: [reasons.STOPPED_BY_SERVICE]}
 
 
 def test_home_survives_stop_removal_and_an_image_upgrade(docker_hub, singleuser_image):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -22,15 +21,6 @@ from workbench_spawner.ledger import reasons
 pytestmark = pytest.mark.integration
 
 CULL_AFTER = 30  # the culler looks every 15 s
-
-
-def ledger_reasons(hub) -> dict[str, list[str]]:
-    with sqlite3.connect(hub.data_dir / "workbench.sqlite") as db:
-        rows = db.execute("SELECT user, reason FROM gpu_usage ORDER BY id").fetchall()
-    found: dict[str, list[str]] = {}
-    for user, reason in rows:
-        found.setdefault(user, []).append(reason)
-    return found
 
 
 def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
@@ -72,8 +62,8 @@ def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
     hub.wait_ready("eve", timeout=180)
     hub.wait_stopped("eve", timeout=3 * CULL_AFTER + 30)
 
-    wait_until(lambda: len(ledger_reasons(hub)) == 5, 30, "five ledger rows", hub.log)
-    assert ledger_reasons(hub) == {
+    wait_until(lambda: len(hub.usage_reasons()) == 5, 30, "five ledger rows", hub.log)
+    assert hub.usage_reasons() == {
         "ann": [reasons.STOPPED_BY_USER],
         "ben": [reasons.STOPPED_BY_ADMIN],
         "cat": [reasons.STOPPED_BY_SERVICE],
