@@ -12,6 +12,9 @@ Everything here is read from the GPU database the hub writes:
   any hub stored them, ``SettingsMissing`` tells the handlers to answer 503;
 * the **leases** (who holds which GPU on which node, since when) and the
   **drains** (GPUs closed to new servers, ``drain_book.py``);
+* the **layout changes waiting** (``inventory_refresh.py``): a GPU whose
+  re-read MIG layout would take devices from running servers keeps its old
+  layout, closed to new servers, until they stop; each of its rows says so;
 * the **quota book** and the GPU-hours ledger;
 * the **inventory as the backend knows it**, re-read with the settings
   (the backend extension's ``resolve_inventory``: on Slurm the UUIDs jobs
@@ -43,6 +46,7 @@ from workbench_spawner.backend import extension_of
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.store import AllocationStore, utcnow
+from workbench_spawner.policy.inventory_refresh import load_layout_waiting
 from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
 from workbench_spawner.rules.quota import Quota, QuotaBook
 
@@ -209,6 +213,8 @@ class Fleet:
         idle = {(t.node or settings.node, t.gpu_uuid): t for t in IdleBook(self.store).tracks()}
         # Only the hub's own placement reads drains (api/drains refuses new ones where an engine places).
         drained = DrainBook(self.store).drained() if settings.placement == "host" else set()
+        # A GPU whose new layout waits for its servers: its rows say so, and no new server gets them.
+        waiting = {uuid: w["message"] for w in self.layout_waiting() for uuid in w.get("devices") or ()}
         scrape = self.dcgm_scrape() if any(d.mig for d in self.inventory.devices) else None
         result = []
         for device in self.inventory.devices:
@@ -242,9 +248,13 @@ class Fleet:
                     "holders": held,
                     # Servers this device takes at once (more than 1: time-sliced) and how many more fit.
                     "slots": settings.slots_for(device),
-                    "free_slots": 0 if closed else max(0, settings.slots_for(device) - len(held)),
+                    "free_slots": 0
+                    if closed or device.uuid in waiting
+                    else max(0, settings.slots_for(device) - len(held)),
                     # Drained (api/drains): no new server gets it; its holders keep running until they stop.
                     "drained": closed,
+                    # "layout change waiting: 3 servers still on slices the new layout removes"; None otherwise.
+                    "layout_waiting": waiting.get(device.uuid),
                     "utilization_percent": reading.get("utilization_percent"),
                     "memory_used_bytes": reading.get("memory_used_bytes"),
                     "temperature_c": reading.get("temperature_c"),
@@ -261,6 +271,13 @@ class Fleet:
         if extension is not None:
             extension.annotate_fleet(result)
         return result
+
+    def layout_waiting(self) -> list[dict]:
+        """The GPUs whose re-read layout waits for servers on devices it removes, as the hub published them
+        (``LayoutWait.to_json``); empty where an engine places (the hub re-reads nothing there)."""
+        if self.settings.placement != "host":
+            return []
+        return load_layout_waiting(self.store)
 
     def allocations(self) -> list[dict]:
         node = self.settings.node

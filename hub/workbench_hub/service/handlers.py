@@ -221,7 +221,7 @@ class GPUsHandler(APIHandler):
     async def get(self):
         await self.require_read()
         fleet = self.fleet
-        gpus = await asyncio.to_thread(fleet.gpus)
+        gpus, waiting = await asyncio.to_thread(lambda: (fleet.gpus(), fleet.layout_waiting()))
         inventory = fleet.inventory
         self.send(
             {
@@ -230,6 +230,8 @@ class GPUsHandler(APIHandler):
                 "simulated": fleet.simulated,
                 "message": inventory.message,
                 "gpus": gpus,
+                # GPUs whose new MIG layout waits for the servers on devices it removes (each row says so too).
+                "layout_waiting": waiting,
             }
         )
 
@@ -395,9 +397,14 @@ class PageHandler(WorkbenchHandler):
         def gather():
             stored_groups = {q.name: q for q in fleet.book.all("group")}
             hours = gpu_hours_by_user(fleet.store, now)
-            return (fleet.user_summaries(users, hours, fleet.held_by_user()), stored_groups, fleet.gpus())
+            return (
+                fleet.user_summaries(users, hours, fleet.held_by_user()),
+                stored_groups,
+                fleet.gpus(),
+                fleet.layout_waiting(),
+            )
 
-        summaries, stored_groups, gpus = await asyncio.to_thread(gather)
+        summaries, stored_groups, gpus, layout_waiting = await asyncio.to_thread(gather)
         # Where an engine places servers a workbench drain stops nothing: no Drain button, a line saying where.
         settings = fleet.settings
         drain_elsewhere = node_drain_of(settings.backend).line() if settings.placement == "engine" else ""
@@ -421,6 +428,7 @@ class PageHandler(WorkbenchHandler):
                 node=fleet.node,
                 simulated=fleet.simulated,
                 gpus=gpus,
+                layout_waiting=layout_waiting,
                 users=summaries,
                 groups=group_rows,
                 default=fleet.default.to_json(),

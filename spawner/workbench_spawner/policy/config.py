@@ -45,12 +45,15 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         60.0,
         min=0.0,
         help="""
-        How often, at most, the hub asks NVML (or the simulated spec file, or
+        How often the hub asks NVML (or the simulated spec file, or
         ``static_gpus``) for its GPUs again, so a GPU whose MIG layout an admin
         changed (``workbench drain``, ``nvidia-smi mig``, ``workbench undrain``)
-        is handed out as its new slices without a hub restart. The read happens
-        when a spawn, a spawn form or a poll needs the policy, never more often
-        than this; leases on slices that are gone are closed with a reason.
+        is handed out as its new slices without a hub restart. The hub reads it
+        on a timer of its own (also when nobody spawns), and at most as often
+        when a spawn, a spawn form or a request waiting in line needs the
+        policy. A GPU whose new layout would take a device from a running
+        server keeps its old layout, closed to new servers, until those servers
+        stop ("layout change waiting: ..." on the fleet page and ``api/gpus``).
         0 turns re-reading off (the inventory of the hub's start is kept).
         Only where the hub places GPUs itself (local, docker): Slurm and
         Kubernetes know their nodes' GPUs from the engine.

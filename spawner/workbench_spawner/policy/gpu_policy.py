@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_spawner.form.options import device_matches
+from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
@@ -28,6 +29,12 @@ from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
 from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.policy.inventory_refresh import (
+    LayoutWait,
+    held_for_layout,
+    merge_layouts,
+    store_layout_waiting,
+)
 from workbench_spawner.policy.settings import PolicySettings, load_policy_settings, store_policy_settings
 from workbench_spawner.rules.admission import AdmissionContext
 from workbench_spawner.rules.gpu_hours import gpu_hours_used
@@ -87,6 +94,11 @@ class GPUPolicy:
         # Re-reads the inventory now and then where the hub places GPUs itself (``inventory_refresh``;
         # the spawner sets it): True when a changed one was adopted.
         self.refresh_inventory: Callable[[], bool] = lambda: False
+        # The inventory last read (``adopt_inventory``); the one in force (``settings.inventory``) differs
+        # where a GPU's new layout waits for the servers on devices it removes (``layout_waiting``).
+        self.inventory_read: DeviceInventory = settings.inventory
+        self.layout_waiting: list[LayoutWait] = []
+        self._layout_lock = threading.RLock()
 
     @property
     def inventory(self) -> DeviceInventory:
@@ -121,7 +133,11 @@ class GPUPolicy:
         # Only the hub's own placement reads drains; where an engine places, a stored drain closes nothing.
         drained = set() if isinstance(self.placement, EnginePlacement) else DrainBook(self.store).drained()
         slots = self.settings.slots()
-        return [GPUStatus(d, holders.get(d.uuid, []), slots[d.uuid], is_drained(d, drained)) for d in self.devices]
+        waiting = self.layout_held_back()  # a GPU whose layout change waits takes no new server either
+        return [
+            GPUStatus(d, holders.get(d.uuid, []), slots[d.uuid], is_drained(d, drained) or d.uuid in waiting)
+            for d in self.devices
+        ]
 
     def free_count(self, kind: str | None = None) -> int:
         """GPUs (or slices, for a MIG profile's ``kind``) a new server could get right now."""
@@ -203,7 +219,10 @@ class GPUPolicy:
         return await self.placement.place(user, server, count, model, timeout, report, groups=groups, **only)
 
     def release(self, user: str, server: str, reason: str) -> tuple[str, ...]:
-        return self.placement.release(user, server, reason)
+        released = self.placement.release(user, server, reason)
+        if released and self.layout_waiting and self.settle_layout():
+            self.placement.released()  # the GPU's new devices are free now: wake whoever waits for them
+        return released
 
     def release_on_stop(self, user: str, server: str, otherwise: str = "stopped") -> tuple[str, ...]:
         """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any,
@@ -229,21 +248,64 @@ class GPUPolicy:
         return None
 
     def adopt_inventory(self, inventory: DeviceInventory) -> list[Lease]:
-        """Use a re-read inventory from now on (a MIG layout changed, ``inventory_refresh``): placement, the
-        settings the workbench service reads, and the ledger, where a lease's slices are all gone. Returns the
-        leases closed. Blocking (the database)."""
-        self.settings = replace(self.settings, inventory=inventory)
-        if isinstance(self.placement, HostAllocator):
-            self.placement.adopt_inventory(inventory, self.settings.slots())
-        stored = load_policy_settings(self.store)
-        if stored is not None:
-            store_policy_settings(self.store, replace(stored[0], inventory=inventory))
-        known = inventory.by_uuid()
+        """Use a re-read inventory from now on (a MIG layout changed, ``inventory_refresh``), GPU by GPU.
+
+        A GPU whose new layout keeps every device a server holds adopts it at once; one whose new layout
+        would take a held device away (a gone slice, its whole form, its slices) keeps its old devices,
+        closed to new servers, until those servers stop (``merge_layouts``, ``settle_layout``): a layout
+        change never orphans a live server, nor hands its device to another. The check and the switch
+        happen inside one write transaction (``held_for_layout``), so no allocation slips in between.
+        Then the settings and the waiting GPUs are stored for the workbench service, and a lease on a MIG
+        slice that no inventory knows (left from before a restart) is closed with ``LAYOUT_CHANGED``.
+        Returns the leases closed. Blocking (the database)."""
+        with self._layout_lock:
+            self.inventory_read = inventory
+            before, waited = self.settings.inventory, self.layout_waiting
+            with self.store.writes().begin() as session:
+                merged, waits = merge_layouts(before, inventory, held_for_layout(session))
+                self.settings = replace(self.settings, inventory=merged)
+                self.layout_waiting = waits
+                if isinstance(self.placement, HostAllocator):
+                    self.placement.adopt_inventory(merged, self.settings.slots(), self.layout_held_back())
+            if merged.devices != before.devices:
+                stored = load_policy_settings(self.store)
+                if stored is not None:
+                    store_policy_settings(self.store, replace(stored[0], inventory=merged))
+            if waits != waited:
+                store_layout_waiting(self.store, waits)
+                for wait in waits:
+                    log.warning(
+                        "GPU %d (%s): new layout %s not adopted yet: %s (%s)",
+                        wait.index,
+                        wait.gpu,
+                        wait.new_layout,
+                        wait.message,
+                        ", ".join(wait.servers),
+                    )
+                done = {w.gpu for w in waited} - {w.gpu for w in waits}
+                if done:
+                    log.warning("The waiting layout change was adopted on GPU(s) %s", ", ".join(sorted(done)))
+        known = merged.by_uuid()
         closed = [lease for lease in self.store.leases() if slices_gone(lease, known)]
         for lease in closed:
             log.warning("Closing the lease of %s/%s: %s", lease.user, lease.server or "default", LAYOUT_CHANGED)
             self.release(lease.user, lease.server, LAYOUT_CHANGED)
         return closed
+
+    def settle_layout(self) -> bool:
+        """Adopt the waiting layout on every GPU whose servers on removed devices have all stopped (after a
+        release, and on the refresh timer's tick). True when the layout in force changed."""
+        if not self.layout_waiting:
+            return False
+        before = self.settings.inventory.devices
+        self.adopt_inventory(self.inventory_read)
+        return self.settings.inventory.devices != before
+
+    def layout_held_back(self) -> frozenset[str]:
+        """The devices of GPUs whose layout change waits: in force for their servers, closed to new ones."""
+        return frozenset(uuid for wait in self.layout_waiting for uuid in wait.devices)
+
+    # -- the reconciler: the ledger against the world, in a loop -------------------------------------
 
     def reconcile(
         self, is_alive: Callable[[Lease], bool | None], orphans: Callable[[], None] = lambda: None
@@ -293,7 +355,8 @@ class GPUPolicy:
                 self._reconciled = True
 
 
-LAYOUT_CHANGED = "MIG layout changed: its slice(s) no longer exist"
+# The ledger's reason for a lease whose slices really are gone (``ledger.reasons``).
+LAYOUT_CHANGED = reasons.LAYOUT_CHANGED
 
 
 def slices_gone(lease: Lease, known: dict) -> bool:
