@@ -15,6 +15,8 @@ Examples::
     workbench quota set-group research --max-gpus 4 --allowed-profiles none   # whole GPUs, no MIG slices
     workbench quota set-group thesis --max-gpus 1 --no-shared-gpus   # never a time-sliced GPU
     workbench idle                      # idle time per held GPU; idle exempt/unexempt GROUP
+    workbench usage                     # GPU-hours of the last 7 days per user, by why leases ended
+    workbench usage alice               # one user's (a user's own token may read their own)
     workbench reserve ml-course --gpus 8 --weekly "Tue 10:00-12:00"            # every Tuesday
     workbench reserve ml-course --gpus 2 --model H100-80GB --once "2026-12-08 10:00-12:00" \
         --grace-minutes 10 --preempt --warn-minutes 15
@@ -197,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing = top.add_parser("reservations", help="list or delete reservations")
     listing.add_argument("action", nargs="?", choices=["list", "delete"], default="list")
     listing.add_argument("id", nargs="?", help="the reservation to delete (see the list)")
+    usage = top.add_parser(
+        "usage", help="GPU-hours of the last 7 days per user, split by why each lease ended (stopped, exited...)"
+    )
+    usage.add_argument("user", nargs="?", help="only this user (default: every user; needs custom:workbench:read)")
     add_idle_parser(top)
     add_drain_parsers(top)
     for backend in installed_backends().values():
@@ -310,7 +316,26 @@ def run_reservations(args) -> tuple[object, str]:
     return data, "\n".join(lines)
 
 
+def _usage_line(u: dict) -> str:
+    """One user's GPU-hours, in all and by reason kind, largest first ("held now" is still running)."""
+    kinds = u.get("gpu_hours_week_by_reason") or {}
+    parts = [f"{hours:g} {kind}" for kind, hours in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))]
+    detail = f": {', '.join(parts)}" if parts else ""
+    return f"{u['name']}: {u['gpu_hours_week']:g} GPU-hours, {u['held_gpus']} GPU(s) held now{detail}"
+
+
+def run_usage(args) -> tuple[object, str]:
+    path = "api/usage" + (f"?user={quote(args.user, safe='')}" if args.user else "")
+    data = call(args.url, args.token, "GET", path)
+    window = f"{data['window_start'][:16].replace('T', ' ')} to {data['window_end'][:16].replace('T', ' ')} UTC"
+    lines = [f"GPU-hours from {window}, by why the leases ended:"]
+    lines += [_usage_line(u) for u in data["users"]] or ["no users"]
+    return data, "\n".join(lines)
+
+
 def run(args) -> tuple[object, str]:
+    if args.area == "usage":
+        return run_usage(args)
     if args.area == "idle":
         return run_idle(args, call, CLIError)
     if args.area in ("reserve", "reservations"):

@@ -388,6 +388,7 @@ def update_policy(c: Config, env: Env, data: Path) -> None:
         mixin.simulated_gpus = simulated
     mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
     mixin.inventory_refresh_seconds = number(env, "WORKBENCH_INVENTORY_REFRESH_SECONDS", "60")
+    mixin.reconcile_seconds = number(env, "WORKBENCH_RECONCILE_SECONDS", "30")
     update_fairness(mixin, env)
     mixin.servers_per_gpu, mixin.servers_per_device = servers_per_gpu(text(env, "WORKBENCH_SERVERS_PER_GPU", "1"))
     mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)

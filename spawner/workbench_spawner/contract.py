@@ -61,16 +61,19 @@ class BackendContract:
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
         """Whether the server behind a stored lease still runs: True keep, False release, None unknown.
 
-        Called after a hub restart for every lease (blocking: a worker thread).
-        None keeps the lease, and the spawner's first poll settles it."""
+        Called by the reconciler for every lease, at hub start and on every
+        pass while the hub runs (blocking: its worker thread; docs/architecture.md,
+        "The reconciler"). None keeps the lease, and a poll or a later pass settles it."""
         raise BackendContractError(f"{type(self).__name__} does not implement gpu_lease_alive()")
 
     @contract_member("host", "engine")
     def gpu_reconcile_orphans(self) -> None:
-        """After a hub restart: adopt or end the backend's servers that run without a lease (blocking).
+        """Adopt or end the backend's servers that run without a lease (blocking), on every reconciler pass.
 
         Adopt (``store.adopt``) when none of the server's GPUs is leased to
-        another server, end it otherwise; each backend documents its rule."""
+        another server, end it otherwise; each backend documents its rule. It
+        runs while spawns are in flight: act only where ``gpu_policy.orphan_now``
+        says so, and count each fix (``gpu_policy.record_fix``)."""
         raise BackendContractError(f"{type(self).__name__} does not implement gpu_reconcile_orphans()")
 
     @contract_member("host")

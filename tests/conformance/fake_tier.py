@@ -11,6 +11,7 @@ from jupyterhub.spawner import SpawnException
 
 from tests.conformance.tiers import GPUS, QUOTA, Spawned
 from tests.unit.fake_backends import FakeWorld
+from workbench_spawner.ledger.reconcile_book import ReconcileBook
 from workbench_spawner.policy.gpu_policy import _policies
 
 
@@ -128,6 +129,25 @@ class FakeTier:
 
     def forget_lease(self, user: str) -> None:
         self._store().release(user, "", "lost with the database")
+
+    def lease_rows(self, user: str):
+        return self._store().lease_of(user, "")
+
+    def put_back(self, lease) -> None:
+        assert self._store().adopt(lease.user, lease.server, list(lease.gpu_uuids), lease.ref, lease.since, lease.node)
+
+    def usage_reasons(self, user: str) -> list[str]:
+        return [row.reason for row in self._store().usage(user=user)]
+
+    def reconcile_fixes(self) -> dict[str, int]:
+        return ReconcileBook(self._store()).counts()
+
+    def reconcile_pass(self) -> None:
+        """One pass of the reconciler the hub runs in its thread, here at once (``reconcile_now``). The fakes'
+        runtime answers from the truth, never from a cached view: no lease needs the grace of a young one."""
+        policy = self._make("-probe-").gpu_policy
+        policy.reconcile_grace_seconds = 0.0
+        policy.reconcile_now()
 
     def move_lease(self, source: str, target: str) -> None:
         store = self._store()

@@ -33,6 +33,8 @@ class HubTier(ABC):
             "WORKBENCH_SIMULATED_GPUS": str(GPUS),
             "WORKBENCH_DEFAULT_MAX_GPUS": str(QUOTA),
             "WORKBENCH_QUEUE_TIMEOUT": "5",
+            # The reconciler runs every 2 s: every scenario runs under it, and one waits for it.
+            "WORKBENCH_RECONCILE_SECONDS": "2",
             **env,
         }
         self.args = ["--Spawner.poll_interval=2"]
@@ -148,6 +150,35 @@ class HubTier(ABC):
             ).fetchone()
             db.execute("UPDATE spawners SET server_id = NULL, state = '{}' WHERE server_id = ?", (server_id,))
             db.execute("DELETE FROM servers WHERE id = ?", (server_id,))
+
+    def lease_rows(self, user: str) -> list[dict]:
+        """The user's lease rows as stored (every column), to put back later (``put_back``)."""
+        with self._db() as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute("SELECT * FROM gpu_leases WHERE user = ?", (user,))]
+
+    def put_back(self, rows: list[dict]) -> None:
+        """Write lease rows back while the hub runs (a release that was lost: the ledger says it still runs)."""
+        with self._db() as db:
+            for row in rows:
+                columns = [c for c in row if c != "id"]
+                db.execute(
+                    f"INSERT INTO gpu_leases ({', '.join(columns)}) VALUES ({', '.join('?' for _ in columns)})",
+                    [row[c] for c in columns],
+                )
+
+    def usage_reasons(self, user: str) -> list[str]:
+        """Why each of the user's leases ended, oldest first (the usage ledger)."""
+        with self._db() as db:
+            return [r for (r,) in db.execute("SELECT reason FROM gpu_usage WHERE user = ? ORDER BY id", (user,))]
+
+    def reconcile_fixes(self) -> dict[str, int]:
+        with self._db() as db:
+            return dict(db.execute("SELECT kind, count FROM workbench_reconcile_fixes").fetchall())
+
+    def reconcile_pass(self) -> None:
+        """Give the hub's reconciler time: it runs every 2 s by itself (``WORKBENCH_RECONCILE_SECONDS``)."""
+        time.sleep(0.5)
 
     def move_lease(self, source: str, target: str) -> None:
         with self._db() as db:

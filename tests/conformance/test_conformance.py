@@ -16,8 +16,9 @@ never on one GPU, stop and poll release, a failed start leaves nothing,
 nothing free is a 503 in words after the queue timeout, a quota refusal
 starts nothing, a hub restart keeps running servers and their GPUs,
 reconcile releases leases without servers and keeps servers without
-leases, a server whose GPUs the ledger gave to another is ended, and the
-progress page names the GPUs. The contract's static checks (members,
+leases, a server whose GPUs the ledger gave to another is ended, the
+reconciler closes a lease whose server ended while the hub runs within one
+pass, and the progress page names the GPUs. The contract's static checks (members,
 entry points) are in ``tests/unit/test_backend_contract.py``.
 """
 
@@ -32,6 +33,7 @@ from tests.conformance.hub_tiers import DockerTier, KubernetesTier, LocalTier, S
 from tests.conformance.tiers import QUOTA
 from tests.conftest import hub_pool, wait_until
 from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner
+from workbench_spawner.ledger import reasons
 
 TIERS = [
     pytest.param("fake-host", id="fake-host"),
@@ -223,3 +225,32 @@ def test_the_progress_page_names_the_gpus_the_server_got(tier):
     assert spawned.ok, spawned
     (uuid,) = tier.leases()[alice]
     assert any(uuid in message for message in spawned.progress), spawned.progress
+
+
+# A reason that says the hub or the user ended the server (a stop, poll's "server exited"), not the reconciler.
+STOP_REASONS = {reasons.STOPPED, reasons.STOPPED_BY_USER, reasons.STOPPED_BY_ADMIN, reasons.SERVER_EXITED}
+
+
+def test_the_reconciler_closes_a_lease_whose_server_is_gone_within_one_pass_with_its_reason(tier):
+    """While the hub runs, the ledger says a server runs that does not (its release was lost; the hub
+    tracks no server that a poll could find dead): the reconciler's next pass closes the lease, with the
+    backend's reason in the ledger's words, counts the fix, and the GPU is free again."""
+    (alice,) = tier.users("alice")
+    assert tier.spawn(alice, gpus=1).ok
+    rows = tier.lease_rows(alice)
+    tier.stop(alice)
+    eventually(lambda: not tier.runs(alice), "the stopped server to end in the runtime")
+    stopped = len(tier.usage_reasons(alice))
+    closed_before = tier.reconcile_fixes().get("lease_closed", 0)
+    tier.put_back(rows)
+    assert alice in tier.leases()
+
+    def closed() -> bool:
+        tier.reconcile_pass()
+        return alice not in tier.leases()
+
+    eventually(closed, "the reconciler to close the lease of a server that is gone", timeout=30)
+    reason = tier.usage_reasons(alice)[stopped]
+    assert reason in reasons.ALL and reason not in STOP_REASONS, reason
+    assert tier.reconcile_fixes()["lease_closed"] == closed_before + 1
+    assert tier.spawn(alice, gpus=1).ok, "its GPU is free again"

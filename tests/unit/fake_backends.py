@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 from jupyterhub.spawner import Spawner
 
 from workbench_devices import DeviceInventory, discover_devices
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
 from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
+from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 
 
@@ -34,6 +36,8 @@ class FakeWorld:
     running: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
     cancelled: list[str] = field(default_factory=list)
     answers: bool = True  # False: the runtime cannot be asked (gpu_lease_alive says None)
+    # Why a server ended out there, by ref, in the ledger's words (what gpu_lease_gone_reason reports).
+    ended: dict[str, str] = field(default_factory=dict)
 
 
 class FakeRuntime(Spawner):
@@ -73,15 +77,18 @@ class FakeRuntime(Spawner):
 
 
 class WorldReconcile:
-    """Both fakes' answers after a hub restart, from what runs in the ``world`` (their runtime's truth)."""
+    """Both fakes' answers to the reconciler, from what runs in the ``world`` (their runtime's truth)."""
 
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
         if self.world is None or not self.world.answers:
             return None
         return lease.ref in self.world.running
 
+    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+        return self.world.ended.get(lease.ref) if self.world is not None else None
+
     def gpu_reconcile_orphans(self) -> None:
-        adopt_orphans(self.world, self.gpu_policy.store)
+        adopt_orphans(self.world, self.gpu_policy)
 
 
 class FakeHostSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
@@ -97,17 +104,22 @@ class FakeHostSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
         return self.runtime_key() if self.alive else ""
 
 
-def adopt_orphans(world: FakeWorld | None, store: AllocationStore) -> None:
-    """The documented rule of both fakes: adopt a server without a lease if its GPUs are free, else end it."""
+def adopt_orphans(world: FakeWorld | None, policy: GPUPolicy) -> None:
+    """The documented rule of both fakes: adopt a server without a lease if its GPUs are free, else end it;
+    never one whose spawn is in flight or whose lease is being written (``orphan_now``), on any pass."""
     if world is None:
         return
+    store = policy.store
     leased = {lease.ref for lease in store.leases()}
     for ref, (user, server, uuids) in list(world.running.items()):
-        if ref in leased or not uuids:
+        if ref in leased or not uuids or not policy.orphan_now(user, server) or ref not in world.running:
             continue
-        if not store.adopt(user, server, list(uuids), ref):
-            world.running.pop(ref)
+        if store.adopt(user, server, list(uuids), ref):
+            policy.record_fix(SERVER_ADOPTED, f"reconcile: adopted {ref} of {user}/{server}")
+        else:
+            world.running.pop(ref, None)
             world.cancelled.append(ref)
+            policy.record_fix(SERVER_STOPPED, f"reconcile: ended {ref} of {user}/{server}: its GPUs are leased")
 
 
 class FakeEnginePlacement(EnginePlacement):

@@ -14,7 +14,8 @@ from datetime import timedelta
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from workbench_hub.service.metrics import HELP, _held_outside, render_metrics
+from workbench_hub.service.metrics import COUNTERS, HELP, _held_outside, render_metrics
+from workbench_spawner.ledger.reconcile_book import ReconcileBook
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.rules.quota import Quota, QuotaBook
 
@@ -188,8 +189,11 @@ def user_series(parsed, name) -> dict[str, float]:
 def test_every_family_type_help_label_set_and_value(store, simulated):
     text = render_metrics(FakeFleet(store, ROWS, simulated), USERS)
     parsed = parse(text)
-    assert list(parsed) == list(HELP), "every family, in the documented order"
+    assert list(parsed) == [*HELP, *COUNTERS], "every family, in the documented order: the gauges, then counters"
     for name, (kind, documentation, _) in parsed.items():
+        if name in COUNTERS:
+            assert (kind, documentation) == ("counter", COUNTERS[name]), name
+            continue
         assert kind == "gauge", name
         assert documentation == HELP[name], name
         assert f"# HELP {name} {HELP[name]}\n# TYPE {name} gauge\n" in text
@@ -230,12 +234,15 @@ def test_labels_keep_dcgm_exporters_order_and_escape_quotes_backslashes_newlines
         names = tuple(label_names.findall(line.split("{", 1)[1].rsplit("} ", 1)[0]))
         if name in ("workbench_gpus", "workbench_gpus_free"):
             assert names == ("Hostname",), line
+        elif name == "workbench_reconcile_fixes_total":
+            assert names == ("kind",), line
+            name = "workbench_reconcile_fixes"
         elif name.startswith("workbench_user_"):
             assert names == ("user",), line
         else:
             assert names == GPU_LABELS + ("simulated",), line
         seen.add(name)
-    assert seen == set(HELP)
+    assert seen == set(HELP) | set(COUNTERS)
     # The text format's escapes, written by prometheus_client, read back to the original strings.
     assert 'modelName="NVIDIA \\"H100\\" 80GB\\\\HBM3"' in text
     assert 'modelName="NVIDIA A100\\n40GB"' in text
@@ -274,6 +281,7 @@ def test_absent_readings_and_annotations_emit_no_sample_and_no_empty_family(stor
         "workbench_user_gpus_held",
         "workbench_user_gpu_hours_week",
         "workbench_user_quota_max_gpus",
+        "workbench_reconcile_fixes",  # always: every kind at 0 before the first fix
     ]
     labels = {"gpu": "0", "UUID": "GPU-s", "modelName": "NVIDIA L4", "Hostname": "head-1", "user": ""}
     assert parsed["workbench_gpu_allocated"][2] == [(labels, 0.0)]
@@ -301,7 +309,30 @@ def test_an_empty_fleet_still_counts_its_node(tmp_path):
         'workbench_gpus{Hostname="lonely"} 0.0\n'
         "# HELP workbench_gpus_free GPUs with a free slot.\n# TYPE workbench_gpus_free gauge\n"
         'workbench_gpus_free{Hostname="lonely"} 0.0\n'
+        f"# HELP workbench_reconcile_fixes_total {COUNTERS['workbench_reconcile_fixes']}\n"
+        "# TYPE workbench_reconcile_fixes_total counter\n"
+        'workbench_reconcile_fixes_total{kind="lease_closed"} 0.0\n'
+        'workbench_reconcile_fixes_total{kind="server_adopted"} 0.0\n'
+        'workbench_reconcile_fixes_total{kind="server_stopped"} 0.0\n'
     )
+
+
+def test_the_reconcilers_fixes_are_a_counter_by_kind_read_from_the_database(store):
+    """The hub's reconciler counts in the GPU database; the service (another process) serves the counts."""
+    book = ReconcileBook(store)
+    for kind in ("lease_closed", "lease_closed", "server_stopped", "a_future_kind"):
+        book.count(kind)
+    parsed = parse(render_metrics(FakeFleet(store, ROWS, simulated=False), USERS))
+    kind, documentation, samples = parsed["workbench_reconcile_fixes"]
+    assert kind == "counter" and documentation == COUNTERS["workbench_reconcile_fixes"]
+    assert {labels["kind"]: value for labels, value in samples} == {
+        "a_future_kind": 1.0,
+        "lease_closed": 2.0,
+        "server_adopted": 0.0,
+        "server_stopped": 1.0,
+    }
+    text = render_metrics(FakeFleet(store, [], simulated=False), None)
+    assert 'workbench_reconcile_fixes_total{kind="lease_closed"} 2.0\n' in text
 
 
 def test_held_outside_is_read_from_any_backends_annotation():

@@ -304,21 +304,31 @@ class Fleet:
         return held
 
     def user_summaries(
-        self, users: Iterable[Mapping], hours: Mapping[str, float], held: Mapping[str, int]
+        self,
+        users: Iterable[Mapping],
+        hours: Mapping[str, float],
+        held: Mapping[str, int],
+        by_reason: Mapping[str, Mapping[str, float]] | None = None,
     ) -> list[dict]:
-        """One row per hub user model (name, groups): effective quota, held GPUs, GPU-hours.
+        """One row per hub user model (name, groups): effective quota, held GPUs, GPU-hours, and with
+        ``by_reason`` (``gpu_hours_by_reason``) those GPU-hours by why their leases ended, so an admin
+        tells time ended by the user's Stop from time lost to crashes, reclaims or failed nodes.
 
         The quotas of all of them come from one query (``QuotaBook.effective_many``).
         """
         users = list(users)
         effective = self.book.effective_many({u["name"]: u.get("groups") or [] for u in users}, self.default)
-        return [
-            {
+        rows = []
+        for u in users:
+            row = {
                 "name": u["name"],
                 "groups": list(u.get("groups") or []),
                 "quota": effective[u["name"]].to_json(),
                 "held_gpus": held.get(u["name"], 0),
                 "gpu_hours_week": round(hours.get(u["name"], 0.0), 4),
             }
-            for u in users
-        ]
+            if by_reason is not None:
+                kinds = by_reason.get(u["name"]) or {}
+                row["gpu_hours_week_by_reason"] = {kind: round(kinds[kind], 4) for kind in sorted(kinds)}
+            rows.append(row)
+        return rows

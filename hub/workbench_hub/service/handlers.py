@@ -32,7 +32,7 @@ from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
 from workbench_spawner.backend import node_drain_of
 from workbench_spawner.ledger.store import utcnow
-from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_user
+from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_reason, gpu_hours_by_user
 from workbench_spawner.rules.quota import QuotaError, quota_from_body
 
 log = logging.getLogger("workbench.service")
@@ -335,8 +335,10 @@ class UsageHandler(APIHandler):
         fleet = self.fleet
 
         def summarise():
-            hours = gpu_hours_by_user(fleet.store, now, user=wanted)
-            return fleet.user_summaries(models, hours, fleet.held_by_user())
+            # One read of the ledger: the total is the sum of the hours by reason.
+            by_reason = gpu_hours_by_reason(fleet.store, now, user=wanted)
+            hours = {name: sum(kinds.values()) for name, kinds in by_reason.items()}
+            return fleet.user_summaries(models, hours, fleet.held_by_user(), by_reason)
 
         users = await asyncio.to_thread(summarise)
         self.send({"window_start": (now - WEEK).isoformat(), "window_end": now.isoformat(), "users": users})

@@ -8,7 +8,9 @@ its settings) plus ``user``: who holds the GPU (empty when free). Readings
 come from ``workbench_devices`` (NVML, or the simulated source, in which
 case every series carries ``simulated="true"``); allocation and quota
 numbers come from the workbench database (``workbench_*``). The effective
-quota of every hub user is one query (``QuotaBook.effective_many``).
+quota of every hub user is one query (``QuotaBook.effective_many``). One
+counter follows the gauges: ``workbench_reconcile_fixes_total{kind}``, what
+the hub's reconciler fixed, which it counts in the same database.
 
 The text is written by ``prometheus_client`` (which JupyterHub depends on,
 so every hub environment has it), not by hand: a collector yields one
@@ -33,9 +35,10 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Iterator, Mapping
 
-from prometheus_client.core import CollectorRegistry, GaugeMetricFamily
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
+from workbench_spawner.ledger.reconcile_book import ReconcileBook
 from workbench_spawner.rules.gpu_hours import gpu_hours_by_user
 
 #: Every metric served: name -> HELP text, in the order they are written. All are gauges.
@@ -54,6 +57,13 @@ HELP: dict[str, str] = {
     "workbench_user_gpus_held": "GPUs a user holds now.",
     "workbench_user_gpu_hours_week": "GPU-hours a user used in the last 7 days.",
     "workbench_user_quota_max_gpus": "The most GPUs a user may hold at once (effective quota).",
+}
+
+#: The counters served after the gauges: name (the samples add ``_total``) -> HELP text.
+COUNTERS: dict[str, str] = {
+    "workbench_reconcile_fixes": "Fixes the hub's reconciler made since the database began, by kind: "
+    "lease_closed (its server was gone), server_adopted (a server without a lease, on free GPUs), "
+    "server_stopped (a server without a lease, on GPUs leased to another).",
 }
 
 GPU_LABELS = ("gpu", "UUID", "modelName", "Hostname", "user")
@@ -140,6 +150,13 @@ class FleetCollector:
             if family.samples:
                 self.label_order[name] = labels_of.get(name, gpu_labels)
                 yield family
+        # The hub's reconciler counts its fixes in the database (reconcile_book.py): every kind, 0 included.
+        fixes = CounterMetricFamily(
+            "workbench_reconcile_fixes", COUNTERS["workbench_reconcile_fixes"], labels=("kind",)
+        )
+        for kind, count in sorted(ReconcileBook(fleet.store).counts().items()):
+            fixes.add_metric([kind], float(count))
+        yield fixes
 
 
 # One label in generate_latest's output: name="value", the value escaped (no bare quote in it).

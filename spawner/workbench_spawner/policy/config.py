@@ -61,6 +61,33 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         """,
     ).tag(config=True)
 
+    reconcile_seconds = Float(
+        30.0,
+        min=0.0,
+        help="""
+        How often the hub's reconciler compares the GPU ledger with the servers
+        that really run, and puts right what differs: a lease whose server is
+        gone (its process killed, its container or pod deleted, its Slurm job
+        cancelled outside the hub) is closed with the reason the backend gives,
+        so its GPU is free again; a server of this hub that runs without a lease
+        is adopted if its GPUs are free, otherwise stopped, so a GPU a live
+        server uses is never handed to another. Spawns in flight are left alone.
+        A pass also runs at once after an inventory change or an engine's watch
+        reconnecting, and once at hub start. Every fix is logged in one line
+        ("reconcile: closed the lease of ann/ on GPU-...: server gone") and
+        counted in ``workbench_reconcile_fixes_total{kind}`` on the workbench
+        service's /metrics.
+
+        0 turns the timer off: passes run only at start and after inventory
+        changes or engine reconnects; a server that dies then keeps its lease
+        until its spawner's poll notices. Lower it (e.g. 5) where GPUs are
+        scarce and servers are often ended outside the hub; each pass asks the
+        backend's runtime once (the process table, Docker, ``squeue``, the
+        Kubernetes API). The hub config sets it from
+        ``WORKBENCH_RECONCILE_SECONDS`` (default 30).
+        """,
+    ).tag(config=True)
+
     @default("simulated_gpus")
     def _default_simulated_gpus(self):
         return os.environ.get("WORKBENCH_SIMULATED_GPUS", "")

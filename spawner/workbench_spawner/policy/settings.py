@@ -78,6 +78,8 @@ class PolicySettings:
     simulated_utilization: str = ""
     # dcgm-exporter /metrics URLs: where a MIG slice's utilization comes from (service/dcgm.py).
     dcgm_exporter_urls: tuple[str, ...] = ()
+    # How often the hub's reconciler compares the ledger with the running servers (GPUPolicy.reconcile); 0: no timer.
+    reconcile_seconds: float = 30.0
 
     @property
     def simulated(self) -> bool:
@@ -145,6 +147,7 @@ class PolicySettings:
             "gpu_idle_warn_minutes": self.gpu_idle_warn_minutes,
             "simulated_utilization": self.simulated_utilization,
             "dcgm_exporter_urls": list(self.dcgm_exporter_urls),
+            "reconcile_seconds": self.reconcile_seconds,
         }
 
     @classmethod
@@ -179,6 +182,7 @@ class PolicySettings:
             gpu_idle_warn_minutes=float(data.get("gpu_idle_warn_minutes", 10.0)),
             simulated_utilization=str(data.get("simulated_utilization", "")),
             dcgm_exporter_urls=tuple(str(url) for url in data.get("dcgm_exporter_urls") or ()),
+            reconcile_seconds=float(data.get("reconcile_seconds", 30.0)),
         )
 
 
@@ -325,6 +329,7 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         gpu_idle_warn_minutes=float(spawner.gpu_idle_warn_minutes),
         simulated_utilization=str(spawner.simulated_utilization),
         dcgm_exporter_urls=tuple(getattr(spawner, "dcgm_exporter_urls", ()) or ()),
+        reconcile_seconds=float(getattr(spawner, "reconcile_seconds", 30.0)),
     )
 
 

@@ -9,11 +9,15 @@ recorded with its lease: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
+from workbench_spawner.ledger.reasons import reason_kind
 from workbench_spawner.ledger.store import AllocationStore, _aware, utcnow
 
 WEEK = timedelta(days=7)
+# The GPU-hours of leases not ended yet, in ``gpu_hours_by_reason`` (they have no reason yet).
+HELD_NOW = "held now"
 
 
 def gpu_hours_by_user(
@@ -27,22 +31,44 @@ def gpu_hours_by_user(
     nothing. Every device's hours count its share of a GPU, recorded when
     its lease was made: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
     """
+    seconds: dict[str, float] = {}
+    for name, _kind, value in _seconds_in_window(store, now, window, user):
+        seconds[name] = seconds.get(name, 0.0) + value
+    return {name: value / 3600.0 for name, value in seconds.items()}
+
+
+def gpu_hours_by_reason(
+    store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK, user: str | None = None
+) -> dict[str, dict[str, float]]:
+    """The same GPU-hours per user, split by why each lease ended (``reasons.reason_kind``: "reclaimed: GPU
+    idle 30 min" counts as "reclaimed"); leases still held count under ``HELD_NOW``. An admin reads from it
+    how much GPU time ended by a user's Stop, a crash, the idle culler or a node that failed. Each user's
+    kinds add up to their ``gpu_hours_by_user``."""
+    seconds: dict[str, dict[str, float]] = {}
+    for name, kind, value in _seconds_in_window(store, now, window, user):
+        kinds = seconds.setdefault(name, {})
+        kinds[kind] = kinds.get(kind, 0.0) + value
+    return {name: {kind: value / 3600.0 for kind, value in kinds.items()} for name, kinds in seconds.items()}
+
+
+def _seconds_in_window(
+    store: AllocationStore, now: datetime | None, window: timedelta, user: str | None
+) -> Iterator[tuple[str, str, float]]:
+    """(user, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window."""
     now = now or utcnow()
     cutoff = now - window
-    seconds: dict[str, float] = {}
     for row in store.usage(since=cutoff, user=user):
         start = max(_aware(row.started), cutoff)
         end = min(_aware(row.ended), now)
         if end > start:
             share = row.share if row.share is not None else 1.0
-            seconds[row.user] = seconds.get(row.user, 0.0) + share * (end - start).total_seconds()
+            yield row.user, reason_kind(row.reason), share * (end - start).total_seconds()
     for lease in store.leases():
         if user is not None and lease.user != user:
             continue
         start = max(lease.since, cutoff)
         if now > start:
-            seconds[lease.user] = seconds.get(lease.user, 0.0) + lease.gpu_share * (now - start).total_seconds()
-    return {name: value / 3600.0 for name, value in seconds.items()}
+            yield lease.user, HELD_NOW, lease.gpu_share * (now - start).total_seconds()
 
 
 def gpu_hours_used(store: AllocationStore, user: str, now: datetime | None = None, window: timedelta = WEEK) -> float:

@@ -72,7 +72,9 @@ from workbench_spawner.backends.docker.lockdown import (
     settings_problems,
 )
 from workbench_spawner.backends.docker.tenancy import LABEL_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
+from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.hub_identity import hub_id
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 
@@ -257,6 +259,17 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
         if request.image:
             self.image = request.image
 
+    async def gpu_exit_reason(self) -> str | None:
+        """Docker says why the container ended: ``State.OOMKilled`` is its memory limit's kill (the
+        profile's ``mem_limit``), which the ledger and the student should hear as "out of memory"."""
+        try:
+            container = await self.get_object()
+        except docker.errors.DockerException as exc:
+            self.log.warning("Cannot inspect %s's container to say why it ended: %s", self.user.name, exc)
+            return None
+        state = (container or {}).get("State") or {}
+        return reasons.OUT_OF_MEMORY if state.get("OOMKilled") else None
+
     def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
         env = {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
         if not uuids:
@@ -344,8 +357,14 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
         return docker.DockerClient(**self.client_kwargs) if self.client_kwargs else docker.from_env()
 
     def gpu_reconcile_orphans(self) -> None:
-        """Adopt or stop this hub's running containers that have no lease; rejoin its users' networks."""
-        store = self.gpu_policy.store
+        """Adopt or stop this hub's running containers that have no lease; rejoin its users' networks.
+
+        Runs on every pass of the reconciler while the hub runs: a container is an
+        orphan only when, asked again just before acting, its server holds no lease
+        and is not starting (``GPUPolicy.orphan_now``: a container created by a
+        start whose lease has no ref yet is not one) and it still runs."""
+        policy = self.gpu_policy
+        store = policy.store
         try:
             client = self._sync_client()
             containers = client.containers.list(filters={"label": [f"{LABEL_HUB}={hub_id(store)}", LABEL_USER]})
@@ -361,13 +380,29 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
             uuids = [u for u in labels.get(LABEL_GPUS, "").split(",") if u]
             if key in leased or not uuids:
                 continue
-            if store.adopt(key[0], key[1], uuids, f"container:{container.id}", shares=self.gpu_policy.shares()):
-                self.log.info("Adopted container %s of %s/%s with GPU(s) %s", container.name, *key, uuids)
+            if not policy.orphan_now(*key) or not _still_running(container):
+                continue
+            if store.adopt(key[0], key[1], uuids, f"container:{container.id}", shares=policy.shares()):
+                policy.record_fix(
+                    SERVER_ADOPTED,
+                    f"reconcile: adopted container {container.name} of {key[0]}/{key[1]} on {', '.join(uuids)}: "
+                    "it ran without a lease and its GPU(s) were free",
+                )
             else:
-                self.log.warning(
-                    "Stopping container %s of %s/%s: its GPU(s) %s are held by another server",
-                    container.name,
-                    *key,
-                    uuids,
+                policy.record_fix(
+                    SERVER_STOPPED,
+                    f"reconcile: stopped container {container.name} of {key[0]}/{key[1]}: it ran without a lease "
+                    f"and its GPU(s) {', '.join(uuids)} are leased to another server",
                 )
                 container.stop(timeout=10)
+
+
+def _still_running(container) -> bool:
+    """Whether ``container`` runs now (read again: the list was read before a stop may have ended it)."""
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    except docker.errors.DockerException:
+        return False  # the engine cannot say: leave it to the next pass
+    return container.status == "running"

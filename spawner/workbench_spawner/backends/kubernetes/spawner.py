@@ -62,6 +62,7 @@ from workbench_spawner.backends.kubernetes.pod_objects import WorkbenchPod
 from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 from workbench_spawner.ledger.hub_identity import hub_id
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine_reservations import EngineReservations
@@ -342,7 +343,9 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
         def adopt(*args) -> bool:
             return store.adopt(*args, shares=shares)
 
-        reconcile_pods(pods, store.leases(), adopt, delete, PROCESS_STARTED)
+        actions = reconcile_pods(pods, store.leases(), adopt, delete, PROCESS_STARTED)
+        fixes = {"adopted": SERVER_ADOPTED, "deleted": SERVER_STOPPED}  # counted on /metrics; each was logged
+        self.gpu_policy.count_fixes([action.what for action in actions], fixes)
 
     def get_state(self):
         state = super().get_state()

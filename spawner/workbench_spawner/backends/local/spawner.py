@@ -19,6 +19,7 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Unicode, default
 
 from workbench_spawner import slugs
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.policy.config import default_data_dir
@@ -85,19 +86,34 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
         return pid_runs_jupyter(int(lease.ref[4:]))
 
     def gpu_reconcile_orphans(self) -> None:
-        """Adopt or end this hub's server processes that hold GPUs and have no lease."""
-        store = self.gpu_policy.store
+        """Adopt or end this hub's server processes that hold GPUs and have no lease.
+
+        Runs on every pass of the reconciler while the hub runs, so a process is
+        an orphan only when, asked again just before acting, its server holds no
+        lease and is not starting (``GPUPolicy.orphan_now``: a process forked by a
+        start whose lease has no ref yet is not one) and it still runs (a server
+        being stopped has ended before its lease is released)."""
+        policy = self.gpu_policy
+        store = policy.store
         leased = {lease.ref for lease in store.leases()}
         for pid, env in hub_servers(self.hub.api_url):
             uuids = [u for u in env.get("WORKBENCH_GPUS", "").split(",") if u]
             user, server = env.get("JUPYTERHUB_USER", ""), env.get("JUPYTERHUB_SERVER_NAME", "")
             if f"pid:{pid}" in leased or not uuids or not user:
                 continue
-            if store.adopt(user, server, uuids, f"pid:{pid}", shares=self.gpu_policy.shares()):
-                self.log.info("Adopted server process %d of %s/%s with GPU(s) %s", pid, user, server, uuids)
+            if not policy.orphan_now(user, server) or not pid_runs_jupyter(pid):
                 continue
-            self.log.warning(
-                "Ending server process %d of %s/%s: its GPU(s) %s are held by another server", pid, user, server, uuids
+            if store.adopt(user, server, uuids, f"pid:{pid}", shares=policy.shares()):
+                policy.record_fix(
+                    SERVER_ADOPTED,
+                    f"reconcile: adopted server process {pid} of {user}/{server} on {', '.join(uuids)}: "
+                    "it ran without a lease and its GPU(s) were free",
+                )
+                continue
+            policy.record_fix(
+                SERVER_STOPPED,
+                f"reconcile: ended server process {pid} of {user}/{server}: it ran without a lease and its "
+                f"GPU(s) {', '.join(uuids)} are leased to another server",
             )
             try:
                 os.kill(pid, signal.SIGTERM)

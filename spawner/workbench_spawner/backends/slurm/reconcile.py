@@ -3,7 +3,7 @@
 Servers keep running while the hub is down (``cleanup_servers = False``).
 When the hub starts again, the policy first releases every lease whose job
 no longer runs (``SlurmGPUSpawner.gpu_lease_alive``; its ledger entry is
-closed with the reason "reconcile: server gone"). Then this rule deals with
+closed with the backend's reason, or "server gone"). Then this rule deals with
 the hub's own jobs that have no lease, found by the tag in their comment
 (``workbench:<hub id>:<user>/<server>``; jobs of another hub on the same
 cluster are left alone):
@@ -102,8 +102,8 @@ def reconcile_jobs(
             cancel(job.job_id)
             actions.append(Action(job.job_id, "cancelled", "pending with no spawn waiting"))
             continue
-        if not job.running:
-            continue
+        if not job.running or not job.gpu_indices:
+            continue  # a CPU-only job holds no GPU: left to JupyterHub (this rule runs on every pass)
         uuids = [uuid_at(job.node, i) for i in job.gpu_indices]
         since = datetime.fromtimestamp(job.start_time, UTC) if job.start_time else None
         known = [u for u in uuids if u]

@@ -57,6 +57,7 @@ from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_optio
 from workbench_spawner.backends.slurm.traits import SlurmTraits
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.hub_identity import hub_id
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
@@ -342,7 +343,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             except SlurmUnavailable as exc:
                 self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
-        reconcile_jobs(
+        actions = reconcile_jobs(
             jobs,
             store.leases(),
             hub_id(store),
@@ -351,6 +352,8 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             cancel_quietly,
             submitted_before=PROCESS_STARTED,
         )
+        fixes = {"adopted": SERVER_ADOPTED, "cancelled": SERVER_STOPPED}  # counted on /metrics; each was logged
+        self.gpu_policy.count_fixes([action.what for action in actions], fixes)
 
     def gpu_policy_store(self) -> AllocationStore:
         # Called from inside reconcile too, where asking for the policy returns at once (policy.reconcile).

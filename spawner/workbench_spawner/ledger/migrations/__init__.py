@@ -23,7 +23,7 @@ from alembic.config import Config
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 HERE = Path(__file__).resolve().parent
-HEAD = "0006"
+HEAD = "0007"
 
 
 def alembic_config(url: str | None = None) -> Config:

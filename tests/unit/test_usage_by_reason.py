@@ -1,0 +1,78 @@
+"""Usage reports group GPU-hours by why each lease ended: ``gpu_hours_by_reason``, ``GET api/usage``
+(validated against the OpenAPI document) and ``workbench usage``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from tornado.httpclient import AsyncHTTPClient
+
+from tests.service.openapi_check import check
+from tests.unit.test_quota_service import PREFIX, live_service, service_document  # noqa: F401 (a fixture)
+from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger.store import AllocationStore, UsageRow, utcnow
+from workbench_spawner.rules.gpu_hours import HELD_NOW, gpu_hours_by_reason, gpu_hours_by_user
+
+
+def ended(store: AllocationStore, user: str, hours: float, reason: str, share: float = 1.0) -> None:
+    """A finished lease of ``hours`` that ended an hour ago, in the usage ledger."""
+    end = utcnow() - timedelta(hours=1)
+    with store.writes().begin() as session:
+        session.add(
+            UsageRow(
+                gpu_uuid="GPU-x",
+                user=user,
+                server="",
+                started=end - timedelta(hours=hours),
+                ended=end,
+                reason=reason,
+                share=share,
+            )
+        )
+
+
+def fill(store: AllocationStore) -> None:
+    ended(store, "ann", 2.0, reasons.STOPPED_BY_USER)
+    ended(store, "ann", 1.0, reasons.STOPPED_BY_USER)
+    ended(store, "ann", 0.5, "reclaimed: GPU idle 30 min")
+    ended(store, "ann", 1.5, "reclaimed: GPU idle 45 min")
+    ended(store, "ann", 7.0, reasons.OUT_OF_MEMORY, share=1 / 7)  # a 1g slice: 1 GPU-hour
+    ended(store, "bob", 3.0, "")  # written before reasons were kept
+    store.allocate("bob", "", 1, ["GPU-held"])
+
+
+def test_hours_by_reason_kind_add_up_to_the_total(store):
+    fill(store)
+    by_reason = gpu_hours_by_reason(store)
+    assert by_reason["ann"] == {
+        reasons.STOPPED_BY_USER: pytest.approx(3.0),
+        "reclaimed": pytest.approx(2.0),
+        reasons.OUT_OF_MEMORY: pytest.approx(1.0),
+    }
+    assert set(by_reason["bob"]) == {"unknown", HELD_NOW} and by_reason["bob"]["unknown"] == pytest.approx(3.0)
+    totals = gpu_hours_by_user(store)
+    for user, kinds in by_reason.items():
+        assert sum(kinds.values()) == pytest.approx(totals[user])
+    assert gpu_hours_by_reason(store, user="bob").keys() == {"bob"}
+
+
+async def test_the_usage_api_answers_by_reason_and_the_cli_prints_it(live_service, store, capsys):  # noqa: F811
+    from workbench_hub.cli import main
+
+    fill(store)
+    r = await AsyncHTTPClient().fetch(f"{live_service}{PREFIX}api/usage?user=ann")
+    check(service_document(), "GET", "api/usage?user=ann", r.code, r.headers["Content-Type"], r.body)
+    (ann,) = json.loads(r.body)["users"]
+    assert ann["gpu_hours_week"] == pytest.approx(6.0, abs=1e-3)
+    assert ann["gpu_hours_week_by_reason"] == {
+        reasons.OUT_OF_MEMORY: pytest.approx(1.0, abs=1e-3),
+        "reclaimed": pytest.approx(2.0, abs=1e-3),
+        reasons.STOPPED_BY_USER: pytest.approx(3.0, abs=1e-3),
+    }
+    assert await asyncio.to_thread(main, ["--url", live_service, "--token", "t", "usage", "ann"]) == 0
+    out = capsys.readouterr().out
+    assert "GPU-hours from " in out and "by why the leases ended" in out
+    assert "ann: 6 GPU-hours, 0 GPU(s) held now: 3 stopped by the user, 2 reclaimed, 1 out of memory" in out
