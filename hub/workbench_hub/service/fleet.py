@@ -253,6 +253,9 @@ class Fleet:
                     else max(0, settings.slots_for(device) - len(held)),
                     # Drained (api/drains): no new server gets it; its holders keep running until they stop.
                     "drained": closed,
+                    # Why the engine gives it to no new server now (the backend's annotation: a Slurm node
+                    # down or drained); it then has no free slot. None: usable.
+                    "unavailable": None,
                     # "layout change waiting: 3 servers still on slices the new layout removes"; None otherwise.
                     "layout_waiting": waiting.get(device.uuid),
                     "utilization_percent": reading.get("utilization_percent"),

@@ -67,18 +67,30 @@ def render_options_form(
 
 
 def free_text(status: Sequence[GPUStatus]) -> str:
-    """ "3 of 4 GPUs free now", or "1 of 1 GPU and 5 of 7 MIG slices free now": slices are not GPUs."""
+    """ "3 of 4 GPUs free now", or "1 of 1 GPU and 5 of 7 MIG slices free now": slices are not GPUs.
+
+    Devices the engine would give no new server (``GPUStatus.unavailable``: their node is down or
+    drained) are neither free nor counted among the GPUs one may get: "2 of 2 GPUs free now; 2 more
+    unavailable (node wbnode1 is down)"."""
 
     def counted(rows: list[GPUStatus], noun: str) -> str:
         free = sum(1 for s in rows if s.free_slots > 0)
-        return f"{free} of {len(rows)} {noun}{'' if len(rows) == 1 else 's'}"
+        usable = sum(1 for s in rows if not s.unavailable)
+        return f"{free} of {usable} {noun}{'' if usable == 1 else 's'}"
 
+    away = [s for s in status if s.unavailable]
+    whys = "; ".join(dict.fromkeys(s.unavailable for s in away))
+    if away and len(away) == len(status):
+        return f"No GPU free now: all {len(away)} unavailable ({whys})"
     whole = [s for s in status if not s.device.mig]
     slices = [s for s in status if s.device.mig]
-    parts = [counted(whole, "GPU")] if whole or not slices else []
-    if slices:
+    # A kind whose every device is unavailable (wbnode2's slices while it is down) is said once, below.
+    show_whole = any(not s.unavailable for s in whole) or not slices
+    parts = [counted(whole, "GPU")] if show_whole else []
+    if any(not s.unavailable for s in slices):
         parts.append(counted(slices, "MIG slice"))
-    return " and ".join(parts) + " free now"
+    text = " and ".join(parts) + " free now"
+    return text + (f"; {len(away)} more unavailable ({whys})" if away else "")
 
 
 def gpu_kinds(ctx: AdmissionContext) -> list[dict[str, str]]:

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workbench_devices import GPUDevice
 from workbench_spawner.placement.host import Placement
 
 
@@ -69,3 +70,13 @@ class EnginePlacement(Placement):
     @abstractmethod
     def withdraw(self, key: str) -> None:
         """The admitted request ``key`` is not going to the engine's queue after all (the submission failed)."""
+
+    def unusable(self, devices: Sequence[GPUDevice]) -> dict[str, str]:
+        """Which of ``devices`` the engine would give no new server now, and why: device UUID -> words
+        ("node wbnode1 is down, not responding (Not responding)"). Blocking (a worker thread).
+
+        The policy's ``status`` reads it, so the spawn form, admission and the fleet count such a device
+        as neither free nor in use: a GPU on a dead node is no GPU a student can wait for. An engine that
+        answers from its own records caches them for a few seconds (the form asks on every render). By
+        default every device is usable."""
+        return {}

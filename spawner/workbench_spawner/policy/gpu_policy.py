@@ -52,16 +52,20 @@ __all__ = ["GPUPolicy", "GPUStatus", "NoGPUAvailable", "shared_policy"]
 @dataclass
 class GPUStatus:
     """One device as the spawn form and admission see it. ``drained``: an admin closed it to new
-    servers (``drain_book``); its holders keep running, and it has no free slot for anyone else."""
+    servers (``drain_book``); its holders keep running, and it has no free slot for anyone else.
+    ``unavailable``: why the engine gives it to no new server now (its node is down, drained, not
+    responding: ``EnginePlacement.unusable``), "" when it would; such a device is neither free nor in
+    use for the form, admission and the wait sentence."""
 
     device: GPUDevice
     holders: list[tuple[str, str]]
     slots: int
     drained: bool = False
+    unavailable: str = ""
 
     @property
     def free_slots(self) -> int:
-        return 0 if self.drained else max(0, self.slots - len(self.holders))
+        return 0 if self.drained or self.unavailable else max(0, self.slots - len(self.holders))
 
 
 class GPUPolicy:
@@ -141,13 +145,23 @@ class GPUPolicy:
 
     def status(self) -> list[GPUStatus]:
         holders = self.store.holders()
-        # Only the hub's own placement reads drains; where an engine places, a stored drain closes nothing.
-        drained = set() if isinstance(self.placement, EnginePlacement) else DrainBook(self.store).drained()
+        engine = isinstance(self.placement, EnginePlacement)
+        # Only the hub's own placement reads drains; where an engine places, a stored drain closes nothing,
+        # and the engine says itself which devices it would not hand out now (a node down or drained).
+        drained = set() if engine else DrainBook(self.store).drained()
         slots = self.settings.slots()
+        devices = self.devices
         waiting = self.layout_held_back()  # a GPU whose layout change waits takes no new server either
+        unusable = self.placement.unusable(devices) if engine else {}
         return [
-            GPUStatus(d, holders.get(d.uuid, []), slots[d.uuid], is_drained(d, drained) or d.uuid in waiting)
-            for d in self.devices
+            GPUStatus(
+                d,
+                holders.get(d.uuid, []),
+                slots[d.uuid],
+                is_drained(d, drained) or d.uuid in waiting,
+                unusable.get(d.uuid, ""),
+            )
+            for d in devices
         ]
 
     def free_count(self, kind: str | None = None) -> int:

@@ -8,12 +8,14 @@ treats a job, true whatever the GPU policy does.
 from __future__ import annotations
 
 import asyncio
+import re
 
 from batchspawner import JobStatus, SlurmSpawner
+from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap
-from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, job_tag
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, job_tag, note_hub_cancel
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 
@@ -27,7 +29,22 @@ class SlurmJobSpawner(SlurmSpawner):
     * ``stop`` of a spawn abandoned while ``sbatch`` still ran: the hub never
       learned the job's id, so the job is found by its tag and cancelled
       (batchspawner would run ``scancel`` with no id).
+    * ``poll`` remembers the state a job ended in (``slurm_end``: NODE_FAIL,
+      CANCELLED, OUT_OF_MEMORY...), which squeue lists for ``MinJobAge``
+      seconds only with ``-t all``; the ledger's reason is read from it
+      (``gpu_exit_reason``). Every cancel this hub makes is noted first
+      (``note_hub_cancel``), so a stop is never taken for a cancel from outside.
     """
+
+    # (job id, the state it ended in: NODE_FAIL, CANCELLED, ...; "" when squeue no longer knew the job),
+    # set by the poll that found the job gone, before clear_state() forgets the id.
+    slurm_end: tuple[str, str] = ("", "")
+
+    @default("batch_query_cmd")
+    def _default_batch_query_cmd(self) -> str:
+        # batchspawner's query without ``-t all`` lists nothing for a job that ended, so its final state
+        # (why the server is gone) would be lost; with it a finished job reads "NODE_FAIL wbnode1".
+        return "squeue -h -t all -j {job_id} -o '%T %B'"
 
     def slurm_tag(self) -> str:
         return job_tag(self.user.name, self.name, self.hub_id())
@@ -43,13 +60,21 @@ class SlurmJobSpawner(SlurmSpawner):
                 self.job_id,
                 self._log_name,
             )
+            self.slurm_end = (self.job_id, "REQUEUED")
             await self._cancel_quietly()
             self.clear_state()
             return 1
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
+        self.slurm_end = (self.job_id, final_state(self.job_status))
         self.clear_state()
         return 1
+
+    async def cancel_batch_job(self) -> None:
+        """batchspawner's scancel (as the user), noted first as the hub's own cancel."""
+        if self.job_id:
+            note_hub_cancel(self.job_id)
+        await super().cancel_batch_job()
 
     async def stop(self, now=False):
         if self.job_id:
@@ -69,6 +94,16 @@ class SlurmJobSpawner(SlurmSpawner):
                     self.log.info("Cancelled Slurm job(s) %s of %s found by tag", ", ".join(found), self._log_name)
         except SlurmUnavailable as exc:
             self.log.warning("Could not cancel the Slurm job of %s: %s", self._log_name, exc)
+
+
+_STATE_WORD = re.compile(r"^[A-Z_]+$")
+
+
+def final_state(job_status: str) -> str:
+    """The state word of squeue's ``%T %B`` line for a job that left the running states ("NODE_FAIL"), or
+    "" when the line is no state (squeue's error for a job it no longer knows, or nothing)."""
+    first = (job_status or "").strip().split(" ", 1)[0]
+    return first if _STATE_WORD.match(first) else ""
 
 
 class SlurmPolicy(GPUPolicy):

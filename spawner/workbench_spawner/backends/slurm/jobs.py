@@ -16,10 +16,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote
+
+from workbench_spawner.ledger import reasons
 
 TAG_PREFIX = "workbench:"
 
@@ -229,6 +233,8 @@ class SlurmNode:
     partitions: tuple[str, ...] = ()
     # Each GPU GRES line of the node as (type, count), in Slurm's order: a MIG slice's type is its profile.
     gres: tuple[tuple[str, int], ...] = ()
+    # Why the node is in its state, as an admin or Slurm wrote it ("Not responding", "bad DIMM").
+    reason: str = ""
 
     def gres_types(self) -> list[str]:
         """The GRES type of each of the node's GPUs by Slurm's index (``gpu:h100:2,gpu:1g.18gb:1`` -> 3 types).
@@ -241,7 +247,70 @@ class SlurmNode:
 
     @property
     def usable(self) -> bool:
-        return not any(s in self.state.upper() for s in ("DOWN", "DRAIN", "FAIL", "UNKNOWN", "NOT_RESPONDING"))
+        """Whether Slurm would start a new job here now (``unusable_because`` is None)."""
+        return self.unusable_because() is None
+
+    def unusable_because(self) -> str | None:
+        """Why Slurm starts no new job on this node now, in words ("down, not responding (Not responding)");
+        None for a node that takes jobs.
+
+        The node's GPUs are then neither free nor in use for the spawn form and the wait sentence: a
+        student should not wait for "all 4 GPUs" when 2 of them sit on a dead node."""
+        return node_unusable(self.state, self.reason)
+
+
+# A node's base state (``sinfo --json``'s ``state``) that takes no new job, in words.
+_UNUSABLE_BASE = {
+    "DOWN": "down",
+    "FUTURE": "not in service yet (FUTURE)",
+    "UNKNOWN": "not registered with Slurm yet",
+    "ERROR": "in an error state",
+}
+# State flags (``state_flags``; Slurm writes some of them in two spellings) under which Slurm
+# starts no new job on the node. Not REBOOT_REQUESTED (jobs still run until the reboot is issued), not
+# RESERVED or PLANNED (an ordinary reservation or backfill plan), not POWERING_UP (jobs wait for the boot).
+_UNUSABLE_FLAGS = {
+    "NOT_RESPONDING": "not responding",
+    "NO_RESPOND": "not responding",
+    "POWERED_DOWN": "powered down",
+    "POWER_DOWN": "powering down",
+    "POWERING_DOWN": "powering down",
+    "MAINTENANCE": "in a maintenance reservation",
+    "MAINT": "in a maintenance reservation",
+    "REBOOT_ISSUED": "rebooting",
+    "INVALID_REG": "registered with a configuration Slurm refused",
+}
+
+
+def node_unusable(state: str, reason: str = "") -> str | None:
+    """The rule behind ``SlurmNode.unusable_because`` for Slurm's state text and the node's reason.
+
+    ``state`` is the base state and its flags joined by ``+`` (``IDLE+DRAIN``, ``DOWN+NOT_RESPONDING``,
+    as ``parse_sinfo_json`` writes them); ``sinfo``'s compound words (``DRAINED``, ``DRAINING``,
+    ``DOWN*``) read the same. A drain reads "drained" on a node with nothing left running, "draining"
+    on one whose jobs still run."""
+    tokens = [t.strip().rstrip("*~#!%$@^-") for t in state.upper().split("+") if t.strip()]
+    if not tokens:
+        return None
+    base, flags = tokens[0], tokens[1:]
+    words: list[str] = []
+    if base in _UNUSABLE_BASE:
+        words.append(_UNUSABLE_BASE[base])
+    running = base in ("ALLOCATED", "ALLOC", "MIXED", "MIX", "COMPLETING", "DRAINING")
+    if base.startswith("DRAIN") or any(f.startswith("DRAIN") for f in flags):
+        words.append("draining" if running else "drained")
+    if base in ("FAIL", "FAILING") or "FAIL" in flags:
+        words.append("failing" if running or base == "FAILING" else "failed")
+    for flag in flags:
+        word = _UNUSABLE_FLAGS.get(flag)
+        if word and word not in words:
+            words.append(word)
+    if not words:
+        return None
+    why = reason.strip()
+    said = ", ".join(words)
+    # Slurm's own reason for a node that stopped answering is "Not responding": not said twice.
+    return said + (f" ({why})" if why and why.lower() not in words else "")
 
 
 def parse_sinfo_json(text: str) -> list[SlurmNode]:
@@ -273,6 +342,7 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
             gpus_used=tuple(sorted(set(used))),
             partitions=parts,
             gres=tuple((k, c) for k, c, _i in declared),
+            reason=str(node.get("reason") or ""),
         )
     return sorted(seen.values(), key=lambda n: n.name)
 
@@ -295,16 +365,41 @@ def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
     return len(ahead)
 
 
-def pending_message(job: SlurmJob, ahead: int, total_gpus: int, what: str, noun: str = "GPUs") -> str:
+def pending_message(
+    job: SlurmJob,
+    ahead: int,
+    total_gpus: int,
+    what: str,
+    noun: str = "GPUs",
+    unavailable: Mapping[str, tuple[int, str]] | None = None,
+) -> str:
     """The progress line for a pending job: Slurm's reason in words, and the position.
 
-    ``total_gpus`` counts what the request asks for, ``noun`` names it: "GPUs", or "1g.18gb slices"
-    for a slice request (a whole GPU does not fit a slice request, nor a slice a whole one)."""
+    ``total_gpus`` counts what the request asks for on nodes that take jobs now, ``noun`` names it:
+    "GPUs", or "1g.18gb slices" for a slice request (a whole GPU does not fit a slice request, nor a
+    slice a whole one). ``unavailable``: node -> (how many of those are on it, why it takes no job),
+    for nodes that are down, drained or not responding; said after the position, so "all 2 GPUs that
+    fit are in use" is not read as a cluster of 2."""
     # "ReqNodeNotAvail, UnavailableNodes:n2" is a ReqNodeNotAvail: the words go by the first one.
     key = re.split(r"[ ,:(]", job.reason or "", maxsplit=1)[0]
     words = REASON_WORDS.get(key, "Slurm keeps it pending").format(total=f"{total_gpus} {noun}")
     position = f"{ahead} job{'s' if ahead != 1 else ''} ahead" if ahead else "next in line"
-    return f"Waiting for {what}: {words} (Slurm: {job.reason or 'pending'}), {position}"
+    text = f"Waiting for {what}: {words} (Slurm: {job.reason or 'pending'}), {position}"
+    return text + unavailable_note(unavailable or {}, noun)
+
+
+def unavailable_note(unavailable: Mapping[str, tuple[int, str]], noun: str = "GPUs") -> str:
+    """ "; 2 more GPUs are on wbnode1, which takes no jobs now: down, not responding", or "" (none)."""
+    counted = {node: (n, why) for node, (n, why) in unavailable.items() if n > 0}
+    if not counted:
+        return ""
+    total = sum(n for n, _why in counted.values())
+    what = f"{total} more {noun[:-1] if total == 1 and noun.endswith('s') else noun} {'is' if total == 1 else 'are'}"
+    if len(counted) == 1:
+        ((node, (_n, why)),) = counted.items()
+        return f"; {what} on {node}, which takes no jobs now: {why}"
+    where = "; ".join(f"{node} {why}" for node, (_n, why) in sorted(counted.items()))
+    return f"; {what} on nodes that take no jobs now: {where}"
 
 
 def is_hopeless(reason: str) -> bool:
@@ -342,8 +437,57 @@ def partitions() -> list[str]:
     return sorted({line.strip() for line in out.splitlines() if line.strip()})
 
 
+# Job ids this hub process cancelled (a stop, a queue timeout, a failed start), newest last, so a job
+# that ends CANCELLED is told apart from one an admin or the user cancelled with scancel. Bounded: a
+# job's final state is read within a poll or two of the cancel.
+_HUB_CANCELLED: OrderedDict[str, None] = OrderedDict()
+_HUB_CANCELLED_MAX = 10_000
+_hub_cancelled_lock = threading.Lock()
+
+
+def note_hub_cancel(job_id: str) -> None:
+    """Remember that this hub cancels ``job_id`` (before the scancel, so no poll sees it unannounced)."""
+    with _hub_cancelled_lock:
+        _HUB_CANCELLED[str(job_id)] = None
+        _HUB_CANCELLED.move_to_end(str(job_id))
+        while len(_HUB_CANCELLED) > _HUB_CANCELLED_MAX:
+            _HUB_CANCELLED.popitem(last=False)
+
+
+def cancelled_by_hub(job_id: str) -> bool:
+    """Whether this hub process cancelled ``job_id`` (``note_hub_cancel``)."""
+    with _hub_cancelled_lock:
+        return str(job_id) in _HUB_CANCELLED
+
+
 def cancel(job_id: str) -> None:
+    note_hub_cancel(job_id)
     run_slurm(["scancel", str(job_id)])
+
+
+# A job's final state (squeue's %T, ``job_state``) -> why its server ended, in the ledger's words. Not
+# here, so None (the server exited): COMPLETED, FAILED (the server's process ended with an error),
+# TIMEOUT and DEADLINE (its time limit, the session length the hub set, ran out).
+_END_REASONS = {
+    "NODE_FAIL": reasons.NODE_FAILED,
+    "BOOT_FAIL": reasons.NODE_FAILED,  # the node failed to boot for the job: a node failure
+    "OUT_OF_MEMORY": reasons.OUT_OF_MEMORY,
+    "PREEMPTED": reasons.EVICTED,
+    "CANCELLED": reasons.JOB_CANCELLED,
+}
+
+
+def end_reason(state: str, hub_cancelled: bool = False) -> str | None:
+    """Why a job that left the running states ended, in the ledger's words (``ledger.reasons``); None
+    where Slurm's state says nothing beyond "the server exited".
+
+    ``hub_cancelled``: this hub cancelled the job (``cancelled_by_hub``): a CANCELLED job was then
+    stopped through the hub, never "cancelled outside the hub". ``state`` may carry more words
+    (``CANCELLED by 0``, ``NODE_FAIL wbnode1``): the first one counts."""
+    word = (state or "").strip().split(" ", 1)[0].upper()
+    if word == "CANCELLED" and hub_cancelled:
+        return reasons.STOPPED
+    return _END_REASONS.get(word)
 
 
 def cancel_tagged(tag: str, user: str, jobs: Sequence[SlurmJob] | None = None) -> list[str]:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from workbench_devices import DeviceInventory
+from workbench_devices import DeviceInventory, GPUDevice
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
 from workbench_spawner.backends.slurm.inventory import MapConflict
@@ -41,6 +41,7 @@ from workbench_spawner.backends.slurm.jobs import (
     queue_position,
     set_priority,
 )
+from workbench_spawner.backends.slurm.node_states import NodeStates
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
@@ -92,7 +93,8 @@ class SlurmPlacement(EnginePlacement):
         gpu_hours: Callable[[str], float] = lambda user: 0.0,
         set_job_priority: Callable[[str, int], None] = set_priority,
         learn: Callable[[NodeReport], None] = lambda report: None,
-        total_gpus: Callable[[str | None], int] | None = None,
+        devices: Callable[[], Sequence[GPUDevice]] | None = None,
+        node_states: NodeStates | None = None,
     ):
         super().__init__(store)
         self.inventory = inventory
@@ -108,7 +110,9 @@ class SlurmPlacement(EnginePlacement):
         self.gpu_hours = gpu_hours
         self.set_job_priority = set_job_priority
         self.learn = learn
-        self._total_gpus = total_gpus
+        self._devices = devices
+        # Which nodes take no job now (down, drained, not responding), from sinfo at most every 5 s.
+        self.node_states = node_states or NodeStates(nodes)
         # job id -> the request as the queue order sees it, for every job of ours Slurm keeps pending.
         self._pending: dict[str, Waiting] = {}
         # The reservation check and the admission it leads to are one step: ten non-members who ask
@@ -121,12 +125,30 @@ class SlurmPlacement(EnginePlacement):
     def waiting_by_group(self) -> dict[str, int]:
         return self.reservations.waiting_by_group()
 
+    def devices(self) -> Sequence[GPUDevice]:
+        """The cluster's GPUs and slices as the wait sentence counts them (the spawner hands in the
+        settings' list, read on the event loop: never the database)."""
+        return self._devices() if self._devices else self.inventory().devices
+
     def total_gpus(self, kind: str | None = None) -> int:
-        """GPUs (or slices) of ``kind`` in the cluster: whole GPUs for None (read on the event loop: never
-        the database)."""
-        if self._total_gpus:
-            return self._total_gpus(kind)
-        return sum(device_matches(d, kind) for d in self.inventory().devices)
+        """GPUs (or slices) of ``kind`` in the cluster, usable or not: whole GPUs for None."""
+        return sum(device_matches(d, kind) for d in self.devices())
+
+    def unusable(self, devices: Sequence[GPUDevice]) -> dict[str, str]:
+        """``devices`` on nodes Slurm starts no job on now, with why (``EnginePlacement.unusable``; blocking,
+        sinfo at most every few seconds)."""
+        bad = self.node_states.unusable()
+        return {d.uuid: f"node {d.node} is {bad[d.node]}" for d in devices if d.node in bad}
+
+    def unusable_by_node(self, kind: str | None) -> dict[str, tuple[int, str]]:
+        """Node -> (its GPUs or slices of ``kind``, why it takes no job) for nodes that take none now
+        (blocking: may run sinfo)."""
+        bad = self.node_states.unusable()
+        counts: dict[str, tuple[int, str]] = {}
+        for d in self.devices():
+            if d.node in bad and device_matches(d, kind):
+                counts[d.node] = (counts.get(d.node, (0, ""))[0] + 1, bad[d.node])
+        return counts
 
     async def _cancel(self, job_id: str, why: str) -> None:
         log.info("Cancelling Slurm job %s: %s", job_id, why)
@@ -292,7 +314,11 @@ class SlurmPlacement(EnginePlacement):
                 jobs = await self._fair_share(jobs)
                 job = next((j for j in jobs if j.job_id == job_id), job)
                 ahead = queue_position(jobs, job_id)
-                text = pending_message(job, ahead, self.total_gpus(kind), what, noun) + self._why(job_id)
+                # GPUs on nodes that are down or drained count as neither free nor in use: "all 2 GPUs
+                # that fit are in use; 2 more are on a node that takes no jobs now (wbnode1: down)".
+                unavailable = await asyncio.to_thread(self.unusable_by_node, kind)
+                usable = self.total_gpus(kind) - sum(n for n, _why in unavailable.values())
+                text = pending_message(job, ahead, usable, what, noun, unavailable) + self._why(job_id)
                 if text != last:
                     report(ahead)
                     describe(text)

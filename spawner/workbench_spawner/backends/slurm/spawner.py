@@ -47,6 +47,8 @@ from workbench_spawner.backends.slurm.jobs import (
     NodeReport,
     SlurmUnavailable,
     cancel,
+    cancelled_by_hub,
+    end_reason,
     list_jobs,
     list_nodes,
     partitions,
@@ -55,7 +57,6 @@ from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlac
 from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.traits import SlurmTraits
-from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -149,7 +150,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             reservations=reservations,
             gpu_hours=lambda user: gpu_hours_used(store, user),
             learn=NodeGPUMap(store).accept if real else lambda report: None,
-            total_gpus=lambda kind: sum(device_matches(d, kind) for d in settings.inventory.devices),
+            devices=lambda: settings.inventory.devices,
         )
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
@@ -325,6 +326,28 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             return None
         job = jobs.get(lease.ref.split(":", 1)[1])
         return bool(job and job.running)
+
+    async def gpu_exit_reason(self) -> str | None:
+        """Why the job ended, from the state the poll that found it gone saw (``slurm_end``): NODE_FAIL is
+        "node failed", OUT_OF_MEMORY "out of memory", PREEMPTED "evicted", a CANCELLED job this hub did not
+        cancel "job cancelled outside the hub" (one it cancelled: "stopped"); None (the server exited)
+        for the rest (COMPLETED, FAILED, TIMEOUT) and for a job squeue no longer knew."""
+        job_id, state = self.slurm_end
+        return end_reason(state, cancelled_by_hub(job_id)) if job_id else None
+
+    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+        """The same rule for the reconciler, from Slurm's job list (blocking; squeue keeps an ended job
+        ``MinJobAge`` seconds, after that nobody can tell and the answer is None)."""
+        if not lease.ref.startswith("slurm:"):
+            return None
+        job_id = lease.ref.split(":", 1)[1]
+        try:
+            job = next((j for j in recent_jobs() if j.job_id == job_id), None)
+        except SlurmUnavailable:
+            return None
+        if job is None or job.pending or job.running:
+            return None  # gone from Slurm's memory, or requeued: nothing says why
+        return end_reason(job.state, cancelled_by_hub(job_id))
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or cancel this hub's tagged jobs without a lease (``slurm_reconcile``)."""
