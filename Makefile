@@ -18,7 +18,7 @@ PYTEST_ARGS ?=
 LOCK        := requirements/lock.txt
 # The lowest versions pyproject.toml declares (uv's --resolution lowest-direct), for `make test-lowest`.
 LOWEST_LOCK := requirements/lowest.txt
-EXTRAS      := docker,slurm,kubernetes,singleuser,test,dev
+EXTRAS      := docker,slurm,kubernetes,postgres,singleuser,test,dev
 LOWEST      := .venv-lowest
 UV          := $(BIN)/uv
 # `make lock LOCK_ARGS=--upgrade` (or --upgrade-package jupyterhub) moves the pins on; without, kept pins stay.
@@ -86,7 +86,7 @@ UV_COMPILE = $(UV) pip compile --quiet pyproject.toml --universal --python-versi
 
 lock: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)
 	$(UV_COMPILE) $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -o $(LOCK)
-	$(UV_COMPILE) --resolution lowest-direct $(foreach e,docker slurm kubernetes singleuser test,--extra $(e)) -o $(LOWEST_LOCK)
+	$(UV_COMPILE) --resolution lowest-direct $(foreach e,docker slurm kubernetes postgres singleuser test,--extra $(e)) -o $(LOWEST_LOCK)
 
 # Fails when pyproject.toml changed and the lock files were not regenerated (`make lock`).
 lock-check: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)

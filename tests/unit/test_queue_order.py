@@ -83,9 +83,8 @@ BERLIN = ZoneInfo("Europe/Berlin")
 
 
 @pytest.fixture
-def allocator(tmp_path):
-    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
-    store = AllocationStore(url)
+def allocator(tmp_path, db_url):
+    store = AllocationStore(db_url)
     clock_file = tmp_path / "clock"
     inventory = DeviceInventory("simulated", parse_simulated_spec("4"), "test")
     alloc = HostAllocator(store, inventory, "n1", recheck_interval=0.05, tz=BERLIN, clock=hub_clock(str(clock_file)))
@@ -244,8 +243,8 @@ def test_a_good_reservation_body_takes_the_defaults_and_the_inventorys_spelling(
     assert isinstance(reservation.gpus, int)
 
 
-def test_a_refused_reservation_stores_nothing(tmp_path):
-    store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
+def test_a_refused_reservation_stores_nothing(db_url):
+    store = AllocationStore(db_url)
     book = ReservationBook(store)
     now = datetime(2026, 12, 1, tzinfo=UTC)
     book.create(read_reservation({"group": "a", "gpus": 3, "window": "Tue 10:00-12:00"}, []), {"": 4}, now, BERLIN)

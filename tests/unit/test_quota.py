@@ -277,8 +277,8 @@ def test_usage_is_clipped_at_the_start_of_the_rolling_week(store):
     assert gpu_hours_used(store, "alice", now=NOW + timedelta(days=8)) == 0.0
 
 
-def test_running_leases_count_until_now_and_survive_a_restart(tmp_path):
-    url = f"sqlite:///{tmp_path / 'wb.sqlite'}"
+def test_running_leases_count_until_now_and_survive_a_restart(db_url):
+    url = db_url
     first = AllocationStore(url)
     first.allocate("alice", "", 2, ["GPU-a", "GPU-b", "GPU-c"])
     lease = first.lease_of("alice", "")
@@ -310,35 +310,42 @@ def test_session_limits_are_recorded_per_server(store):
 # -- migrations -------------------------------------------------------------------------
 
 
-def test_a_new_database_is_migrated_to_head(tmp_path):
-    store = AllocationStore(f"sqlite:///{tmp_path / 'new.sqlite'}")
+def test_a_new_database_is_migrated_to_head(db_url):
+    store = AllocationStore(db_url)
     tables = set(inspect(store.engine).get_table_names())
     assert {"gpu_leases", "gpu_usage", "gpu_quotas", "gpu_session_limits", "alembic_version"} <= tables
     assert current(store.engine) == HEAD
     store.dispose()
 
 
-def test_a_database_made_by_create_all_before_migrations_is_adopted(tmp_path):
-    url = f"sqlite:///{tmp_path / 'old.sqlite'}"
+def test_a_database_made_by_create_all_before_migrations_is_adopted(db_url):
+    url = db_url
     engine = create_engine(url)
-    with engine.begin() as conn:  # the tables as create_all made them before migrations (no node column)
+    # The tables as create_all made them before migrations (no node column), in each engine's words:
+    # an autoincrementing key is INTEGER PRIMARY KEY on SQLite, SERIAL on PostgreSQL; "user" is
+    # quoted because it is a reserved word on PostgreSQL.
+    if engine.dialect.name == "postgresql":
+        key, stamp = "SERIAL PRIMARY KEY", "TIMESTAMP WITH TIME ZONE"
+    else:
+        key, stamp = "INTEGER PRIMARY KEY", "DATETIME"
+    with engine.begin() as conn:
         conn.execute(
             text(
-                "CREATE TABLE gpu_leases (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), slot INTEGER, "
-                "user VARCHAR(255), server VARCHAR(255), since DATETIME, ref VARCHAR(255), "
+                f"CREATE TABLE gpu_leases (id {key}, gpu_uuid VARCHAR(128), slot INTEGER, "
+                f'"user" VARCHAR(255), server VARCHAR(255), since {stamp}, ref VARCHAR(255), '
                 "CONSTRAINT one_holder_per_slot UNIQUE (gpu_uuid, slot))"
             )
         )
         conn.execute(
             text(
-                "CREATE TABLE gpu_usage (id INTEGER PRIMARY KEY, gpu_uuid VARCHAR(128), user VARCHAR(255), "
-                "server VARCHAR(255), started DATETIME, ended DATETIME, reason VARCHAR(64))"
+                f'CREATE TABLE gpu_usage (id {key}, gpu_uuid VARCHAR(128), "user" VARCHAR(255), '
+                f"server VARCHAR(255), started {stamp}, ended {stamp}, reason VARCHAR(64))"
             )
         )
     with engine.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason) VALUES "
+                'INSERT INTO gpu_usage (gpu_uuid, "user", server, started, ended, reason) VALUES '
                 "('GPU-a', 'alice', '', '2026-12-01 10:00:00', '2026-12-01 12:00:00', 'stopped')"
             )
         )
@@ -374,13 +381,13 @@ def test_migration_0005_gives_old_rows_whole_gpu_shares_and_old_quotas_every_kin
     with store.engine.begin() as conn:
         conn.execute(
             text(
-                "INSERT INTO gpu_leases (gpu_uuid, slot, user, server, since, ref, node, groups) VALUES "
+                'INSERT INTO gpu_leases (gpu_uuid, slot, "user", server, since, ref, node, groups) VALUES '
                 "('GPU-a', 0, 'alice', '', '2026-12-02 05:00:00', '', 'n', '[]')"
             )
         )
         conn.execute(
             text(
-                "INSERT INTO gpu_usage (gpu_uuid, user, server, started, ended, reason, node) VALUES "
+                'INSERT INTO gpu_usage (gpu_uuid, "user", server, started, ended, reason, node) VALUES '
                 "('GPU-a', 'bob', '', '2026-12-02 08:00:00', '2026-12-02 10:00:00', 'stopped', 'n')"
             )
         )

@@ -19,12 +19,12 @@ class QuotaSpawner(FakeHostSpawner):
 
 
 @pytest.fixture
-def make_spawner(tmp_path):
+def make_spawner(db_url):
     _policies.clear()
 
     def make(user="alice", name="", groups=(), **traits):
         traits = {
-            "gpu_db_url": f"sqlite:///{tmp_path / 'wb.sqlite'}",
+            "gpu_db_url": db_url,
             "simulated_gpus": "2xH100-80GB,2xA100-40GB",
         } | traits
         user_obj = SimpleNamespace(

@@ -10,11 +10,6 @@ from workbench_spawner.ledger.store import AllocationStore
 GPUS = [f"GPU-sim-{i:02d}-h100-80gb" for i in range(8)]
 
 
-@pytest.fixture
-def db_url(tmp_path):
-    return f"sqlite:///{tmp_path / 'workbench.sqlite'}"
-
-
 def hammer(db_url, requests, count_of=lambda i: 1, slots=1):
     """Run ``requests`` allocations at once, each thread with its own store
     (its own connections), as separate hub workers would."""
