@@ -48,7 +48,8 @@ owner() {
 # as_owner CMD...: run CMD as the server's account (root drops to postgres; anyone else is the owner).
 as_owner() {
   if [ "$(id -u)" = 0 ]; then
-    setpriv --reuid="$(id -u postgres)" --regid="$(id -g postgres)" --init-groups -- "$@"
+    # From /: the caller's folder may be closed to postgres (pg_ctl would warn that it cannot cd back).
+    (cd / && setpriv --reuid="$(id -u postgres)" --regid="$(id -g postgres)" --init-groups -- "$@")
   else
     "$@"
   fi
@@ -94,9 +95,9 @@ cmd_start() {
   install -d -m 0700 -o "$user" "$SOCK"
   touch "$LOG" && chown "$user" "$LOG"
   # A stale postmaster.pid (a killed session) is handled by pg_ctl itself: it checks the pid.
-  # listen_addresses='': no TCP at all; max_connections: the thread and process race tests open many.
+  # listen_addresses='': no TCP at all; max_connections: the store's race tests open one connection per thread (200), while the other test lane runs beside them.
   as_owner "$bin/pg_ctl" -D "$DATA" -l "$LOG" -w -t 60 \
-    -o "-p $PORT -k $SOCK -c listen_addresses='' -c max_connections=300 -c fsync=off -c timezone=UTC" start >/dev/null \
+    -o "-p $PORT -k $SOCK -c listen_addresses='' -c max_connections=500 -c fsync=off -c timezone=UTC" start >/dev/null \
     || { log "pg_ctl start failed:"; tail -20 "$LOG" >&2; exit 1; }
   answers || { log "started but does not answer on $SOCK:"; tail -20 "$LOG" >&2; exit 1; }
   log "up: $(url)"
