@@ -131,6 +131,8 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         self._lease_unchecked = False
         # Clean-ups of cancelled starts still running (kept so the loop does not drop them).
         self._gpu_cleanups: set[asyncio.Future] = set()
+        # The task running start(), while it runs: a stop() meanwhile (the hub shutting down) cancels it.
+        self._gpu_start_task: asyncio.Task | None = None
 
     # -- the shared policy (blocking: call from a worker thread) ----------------
 
@@ -148,7 +150,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             host = self.placement_mode == "host"
             key = (self.placement_mode, policy_key(settings, host, list(self.static_gpus), self.simulated_gpus))
             policy = self._gpu_policy = shared_policy((*key, settings.db_url), lambda: self.build_policy(settings))
-        policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans)
+        policy.reconcile(self.gpu_lease_alive, self.gpu_reconcile_orphans, self.gpu_lease_gone_reason)
         policy.refresh_inventory()  # a host's MIG layout may have changed: at most every inventory_refresh_seconds
         return policy
 
@@ -267,6 +269,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         """The template: admission happened in ``apply_user_options``; place, start, record the lease."""
         self._gpu_events.reset()
         self._gpu_starting = True
+        self._gpu_start_task = asyncio.current_task()
         key = (self.user.name, self.name)
         policy: GPUPolicy | None = None
         try:
@@ -279,6 +282,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             return await self._start_on_host()
         finally:
             self._gpu_starting = False
+            self._gpu_start_task = None
             if policy is not None:
                 policy.starting.discard(key)
 
@@ -399,6 +403,11 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
     async def stop(self, now=False):
         # Who asked (the user, an admin, the culler), read before the first await (stop_requester.py).
         self._gpu_stopping = requested_by(self.user.name) or reasons.STOPPED
+        starting = self._gpu_start_task
+        if starting is not None and not starting.done() and starting is not asyncio.current_task():
+            # Stopped while the start waits in line or starts: the hub shutting down stops every active server,
+            # pending ones too, without cancelling their starts. The wait ends here; it takes no GPU later.
+            starting.cancel()
         try:
             await super().stop(now=now)
         finally:

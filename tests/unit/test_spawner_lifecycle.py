@@ -63,7 +63,44 @@ async def test_timed_out_start_releases(make_spawner):
     # JupyterHub wraps start() in asyncio.wait_for(start_timeout).
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(start(spawner, {"gpus": 1}), 0.5)
-    assert held(spawner) == {}
+    await settled(lambda: held(spawner) == {})  # a cancelled start gives its GPUs back in the background
+
+
+async def settled(check, within: float = 5.0) -> None:
+    """Wait until ``check()`` holds (clean-ups of cancelled starts run in the background)."""
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not settled in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_stop_while_the_start_waits_in_line_ends_the_wait(make_spawner):
+    # The hub shutting down stops every active server, pending ones too, without cancelling their starts.
+    holder = make_spawner(user="holder", simulated_gpus="1")
+    await start(holder, {"gpus": 1})
+    waiter = make_spawner(user="waiter", simulated_gpus="1")
+    waiting = asyncio.ensure_future(start(waiter, {"gpus": 1}))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()
+    await waiter.stop()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await holder.stop()  # the GPU comes free: the stopped wait must not take it
+    await asyncio.sleep(0.3)
+    assert held(holder) == {}
+    assert waiter.gpu_policy.placement.waiting() == 0
+
+
+async def test_a_start_cancelled_after_its_lease_gives_it_back_as_start_cancelled(make_spawner):
+    spawner = make_spawner()
+    spawner.behaviour = "hang"  # leased, then the server's start hangs
+    starting = asyncio.ensure_future(start(spawner, {"gpus": 1}))
+    await settled(lambda: held(spawner) != {})
+    starting.cancel()  # JupyterHub's DELETE of a pending spawn
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await settled(lambda: held(spawner) == {})
+    assert [row.reason for row in spawner.gpu_policy.store.usage()] == ["start cancelled"]
 
 
 async def test_poll_that_finds_the_server_dead_releases(make_spawner):
