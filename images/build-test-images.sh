@@ -214,8 +214,10 @@ build_wheelhouse() {
     # The third-party wheels depend on the requirement files, the pyprojects and
     # the Python version, not on our own packages' code: when only that changed,
     # their wheels are swapped in place (a full rebuild takes minutes).
+    # (images/hub/Dockerfile names the extras the hub installs, so a new extra brings its wheels in.)
     local inputs=(images/singleuser/requirements.txt images/hub/requirements.txt requirements/lock.txt
-                  devices/pyproject.toml extensions/gpu-monitor/pyproject.toml extensions/ssh/pyproject.toml)
+                  devices/pyproject.toml extensions/gpu-monitor/pyproject.toml extensions/ssh/pyproject.toml
+                  images/hub/Dockerfile)
     [ -f "$repo/pyproject.toml" ] && inputs+=(pyproject.toml)
     h="$( { hash_paths "${inputs[@]}"; echo "monitor:${monitor:+yes}"; "$python" -V; } | sha256sum | cut -c1-64)"
     if [ "$force" != 1 ] && [ -f "$wh/.input-hash" ] && [ "$(cat "$wh/.input-hash")" = "$h" ]; then
@@ -253,8 +255,9 @@ import sys, tomllib
 data = tomllib.load(open(sys.argv[1], "rb"))
 reqs = data.get("build-system", {}).get("requires", ["setuptools>=40.8.0", "wheel"])
 reqs += data.get("project", {}).get("dependencies", [])
-# the hub image installs "/srv/workbench[docker,kubernetes]" (the Docker and Kubernetes backends)
-for extra in ("docker", "kubernetes"):
+# the hub image installs "/srv/workbench[docker,kubernetes,postgres]" (the Docker and Kubernetes backends;
+# psycopg for a PostgreSQL WORKBENCH_DB_URL)
+for extra in ("docker", "kubernetes", "postgres"):
     reqs += data.get("project", {}).get("optional-dependencies", {}).get(extra, [])
 print("\n".join(reqs))
 PY

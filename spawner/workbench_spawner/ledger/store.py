@@ -22,6 +22,7 @@ rewrite history.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -343,15 +344,19 @@ class AllocationStore:
     # -- reads --------------------------------------------------------------
 
     def leases(self) -> list[Lease]:
+        # Plain rows of the columns, not ORM objects: the reconciler, the form and the fleet read every lease
+        # often, and building 2,000 tracked objects cost more than the query (benchmarks/churn.py).
         with self._reads() as session:
-            rows = list(session.scalars(select(LeaseRow).order_by(LeaseRow.id)))
+            rows = list(session.execute(select(*_LEASE_COLUMNS).order_by(LeaseRow.id)))
         return _group(rows)
 
     def lease_of(self, user: str, server: str) -> Lease | None:
         with self._reads() as session:
             rows = list(
-                session.scalars(
-                    select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server).order_by(LeaseRow.id)
+                session.execute(
+                    select(*_LEASE_COLUMNS)
+                    .where(LeaseRow.user == user, LeaseRow.server == server)
+                    .order_by(LeaseRow.id)
                 )
             )
         leases = _group(rows)
@@ -379,6 +384,20 @@ class AllocationStore:
         self.read_engine.dispose()
 
 
+# What a Lease is built from (``_group``).
+_LEASE_COLUMNS = (
+    LeaseRow.user,
+    LeaseRow.server,
+    LeaseRow.gpu_uuid,
+    LeaseRow.since,
+    LeaseRow.ref,
+    LeaseRow.node,
+    LeaseRow.groups,
+    LeaseRow.share,
+)
+
+
+@functools.lru_cache(maxsize=1024)
 def _groups(text: str | None) -> tuple[str, ...]:
     try:
         value = json.loads(text or "[]")
@@ -387,7 +406,8 @@ def _groups(text: str | None) -> tuple[str, ...]:
     return tuple(str(g) for g in value) if isinstance(value, list) else ()
 
 
-def _group(rows: Iterable[LeaseRow]) -> list[Lease]:
+def _group(rows: Iterable) -> list[Lease]:
+    """Leases from lease rows (ORM rows or plain rows of ``_LEASE_COLUMNS``), one per server, in row order."""
     grouped: dict[tuple[str, str], list[LeaseRow]] = {}
     for row in rows:
         grouped.setdefault((row.user, row.server), []).append(row)
