@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import wait_until
 
-pytestmark = pytest.mark.integration
+# In the engines' lane (tests/lanes.py): a few minutes of local servers, to balance the two lanes.
+pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
 
 HOLDERS = [f"holder{i}" for i in range(8)]
 WAITERS = [f"waiter{i:03d}" for i in range(100)]

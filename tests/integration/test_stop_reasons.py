@@ -18,7 +18,8 @@ import requests
 from tests.conftest import wait_until
 from workbench_spawner.ledger import reasons
 
-pytestmark = pytest.mark.integration
+# In the engines' lane (tests/lanes.py): a few minutes of local servers, to balance the two lanes.
+pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
 
 CULL_AFTER = 30  # the culler looks every 15 s
 
