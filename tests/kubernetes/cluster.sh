@@ -4,6 +4,9 @@
 #   tests/kubernetes/cluster.sh start    # idempotent: leaves a healthy cluster running, prints how long it took
 #   tests/kubernetes/cluster.sh status   # exit 0 if the API answers and the node is Ready with GPUs
 #   tests/kubernetes/cluster.sh stop     # stops everything, removes the pods' containers, puts sysctls back
+#   tests/kubernetes/cluster.sh api-stop # stops only the API server (an outage: etcd, the node and pods run on)
+#   tests/kubernetes/cluster.sh api-start # brings it back (a `start`: only what is down is started) and waits
+#                                        # for the node to be Ready again
 #
 # Then: KUBECONFIG=$STATE/admin.kubeconfig (cluster-admin, a static token).
 #
@@ -527,6 +530,18 @@ cmd_stop() {
   log "stopped"
 }
 
+# An API server outage for tests (tests/kubernetes/test_kubernetes_outage.py): only kube-apiserver stops;
+# etcd, the controller manager, the scheduler, the kubelet and its pods keep running, as on a real cluster
+# whose control plane is away. `api-start` (or `start`) brings it back.
+cmd_api_stop() {
+  need_root
+  exec 8>/run/lock/wb-k8s-start.lock
+  flock 8
+  alive kube-apiserver || { log "the API server is not running"; return 0; }
+  halt kube-apiserver
+  log "API server stopped; etcd, the node and its pods run on (\`$0 api-start\` brings it back)"
+}
+
 cmd_status() {
   [ -s "$PKI/admin.header" ] || { log "not started ($STATE has no credentials)"; return 1; }
   api /readyz >/dev/null 2>&1 || { log "the API server does not answer at $API_URL"; return 1; }
@@ -540,5 +555,7 @@ case "${1:-start}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
   status) cmd_status ;;
-  *) echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+  api-stop) cmd_api_stop ;;
+  api-start) cmd_start ;;
+  *) echo "usage: $0 start|stop|status|api-stop|api-start" >&2; exit 2 ;;
 esac

@@ -21,6 +21,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from workbench_spawner.backends.kubernetes.ending import NodeState
+
 T = TypeVar("T")
 
 # Pod phases that hold no resources any more.
@@ -99,6 +101,7 @@ def blocking(call: Callable[[Any], Awaitable[T]], timeout: float = 30.0) -> T:
     event loop (the hub's config file, a worker thread, the CLI)."""
 
     async def run() -> T:
+        from aiohttp import ClientError
         from kubernetes_asyncio import client
         from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -107,7 +110,8 @@ def blocking(call: Callable[[Any], Awaitable[T]], timeout: float = 30.0) -> T:
                 return await asyncio.wait_for(call(client.CoreV1Api(api)), timeout)
             except ApiException as exc:
                 raise KubernetesUnavailable(f"the API server said {exc.status} {exc.reason}") from None
-            except (TimeoutError, OSError) as exc:
+            # ClientError: also an API server that went away mid-answer (ServerDisconnectedError is no OSError).
+            except (TimeoutError, OSError, ClientError) as exc:
                 raise KubernetesUnavailable(f"the API server did not answer ({exc or 'timeout'})") from None
 
     with ThreadPoolExecutor(1) as pool:
@@ -226,16 +230,46 @@ def list_pods(namespace: str, label_selector: str) -> list[dict]:
     return blocking(lambda api: _items(api, "list_namespaced_pod", namespace=namespace, label_selector=label_selector))
 
 
-def delete_pod(namespace: str, name: str, grace_seconds: int = 0) -> None:
-    """Delete a pod; one already gone is fine (blocking)."""
+def node_state(name: str) -> NodeState:
+    """Whether node ``name`` is Ready, not Ready or gone (blocking); UNKNOWN when the API did not answer."""
 
-    async def delete(api) -> None:
+    async def read(api) -> NodeState:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            await api.delete_namespaced_pod(name=name, namespace=namespace, grace_period_seconds=grace_seconds)
+            reply = await api.read_node(name, _preload_content=False)
         except ApiException as exc:
-            if exc.status != 404:
+            if exc.status == 404:
+                return NodeState.GONE
+            raise
+        import json
+
+        return NodeState.READY if node_from_api(json.loads(await reply.read()), "").ready else NodeState.NOT_READY
+
+    if not name:
+        return NodeState.UNKNOWN
+    try:
+        return blocking(read, timeout=10)
+    except KubernetesUnavailable:
+        return NodeState.UNKNOWN
+
+
+def delete_pod(namespace: str, name: str, grace_seconds: int = 0, uid: str | None = None) -> None:
+    """Delete a pod; one already gone is fine (blocking). ``uid``: only that pod, not a new one of the same
+    name (one that is no longer there is fine too)."""
+
+    async def delete(api) -> None:
+        from kubernetes_asyncio.client import V1DeleteOptions, V1Preconditions
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        body = V1DeleteOptions(preconditions=V1Preconditions(uid=uid)) if uid else None
+        try:
+            await api.delete_namespaced_pod(
+                name=name, namespace=namespace, grace_period_seconds=grace_seconds, body=body
+            )
+        except ApiException as exc:
+            # 404: gone; 409 with a uid: the name belongs to a newer pod now ("Precondition failed: UID ...").
+            if exc.status != 404 and not (uid and exc.status == 409):
                 raise
 
     blocking(delete)

@@ -25,6 +25,12 @@ pod object from its settings); this class adds what GPU Workbench promises:
   KubeSpawner's pod). A NetworkPolicy per hub keeps users apart where the
   network plugin enforces it.
 
+When the API server is away, the pod and event watches are kept (``watch.py``):
+the hub keeps its last view, restarts the watches as soon as the API server
+answers (a poll cuts the backoff short), and then wakes the policy's
+reconciler. Why a pod ended goes into the ledger in its words (``ending.py``):
+deleted outside the hub, evicted, out of memory, node failed.
+
 Reconcile rule after a hub restart: a lease whose pod is gone (or ending) is
 released. This hub's pods without a lease (label ``workbench.hub``) that
 were created before this hub process: an unscheduled one is deleted (no
@@ -36,7 +42,9 @@ is left to JupyterHub. Pods of other hubs are never looked at.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+import weakref
 from typing import Any
 from urllib.parse import urlparse
 
@@ -49,6 +57,7 @@ from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes import cluster
+from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, node_name, pod_end_reason
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory, slice_key
 from workbench_spawner.backends.kubernetes.manifests import (
     ANNOTATION_GPUS,
@@ -61,6 +70,7 @@ from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement,
 from workbench_spawner.backends.kubernetes.pod_objects import WorkbenchPod
 from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
+from workbench_spawner.backends.kubernetes.watch import KeptWatches
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -74,7 +84,7 @@ from workbench_spawner.policy.settings import PolicySettings
 PROCESS_STARTED = time.time()
 
 
-class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
+class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawner):
     """KubeSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
 
     workbench_backend = "kubernetes"
@@ -127,6 +137,13 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
     @default("storage_capacity")
     def _default_storage_capacity(self):
         return self.home_volume_size
+
+    @default("delete_stopped_pods")
+    def _default_delete_stopped_pods(self):
+        # KubeSpawner's poll would delete an ended pod through self.stop(), which the GPU mixin records as
+        # "stopped" before poll can ask why the pod ended (gpu_exit_reason); JupyterHub stops the server, and
+        # so deletes the pod, right after poll reports that it ended: nothing is left behind.
+        return False
 
     @default("image_pull_policy")
     def _default_image_pull_policy(self):
@@ -199,7 +216,15 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
         store = AllocationStore(settings.db_url)
-        return KubernetesPolicy(settings, store, self.engine_placement(settings, store))
+        policy = KubernetesPolicy(settings, store, self.engine_placement(settings, store))
+        _policies.add(policy)
+        return policy
+
+    def watch_recovered(self) -> None:
+        """A pod or event watch is back after the API server was away: the ledger and the cluster may disagree
+        (pods deleted, evicted or ended meanwhile), so every Kubernetes policy of this process reconciles now."""
+        for policy in list(_policies):
+            policy.reconcile_soon()
 
     def hub_id(self) -> str:
         """This hub's id (blocking: the GPU database), in every name and label the hub gives the cluster."""
@@ -307,15 +332,66 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
         except Exception as exc:  # noqa: BLE001 - cancel never raises (the contract)
             self.log.warning("Could not delete the pod of %s: %s", self._log_name, exc)
 
+    async def stop(self, now=False):
+        """The mixin's stop (which deletes the pod and then releases the lease with who asked), with the pod marked
+        as the hub's own deletion meanwhile: the reconciler must not take it for one deleted outside the hub."""
+        key = f"{self.namespace}/{self.pod_name}"
+        _hub_deleting.add(key)
+        seen = self.pod_reflector.pods.get(key) if self.pod_reflector is not None else None
+        try:
+            await super().stop(now=now)
+        except Exception:
+            # The pod may still run (the API server did not answer KubeSpawner's deletions), while the mixin has
+            # released its lease and JupyterHub counts the server stopped: it is deleted once the API answers.
+            uid = ((seen or self.last_pod() or {}).get("metadata") or {}).get("uid")
+            if uid:
+                _left_pods[key] = uid
+                self.log.warning("Pod %s of %s is deleted as soon as the Kubernetes API answers", key, self._log_name)
+            raise
+        finally:
+            _hub_deleting.discard(key)  # the lease is released by now (the mixin's stop, in it)
+
+    # -- why a pod ended -------------------------------------------------------------------------
+
+    async def gpu_exit_reason(self) -> str | None:
+        """Why the pod ended (poll found it gone or ended), from the pod as last seen (``ending.py``)."""
+        reflector = self.pod_reflector
+        current = reflector.pods.get(f"{self.namespace}/{self.pod_name}") if reflector is not None else None
+        pod = current or self.last_pod()
+        gone = current is None
+        node = NodeState.UNKNOWN
+        if needs_node(pod, gone) and node_name(pod):
+            node = await asyncio.to_thread(cluster.node_state, node_name(pod))
+        return pod_end_reason(pod, gone, node)
+
+    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+        """Why the pod of ``lease`` is gone, for the reconciler (blocking): from the pod as the API lists it now."""
+        namespace, _, name = lease.ref[4:].partition("/") if lease.ref.startswith("k8s:") else ("", "", "")
+        if not name:
+            return None
+        try:
+            pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
+        except cluster.KubernetesUnavailable:
+            return None
+        pod = next((p for p in pods if p["metadata"]["name"] == name), None)
+        node = NodeState.UNKNOWN
+        if needs_node(pod, pod is None):
+            node = cluster.node_state(node_name(pod) or lease.node)
+        return pod_end_reason(pod, pod is None, node)
+
     # -- after a hub restart -------------------------------------------------------------------
 
     def gpu_lease_ref(self) -> str:
         return f"k8s:{self.namespace}/{self.pod_name}" if self._hub else ""
 
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
+        """Whether the lease's pod runs (blocking). None, unknown, while the API server does not answer and
+        while the hub itself is deleting the pod (its stop records why it ended)."""
         if not lease.ref.startswith("k8s:"):
             return False
         namespace, _, name = lease.ref[4:].partition("/")
+        if f"{namespace}/{name}" in _hub_deleting:
+            return None
         try:
             pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
         except cluster.KubernetesUnavailable:
@@ -324,6 +400,8 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, WorkbenchPod, KubeSpawner):
         return bool(pod and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") == "Running")
 
     def gpu_reconcile_orphans(self) -> None:
+        for line in delete_left_pods(self.log):
+            self.gpu_policy.record_fix(SERVER_STOPPED, line)
         store = self.gpu_policy.store
         hub = hub_id(store)
         try:
@@ -382,6 +460,33 @@ def _backend_traits(config) -> KubernetesTraits:
 
 
 _inventories: dict[tuple[str, str], DeviceInventory] = {}
+# Every Kubernetes policy of this process, woken when a watch comes back (``watch_recovered``).
+_policies: weakref.WeakSet[GPUPolicy] = weakref.WeakSet()
+# "namespace/pod" of the pods the hub is deleting now (a stop): their disappearance is no outside deletion.
+_hub_deleting: set[str] = set()
+# "namespace/pod" -> uid of pods whose stop failed (the API server was away): deleted by the next reconcile pass.
+_left_pods: dict[str, str] = {}
+
+
+def delete_left_pods(log: logging.Logger) -> list[str]:
+    """Delete the pods whose stop failed while the API server was away (blocking; the reconciler's pass);
+    returns one line for each pod deleted (a fix to count and log).
+
+    By uid: a new pod of the same server (same name) started since is never touched. One that is gone
+    already, or replaced, is forgotten; one the API server still does not answer for is tried next pass."""
+    done = []
+    for key, uid in list(_left_pods.items()):
+        namespace, _, name = key.partition("/")
+        try:
+            cluster.delete_pod(namespace, name, 0, uid=uid)
+        except cluster.KubernetesUnavailable as exc:
+            log.warning("Pod %s, whose stop failed, is still to be deleted: %s", key, exc)
+            continue
+        _left_pods.pop(key, None)
+        done.append(f"reconcile: deleted pod {key}, whose stop failed while the Kubernetes API did not answer")
+    return done
+
+
 _pods_cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
 
 

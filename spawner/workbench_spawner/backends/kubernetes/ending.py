@@ -1,0 +1,116 @@
+"""Why a user's pod ended, in the usage ledger's words (``ledger.reasons``), from what Kubernetes says.
+
+The ledger tells an admin why a GPU came free: a student's Stop is not a
+pod an operator deleted, nor a node that died. JupyterHub only learns "the
+server is gone"; the pod's last state says more, and one table maps it
+(``pod_end_reason``), used by both places that notice a pod ended:
+
+* the spawner's poll (``gpu_exit_reason``), with the pod as its poll last
+  saw it and whether it still exists;
+* the reconciler (``gpu_lease_gone_reason``), with the pod as the API lists
+  it now (or gone).
+
+The table, first match wins:
+
+==========================================================  ==================
+the pod's status says                                        reason
+==========================================================  ==================
+``DisruptionTarget`` condition by the taint manager or the   ``NODE_FAILED``
+pod garbage collector (1.26+); ``status.reason`` NodeLost,
+Terminated/Shutdown (graceful node shutdown)
+``DisruptionTarget`` by the Eviction API, preemption or the  ``EVICTED``
+kubelet; ``status.reason`` Evicted (node pressure)
+a container terminated ``OOMKilled``                         ``OUT_OF_MEMORY``
+its node object is gone                                      ``NODE_FAILED``
+being deleted (``deletionTimestamp``) while its node is not  ``NODE_FAILED``
+Ready: the taint manager evicting it from an unreachable node
+gone, or being deleted, otherwise: deleted outside the hub   ``POD_DELETED``
+anything else (its process ended on its own)                 None (server exited)
+==========================================================  ==================
+
+The hub's own deletions never reach this table: a stop in progress is
+recorded by the stop itself (the GPU mixin), and the reconciler is told
+"unknown" for a pod the hub is deleting (``KubernetesGPUSpawner.gpu_lease_alive``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+from workbench_spawner.ledger import reasons
+
+
+class NodeState(Enum):
+    """The pod's node as the API says now; UNKNOWN when it was not asked (or did not answer)."""
+
+    READY = "ready"
+    NOT_READY = "not ready"
+    GONE = "gone"
+    UNKNOWN = "unknown"
+
+
+# DisruptionTarget condition reasons (Kubernetes 1.26+), by what they mean for the ledger.
+_DISRUPTED_BY_NODE = {"DeletionByTaintManager", "DeletionByPodGC"}
+_DISRUPTED_BY_EVICTION = {
+    "EvictionByEvictionAPI",
+    "PreemptionByScheduler",
+    "PreemptionByKubeScheduler",
+    "TerminationByKubelet",
+}
+# status.reason of a pod its node ended: NodeLost (node controller, older releases), graceful node shutdown.
+_NODE_STATUS_REASONS = {"NodeLost", "Terminated", "Shutdown", "NodeShutdown"}
+
+
+def status_reason(pod: Mapping[str, Any]) -> str | None:
+    """What the pod's own status says ended it (the table's first three rows), or None."""
+    status = pod.get("status") or {}
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            why = condition.get("reason") or ""
+            if why in _DISRUPTED_BY_NODE:
+                return reasons.NODE_FAILED
+            if why in _DISRUPTED_BY_EVICTION:
+                return reasons.EVICTED
+    why = status.get("reason") or ""
+    if why in _NODE_STATUS_REASONS:
+        return reasons.NODE_FAILED
+    if why == "Evicted":
+        return reasons.EVICTED
+    for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated.get("reason") == "OOMKilled":
+            return reasons.OUT_OF_MEMORY
+    return None
+
+
+def pod_end_reason(pod: Mapping[str, Any] | None, gone: bool, node: NodeState = NodeState.UNKNOWN) -> str | None:
+    """Why the server in ``pod`` ended, in the ledger's words (None: its process ended on its own).
+
+    ``pod``: its last known state (None: never seen); ``gone``: it no longer
+    exists in the API; ``node``: its node now (``node_name`` says which)."""
+    if pod is not None:
+        said = status_reason(pod)
+        if said:
+            return said
+    if node is NodeState.GONE:
+        return reasons.NODE_FAILED
+    deleting = bool(pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"))
+    if deleting and node is NodeState.NOT_READY:
+        return reasons.NODE_FAILED
+    if gone or deleting:
+        return reasons.POD_DELETED
+    return None
+
+
+def node_name(pod: Mapping[str, Any] | None) -> str:
+    """The node the pod was scheduled on ("" when it was not)."""
+    return str(((pod or {}).get("spec") or {}).get("nodeName") or "")
+
+
+def needs_node(pod: Mapping[str, Any] | None, gone: bool) -> bool:
+    """Whether the table would look at the node (so a caller asks the API only then)."""
+    if pod is not None and status_reason(pod):
+        return False
+    return gone or bool(pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"))
