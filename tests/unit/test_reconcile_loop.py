@@ -224,11 +224,13 @@ def test_passes_never_overlap_and_the_first_call_is_the_only_one_that_waits(tmp_
 
 def test_the_loop_ends_with_its_policy(tmp_path, policies):
     policy = policies(tmp_path, every=0.05)
+    # Only this policy's loop: other tests' policies may still have theirs in this process.
+    before = {t for t in threading.enumerate() if t.name == "workbench-reconcile"}
     policy.reconcile(lambda held: True)
-    loops = [t for t in threading.enumerate() if t.name == "workbench-reconcile" and t.is_alive()]
-    assert loops
+    loops = [t for t in threading.enumerate() if t.name == "workbench-reconcile" and t not in before]
+    assert len(loops) == 1 and loops[0].is_alive()
     policy.stop_reconciler()
-    wait_until(lambda: not any(t.is_alive() for t in loops if t.name == "workbench-reconcile"), 5, "the loop to end")
+    wait_until(lambda: not loops[0].is_alive(), 5, "the loop to end")
 
 
 # -- the fake host backend: its hooks, through the spawner, as the hub runs them --------------------------------
