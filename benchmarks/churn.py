@@ -193,6 +193,10 @@ async def student(lab: Lab, user: str, rng: random.Random, churn: Churn, start_a
             if spawner.alive:
                 await spawner.stop()
                 churn.stopped += 1
+        # A server that ended out there (died, deleted) looks running to the hub until its lease is closed:
+        # JupyterHub starts no server it believes runs, so the student waits for the reconciler first.
+        while await asyncio.to_thread(spawner.gpu_policy.store.lease_of, user, "") is not None:
+            await asyncio.sleep(0.2)
         await asyncio.sleep(rng.uniform(0.5, 4.0))
 
 
@@ -212,6 +216,7 @@ async def world_changes(lab: Lab, churn: Churn, rng: random.Random, t0: float) -
     for ref in rng.sample(running, min(5, len(running))):
         if lab.world.running.pop(ref, None) is not None:
             lab.world.ended[ref] = reasons.POD_DELETED
+            lab.spawners[ref.removeprefix("fake:").split("/")[0]].alive = False
             churn.deleted_in_outage += 1
     await at(0.55)
     lab.world.answers = True
