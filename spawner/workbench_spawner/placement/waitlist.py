@@ -23,9 +23,10 @@ it.
 only the waiters that may try now (the head of each class), so the cost of
 a release does not grow with the line. A change of places (a waiter joining
 or leaving, a class change, the order moving by itself at the aging bound)
-wakes everyone, since each must tell its user a new place, but at most once
-per turn of the event loop however many changes land in it: a class
-cancelling 100 waits at once costs one wake-up of the rest, not 100. A
+wakes the heads at once and everyone else, since each must tell its user a
+new place, at most every ``place_refresh`` seconds (0.5) however many
+changes land meanwhile: a class cancelling 100 waits at once, or ten GPUs
+coming free in a burst, costs one wake-up of the rest, not 100 or ten. A
 waiter that may try also looks again every ``recheck_interval`` seconds,
 which covers what the hub does not see: releases by another process, a
 reservation's grace period ending. The others look when woken, at their
@@ -102,10 +103,13 @@ class WaitList(Generic[T]):
         clock: Callable[[], float] = time.monotonic,
         rejoin_minutes: float = REJOIN_MINUTES,
         idle_recheck_interval: float | None = None,
+        place_refresh: float = 0.5,
     ):
         self.recheck_interval = recheck_interval
         self.idle_recheck_interval = 10 * recheck_interval if idle_recheck_interval is None else idle_recheck_interval
         self.mode = mode
+        # How often, at most, a change of places wakes everyone in line (``_poke``).
+        self.place_refresh = place_refresh
         self.aging_minutes = aging_minutes
         self.rejoin_minutes = rejoin_minutes
         self.clock = clock
@@ -113,7 +117,7 @@ class WaitList(Generic[T]):
         # id(ticket) -> (its loop, the event its pause waits on), while it waits or tries.
         self._wakers: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Event]] = {}
         self._wakers_lock = threading.Lock()
-        # Loops with a wake-up of everyone already scheduled (one per turn of the loop, ``_poke``).
+        # Loops with a wake-up of everyone already scheduled (``_poke``).
         self._poke_pending: set[asyncio.AbstractEventLoop] = set()
         # Bumped by every release: a ticket whose last try saw the current
         # generation is stuck until something comes free.
@@ -206,7 +210,7 @@ class WaitList(Generic[T]):
             self._version += 1
             loops = {loop for loop, _ in self._wakers.values()}
         for loop in loops:
-            self._call(loop, self._wake_heads)
+            self._call(loop, lambda loop=loop: self._wake_heads(loop))
 
     @staticmethod
     def _call(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
@@ -215,21 +219,25 @@ class WaitList(Generic[T]):
         except RuntimeError:  # that loop is closed: nobody is waiting on it any more
             pass
 
-    def _wake_heads(self, skip: int | None = None) -> None:
-        """On the waiters' loop: wake those that may try now (the head of each class), but ``skip``."""
+    def _wake_heads(self, loop: asyncio.AbstractEventLoop, skip: int | None = None) -> None:
+        """On ``loop``: wake its waiters that may try now (the head of each class), but ``skip``."""
         trying = self._current().trying - {skip}
         with self._wakers_lock:
-            events = [event for key, (_, event) in self._wakers.items() if key in trying]
+            events = [event for key, (owner, event) in self._wakers.items() if key in trying and owner is loop]
         for event in events:
             event.set()
 
     def _poke(self) -> None:
-        """Wake every waiter to look again (places or who may try changed), once per turn of each loop."""
+        """Places or who may try changed: wake those who may try now, and everyone else to tell their users
+        their new place at most every ``place_refresh`` seconds, however many changes land meanwhile."""
         with self._wakers_lock:
-            loops = {loop for loop, _ in self._wakers.values()} - self._poke_pending
-            self._poke_pending |= loops
-        for loop in loops:
-            self._call(loop, lambda loop=loop: self._wake_all(loop))
+            every = {loop for loop, _ in self._wakers.values()}
+            later = every - self._poke_pending
+            self._poke_pending |= later
+        for loop in every:
+            self._call(loop, lambda loop=loop: self._wake_heads(loop))
+        for loop in later:
+            self._call(loop, lambda loop=loop: loop.call_later(self.place_refresh, self._wake_all, loop))
 
     def _wake_all(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._wakers_lock:
@@ -299,7 +307,7 @@ class WaitList(Generic[T]):
                             ticket.failed_gen = generation
                             self._changed()
                             # Those behind of another class may try now (not this one again: it just did).
-                            self._call(loop, lambda: self._wake_heads(skip=id(ticket)))
+                            self._call(loop, lambda: self._wake_heads(loop, skip=id(ticket)))
                     ahead = self.position(ticket)
                     why = self.why(ticket)
                     if (ahead, why) != last_reported:
