@@ -327,7 +327,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             # JupyterHub starts a server it believes stopped: a job or lease of it left over is stale.
             await self.engine_cancel()
             if await asyncio.to_thread(policy.store.lease_of, self.user.name, self.name) is not None:
-                await asyncio.to_thread(self._release, "replaced by a new start")
+                await asyncio.to_thread(self._release, reasons.REPLACED)
             try:
                 if not request.gpu_profile:  # reservations hold whole GPUs: a request for slices waits for none
                     await placement.admit_to_queue(
@@ -376,8 +376,15 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             raise
 
     async def _cancel_engine_start(self) -> None:
+        # Which lease the cancelled start holds, read at once (a new start needs the DELETE to end first, a
+        # second later): only that lease is ended, never one of a new start of the same server.
+        store = self.gpu_policy.store
+        lease = await asyncio.to_thread(store.lease_of, self.user.name, self.name)
         await self.engine_cancel()
-        await asyncio.to_thread(self._release, reasons.START_CANCELLED)
+        if lease is not None:
+            await asyncio.to_thread(
+                self.gpu_policy.release, lease.user, lease.server, reasons.START_CANCELLED, lease.since
+            )
 
     def _in_background(self, work) -> None:
         """Run a clean-up after the current task is cancelled: ``work`` is a coroutine function, or a blocking
@@ -403,6 +410,10 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
     async def stop(self, now=False):
         # Who asked (the user, an admin, the culler), read before the first await (stop_requester.py).
         self._gpu_stopping = requested_by(self.user.name) or reasons.STOPPED
+        key = (self.user.name, self.name)
+        policy = self._gpu_policy  # None: no policy yet, so no lease either
+        if policy is not None:
+            policy.stopping.add(key)  # the reconciler leaves the lease to this stop's own release
         starting = self._gpu_start_task
         if starting is not None and not starting.done() and starting is not asyncio.current_task():
             # Stopped while the start waits in line or starts: the hub shutting down stops every active server,
@@ -415,6 +426,8 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
                 await asyncio.to_thread(self._release_on_stop, self._gpu_stopping)
             finally:
                 self._gpu_stopping = None
+                if policy is not None:
+                    policy.stopping.discard(key)
 
     def _release_on_stop(self, otherwise: str = reasons.STOPPED) -> None:
         """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any.

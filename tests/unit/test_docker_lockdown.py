@@ -355,8 +355,8 @@ def test_a_network_of_ones_own_needs_isolation_off(section):
     ("inspected", "reason"),
     [
         ({"State": {"Status": "exited", "ExitCode": 137, "OOMKilled": True}}, reasons.OUT_OF_MEMORY),
-        ({"State": {"Status": "exited", "ExitCode": 137, "OOMKilled": False}}, None),
-        (None, None),  # the container is gone already: the ledger says "server exited"
+        ({"State": {"Status": "exited", "ExitCode": 137, "OOMKilled": False}}, reasons.SERVER_EXITED),
+        (None, reasons.SERVER_EXITED),  # the container is gone already
     ],
 )
 async def test_a_container_killed_for_memory_is_recorded_as_out_of_memory(make_spawner, monkeypatch, inspected, reason):

@@ -294,3 +294,15 @@ def test_a_server_starting_is_never_taken_for_an_orphan(fake_hub):
     assert world.cancelled == ["fake:old/"] and policy.store.lease_of("lost", "").ref == "fake:lost/"
     counts = ReconcileBook(policy.store).counts()
     assert (counts["server_stopped"], counts["server_adopted"]) == (1, 1)
+
+
+def test_fixes_counted_by_many_writers_at_once_are_all_kept(store):
+    # Two hubs (or a hub and its backend's orphan rule) count at once: no increment may be lost.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from workbench_spawner.ledger.reconcile_book import LEASE_CLOSED, ReconcileBook
+
+    book = ReconcileBook(store)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: book.count(LEASE_CLOSED), range(80)))
+    assert book.counts()[LEASE_CLOSED] == 80

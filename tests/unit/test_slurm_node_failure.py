@@ -427,7 +427,7 @@ def lease(ref: str) -> Lease:
         ("slurm:8201", "NODE_FAIL", reasons.NODE_FAILED),
         ("slurm:8201", "OUT_OF_MEMORY", reasons.OUT_OF_MEMORY),
         ("slurm:8201", "CANCELLED", reasons.JOB_CANCELLED),
-        ("slurm:8201", "TIMEOUT", None),
+        ("slurm:8201", "TIMEOUT", reasons.SERVER_EXITED),  # a known end with nothing more to say
         ("slurm:8201", "PENDING", None),  # requeued: nothing says why
         ("slurm:8299", "NODE_FAIL", None),  # another job's state; this one is gone from Slurm's memory
         ("pid:42", "NODE_FAIL", None),

@@ -7,7 +7,7 @@ import pytest
 from jupyterhub.spawner import SpawnException
 from sqlalchemy import text
 
-from tests.unit.fake_backends import FakeHostSpawner
+from tests.unit.fake_backends import FakeHostSpawner, FakeRuntime, FakeWorld
 from workbench_spawner.policy.gpu_policy import _policies
 
 
@@ -275,3 +275,32 @@ async def test_a_running_server_whose_gpus_went_to_someone_else_is_stopped(make_
     assert await restored.poll() == 1
     assert restored.alive is False, "the server was stopped"
     assert held(restored) == {"bob": ("GPU-sim-00-h100-80gb",)}, "bob keeps his GPU"
+
+
+async def test_the_reconciler_leaves_a_stopping_servers_lease_to_the_stop(make_spawner, monkeypatch):
+    # The process is gone before the stop's own release runs: a pass in between must not close the lease
+    # as "server gone" (the stop records who asked).
+    world = FakeWorld()
+    spawner = make_spawner()
+    spawner.world = world
+    await start(spawner, {"gpus": 1})
+    policy = spawner.gpu_policy
+    policy.reconcile(spawner.gpu_lease_alive, spawner.gpu_reconcile_orphans, spawner.gpu_lease_gone_reason)
+    policy.reconcile_grace_seconds = 0
+    ended = asyncio.Event()
+    hold = asyncio.Event()
+    runtime_stop = FakeRuntime.stop
+
+    async def slow_stop(self, now=False):
+        await runtime_stop(self, now)  # the server is gone out there
+        ended.set()
+        await hold.wait()  # ... and the stop has not released yet
+
+    monkeypatch.setattr(FakeRuntime, "stop", slow_stop)
+    stopping = asyncio.ensure_future(spawner.stop())
+    await ended.wait()
+    assert await asyncio.to_thread(policy.reconcile_now) == []
+    hold.set()
+    await stopping
+    policy.stop_reconciler()
+    assert [row.reason for row in policy.store.usage()] == ["stopped"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import DateTime, Integer, String, select
+from sqlalchemy import DateTime, Integer, String, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -50,12 +50,15 @@ class ReconcileBook:
         for attempt in range(retries):
             try:
                 with self.store.writes().begin() as session:
-                    row = session.get(ReconcileFixRow, kind)
-                    if row is None:
+                    # One UPDATE that adds in the database: two hubs counting at once on PostgreSQL (READ
+                    # COMMITTED) would each read n and write n + 1 with a read-modify-write.
+                    added = session.execute(
+                        update(ReconcileFixRow)
+                        .where(ReconcileFixRow.kind == kind)
+                        .values(count=ReconcileFixRow.count + 1, last_fix=utcnow())
+                    ).rowcount
+                    if not added:
                         session.add(ReconcileFixRow(kind=kind, count=1, last_fix=utcnow()))
-                    else:
-                        row.count += 1
-                        row.last_fix = utcnow()
                 return
             except IntegrityError:
                 if attempt == retries - 1:

@@ -40,9 +40,12 @@ from sqlalchemy import (
     delete,
     event,
     select,
+    text,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+from workbench_spawner.ledger.reasons import REPLACED
 
 
 class Base(DeclarativeBase):
@@ -217,7 +220,8 @@ class AllocationStore:
         for attempt in range(retries):
             try:
                 with self._sessions.begin() as session:
-                    self._delete_lease(session, user, server, reason="replaced")
+                    lock_leases(session)
+                    self._delete_lease(session, user, server, reason=REPLACED)
                     taken: dict[str, set[int]] = {}
                     for row in session.scalars(select(LeaseRow)):
                         taken.setdefault(row.gpu_uuid, set()).add(row.slot)
@@ -278,6 +282,7 @@ class AllocationStore:
         recorded = {uuid: share_of(shares, uuid) for uuid in gpu_uuids}
         try:
             with self._sessions.begin() as session:
+                lock_leases(session)
                 taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
                 if taken & set(gpu_uuids):
                     return False
@@ -382,6 +387,18 @@ class AllocationStore:
     def dispose(self) -> None:
         self.engine.dispose()
         self.read_engine.dispose()
+
+
+def lock_leases(session: Session) -> None:
+    """Make this write transaction the only one that reads and then changes the leases, until it ends.
+
+    On SQLite BEGIN IMMEDIATE does it already. On PostgreSQL, at READ COMMITTED, a transaction's reads do
+    not wait for another's writes: an allocation could pick a device from what it read, while a MIG layout
+    change (``inventory_refresh.held_for_layout``) read the leases without it and put a layout in force
+    that no longer has the device. The table lock (SHARE ROW EXCLUSIVE conflicts with itself, not with
+    plain reads) queues such writers instead; readers (the form, the fleet view) never wait."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text(f"LOCK TABLE {LeaseRow.__tablename__} IN SHARE ROW EXCLUSIVE MODE"))
 
 
 # What a Lease is built from (``_group``).

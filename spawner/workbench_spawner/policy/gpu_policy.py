@@ -95,6 +95,9 @@ class GPUPolicy:
         # (user, server) of every spawn between start() and its lease being recorded with a ref: the
         # reconciler leaves those alone (a job submitted, a process forked, its lease not written yet).
         self.starting: set[tuple[str, str]] = set()
+        # (user, server) of every stop in progress: the stop releases with its own reason (who asked), so the
+        # reconciler must not close the lease first as "server gone" when the process ends before the release.
+        self.stopping: set[tuple[str, str]] = set()
         self._reconciled = False
         self._reconciling = False
         self._reconcile_lock = threading.RLock()
@@ -316,6 +319,8 @@ class GPUPolicy:
         for lease in closed:
             log.warning("Closing the lease of %s/%s: %s", lease.user, lease.server or "default", LAYOUT_CHANGED)
             self.release(lease.user, lease.server, LAYOUT_CHANGED)
+        if merged.devices != before.devices or waits != waited:
+            self.reconcile_soon()  # the devices changed under the ledger: compare it with the world now
         return closed
 
     def settle_layout(self) -> bool:
@@ -396,8 +401,8 @@ class GPUPolicy:
             known = self.inventory.by_uuid()
             now = utcnow()
             for lease in self.store.leases():
-                if (lease.user, lease.server) in self.starting:
-                    continue  # its spawn is in flight: the lease may not name its server yet
+                if (lease.user, lease.server) in self.starting or (lease.user, lease.server) in self.stopping:
+                    continue  # its spawn is in flight (the lease may not name its server yet), or its stop is
                 if not first and (now - lease.since).total_seconds() < self.reconcile_grace_seconds:
                     continue
                 if first:
@@ -413,8 +418,8 @@ class GPUPolicy:
                             closed.append(lease)
                         continue
                 if hooks.is_alive(lease) is False:
-                    if (lease.user, lease.server) in self.starting:
-                        continue  # a new start of the same server began meanwhile
+                    if (lease.user, lease.server) in self.starting or (lease.user, lease.server) in self.stopping:
+                        continue  # a new start, or a stop, of the same server began meanwhile
                     if self._close(lease, hooks.gone_reason(lease) or reasons.SERVER_GONE):
                         closed.append(lease)
                 elif first:
@@ -441,8 +446,10 @@ class GPUPolicy:
     def orphan_now(self, user: str, server: str) -> bool:
         """Whether a backend's orphan rule may adopt or stop the server of ``user``/``server`` now: it holds
         no lease (read now, not from a list read before) and no spawn of it is in flight. A server whose
-        lease is being written, or whose start has not returned, is never an orphan (blocking)."""
-        return (user, server) not in self.starting and self.store.lease_of(user, server) is None
+        lease is being written, or whose start has not returned, is never an orphan, nor one being stopped
+        (blocking)."""
+        key = (user, server)
+        return key not in self.starting and key not in self.stopping and self.store.lease_of(user, server) is None
 
     def record_fix(self, kind: str, line: str | None = None) -> None:
         """Count one fix of the reconciler (``reconcile_book``: ``workbench_reconcile_fixes_total{kind}`` on the

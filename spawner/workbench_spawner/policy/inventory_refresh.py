@@ -47,11 +47,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, simulated_spec_text
-from workbench_spawner.ledger.store import AllocationStore, LeaseRow, utcnow
+from workbench_spawner.ledger.store import AllocationStore, LeaseRow, lock_leases, utcnow
 from workbench_spawner.policy.settings import PolicySettings, SettingsRow, discover_inventory
 
 if TYPE_CHECKING:
@@ -299,8 +299,7 @@ def held_for_layout(session: Session) -> dict[str, list[tuple[str, str]]]:
     no allocation commits between this read and the layout put in force with it: on SQLite the
     transaction's BEGIN IMMEDIATE queues every other writer; on PostgreSQL the lease table is locked
     against inserts for as long (allocations wait, reads do not)."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text(f"LOCK TABLE {LeaseRow.__tablename__} IN SHARE ROW EXCLUSIVE MODE"))
+    lock_leases(session)
     held: dict[str, list[tuple[str, str]]] = {}
     for row in session.scalars(select(LeaseRow)):
         held.setdefault(row.gpu_uuid, []).append((row.user, row.server))

@@ -264,11 +264,23 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
         profile's ``mem_limit``), which the ledger and the student should hear as "out of memory"."""
         try:
             container = await self.get_object()
-        except docker.errors.DockerException as exc:
+        except Exception as exc:  # docker-py's errors, or requests' when the daemon is away: poll goes on
             self.log.warning("Cannot inspect %s's container to say why it ended: %s", self.user.name, exc)
             return None
-        state = (container or {}).get("State") or {}
-        return reasons.OUT_OF_MEMORY if state.get("OOMKilled") else None
+        return container_end_reason((container or {}).get("State") or {})
+
+    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+        """The same rule for the reconciler (blocking): the container's state if it is still there (exited),
+        "server exited" if it is gone; None when the engine cannot be asked or the lease named no container."""
+        if not lease.ref.startswith("container:"):
+            return None
+        try:
+            container = self._sync_client().containers.get(lease.ref.split(":", 1)[1])
+        except docker.errors.NotFound:
+            return reasons.SERVER_EXITED
+        except Exception:  # the engine is away: say nothing rather than guess
+            return None
+        return container_end_reason(container.attrs.get("State") or {})
 
     def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
         env = {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
@@ -354,7 +366,13 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
         return container.status in ("running", "restarting", "created")
 
     def _sync_client(self) -> docker.DockerClient:
-        return docker.DockerClient(**self.client_kwargs) if self.client_kwargs else docker.from_env()
+        """One blocking client per spawner, kept: the reconciler asks through it for every lease on every pass,
+        and a client per question left a connection pool behind each time."""
+        client = self.__dict__.get("_workbench_sync_client")
+        if client is None:
+            client = docker.DockerClient(**self.client_kwargs) if self.client_kwargs else docker.from_env()
+            self.__dict__["_workbench_sync_client"] = client
+        return client
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or stop this hub's running containers that have no lease; rejoin its users' networks.
@@ -395,6 +413,11 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
                     f"and its GPU(s) {', '.join(uuids)} are leased to another server",
                 )
                 container.stop(timeout=10)
+
+
+def container_end_reason(state: dict) -> str:
+    """Why a container that is no longer running ended, from ``docker inspect``'s ``State``."""
+    return reasons.OUT_OF_MEMORY if state.get("OOMKilled") else reasons.SERVER_EXITED
 
 
 def _still_running(container) -> bool:

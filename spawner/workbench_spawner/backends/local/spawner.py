@@ -19,6 +19,7 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Unicode, default
 
 from workbench_spawner import slugs
+from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
@@ -84,6 +85,11 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
         if not lease.ref.startswith("pid:"):
             return False  # the start never finished before the hub went away
         return pid_runs_jupyter(int(lease.ref[4:]))
+
+    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+        """A server process that is gone ended on its own (crashed, killed): what poll would have said. A lease
+        that never named its process (the start did not finish) has no reason to give."""
+        return reasons.SERVER_EXITED if lease.ref.startswith("pid:") else None
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or end this hub's server processes that hold GPUs and have no lease.

@@ -57,6 +57,7 @@ from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlac
 from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.traits import SlurmTraits
+from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -347,7 +348,8 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             return None
         if job is None or job.pending or job.running:
             return None  # gone from Slurm's memory, or requeued: nothing says why
-        return end_reason(job.state, cancelled_by_hub(job_id))
+        # A known end with nothing more to say (COMPLETED, FAILED, TIMEOUT) is the server exiting, as poll says.
+        return end_reason(job.state, cancelled_by_hub(job_id)) or reasons.SERVER_EXITED
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or cancel this hub's tagged jobs without a lease (``slurm_reconcile``)."""
