@@ -25,8 +25,10 @@ CULL_AFTER = 30  # the culler looks every 15 s
 
 
 def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
-    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4", "WORKBENCH_CULL_IDLE_SECONDS": str(CULL_AFTER)})
-    hub.create_users("ann", "ben", "cat", "dan", "eve", "admin")  # admin: WORKBENCH_ADMIN_USERS' default
+    # The idle culler off here: on a loaded host a server slow to start is idle by the time it is ready,
+    # and the culler could stop it before the stop under test (the culler has its own hub below).
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "4"})
+    hub.create_users("ann", "ben", "cat", "dan", "admin")  # admin: WORKBENCH_ADMIN_USERS' default
     ann_token = hub.user_token("ann")
     r = hub.api("POST", "/users/admin/tokens", json={"note": "tests", "expires_in": 3600, "scopes": ["admin:servers"]})
     assert r.status_code == 201, r.text
@@ -57,17 +59,20 @@ def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
         list(pool.map(stop_when_ready, ["ann", "ben", "cat", "dan"]))
     for user in ("ann", "ben", "cat", "dan"):
         hub.wait_stopped(user, timeout=120)
-
-    # The idle culler finds eve's server idle and stops it.
-    assert hub.spawn("eve", gpus=1).status_code in (201, 202)
-    hub.wait_ready("eve", timeout=180)
-    hub.wait_stopped("eve", timeout=3 * CULL_AFTER + 30)
-
-    wait_until(lambda: len(hub.usage_reasons()) == 5, 30, "five ledger rows", hub.log)
+    wait_until(lambda: len(hub.usage_reasons()) == 4, 30, "four ledger rows", hub.log)
     assert hub.usage_reasons() == {
         "ann": [reasons.STOPPED_BY_USER],
         "ben": [reasons.STOPPED_BY_ADMIN],
         "cat": [reasons.STOPPED_BY_SERVICE],
         "dan": [reasons.SERVER_EXITED],
-        "eve": [reasons.STOPPED_BY_CULLER],
     }
+
+
+def test_a_server_the_idle_culler_stops_is_recorded_as_culled(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_CULL_IDLE_SECONDS": str(CULL_AFTER)})
+    hub.create_users("eve")
+    assert hub.spawn("eve", gpus=1).status_code in (201, 202)
+    hub.wait_ready("eve", timeout=180)
+    hub.wait_stopped("eve", timeout=3 * CULL_AFTER + 30)
+    wait_until(lambda: hub.usage_reasons(), 30, "the ledger row", hub.log)
+    assert hub.usage_reasons() == {"eve": [reasons.STOPPED_BY_CULLER]}
