@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -150,7 +151,7 @@ def make_engine(url: str, *, readonly: bool = False):
             # Let pysqlite leave transactions to us, so BEGIN IMMEDIATE is ours.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(cur)
             # In WAL mode a crash may lose the last commits, never the database.
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
@@ -162,6 +163,22 @@ def make_engine(url: str, *, readonly: bool = False):
 
         return engine
     return create_engine(url, pool_pre_ping=True)
+
+
+def _switch_to_wal(cursor, within: float = 30.0) -> None:
+    """``PRAGMA journal_mode=WAL``, waiting while another connection holds the database: on a new file, two
+    processes starting at once (the hub and the workbench service) both switch it, and SQLite answers the
+    second "database is locked" at once, without its busy timeout. Once a file is in WAL mode it stays so,
+    and the pragma is a no-op."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 class AllocationStore:
