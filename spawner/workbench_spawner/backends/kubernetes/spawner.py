@@ -366,14 +366,12 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
 
     def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
         """Why the pod of ``lease`` is gone, for the reconciler (blocking): from the pod as the API lists it now."""
-        namespace, _, name = lease.ref[4:].partition("/") if lease.ref.startswith("k8s:") else ("", "", "")
-        if not name:
+        if not lease.ref.startswith("k8s:") or not lease.ref[4:].partition("/")[2]:
             return None
         try:
-            pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
+            pod = self._pod_of(lease)
         except cluster.KubernetesUnavailable:
             return None
-        pod = next((p for p in pods if p["metadata"]["name"] == name), None)
         node = NodeState.UNKNOWN
         if needs_node(pod, pod is None):
             node = cluster.node_state(node_name(pod) or lease.node)
@@ -389,15 +387,20 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         while the hub itself is deleting the pod (its stop records why it ended)."""
         if not lease.ref.startswith("k8s:"):
             return False
-        namespace, _, name = lease.ref[4:].partition("/")
-        if f"{namespace}/{name}" in _hub_deleting:
+        if lease.ref[4:] in _hub_deleting:
             return None
         try:
-            pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
+            pod = self._pod_of(lease)
         except cluster.KubernetesUnavailable:
             return None
-        pod = next((p for p in pods if p["metadata"]["name"] == name), None)
         return bool(pod and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") == "Running")
+
+    def _pod_of(self, lease: Lease) -> dict | None:
+        """The pod a ``k8s:<namespace>/<name>`` lease names, as the API lists it now (None: no such pod);
+        blocking, and KubernetesUnavailable when the API server cannot say."""
+        namespace, _, name = lease.ref[4:].partition("/")
+        pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
+        return next((p for p in pods if p["metadata"]["name"] == name), None)
 
     def gpu_reconcile_orphans(self) -> None:
         for line in delete_left_pods(self.log):
