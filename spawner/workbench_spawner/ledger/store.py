@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sqlite3
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -37,15 +36,13 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
-    create_engine,
     delete,
-    event,
     select,
-    text,
 )
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from workbench_spawner.ledger.connection import LEASES_TABLE, lock_leases, make_engine
 from workbench_spawner.ledger.reasons import REPLACED
 
 
@@ -56,7 +53,7 @@ class Base(DeclarativeBase):
 class LeaseRow(Base):
     """One GPU slot held by one user server."""
 
-    __tablename__ = "gpu_leases"
+    __tablename__ = LEASES_TABLE
     __table_args__ = (UniqueConstraint("gpu_uuid", "slot", name="one_holder_per_slot"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -135,50 +132,6 @@ def utcnow() -> datetime:
 def _aware(value: datetime) -> datetime:
     # SQLite hands datetimes back without a zone; they were stored in UTC.
     return value if value.tzinfo else value.replace(tzinfo=UTC)
-
-
-def make_engine(url: str, *, readonly: bool = False):
-    """An engine that is safe to share between threads and processes.
-
-    ``readonly`` engines (SQLite) open deferred transactions: with WAL a
-    reader sees the last commit and takes no lock a writer waits for.
-    """
-    if url.startswith("sqlite"):
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):
-            # Let pysqlite leave transactions to us, so BEGIN IMMEDIATE is ours.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            _switch_to_wal(cur)
-            # In WAL mode a crash may lose the last commits, never the database.
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA busy_timeout=30000")
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn):
-            conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
-
-        return engine
-    return create_engine(url, pool_pre_ping=True)
-
-
-def _switch_to_wal(cursor, within: float = 30.0) -> None:
-    """``PRAGMA journal_mode=WAL``, waiting while another connection holds the database: on a new file, two
-    processes starting at once (the hub and the workbench service) both switch it, and SQLite answers the
-    second "database is locked" at once, without its busy timeout. Once a file is in WAL mode it stays so,
-    and the pragma is a no-op."""
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
 
 
 class AllocationStore:
@@ -404,18 +357,6 @@ class AllocationStore:
     def dispose(self) -> None:
         self.engine.dispose()
         self.read_engine.dispose()
-
-
-def lock_leases(session: Session) -> None:
-    """Make this write transaction the only one that reads and then changes the leases, until it ends.
-
-    On SQLite BEGIN IMMEDIATE does it already. On PostgreSQL, at READ COMMITTED, a transaction's reads do
-    not wait for another's writes: an allocation could pick a device from what it read, while a MIG layout
-    change (``inventory_refresh.held_for_layout``) read the leases without it and put a layout in force
-    that no longer has the device. The table lock (SHARE ROW EXCLUSIVE conflicts with itself, not with
-    plain reads) queues such writers instead; readers (the form, the fleet view) never wait."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text(f"LOCK TABLE {LeaseRow.__tablename__} IN SHARE ROW EXCLUSIVE MODE"))
 
 
 # What a Lease is built from (``_group``).
