@@ -11,6 +11,10 @@ BIN    := $(abspath $(VENV)/bin)
 # build, e.g. make run TORCH="torch==2.7.1 --index-url https://download.pytorch.org/whl/cu126"
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
+# Every user server's Jupyter config: no npm registry (jlpm) call, no PyPI, news or update look-ups at
+# start. In .venv's sys-prefix config dir, read by its jupyterhub-singleuser (the local backend, and Slurm
+# jobs on this .venv); the single-user image installs the same file (images/singleuser/Dockerfile).
+SERVER_CONFIG := $(VENV)/etc/jupyter/jupyter_server_config.py
 PYTEST_ARGS ?=
 
 # Exact versions of every third-party package, from one lock file made by `make lock`
@@ -99,7 +103,10 @@ lock-check: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)
 test-images:
 	images/build-test-images.sh
 
-install: $(STAMP) node_modules/.bin/configurable-http-proxy
+install: $(STAMP) $(SERVER_CONFIG) node_modules/.bin/configurable-http-proxy
+
+$(SERVER_CONFIG): images/singleuser/jupyter_server_config.py $(VENV)/.tools
+	install -D -m 0644 $< $@
 
 $(VENV)/.tools:
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -1,0 +1,44 @@
+# GPU Workbench: every user's Jupyter server starts without reaching past loopback.
+#
+# JupyterLab 4 on its own, with no browser open yet or on the page's first requests:
+#   * runs `node .../jupyter_builder/yarn.js config --json` (jlpm) to learn the npm registry, when
+#     jupyterlab/labapp.py is imported (get_app_version -> AppOptions.registry -> _yarn_config), and
+#     again for each listing of the installed extensions. At a class start (200 servers on one host)
+#     that was a node process per server, and servers stopped while in it died with
+#     "KeyError: 'registry'" (traitlets' "no value yet", the first exception of that traceback);
+#   * the extension manager ("pypi") asks pypi.org for every installed extension's latest version;
+#   * /lab/api/news fetches jupyterlab.github.io's feed, /lab/api/update asks pypi.org.
+# Users cannot install into the image or the shared environment, and the hosts may have no way out.
+# This file turns all of it off; installed extensions are still listed, enabled and disabled.
+#
+# One file for every backend: `make install` puts it in .venv/etc/jupyter/ (the local backend, and the
+# Slurm jobs when WORKBENCH_SLURM_ENV is the repository's .venv), images/singleuser/Dockerfile in the
+# image's venv (Docker, Kubernetes); docs/slurm.md says how to put it in a shared Slurm environment.
+# It is Python, not a jupyter_server_config.d/*.json, because the jlpm call happens when JupyterLab's
+# labapp module is imported, before any setting is read: only code run before that can stop it. The
+# server loads this file (sys-prefix config) before it imports its extensions.
+# tests/integration/test_no_outbound.py starts a real server with no route out and checks all of this.
+
+c = get_config()  # noqa: F821  (provided by Jupyter when it loads this file)
+
+# The extension manager lists what is installed and installs nothing: no PyPI search, no version look-ups.
+c.LabApp.extension_manager = "readonly"
+# No announcements feed (the page then does not offer it) and no "a newer JupyterLab is available".
+c.LabApp.news_url = None
+c.LabApp.check_for_updates_class = "jupyterlab.NeverCheckForUpdate"
+
+try:
+    from jupyterlab import commands as _lab_commands
+except ImportError:  # an environment without JupyterLab: nothing to stop
+    _lab_commands = None
+
+if _lab_commands is not None and hasattr(_lab_commands, "_yarn_config"):
+
+    def _no_yarn_config(logger=None):
+        """What JupyterLab's _yarn_config answers on a host without Node.js: no yarn or npm settings.
+
+        Its only use is the npm registry for source-extension installs and update checks, which
+        the read-only extension manager never makes; JupyterLab then names its default registry."""
+        return {"yarn config": {}, "npm config": {}}
+
+    _lab_commands._yarn_config = _no_yarn_config
