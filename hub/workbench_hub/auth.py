@@ -1,10 +1,10 @@
-"""NativeAuthenticator, made to work on JupyterHub 6, with authorized sign-ups known to the hub.
+"""NativeAuthenticator, made to work on JupyterHub 6, with authorized sign-ups known to the hub
+and bcrypt kept off the hub's event loop.
 
 NativeAuthenticator 1.3.0 (the newest release) predates JupyterHub 6, whose
 handlers no longer carry a ``statsd`` client: its login handler then fails
 every sign-in with a 500. This module keeps NativeAuthenticator's sign-up,
-authorization and password handling and only supplies what its login page
-expects.
+authorization and password rules and supplies its own login form handler.
 
 It also closes a gap between NativeAuthenticator's sign-ups (its own table,
 ``users_info``) and the hub's users: JupyterHub learns a user only at their
@@ -18,14 +18,30 @@ before this existed, when the hub starts. Taking an authorization back
 leaves the hub user in place (they can no longer log in; delete them on the
 hub's admin page to remove them and their servers).
 
+And it moves NativeAuthenticator's bcrypt work (~0.2 s of CPU per password
+at cost 12) off the event loop, into ``password_checks``' thread pool: the
+check at login (and the second one NativeAuthenticator's login page makes to
+tell an unauthorized sign-up apart), the hash at sign-up and the hash and
+check at password change. The hashes, their cost and every rule stay
+NativeAuthenticator's; only the bcrypt call moves, the database stays on
+the loop. A class logging in at once used to stall the whole hub for as
+long as all its checks took (200 logins: 55 s); now they queue in the pool.
+
 Drop the JupyterHub 6 part when a NativeAuthenticator release supports
 JupyterHub 6.
 """
 
 from __future__ import annotations
 
+import asyncio
+import re
+from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+
 from jupyterhub.utils import maybe_future
 from nativeauthenticator import NativeAuthenticator
+from nativeauthenticator.handlers import ChangePasswordAdminHandler as NativeChangePasswordAdminHandler
+from nativeauthenticator.handlers import ChangePasswordHandler as NativeChangePasswordHandler
 from nativeauthenticator.handlers import EmailAuthorizationHandler as NativeEmailAuthorizationHandler
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 from nativeauthenticator.handlers import SignUpHandler as NativeSignUpHandler
@@ -34,30 +50,65 @@ from nativeauthenticator.handlers import admin_users_scope
 from nativeauthenticator.orm import UserInfo
 from tornado import web
 
+from workbench_hub import password_checks
 
-class _NoTimer:
-    def start(self):
-        return self
-
-    def stop(self, send=True):
-        return self
+# A password and its bcrypt hash, made in the pool by the handler now serving a request (a sign-up
+# or a password change); NativeAuthenticator's create_user/change_password, called by that handler,
+# store it instead of hashing on the loop. Per request: a ContextVar follows its task.
+_hashed_in_pool: ContextVar[tuple[str, bytes] | None] = ContextVar("workbench_hashed_in_pool", default=None)
 
 
-class _NoStats:
-    """Stands in for the statsd client JupyterHub 6 dropped."""
+@contextmanager
+def _using_hash(password: str, hashed: bytes | None):
+    token = _hashed_in_pool.set((password, hashed) if hashed is not None else None)
+    try:
+        yield
+    finally:
+        _hashed_in_pool.reset(token)
 
-    def timer(self, _name):
-        return _NoTimer()
+
+def _hash_for(password: str) -> bytes | None:
+    """The hash the current request made in the pool for exactly this password, if any."""
+    made = _hashed_in_pool.get()
+    return made[1] if made is not None and made[0] == password else None
+
+
+async def _hash_in_pool(password: str) -> bytes | None:
+    try:
+        return await password_checks.hash_password(password)
+    except ValueError:  # over bcrypt's 72 bytes: NativeAuthenticator's own call refuses it as before
+        return None
 
 
 class LoginHandler(NativeLoginHandler):
-    statsd = _NoStats()
-
     def _render(self, login_error=None, username=None, **_ignored):
         # JupyterHub 6 renders login errors through _render(**namespace),
         # passing keys (sync, status_code, ...) NativeAuthenticator's
         # version does not accept.
         return super()._render(login_error=login_error, username=username)
+
+    async def post(self):
+        # NativeAuthenticator's LoginHandler.post, without its statsd timer (gone in JupyterHub 6) and
+        # with its second password check (to say "not authorized yet") in the pool, made only where
+        # that message could be the answer (an existing sign-up that is not authorized).
+        data = {arg: self.get_argument(arg, strip=False) for arg in self.request.arguments}
+        user = await self.login_user(data)
+        if user:
+            # register current user for subsequent requests to user (e.g. logging the request)
+            self._jupyterhub_user = user
+            self.redirect(self.get_next_url(user))
+            return
+        error = "Invalid username or password."
+        username = data["username"]
+        info = self.authenticator.get_user(username)
+        if (
+            info is not None
+            and not info.is_authorized
+            and await password_checks.check_password(data["password"], info.password)
+        ):
+            error = f"User {username} has not been authorized by an administrator yet."
+        html = await self._render(login_error=error, username=username)
+        self.finish(html)
 
 
 async def make_hub_user(handler, name: str) -> None:
@@ -76,11 +127,91 @@ def _authorized(db, name: str) -> bool:
 
 class SignUpHandler(NativeSignUpHandler):
     async def post(self):
-        await super().post()
+        # The password is hashed in the pool first, where create_user could store it; create_user
+        # still applies every rule (on the loop, with the insert). With reCAPTCHA on, the captcha
+        # is checked inside NativeAuthenticator's post before any hashing, so its hash stays there.
+        authenticator = self.authenticator
+        name = self.get_body_argument("username", "", strip=False)
+        password = self.get_body_argument("signup_password", "", strip=False)
+        hashed = None
+        if (
+            authenticator.enable_signup
+            and not authenticator.recaptcha_key
+            and password == self.get_body_argument("signup_password_confirmation", None, strip=False)
+            and not authenticator.user_exists(name)
+            and authenticator.is_password_strong(password)
+        ):
+            hashed = await _hash_in_pool(password)
+        with _using_hash(password, hashed):
+            await super().post()
         # Authorized at once (an admin's own sign-up, or open sign-up): a hub user now.
-        name = self.authenticator.normalize_username(self.get_body_argument("username", "", strip=False))
+        name = authenticator.normalize_username(name)
         if name and _authorized(self.db, name):
             await make_hub_user(self, name)
+
+
+class ChangePasswordHandler(NativeChangePasswordHandler):
+    @web.authenticated
+    async def post(self):
+        # NativeAuthenticator's ChangePasswordHandler.post, its messages and order, with the check of
+        # the current password and the new hash made in the pool.
+        user = await self.get_current_user()
+        old_password = self.get_body_argument("old_password", strip=False)
+        new_password = self.get_body_argument("new_password", strip=False)
+        confirmation = self.get_body_argument("new_password_confirmation", strip=False)
+        info = self.authenticator.get_user(user.name)
+        correct_password_provided = info is not None and await password_checks.check_password(
+            old_password, info.password
+        )
+        if not correct_password_provided:
+            alert = "alert-danger"
+            message = "Your current password was incorrect. Please try again."
+        elif new_password != confirmation:
+            alert = "alert-danger"
+            message = "Your new password didn't match the confirmation. Please try again."
+        else:
+            hashed = await _hash_in_pool(new_password) if self.authenticator.is_password_strong(new_password) else None
+            with _using_hash(new_password, hashed):
+                success = self.authenticator.change_password(user.name, new_password)
+            if success:
+                alert = "alert-success"
+                message = "Your password has been changed successfully!"
+            else:
+                alert = "alert-danger"
+                minimum_password_length = self.authenticator.minimum_password_length
+                if minimum_password_length > 0:
+                    message = (
+                        "Something went wrong!\n"
+                        "Be sure your new password has at least"
+                        f" {minimum_password_length} characters "
+                        "and is not too common."
+                    )
+                else:
+                    message = "Something went wrong!\nBe sure your new password is not too common."
+        html = await self.render_template(
+            "change-password.html",
+            user_name=user.name,
+            result_message=message,
+            alert=alert,
+        )
+        self.finish(html)
+
+
+class ChangePasswordAdminHandler(NativeChangePasswordAdminHandler):
+    @admin_users_scope
+    async def post(self, user_name):
+        # The new password is hashed in the pool first; NativeAuthenticator's post (its messages)
+        # and change_password (its rules) then store that hash.
+        new_password = self.get_body_argument("new_password", strip=False)
+        hashed = None
+        if (
+            new_password == self.get_body_argument("new_password_confirmation", strip=False)
+            and self.authenticator.user_exists(user_name)
+            and self.authenticator.is_password_strong(new_password)
+        ):
+            hashed = await _hash_in_pool(new_password)
+        with _using_hash(new_password, hashed):
+            await super().post(user_name)
 
 
 class ToggleAuthorizationHandler(NativeToggleAuthorizationHandler):
@@ -108,6 +239,8 @@ class EmailAuthorizationHandler(NativeEmailAuthorizationHandler):
 REPLACED = {
     NativeLoginHandler: LoginHandler,
     NativeSignUpHandler: SignUpHandler,
+    NativeChangePasswordHandler: ChangePasswordHandler,
+    NativeChangePasswordAdminHandler: ChangePasswordAdminHandler,
     NativeToggleAuthorizationHandler: ToggleAuthorizationHandler,
     NativeEmailAuthorizationHandler: EmailAuthorizationHandler,
 }
@@ -115,10 +248,12 @@ REPLACED = {
 
 class WorkbenchAuthenticator(NativeAuthenticator):
     """NativeAuthenticator with a login page that runs on JupyterHub 6, whose authorized
-    sign-ups are hub users at once."""
+    sign-ups are hub users at once, and whose bcrypt work runs off the event loop."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        # username -> [lock, holders and waiters]: one password check at a time per name (authenticate)
+        self._checking: dict[str, list] = {}
         # Sign-ups authorized before hub users were made at authorization:
         # JupyterHub creates every name in allowed_users when it starts
         # (allow_all stays what the config says, so this lets no one else in).
@@ -132,3 +267,99 @@ class WorkbenchAuthenticator(NativeAuthenticator):
 
     def get_handlers(self, app):
         return [(path, REPLACED.get(handler, handler)) for path, handler in super().get_handlers(app)]
+
+    @asynccontextmanager
+    async def _one_check_at_a_time(self, username: str):
+        """Serialize the logins of one name, as NativeAuthenticator's synchronous check did: a check
+        that waits for the pool must not let the next attempt past ``is_blocked`` before it is
+        counted (parallel guesses would get more than ``allowed_failed_logins`` tries). Other names
+        are not held up."""
+        turn = self._checking.get(username)
+        if turn is None:
+            turn = self._checking[username] = [asyncio.Lock(), 0]
+        turn[1] += 1
+        try:
+            async with turn[0]:
+                yield
+        finally:
+            turn[1] -= 1
+            if not turn[1]:
+                del self._checking[username]
+
+    async def authenticate(self, handler, data):
+        """NativeAuthenticator.authenticate, its rules and order, with the bcrypt check in the pool."""
+        username = self.normalize_username(data["username"])
+        password = data["password"]
+        async with self._one_check_at_a_time(username):
+            user = self.get_user(username)
+            if not user:
+                return None
+            if self.allowed_failed_logins and self.is_blocked(username):
+                return None
+            # Everything is evaluated, as NativeAuthenticator does; the row is read before the wait.
+            validations = [user.is_authorized]
+            if user.has_2fa:
+                validations.append(user.is_valid_token(data.get("2fa")))
+            validations.append(await password_checks.check_password(password, user.password))
+            if all(validations):
+                self.successful_login(username)
+                return username
+            self.add_login_attempt(username)
+            return None
+
+    def create_user(self, username, password, **kwargs):
+        """NativeAuthenticator.create_user; where the request's handler already hashed this password
+        in the pool (SignUpHandler), that hash is stored and the same rules apply, in the same order."""
+        hashed = _hash_for(password)
+        if hashed is None:
+            return super().create_user(username, password, **kwargs)
+        username = self.normalize_username(username)
+        if self.user_exists(username) or not self.validate_username(username):
+            return None
+        if not self.is_password_strong(password):
+            return None
+        if not self.enable_signup:
+            return None
+        infos = {"username": username, "password": hashed, **kwargs}
+        # Pre-authorized users (admins, or any users during open signup)
+        pre_authorized = self.open_signup or username in self.get_authed_users()
+        if pre_authorized:
+            infos["is_authorized"] = True
+        try:
+            user_info = UserInfo(**infos)
+        except AssertionError:
+            return None
+        # Don't send authorization emails to pre-authorized users.
+        if self.allow_self_approval_for and not pre_authorized:
+            if re.match(self.allow_self_approval_for, user_info.email):
+                url = self.generate_approval_url(username)
+                self.send_approval_email(user_info.email, url)
+                user_info.login_email_sent = True
+        self.db.add(user_info)
+        self.db.commit()
+        return user_info
+
+    def change_password(self, username, new_password):
+        """NativeAuthenticator.change_password; where the request's handler already hashed the new
+        password in the pool, that hash is stored under the same rules."""
+        hashed = _hash_for(new_password)
+        if hashed is None:
+            return super().change_password(username, new_password)
+        user = self.get_user(username)
+        if user is None or not self.is_password_strong(new_password):
+            return None
+        user.password = hashed
+        self.db.commit()
+        return True
+
+    def get_authed_users(self):
+        """NativeAuthenticator's set (authorized sign-ups, allowed users, admins) in one query: its
+        own reads every sign-up and then each one again by name, at every sign-up."""
+        authorized = {name for (name,) in self.db.query(UserInfo.username).filter(UserInfo.is_authorized)}
+        return authorized | set(self.allowed_users) | set(self.admin_users)
+
+    def get_unauthed_amount(self):
+        """NativeAuthenticator's count of sign-ups not yet authorized, without its query per sign-up
+        (and its get_authed_users per sign-up)."""
+        authed = self.get_authed_users()
+        return sum(1 for (name,) in self.db.query(UserInfo.username) if name not in authed)
