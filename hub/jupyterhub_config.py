@@ -116,7 +116,16 @@ try:
 except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url, settings.backend)
+# A class start: JupyterHub's own spawn limit above the GPU line, so students queue instead of getting 429s.
+limits = settings.spawn_limits()
+limits_warning = configurer.update_spawn_limits(c, final, limits)
+if limits_warning:
+    print(f"\nGPU Workbench: {limits_warning}\n", file=sys.stderr)
 
 # Who can use the hub: the local backend warns when more than one person can (workbench_hub/accounts.py).
 reach = accounts.who_can_use(final) if backend == "local" else None
-print(banner.banner(final, backend, data_dir, settings.inventory, served, reach), file=sys.stderr, flush=True)
+print(
+    banner.banner(final, backend, data_dir, settings.inventory, served, reach, limits.describe()),
+    file=sys.stderr,
+    flush=True,
+)

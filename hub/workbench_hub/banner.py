@@ -53,12 +53,19 @@ def shared_local_warning(reach: Reach) -> list[str]:
 
 
 def banner(
-    c: Config, backend: str, data: Path, inventory, transport: Transport | None = None, reach: Reach | None = None
+    c: Config,
+    backend: str,
+    data: Path,
+    inventory,
+    transport: Transport | None = None,
+    reach: Reach | None = None,
+    class_start: str = "",
 ) -> str:
     """The lines printed at start: where the hub is, which GPUs, where state lives, how to begin.
 
     ``reach`` (who can use the hub, ``accounts.who_can_use``) adds the local
-    backend's warning when more than one person can.
+    backend's warning when more than one person can; ``class_start`` is the
+    spawn limits in force (``SpawnLimits.describe``).
     """
     address = public_address(c, transport)
     admins = sorted(c.Authenticator.admin_users)
@@ -92,6 +99,7 @@ def banner(
             "=" * 72,
             f"GPU Workbench ({backend} backend) at {address}/",
             gpu_line,
+            *([f"Class start: {class_start}"] if class_start else []),
             *transport_lines,
             f"Data: {data}",
             f"First admin: open {address}/hub/signup and sign up as "

@@ -33,6 +33,7 @@ from urllib.parse import urlparse
 from traitlets.config import Config
 
 from workbench_spawner.backend import HubContext, UnknownBackend, backend_extension
+from workbench_spawner.policy.spawn_limits import SpawnLimits
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
 from . import proxy_env
@@ -389,6 +390,12 @@ def update_policy(c: Config, env: Env, data: Path) -> None:
     mixin.gpu_queue_timeout = number(env, "WORKBENCH_QUEUE_TIMEOUT", "300")
     mixin.inventory_refresh_seconds = number(env, "WORKBENCH_INVENTORY_REFRESH_SECONDS", "60")
     mixin.reconcile_seconds = number(env, "WORKBENCH_RECONCILE_SECONDS", "30")
+    # A class start (policy/spawn_limits.py): how many may wait, how many servers start at once (0: derived).
+    waiting = number(env, "WORKBENCH_MAX_WAITING", "1000", int)
+    if waiting < 1:
+        raise ConfigError("WORKBENCH_MAX_WAITING must be at least 1: it is how many spawns may wait in line")
+    mixin.max_waiting_spawns = waiting
+    mixin.max_starting_servers = number(env, "WORKBENCH_MAX_STARTING", "0", int)
     update_fairness(mixin, env)
     mixin.servers_per_gpu, mixin.servers_per_device = servers_per_gpu(text(env, "WORKBENCH_SERVERS_PER_GPU", "1"))
     mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
@@ -405,6 +412,23 @@ def update_policy(c: Config, env: Env, data: Path) -> None:
         except ProfileError as exc:
             raise ConfigError(f"WORKBENCH_PROFILES: {exc}") from None
         mixin.resource_profiles = profiles
+
+
+def update_spawn_limits(c: Config, final: Config, limits: SpawnLimits) -> str:
+    """JupyterHub's ``concurrent_spawn_limit`` above the GPU line (``spawn_limits.py``), so that a class
+    waits in line instead of getting 429s; a local config's own value is kept. Returns a warning when that
+    value would refuse students before the line is full, else ""."""
+    if "concurrent_spawn_limit" not in final.JupyterHub:
+        c.JupyterHub.concurrent_spawn_limit = limits.concurrent_spawn_limit
+        return ""
+    chosen = int(final.JupyterHub.concurrent_spawn_limit)
+    if chosen and chosen < limits.max_waiting + limits.max_starting:
+        return (
+            f"c.JupyterHub.concurrent_spawn_limit = {chosen} in the local config: past {chosen} pending spawns "
+            f"JupyterHub answers 429 before a student gets a place in line (up to {limits.max_waiting} may wait, "
+            f"WORKBENCH_MAX_WAITING); remove it to let the hub derive {limits.concurrent_spawn_limit}"
+        )
+    return ""
 
 
 def update_spawner(

@@ -30,6 +30,7 @@ method of this class or redefines ``start``.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 from typing import ClassVar
 
@@ -44,6 +45,7 @@ from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
+from workbench_spawner.placement.start_line import LineFull, Slot, SlotTimeout, StartLine
 from workbench_spawner.policy.config import GPUPolicyConfig
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
 from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force, watch
@@ -102,9 +104,15 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
 
     @default("start_timeout")
     def _default_start_timeout(self):
-        # A spawn may wait in line for the whole queue timeout before its
-        # server even starts; the hub must not give up on it first.
-        return int(self.gpu_queue_timeout) + 120
+        # A spawn may wait in line for the whole queue timeout, then for a start slot (up to http_timeout, as
+        # the servers ahead of it answer) before its server even starts; the hub must not give up on it first.
+        return int(self.gpu_queue_timeout) + int(self.http_timeout) + 120
+
+    @default("http_timeout")
+    def _default_http_timeout(self):
+        # JupyterHub's 30 s is for an idle host: at a class start a JupyterLab on a loaded host takes longer
+        # to answer, and was given up while still starting (README, "A class starts at once").
+        return 120
 
     @default("options_form")
     def _default_options_form(self):
@@ -272,29 +280,42 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         self._gpu_start_task = asyncio.current_task()
         key = (self.user.name, self.name)
         policy: GPUPolicy | None = None
+        in_line = None
         try:
             policy = await self._policy()
+            try:
+                in_line = policy.start_line.join()  # a place in line, or a 503 past max_waiting_spawns
+            except LineFull as exc:
+                raise SpawnException(str(exc), reason="line_full", status_code=503) from None
             policy.starting.add(key)  # the reconciler leaves a spawn in flight alone
             # Starting again: the spawn page's "why your server stopped" has been read.
             await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
             if self.placement_mode == "engine":
                 return await self._start_by_engine(policy)
-            return await self._start_on_host()
+            return await self._start_on_host(policy, in_line)
         finally:
             self._gpu_starting = False
             self._gpu_start_task = None
             if policy is not None:
                 policy.starting.discard(key)
+                policy.start_line.leave(in_line)
 
-    async def _start_on_host(self):
+    async def _start_on_host(self, policy: GPUPolicy, in_line: object):
         request = self.gpu_request
+        deadline = time.monotonic() + self.gpu_queue_timeout
         lease = await self._acquire(request) if request.gpus else None
         self.gpu_uuids = list(lease.gpu_uuids) if lease else []
         if not request.gpus:
             self._gpu_events.add("Starting a CPU-only server (no GPU requested)", 10)
+        line = policy.start_line
+        slot: Slot | None = None
+        started = False
         try:
+            slot = await self._start_slot(line, deadline)
+            line.leave(in_line)  # starting now: no longer counted as waiting
             await self.prepare_server()
             result = await super().start()
+            started = True
         except asyncio.CancelledError:
             # The user stopped a pending spawn: JupyterHub's DELETE gives the cancel one second before it calls
             # the spawn stuck (a 500), so the GPUs go back in the background; the hub's stop() that follows
@@ -308,10 +329,34 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         except BaseException:
             await asyncio.to_thread(self._release, reasons.START_FAILED)
             raise
+        finally:
+            if slot is not None:
+                if started and self.pending == "spawn":
+                    # Held until the hub has seen the server answer and routed it (its spawn no longer pending).
+                    line.hold_until(slot, lambda: self.pending != "spawn", float(self.http_timeout) + 60)
+                else:  # failed, cancelled, or started outside a hub request (tests): the next may start
+                    line.release(slot)
         ref = self.gpu_lease_ref()
         if self.gpu_uuids and ref:
             await asyncio.to_thread(lambda: self.gpu_policy.store.set_ref(self.user.name, self.name, ref))
         return result
+
+    async def _start_slot(self, line: StartLine, deadline: float) -> Slot:
+        """A slot among the servers this host starts at once (start_line.py); the user is told how many start
+        ahead. The wait shares the spawn's queue deadline, or lasts ``http_timeout`` after the GPUs came."""
+
+        def report(ahead: int) -> None:
+            servers = "server" if ahead == 1 else "servers"
+            self._gpu_events.add(f"Waiting to start: the host is starting {ahead} {servers} ahead of yours", 15)
+
+        try:
+            return await line.start_slot(max(deadline, time.monotonic() + self.http_timeout), report)
+        except SlotTimeout as exc:
+            raise SpawnException(
+                f"The host is still busy starting other servers ({exc}). Please try again in a few minutes.",
+                reason="start_line",
+                status_code=503,
+            ) from None
 
     async def _start_by_engine(self, policy: GPUPolicy):
         placement = policy.placement

@@ -122,6 +122,10 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
         ({}, "GPUSpawnerMixin.reconcile_seconds", 30.0),
         ({"WORKBENCH_RECONCILE_SECONDS": "2"}, "GPUSpawnerMixin.reconcile_seconds", 2.0),
         ({"WORKBENCH_RECONCILE_SECONDS": "0"}, "GPUSpawnerMixin.reconcile_seconds", 0.0),
+        ({}, "GPUSpawnerMixin.max_waiting_spawns", 1000),
+        ({"WORKBENCH_MAX_WAITING": "500"}, "GPUSpawnerMixin.max_waiting_spawns", 500),
+        ({}, "GPUSpawnerMixin.max_starting_servers", 0),
+        ({"WORKBENCH_MAX_STARTING": "6"}, "GPUSpawnerMixin.max_starting_servers", 6),
         ({}, "GPUSpawnerMixin.servers_per_gpu", 1),
         ({"WORKBENCH_SERVERS_PER_GPU": "4"}, "GPUSpawnerMixin.servers_per_gpu", 4),
         ({"WORKBENCH_SERVERS_PER_GPU": "0"}, "GPUSpawnerMixin.servers_per_gpu", 1),
@@ -260,6 +264,9 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
             "WORKBENCH_SESSION_CHECK_SECONDS must be a non-negative number, not 'often'",
         ),
         ({"WORKBENCH_QUEUE_TIMEOUT": "-1"}, "WORKBENCH_QUEUE_TIMEOUT must be a non-negative number, not '-1'"),
+        ({"WORKBENCH_MAX_WAITING": "0"}, "WORKBENCH_MAX_WAITING must be at least 1: it is how many spawns may wait"),
+        ({"WORKBENCH_MAX_WAITING": "lots"}, "WORKBENCH_MAX_WAITING must be a non-negative whole number, not 'lots'"),
+        ({"WORKBENCH_MAX_STARTING": "-2"}, "WORKBENCH_MAX_STARTING must be a non-negative whole number, not '-2'"),
         (
             {"WORKBENCH_INVENTORY_REFRESH_SECONDS": "soon"},
             "WORKBENCH_INVENTORY_REFRESH_SECONDS must be a non-negative number, not 'soon'",
@@ -293,6 +300,29 @@ def test_bad_values_raise_one_config_error_with_a_sentence(env, message):
     with pytest.raises(ConfigError) as caught:
         build(env)
     assert message in str(caught.value)
+
+
+# -- a class start: JupyterHub's spawn limit above the line ---------------------------------------
+
+
+def test_jupyterhubs_spawn_limit_is_set_above_the_line_unless_a_local_config_sets_it():
+    from workbench_spawner.policy.spawn_limits import derive_spawn_limits
+
+    limits = derive_spawn_limits(8, 2)  # 1000 waiting, 8 starting
+    c = Config()
+    assert configurer.update_spawn_limits(c, Config(), limits) == ""
+    assert c.JupyterHub.concurrent_spawn_limit == 1016
+    # A local config's own value is kept; one that would refuse students before the line is full is named.
+    local = Config()
+    local.JupyterHub.concurrent_spawn_limit = 100
+    c = Config()
+    warning = configurer.update_spawn_limits(c, local, limits)
+    assert "concurrent_spawn_limit" not in c.JupyterHub
+    assert "concurrent_spawn_limit = 100 in the local config: past 100 pending spawns" in warning
+    local.JupyterHub.concurrent_spawn_limit = 0  # JupyterHub's "no limit"
+    assert configurer.update_spawn_limits(Config(), local, limits) == ""
+    local.JupyterHub.concurrent_spawn_limit = 5000
+    assert configurer.update_spawn_limits(Config(), local, limits) == ""
 
 
 # -- services --------------------------------------------------------------------------------

@@ -151,8 +151,64 @@ async def test_restored_spawner_reads_its_gpus_from_the_store(make_spawner):
     assert restored.gpu_uuids == ["GPU-sim-00-h100-80gb"]
 
 
-def test_start_timeout_leaves_room_for_the_queue(make_spawner):
-    assert make_spawner(gpu_queue_timeout=600).start_timeout == 720
+def test_start_timeout_leaves_room_for_the_queue_and_the_start_line(make_spawner):
+    # The queue timeout, then a start slot for up to http_timeout, then the backend's start.
+    assert make_spawner(gpu_queue_timeout=600).http_timeout == 120
+    assert make_spawner(gpu_queue_timeout=600).start_timeout == 600 + 120 + 120
+    assert make_spawner(gpu_queue_timeout=600, http_timeout=300).start_timeout == 600 + 300 + 120
+
+
+async def test_past_max_waiting_a_spawn_is_refused_with_how_many_wait(make_spawner):
+    holder = make_spawner("holder", simulated_gpus="1", max_waiting_spawns=1)
+    await start(holder, {"gpus": 1})
+    first = make_spawner("first", simulated_gpus="1", max_waiting_spawns=1)
+    waiting = asyncio.ensure_future(start(first, {"gpus": 1}))
+    await settled(lambda: first.gpu_policy.start_line.in_line == 1)
+    late = make_spawner("late", simulated_gpus="1", max_waiting_spawns=1)
+    with pytest.raises(SpawnException) as err:
+        await start(late, {"gpus": 1})
+    assert err.value.status_code == 503
+    assert "The hub is full: 1 student is already waiting for a server" in err.value.message
+    await holder.stop()  # the line moves: the one in line starts, and nobody is counted as waiting
+    await asyncio.wait_for(waiting, 5)
+    assert first.gpu_policy.start_line.in_line == 0
+    assert held(first) == {"first": ("GPU-sim-00-h100-80gb",)}
+
+
+async def test_servers_start_a_few_at_a_time_and_the_next_is_told_how_many_are_ahead(make_spawner):
+    # One start slot: the first server holds it until the hub has seen it answer (its spawn no longer pending).
+    first = make_spawner("first", max_starting_servers=1)
+    first._spawn_pending = True  # what JupyterHub's spawn handler sets while the spawn is in flight
+    await start(first, {"gpus": 1})
+    line = first.gpu_policy.start_line
+    assert line.starting == 1
+    second = make_spawner("second", max_starting_servers=1)
+    second._spawn_pending = True
+    events: list[str] = []
+
+    async def watch():
+        async for event in second.progress():
+            events.append(event["message"])
+
+    watcher = asyncio.create_task(watch())
+    starting = asyncio.ensure_future(start(second, {"gpus": 0}))
+    await settled(lambda: line.waiting_to_start == 1)
+    assert not starting.done() and not second.alive
+    assert line.in_line == 1, "a spawn waiting for a start slot counts as waiting"
+    first._spawn_pending = False  # the hub saw the first server answer
+    await asyncio.wait_for(starting, 5)
+    assert second.alive and line.in_line == 0
+    watcher.cancel()
+    assert "Waiting to start: the host is starting 1 server ahead of yours" in events, events
+
+
+async def test_a_failed_start_gives_its_start_slot_back_at_once(make_spawner):
+    spawner = make_spawner(max_starting_servers=1)
+    spawner._spawn_pending = True
+    spawner.behaviour = "fail"
+    with pytest.raises(RuntimeError):
+        await start(spawner, {"gpus": 1})
+    assert spawner.gpu_policy.start_line.starting == 0 and held(spawner) == {}
 
 
 PROFILES = [

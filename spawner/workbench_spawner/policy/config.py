@@ -203,6 +203,37 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         """,
     ).tag(config=True)
 
+    max_waiting_spawns = Integer(
+        1000,
+        min=1,
+        help="""
+        How many spawns may wait at once: for a GPU, for the engine (Slurm,
+        Kubernetes) or for a start slot (``max_starting_servers``). A class of
+        500 pressing Start in the same minute all get a place in line; past
+        this many, a spawn is refused with a 503 that says how many are
+        waiting. JupyterHub's own ``concurrent_spawn_limit`` (whose 429 says
+        "Too many users trying to log in") is set above it by the hub config
+        (policy/spawn_limits.py), unless a local config sets it.
+        The hub config sets it from ``WORKBENCH_MAX_WAITING`` (default 1000).
+        """,
+    ).tag(config=True)
+
+    max_starting_servers = Integer(
+        0,
+        min=0,
+        help="""
+        How many servers this host starts at once, from their GPUs to their
+        first answer, where the hub places GPUs itself (local, docker). The
+        others wait their turn, and their spawn page says "the host is starting
+        N servers ahead of yours", instead of 200 JupyterLabs starting
+        together and missing ``http_timeout``. 0 (the default) derives it: one
+        per device a server can hold (GPU, MIG slice, share of a time-sliced
+        GPU) plus 4, at most 4 per CPU core, at least 4. Engines start servers
+        on their own nodes and are not limited by it.
+        The hub config sets it from ``WORKBENCH_MAX_STARTING`` (default 0).
+        """,
+    ).tag(config=True)
+
     default_max_gpus = Integer(
         1,
         min=0,

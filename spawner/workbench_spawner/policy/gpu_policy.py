@@ -31,6 +31,7 @@ from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease, utcnow
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
+from workbench_spawner.placement.start_line import StartLine
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.inventory_refresh import (
     LayoutWait,
@@ -92,6 +93,9 @@ class GPUPolicy:
             self.tz,
             self.clock,
         )
+        # Spawns in line and servers starting at once, for a class pressing Start together (start_line.py).
+        limits = settings.spawn_limits()
+        self.start_line = StartLine(limits.max_waiting, limits.max_starting)
         # (user, server) of every spawn between start() and its lease being recorded with a ref: the
         # reconciler leaves those alone (a job submitted, a process forked, its lease not written yet).
         self.starting: set[tuple[str, str]] = set()

@@ -30,6 +30,7 @@ from workbench_devices.inventory import counted
 from workbench_devices.mig import is_profile_name, profiles_of
 from workbench_spawner.config_sections import quietly
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+from workbench_spawner.policy.spawn_limits import SpawnLimits, derive_spawn_limits
 from workbench_spawner.rules.quota import Quota
 
 log = logging.getLogger("workbench.policy")
@@ -80,6 +81,9 @@ class PolicySettings:
     dcgm_exporter_urls: tuple[str, ...] = ()
     # How often the hub's reconciler compares the ledger with the running servers (GPUPolicy.reconcile); 0: no timer.
     reconcile_seconds: float = 30.0
+    # A class start (spawn_limits.py): spawns that may wait at once; servers started at once (0: derived).
+    max_waiting: int = 1000
+    max_starting: int = 0
 
     @property
     def simulated(self) -> bool:
@@ -103,6 +107,11 @@ class PolicySettings:
     def slots(self) -> dict[str, int]:
         """Servers per device, by UUID, for every device of the inventory."""
         return {d.uuid: self.slots_for(d) for d in self.inventory.devices}
+
+    def spawn_limits(self, cores: int | None = None) -> SpawnLimits:
+        """How many spawns may wait and servers start at once, from these settings (spawn_limits.py):
+        every device counts once per server it takes (a time-sliced GPU as its shares)."""
+        return derive_spawn_limits(sum(self.slots().values()), cores, self.max_waiting, self.max_starting)
 
     def models(self) -> list[str]:
         """Every model of this hub, of whole GPUs and of GPUs cut into slices (a model rule covers both)."""
@@ -148,6 +157,8 @@ class PolicySettings:
             "simulated_utilization": self.simulated_utilization,
             "dcgm_exporter_urls": list(self.dcgm_exporter_urls),
             "reconcile_seconds": self.reconcile_seconds,
+            "max_waiting": self.max_waiting,
+            "max_starting": self.max_starting,
         }
 
     @classmethod
@@ -183,6 +194,8 @@ class PolicySettings:
             simulated_utilization=str(data.get("simulated_utilization", "")),
             dcgm_exporter_urls=tuple(str(url) for url in data.get("dcgm_exporter_urls") or ()),
             reconcile_seconds=float(data.get("reconcile_seconds", 30.0)),
+            max_waiting=int(data.get("max_waiting", 1000)),
+            max_starting=int(data.get("max_starting", 0)),
         )
 
 
@@ -330,6 +343,8 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
         simulated_utilization=str(spawner.simulated_utilization),
         dcgm_exporter_urls=tuple(getattr(spawner, "dcgm_exporter_urls", ()) or ()),
         reconcile_seconds=float(getattr(spawner, "reconcile_seconds", 30.0)),
+        max_waiting=int(getattr(spawner, "max_waiting_spawns", 1000)),
+        max_starting=int(getattr(spawner, "max_starting_servers", 0)),
     )
 
 
