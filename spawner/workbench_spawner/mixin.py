@@ -178,42 +178,49 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
     def gpu_quota_book(self) -> QuotaBook:
         return self.gpu_policy.quotas
 
-    def gpu_admission_context(self) -> AdmissionContext:
-        """What admission checks for this server now (reads the database)."""
+    def gpu_admission_context(self, policy: GPUPolicy | None = None, **read) -> AdmissionContext:
+        """What admission checks for this server now (reads the database). ``policy`` and ``read`` (the
+        leases, status and inventory): what the spawn form's snapshot read already."""
         groups = [g.name for g in getattr(self.user, "groups", None) or []]
-        return self.gpu_policy.admission_context(
+        return (policy or self.gpu_policy).admission_context(
             self.user.name,
             self.name,
             groups,
+            **read,
             default_gpus=self.default_gpus,
             offered_images=tuple(self.offered_images),
             profiles=tuple(p.slug for p in self.gpu_profiles),
         )
 
-    def gpu_reserved_now(self) -> list[str]:
-        """The spawn form's reservation lines for this user (reads the database)."""
+    def gpu_reserved_now(self, policy: GPUPolicy | None = None, **read) -> list[str]:
+        """The spawn form's reservation lines for this user (reads the database; ``policy`` and ``read``
+        as for ``gpu_admission_context``)."""
         groups = [g.name for g in getattr(self.user, "groups", None) or []]
-        return self.gpu_policy.reserved_now(groups)
+        return (policy or self.gpu_policy).reserved_now(groups, **read)
 
     # -- options ----------------------------------------------------------------
 
     async def _render_options_form(self, spawner=None) -> str:
-        # What the open reservations keep, in words ("8 of 16 GPUs reserved for ml-course until 12:00").
-        reserved = await asyncio.to_thread(self.gpu_reserved_now)
-
+        # Everything the form shows, read in ONE worker-thread hop (the default executor's few threads also
+        # run every spawn's database work: at a class start each hop waits in that queue), each table once:
+        # the leases feed the free counts, what the user holds, the GPU-hours and the reservation lines alike.
         def snapshot():
             policy = self.gpu_policy
             inventory = policy.inventory  # a backend may read it from the database (Slurm's reported UUIDs)
+            leases = policy.store.leases()
+            status = policy.status(leases=leases, inventory=inventory)
             return (
                 policy,
                 inventory,
-                self.gpu_admission_context(),
-                policy.status(),
-                policy.held_by_user(self.user.name),
+                self.gpu_admission_context(policy, leases=leases, status=status, inventory=inventory),
+                status,
+                policy.held_by_user(self.user.name, leases=leases),
+                # What the open reservations keep, in words ("8 of 16 GPUs reserved for ml-course until 12:00").
+                self.gpu_reserved_now(policy, leases=leases, inventory=inventory),
                 NoticeBook(policy.store).last_done(self.user.name, self.name),
             )
 
-        policy, inventory, ctx, status, held, stopped = await asyncio.to_thread(snapshot)
+        policy, inventory, ctx, status, held, reserved, stopped = await asyncio.to_thread(snapshot)
         # Why the last server stopped (GPU idle, a reservation), above the form.
         return render_stop_notice(stopped) + render_options_form(
             user=self.user.name,

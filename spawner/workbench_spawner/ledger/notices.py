@@ -42,7 +42,7 @@ from datetime import datetime
 from html import escape
 from typing import Any
 
-from sqlalchemy import DateTime, Integer, String, Text, delete, select
+from sqlalchemy import DateTime, Integer, String, Text, bindparam, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
@@ -116,12 +116,23 @@ def _notice(row: NoticeRow) -> Notice:
     )
 
 
+# The newest "done" notice of a user (``NoticeBook.last_done``), and of one of their servers.
+_LAST_DONE = (
+    select(NoticeRow)
+    .where(NoticeRow.state == DONE, NoticeRow.user == bindparam("user"))
+    .order_by(NoticeRow.id.desc())
+    .limit(1)
+)
+_LAST_DONE_OF = _LAST_DONE.where(NoticeRow.server == bindparam("server"))
+
+
 class NoticeBook:
     """Notices in the allocation store's database; every call one transaction (call via asyncio.to_thread)."""
 
     def __init__(self, store: AllocationStore, clock=utcnow):
         self._writes = store.writes()
         self._reads = store.reads()
+        self._read_engine = store.read_engine
         self._clock = clock
 
     def warn(
@@ -227,8 +238,14 @@ class NoticeBook:
         return self._select(PENDING, user, server)
 
     def last_done(self, user: str, server: str | None = None) -> Notice | None:
-        rows = self._select(DONE, user, server)
-        return rows[-1] if rows else None
+        """The newest ``done`` notice of ``user`` (of ``server``, if given): one row read, not all of them.
+        Every spawn form asks: a statement built once, a plain row, no ORM session."""
+        query, params = (
+            (_LAST_DONE, {"user": user}) if server is None else (_LAST_DONE_OF, {"user": user, "server": server})
+        )
+        with self._read_engine.connect() as conn:
+            row = conn.execute(query, params).first()
+        return _notice(row) if row is not None else None
 
     def prune(self, older_than: datetime) -> int:
         """Delete cleared notices last touched before ``older_than`` (the table stays small)."""

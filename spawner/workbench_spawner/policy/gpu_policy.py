@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -150,14 +150,24 @@ class GPUPolicy:
 
     # -- reads (blocking) ---------------------------------------------------------
 
-    def status(self) -> list[GPUStatus]:
-        holders = self.store.holders()
+    def status(
+        self, *, leases: Sequence[Lease] | None = None, inventory: DeviceInventory | None = None
+    ) -> list[GPUStatus]:
+        """Every device with its holders. ``leases`` and ``inventory``: read already by the caller (the spawn
+        form reads each once per render and hands them to every read here); left out, read now."""
+        if leases is None:
+            holders = self.store.holders()
+        else:  # as ``store.holders()``: GPU UUID -> [(user, server), ...] in lease order
+            holders = {}
+            for lease in leases:
+                for uuid in lease.gpu_uuids:
+                    holders.setdefault(uuid, []).append((lease.user, lease.server))
         engine = isinstance(self.placement, EnginePlacement)
         # Only the hub's own placement reads drains; where an engine places, a stored drain closes nothing,
         # and the engine says itself which devices it would not hand out now (a node down or drained).
         drained = set() if engine else DrainBook(self.store).drained()
         slots = self.settings.slots()
-        devices = self.devices
+        devices = self.devices if inventory is None else inventory.devices
         waiting = self.layout_held_back()  # a GPU whose layout change waits takes no new server either
         unusable = self.placement.unusable(devices) if engine else {}
         return [
@@ -179,55 +189,78 @@ class GPUPolicy:
         """Each device's share of a GPU (a ``1g`` MIG slice 1/7): what a lease records for GPU-hours."""
         return {d.uuid: d.share for d in self.inventory.devices}
 
-    def held_by_user(self, user: str) -> int:
-        return sum(len(lease.gpu_uuids) for lease in self.store.leases() if lease.user == user)
+    def held_by_user(self, user: str, *, leases: Sequence[Lease] | None = None) -> int:
+        """Devices ``user`` holds now, over all their servers (``leases``: read already; left out, read now)."""
+        return sum(
+            len(lease.gpu_uuids) for lease in (self.store.leases() if leases is None else leases) if lease.user == user
+        )
 
-    def admission_context(self, user: str, server: str, groups: list[str], **rules) -> AdmissionContext:
+    def admission_context(
+        self,
+        user: str,
+        server: str,
+        groups: list[str],
+        *,
+        leases: Sequence[Lease] | None = None,
+        status: Sequence[GPUStatus] | None = None,
+        inventory: DeviceInventory | None = None,
+        **rules,
+    ) -> AdmissionContext:
         """Everything admission looks at for one spawn, read in one go.
 
         ``rules`` are the spawner's own settings (default_gpus, offered_images,
         profiles); the quota default, CPU rule and contact come from the
-        stored settings so the hub and the service agree.
+        stored settings so the hub and the service agree. ``leases``,
+        ``status`` and ``inventory``: what the caller read already (the spawn
+        form, once per render); left out, read here, the leases once for
+        what the user holds, the free devices and the GPU-hours alike.
         """
         effective = self.quotas.effective(user, groups, self.settings.default_quota)
-        leases = self.store.leases()
+        if leases is None:
+            leases = self.store.leases()
+        devices = self.devices if inventory is None else inventory.devices
         held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)  # noqa: E741
-        status = self.status()
+        if status is None:
+            status = self.status(leases=leases, inventory=inventory)
         free_by_model: dict[str, int] = {}  # whole GPUs by model, slices by kind ("H200-141GB 1g.18gb")
         for s in status:
             if s.free_slots > 0 and s.device.model:
                 free_by_model[s.device.kind] = free_by_model.get(s.device.kind, 0) + 1
         return AdmissionContext(
             quota=effective,
-            inventory_size=sum(1 for d in self.devices if not d.mig),
+            inventory_size=sum(1 for d in devices if not d.mig),
             inventory_models=self.settings.whole_models(),
             slices=self.settings.slices(),
             pins_slices=self.placement.pins_slices,
             sharing=self.sharing(),
             held_elsewhere=held_elsewhere,
-            gpu_hours_used=gpu_hours_used(self.store, user),
+            gpu_hours_used=gpu_hours_used(self.store, user, leases=leases),
             free_by_model=free_by_model,
             cpu_servers_allowed=self.settings.cpu_servers_allowed,
             contact=self.settings.quota_contact,
             **rules,
         )
 
-    def reserved_now(self, groups: list[str]) -> list[str]:
+    def reserved_now(
+        self, groups: list[str], *, leases: Sequence[Lease] | None = None, inventory: DeviceInventory | None = None
+    ) -> list[str]:
         """What the open reservations hold for their members now, one sentence each, for the spawn form.
 
-        After a grace period that is what members hold or wait for (``reservations.reserved_now``)."""
+        After a grace period that is what members hold or wait for (``reservations.reserved_now``).
+        ``leases``, ``inventory``: read already by the caller; left out, read here when a window is open."""
         now = self.clock()
         open_now = ReservationBook(self.store).open_at(now, self.tz)
         if not open_now:
             return []  # the usual case: no lease read
-        inventory = self.inventory
+        if inventory is None:
+            inventory = self.inventory
         return reserved_now(
             open_now,
             now,
             self.tz,
             inventory.count_by_model(),
             groups,
-            holdings=holdings(self.store.leases()),
+            holdings=holdings(self.store.leases() if leases is None else leases),
             models={d.uuid: d.model for d in inventory.devices},
             waiting=self.placement.waiting_by_group(),
         )

@@ -9,11 +9,13 @@ recorded with its lease: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 
+from sqlalchemy import bindparam, select
+
 from workbench_spawner.ledger.reasons import reason_kind
-from workbench_spawner.ledger.store import AllocationStore, _aware, utcnow
+from workbench_spawner.ledger.store import AllocationStore, Lease, UsageRow, _aware, utcnow
 
 WEEK = timedelta(days=7)
 # The GPU-hours of leases not ended yet, in ``gpu_hours_by_reason`` (they have no reason yet).
@@ -52,18 +54,26 @@ def gpu_hours_by_reason(
 
 
 def _seconds_in_window(
-    store: AllocationStore, now: datetime | None, window: timedelta, user: str | None
+    store: AllocationStore,
+    now: datetime | None,
+    window: timedelta,
+    user: str | None,
+    leases: Sequence[Lease] | None = None,
 ) -> Iterator[tuple[str, str, float]]:
-    """(user, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window."""
+    """(user, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window.
+
+    ``leases``: the leases held now, read already by the caller (the spawn form reads them once per
+    render); left out, read here. The ledger's rows are read as plain columns, only those this needs,
+    and with ``user`` only that user's (``gpu_usage.user`` is indexed)."""
     now = now or utcnow()
     cutoff = now - window
-    for row in store.usage(since=cutoff, user=user):
+    for row in _usage_in_window(store, cutoff, user):
         start = max(_aware(row.started), cutoff)
         end = min(_aware(row.ended), now)
         if end > start:
             share = row.share if row.share is not None else 1.0
             yield row.user, reason_kind(row.reason), share * (end - start).total_seconds()
-    for lease in store.leases():
+    for lease in store.leases() if leases is None else leases:
         if user is not None and lease.user != user:
             continue
         start = max(lease.since, cutoff)
@@ -71,5 +81,35 @@ def _seconds_in_window(
             yield lease.user, HELD_NOW, lease.gpu_share * (now - start).total_seconds()
 
 
-def gpu_hours_used(store: AllocationStore, user: str, now: datetime | None = None, window: timedelta = WEEK) -> float:
-    return gpu_hours_by_user(store, now, window, user=user).get(user, 0.0)
+def _usage_in_window(store: AllocationStore, cutoff: datetime, user: str | None) -> list:
+    """The ledger rows that ended at or after ``cutoff`` (of ``user``, if given), as ``store.usage`` selects
+    them, but as plain rows of the five columns GPU-hours need rather than tracked ORM objects (the spawn
+    form and every spawn ask: a statement built once, no ORM session)."""
+    query, params = (_USAGE, {"cutoff": cutoff}) if user is None else (_USAGE_OF, {"cutoff": cutoff, "user": user})
+    with store.read_engine.connect() as conn:
+        return list(conn.execute(query, params))
+
+
+# The ledger's rows in a window (``_usage_in_window``), and one user's.
+_USAGE = (
+    select(UsageRow.user, UsageRow.reason, UsageRow.started, UsageRow.ended, UsageRow.share)
+    .where(UsageRow.ended >= bindparam("cutoff"))
+    .order_by(UsageRow.id)
+)
+_USAGE_OF = _USAGE.where(UsageRow.user == bindparam("user"))
+
+
+def gpu_hours_used(
+    store: AllocationStore,
+    user: str,
+    now: datetime | None = None,
+    window: timedelta = WEEK,
+    *,
+    leases: Sequence[Lease] | None = None,
+) -> float:
+    """``user``'s GPU-hours in the rolling window ending ``now`` (``leases``: the leases held now, if the
+    caller read them already)."""
+    seconds = 0.0
+    for _name, _kind, value in _seconds_in_window(store, now, window, user, leases):
+        seconds += value
+    return seconds / 3600.0
