@@ -10,6 +10,13 @@ loop; the pool has one thread per core (``os.cpu_count()``), as many hashes
 as the host can compute at once. A burst of logins queues here, in the
 pool, while the hub keeps serving everything else.
 
+The pool's threads run at a lower CPU priority (``NICENESS``, Linux's
+per-thread nice value): when the host is saturated, as it is while a class
+logs in and its servers start on the same cores, the scheduler gives the
+hub's event loop its turn before the next hash, so the hub stays responsive
+and the logins take the CPU that is left. On an idle host they run at full
+speed; nothing about the hashes changes.
+
 Only bcrypt runs in the pool: the callers read and write the hub's database
 (its SQLAlchemy session is not thread-safe) on the loop, before and after.
 The hashes and their cost are NativeAuthenticator's: ``bcrypt.gensalt()``
@@ -21,18 +28,32 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import bcrypt
 
 _pool: ThreadPoolExecutor | None = None
+# How much lower the pool's threads run than the hub's loop (nice +10: about a tenth of its CPU share
+# when both want the CPU).
+NICENESS = 10
+
+
+def _lower_priority() -> None:
+    """Runs in each new pool thread: nice it (a thread's own nice value on Linux; elsewhere nothing)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
+    except (AttributeError, OSError):  # no setpriority (not Unix), or not allowed: full priority, still off the loop
+        pass
 
 
 def pool() -> ThreadPoolExecutor:
     """The process's password pool, one thread per core, made at first use."""
     global _pool
     if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="password-check")
+        _pool = ThreadPoolExecutor(
+            max_workers=os.cpu_count() or 1, thread_name_prefix="password-check", initializer=_lower_priority
+        )
     return _pool
 
 

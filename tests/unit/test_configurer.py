@@ -308,10 +308,10 @@ def test_bad_values_raise_one_config_error_with_a_sentence(env, message):
 def test_jupyterhubs_spawn_limit_is_set_above_the_line_unless_a_local_config_sets_it():
     from workbench_spawner.policy.spawn_limits import derive_spawn_limits
 
-    limits = derive_spawn_limits(8, 2)  # 1000 waiting, 8 starting
+    limits = derive_spawn_limits(8, 2)  # 1000 waiting, 4 starting
     c = Config()
     assert configurer.update_spawn_limits(c, Config(), limits) == ""
-    assert c.JupyterHub.concurrent_spawn_limit == 1016
+    assert c.JupyterHub.concurrent_spawn_limit == 1008
     # A local config's own value is kept; one that would refuse students before the line is full is named.
     local = Config()
     local.JupyterHub.concurrent_spawn_limit = 100

@@ -167,6 +167,16 @@ def test_the_pool_has_a_thread_per_core():
     assert password_checks.pool()._max_workers == (os.cpu_count() or 1)
 
 
+def test_the_pool_threads_yield_the_cpu_to_the_hubs_loop():
+    # Nice +10 per thread: on a saturated host the loop gets its turn before the next hash.
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    loop_niceness = niceness()
+    assert password_checks.pool().submit(niceness).result(5) == loop_niceness + password_checks.NICENESS
+    assert niceness() == loop_niceness, "only the pool's threads are niced, not the hub's"
+
+
 async def test_checkpw_agrees_with_nativeauthenticators_check():
     info = UserInfo(username="ann", password=FAST)
     for candidate in (PASSWORD, PASSWORD + " ", "", "x" * 72):

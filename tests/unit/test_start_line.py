@@ -18,12 +18,12 @@ from workbench_spawner.policy.spawn_limits import derive_spawn_limits
     [
         # 8 GPUs on a 16-core host: every free GPU starts its server at once, plus 4 CPU-only ones.
         (8, 16, 1000, 0, (1000, 12, 1024)),
-        # 8 GPUs on this 2-core host: at most 4 per core start together.
-        (8, 2, 1000, 0, (1000, 8, 1016)),
+        # 8 GPUs on this 2-core host: at most 2 per core start together.
+        (8, 2, 1000, 0, (1000, 4, 1008)),
         # 8 H200 cut into 56 slices on a 64-core host: 60 start at once.
         (56, 64, 1000, 0, (1000, 60, 1120)),
-        # The same slices on 2 cores: 8 at a time, not 56 JupyterLabs together.
-        (56, 2, 1000, 0, (1000, 8, 1016)),
+        # The same slices on 2 cores: 4 at a time, not 56 JupyterLabs together.
+        (56, 2, 1000, 0, (1000, 4, 1008)),
         # A CPU-only hub: still a few at once.
         (0, 8, 1000, 0, (1000, 4, 1008)),
         # One core: never fewer than 4.

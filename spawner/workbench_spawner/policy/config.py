@@ -228,7 +228,7 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         N servers ahead of yours", instead of 200 JupyterLabs starting
         together and missing ``http_timeout``. 0 (the default) derives it: one
         per device a server can hold (GPU, MIG slice, share of a time-sliced
-        GPU) plus 4, at most 4 per CPU core, at least 4. Engines start servers
+        GPU) plus 4, at most 2 per CPU core, at least 4. Engines start servers
         on their own nodes and are not limited by it.
         The hub config sets it from ``WORKBENCH_MAX_STARTING`` (default 0).
         """,

@@ -35,8 +35,10 @@ from dataclasses import dataclass
 DEFAULT_MAX_WAITING = 1000
 # Start slots beyond one per device: CPU-only servers start beside the GPU ones.
 EXTRA = 4
-# At most this many servers start at once per CPU core of the hub's host.
-PER_CORE = 4
+# At most this many servers start at once per CPU core of the hub's host: a JupyterLab's start is
+# mostly CPU (imports, extension discovery), some disk; two per core keep the cores busy without
+# making every start, and the hub beside them, wait on the others.
+PER_CORE = 2
 
 
 @dataclass(frozen=True)
