@@ -424,7 +424,7 @@ def update_spawn_limits(c: Config, final: Config, limits: SpawnLimits) -> str:
     chosen = int(final.JupyterHub.concurrent_spawn_limit)
     if chosen and chosen < limits.max_waiting + limits.max_starting:
         return (
-            f"c.JupyterHub.concurrent_spawn_limit = {chosen} in the local config: past {chosen} pending spawns "
+            f"c.JupyterHub.concurrent_spawn_limit = {chosen} is set in the config: past {chosen} pending spawns "
             f"JupyterHub answers 429 before a student gets a place in line (up to {limits.max_waiting} may wait, "
             f"WORKBENCH_MAX_WAITING); remove it to let the hub derive {limits.concurrent_spawn_limit}"
         )

@@ -132,10 +132,15 @@ def finish_hub(c: Config) -> None:
     except ValueError as exc:
         fail(str(exc))
     configurer.point_service_at_settings(c, settings.db_url, settings.backend)
+    # A class start: JupyterHub's spawn limit above the line (the values file unsets the chart's 64).
+    limits = settings.spawn_limits()
+    warning = configurer.update_spawn_limits(c, final, limits)
+    if warning:
+        print(f"\nGPU Workbench: {warning} (hub.concurrentSpawnLimit in the chart's values)\n", file=sys.stderr)
     print(
         f"GPU Workbench: {spawner_class.__name__} ({settings.backend} backend, "
         f"{len(settings.inventory.devices)} GPUs: {settings.inventory.message or settings.inventory.source}), "
-        f"workbench service at /services/{SERVICE}/",
+        f"workbench service at /services/{SERVICE}/; class start: {limits.describe()}",
         file=sys.stderr,
         flush=True,
     )

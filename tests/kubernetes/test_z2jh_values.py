@@ -281,8 +281,15 @@ def test_the_hub_image_installs_what_the_charts_config_imports():
 
 
 def test_the_hub_waits_for_a_spawn_as_long_as_the_gpu_queue_does(rendered):
-    """No singleuser.startTimeout: the spawner's default (queue timeout + 120 s) applies, not the chart's 300 s."""
+    """No singleuser.startTimeout: the spawner's default (queue timeout + http_timeout + 120 s) applies, not the
+    chart's 300 s."""
     assert hub_values(rendered)["singleuser"].get("startTimeout") is None
+
+
+def test_a_class_waits_in_line_instead_of_the_charts_spawn_limit(rendered):
+    """No hub.concurrentSpawnLimit: the chart's 64 would answer 429 to most of a class pressing Start at once;
+    the workbench derives JupyterHub's limit above its own line (z2jh.finish_hub, spawn_limits.py)."""
+    assert hub_values(rendered)["hub"].get("concurrentSpawnLimit") is None
 
 
 # -- user servers: reachable from the hub and the proxy only, no private ranges -------------------

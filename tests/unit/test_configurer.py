@@ -318,7 +318,7 @@ def test_jupyterhubs_spawn_limit_is_set_above_the_line_unless_a_local_config_set
     c = Config()
     warning = configurer.update_spawn_limits(c, local, limits)
     assert "concurrent_spawn_limit" not in c.JupyterHub
-    assert "concurrent_spawn_limit = 100 in the local config: past 100 pending spawns" in warning
+    assert "concurrent_spawn_limit = 100 is set in the config: past 100 pending spawns" in warning
     local.JupyterHub.concurrent_spawn_limit = 0  # JupyterHub's "no limit"
     assert configurer.update_spawn_limits(Config(), local, limits) == ""
     local.JupyterHub.concurrent_spawn_limit = 5000
