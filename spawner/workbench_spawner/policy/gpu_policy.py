@@ -506,12 +506,14 @@ class GPUPolicy:
         """Start the loop's thread (once). It holds the policy weakly: a policy nobody uses ends its loop."""
         every = float(self.settings.reconcile_seconds)
         weakref.finalize(self, _stop_loop, self._reconcile_wake, self._reconcile_stop)
-        threading.Thread(
+        # Kept so that its log lines can be told from another policy's (several hubs' policies in one process).
+        self.reconcile_thread = threading.Thread(
             target=_reconcile_loop,
             args=(weakref.ref(self), self._reconcile_wake, self._reconcile_stop, every),
             name="workbench-reconcile",
             daemon=True,
-        ).start()
+        )
+        self.reconcile_thread.start()
         timer = f"every {every:g} s and" if every > 0 else "(WORKBENCH_RECONCILE_SECONDS=0: no timer)"
         log.info("reconcile: the reconciler runs %s after every inventory change or engine reconnect", timer)
 
