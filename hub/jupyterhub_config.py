@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench_hub import accounts, banner, configurer, hub_db, transport, xsrf_cookie
+from workbench_hub import accounts, banner, class_start, configurer, hub_db, transport, xsrf_cookie
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
@@ -118,7 +118,7 @@ except ValueError as exc:
 configurer.point_service_at_settings(c, settings.db_url, settings.backend)
 # A class start: JupyterHub's own spawn limit above the GPU line, so students queue instead of getting 429s.
 limits = settings.spawn_limits()
-limits_warning = configurer.update_spawn_limits(c, final, limits)
+limits_warning = class_start.update_spawn_limits(c, final, limits)
 if limits_warning:
     print(f"\nGPU Workbench: {limits_warning}\n", file=sys.stderr)
 

@@ -57,7 +57,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from . import configurer
+from . import class_start, configurer
 from .env_values import ConfigError, Env, text
 
 # z2jh's helpers, as its jupyterhub_config.py imports them from its z2jh.py:
@@ -134,7 +134,7 @@ def finish_hub(c: Config) -> None:
     configurer.point_service_at_settings(c, settings.db_url, settings.backend)
     # A class start: JupyterHub's spawn limit above the line (the values file unsets the chart's 64).
     limits = settings.spawn_limits()
-    warning = configurer.update_spawn_limits(c, final, limits)
+    warning = class_start.update_spawn_limits(c, final, limits)
     if warning:
         print(f"\nGPU Workbench: {warning} (hub.concurrentSpawnLimit in the chart's values)\n", file=sys.stderr)
     print(

@@ -14,7 +14,7 @@ import pytest
 from traitlets.config import Config
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_hub import banner, configurer, parent_guard, proxy_env, transport
+from workbench_hub import banner, class_start, configurer, parent_guard, proxy_env, transport
 from workbench_hub.configurer import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,19 +310,19 @@ def test_jupyterhubs_spawn_limit_is_set_above_the_line_unless_a_local_config_set
 
     limits = derive_spawn_limits(8, 2)  # 1000 waiting, 4 starting
     c = Config()
-    assert configurer.update_spawn_limits(c, Config(), limits) == ""
+    assert class_start.update_spawn_limits(c, Config(), limits) == ""
     assert c.JupyterHub.concurrent_spawn_limit == 1008
     # A local config's own value is kept; one that would refuse students before the line is full is named.
     local = Config()
     local.JupyterHub.concurrent_spawn_limit = 100
     c = Config()
-    warning = configurer.update_spawn_limits(c, local, limits)
+    warning = class_start.update_spawn_limits(c, local, limits)
     assert "concurrent_spawn_limit" not in c.JupyterHub
     assert "concurrent_spawn_limit = 100 is set in the config: past 100 pending spawns" in warning
     local.JupyterHub.concurrent_spawn_limit = 0  # JupyterHub's "no limit"
-    assert configurer.update_spawn_limits(Config(), local, limits) == ""
+    assert class_start.update_spawn_limits(Config(), local, limits) == ""
     local.JupyterHub.concurrent_spawn_limit = 5000
-    assert configurer.update_spawn_limits(Config(), local, limits) == ""
+    assert class_start.update_spawn_limits(Config(), local, limits) == ""
 
 
 # -- services --------------------------------------------------------------------------------
