@@ -12,7 +12,7 @@ trace, ``class_day_lab.py`` plays it:
   bound; the first arrival kept across retries), classes under reservations, the queue timeout
   (``WORKBENCH_QUEUE_TIMEOUT``, 300 s: ``NoGPUAvailable``), the reservation filter inside
   ``AllocationStore.allocate``; a stop releases as the spawner does (the ledger reason from
-  ``NoticeBook.stop_reason``). The wait list re-checks every 30 s instead of 2 s
+  ``NoticeBook.announced``). The wait list re-checks every 30 s instead of 2 s
   (``gpu_queue_recheck_interval``): every release in the lab wakes the line at once, so the
   re-check only finds a window opening or a grace period ending, up to 28 s later;
 * **idle reclaim**: the workbench service's ``Reclaimer.run_pass`` every 30 s

@@ -34,6 +34,7 @@ from workbench_devices.mig import parse_layout
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
+from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
 from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
@@ -275,14 +276,14 @@ class Lab:
         self.busy[name] = busy
 
     def stop(self, name: str, otherwise: str) -> None:
-        """The spawner's stop: release with the reason the service announced for it, if any."""
+        """The spawner's stop: release with the reason the service announced for it, if any (``end_server``)."""
         if not self.holding.get(name):
             return
         self.set_busy(name, False)  # counts the device's hours
         uuid = self.device.pop(name)
         self.holding[name] = False
         self.on[uuid].discard(name)
-        self.policy.release_on_stop(name, "", otherwise)
+        self.policy.end_server(name, "", endings.for_reason(otherwise))
 
     async def progress(self, name: str, work: float, limit: float) -> float:
         """Busy for ``work`` minutes of work, at most ``limit`` minutes long, at 1/k speed while k servers

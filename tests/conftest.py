@@ -296,6 +296,28 @@ class Hub:
             result.setdefault(user, []).append(uuid)
         return result
 
+    def stop_box(self, user: str, server: str = "") -> str | None:
+        """The sentence the spawn page's and the home page's stop box show ``user`` now (the newest ``done``
+        notice, as the pages read it), or None."""
+        from workbench_spawner.ledger.notices import NoticeBook
+        from workbench_spawner.ledger.store import AllocationStore
+
+        store = AllocationStore(f"sqlite:///{self.data_dir / 'workbench.sqlite'}")
+        try:
+            notice = NoticeBook(store).last_done(user, server)
+            return None if notice is None else notice.message
+        finally:
+            store.dispose()
+
+    def admin_pages(self, password: str = "admin-pass-1234") -> requests.Session:
+        """A browser-like session of the hub's admin (signed up and logged in), for pages such as
+        ``/hub/spawn/<user>`` that an API token does not render."""
+        native_sign_up(requests.Session(), self.url, "admin", password)
+        session = requests.Session()
+        r = hub_form(session, self.url, "/hub/login", {"username": "admin", "password": password})
+        assert r.status_code == 302, r.text[-2000:]
+        return session
+
     def usage_reasons(self) -> dict[str, list[str]]:
         """Why each user's finished leases ended (the usage ledger's reasons, in order), from its SQLite file."""
         import sqlite3

@@ -269,6 +269,7 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
                     f"--session-check-seconds={session_check}",
                     f"--idle-check-seconds={idle_check}",
                     f"--reservation-check-seconds={number(env, 'WORKBENCH_RESERVATION_CHECK_SECONDS', '15')}",
+                    f"--save-wait-seconds={number(env, 'WORKBENCH_SAVE_WAIT_SECONDS', '20')}",
                     f"--proxy-url={proxy_url(c)}",
                 ],
                 hub_pid,
@@ -400,6 +401,9 @@ def update_policy(c: Config, env: Env, data: Path) -> None:
     mixin.default_max_gpus = number(env, "WORKBENCH_DEFAULT_MAX_GPUS", "1", int)
     mixin.cpu_servers_allowed = flag(env, "WORKBENCH_CPU_SERVERS", "1")
     update_idle(mixin, env)
+    # The stop box names the culler's timeout; kernels get this long to checkpoint when a server stops.
+    mixin.idle_culler_seconds = number(env, "WORKBENCH_CULL_IDLE_SECONDS", "3600", int)
+    mixin.kernel_stop_grace = number(env, "WORKBENCH_KERNEL_GRACE", "30")
     contact = text(env, "WORKBENCH_QUOTA_CONTACT")
     if contact:
         mixin.quota_contact = contact

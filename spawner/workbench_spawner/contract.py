@@ -24,6 +24,7 @@ from typing import Literal
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import SpawnRequest
+from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
 from workbench_spawner.policy.settings import PolicySettings
@@ -133,18 +134,20 @@ class BackendContract:
     def apply_gpu_request(self, request: SpawnRequest) -> None:
         """After admission: act on the request beyond the GPUs (the docker backend: the image)."""
 
-    async def gpu_exit_reason(self) -> str | None:
-        """Why the server ended on its own, in the ledger's words (``ledger.reasons``): ``OUT_OF_MEMORY``,
-        ``NODE_FAILED``, ``JOB_CANCELLED``, ``POD_DELETED``, ``EVICTED``... None: ``SERVER_EXITED``.
+    async def gpu_exit_reason(self) -> Ending | None:
+        """Why the server ended on its own, as an ``Ending`` (``ledger.endings``): the ledger's reason and
+        the sentence its student reads, from the engine's facts (``endings.out_of_memory(limit)``,
+        ``node_failed(node, why)``, ``pod_deleted()``, ``server_exited(code, log)``...). None: the
+        server exited (with the exit code the poll returned).
 
         Called by ``poll`` right after the backend's own poll found the server
         gone, before its lease is released; a backend remembers what its poll
-        saw (Docker's ``State.OOMKilled``, Slurm's job state, the pod's status)."""
+        saw (Docker's ``State``, Slurm's job state, the pod's status)."""
         return None
 
-    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+    def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """Why the server behind ``lease`` is gone, when ``gpu_lease_alive`` said False (blocking: the
-        reconciler's thread). In the ledger's words (``ledger.reasons``); None: ``SERVER_GONE``."""
+        reconciler's thread), as an ``Ending``; None: ``endings.server_gone()``."""
         return None
 
     async def prepare_server(self) -> None:

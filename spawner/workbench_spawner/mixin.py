@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import ClassVar
 
 from jupyterhub.spawner import Spawner, SpawnException
@@ -41,7 +42,8 @@ from workbench_spawner.contract import BackendContract, BackendContractError, Mo
 from workbench_spawner.form.options import SpawnRequest, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings, reasons
+from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
@@ -94,6 +96,42 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         """,
     ).tag(config=True)
 
+    idle_culler_seconds = Integer(
+        0,
+        min=0,
+        help="""
+        The idle culler's ``--timeout`` in seconds, when the hub runs one (the
+        host config sets it from ``WORKBENCH_CULL_IDLE_SECONDS``), so the stop
+        box can tell a student "the hub's idle culler stopped this server after
+        60 minutes without activity". 0: the sentence names no time.
+        """,
+    ).tag(config=True)
+
+    kernel_stop_grace = Float(
+        30.0,
+        min=0,
+        help="""
+        Seconds a stopping server gives its kernels between SIGTERM and
+        SIGKILL, so a training loop can write a checkpoint
+        (``workbench_gpu_monitor.on_stop``, notebooks/05-checkpoint-resume).
+        The server reads it as ``WORKBENCH_KERNEL_GRACE``; each backend's own
+        stop waits this long plus ``server_stop_margin`` before it kills the
+        server (local: SIGINT/SIGTERM timeouts, docker: the container's stop
+        timeout, Kubernetes: the pod's deletion grace period; Slurm: the
+        cluster's ``KillWait``, docs/slurm.md). Set from ``WORKBENCH_KERNEL_GRACE``.
+        """,
+    ).tag(config=True)
+
+    server_stop_margin = Float(
+        15.0,
+        min=0,
+        help="""
+        Seconds a backend's stop waits beyond ``kernel_stop_grace`` for the
+        server itself to end after its kernels (it saves nothing more; it
+        closes its connections and exits) before it is killed.
+        """,
+    ).tag(config=True)
+
     offered_images = List(
         Unicode(),
         help="""
@@ -134,8 +172,12 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         self.gpu_uuids: list[str] = []
         self._gpu_events = SpawnEvents()
         self._gpu_starting = False
-        # The reason of a stop in progress: poll() (which the backend's stop may call) leaves the release to it.
-        self._gpu_stopping: str | None = None
+        # Why a stop in progress happens: poll() (which the backend's stop may call) leaves the release to it.
+        self._gpu_stopping: Ending | None = None
+        # A server this spawner started (or found running after a restart) whose end is not recorded yet:
+        # a CPU-only server holds no lease, and its end is explained all the same.
+        self._gpu_running = False
+        self._gpu_started_at: datetime | None = None
         self._lease_unchecked = False
         # Clean-ups of cancelled starts still running (kept so the loop does not drop them).
         self._gpu_cleanups: set[asyncio.Future] = set()
@@ -284,6 +326,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         """The template: admission happened in ``apply_user_options``; place, start, record the lease."""
         self._gpu_events.reset()
         self._gpu_starting = True
+        self._gpu_started_at = datetime.now(UTC)
         self._gpu_start_task = asyncio.current_task()
         key = (self.user.name, self.name)
         policy: GPUPolicy | None = None
@@ -298,8 +341,11 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             # Starting again: the spawn page's "why your server stopped" has been read.
             await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)
             if self.placement_mode == "engine":
-                return await self._start_by_engine(policy)
-            return await self._start_on_host(policy, in_line)
+                result = await self._start_by_engine(policy)
+            else:
+                result = await self._start_on_host(policy, in_line)
+            self._gpu_running = True
+            return result
         finally:
             self._gpu_starting = False
             self._gpu_start_task = None
@@ -461,7 +507,9 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
 
     async def stop(self, now=False):
         # Who asked (the user, an admin, the culler), read before the first await (stop_requester.py).
-        self._gpu_stopping = requested_by(self.user.name) or reasons.STOPPED
+        self._gpu_stopping = requested_by(self.user.name, self.idle_culler_seconds) or endings.stopped_by_hub()
+        # A server that ran has its end explained; the hub's stop after a failed start only tidies up.
+        ran = self._gpu_running or bool(self.gpu_uuids)
         key = (self.user.name, self.name)
         policy = self._gpu_policy  # None: no policy yet, so no lease either
         if policy is not None:
@@ -475,30 +523,59 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             await super().stop(now=now)
         finally:
             try:
-                await asyncio.to_thread(self._release_on_stop, self._gpu_stopping)
+                if ran:
+                    await asyncio.to_thread(self._end, self._gpu_stopping)
+                elif policy is not None:
+                    await asyncio.to_thread(self._release, self._gpu_stopping.ledger_reason)
             finally:
                 self._gpu_stopping = None
                 if policy is not None:
                     policy.stopping.discard(key)
 
-    def _release_on_stop(self, otherwise: str = reasons.STOPPED) -> None:
-        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any.
+    def _end(self, ending: Ending) -> None:
+        """Record why this server ended (``GPUPolicy.end_server``: the ledger, and the student's stop box),
+        unless the workbench service announced this stop itself ("reclaimed: ...", which then stands).
 
         A stop through the hub API may end the process before ``stop()``
-        returns, so ``poll`` can be the one that releases: both ask."""
-        self.gpu_policy.release_on_stop(self.user.name, self.name, otherwise)
+        returns, so ``poll`` can be the first to see the end: both call this,
+        and the first one's reason stands."""
+        self.gpu_policy.end_server(
+            self.user.name, self.name, self.with_larger_profile(ending), started=self._gpu_started_at
+        )
         self.gpu_uuids = []
+        self._gpu_running = False
+
+    def with_larger_profile(self, ending: Ending) -> Ending:
+        """An out-of-memory end names the limit the server hit and the resource profile that offers more."""
+        if ending.reason != reasons.OUT_OF_MEMORY:
+            return ending
+        limit = ending.limit_bytes or (int(self.mem_limit) if self.mem_limit else None)
+        if limit and not ending.limit_bytes:
+            ending = endings.out_of_memory(limit)
+        larger = sorted(
+            (p for p in self.gpu_profiles if p.mem_limit and (limit is None or p.mem_limit > limit)),
+            key=lambda p: p.mem_limit or 0,
+        )
+        if not larger:
+            return ending
+        offer = larger[0]
+        return replace(
+            ending,
+            hint=f"Load less data at once, or start with the profile {offer.display_name} "
+            f"({endings.gib(offer.mem_limit or 0)} of memory).",
+        )
 
     async def poll(self):
         # Read before polling: a backend's poll may clear_state() a dead server.
-        held = bool(self.gpu_uuids)
+        held = bool(self.gpu_uuids) or self._gpu_running
         status = await super().poll()
         if status is None and self._lease_unchecked:
             status = await self._restore_lease()
         # A backend's stop() may poll to see the server end: that stop releases, with its own reason.
         if status is not None and held and not self._gpu_starting and self._gpu_stopping is None:
-            why = await self.gpu_exit_reason() or reasons.SERVER_EXITED
-            await asyncio.to_thread(self._release_on_stop, why)
+            code = status if isinstance(status, int) and not isinstance(status, bool) else None
+            why = as_ending(await self.gpu_exit_reason(), endings.server_exited(code))
+            await asyncio.to_thread(self._end, why)
         return status
 
     async def _restore_lease(self) -> int | None:
@@ -541,6 +618,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             env["WORKBENCH_SIMULATED_GPUS"] = spec_in_force(self.simulated_gpus)  # a @FILE's spec: docker has no file
             if self.simulated_utilization:  # scripted utilization (tests, demos): the monitor reads it too
                 env["WORKBENCH_SIMULATED_UTILIZATION"] = self.simulated_utilization
+        env["WORKBENCH_KERNEL_GRACE"] = f"{self.kernel_stop_grace:g}"
         if self.placement_mode == "host":  # an engine pins the job itself (Slurm's cgroup, the device plugin)
             env.update(self.gpu_environment(list(self.gpu_uuids)))
         env.update(self.ssh_environment())  # where the server's sshd lets forwards go (ssh_forwarding.py)
@@ -566,8 +644,14 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         # load_state runs on the hub's event loop and must not query the database.
         self.gpu_uuids = [str(u) for u in state.get("gpu_uuids") or []]
         self._lease_unchecked = True
+        # A server the hub knew running before a restart (a stopped one's state is empty): its end is explained.
+        self._gpu_running = bool(state)
+        started = getattr(getattr(self, "orm_spawner", None), "started", None)
+        if started is not None and self._gpu_started_at is None:
+            self._gpu_started_at = started if started.tzinfo else started.replace(tzinfo=UTC)
 
     def clear_state(self):
         super().clear_state()
         self.gpu_uuids = []
         self._lease_unchecked = False
+        self._gpu_running = False

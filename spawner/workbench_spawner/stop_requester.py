@@ -12,14 +12,17 @@ inner ``stop()`` closes over it, and that coroutine is on the stack while
 JupyterHub ever passes the requester, only ``requested_by`` changes. When
 nothing is found (the hub's own shutdown, a poll that found the server dead,
 a test calling ``stop()`` directly), the answer is None and the caller keeps
-its plain reason.
+its plain reason. The answer is an ``Ending`` (``ledger.endings``): the
+ledger's reason and the sentence the student reads ("An admin (prof)
+stopped this server.").
 """
 
 from __future__ import annotations
 
 import sys
 
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings
+from workbench_spawner.ledger.endings import Ending
 
 # The culler services the hub may run: ours (configurer.update_services) and the z2jh chart's.
 CULLERS = frozenset({"idle-culler", "jupyterhub-idle-culler", "cull-idle"})
@@ -47,19 +50,20 @@ def _requester() -> object | None:
     return None
 
 
-def stop_reason_for(owner: str, requester: object | None) -> str | None:
-    """The ledger reason for a stop of ``owner``'s server asked by ``requester`` (None: unknown)."""
+def stop_reason_for(owner: str, requester: object | None, culler_seconds: float = 0) -> Ending | None:
+    """Why ``owner``'s server stops, asked by ``requester`` (None: unknown). ``culler_seconds``: the idle
+    culler's timeout, so its sentence says after how long."""
     if requester is None:
         return None
     kind = getattr(requester, "kind", None)
-    name = getattr(requester, "name", None)
+    name = str(getattr(requester, "name", None) or "")
     if kind == "service":
-        return reasons.STOPPED_BY_CULLER if name in CULLERS else reasons.STOPPED_BY_SERVICE
+        return endings.stopped_by_culler(culler_seconds) if name in CULLERS else endings.stopped_by_service(name)
     if kind == "user":
-        return reasons.STOPPED_BY_USER if name == owner else reasons.STOPPED_BY_ADMIN
+        return endings.stopped_by_user() if name == owner else endings.stopped_by_admin(name)
     return None
 
 
-def requested_by(owner: str) -> str | None:
-    """Call at the very start of ``Spawner.stop``: who asked for it, as a ledger reason, or None."""
-    return stop_reason_for(owner, _requester())
+def requested_by(owner: str, culler_seconds: float = 0) -> Ending | None:
+    """Call at the very start of ``Spawner.stop``: who asked for it, as an ``Ending``, or None."""
+    return stop_reason_for(owner, _requester(), culler_seconds)

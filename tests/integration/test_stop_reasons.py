@@ -8,6 +8,7 @@ third, a fourth server's process is killed, and the idle culler stops a fifth.
 
 from __future__ import annotations
 
+import html
 import os
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -62,10 +63,26 @@ def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
     wait_until(lambda: len(hub.usage_reasons()) == 4, 30, "four ledger rows", hub.log)
     assert hub.usage_reasons() == {
         "ann": [reasons.STOPPED_BY_USER],
-        "ben": [reasons.STOPPED_BY_ADMIN],
-        "cat": [reasons.STOPPED_BY_SERVICE],
-        "dan": [reasons.SERVER_EXITED],
+        "ben": [f"{reasons.STOPPED_BY_ADMIN}: admin"],
+        "cat": [f"{reasons.STOPPED_BY_SERVICE}: workbench-admin"],
+        "dan": [f"{reasons.SERVER_EXITED}: killed by SIGKILL, exit code -9"],
     }
+    # Each student reads why on the spawn page (and the home page) until the next start.
+    said = {
+        "ann": "You stopped this server.",
+        "ben": "An admin (admin) stopped this server.",
+        "cat": "The hub service workbench-admin stopped this server.",
+        "dan": "This server exited on its own (killed by SIGKILL, exit code -9).",
+    }
+    assert {user: hub.stop_box(user) for user in said} == said
+    pages = hub.admin_pages()
+    for user, sentence in said.items():
+        r = pages.get(f"{hub.url}/hub/spawn/{user}", timeout=30)
+        assert r.status_code == 200 and sentence in html.unescape(r.text), (user, r.text[-2000:])
+    # A new start has read it: the box is gone.
+    assert hub.spawn("ann", gpus=1).status_code in (201, 202)
+    hub.wait_ready("ann", timeout=180)
+    assert hub.stop_box("ann") is None
 
 
 def test_a_server_the_idle_culler_stops_is_recorded_as_culled(running_hub):
@@ -75,4 +92,5 @@ def test_a_server_the_idle_culler_stops_is_recorded_as_culled(running_hub):
     hub.wait_ready("eve", timeout=180)
     hub.wait_stopped("eve", timeout=3 * CULL_AFTER + 30)
     wait_until(lambda: hub.usage_reasons(), 30, "the ledger row", hub.log)
-    assert hub.usage_reasons() == {"eve": [reasons.STOPPED_BY_CULLER]}
+    assert hub.usage_reasons() == {"eve": [f"{reasons.STOPPED_BY_CULLER}: 30 seconds"]}
+    assert hub.stop_box("eve") == "The hub's idle culler stopped this server after 30 seconds without activity."

@@ -13,6 +13,7 @@ holds a GPU with exactly one lease.
 from __future__ import annotations
 
 import base64
+import html
 import subprocess
 import time
 import uuid
@@ -111,6 +112,11 @@ def test_a_pod_deleted_by_hand_is_recorded_as_deleted_outside_the_hub(outage_hub
     wait_until(lambda: ann not in hub.leases(), 60, "the deleted pod's lease to close", hub.log)
     assert usage_reasons(hub, ann) == [reasons.POD_DELETED]
     hub.wait_stopped(ann, 60)
+    # The student reads why on the spawn page (the admin renders ann's form, as ann's browser would get it).
+    told = "This server's pod was deleted outside the hub (by hand or by another tool)."
+    assert hub.stop_box(ann) == told
+    r = hub.admin_pages().get(f"{hub.url}/hub/spawn/{ann}", timeout=30)
+    assert r.status_code == 200 and told in html.unescape(r.text), r.text[-3000:]
 
 
 def api_server(command: str) -> None:

@@ -118,8 +118,14 @@ def test_a_dead_node_leaves_the_free_count_and_the_wait_and_its_lease_closes_as_
             lambda: lease_of(hub, user) is None, 90, f"the lease on {node} to close after its slurmd died", hub.log
         )
         assert squeue("-t", "all", "-j", job_id, "-o", "%T") == ["NODE_FAIL"]
-        assert ended_reasons(hub, user)[-1] == "node failed"
+        assert ended_reasons(hub, user)[-1] == f"node failed: {node}"
         hub.wait_stopped(user, 30)
+        # The student reads why on the spawn page: the node, and why Slurm holds it down.
+        r = browser.get(f"{hub.url}/hub/spawn/{user}", timeout=30)
+        assert r.status_code == 200, r.text[-2000:]
+        told = f"The node {node} this server ran on failed (Slurm: down, not responding"
+        assert told in html.unescape(r.text), r.text[-3000:]
+        assert hub.stop_box(user).startswith(told)
 
         # The spawn form: the dead node's devices are neither free nor counted among those one may get.
         down = f"node {node} is down, not responding"  # Slurm's state DOWN+NOT_RESPONDING, its reason said once

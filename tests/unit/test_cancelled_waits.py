@@ -184,7 +184,10 @@ SCRIPT = SimpleNamespace(kind="service", name="workbench-admin")
     ],
 )
 def test_who_asked_for_a_stop(requester, reason):
-    assert stop_reason_for("ann", requester) == reason
+    ending = stop_reason_for("ann", requester)
+    assert (ending.reason if ending else None) == reason
+    if ending is not None:
+        assert ending.message.endswith("stopped this server.") or "idle culler" in ending.message
 
 
 @pytest.mark.parametrize(

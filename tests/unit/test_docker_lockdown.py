@@ -365,5 +365,11 @@ async def test_a_container_killed_for_memory_is_recorded_as_out_of_memory(make_s
     async def inspect(self):
         return inspected
 
+    async def docker(self, method, *args, **kwargs):
+        assert method == "logs"
+        return b"Traceback...\nMemoryError\n"
+
     monkeypatch.setattr(DockerSpawner, "get_object", inspect)
-    assert await spawner.gpu_exit_reason() == reason
+    monkeypatch.setattr(DockerSpawner, "docker", docker)
+    ending = await spawner.gpu_exit_reason()
+    assert ending.reason == reason

@@ -130,7 +130,7 @@ async def test_an_idle_server_is_warned_then_stopped_and_the_ledger_says_why(wor
     assert done.reason == "reclaimed: GPU idle 30 min" and "files are kept" in done.message
     # The spawner's stop reads the announced reason into the ledger.
     lease = store.lease_of("alice", "")
-    reason = NoticeBook(store).stop_reason("alice", "", lease.since)
+    reason = NoticeBook(store).announced("alice", "", lease.since).reason
     store.release("alice", "", reason)
     assert [u.reason for u in store.usage(user="alice")] == ["reclaimed: GPU idle 30 min"]
     # Every pass delivered notices to the running servers (alice while she ran).

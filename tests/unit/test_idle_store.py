@@ -47,9 +47,9 @@ def test_done_records_why_for_the_spawn_page_and_the_ledger(store):
     book.warn("alice", "", kind="idle", message="will stop", stop_at=T0)
     book.done("alice", "", kind="idle", message="stopped <because>", reason="reclaimed: GPU idle 30 min")
     assert book.pending("alice") == []
-    assert book.stop_reason("alice", "", since=T0 - timedelta(hours=1)) == "reclaimed: GPU idle 30 min"
+    assert book.announced("alice", "", since=T0 - timedelta(hours=1)).reason == "reclaimed: GPU idle 30 min"
     # A stop announced before this lease began is not this stop's reason.
-    assert book.stop_reason("alice", "", since=T0 + timedelta(seconds=1)) is None
+    assert book.announced("alice", "", since=T0 + timedelta(seconds=1)) is None
     html = render_stop_notice(book.last_done("alice", ""))
     assert "stopped &lt;because&gt;" in html and "<because>" not in html
     assert book.acknowledge("alice", "") == 1

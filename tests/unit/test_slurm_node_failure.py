@@ -378,7 +378,8 @@ def polled(job_id: str, job_status: str, status: JobStatus) -> SimpleNamespace:
         ("NODE_FAIL wbnode1", reasons.NODE_FAILED),
         ("OUT_OF_MEMORY wbnode1", reasons.OUT_OF_MEMORY),
         ("CANCELLED wbnode1", reasons.JOB_CANCELLED),
-        ("COMPLETED wbnode1", None),
+        ("COMPLETED wbnode1", reasons.SERVER_EXITED),
+        ("TIMEOUT 1:00:00 wbnode1", reasons.JOB_TIMED_OUT),
         ("slurm_load_jobs error: Invalid job id specified", None),
     ],
 )
@@ -386,7 +387,12 @@ def test_the_poll_that_finds_the_job_gone_remembers_why_for_the_ledger(job_statu
     spawner = polled("8101", job_status, JobStatus.NOTFOUND)
     assert asyncio.run(SlurmJobSpawner.poll(spawner)) == 1
     assert spawner.job_id == "" and spawner.slurm_end[0] == "8101"  # cleared, yet remembered
-    assert asyncio.run(SlurmGPUSpawner.gpu_exit_reason(spawner)) == reason
+    assert why(asyncio.run(SlurmGPUSpawner.gpu_exit_reason(spawner))) == reason
+
+
+def why(ending) -> str | None:
+    """The ledger's reason of an ending (None: no ending)."""
+    return ending.reason if ending is not None else None
 
 
 def test_a_running_job_leaves_nothing_to_remember():
@@ -414,7 +420,7 @@ def test_a_cancel_by_the_hub_is_noted_before_scancel_runs(monkeypatch):
     assert seen == [(["scancel", "8103"], True)]
     spawner = polled("8103", "CANCELLED wbnode1", JobStatus.NOTFOUND)
     asyncio.run(SlurmJobSpawner.poll(spawner))
-    assert asyncio.run(SlurmGPUSpawner.gpu_exit_reason(spawner)) == reasons.STOPPED
+    assert why(asyncio.run(SlurmGPUSpawner.gpu_exit_reason(spawner))) == reasons.STOPPED
 
 
 def lease(ref: str) -> Lease:
@@ -427,7 +433,8 @@ def lease(ref: str) -> Lease:
         ("slurm:8201", "NODE_FAIL", reasons.NODE_FAILED),
         ("slurm:8201", "OUT_OF_MEMORY", reasons.OUT_OF_MEMORY),
         ("slurm:8201", "CANCELLED", reasons.JOB_CANCELLED),
-        ("slurm:8201", "TIMEOUT", reasons.SERVER_EXITED),  # a known end with nothing more to say
+        ("slurm:8201", "TIMEOUT", reasons.JOB_TIMED_OUT),
+        ("slurm:8201", "COMPLETED", reasons.SERVER_EXITED),  # a known end with nothing more to say
         ("slurm:8201", "PENDING", None),  # requeued: nothing says why
         ("slurm:8299", "NODE_FAIL", None),  # another job's state; this one is gone from Slurm's memory
         ("pid:42", "NODE_FAIL", None),
@@ -435,14 +442,14 @@ def lease(ref: str) -> Lease:
 )
 def test_the_reconciler_reads_why_from_slurms_job_list(monkeypatch, ref, state, reason):
     monkeypatch.setattr(slurm_spawner, "recent_jobs", lambda: [SlurmJob("8201", state, "None", "wbnode1")])
-    assert SlurmGPUSpawner.gpu_lease_gone_reason(None, lease(ref)) == reason
+    assert why(SlurmGPUSpawner.gpu_lease_gone_reason(None, lease(ref))) == reason
 
 
 def test_the_reconciler_says_stopped_for_a_job_the_hub_cancelled_and_nothing_when_slurm_is_away(monkeypatch):
     monkeypatch.setattr(slurm_jobs, "run_slurm", lambda args, timeout=20: "")
     slurm_jobs.cancel("8202")
     monkeypatch.setattr(slurm_spawner, "recent_jobs", lambda: [SlurmJob("8202", "CANCELLED")])
-    assert SlurmGPUSpawner.gpu_lease_gone_reason(None, lease("slurm:8202")) == reasons.STOPPED
+    assert why(SlurmGPUSpawner.gpu_lease_gone_reason(None, lease("slurm:8202"))) == reasons.STOPPED
 
     def away():
         raise SlurmUnavailable("squeue: Unable to contact slurm controller")

@@ -179,8 +179,8 @@ class NoticeBook:
     def done(self, user: str, server: str, *, kind: str, message: str, hint: str = "", reason: str = "") -> Notice:
         """Record why the server is being stopped, BEFORE asking the hub to stop it.
 
-        The spawn page shows ``message``; the spawner's stop writes ``reason``
-        ("reclaimed: GPU idle 30 min") into the usage ledger (``stop_reason``).
+        The spawn page and the hub's home page show ``message``; the spawner's stop writes ``reason``
+        ("reclaimed: GPU idle 30 min") into the usage ledger (``announced``).
         """
         now = self._clock()
         with self._writes.begin() as session:
@@ -219,8 +219,10 @@ class NoticeBook:
                 row.state, row.updated = CLEARED, now
             return len(rows)
 
-    def stop_reason(self, user: str, server: str, since: datetime) -> str | None:
-        """The ledger reason of a stop announced (``done``) after ``since`` (the lease's start), if any."""
+    def announced(self, user: str, server: str, since: datetime) -> Notice | None:
+        """The ``done`` notice that explains a stop of this server, posted after ``since`` (its lease's or its
+        start's time), if any: the workbench service's announcement ("reclaimed: ..."), or the end a first
+        release already told. Its ``reason`` goes into the usage ledger."""
         with self._reads() as session:
             row = session.scalar(
                 select(NoticeRow)
@@ -232,7 +234,7 @@ class NoticeBook:
             )
             if row is None or _aware(row.created) < since:
                 return None
-            return row.reason
+            return _notice(row)
 
     def pending(self, user: str | None = None, server: str | None = None) -> list[Notice]:
         return self._select(PENDING, user, server)
@@ -269,7 +271,12 @@ def render_stop_notice(notice: Notice | None) -> str:
     """The spawn page's box that says why the last server stopped ('' when nothing to say)."""
     if notice is None:
         return ""
-    hint = f'<p class="workbench-stop-hint">{escape(notice.hint)}</p>' if notice.hint else ""
+    # A hint may hold the last lines of the server's log: kept as lines.
+    hint = (
+        f'<p class="workbench-stop-hint" style="white-space: pre-wrap">{escape(notice.hint)}</p>'
+        if notice.hint
+        else ""
+    )
     return (
         f'<div class="alert alert-warning workbench-stopped" role="status" data-kind="{escape(notice.kind)}">'
         f"<p><strong>{escape(notice.message)}</strong></p>{hint}</div>"

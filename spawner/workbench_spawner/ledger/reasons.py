@@ -26,6 +26,7 @@ START_CANCELLED = "start cancelled"
 # The engine ended it.
 NODE_FAILED = "node failed"
 JOB_CANCELLED = "job cancelled outside the hub"
+JOB_TIMED_OUT = "job time limit reached"
 POD_DELETED = "pod deleted outside the hub"
 EVICTED = "evicted"
 OUT_OF_MEMORY = "out of memory"
@@ -45,6 +46,7 @@ ALL = (
     START_CANCELLED,
     NODE_FAILED,
     JOB_CANCELLED,
+    JOB_TIMED_OUT,
     POD_DELETED,
     EVICTED,
     OUT_OF_MEMORY,

@@ -86,6 +86,8 @@ class UsageRow(Base):
     reason: Mapped[str] = mapped_column(String(64), default="")
     node: Mapped[str] = mapped_column(String(255), default="")
     share: Mapped[float] = mapped_column(Float, default=1.0, server_default="1.0")  # the lease's, copied
+    # The sentence its student was told (``ledger.endings``; migration 0008); "" before it, or for no sentence.
+    message: Mapped[str] = mapped_column(Text, default="", server_default="")
 
 
 @dataclass(frozen=True)
@@ -275,16 +277,16 @@ class AllocationStore:
             return False
 
     def release(
-        self, user: str, server: str, reason: str = "stopped", *, since: datetime | None = None
+        self, user: str, server: str, reason: str = "stopped", *, since: datetime | None = None, message: str = ""
     ) -> tuple[str, ...]:
         """Free whatever ``user``/``server`` holds; safe to call twice.
 
         ``since``: only the lease that began then. A start cancelled while its
         allocation ran in a worker thread releases that allocation later, by
         then perhaps replaced by a new start of the same server, whose lease
-        it must not end."""
+        it must not end. ``message``: the sentence the student was told (``ledger.endings``)."""
         with self._sessions.begin() as session:
-            return self._delete_lease(session, user, server, reason, since=since)
+            return self._delete_lease(session, user, server, reason, since=since, message=message)
 
     def set_ref(self, user: str, server: str, ref: str) -> None:
         with self._sessions.begin() as session:
@@ -292,7 +294,13 @@ class AllocationStore:
                 row.ref = ref
 
     def _delete_lease(
-        self, session: Session, user: str, server: str, reason: str, since: datetime | None = None
+        self,
+        session: Session,
+        user: str,
+        server: str,
+        reason: str,
+        since: datetime | None = None,
+        message: str = "",
     ) -> tuple[str, ...]:
         rows = list(session.scalars(select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server)))
         if since is not None:
@@ -311,6 +319,7 @@ class AllocationStore:
                     reason=reason[:64],
                     node=row.node or "",
                     share=row.share if row.share is not None else 1.0,
+                    message=message,
                 )
             )
         session.execute(delete(LeaseRow).where(LeaseRow.id.in_([r.id for r in rows])))

@@ -91,11 +91,14 @@ class Placement(ABC):
         ``groups``: the user's JupyterHub groups (reservations let members in).
         ``job``: on an engine, the submitted job to follow (host placement has none)."""
 
-    def release(self, user: str, server: str, reason: str, since: datetime | None = None) -> tuple[str, ...]:
+    def release(
+        self, user: str, server: str, reason: str, since: datetime | None = None, message: str = ""
+    ) -> tuple[str, ...]:
         """End the lease (the ledger keeps it); blocking, so call it from a worker thread.
 
-        ``since``: only the lease that began then (``AllocationStore.release``)."""
-        released = self.store.release(user, server, reason, since=since)
+        ``since``: only the lease that began then (``AllocationStore.release``); ``message``: the sentence
+        its student was told."""
+        released = self.store.release(user, server, reason, since=since, message=message)
         if released:
             log.info("Released GPU(s) %s of %s/%s (%s)", ", ".join(released), user, server or "default", reason)
             self.released()

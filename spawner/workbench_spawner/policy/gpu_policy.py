@@ -22,7 +22,9 @@ from datetime import datetime
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_spawner.form.options import device_matches
+from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
+from workbench_spawner.ledger.endings import SILENT, Ending
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -271,19 +273,42 @@ class GPUPolicy(Reconciler):
         only = {"exclusive": True} if exclusive else {}
         return await self.placement.place(user, server, count, model, timeout, report, groups=groups, **only)
 
-    def release(self, user: str, server: str, reason: str, since: datetime | None = None) -> tuple[str, ...]:
-        """End the lease of ``user``/``server`` (``since``: only the one that began then)."""
-        released = self.placement.release(user, server, reason, since)
+    def release(
+        self, user: str, server: str, reason: str, since: datetime | None = None, message: str = ""
+    ) -> tuple[str, ...]:
+        """End the lease of ``user``/``server`` (``since``: only the one that began then); ``message``: the
+        sentence its student was told, kept with the ledger rows."""
+        released = self.placement.release(user, server, reason, since, message)
         if released and self.layout_waiting and self.settle_layout():
             self.placement.released()  # the GPU's new devices are free now: wake whoever waits for them
         return released
 
-    def release_on_stop(self, user: str, server: str, otherwise: str = "stopped") -> tuple[str, ...]:
-        """Release with the reason the workbench service announced for this stop ("reclaimed: ..."), if any,
-        else ``otherwise``: the ledger says why a server the service stopped ended."""
+    def end_server(
+        self, user: str, server: str, ending: Ending, *, since: datetime | None = None, started: datetime | None = None
+    ) -> tuple[str, ...]:
+        """A server ended: release its lease with why, and tell its student (blocking).
+
+        If the workbench service announced this stop (``NoticeBook.done``: "reclaimed: GPU idle 30 min"),
+        or a first caller already told this end (a stop's release and a poll both ask), that notice's
+        reason and sentence stand. Otherwise the ledger keeps ``ending``'s reason and sentence, and a
+        ``done`` notice shows the sentence on the spawn page and the hub's home page until the next start
+        (not for a failed or cancelled start: JupyterHub shows that error itself). ``since``: only the lease
+        that began then (the reconciler's); ``started``: when the server started, for a server that held
+        no GPU (no lease to date its end by)."""
         lease = self.store.lease_of(user, server)
-        reason = NoticeBook(self.store).stop_reason(user, server, lease.since) if lease is not None else None
-        return self.release(user, server, reason or otherwise)
+        if since is not None and lease is not None and lease.since != since:
+            return ()  # a new start of the same server replaced the lease the caller read
+        notices = NoticeBook(self.store)
+        begun = since or (lease.since if lease is not None else started)
+        told = notices.announced(user, server, begun) if begun is not None else None
+        if told is not None:
+            return self.release(user, server, told.reason, since, message=told.message)
+        released = self.release(user, server, ending.ledger_reason, since, message=ending.message)
+        if ending.message and ending.reason not in SILENT and (released or lease is None):
+            notices.done(
+                user, server, kind=ending.kind, message=ending.message, hint=ending.hint, reason=ending.ledger_reason
+            )
+        return released
 
     def restore(self, user: str, server: str, saved: list[str], ref: str) -> tuple[str, ...] | None:
         """After a restart: the GPUs a running server holds, by the ledger.
@@ -343,7 +368,7 @@ class GPUPolicy(Reconciler):
         closed = [lease for lease in self.store.leases() if slices_gone(lease, known)]
         for lease in closed:
             log.warning("Closing the lease of %s/%s: %s", lease.user, lease.server or "default", LAYOUT_CHANGED)
-            self.release(lease.user, lease.server, LAYOUT_CHANGED)
+            self.end_server(lease.user, lease.server, endings.layout_changed(), since=lease.since)
         if merged.devices != before.devices or waits != waited:
             self.reconcile_soon()  # the devices changed under the ledger: compare it with the world now
         return closed

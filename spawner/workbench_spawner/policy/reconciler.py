@@ -7,7 +7,7 @@ thread runs a pass every ``settings.reconcile_seconds`` and whenever ``reconcile
 one log line and a count in ``reconcile_book`` (docs/architecture.md, "The reconciler").
 
 ``Reconciler`` reads what ``GPUPolicy`` holds: ``settings``, ``store``, ``inventory``, ``starting``,
-``stopping`` and ``release``; its own state is made by ``_init_reconciler``.
+``stopping`` and ``end_server``; its own state is made by ``_init_reconciler``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings, reasons
+from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.reconcile_book import LEASE_CLOSED, ReconcileBook
 from workbench_spawner.ledger.store import Lease, utcnow
 
@@ -117,13 +118,13 @@ class Reconciler:
                     if slices_gone(lease, known) and not self.settings.inventory.unread:
                         # Its slices are gone: the GPU's MIG layout changed while the hub was down (not when
                         # NVML could not read some GPU now: its slices may be this lease's, still running).
-                        if self._close(lease, LAYOUT_CHANGED):
+                        if self._close(lease, endings.layout_changed()):
                             closed.append(lease)
                         continue
                 if hooks.is_alive(lease) is False:
                     if (lease.user, lease.server) in self.starting or (lease.user, lease.server) in self.stopping:
                         continue  # a new start, or a stop, of the same server began meanwhile
-                    if self._close(lease, hooks.gone_reason(lease) or reasons.SERVER_GONE):
+                    if self._close(lease, as_ending(hooks.gone_reason(lease), endings.server_gone())):
                         closed.append(lease)
                 elif first:
                     log.info(
@@ -135,14 +136,15 @@ class Reconciler:
             hooks.orphans()
             return closed
 
-    def _close(self, lease: Lease, reason: str) -> bool:
+    def _close(self, lease: Lease, ending: Ending) -> bool:
         """Close ``lease`` with ``reason`` if it is still the one the ledger holds (a new start of the same
         server may have replaced it since it was read): counted and logged as a fix."""
-        released = self.release(lease.user, lease.server, reason, lease.since)
+        released = self.end_server(lease.user, lease.server, ending, since=lease.since)
         if released:
             self.record_fix(
                 LEASE_CLOSED,
-                f"reconcile: closed the lease of {lease.user}/{lease.server} on {', '.join(released)}: {reason}",
+                f"reconcile: closed the lease of {lease.user}/{lease.server} on {', '.join(released)}: "
+                f"{ending.ledger_reason}",
             )
         return bool(released)
 
@@ -191,7 +193,7 @@ class BackendHooks:
 
     is_alive: Callable[[Lease], bool | None]
     orphans: Callable[[], None]
-    gone_reason: Callable[[Lease], str | None]
+    gone_reason: Callable[[Lease], Ending | str | None]
 
 
 # Leases younger than this are left to the next pass (``reconcile_now``).

@@ -72,11 +72,15 @@ from workbench_spawner.backends.docker.lockdown import (
     settings_problems,
 )
 from workbench_spawner.backends.docker.tenancy import LABEL_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings
+from workbench_spawner.ledger.endings import LOG_LINES, Ending
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
+
+# Lines of a container's log read to tell a student why it exited (a few more than shown: blank ones go).
+LOG_TAIL = 2 * LOG_LINES
 
 __all__ = ["LABEL_GPUS", "LABEL_HUB", "LABEL_SERVER", "LABEL_USER", "DockerGPUSpawner", "check_lockdown"]
 
@@ -259,28 +263,31 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
         if request.image:
             self.image = request.image
 
-    async def gpu_exit_reason(self) -> str | None:
+    async def gpu_exit_reason(self) -> Ending | None:
         """Docker says why the container ended: ``State.OOMKilled`` is its memory limit's kill (the
-        profile's ``mem_limit``), which the ledger and the student should hear as "out of memory"."""
+        profile's ``mem_limit``, ``HostConfig.Memory``), which the student hears as "out of memory" with
+        the limit; any other end is the server exiting, with its exit code and the last lines of its log."""
         try:
             container = await self.get_object()
+            log = await self.docker("logs", self.container_id, tail=LOG_TAIL) if container else b""
         except Exception as exc:  # docker-py's errors, or requests' when the daemon is away: poll goes on
             self.log.warning("Cannot inspect %s's container to say why it ended: %s", self.user.name, exc)
             return None
-        return container_end_reason((container or {}).get("State") or {})
+        return container_ending(container or {}, log)
 
-    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+    def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """The same rule for the reconciler (blocking): the container's state if it is still there (exited),
         "server exited" if it is gone; None when the engine cannot be asked or the lease named no container."""
         if not lease.ref.startswith("container:"):
             return None
         try:
             container = self._sync_client().containers.get(lease.ref.split(":", 1)[1])
+            log = container.logs(tail=LOG_TAIL)
         except docker.errors.NotFound:
-            return reasons.SERVER_EXITED
+            return endings.server_exited()
         except Exception:  # the engine is away: say nothing rather than guess
             return None
-        return container_end_reason(container.attrs.get("State") or {})
+        return container_ending(container.attrs, log)
 
     def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
         env = {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
@@ -312,6 +319,8 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
         if method == "create_container":
             self._refuse_breaches(self.lockdown_problems(kwargs))
             self._lock_down(kwargs)
+            # `docker stop` (ours, or an admin's) gives the kernels their grace to checkpoint before SIGKILL.
+            kwargs.setdefault("stop_timeout", int(self.kernel_stop_grace + self.server_stop_margin))
         return await super().docker(method, *args, **kwargs)
 
     def _lock_down(self, kwargs: dict) -> None:
@@ -415,9 +424,18 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
                 container.stop(timeout=10)
 
 
-def container_end_reason(state: dict) -> str:
-    """Why a container that is no longer running ended, from ``docker inspect``'s ``State``."""
-    return reasons.OUT_OF_MEMORY if state.get("OOMKilled") else reasons.SERVER_EXITED
+def container_ending(inspected: Mapping[str, Any], log: bytes | str = b"") -> Ending:
+    """Why a container that is no longer running ended, from ``docker inspect``'s answer and its log's tail.
+
+    ``State.OOMKilled`` with the memory limit (``HostConfig.Memory``) is "out of memory"; otherwise the
+    server exited with ``State.ExitCode`` (137 without OOMKilled: killed by a signal, e.g. ``docker kill``)."""
+    state = inspected.get("State") or {}
+    if state.get("OOMKilled"):
+        limit = int((inspected.get("HostConfig") or {}).get("Memory") or 0)
+        return endings.out_of_memory(limit or None)
+    text = log.decode("utf-8", "replace") if isinstance(log, bytes) else str(log or "")
+    code = state.get("ExitCode")
+    return endings.server_exited(int(code) if isinstance(code, int) else None, text)
 
 
 def _still_running(container) -> bool:

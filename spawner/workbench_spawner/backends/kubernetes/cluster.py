@@ -232,26 +232,44 @@ def list_pods(namespace: str, label_selector: str) -> list[dict]:
 
 def node_state(name: str) -> NodeState:
     """Whether node ``name`` is Ready, not Ready or gone (blocking); UNKNOWN when the API did not answer."""
+    return node_condition(name)[0]
 
-    async def read(api) -> NodeState:
+
+def node_condition(name: str) -> tuple[NodeState, str]:
+    """Node ``name``'s state and its Ready condition in words ("Ready=Unknown: Kubelet stopped posting node
+    status.", "" when Ready or unknown), for a student's "the node failed" (blocking)."""
+
+    async def read(api) -> tuple[NodeState, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
             reply = await api.read_node(name, _preload_content=False)
         except ApiException as exc:
             if exc.status == 404:
-                return NodeState.GONE
+                return NodeState.GONE, "the node is gone from the cluster"
             raise
         import json
 
-        return NodeState.READY if node_from_api(json.loads(await reply.read()), "").ready else NodeState.NOT_READY
+        node = json.loads(await reply.read())
+        if node_from_api(node, "").ready:
+            return NodeState.READY, ""
+        return NodeState.NOT_READY, ready_condition_text(node)
 
     if not name:
-        return NodeState.UNKNOWN
+        return NodeState.UNKNOWN, ""
     try:
         return blocking(read, timeout=10)
     except KubernetesUnavailable:
-        return NodeState.UNKNOWN
+        return NodeState.UNKNOWN, ""
+
+
+def ready_condition_text(node: Mapping[str, Any]) -> str:
+    """A not-Ready node's Ready condition as "Ready=Unknown: Kubelet stopped posting node status."."""
+    for condition in (node.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            said = (condition.get("message") or condition.get("reason") or "").strip()
+            return f"Ready={condition.get('status', 'Unknown')}" + (f": {said}" if said else "")
+    return "no Ready condition"
 
 
 def delete_pod(namespace: str, name: str, grace_seconds: int = 0, uid: str | None = None) -> None:

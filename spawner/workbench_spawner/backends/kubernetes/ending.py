@@ -28,6 +28,11 @@ gone, or being deleted, otherwise: deleted outside the hub   ``POD_DELETED``
 anything else (its process ended on its own)                 None (server exited)
 ==========================================================  ==================
 
+``pod_ending`` turns the row into the student's sentence (``ledger.endings``):
+the node's name and its Ready condition ("Ready=Unknown: Kubelet stopped
+posting node status."), the eviction's message, the memory limit an
+``OOMKilled`` container hit, the exit code of a server that ended on its own.
+
 The hub's own deletions never reach this table: a stop in progress is
 recorded by the stop itself (the GPU mixin), and the reconciler is told
 "unknown" for a pod the hub is deleting (``KubernetesGPUSpawner.gpu_lease_alive``).
@@ -35,11 +40,13 @@ recorded by the stop itself (the GPU mixin), and the reconciler is told
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings, reasons
+from workbench_spawner.ledger.endings import Ending
 
 
 class NodeState(Enum):
@@ -114,3 +121,86 @@ def needs_node(pod: Mapping[str, Any] | None, gone: bool) -> bool:
     if pod is not None and status_reason(pod):
         return False
     return gone or bool(pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def pod_ending(
+    pod: Mapping[str, Any] | None, gone: bool, node: NodeState = NodeState.UNKNOWN, node_condition: str = ""
+) -> Ending | None:
+    """The table's row for ``pod`` as the student's sentence; None when the pod says nothing (poll then tells
+    "the server exited" with its exit code). ``node_condition``: the node's Ready condition in words, where
+    the caller asked the API (``cluster.node_condition``)."""
+    reason = pod_end_reason(pod, gone, node)
+    status = (pod or {}).get("status") or {}
+    if reason == reasons.NODE_FAILED:
+        why = (
+            node_condition
+            or (status.get("message") or "").strip()
+            or ("the node is gone" if node is NodeState.GONE else "")
+        )
+        return endings.node_failed(node_name(pod), why, "Kubernetes")
+    if reason == reasons.EVICTED:
+        return endings.evicted((status.get("message") or _disruption_message(status)).strip())
+    if reason == reasons.OUT_OF_MEMORY:
+        return endings.out_of_memory(memory_limit(pod))
+    if reason == reasons.POD_DELETED:
+        return endings.pod_deleted()
+    code = exit_code(pod)
+    return endings.server_exited(code) if code is not None else None
+
+
+def _disruption_message(status: Mapping[str, Any]) -> str:
+    for condition in status.get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget":
+            return str(condition.get("message") or "")
+    return ""
+
+
+def _terminated(pod: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    out = []
+    for container in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        for key in ("state", "lastState"):
+            terminated = (container.get(key) or {}).get("terminated")
+            if terminated:
+                out.append(terminated)
+    return out
+
+
+def exit_code(pod: Mapping[str, Any] | None) -> int | None:
+    """The exit code of the pod's first terminated container (its current state before its last one)."""
+    for terminated in _terminated(pod):
+        if isinstance(terminated.get("exitCode"), int):
+            return int(terminated["exitCode"])
+    return None
+
+
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY = re.compile(r"^([0-9.]+)(|k|M|G|T|Ki|Mi|Gi|Ti)$")
+
+
+def memory_quantity(value: object) -> int | None:
+    """A Kubernetes memory quantity ("17179869184", "16Gi", "512M") in bytes; None if it is not one."""
+    match = _QUANTITY.match(str(value or "").strip())
+    if not match:
+        return None
+    try:
+        return int(float(match.group(1)) * _UNITS[match.group(2)])
+    except ValueError:
+        return None
+
+
+def memory_limit(pod: Mapping[str, Any] | None) -> int | None:
+    """The memory limit of the pod's container that was killed (else its first with a limit), in bytes."""
+    spec_containers = ((pod or {}).get("spec") or {}).get("containers") or []
+    limits = {
+        c.get("name"): memory_quantity(((c.get("resources") or {}).get("limits") or {}).get("memory"))
+        for c in spec_containers
+    }
+    for container in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
+        terminated = (
+            (container.get("state") or {}).get("terminated")
+            or (container.get("lastState") or {}).get("terminated")
+            or {}
+        )
+        if terminated.get("reason") == "OOMKilled" and limits.get(container.get("name")):
+            return limits[container.get("name")]
+    return next((v for v in limits.values() if v), None)

@@ -57,7 +57,7 @@ from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes import cluster
-from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, node_name, pod_end_reason
+from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, node_name, pod_ending
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory, slice_key
 from workbench_spawner.backends.kubernetes.manifests import (
     ANNOTATION_GPUS,
@@ -71,6 +71,7 @@ from workbench_spawner.backends.kubernetes.pod_objects import WorkbenchPod
 from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 from workbench_spawner.backends.kubernetes.watch import KeptWatches
+from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -137,6 +138,12 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
     @default("storage_capacity")
     def _default_storage_capacity(self):
         return self.home_volume_size
+
+    @default("delete_grace_period")
+    def _default_delete_grace_period(self):
+        # KubeSpawner's 1 s would SIGKILL a kernel writing its checkpoint (``on_stop``): the pod gets the
+        # kernels' grace and the server's margin between SIGTERM and SIGKILL.
+        return int(self.kernel_stop_grace + self.server_stop_margin)
 
     @default("delete_stopped_pods")
     def _default_delete_stopped_pods(self):
@@ -353,18 +360,18 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
 
     # -- why a pod ended -------------------------------------------------------------------------
 
-    async def gpu_exit_reason(self) -> str | None:
+    async def gpu_exit_reason(self) -> Ending | None:
         """Why the pod ended (poll found it gone or ended), from the pod as last seen (``ending.py``)."""
         reflector = self.pod_reflector
         current = reflector.pods.get(f"{self.namespace}/{self.pod_name}") if reflector is not None else None
         pod = current or self.last_pod()
         gone = current is None
-        node = NodeState.UNKNOWN
+        node, condition = NodeState.UNKNOWN, ""
         if needs_node(pod, gone) and node_name(pod):
-            node = await asyncio.to_thread(cluster.node_state, node_name(pod))
-        return pod_end_reason(pod, gone, node)
+            node, condition = await asyncio.to_thread(cluster.node_condition, node_name(pod))
+        return pod_ending(pod, gone, node, condition)
 
-    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+    def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """Why the pod of ``lease`` is gone, for the reconciler (blocking): from the pod as the API lists it now."""
         if not lease.ref.startswith("k8s:") or not lease.ref[4:].partition("/")[2]:
             return None
@@ -372,10 +379,10 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
             pod = self._pod_of(lease)
         except cluster.KubernetesUnavailable:
             return None
-        node = NodeState.UNKNOWN
+        node, condition = NodeState.UNKNOWN, ""
         if needs_node(pod, pod is None):
-            node = cluster.node_state(node_name(pod) or lease.node)
-        return pod_end_reason(pod, pod is None, node)
+            node, condition = cluster.node_condition(node_name(pod) or lease.node)
+        return pod_ending(pod, pod is None, node, condition)
 
     # -- after a hub restart -------------------------------------------------------------------
 

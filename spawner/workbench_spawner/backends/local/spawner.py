@@ -19,7 +19,8 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from traitlets import Unicode, default
 
 from workbench_spawner import slugs
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings
+from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
@@ -38,6 +39,12 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
 
     workbench_backend = "local"
     placement_mode = "host"
+
+    @default("interrupt_timeout")
+    def _default_interrupt_timeout(self):
+        # The server ends on SIGINT after its kernels did (each gets kernel_stop_grace to checkpoint, see
+        # on_stop): JupyterHub's 10 s before SIGTERM and SIGKILL would cut a checkpoint short.
+        return int(self.kernel_stop_grace + self.server_stop_margin)
 
     @default("home_dir_template")
     def _default_home_dir_template(self):
@@ -86,10 +93,10 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
             return False  # the start never finished before the hub went away
         return pid_runs_jupyter(int(lease.ref[4:]))
 
-    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+    def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """A server process that is gone ended on its own (crashed, killed): what poll would have said. A lease
         that never named its process (the start did not finish) has no reason to give."""
-        return reasons.SERVER_EXITED if lease.ref.startswith("pid:") else None
+        return endings.server_exited() if lease.ref.startswith("pid:") else None
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or end this hub's server processes that hold GPUs and have no lease.

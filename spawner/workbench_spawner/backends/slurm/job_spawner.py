@@ -44,7 +44,8 @@ class SlurmJobSpawner(SlurmSpawner):
     def _default_batch_query_cmd(self) -> str:
         # batchspawner's query without ``-t all`` lists nothing for a job that ended, so its final state
         # (why the server is gone) would be lost; with it a finished job reads "NODE_FAIL wbnode1".
-        return "squeue -h -t all -j {job_id} -o '%T %B'"
+        # %l (the time limit) before %B: batchspawner reads the host as the line's last word.
+        return "squeue -h -t all -j {job_id} -o '%T %l %B'"
 
     def slurm_tag(self) -> str:
         return job_tag(self.user.name, self.name, self.hub_id())
@@ -66,7 +67,8 @@ class SlurmJobSpawner(SlurmSpawner):
             return 1
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
-        self.slurm_end = (self.job_id, final_state(self.job_status))
+        # The whole line ("NODE_FAIL 1:00:00 wbnode1"): the ending names the node and the time limit.
+        self.slurm_end = (self.job_id, self.job_status.strip() if final_state(self.job_status) else "")
         self.clear_state()
         return 1
 

@@ -40,6 +40,7 @@ from jupyterhub.spawner import SpawnException
 from traitlets import Dict, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
 from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, SlurmPolicy
@@ -48,7 +49,6 @@ from workbench_spawner.backends.slurm.jobs import (
     SlurmUnavailable,
     cancel,
     cancelled_by_hub,
-    end_reason,
     list_jobs,
     list_nodes,
     partitions,
@@ -57,7 +57,8 @@ from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlac
 from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.traits import SlurmTraits
-from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger import endings
+from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -328,15 +329,17 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         job = jobs.get(lease.ref.split(":", 1)[1])
         return bool(job and job.running)
 
-    async def gpu_exit_reason(self) -> str | None:
-        """Why the job ended, from the state the poll that found it gone saw (``slurm_end``): NODE_FAIL is
-        "node failed", OUT_OF_MEMORY "out of memory", PREEMPTED "evicted", a CANCELLED job this hub did not
-        cancel "job cancelled outside the hub" (one it cancelled: "stopped"); None (the server exited)
-        for the rest (COMPLETED, FAILED, TIMEOUT) and for a job squeue no longer knew."""
-        job_id, state = self.slurm_end
-        return end_reason(state, cancelled_by_hub(job_id)) if job_id else None
+    async def gpu_exit_reason(self) -> Ending | None:
+        """Why the job ended, from the squeue line the poll that found it gone saw (``slurm_end``), in the
+        student's words (``slurm/ending.py``): NODE_FAIL names the node and why Slurm marked it down, a
+        CANCELLED job this hub did not cancel is "cancelled outside the hub" (one it cancelled: "stopped"),
+        TIMEOUT names the time limit; None for a job squeue no longer knew."""
+        job_id, status = self.slurm_end
+        if not job_id:
+            return None
+        return await asyncio.to_thread(job_ending, job_id, status, cancelled_by_hub(job_id), _node_down_because)
 
-    def gpu_lease_gone_reason(self, lease: Lease) -> str | None:
+    def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """The same rule for the reconciler, from Slurm's job list (blocking; squeue keeps an ended job
         ``MinJobAge`` seconds, after that nobody can tell and the answer is None)."""
         if not lease.ref.startswith("slurm:"):
@@ -348,8 +351,11 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             return None
         if job is None or job.pending or job.running:
             return None  # gone from Slurm's memory, or requeued: nothing says why
-        # A known end with nothing more to say (COMPLETED, FAILED, TIMEOUT) is the server exiting, as poll says.
-        return end_reason(job.state, cancelled_by_hub(job_id)) or reasons.SERVER_EXITED
+        # A known end with nothing more to say is the server exiting, as poll says.
+        return (
+            job_ending(job_id, f"{job.state} {job.node}", cancelled_by_hub(job_id), _node_down_because)
+            or endings.server_exited()
+        )
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or cancel this hub's tagged jobs without a lease (``slurm_reconcile``)."""
@@ -409,3 +415,12 @@ def recent_jobs(max_age: float = 2.0) -> list:
         jobs = list_jobs()
         _jobs_cache = (time.monotonic(), jobs)
     return jobs
+
+
+def _node_down_because(node: str) -> str:
+    """Why Slurm holds ``node`` down now ("down, not responding (Not responding)"), "" if it is up (blocking)."""
+    try:
+        found = {n.name: n for n in list_nodes()}.get(node)
+    except SlurmUnavailable:
+        return ""
+    return (found.unusable_because() or "") if found is not None else ""

@@ -28,7 +28,7 @@ from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 
 HERE = Path(__file__).resolve().parent
-HEAD = "0007"
+HEAD = "0008"
 
 # Alembic's command API is not thread-safe: ``command.upgrade`` installs the running
 # environment in module globals (``alembic.context``, ``alembic.op``), so two upgrades in
