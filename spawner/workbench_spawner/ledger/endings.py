@@ -237,7 +237,7 @@ SILENT = frozenset({reasons.START_FAILED, reasons.START_CANCELLED, reasons.REPLA
 
 
 def _exit_text(code: int | None) -> str:
-    """"exit code 1"; a signal's kill said as one: -9 (a process the hub waited on) or 137 (a container's
+    """Says "exit code 1"; a signal's kill said as one: -9 (a process the hub waited on) or 137 (a container's
     128 + 9) is "killed by SIGKILL (exit code 137)"."""
     if code is None:
         return ""

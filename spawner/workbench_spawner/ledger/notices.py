@@ -273,9 +273,7 @@ def render_stop_notice(notice: Notice | None) -> str:
         return ""
     # A hint may hold the last lines of the server's log: kept as lines.
     hint = (
-        f'<p class="workbench-stop-hint" style="white-space: pre-wrap">{escape(notice.hint)}</p>'
-        if notice.hint
-        else ""
+        f'<p class="workbench-stop-hint" style="white-space: pre-wrap">{escape(notice.hint)}</p>' if notice.hint else ""
     )
     return (
         f'<div class="alert alert-warning workbench-stopped" role="status" data-kind="{escape(notice.kind)}">'
