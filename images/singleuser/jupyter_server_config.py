@@ -42,3 +42,19 @@ if _lab_commands is not None and hasattr(_lab_commands, "_yarn_config"):
         return {"yarn config": {}, "npm config": {}}
 
     _lab_commands._yarn_config = _no_yarn_config
+
+# Kernels get time to save when the server stops (issue 37): the spawner passes
+# WORKBENCH_KERNEL_GRACE (seconds, default 30; 0 = jupyter_client's usual interrupt-first shutdown).
+# On a server stop every kernel gets SIGTERM (which runs `workbench_gpu_monitor.on_stop` callbacks)
+# and up to that long before SIGKILL; see workbench_gpu_monitor/kernel_grace.py for why the stock
+# shutdown (SIGINT first, 5 s in all) cannot do it. A kernel the student shuts down or restarts is
+# stopped as before. Not with a kernel gateway, whose kernels this server does not run.
+import importlib.util as _importlib_util  # noqa: E402
+import logging as _logging  # noqa: E402
+import os as _os  # noqa: E402
+
+if _importlib_util.find_spec("workbench_gpu_monitor") is not None and not _os.environ.get("JUPYTER_GATEWAY_URL"):
+    from workbench_gpu_monitor.kernel_grace import grace_from_env as _grace_from_env
+
+    c.ServerApp.kernel_manager_class = "workbench_gpu_monitor.kernel_grace.GracefulKernelManager"
+    c.GracefulKernelManager.stop_grace_seconds = _grace_from_env(_os.environ, _logging.getLogger("ServerApp"))

@@ -20,6 +20,8 @@ NOTEBOOKS = [
     "03-input-pipeline.ipynb",
     "04-multi-gpu.ipynb",
 ]
+# Not a benchmark (no timing tables): test_checkpoint_notebook.py runs it, with a stop announced.
+OTHER_NOTEBOOKS = ["05-checkpoint-resume.ipynb"]
 CPU_BUDGET_S = 180  # the issue: each notebook runs in under 3 minutes on a 2-core CPU
 
 
@@ -42,11 +44,11 @@ def number(text):
 
 def test_all_notebooks_present():
     present = sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb"))
-    assert present == NOTEBOOKS
+    assert present == sorted(NOTEBOOKS + OTHER_NOTEBOOKS)
     assert (NOTEBOOK_DIR / "README.md").is_file()
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", NOTEBOOKS + OTHER_NOTEBOOKS)
 def test_stored_without_outputs(name):
     nb = nbformat.read(str(NOTEBOOK_DIR / name), as_version=4)
     nbformat.validate(nb)

@@ -8,9 +8,18 @@
 
       from workbench_gpu_monitor import GPUMonitor
       GPUMonitor()
+
+* ``on_stop``, so a training loop can checkpoint before the hub stops the server
+  (``stop_notice.py``)::
+
+      from workbench_gpu_monitor import on_stop
+      stop = on_stop(save_checkpoint)   # or check stop.requested.is_set() each step
 """
 
+from .stop_notice import StopHandle, on_stop  # stdlib only: cheap in every kernel
+
 __version__ = "0.1.0"
+__all__ = ["GPUMonitor", "StopHandle", "on_stop"]
 
 
 def _jupyter_labextension_paths():

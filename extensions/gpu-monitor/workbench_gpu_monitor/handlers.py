@@ -6,6 +6,9 @@ JupyterHub OAuth cookie; unauthenticated requests get 403):
 ``GET {base_url}api/gpu/metrics``
     The latest sample (shape: "Snapshot shape" in extensions/gpu-monitor/README.md).  ``?history=1`` adds the
     last ten minutes as per-GPU arrays, so a panel opened late can draw them.
+``GET {base_url}api/gpu/memory``
+    The server's memory cgroup: limit, usage, OOM kills and when they last rose
+    (``memory_cgroup.py``), so the lab can say why a kernel died.
 ``GET {base_url}api/gpu/stream``
     ``text/event-stream``; one ``data: {...}`` event per sample, the same
     bytes to every client.  The sampler thread produces the sample, the event
@@ -38,6 +41,7 @@ from workbench_devices import make_source
 from .sampler import MIN_INTERVAL_SECONDS, SNAPSHOT_ENV, Sampler, compact_history
 
 MAX_CLIENT_BACKLOG_BYTES = 1 << 20
+MEMORY_KEY = "workbench_gpu_monitor_memory"
 # Where the server's one monitor lives: its tornado settings, which every handler reads.
 # (Not "workbench_gpu_monitor": ExtensionApp keeps the GPUMonitorApp under its name.)
 SETTINGS_KEY = "workbench_gpu_monitor_server"
@@ -323,3 +327,15 @@ class GPUStreamHandler(_MonitorHandler):
 
     def on_connection_close(self):
         self.close_stream()
+
+
+class MemoryCgroupHandler(APIHandler):
+    """The memory watcher's latest reading (``memory_cgroup.MemoryWatcher``)."""
+
+    auth_resource = "api"
+
+    @web.authenticated
+    @authorized
+    async def get(self):
+        self.set_header("Cache-Control", "no-store")
+        self.finish(json.dumps(self.settings[MEMORY_KEY].snapshot()))

@@ -9,17 +9,25 @@ proxy routes to it) while the user server cannot always reach the service.
 
 ``GET {base_url}api/gpu/notices``
     ``{"now": iso, "notices": [{"id", "kind", "message", "hint", "stop_at",
-    "seconds_left"}], "sharing": [{"uuid", "slots", "others"}]}``: the live
+    "stopping", "seconds_left"}], "sharing": [{"uuid", "slots", "others"}]}``: the live
     notices, ``seconds_left`` counted from this server's clock so a browser
     with a wrong clock still counts down right; ``sharing``: this server's
     time-sliced GPUs, how many servers each takes and how many other servers
-    hold it now (the status bar says "GPU shared with 2 others").
+    hold it now (the status bar says "GPU shared with 2 others"). ``stopping``
+    is true when the hub is stopping the server now (it says so once more
+    right before it stops it). ``?client=<id>``: the lab tab that polls (a
+    token of letters, digits, ``-`` and ``_``, at most 64); the server
+    remembers when each tab last polled, to know who must report a save
+    round (``saves.py``).
 ``PUT {base_url}api/gpu/notices``
     Replaces the whole list (``{"notices": [...], "sharing": [...]}``; an
     empty list withdraws them; ``sharing`` left out is an empty list).
     Under JupyterHub only a service (the workbench service's token, with
     ``access:servers``) may do this; the user reads, never writes, so a
     browser script cannot hide a warning from its user by accident.
+    Every PUT also writes the notices for kernels, atomically and readable
+    only by the user, to ``workbench-notices.json`` in the Jupyter runtime
+    directory, where ``on_stop`` (``stop_notice.py``) watches them.
 
 Notices live in memory: a server that restarts has none until the next pass
 of the service (seconds), which posts them again.
@@ -29,6 +37,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import tempfile
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,12 +46,16 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
+from .saves import SAVES_KEY, SaveRounds
+from .stop_notice import notices_path
+
 NOTICES_KEY = "workbench_gpu_monitor_notices"
 SHARING_KEY = "workbench_gpu_monitor_sharing"
 MAX_SHARED = 64
 MAX_NOTICES = 16
 MAX_TEXT = 2000
-FIELDS = ("id", "kind", "message", "hint", "stop_at")
+FIELDS = ("id", "kind", "message", "hint", "stop_at", "stopping")
+CLIENT_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class NoticeError(ValueError):
@@ -87,6 +101,11 @@ def parse_notices(body: Any) -> list[dict]:
             raise NoticeError("hint must be text")
         if any(len(str(item.get(k) or "")) > MAX_TEXT for k in ("message", "hint")):
             raise NoticeError(f"message and hint are at most {MAX_TEXT} characters")
+        stopping = item.get("stopping")
+        if stopping is None:
+            stopping = False
+        elif not isinstance(stopping, bool):
+            raise NoticeError("stopping must be true or false (true: the hub is stopping this server now)")
         notices.append(
             {
                 "id": str(item["id"]),
@@ -94,6 +113,7 @@ def parse_notices(body: Any) -> list[dict]:
                 "message": item["message"],
                 "hint": hint,
                 "stop_at": _parse_time(item.get("stop_at")),
+                "stopping": stopping,
             }
         )
     return notices
@@ -132,6 +152,55 @@ def render(notices: list[dict], sharing: list[dict], now: datetime | None = None
     return {"now": now.isoformat(), "notices": out, "sharing": sharing}
 
 
+def parse_client(value: str | None) -> str | None:
+    """The polling tab's id from ``?client=``; None when absent; NoticeError with a sentence when malformed."""
+    if value is None:
+        return None
+    if not CLIENT_ID.fullmatch(value):
+        raise NoticeError("client must be a short id of letters, digits, - and _ (at most 64 characters)")
+    return value
+
+
+def for_kernels(notices: list[dict], now: datetime | None = None) -> dict:
+    """The kernels' file (``on_stop`` reads it): the live notices, without what only people read."""
+    return {
+        "written": (now or datetime.now(UTC)).isoformat(),
+        "notices": [
+            {
+                "id": n["id"],
+                "kind": n["kind"],
+                "message": n["message"],
+                "stop_at": n["stop_at"].isoformat() if n["stop_at"] else None,
+                "stopping": n.get("stopping", False),
+            }
+            for n in notices
+        ],
+    }
+
+
+def write_for_kernels(notices: list[dict], path: str | None = None) -> str:
+    """Replace the kernels' notices file atomically (temp file + rename), mode 0600; return its path.
+
+    Atomic so a kernel never reads half a file; 0600 because other users of a shared host
+    must not learn when this user's server stops."""
+    path = path or notices_path()
+    directory = os.path.dirname(path)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".workbench-notices-", suffix=".tmp", dir=directory)  # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(for_kernels(notices), fh)
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
 class GPUNoticesHandler(APIHandler):
     auth_resource = "api"
 
@@ -139,9 +208,19 @@ class GPUNoticesHandler(APIHandler):
     def notices(self) -> list[dict]:
         return self.settings.setdefault(NOTICES_KEY, [])
 
+    @property
+    def rounds(self) -> SaveRounds:
+        return self.settings.setdefault(SAVES_KEY, SaveRounds())
+
     @web.authenticated
     @authorized
     async def get(self):
+        try:
+            client = parse_client(self.get_argument("client", None))
+        except NoticeError as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        if client is not None:
+            self.rounds.polled(client)
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(render(self.notices, self.settings.get(SHARING_KEY, []))))
 
@@ -164,5 +243,12 @@ class GPUNoticesHandler(APIHandler):
             raise web.HTTPError(400, str(exc)) from None
         self.settings[NOTICES_KEY] = parsed
         self.settings[SHARING_KEY] = sharing
+        for notice in parsed:
+            if notice["stopping"]:
+                self.rounds.stopping(notice["id"])  # who must report a save: the tabs active now
+        try:
+            write_for_kernels(parsed)
+        except OSError as exc:
+            self.log.warning("GPU monitor: cannot write the notices for kernels: %s", exc)
         self.log.info("GPU monitor: %d notice(s), %d time-sliced GPU(s) from the hub", len(parsed), len(sharing))
         self.finish(json.dumps(render(parsed, sharing)))
