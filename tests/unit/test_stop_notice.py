@@ -190,3 +190,24 @@ def test_importing_the_package_in_a_kernel_stays_cheap():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "True []"
+
+
+@pytest.mark.parametrize(
+    ("server_name", "file_name"),
+    [
+        ("", "workbench-notices.json"),
+        ("gpu-big_2", "workbench-notices-gpu-big_2.json"),
+        ("../etc", None),  # not a plain name: a hash of it, never a path
+    ],
+)
+def test_each_named_server_of_a_user_has_its_own_notices_file(monkeypatch, tmp_path, server_name, file_name):
+    from workbench_gpu_monitor.stop_notice import notices_path
+
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path))
+    monkeypatch.setenv("JUPYTERHUB_SERVER_NAME", server_name)
+    path = Path(notices_path())
+    assert path.parent == tmp_path
+    if file_name:
+        assert path.name == file_name
+    else:
+        assert path.name.startswith("workbench-notices-") and ".." not in path.name and "/" not in path.name

@@ -41,8 +41,10 @@ This module needs no Jupyter server and imports nothing heavy: it is what a kern
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -59,10 +61,18 @@ EXIT_WAIT_SECONDS = 60.0
 
 
 def notices_path() -> str:
-    """Where the server writes the live notices and kernels read them (the Jupyter runtime dir)."""
+    """Where the server writes the live notices and kernels read them (the Jupyter runtime dir).
+
+    The runtime dir is in the home, which a user's named servers may share: each named server
+    (``JUPYTERHUB_SERVER_NAME``, inherited by its kernels) has a file of its own, so one server's stop
+    never reaches another's kernels."""
     from jupyter_core.paths import jupyter_runtime_dir  # already imported in any ipykernel
 
-    return os.path.join(jupyter_runtime_dir(), NOTICES_FILE)
+    name = os.environ.get("JUPYTERHUB_SERVER_NAME", "")
+    if not name:
+        return os.path.join(jupyter_runtime_dir(), NOTICES_FILE)
+    safe = name if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) else hashlib.sha256(name.encode()).hexdigest()[:16]
+    return os.path.join(jupyter_runtime_dir(), NOTICES_FILE.replace(".json", f"-{safe}.json"))
 
 
 def read_notices(path: str) -> list[dict]:
