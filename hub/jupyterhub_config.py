@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench_hub import accounts, banner, class_start, configurer, hub_db, transport, xsrf_cookie
+from workbench_hub import accounts, banner, class_start, configurer, home_page, hub_db, transport, xsrf_cookie
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
@@ -116,6 +116,8 @@ try:
 except ValueError as exc:
     fail(str(exc))
 configurer.point_service_at_settings(c, settings.db_url, settings.backend)
+# The home page shows why a server stopped, as the spawn page does (workbench_hub/home_page.py).
+home_page.update_home_page(c, settings.db_url)
 # A class start: JupyterHub's own spawn limit above the GPU line, so students queue instead of getting 429s.
 limits = settings.spawn_limits()
 limits_warning = class_start.update_spawn_limits(c, final, limits)

@@ -17,6 +17,7 @@ Examples::
     workbench idle                      # idle time per held GPU; idle exempt/unexempt GROUP
     workbench usage                     # GPU-hours of the last 7 days per user, by why leases ended
     workbench usage alice               # one user's (a user's own token may read their own)
+    workbench usage --group ml-course   # a group's members, and how their servers ended
     workbench reserve ml-course --gpus 8 --weekly "Tue 10:00-12:00"            # every Tuesday
     workbench reserve ml-course --gpus 2 --model H100-80GB --once "2026-12-08 10:00-12:00" \
         --grace-minutes 10 --preempt --warn-minutes 15
@@ -203,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "usage", help="GPU-hours of the last 7 days per user, split by why each lease ended (stopped, exited...)"
     )
     usage.add_argument("user", nargs="?", help="only this user (default: every user; needs custom:workbench:read)")
+    usage.add_argument("--group", help="only this hub group's members (needs custom:workbench:read)")
     add_idle_parser(top)
     add_drain_parsers(top)
     for backend in installed_backends().values():
@@ -325,11 +327,16 @@ def _usage_line(u: dict) -> str:
 
 
 def run_usage(args) -> tuple[object, str]:
-    path = "api/usage" + (f"?user={quote(args.user, safe='')}" if args.user else "")
-    data = call(args.url, args.token, "GET", path)
+    query = [f"user={quote(args.user, safe='')}"] if args.user else []
+    query += [f"group={quote(args.group, safe='')}"] if getattr(args, "group", None) else []
+    data = call(args.url, args.token, "GET", "api/usage" + ("?" + "&".join(query) if query else ""))
     window = f"{data['window_start'][:16].replace('T', ' ')} to {data['window_end'][:16].replace('T', ' ')} UTC"
-    lines = [f"GPU-hours from {window}, by why the leases ended:"]
+    of = f" (group {data['group']})" if data.get("group") else ""
+    lines = [f"GPU-hours from {window}{of}, by why the leases ended:"]
     lines += [_usage_line(u) for u in data["users"]] or ["no users"]
+    ends = data.get("ends_by_reason") or {}
+    counted = ", ".join(f"{n} {kind}" for kind, n in ends.items())
+    lines.append(f"Servers ended in that window: {sum(ends.values())}" + (f" ({counted})" if counted else ""))
     return data, "\n".join(lines)
 
 

@@ -57,7 +57,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from . import class_start, configurer
+from . import class_start, configurer, home_page
 from .env_values import ConfigError, Env, text
 
 # z2jh's helpers, as its jupyterhub_config.py imports them from its z2jh.py:
@@ -132,6 +132,8 @@ def finish_hub(c: Config) -> None:
     except ValueError as exc:
         fail(str(exc))
     configurer.point_service_at_settings(c, settings.db_url, settings.backend)
+    # The home page shows why a server stopped (after the chart's hub.templatePaths and NativeAuthenticator's).
+    home_page.update_home_page(c, settings.db_url)
     # A class start: JupyterHub's spawn limit above the line (the values file unsets the chart's 64).
     limits = settings.spawn_limits()
     warning = class_start.update_spawn_limits(c, final, limits)

@@ -354,15 +354,17 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
         "--session-check-seconds=5.0",
         "--idle-check-seconds=30.0",
         "--reservation-check-seconds=15.0",
+        "--save-wait-seconds=20.0",
         "--proxy-url=http://127.0.0.1:8000",
     ]
     configurer.point_service_at_settings(c, "sqlite:////data/workbench.sqlite")
     # The URL (a PostgreSQL one carries a password) goes in the environment, never on the command line.
-    assert workbench["command"][-5:] == [
+    assert workbench["command"][-6:] == [
         "--port=10222",
         "--session-check-seconds=5.0",
         "--idle-check-seconds=30.0",
         "--reservation-check-seconds=15.0",
+        "--save-wait-seconds=20.0",
         "--proxy-url=http://127.0.0.1:8000",
     ]
     assert workbench["environment"]["WORKBENCH_DB_URL"] == "sqlite:////data/workbench.sqlite"

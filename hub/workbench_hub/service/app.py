@@ -9,8 +9,10 @@ variables (see ``fleet.py``). ``--session-check-seconds`` (default
 ``$WORKBENCH_SESSION_CHECK_SECONDS`` or 60; 0 turns it off) sets how often
 over-long sessions are stopped. ``--idle-check-seconds`` (default 30; 0 off)
 runs the idle-GPU reclaim loop and delivers notices (``gpu_reclaim.py``);
-``--proxy-url`` is how it reaches user servers (their GPU monitor). How it
-stops is in ``lifetime.py``.
+``--proxy-url`` is how it reaches user servers (their GPU monitor).
+``--save-wait-seconds`` (``$WORKBENCH_SAVE_WAIT_SECONDS`` or 20) is how long
+a stop for the hub's own reasons waits for open notebooks to be saved
+(``stopping.py``). How the service itself stops is in ``lifetime.py``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ from .hub_client import HubClient
 from .idle_handlers import idle_routes
 from .lifetime import CannotListen, Lifetime, listen
 from .session_limits import stop_overlong_servers
+from .stopping import make_stopper
+from .usage_handlers import UsageHandler
+from .user_servers import UserServers
 
 log = logging.getLogger("workbench.service")
 
@@ -64,7 +69,7 @@ def make_app(
         (prefix + "api/quotas", h.QuotaListHandler),
         (prefix + "api/quotas/users/" + name, h.QuotaHandler),
         (prefix + "api/quotas/groups/" + name, h.GroupQuotaHandler),
-        (prefix + "api/usage", h.UsageHandler),
+        (prefix + "api/usage", UsageHandler),
         (prefix + "api/reservations", rh.ReservationListHandler),
         (prefix + "api/reservations/" + name, rh.ReservationHandler),
         (prefix + "api/openapi.json", h.OpenAPIHandler),
@@ -133,6 +138,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=float(os.environ.get("WORKBENCH_RESERVATION_CHECK_SECONDS", "15")),
         help="how often to warn and stop non-members' servers for reservations that say preempt (0: never)",
     )
+    parser.add_argument(
+        "--save-wait-seconds",
+        type=float,
+        default=float(os.environ.get("WORKBENCH_SAVE_WAIT_SECONDS", "20")),
+        help="how long a stop for the hub's own reasons (idle reclaim, session limit, preemption) waits for the "
+        "user's open notebooks to be saved before stopping the server anyway (0: no save round)",
+    )
     args = parser.parse_args(argv)
     if not args.db_url:
         parser.error("the GPU database is not known: set WORKBENCH_DB_URL or pass --db-url")
@@ -185,6 +197,9 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
             settings.inventory.source,
         )
 
+    # One way to stop a server for the hub's reasons (stopping.py), shared by the three loops below.
+    servers = UserServers(args.proxy_url, hub.token)
+    stopper = make_stopper(fleet, hub, servers, args.save_wait_seconds)
     checker = None
     if args.session_check_seconds > 0:
 
@@ -192,19 +207,19 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
             while True:
                 await asyncio.sleep(args.session_check_seconds)
                 try:
-                    await stop_overlong_servers(fleet.book, hub)
+                    await stop_overlong_servers(fleet.book, hub, stopper)
                 except Exception as exc:
                     log.warning("Session limit check failed: %s", exc)
 
         checker = asyncio.create_task(check_sessions())
     reclaimer = None
     if args.idle_check_seconds > 0:
-        reclaimer = asyncio.create_task(make_reclaimer(fleet, hub, args).run_forever())
+        reclaimer = asyncio.create_task(make_reclaimer(fleet, hub, args, servers, stopper).run_forever())
     preemption = None
     if args.reservation_check_seconds > 0:
         from .reservation_enforcer import Preemption
 
-        preemption = asyncio.create_task(Preemption(fleet, hub).run_forever(args.reservation_check_seconds))
+        preemption = asyncio.create_task(Preemption(fleet, hub, stopper).run_forever(args.reservation_check_seconds))
     reason = await lifetime.wait()
     if preemption is not None:
         preemption.cancel()

@@ -12,12 +12,14 @@ default 30; 0 turns the loop off), in the workbench service:
    ``workbench_spawner.rules.idle`` with the user's rule (quota, else the hub's
    ``WORKBENCH_GPU_IDLE_MINUTES``) and the exempt groups;
 4. warns (a notice: JupyterLab shows it with a countdown), withdraws the
-   warning when a GPU got busy again, or stops the server through the hub
-   API, exactly as the session-length stopper does. Before stopping it
-   writes the ``done`` notice whose reason the spawner's stop records in
-   the usage ledger ("reclaimed: GPU idle 30 min"); the spawn page then says
-   why the server stopped. The hub's release wakes the wait list, so the
-   GPUs go to the next in line. Files are untouched (a stop, not a delete).
+   warning when a GPU got busy again, or stops the server as every rule of
+   the service does (``stopping.Stopper.stop_for``: open notebooks saved
+   first, then the ``done`` notice "Your server was stopped at 10:30: idle
+   GPU reclaimed after 30 minutes below 5 % use. We saved 3 notebooks
+   first." whose reason the spawner's stop records in the usage ledger,
+   "reclaimed: GPU idle 30 min", then the hub's stop). The stops of one
+   pass run at once. The hub's release wakes the wait list, so the GPUs go
+   to the next in line. Files are untouched (a stop, not a delete).
 5. puts every pending notice, of any rule (reservations' preemption too), on
    the user servers (``notice_delivery.py``).
 
@@ -34,8 +36,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
-from zoneinfo import ZoneInfo
+from datetime import datetime, timedelta
 
 from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.notices import NoticeBook
@@ -48,22 +49,32 @@ from workbench_spawner.rules.idle import (
     GpuTrack,
     IdleRule,
     advance,
+    format_minutes,
     is_exempt,
     judge,
     ledger_reason,
     rule_for,
-    stopped_text,
     warning_text,
 )
 
 from .fleet import Fleet
 from .hub_client import HubClient
 from .notice_delivery import NoticeDelivery, time_sliced
+from .stopping import Stopper, make_stopper, zone_of
 from .utilization import SourceChooser
 
 log = logging.getLogger("workbench.service")
 
 KIND = "idle"
+AFTER_RECLAIM = "Start again when you are ready to use a GPU, or choose 0 GPUs for CPU work."
+
+
+def idle_cause(rule: IdleRule) -> str:
+    """The stop box's words: 'idle GPU reclaimed after 30 minutes below 5 % use'."""
+    minutes = format_minutes(rule.minutes).replace(" min", " minutes").replace(" s", " seconds")
+    if minutes == "1 minutes":
+        minutes = "1 minute"
+    return f"idle GPU reclaimed after {minutes} below {rule.threshold:g} % use"
 
 
 @dataclass
@@ -77,11 +88,7 @@ class PassReport:
 
 
 def _clock_text(when: datetime, zone_name: str) -> str:
-    try:
-        zone = ZoneInfo(zone_name or "UTC")
-    except Exception:
-        zone = UTC
-    return when.astimezone(zone).strftime("%H:%M")
+    return f"{when.astimezone(zone_of(zone_name)):%H:%M}"
 
 
 class Reclaimer:
@@ -93,6 +100,7 @@ class Reclaimer:
         delivery: NoticeDelivery | None,
         clock=utcnow,
         interval: float = 30.0,
+        stopper: Stopper | None = None,
     ):
         self.fleet = fleet
         self.hub = hub
@@ -103,6 +111,16 @@ class Reclaimer:
         self.clock = clock
         self.interval = interval
         self._unknown_logged: set[tuple[str, str]] = set()
+        # Stops (``stopping.Stopper``): saved first, then stopped through the hub, with the sentence.
+        self.stopper = stopper or Stopper(
+            self.notices,
+            hub,
+            getattr(delivery, "servers", None),
+            zone=lambda: zone_of(fleet.settings.time_zone),
+            clock=clock,
+        )
+        self._stops: list = []
+        self._paths: dict[tuple[str, str], str] = {}
 
     # At most this many servers' monitors are read at once (each read may take the client's 10 s timeout).
     PARALLEL_READS = 16
@@ -111,8 +129,9 @@ class Reclaimer:
     @property
     def stale_after(self) -> timedelta:
         # A reading older than three passes is no reading. Passes are one interval plus one pass's reads
-        # apart (reads run in parallel, each at most READ_TIMEOUT), so a slow pass never looks like a gap.
-        return timedelta(seconds=max(3 * self.interval + self.READ_TIMEOUT, 10.0))
+        # apart (reads run in parallel, each at most READ_TIMEOUT; stops wait at most one save round), so a
+        # slow pass never looks like a gap.
+        return timedelta(seconds=max(3 * self.interval + self.READ_TIMEOUT + self.stopper.save_wait, 10.0))
 
     async def running_servers(self) -> tuple[dict[tuple[str, str], str], dict[str, list[str]]]:
         """(user, server) -> URL path of every ready server; user -> groups."""
@@ -130,6 +149,7 @@ class Reclaimer:
         settings = await asyncio.to_thread(lambda: self.fleet.settings)
         leases = await asyncio.to_thread(self.fleet.store.leases)
         running, groups = await self.running_servers()
+        self._paths = running
         effective = await asyncio.to_thread(
             self.fleet.book.effective_many,
             {lease.user: groups.get(lease.user, []) for lease in leases},
@@ -186,6 +206,9 @@ class Reclaimer:
             exempt = is_exempt(groups.get(lease.user, []), exempt_groups)
             verdict = judge(server_tracks, rule, now, exempt=exempt, stale_after=self.stale_after)
             await self._act(key, lease, rule, verdict, pending.get(key), settings, report, now)
+        # The stops, each with its own save round, at once (a slow server never holds up the others).
+        stops, self._stops = self._stops, []
+        await asyncio.gather(*stops)
         judged = {(lease.user, lease.server) for lease in leases if (lease.user, lease.server) in running}
         for key in pending.keys() - judged:
             if key not in running or not any((lease.user, lease.server) == key for lease in leases):
@@ -223,16 +246,6 @@ class Reclaimer:
         elif verdict.action == STOP:
             stop_at = now + rule.lead  # past the limit but never warned: warn first
         if verdict.action == STOP and notice is not None and stop_at <= now:
-            clock = _clock_text(now, settings.time_zone)
-            await asyncio.to_thread(
-                self.notices.done,
-                user,
-                server,
-                kind=KIND,
-                message=stopped_text(rule, clock),
-                hint="",
-                reason=ledger_reason(rule),
-            )
             log.info(
                 "Stopping %s: its GPUs %s stayed under %g %% for %s (reclaimed for others)",
                 label,
@@ -240,11 +253,7 @@ class Reclaimer:
                 rule.threshold,
                 verdict.idle_for,
             )
-            try:
-                await self.hub.stop_server(user, server)
-                report.stopped.append(key)
-            except Exception as exc:
-                log.warning("Could not stop %s: %s", label, exc)
+            self._stops.append(self._stop(key, rule, notice, report, now))
             return
         message, hint = warning_text(rule, stop_at, len(lease.gpu_uuids), _clock_text(stop_at, settings.time_zone))
         if notice is None or notice.stop_at != stop_at or notice.message != message:
@@ -257,6 +266,21 @@ class Reclaimer:
                 )
         report.warned.append(key)
 
+    async def _stop(self, key, rule: IdleRule, notice, report: PassReport, now) -> None:
+        user, server = key
+        done = await self.stopper.stop_for(
+            user,
+            server,
+            kind=KIND,
+            cause=idle_cause(rule),
+            reason=ledger_reason(rule),
+            hint=AFTER_RECLAIM,
+            path=self._paths.get(key),
+            at=now,
+        )
+        if done.stopped:
+            report.stopped.append(key)
+
     async def run_forever(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
@@ -266,16 +290,18 @@ class Reclaimer:
                 log.warning("Idle reclaim pass failed: %s", exc)
 
 
-def make_reclaimer(fleet: Fleet, hub: HubClient, args) -> Reclaimer:
+def make_reclaimer(fleet: Fleet, hub: HubClient, args, servers=None, stopper: Stopper | None = None) -> Reclaimer:
     """The loop as the service runs it: host readings where the hub sees the GPUs, else the server's monitor;
-    MIG slices from the hub's dcgm-exporters where it names any."""
+    MIG slices from the hub's dcgm-exporters where it names any. ``servers``, ``stopper``: the service's
+    (``app.serve`` shares one of each among its loops)."""
     from .dcgm import DcgmReadings
     from .user_servers import UserServers
     from .utilization import HostReadings, ServerMonitorReadings
 
-    servers = UserServers(args.proxy_url, hub.token)
+    servers = servers or UserServers(args.proxy_url, hub.token)
+    stopper = stopper or make_stopper(fleet, hub, servers, getattr(args, "save_wait_seconds", 20.0))
     chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(servers), dcgm=DcgmReadings(fleet))
     delivery = NoticeDelivery(
         NoticeBook(fleet.store), servers, sharing=lambda: time_sliced(fleet.store.leases(), fleet.settings.slots())
     )
-    return Reclaimer(fleet, hub, chooser, delivery, interval=args.idle_check_seconds)
+    return Reclaimer(fleet, hub, chooser, delivery, interval=args.idle_check_seconds, stopper=stopper)

@@ -26,13 +26,14 @@ from jupyterhub.services.auth import HubOAuthenticated
 from tornado import web
 from tornado.escape import xhtml_escape
 
+from workbench_hub.service.ends import ends_by_reason, recent_stops
 from workbench_hub.service.fleet import Fleet, SettingsMissing
 from workbench_hub.service.hub_client import HubClient, HubUnavailable
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
 from workbench_spawner.backend import node_drain_of
 from workbench_spawner.ledger.store import utcnow
-from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_reason, gpu_hours_by_user
+from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_user
 from workbench_spawner.rules.quota import QuotaError, quota_from_body
 
 log = logging.getLogger("workbench.service")
@@ -312,38 +313,6 @@ class GroupQuotaHandler(QuotaHandler):
     kind = "group"
 
 
-class UsageHandler(APIHandler):
-    async def get(self):
-        caller = self.require_caller()
-        wanted = self.get_argument("user", None)
-        if not self.can_read():
-            if caller.get("kind") != "user":
-                self.fail(403, f"this needs the {READ_SCOPE} scope")
-            if wanted is not None and wanted != caller["name"]:
-                self.fail(403, "you may read only your own usage")
-            wanted = caller["name"]
-        await self.wait_for_settings()
-        if wanted is not None:
-            _check_name("user", wanted)
-            model = await self.hub.user(wanted)
-            if model is None:
-                self.fail(404, unknown_user(wanted))
-            models = [model]
-        else:
-            models = await self.hub.users()
-        now = utcnow()
-        fleet = self.fleet
-
-        def summarise():
-            # One read of the ledger: the total is the sum of the hours by reason.
-            by_reason = gpu_hours_by_reason(fleet.store, now, user=wanted)
-            hours = {name: sum(kinds.values()) for name, kinds in by_reason.items()}
-            return fleet.user_summaries(models, hours, fleet.held_by_user(), by_reason)
-
-        users = await asyncio.to_thread(summarise)
-        self.send({"window_start": (now - WEEK).isoformat(), "window_end": now.isoformat(), "users": users})
-
-
 class MetricsHandler(APIHandler):
     def set_default_headers(self):
         self.set_header("Cache-Control", "no-store")
@@ -404,9 +373,11 @@ class PageHandler(WorkbenchHandler):
                 stored_groups,
                 fleet.gpus(),
                 fleet.layout_waiting(),
+                recent_stops(fleet.store),
+                ends_by_reason(fleet.store, now - WEEK),
             )
 
-        summaries, stored_groups, gpus, layout_waiting = await asyncio.to_thread(gather)
+        summaries, stored_groups, gpus, layout_waiting, stops, ends_week = await asyncio.to_thread(gather)
         # Where an engine places servers a workbench drain stops nothing: no Drain button, a line saying where.
         settings = fleet.settings
         drain_elsewhere = node_drain_of(settings.backend).line() if settings.placement == "engine" else ""
@@ -436,6 +407,8 @@ class PageHandler(WorkbenchHandler):
                 default=fleet.default.to_json(),
                 models=fleet.models(),
                 drain_elsewhere=drain_elsewhere,
+                stops=stops,
+                ends_week=ends_week,
                 xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
                 now=now,
             )

@@ -11,11 +11,12 @@ reservation (``reservations.preemption_phase``):
   shows it with a countdown. A server no longer in the plan (someone else
   stopped, a GPU came free) has its warning withdrawn.
 * from the start until the grace period ends: each server in the plan is
-  recorded as stopped with the ledger reason ``preempted: reserved for
-  GROUP`` (``NoticeBook.done``: the spawn page says why) and stopped through
-  the hub's API, as the session limit does, so the spawner's stop releases
-  the lease. A service that was down at the start does not stop servers
-  long after it.
+  stopped as every rule of the service stops one
+  (``stopping.Stopper.stop_for``: open notebooks saved first, then "Your
+  server was stopped at 10:00: its GPUs are reserved for ml-course from
+  10:00 until 12:00." with the ledger reason ``preempted: reserved for
+  GROUP``, then the hub's stop, so the spawner's stop releases the lease).
+  A service that was down at the start does not stop servers long after it.
 
 A reservation without ``preempt`` is never enforced here: non-members keep
 their GPUs, and placement hands the GPUs they free to the members first.
@@ -35,18 +36,22 @@ from workbench_spawner.rules.reservations import preemption_phase, preemption_pl
 
 from .hub_client import HubClient
 from .reservation_handlers import hub_time
+from .stopping import Stopper, make_stopper
 
 log = logging.getLogger("workbench.service")
 KIND = "preempt"
 # A stop asked for is not asked again for this long (the hub's stop takes a moment to release the lease).
 RESTOP_SECONDS = 60.0
+AFTER_PREEMPTION = "Start again later on a free GPU, or start a CPU-only server (0 GPUs)."
 
 
 class Preemption:
-    def __init__(self, fleet, hub: HubClient):
+    def __init__(self, fleet, hub: HubClient, stopper: Stopper | None = None):
         self.fleet = fleet
         self.hub = hub
         self.notices = NoticeBook(fleet.store)
+        # How a server is stopped (saved first, the sentence recorded); without one, no save round.
+        self.stopper = stopper or make_stopper(fleet, hub, None, 0)
         self.book = ReservationBook(fleet.store)
         self._asked: dict[tuple[str, str], float] = {}
 
@@ -69,7 +74,7 @@ class Preemption:
         """One pass; returns the (user, server) stopped."""
         due, now, tz = await asyncio.to_thread(self._plan)
         warned: set[tuple[str, str]] = set()
-        stopped = []
+        stops = []
         for phase, start, res, plan in due:
             at = start.astimezone(tz)
             for holding in plan:
@@ -94,15 +99,6 @@ class Preemption:
                     continue
                 self._asked[key] = time.monotonic()
                 end = (start + res.window.length).astimezone(tz)
-                await asyncio.to_thread(
-                    self.notices.done,
-                    holding.user,
-                    holding.server,
-                    kind=KIND,
-                    message=f"Your server was stopped at {at:%H:%M}: its GPUs are reserved for {res.group} "
-                    f"until {end:%H:%M}. Your files are kept.",
-                    reason=f"preempted: reserved for {res.group}",
-                )
                 log.info(
                     "Stopping %s/%s: its GPUs are reserved for %s from %s (preempt)",
                     holding.user,
@@ -110,13 +106,19 @@ class Preemption:
                     res.group,
                     at.isoformat(),
                 )
-                try:
-                    await self.hub.stop_server(holding.user, holding.server)
-                    stopped.append(key)
-                except Exception as exc:
-                    log.warning(
-                        "Could not stop %s/%s for reservation %s: %s", holding.user, holding.server, res.id, exc
+                stops.append(
+                    self.stopper.stop_for(
+                        holding.user,
+                        holding.server,
+                        kind=KIND,
+                        cause=f"its GPUs are reserved for {res.group} from {at:%H:%M} until {end:%H:%M}",
+                        reason=f"preempted: reserved for {res.group}",
+                        hint=AFTER_PREEMPTION,
+                        at=now,
                     )
+                )
+        # Every stop at once, each with its own save round.
+        stopped = [(done.user, done.server) for done in await asyncio.gather(*stops) if done.stopped]
         # Warnings whose reason went away (a GPU came free, the reservation was deleted).
         for notice in await asyncio.to_thread(self.notices.pending):
             if notice.kind == KIND and (notice.user, notice.server) not in warned:

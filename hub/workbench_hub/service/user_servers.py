@@ -4,11 +4,13 @@ Every backend lets the hub reach a user server: the proxy routes
 ``{proxy}{server url}`` to it wherever it runs (a local process, a container,
 a Slurm node). So the service goes through the proxy too, with its own API
 token; the role ``workbench-service`` holds ``access:servers`` for exactly
-this (``hub/workbench_hub/configurer.py``). Two calls:
+this (``hub/workbench_hub/configurer.py``). Three calls:
 
 * ``GET {server}api/gpu/metrics``: the readings of the GPUs the server sees,
   for nodes whose GPUs the hub cannot see itself;
-* ``PUT {server}api/gpu/notices``: the notices the user's JupyterLab shows.
+* ``PUT {server}api/gpu/notices``: the notices the user's JupyterLab shows;
+* ``GET {server}api/gpu/saves?notice_id=ID``: how the save round before a
+  stop went (``stopping.py``).
 
 A proxy on HTTPS at a loopback address is reached without checking its
 certificate (it names the public host, not 127.0.0.1); the traffic never
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -27,7 +29,12 @@ LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
 class ServerUnreachable(Exception):
-    """The user server (or the proxy in front of it) did not answer, or refused."""
+    """The user server (or the proxy in front of it) did not answer, or refused (``code``: the HTTP status,
+    None when nothing answered)."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code
 
 
 class UserServers:
@@ -55,9 +62,9 @@ class UserServers:
         try:
             response = await AsyncHTTPClient().fetch(request)
         except HTTPClientError as exc:
-            raise ServerUnreachable(f"{method} {api} answered {exc.code}") from None
+            raise ServerUnreachable(f"{method} {api.split('?')[0]} answered {exc.code}", exc.code) from None
         except OSError as exc:
-            raise ServerUnreachable(f"{method} {api}: {exc}") from None
+            raise ServerUnreachable(f"{method} {api.split('?')[0]}: {exc}") from None
         try:
             return json.loads(response.body) if response.body else {}
         except ValueError:
@@ -72,3 +79,11 @@ class UserServers:
     async def put_notices(self, server_path: str, notices: list[dict], sharing: list[dict] | None = None) -> None:
         """Replace the server's notices and its time-sliced GPUs (``notice_delivery``)."""
         await self.call("PUT", server_path, "api/gpu/notices", {"notices": notices, "sharing": sharing or []})
+
+    async def saves(self, server_path: str, notice_id: int | str) -> dict:
+        """How the save round for a stopping notice went: ``{"active_clients", "reported", "saved", "failed",
+        "names", "done"}`` (the GPU monitor's ``api/gpu/saves``)."""
+        data = await self.call("GET", server_path, f"api/gpu/saves?notice_id={quote(str(notice_id), safe='')}")
+        if not isinstance(data, dict):
+            raise ServerUnreachable("api/gpu/saves answered with no JSON object")
+        return data

@@ -1,0 +1,78 @@
+"""``GET api/usage``: GPU-hours of the last 7 days per user, by why leases ended, and how servers ended.
+
+Anyone with ``custom:workbench:read`` reads every user's usage, one user's
+(``?user=alice``) or one hub group's members' (``?group=ml-course``); any
+other hub user reads only their own. Besides each user's GPU-hours (in all
+and by reason kind, ``gpu_hours_by_reason``), the answer counts the ends of
+servers in the window by reason kind (``ends.ends_by_reason``), for the
+same users: ``"ends_by_reason": {"out of memory": 12, "reclaimed": 7}``.
+A user or group the hub does not know is a 404 with a sentence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from workbench_hub.service.ends import ends_by_reason
+from workbench_hub.service.handlers import READ_SCOPE, APIHandler, _check_name, unknown_user
+from workbench_spawner.ledger.store import utcnow
+from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_reason
+
+
+class UsageHandler(APIHandler):
+    async def get(self):
+        caller = self.require_caller()
+        wanted = self.get_argument("user", None)
+        group = self.get_argument("group", None)
+        if not self.can_read():
+            if caller.get("kind") != "user":
+                self.fail(403, f"this needs the {READ_SCOPE} scope")
+            if group is not None:
+                self.fail(403, f"reading a group's usage needs the {READ_SCOPE} scope; ask a hub admin")
+            if wanted is not None and wanted != caller["name"]:
+                self.fail(403, "you may read only your own usage")
+            wanted = caller["name"]
+        if wanted is not None and group is not None:
+            self.fail(400, "ask for one user (?user=) or one group (?group=), not both")
+        await self.wait_for_settings()
+        if wanted is not None:
+            _check_name("user", wanted)
+            model = await self.hub.user(wanted)
+            if model is None:
+                self.fail(404, unknown_user(wanted))
+            models = [model]
+        elif group is not None:
+            _check_name("group", group)
+            found = await self.hub.group(group)
+            if found is None:
+                self.fail(
+                    404,
+                    f"no group named {json.dumps(group)} on this hub; the hub's admin page lists the groups "
+                    "(GET /hub/api/groups)",
+                )
+            members = set(found.get("users") or [])
+            models = [u for u in await self.hub.users() if u["name"] in members]
+        else:
+            models = await self.hub.users()
+        now = utcnow()
+        fleet = self.fleet
+        names = None if wanted is None and group is None else {m["name"] for m in models}
+
+        def summarise():
+            # One read of the ledger for the hours: the total is the sum of the hours by reason.
+            by_reason = gpu_hours_by_reason(fleet.store, now, user=wanted)
+            hours = {name: sum(kinds.values()) for name, kinds in by_reason.items()}
+            users = fleet.user_summaries(models, hours, fleet.held_by_user(), by_reason)
+            return users, ends_by_reason(fleet.store, now - WEEK, names)
+
+        users, ends = await asyncio.to_thread(summarise)
+        self.send(
+            {
+                "window_start": (now - WEEK).isoformat(),
+                "window_end": now.isoformat(),
+                "group": group,
+                "users": users,
+                "ends_by_reason": ends,
+            }
+        )
