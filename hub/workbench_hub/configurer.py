@@ -270,7 +270,6 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
                     f"--idle-check-seconds={idle_check}",
                     f"--reservation-check-seconds={number(env, 'WORKBENCH_RESERVATION_CHECK_SECONDS', '15')}",
                     f"--save-wait-seconds={number(env, 'WORKBENCH_SAVE_WAIT_SECONDS', '20')}",
-                    f"--save-wait-seconds={number(env, 'WORKBENCH_SAVE_WAIT_SECONDS', '20')}",
                     f"--proxy-url={proxy_url(c)}",
                 ],
                 hub_pid,
