@@ -22,7 +22,6 @@ from workbench_spawner.rules.idle import (
     judge,
     ledger_reason,
     rule_for,
-    stopped_text,
     warning_text,
 )
 
@@ -218,4 +217,3 @@ def test_the_ledger_reason_and_the_messages():
     assert message.startswith("Your server will be stopped at 10:30") and len(message) <= 140
     assert "CPU-only server" in hint and "use the GPU" in hint and "files stay" in hint
     assert "2 GPUs" in warning_text(RULE, at(30), 2, "10:30")[0]
-    assert "30 min" in stopped_text(RULE, "10:30") and "files are kept" in stopped_text(RULE, "10:30")

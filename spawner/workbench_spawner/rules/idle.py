@@ -200,11 +200,3 @@ def warning_text(rule: IdleRule, stop_at: datetime, gpus: int, clock: str) -> tu
         f"CPU-only server (0 GPUs). Your files stay either way."
     )
     return message, hint
-
-
-def stopped_text(rule: IdleRule, clock: str) -> str:
-    return (
-        f"Your server was stopped at {clock} because its GPUs stayed under {rule.threshold:g} % "
-        f"utilization for {format_minutes(rule.minutes)} (reclaimed for others). Your files are kept; "
-        f"start again when you are ready to use a GPU, or choose 0 GPUs for CPU work."
-    )
