@@ -58,3 +58,13 @@ if _importlib_util.find_spec("workbench_gpu_monitor") is not None and not _os.en
 
     c.ServerApp.kernel_manager_class = "workbench_gpu_monitor.kernel_grace.GracefulKernelManager"
     c.GracefulKernelManager.stop_grace_seconds = _grace_from_env(_os.environ, _logging.getLogger("ServerApp"))
+
+import signal as _signal  # noqa: E402
+import sys as _sys  # noqa: E402
+
+if not (_sys.stdin and _sys.stdin.isatty()):
+    # JupyterHub's local spawner stops a server with SIGINT first. Without a tty, jupyter_server leaves SIGINT
+    # to Python: a KeyboardInterrupt ends the server without shutting its kernels down, so they never get
+    # their grace to checkpoint (workbench_gpu_monitor.on_stop). Taken as SIGTERM, the server's own handler
+    # stops it as any engine's stop does. (This file runs in the main thread, before the server starts.)
+    _signal.signal(_signal.SIGINT, lambda _signum, _frame: _os.kill(_os.getpid(), _signal.SIGTERM))
