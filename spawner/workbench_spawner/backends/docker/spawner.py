@@ -266,14 +266,31 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
     async def gpu_exit_reason(self) -> Ending | None:
         """Docker says why the container ended: ``State.OOMKilled`` is its memory limit's kill (the
         profile's ``mem_limit``, ``HostConfig.Memory``), which the student hears as "out of memory" with
-        the limit; any other end is the server exiting, with its exit code and the last lines of its log."""
+        the limit; any other end is the server exiting, with its exit code and the last lines of its log.
+        The state is read first: a log the engine cannot give (a container being removed) loses nothing."""
         try:
             container = await self.get_object()
-            log = await self.docker("logs", self.container_id, tail=LOG_TAIL) if container else b""
         except Exception as exc:  # docker-py's errors, or requests' when the daemon is away: poll goes on
             self.log.warning("Cannot inspect %s's container to say why it ended: %s", self.user.name, exc)
             return None
+        log = b""
+        if container:
+            try:
+                log = await self.docker("logs", self.container_id, tail=LOG_TAIL)
+            except Exception as exc:
+                self.log.info("No log of %s's ended container: %s", self.user.name, exc)
         return container_ending(container or {}, log)
+
+    async def poll(self):
+        status = await super().poll()  # the GPU mixin has read why a dead container ended, and recorded it
+        if status not in (None, 0) and self.remove and self.object_id and self._gpu_stopping is None:
+            # A container that died (not one being stopped: stop removes it) is removed now that its end is
+            # read: JupyterHub calls stop() only for servers its poll finds running, so nothing else would.
+            try:
+                await self.remove_object()
+            except Exception as exc:  # the engine is away: the next start's name clash removes it
+                self.log.warning("Cannot remove %s's ended container: %s", self.user.name, exc)
+        return status
 
     def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """The same rule for the reconciler (blocking): the container's state if it is still there (exited),
@@ -321,6 +338,10 @@ class DockerGPUSpawner(TenantIsolation, GPUSpawnerMixin, DockerSpawner):
             self._lock_down(kwargs)
             # `docker stop` (ours, or an admin's) gives the kernels their grace to checkpoint before SIGKILL.
             kwargs.setdefault("stop_timeout", int(self.kernel_stop_grace + self.server_stop_margin))
+            # Docker's AutoRemove (DockerSpawner's `remove`) deletes a container that died within a second,
+            # before the hub's poll can read why (OOMKilled, its exit code, its log): the hub removes it
+            # itself, on stop as DockerSpawner does, and after poll has read a dead container's end.
+            kwargs["host_config"]["AutoRemove"] = False
         return await super().docker(method, *args, **kwargs)
 
     def _lock_down(self, kwargs: dict) -> None:
