@@ -141,3 +141,19 @@ def stop_server(server: RunningServer) -> None:
         except subprocess.TimeoutExpired:
             server.proc.kill()
             server.proc.wait(5)
+
+
+def kernel_ready(server: RunningServer, notebook: str, timeout: float = 90) -> None:
+    """Wait until the notebook's kernel is idle and a lab tab is connected to it.
+
+    The page's execution indicator says "idle" before the lab has connected to the kernel; a
+    kernel killed, or a cell run, before that is lost on the page. The first connection also
+    writes the kernel's language_info into the notebook, which marks it unsaved."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        session = next((s for s in server.get("api/sessions").json() if s["path"].endswith(notebook)), None)
+        kernel = session and session["kernel"]
+        if kernel and kernel["execution_state"] == "idle" and kernel["connections"] >= 1:
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"the kernel of {notebook} was not idle and connected within {timeout} s")

@@ -9,7 +9,9 @@ import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { GPUMetricsClient } from './client';
+import { watchCudaOom, watchKernelDeaths } from './memory';
 import { NoticeStatusItem } from './notices';
+import { saveOpenDocuments } from './saves';
 import { askNotebooks } from './torch';
 import { GPUPanel, GPUStatusItem } from './views';
 
@@ -40,6 +42,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
     panel.title.icon = gpuIcon;
     if (notebooks) {
       panel.torchSource = () => askNotebooks(notebooks);
+      // Out of memory, in words: a kernel killed by the server's limit, a cell's CUDA OOM error.
+      watchKernelDeaths(notebooks, app.serviceManager.serverSettings);
+      watchCudaOom(notebooks, client, panel);
     }
     app.shell.add(panel, 'right', { rank: 900 });
 
@@ -60,8 +65,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
         rank: 1
       });
     }
-    // The hub's notices ("your server will be stopped at ..."): a notification, and a countdown in the status bar.
-    const notices = new NoticeStatusItem(app.serviceManager.serverSettings);
+    // The hub's notices ("your server will be stopped at ..."): a notification, a countdown in the
+    // status bar, and every open document with unsaved changes saved before the stop.
+    const notices = new NoticeStatusItem(
+      app.serviceManager.serverSettings,
+      () => saveOpenDocuments(app.shell.widgets('main'))
+    );
     if (statusBar) {
       statusBar.registerStatusItem('workbench-gpu-monitor:notice', {
         item: notices,

@@ -11,6 +11,8 @@ export interface INotice {
   hint: string;
   stop_at: string | null;
   seconds_left: number | null;
+  /** The hub is stopping this server now (sent once more right before it stops it). */
+  stopping?: boolean;
 }
 
 /** One of this server's time-sliced GPUs: how many servers it takes, how many others hold it now. */
@@ -147,4 +149,166 @@ export function diffNotices(
   });
   const removed = before.filter(n => !now.has(n.id)).map(n => n.id);
   return { added, changed, removed };
+}
+
+/** How often to ask for notices: every 10 s, every 2 s while a stop is under a minute away or under way. */
+export const POLL_MS = 10_000;
+export const URGENT_POLL_MS = 2_000;
+
+export function pollDelay(
+  notices: INotice[],
+  receivedAtMs: number,
+  nowMs: number
+): number {
+  for (const n of notices) {
+    const deadline = localDeadline(n, receivedAtMs);
+    if (n.stopping || (deadline !== null && deadline - nowMs < 60_000)) {
+      return URGENT_POLL_MS;
+    }
+  }
+  return POLL_MS;
+}
+
+/** What starts a save round: a notice's countdown reaching 0, or the hub saying it is stopping now. */
+export type SaveTrigger = 'countdown' | 'stopping';
+
+/**
+ * The save rounds due now, each at most once per notice and trigger: `done`
+ * holds the keys ("<id>:<trigger>") of rounds already started. A notice first
+ * seen stopping is one round (its countdown is over too), marked for both.
+ */
+export function dueSaveRounds(
+  notices: INotice[],
+  receivedAtMs: number,
+  nowMs: number,
+  done: ReadonlySet<string>
+): { notice: INotice; trigger: SaveTrigger; keys: string[] }[] {
+  const due: { notice: INotice; trigger: SaveTrigger; keys: string[] }[] = [];
+  for (const n of notices) {
+    const countdown = `${n.id}:countdown`;
+    const stopping = `${n.id}:stopping`;
+    if (n.stopping && !done.has(stopping)) {
+      due.push({ notice: n, trigger: 'stopping', keys: [stopping, countdown] });
+      continue;
+    }
+    const deadline = localDeadline(n, receivedAtMs);
+    if (deadline !== null && deadline <= nowMs && !done.has(countdown)) {
+      due.push({ notice: n, trigger: 'countdown', keys: [countdown] });
+    }
+  }
+  return due;
+}
+
+/** One save round's outcome: the paths saved and the paths that could not be saved. */
+export interface ISaveRound {
+  saved: string[];
+  failed: string[];
+}
+
+/**
+ * Everything saved for one notice so far (a notice may have two rounds): a
+ * path saved once stays saved; a path fails only if its last try failed.
+ */
+export function mergeRounds(before: ISaveRound, round: ISaveRound): ISaveRound {
+  const saved = [...before.saved];
+  for (const path of round.saved) {
+    if (!saved.includes(path)) {
+      saved.push(path);
+    }
+  }
+  const failed = [
+    ...before.failed.filter(p => !round.saved.includes(p)),
+    ...round.failed.filter(p => !before.failed.includes(p))
+  ];
+  return { saved, failed };
+}
+
+/**
+ * The body of `POST api/gpu/saves` after a round: what this round saved (the
+ * server adds up the rounds' counts and names), and this tab's failures so
+ * far (the server keeps each tab's latest: a later round retries them).
+ */
+export function saveReport(
+  noticeId: string,
+  client: string,
+  round: ISaveRound,
+  tally: ISaveRound
+): {
+  notice_id: string;
+  client: string;
+  saved: number;
+  failed: number;
+  names: string[];
+} {
+  return {
+    notice_id: noticeId,
+    client,
+    saved: round.saved.length,
+    failed: tally.failed.length,
+    names: round.saved.slice(0, 50)
+  };
+}
+
+function plural(n: number, noun: string): string {
+  return `${n} ${noun}${n === 1 ? '' : 's'}`;
+}
+
+function baseName(path: string): string {
+  return path.slice(path.lastIndexOf('/') + 1) || path;
+}
+
+/** "a.ipynb", "a.ipynb and b.py", "a.ipynb, b.py and 2 more". */
+export function nameList(paths: string[], most = 2): string {
+  const names = paths.map(baseName);
+  if (names.length <= most) {
+    return names.length === 2 ? names.join(' and ') : names.join('');
+  }
+  return `${names.slice(0, most).join(', ')} and ${names.length - most} more`;
+}
+
+/**
+ * The status-bar words after a save round: "saved 3 notebooks before
+ * stopping", "saved 2 notebooks and 1 file before stopping", "all work saved
+ * before stopping" when nothing needed saving; failures are named ("could not
+ * save data.csv").
+ */
+export function savedText(tally: ISaveRound): string {
+  const notebooks = tally.saved.filter(p => p.endsWith('.ipynb')).length;
+  const files = tally.saved.length - notebooks;
+  const failed = tally.failed.length
+    ? `could not save ${nameList(tally.failed)}`
+    : '';
+  if (notebooks === 0 && files === 0) {
+    return failed
+      ? `${failed} before stopping`
+      : 'all work saved before stopping';
+  }
+  const what =
+    notebooks && files
+      ? `${plural(notebooks, 'notebook')} and ${plural(files, 'file')}`
+      : notebooks
+        ? plural(notebooks, 'notebook')
+        : plural(files, 'file');
+  return `saved ${what} before stopping${failed ? `; ${failed}` : ''}`;
+}
+
+/** The tooltip: every path saved and every path that could not be saved. */
+export function savedTitle(tally: ISaveRound): string {
+  const lines: string[] = [];
+  if (tally.saved.length) {
+    lines.push(
+      'Saved before the server stops:',
+      ...tally.saved.map(p => `  ${p}`)
+    );
+  }
+  if (tally.failed.length) {
+    lines.push(
+      'Could not save (copy what you need now):',
+      ...tally.failed.map(p => `  ${p}`)
+    );
+  }
+  if (!lines.length) {
+    lines.push('No open document had unsaved changes.');
+  }
+  return lines.join('\n');
 }

@@ -182,6 +182,7 @@ export class GPUPanel extends Widget {
   private banner: HTMLElement;
   private stateLine: HTMLElement;
   private hintLine: HTMLElement;
+  private oomList: HTMLElement;
   private cardsNode: HTMLElement;
   private cards = new Map<string, GPUCard>();
   private cardsKey = '';
@@ -198,17 +199,35 @@ export class GPUPanel extends Widget {
     );
     this.stateLine = el('div', 'jp-WorkbenchGPU-state');
     this.hintLine = el('div', 'jp-WorkbenchGPU-hint');
+    this.oomList = el('ul', 'jp-WorkbenchGPU-oom');
+    this.oomList.hidden = true;
     this.cardsNode = el('div');
     this.node.append(
       el('h2', 'jp-WorkbenchGPU-title', 'GPU Monitor'),
       this.banner,
       this.stateLine,
       this.hintLine,
+      this.oomList,
       this.cardsNode
     );
     client.updated.connect(this._onUpdate, this);
     client.errorChanged.connect(() => this.render(), this);
     this.render();
+  }
+
+  /**
+   * A CUDA out-of-memory error in a notebook: a line with the GPU's memory at
+   * that moment ("CUDA out of memory at 14:03:21: GPU 0 had 79.1 of 80.0 GiB
+   * in use"), newest first, the last three kept; `title` names the notebook.
+   */
+  noteCudaOom(text: string, title: string): void {
+    const line = el('li', '', text);
+    line.title = title;
+    this.oomList.prepend(line);
+    while (this.oomList.children.length > 3) {
+      this.oomList.lastElementChild!.remove();
+    }
+    this.oomList.hidden = false;
   }
 
   private _onUpdate(_: GPUMetricsClient, s: ISnapshot): void {
