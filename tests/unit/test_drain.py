@@ -192,7 +192,7 @@ async def test_the_api_drains_lists_and_undrains(service, store):
     assert code == 200, drain
     assert (drain["gpu_uuid"], drain["devices"], drain["reason"]) == (H200, SLICES, "new layout")
     assert drain["drained_by"] == "user:admin" and drain["holders"] == [
-        {"uuid": SLICES[2], "user": "alice", "server": ""}
+        {"uuid": SLICES[2], "user": "alice", "server": "", "stop_at": None}
     ]
     code, again = await service("PUT", f"api/drains/{H100}")  # no body at all
     assert code == 200 and again["devices"] == [H100] and again["holders"] == [] and again["reason"] == ""
@@ -218,7 +218,9 @@ async def test_the_api_refuses_in_sentences(service, store):
     code, error = await service("DELETE", "api/drains/1")
     assert code == 404 and error["message"] == f"{H100} is not drained; GET api/drains lists what is"
     code, error = await service("PUT", "api/drains/1", {"why": "x"})
-    assert code == 400 and error["message"] == "invalid drain: unknown field 'why'; a drain has reason"
+    assert code == 400 and error["message"] == (
+        "invalid drain: unknown field 'why'; a drain has reason and stop_servers_in_minutes"
+    )
     code, error = await service("PUT", "api/drains/1", "{")
     assert code == 400 and "not valid JSON" in error["message"]
     # A slice of a GPU drained as a whole is opened with its GPU, not alone.
@@ -296,8 +298,10 @@ def test_the_admin_page_offers_drain_and_undrain():
     assert f'data-gpu="{H200}" data-drained="true">Undrain GPU</button>' in html  # a slice's row: its whole GPU
     assert f'data-gpu="{H100}" data-drained="false">Drain</button>' in html
     assert '<span class="wb-drain-state">draining: no new servers</span>' in html
-    assert 'api("DELETE", path) : api("PUT", path, {})' in html
+    assert 'api("DELETE", path) : api("PUT", path, body)' in html
+    assert 'id="drain-stop-minutes"' in html and "body.stop_servers_in_minutes = Number(minutes.value)" in html
     assert 'wb-drain-button" data-gpu' not in render(False)  # only admins drain
+    assert 'id="drain-stop-minutes"' not in render(False)
 
 
 def test_where_an_engine_places_a_stored_drain_closes_nothing(store):

@@ -14,7 +14,8 @@ import pytest
 from tornado import web
 
 from tests.service.openapi_check import resolve
-from workbench_hub.service import drain_handlers, handlers, idle_handlers, reservation_handlers
+from workbench_hub import drain_cli
+from workbench_hub.service import drain_handlers, drain_stops, handlers, idle_handlers, reservation_handlers
 from workbench_hub.service.app import make_app
 from workbench_hub.service.openapi import BodyError, load_document, load_fragment, validate_body, with_server
 from workbench_spawner.backend import installed_backends, openapi_fragments
@@ -94,6 +95,16 @@ BOUNDS = [
     (f"{STORED_RESERVATION}/warn_minutes/maximum", MAX_MINUTES, "rules.reservations.MAX_MINUTES"),
     ("/components/schemas/IdleExemptionBody/properties/reason/maxLength", MAX_REASON, "ledger.idle_book.MAX_REASON"),
     ("/components/schemas/DrainBody/properties/reason/maxLength", MAX_DRAIN_REASON, "ledger.drain_book.MAX_REASON"),
+    (
+        "/components/schemas/DrainBody/properties/stop_servers_in_minutes/maximum",
+        drain_stops.MAX_STOP_MINUTES,
+        "service.drain_stops.MAX_STOP_MINUTES",
+    ),
+    (
+        "/components/schemas/DrainBody/properties/stop_servers_in_minutes/maximum",
+        drain_cli.MAX_STOP_MINUTES,
+        "drain_cli.MAX_STOP_MINUTES (workbench drain --stop-in)",
+    ),
     ("/components/parameters/Name/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/parameters/Name/schema/maxLength", column_length(QuotaRow, "name"), "gpu_quotas.name"),
     ("/paths/~1api~1usage/get/parameters/0/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
@@ -118,6 +129,7 @@ NO_CONSTANT = {
     f"{RESERVATION}/gpus/minimum": "a reservation of nothing reserves nothing",
     f"{RESERVATION}/grace_minutes/minimum": "a duration",
     f"{RESERVATION}/warn_minutes/minimum": "a duration",
+    "/components/schemas/DrainBody/properties/stop_servers_in_minutes/exclusiveMinimum": "a countdown",
     "/components/parameters/Name/schema/minLength": "a name",
     "/components/parameters/Group/schema/minLength": "a name",
     "/components/parameters/ReservationId/schema/minLength": "an id",
@@ -390,7 +402,12 @@ def test_every_request_body_is_checked_by_its_handler():
         ),
         ("IdleExemptionBody", {"reason": 5}, "reason must be text or null, not 5"),
         ("IdleExemptionBody", {"why": "x"}, "unknown field 'why'; an idle exemption has reason"),
-        ("DrainBody", {"why": "x"}, "unknown field 'why'; a drain has reason"),
+        ("DrainBody", {"why": "x"}, "unknown field 'why'; a drain has reason and stop_servers_in_minutes"),
+        (
+            "DrainBody",
+            {"stop_servers_in_minutes": 0},
+            "stop_servers_in_minutes must be more than 0 and at most 10080, not 0",
+        ),
         ("DrainBody", {"reason": "r" * 501}, "reason must be at most 500 characters long, not 501"),
     ],
 )

@@ -7,12 +7,15 @@ decides (inventory, servers per GPU, the default quota, the node) is read
 from the settings the hub stored in that database, never from environment
 variables (see ``fleet.py``). ``--session-check-seconds`` (default
 ``$WORKBENCH_SESSION_CHECK_SECONDS`` or 60; 0 turns it off) sets how often
-over-long sessions are stopped. ``--idle-check-seconds`` (default 30; 0 off)
+over-long sessions are warned about (the idle rule's warning lead before)
+and stopped. ``--idle-check-seconds`` (default 30; 0 off)
 runs the idle-GPU reclaim loop and delivers notices (``gpu_reclaim.py``);
 ``--proxy-url`` is how it reaches user servers (their GPU monitor).
 ``--save-wait-seconds`` (``$WORKBENCH_SAVE_WAIT_SECONDS`` or 20) is how long
 a stop for the hub's own reasons waits for open notebooks to be saved
-(``stopping.py``). How the service itself stops is in ``lifetime.py``.
+(``stopping.py``). ``--reservation-check-seconds`` (15) paces preemption and
+the stops of drains with a countdown (``drain_stops.py``). How the service
+itself stops is in ``lifetime.py``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from datetime import timedelta
 from urllib.parse import urlparse
 
 from jupyterhub.services.auth import HubOAuthCallbackHandler
@@ -35,6 +39,7 @@ from workbench_spawner.ledger.store import AllocationStore
 from . import handlers as h
 from . import reservation_handlers as rh
 from .drain_handlers import drain_routes
+from .drain_stops import DrainStops
 from .fleet import Fleet
 from .gpu_reclaim import make_reclaimer
 from .hub_client import HubClient
@@ -119,7 +124,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--session-check-seconds",
         type=float,
         default=float(os.environ.get("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
-        help="how often to stop servers that outlived their session limit (0: never)",
+        help="how often to warn servers near their session limit and stop the ones past it (0: never)",
     )
     parser.add_argument(
         "--idle-check-seconds",
@@ -136,7 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--reservation-check-seconds",
         type=float,
         default=float(os.environ.get("WORKBENCH_RESERVATION_CHECK_SECONDS", "15")),
-        help="how often to warn and stop non-members' servers for reservations that say preempt (0: never)",
+        help="how often to warn and stop non-members' servers for reservations that say preempt, and to stop "
+        "the servers of drains given a countdown (0: never)",
     )
     parser.add_argument(
         "--save-wait-seconds",
@@ -197,7 +203,7 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
             settings.inventory.source,
         )
 
-    # One way to stop a server for the hub's reasons (stopping.py), shared by the three loops below.
+    # One way to stop a server for the hub's reasons (stopping.py), shared by the loops below.
     servers = UserServers(args.proxy_url, hub.token)
     stopper = make_stopper(fleet, hub, servers, args.save_wait_seconds)
     checker = None
@@ -207,7 +213,9 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
             while True:
                 await asyncio.sleep(args.session_check_seconds)
                 try:
-                    await stop_overlong_servers(fleet.book, hub, stopper)
+                    # Warned the idle rule's lead before the limit (WORKBENCH_GPU_IDLE_WARN_MINUTES, 10).
+                    warn = await asyncio.to_thread(lambda: fleet.settings.gpu_idle_warn_minutes)
+                    await stop_overlong_servers(fleet.book, hub, stopper, lead=timedelta(minutes=warn))
                 except Exception as exc:
                     log.warning("Session limit check failed: %s", exc)
 
@@ -220,9 +228,12 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
         from .reservation_enforcer import Preemption
 
         preemption = asyncio.create_task(Preemption(fleet, hub, stopper).run_forever(args.reservation_check_seconds))
+        # Drains with a countdown (PUT api/drains/{gpu} with stop_servers_in_minutes) on the same pace.
+        drains = asyncio.create_task(DrainStops(fleet, hub, stopper).run_forever(args.reservation_check_seconds))
     reason = await lifetime.wait()
     if preemption is not None:
         preemption.cancel()
+        drains.cancel()
     log.info("Workbench service stopping: %s", reason)
     if checker is not None:
         checker.cancel()
