@@ -108,6 +108,7 @@ BOUNDS = [
     ("/components/parameters/Name/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/parameters/Name/schema/maxLength", column_length(QuotaRow, "name"), "gpu_quotas.name"),
     ("/paths/~1api~1usage/get/parameters/0/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
+    ("/paths/~1api~1usage/get/parameters/1/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/parameters/Group/schema/maxLength", GROUP_LENGTH, "ledger.idle_book.GROUP_PATTERN"),
     (
         "/components/parameters/Group/schema/maxLength",
@@ -134,6 +135,7 @@ NO_CONSTANT = {
     "/components/parameters/Group/schema/minLength": "a name",
     "/components/parameters/ReservationId/schema/minLength": "an id",
     "/paths/~1api~1usage/get/parameters/0/schema/minLength": "a name",
+    "/paths/~1api~1usage/get/parameters/1/schema/minLength": "a name",
     SLURM_NODE + "/minLength": "a name",
 }
 BOUND_KEYWORDS = (
