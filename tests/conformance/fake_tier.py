@@ -11,6 +11,7 @@ from jupyterhub.spawner import SpawnException
 
 from tests.conformance.tiers import GPUS, QUOTA, Spawned
 from tests.unit.fake_backends import FakeWorld
+from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.reconcile_book import ReconcileBook
 from workbench_spawner.policy.gpu_policy import _policies
 
@@ -134,6 +135,8 @@ class FakeTier:
         return self._store().lease_of(user, "")
 
     def put_back(self, lease) -> None:
+        """A release that was lost, and the stop's sentence with it (written after the release)."""
+        NoticeBook(self._store()).acknowledge(lease.user)
         assert self._store().adopt(lease.user, lease.server, list(lease.gpu_uuids), lease.ref, lease.since, lease.node)
 
     def usage_reasons(self, user: str) -> list[str]:

@@ -158,8 +158,11 @@ class HubTier(ABC):
             return [dict(row) for row in db.execute("SELECT * FROM gpu_leases WHERE user = ?", (user,))]
 
     def put_back(self, rows: list[dict]) -> None:
-        """Write lease rows back while the hub runs (a release that was lost: the ledger says it still runs)."""
+        """Write lease rows back while the hub runs (a release that was lost: the ledger says it still runs).
+        The stop's sentence is written after its release (``GPUPolicy.end_server``): lost with it."""
         with self._db() as db:
+            if rows:
+                db.execute("DELETE FROM workbench_notices WHERE user = ?", (rows[0]["user"],))
             for row in rows:
                 columns = [c for c in row if c != "id"]
                 db.execute(

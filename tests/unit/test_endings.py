@@ -103,7 +103,8 @@ def test_a_server_that_exited_shows_the_last_lines_of_its_log():
          reasons.OUT_OF_MEMORY, "ran out of memory."),
         ({"State": {"OOMKilled": False, "ExitCode": 1}}, b"boom\nValueError: bad config\n",
          reasons.SERVER_EXITED, "(exit code 1)"),
-        ({"State": {"OOMKilled": False, "ExitCode": 137}}, b"", reasons.SERVER_EXITED, "(exit code 137)"),
+        ({"State": {"OOMKilled": False, "ExitCode": 137}}, b"", reasons.SERVER_EXITED,
+         "(killed by SIGKILL, exit code 137)"),
         ({}, b"", reasons.SERVER_EXITED, "exited on its own."),
     ],
 )  # fmt: skip
