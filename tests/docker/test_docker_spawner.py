@@ -100,7 +100,12 @@ def test_killed_container_releases_its_gpu_within_a_poll(docker_hub):
     # The ledger says why each ended: the container died on its own; the next was stopped by a script.
     assert hub.api("DELETE", f"/users/{nxt}/server").status_code in (202, 204)
     hub.wait_stopped(nxt, timeout=60)
-    assert hub.usage_reasons() == {victim: [reasons.SERVER_EXITED], nxt: [reasons.STOPPED_BY_SERVICE]}
+    # (with the facts after the reason: the kill's signal and exit code, the service's name)
+    assert hub.usage_reasons() == {
+        victim: [f"{reasons.SERVER_EXITED}: killed by SIGKILL, exit code 137"],
+        nxt: [f"{reasons.STOPPED_BY_SERVICE}: workbench-admin"],
+    }
+    assert hub.stop_box(victim) == "This server exited on its own (killed by SIGKILL, exit code 137)."
 
 
 def test_home_survives_stop_removal_and_an_image_upgrade(docker_hub, singleuser_image):
