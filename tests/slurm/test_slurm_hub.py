@@ -116,8 +116,9 @@ def test_scancel_releases_the_gpu_within_one_poll(hub):
     assert took < 2.2 + 2.5, f"released {took:.1f} s after scancel: more than one 2 s poll"
     ended = [row for row in ledger(hub) if row[0] == user]
     # An admin's scancel, not the hub's stop: the ledger says so.
-    assert ended and ended[-1][5] == "job cancelled outside the hub" and ended[-1][2] == lease[0][2]
+    assert ended and ended[-1][5] == f"job cancelled outside the hub: {job_id}" and ended[-1][2] == lease[0][2]
     hub.wait_stopped(user, 30)
+    assert hub.stop_box(user) == f"The Slurm job {job_id} running this server was cancelled outside the hub."
 
 
 def test_hub_restart_reattaches_running_jobs_with_no_double_use(hub):
@@ -193,7 +194,7 @@ def test_the_ledger_records_each_jobs_time_and_node(hub):
         slurm_start, slurm_end = times[user]
         ((_, _, _, started, ended, reason),) = [r for r in rows if r[0] == user and r[1] == uuid][-1:]
         # Stopped through the API with the hub's admin token (a service), never "job cancelled outside the hub".
-        assert reason == "stopped by a service" and node
+        assert reason == "stopped by a service: workbench-admin" and node
         assert timedelta(0) <= utc(started) - slurm_start < timedelta(seconds=20), (started, slurm_start)
         assert abs(utc(ended) - slurm_end) < timedelta(seconds=10), (ended, slurm_end)
 
