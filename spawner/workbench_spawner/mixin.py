@@ -44,6 +44,7 @@ from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending, as_ending
+from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
@@ -219,6 +220,20 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
     @property
     def gpu_quota_book(self) -> QuotaBook:
         return self.gpu_policy.quotas
+
+    @property
+    def server_label(self) -> str:
+        """"user" or "user:server", as log lines name this server (JupyterHub's own ``_log_name`` is private)."""
+        return f"{self.user.name}:{self.name}" if self.name else self.user.name
+
+    def gpu_session_hours(self) -> float | None:
+        """The session limit admission recorded for this start (blocking: the GPU database); an engine turns
+        it into its own limit (a Slurm job's --time, a pod's activeDeadlineSeconds)."""
+        return self.gpu_quota_book.session_limits().get((self.user.name, self.name))
+
+    def hub_id(self) -> str:
+        """This hub's id (blocking: the GPU database), in every name and label the hub gives an engine."""
+        return hub_id(self.gpu_policy.store)
 
     def gpu_admission_context(self, policy: GPUPolicy | None = None, **read) -> AdmissionContext:
         """What admission checks for this server now (reads the database). ``policy`` and ``read`` (the
@@ -496,7 +511,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         def done(f: asyncio.Future) -> None:
             self._gpu_cleanups.discard(f)
             if not f.cancelled() and f.exception() is not None:
-                self.log.error("Cleaning up the cancelled start of %s failed: %s", self._log_name, f.exception())
+                self.log.error("Cleaning up the cancelled start of %s failed: %s", self.server_label, f.exception())
 
         self._gpu_cleanups.add(future)
         future.add_done_callback(done)
