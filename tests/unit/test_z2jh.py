@@ -1,4 +1,4 @@
-"""The workbench's glue for the z2jh chart's hub pod (workbench_hub.z2jh), with tables, without a cluster.
+"""The workbench's glue for the z2jh chart's hub pod (backends/kubernetes/z2jh.py), with tables, without a cluster.
 
 The chart's side is played by a stand-in for its ``z2jh.get_config``/``get_name``
 over ``deploy/z2jh/values.yaml`` (the values we ship) with each table's
@@ -16,7 +16,8 @@ import pytest
 import yaml
 from traitlets.config import Config
 
-from workbench_hub import configurer, z2jh
+from workbench_hub import configurer
+from workbench_spawner.backends.kubernetes import z2jh
 from workbench_hub.env_values import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""The workbench's part of the hub's config inside the Zero to JupyterHub chart's hub pod.
+"""The Kubernetes backend's part of the hub's config inside the Zero to JupyterHub chart's hub pod.
 
 With the Kubernetes backend deployed by the z2jh chart (``deploy/z2jh/values.yaml``),
 the hub pod runs the chart's own ``jupyterhub_config.py``: it reads the chart's
@@ -11,12 +11,14 @@ in last, through two ``hub.extraConfig`` entries that call this module::
                    configure_hub(c, get_config, get_name)
     zz-workbench:  finish_hub(c)
 
-``configure_hub`` (first) adds what ``hub/jupyterhub_config.py`` adds on a
-host, from the same ``WORKBENCH_*`` variables (``hub.extraEnv``) and with the
-same ``configurer`` functions where they fit: the authenticator
-(``update_auth``), the workbench service, the automation and metrics tokens
-(``update_services``) and the GPU policy's settings (the ``GPUSpawnerMixin``
-part of ``update_spawner``, in :func:`update_policy`). What differs in a pod:
+The chart runs only this backend, so its glue lives here, beside the
+backend's own configuration (``config.py``), and the hub package names no
+backend. ``configure_hub`` (first) adds what ``hub/jupyterhub_config.py``
+adds on a host, from the same ``WORKBENCH_*`` variables (``hub.extraEnv``)
+and with the same ``workbench_hub.configurer`` functions where they fit: the
+authenticator (``update_auth``), the workbench service, the automation and
+metrics tokens (``update_services``) and the GPU policy's settings
+(``update_policy``). What differs in a pod:
 
 * the workbench service listens on every address of the hub pod and the proxy
   pod reaches it through the hub's Service (``hub.service.extraPorts``, and a
@@ -34,16 +36,17 @@ part of ``update_spawner``, in :func:`update_policy`). What differs in a pod:
   ``singleuser.storage.type`` must be ``none``.
 
 ``finish_hub`` (last, after any entry of the site's own that sorts between
-the two) does what ``hub/jupyterhub_config.py`` does once the config is final:
-the ``_xsrf`` cookie's ``Secure`` rule, the spawner class's contract, the
-backend's checks and hub additions, and publishing the GPU policy's settings
-to the GPU database for the workbench service.
+the two) ends as ``hub/jupyterhub_config.py`` does, with the same function
+(``workbench_hub.finish.finish_hub``: the ``_xsrf`` cookie's ``Secure`` rule,
+the spawner class's contract, the backend's checks and hub additions,
+publishing the GPU policy's settings), and refuses a spawner class of another
+backend.
 
 Both print ``GPU Workbench: <sentence>`` and end the hub with status 2 on a
 configuration they cannot run with, as ``hub/jupyterhub_config.py`` does.
 The ``update_*`` functions here are plain (a ``Config``, an ``env`` dict and
 the chart's ``get_config``/``get_name``), tested with tables in
-``tests/unit/test_z2jh.py``; this module imports no backend.
+``tests/unit/test_z2jh.py``; this module imports nothing of KubeSpawner.
 """
 
 from __future__ import annotations
@@ -57,8 +60,9 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from . import class_start, configurer, home_page
-from .env_values import ConfigError, Env, text
+from workbench_hub import configurer, finish
+from workbench_hub.env_values import ConfigError, Env, text
+from workbench_hub.finish import fail
 
 # z2jh's helpers, as its jupyterhub_config.py imports them from its z2jh.py:
 # get_config("hub.db.type", default) reads the chart's values, get_name("hub") a resource's full name.
@@ -74,11 +78,6 @@ CHART_DEFAULT_AUTHENTICATOR = "dummy"
 WORKBENCH_AUTHENTICATOR = "workbench_hub.auth.WorkbenchAuthenticator"
 # The chart's culler service (cull.enabled).
 CHART_CULLER = "jupyterhub-idle-culler"
-
-
-def fail(message: str) -> None:
-    print(f"\nGPU Workbench: {message}\n", file=sys.stderr, flush=True)
-    raise SystemExit(2)
 
 
 # -- the two entry points of hub.extraConfig ---------------------------------------------
@@ -101,62 +100,21 @@ def configure_hub(c: Config, get_config: GetConfig, get_name: GetName, env: Env 
 
 
 def finish_hub(c: Config) -> None:
-    """``hub.extraConfig`` ``zz-workbench``: checks on the final config, then the policy's settings published."""
-    from workbench_spawner.backend import UnknownBackend, backend_extension
-    from workbench_spawner.policy.settings import publish_policy_settings, spawner_gpu_class
-    from workbench_spawner.ssh_forwarding import ssh_forwarding_problems
-
-    from .xsrf_cookie import secure_xsrf_cookie
-
-    final = final_config(c)
-    # The _xsrf cookie gets the session cookies' Secure rule (xsrf_cookie.py); the chart's proxy
-    # (or the ingress in front of it) sets X-Forwarded-Proto.
-    secure_xsrf_cookie(c, final)
-    try:
-        spawner_class = spawner_gpu_class(final)
-        problem = kubernetes_class_problem(spawner_class)
-        if problem:
-            fail(problem)
-        extension = backend_extension(spawner_class.workbench_backend)
-    except (ValueError, UnknownBackend) as exc:
-        fail(str(exc))
-    problems = ssh_forwarding_problems(final, spawner_class) + extension.check(final)
-    for problem in problems:
-        print(f"\nGPU Workbench: {problem.removeprefix('GPU Workbench: ')}", file=sys.stderr)
-    if problems:
-        print(file=sys.stderr, flush=True)
-        raise SystemExit(2)
-    extension.setup_hub(c)
-    try:
-        settings = publish_policy_settings(final, spawner_class)
-    except ValueError as exc:
-        fail(str(exc))
-    configurer.point_service_at_settings(c, settings.db_url, settings.backend)
-    # The home page shows why a server stopped (after the chart's hub.templatePaths and NativeAuthenticator's).
-    home_page.update_home_page(c, settings.db_url)
-    # A class start: JupyterHub's spawn limit above the line (the values file unsets the chart's 64).
-    limits = settings.spawn_limits()
-    warning = class_start.update_spawn_limits(c, final, limits)
-    if warning:
-        print(f"\nGPU Workbench: {warning} (hub.concurrentSpawnLimit in the chart's values)\n", file=sys.stderr)
+    """``hub.extraConfig`` ``zz-workbench``: the hub's shared end on the final config, then one summary line."""
+    finished = finish.finish_hub(
+        c,
+        finish.final_config(c),
+        kubernetes_class_problem,
+        limits_hint="hub.concurrentSpawnLimit in the chart's values",
+    )
+    settings, inventory = finished.settings, finished.settings.inventory
     print(
-        f"GPU Workbench: {spawner_class.__name__} ({settings.backend} backend, "
-        f"{len(settings.inventory.devices)} GPUs: {settings.inventory.message or settings.inventory.source}), "
-        f"workbench service at /services/{SERVICE}/; class start: {limits.describe()}",
+        f"GPU Workbench: {finished.spawner_class.__name__} ({settings.backend} backend, "
+        f"{len(inventory.devices)} GPUs: {inventory.message or inventory.source}), "
+        f"workbench service at /services/{SERVICE}/; class start: {finished.limits.describe()}",
         file=sys.stderr,
         flush=True,
     )
-
-
-def final_config(c: Config) -> Config:
-    """``c`` with the command line's options on top, as the hub will apply them (see hub/jupyterhub_config.py)."""
-    from jupyterhub.app import JupyterHub
-
-    final = Config()
-    final.merge(c)
-    if JupyterHub.initialized():
-        final.merge(JupyterHub.instance().cli_config)
-    return final
 
 
 def kubernetes_class_problem(cls: type) -> str:
