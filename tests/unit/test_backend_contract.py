@@ -13,7 +13,6 @@ on local, docker and slurm against their real runtimes.
 from __future__ import annotations
 
 import importlib
-import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -99,19 +98,3 @@ def test_a_sites_subclass_keeps_the_backend_and_its_features():
     base = load(REAL["gpu-slurm"])
     site = type("SiteSlurmSpawner", (base,), {})
     assert contract_problems(site) == [] and site.workbench_backend == "slurm"
-
-
-def test_the_old_import_paths_still_work_with_a_deprecation_warning():
-    for module, name in [
-        ("workbench_spawner.local", "LocalGPUSpawner"),
-        ("workbench_spawner.docker_backend", "DockerGPUSpawner"),
-        ("workbench_spawner.slurm_backend", "SlurmGPUSpawner"),
-    ]:
-        import sys
-
-        sys.modules.pop(module, None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            cls = getattr(importlib.import_module(module), name)
-        assert issubclass(cls, GPUSpawnerMixin)
-        assert any(issubclass(w.category, DeprecationWarning) and module in str(w.message) for w in caught)

@@ -20,8 +20,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 SPAWNER = REPO / "spawner" / "workbench_spawner"
 BACKENDS = SPAWNER / "backends"
-# Deprecated aliases of the old import paths, kept for one release (they only re-export a backend).
-ALIASES = {SPAWNER / "local.py", SPAWNER / "docker_backend.py", SPAWNER / "slurm_backend.py"}
 
 
 def imported(path: Path) -> set[str]:
@@ -44,7 +42,7 @@ def backend_imports(path: Path, allowed: str | None = None) -> list[str]:
     )
 
 
-CORE = sorted(p for p in SPAWNER.rglob("*.py") if BACKENDS not in p.parents and p not in ALIASES)
+CORE = sorted(p for p in SPAWNER.rglob("*.py") if BACKENDS not in p.parents)
 HUB = sorted((REPO / "hub").rglob("*.py"))
 
 
