@@ -39,6 +39,6 @@ def require_starting(spawner) -> None:
     if spawner.pending != "spawn":
         raise web.HTTPError(
             409,
-            f"{spawner._log_name} is not starting, so there is nothing to report; "
+            f"{spawner.server_label} is not starting, so there is nothing to report; "
             "a start report is taken only while the server starts.",
         )

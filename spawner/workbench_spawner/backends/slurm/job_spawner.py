@@ -1,7 +1,7 @@
 """batchspawner's SlurmSpawner as the workbench follows and stops a job, and the policy's Slurm inventory.
 
-Kept apart from ``slurm_backend`` (admission, placement and the ledger on
-Slurm) because these are corrections to how batchspawner 1.3.0 itself
+Kept apart from ``backends/slurm/spawner.py`` (admission, placement and the
+ledger on Slurm) because these are corrections to how batchspawner 1.3.0 itself
 treats a job, true whatever the GPU policy does.
 """
 
@@ -39,6 +39,8 @@ class SlurmJobSpawner(SlurmSpawner):
     # (job id, the state it ended in: NODE_FAIL, CANCELLED, ...; "" when squeue no longer knew the job),
     # set by the poll that found the job gone, before clear_state() forgets the id.
     slurm_end: tuple[str, str] = ("", "")
+    # "user" or "user:server" in log lines: the GPU mixin's (``SlurmGPUSpawner``), not JupyterHub's private _log_name.
+    server_label: str
 
     @default("batch_query_cmd")
     def _default_batch_query_cmd(self) -> str:
@@ -59,7 +61,7 @@ class SlurmJobSpawner(SlurmSpawner):
             self.log.warning(
                 "Slurm job %s of %s is pending again (requeued): its server ended; cancelling it",
                 self.job_id,
-                self._log_name,
+                self.server_label,
             )
             self.slurm_end = (self.job_id, "REQUEUED")
             await self._cancel_quietly()
@@ -93,9 +95,9 @@ class SlurmJobSpawner(SlurmSpawner):
                 tag = await asyncio.to_thread(self.slurm_tag)
                 found = await asyncio.to_thread(cancel_tagged, tag, self.user.name)
                 if found:
-                    self.log.info("Cancelled Slurm job(s) %s of %s found by tag", ", ".join(found), self._log_name)
+                    self.log.info("Cancelled Slurm job(s) %s of %s found by tag", ", ".join(found), self.server_label)
         except SlurmUnavailable as exc:
-            self.log.warning("Could not cancel the Slurm job of %s: %s", self._log_name, exc)
+            self.log.warning("Could not cancel the Slurm job of %s: %s", self.server_label, exc)
 
 
 _STATE_WORD = re.compile(r"^[A-Z_]+$")

@@ -6,16 +6,20 @@ mixin keeps what is ours: admission before anything is submitted (a refusal
 submits nothing), the ledger, GPU-hours, the fleet view. Slurm's queue is the
 wait: ``SlurmPlacement`` follows the job, shows Slurm's reason and position,
 cancels it at the queue timeout, and writes the lease once Slurm has placed
-it and the job reported its GPU UUIDs (see ``slurm_singleuser``).
+it and the job reported its GPU UUIDs (see ``backends/slurm/singleuser.py``).
 
 Around Slurm's queue the workbench keeps its own rules: open reservations
 hold a non-member's request back before it is submitted, fair share
-reorders the workbench's pending jobs (``slurm_fairness``). Every job
-carries the tag ``workbench:<hub id>:<user>/<server>`` in its comment; after
-a hub restart (servers keep running: cleanup_servers is False) leases and
-jobs are reconciled by it (``slurm_reconcile``). The job's start report
-reaches the hub through our handler, not batchspawner's
-(``slurm_report_api``).
+reorders the workbench's pending jobs (``backends/slurm/fairness.py``).
+Every job carries the tag ``workbench:<hub id>:<user>/<server>`` in its
+comment; after a hub restart (servers keep running: cleanup_servers is
+False) leases and jobs are reconciled by it (``backends/slurm/reconcile.py``).
+The job's start report reaches the hub through our handler, not
+batchspawner's (``backends/slurm/report_api.py``).
+
+The job's script is batchspawner's own: its ``batch_script`` template
+(``BATCH_SCRIPT``) formatted with its ``req_*`` traits, two of them computed
+here (``req_sbatch_lines``, ``req_env_bin``).
 
 What this class changes in batchspawner 1.3.0 for JupyterHub 6 (see README):
 the start is ours (the stock loop has no queue timeout and never cancels a
@@ -23,8 +27,8 @@ pending job when the spawn is abandoned), the server address is the node's
 ``NodeAddr`` (the stock one is the node name, which need not resolve on the
 hub), ``--get-user-env=L`` resetting PATH is undone in the batch script, a
 requeued job ends its server and a stop with no job id cancels by tag
-(``slurm_job_spawner``), and batchspawner's API handler, which lets a job set
-any spawner attribute, is replaced.
+(``backends/slurm/job_spawner.py``), and batchspawner's API handler, which
+lets a job set any spawner attribute, is replaced.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ import time
 from dataclasses import asdict, replace
 
 from jupyterhub.spawner import SpawnException
-from traitlets import Dict, default
+from traitlets import Dict, List, Unicode, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm.ending import job_ending
@@ -85,6 +89,10 @@ trap 'echo SIGTERM received' TERM
 """
 
 
+# The batch script's variables the hub computes (``req_sbatch_lines``, ``req_env_bin``), never a start option's.
+COMPUTED_SCRIPT_VARIABLES = frozenset({"sbatch_lines", "env_bin"})
+
+
 class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
     """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
 
@@ -103,6 +111,28 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
     @default("batch_script")
     def _default_batch_script(self):
         return BATCH_SCRIPT
+
+    req_sbatch_lines = List(
+        Unicode(),
+        help="""
+        Set for each start (never configure it): the job's sbatch options,
+        one ``#SBATCH`` line each in ``batch_script`` (``sbatch_lines``).
+        Computed from the admitted request, the session limit and the
+        ``slurm_*`` settings (``sbatch_options``).
+        """,
+    )
+
+    req_env_bin = Unicode(
+        help="""
+        Never configure it: the shell-quoted ``bin`` folder of
+        ``slurm_env_prefix``, which ``batch_script`` puts first on PATH
+        again after ``--get-user-env=L`` (``env_bin``).
+        """,
+    )
+
+    @default("req_env_bin")
+    def _default_req_env_bin(self):
+        return shlex.quote(os.path.join(self.slurm_env_prefix, "bin"))
 
     @default("batchspawner_singleuser_cmd")
     def _default_singleuser_cmd(self):
@@ -160,15 +190,24 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         store = AllocationStore(settings.db_url)
         return SlurmPolicy(settings, store, self.engine_placement(settings, store))
 
-    def hub_id(self) -> str:
-        """This hub's id (blocking: the GPU database), the first part of its jobs' tags."""
-        return hub_id(self.gpu_policy_store())
-
     # -- options ---------------------------------------------------------------------------------
 
     async def check_options(self, options: dict) -> dict:
-        """The user's Unix account, and the ``partition`` option (checked against the allowed ones)."""
+        """The user's Unix account, and the ``partition`` option (checked against the allowed ones).
+
+        batchspawner lays the start's options over the script's variables
+        (``submit_batch_script``), so an option named like one the hub
+        computes (``sbatch_lines``: GRES, time limit, tag) is refused: it
+        would replace what admission decided."""
         self.slurm_partition_choice = ""  # a partition picked for one start does not stick to the next
+        taken = sorted(name for name in options if name in COMPUTED_SCRIPT_VARIABLES)
+        if taken:
+            raise SpawnException(
+                f"Cannot start the server: {', '.join(map(repr, taken))} is set by the hub for every Slurm job and "
+                "cannot be a start option; leave it out.",
+                reason="bad_options",
+                status_code=400,
+            )
         await asyncio.to_thread(self._check_account)
         choice = options.pop("partition", None)
         if choice is not None:
@@ -237,19 +276,18 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
             hub=hub,
         )
 
-    async def _get_batch_script(self, **subvars):
-        hours, hub, whole = await asyncio.to_thread(
-            lambda: (self._session_hours(), self.hub_id(), whole_gpu_type(self.engine_inventory()))
-        )
-        subvars.update(
-            sbatch_lines=self.sbatch_lines(hours, hub, whole),
-            env_bin=shlex.quote(os.path.join(self.slurm_env_prefix, "bin")),
-        )
-        return await super()._get_batch_script(**subvars)
+    async def submit_batch_script(self) -> str:
+        """batchspawner's submit, with this start's ``#SBATCH`` lines computed first.
 
-    def _session_hours(self) -> float | None:
-        """The session limit admission recorded for this start: it becomes the job's --time."""
-        return self.gpu_quota_book.session_limits().get((self.user.name, self.name))
+        batchspawner formats ``batch_script`` with every ``req_*`` trait under
+        its name without the prefix (``get_req_subvars``): the template's
+        ``sbatch_lines`` is ``req_sbatch_lines``, set here because it depends
+        on the start (admission's session limit, the request, the hub's id)."""
+        hours, hub, whole = await asyncio.to_thread(
+            lambda: (self.gpu_session_hours(), self.hub_id(), whole_gpu_type(self.engine_inventory()))
+        )
+        self.req_sbatch_lines = self.sbatch_lines(hours, hub, whole)
+        return await super().submit_batch_script()
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -358,7 +396,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
         )
 
     def gpu_reconcile_orphans(self) -> None:
-        """Adopt or cancel this hub's tagged jobs without a lease (``slurm_reconcile``)."""
+        """Adopt or cancel this hub's tagged jobs without a lease (``backends/slurm/reconcile.py``)."""
         try:
             jobs = list_jobs()
         except SlurmUnavailable as exc:
