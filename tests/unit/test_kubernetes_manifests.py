@@ -1,13 +1,18 @@
 """What the workbench puts in and around every user pod, as tables: the lock-down check of the final pod
-(one sentence per weakness, init containers too), the NetworkPolicy like Zero to JupyterHub's, and the
-node selector a GPU model becomes. (The same objects on a real API server: tests/kubernetes.)"""
+(one sentence per weakness, init containers too), the NetworkPolicy like Zero to JupyterHub's, the node
+selector a GPU model becomes, and KubeSpawner's traits each start sets (GPUs, labels, home, deadline, image)
+with the lock-down in its ``modify_pod_hook``. (The same objects on a real API server: tests/kubernetes.)"""
 
 from __future__ import annotations
 
 import copy
 import ipaddress
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
+from jupyterhub.spawner import SpawnException
+from traitlets.config import Config
 
 from workbench_spawner.backends.kubernetes.inventory import GFD_MEMORY, GFD_PRODUCT
 from workbench_spawner.backends.kubernetes.manifests import (
@@ -19,6 +24,8 @@ from workbench_spawner.backends.kubernetes.manifests import (
     model_selector,
     network_policy,
 )
+from workbench_spawner.backends.kubernetes.pod_objects import PodShape, locked_down, pod_traits, start_report_env
+from workbench_spawner.form.options import SpawnRequest
 
 # The pod as KubernetesGPUSpawner builds it (its defaults), reduced to what the check reads.
 COMPLIANT = {
@@ -229,3 +236,156 @@ def test_a_model_no_node_has_matches_no_node():
     nodes = [T4, H200, L40S]
     selector = model_selector("A100-40GB", nodes, GFD_PRODUCT, GFD_MEMORY)
     assert not any(all(labels.get(k) == v for k, v in selector.items()) for labels in nodes)
+
+
+# -- the pod through KubeSpawner's traits and modify_pod_hook ----------------------------------------------------
+
+SHAPE = PodShape(hub="1a2b3c4d", user="alice", server="", pvc_name="wb-1a2b3c4d-home-alice")
+
+
+def test_each_start_adds_the_workbenchs_part_to_the_sites_traits():
+    site = {
+        "extra_resource_limits": {"example.com/fpga": "1"},
+        "node_selector": {"pool": "gpu"},
+        "extra_labels": {"team": "ml"},
+        "extra_annotations": {"owner": "it"},
+        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "volume_mounts": [{"name": "scratch", "mountPath": "/scratch"}],
+        "extra_pod_config": {"priorityClassName": "students"},
+        "image": "site/singleuser:1",
+    }
+    shape = replace(
+        SHAPE, gpus=2, model_selector={GFD_PRODUCT: "NVIDIA-H200"}, session_hours=1.5, datasets_claim="datasets"
+    )
+    traits = pod_traits(site, shape)
+    assert traits["extra_resource_limits"] == {"example.com/fpga": "1", "nvidia.com/gpu": "2"}
+    assert traits["node_selector"] == {"pool": "gpu", GFD_PRODUCT: "NVIDIA-H200"}
+    assert traits["extra_labels"] == {
+        "team": "ml",
+        LABEL_HUB: "1a2b3c4d",
+        "workbench.user": "alice",
+        "workbench.server": "default",
+    }
+    assert traits["extra_annotations"] == {"owner": "it", "workbench.user": "alice", "workbench.server": ""}
+    assert [v["name"] for v in traits["volumes"]] == ["scratch", "workbench-home", "workbench-datasets"]
+    assert traits["volumes"][1]["persistentVolumeClaim"] == {"claimName": "wb-1a2b3c4d-home-alice"}
+    assert traits["volumes"][2]["persistentVolumeClaim"] == {"claimName": "datasets", "readOnly": True}
+    assert [(m["name"], m["mountPath"]) for m in traits["volume_mounts"]] == [
+        ("scratch", "/scratch"),
+        ("workbench-home", "/home/jovyan"),
+        ("workbench-datasets", "/datasets"),
+    ]
+    assert traits["extra_pod_config"] == {"priorityClassName": "students", "activeDeadlineSeconds": 5400}
+    assert traits["image"] == "site/singleuser:1", "no pick: the configured image"
+    assert site["extra_pod_config"] == {"priorityClassName": "students"}, "the site's values are never changed"
+
+
+@pytest.mark.parametrize(
+    ("shape", "limits"),
+    [
+        (SHAPE, {}),
+        (replace(SHAPE, gpus=1), {"nvidia.com/gpu": "1"}),
+        (replace(SHAPE, gpus=1, gpu_profile="1g.18gb"), {"nvidia.com/mig-1g.18gb": "1"}),
+        (replace(SHAPE, gpus=1, gpu_resource="nvidia.com/gpu.shared"), {"nvidia.com/gpu.shared": "1"}),
+    ],
+    ids=["cpu-only", "whole-gpu", "mig-slice", "renamed-resource"],
+)
+def test_the_gpus_are_the_pods_extra_resource_limits(shape, limits):
+    assert pod_traits({}, shape)["extra_resource_limits"] == limits
+
+
+def test_a_picked_image_a_dict_of_volumes_and_names_with_braces_reach_kubespawner_as_they_are():
+    site = {"volumes": {"a-scratch": {"name": "scratch", "emptyDir": {}}}, "volume_mounts": {}, "image": "site:1"}
+    traits = pod_traits(site, replace(SHAPE, user="{bob}", server="lab{1}", image="site:2"))
+    assert traits["image"] == "site:2"
+    assert sorted(traits["volumes"]) == ["a-scratch", "workbench-home"]  # KubeSpawner sorts a dict by key
+    assert sorted(traits["volume_mounts"]) == ["workbench-home"]
+    # KubeSpawner formats annotations as templates: braces are doubled so the exact name arrives.
+    assert traits["extra_annotations"] == {"workbench.user": "{{bob}}", "workbench.server": "lab{{1}}"}
+    assert traits["extra_pod_config"] == {}, "no session limit: no deadline"
+
+
+def test_a_cpu_pod_is_told_it_has_no_gpu_and_every_pod_reports_its_node():
+    cpu, gpu = start_report_env(0), start_report_env(1)
+    assert cpu["NVIDIA_VISIBLE_DEVICES"] == "void" and "NVIDIA_VISIBLE_DEVICES" not in gpu
+    assert gpu["WORKBENCH_NODE_NAME"] == {"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert gpu["WORKBENCH_START_REPORT"] == "1"
+
+
+async def test_the_lockdown_is_checked_after_the_sites_own_modify_pod_hook():
+    seen: list[str] = []
+
+    def site_hook(spawner, pod):
+        seen.append("site")
+        pod["spec"]["hostNetwork"] = True
+        return pod
+
+    class Spawner:
+        def check_lockdown(self, pod):
+            seen.append("check")
+            problems = lockdown_problems(pod)
+            if problems:
+                raise ValueError(problems[0])
+
+    with pytest.raises(ValueError, match="hostNetwork"):
+        await locked_down(site_hook)(Spawner(), copy.deepcopy(COMPLIANT))
+    assert seen == ["site", "check"]
+    assert await locked_down(None)(Spawner(), copy.deepcopy(COMPLIANT)) == COMPLIANT
+
+
+@pytest.fixture
+def kube_spawner(monkeypatch, tmp_path):
+    """A KubernetesGPUSpawner as the hub makes it, with no cluster (KubeSpawner's config loading skipped)."""
+    import kubespawner.spawner
+
+    from workbench_spawner.backends.kubernetes.spawner import KubernetesGPUSpawner
+
+    monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kwargs: None)
+
+    def make(config=None, user: str = "alice") -> KubernetesGPUSpawner:
+        return KubernetesGPUSpawner(
+            config=config or Config(),
+            user=SimpleNamespace(name=user, id=7, url=f"/user/{user}/", escaped_name=user),
+            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="/hub/"),
+            orm_spawner=SimpleNamespace(name="", server=None),
+            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+        )
+
+    return make
+
+
+async def test_kubespawner_builds_the_shaped_pod_and_its_hook_refuses_a_weakened_one(kube_spawner):
+    config = Config()
+    config.KubernetesGPUSpawner.image = "site/singleuser:1"
+    config.KubernetesGPUSpawner.offered_images = ["site/singleuser:1", "site/singleuser:2"]
+    spawner = kube_spawner(config)
+    spawner.gpu_request = SpawnRequest(gpus=1, image="site/singleuser:2")
+    spawner.apply_gpu_request(spawner.gpu_request)
+    spawner.shape_pod(replace(SHAPE, gpus=1, session_hours=2, image="site/singleuser:2"))
+    pod = await spawner.modify_pod_hook(spawner, await spawner.get_pod_manifest())
+    manifest = spawner.api.api_client.sanitize_for_serialization(pod)
+    spec = manifest["spec"]
+    (container,) = spec["containers"]
+    assert container["image"] == "site/singleuser:2"
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert spec["activeDeadlineSeconds"] == 7200
+    assert manifest["metadata"]["labels"][LABEL_HUB] == "1a2b3c4d"
+    env = {e["name"]: e for e in container["env"]}
+    assert env["WORKBENCH_NODE_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert "NVIDIA_VISIBLE_DEVICES" not in env
+    assert lockdown_problems(manifest) == []
+    # The next start without a pick runs the configured image again.
+    spawner.apply_gpu_request(SpawnRequest(gpus=0))
+    assert spawner.image == "site/singleuser:1"
+
+    weakened = Config()
+    weakened.KubernetesGPUSpawner.extra_pod_config = {"hostPID": True}
+    spawner = kube_spawner(weakened, user="bob")
+    spawner.gpu_request = SpawnRequest(gpus=0)
+    spawner.shape_pod(replace(SHAPE, user="bob"))
+    with pytest.raises(SpawnException) as refused:
+        await spawner.modify_pod_hook(spawner, await spawner.get_pod_manifest())
+    assert refused.value.status_code == 500 and (
+        "The hub's Kubernetes settings would weaken the user pod's lock-down: the pod would share the host's PIDs "
+        "(hostPID: true). Nothing was created; tell a hub admin."
+    ) in str(refused.value)

@@ -1,17 +1,29 @@
-"""What the workbench adds to KubeSpawner's pod and around it: GPUs, labels, home, the lock-down check.
+"""What the workbench puts in each user pod, through KubeSpawner's own traits and hooks.
 
-A mixin of ``KubernetesGPUSpawner`` in front of KubeSpawner (``get_pod_manifest``
-calls KubeSpawner's and adds to the pod it made), kept apart from the
-spawner's life cycle: this module says what a pod *is*, ``spawner.py`` when
-it is made, followed and ended. The rules themselves (the lock-down, the
-NetworkPolicy, the model selector) are plain functions in ``manifests.py``.
+A mixin of ``KubernetesGPUSpawner`` in front of KubeSpawner, kept apart from
+the spawner's life cycle: this module says what a pod *is*, ``spawner.py``
+when it is made, followed and ended. Before each start ``shape_pod`` sets
+KubeSpawner's public traits from what the site configured plus this start's
+part (``pod_traits``, a plain function): the GPUs as ``extra_resource_limits``,
+a model as ``node_selector``, the hub/user/server labels and annotations, the
+home and datasets claims as ``volumes``/``volume_mounts``, the session limit
+as ``activeDeadlineSeconds`` in ``extra_pod_config``, the picked ``image``;
+``get_env`` adds the start report's variables. The lock-down is checked on the
+final pod in ``modify_pod_hook`` (after the site's own hook, if any), so no
+setting or hook can weaken it unnoticed. The rules themselves (the lock-down,
+the NetworkPolicy, the model selector) are plain functions in ``manifests.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from jupyterhub.spawner import SpawnException
+from jupyterhub.utils import maybe_future
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner.slugs import safe_slug
 from traitlets import Unicode
@@ -26,6 +38,19 @@ from workbench_spawner.backends.kubernetes.manifests import (
 )
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 
+# KubeSpawner's traits each start sets: the site's configured value plus this start's part (``pod_traits``).
+SHAPED = (
+    "extra_resource_limits",
+    "node_selector",
+    "extra_labels",
+    "extra_annotations",
+    "volumes",
+    "volume_mounts",
+    "extra_pod_config",
+    "image",
+    "modify_pod_hook",
+)
+
 
 def gpu_limits(gpus: int, profile: str | None, resource: str) -> dict[str, str]:
     """The pod's GPU limit: ``resource`` (``nvidia.com/gpu``) for whole GPUs, the mixed strategy's
@@ -33,6 +58,115 @@ def gpu_limits(gpus: int, profile: str | None, resource: str) -> dict[str, str]:
     if not gpus:
         return {}
     return {cluster.mig_resource(profile) if profile else resource: str(gpus)}
+
+
+@dataclass(frozen=True)
+class PodShape:
+    """This start's part of the pod: who it is for, what admission granted, where its home is."""
+
+    hub: str
+    user: str
+    server: str
+    pvc_name: str
+    gpus: int = 0
+    gpu_profile: str | None = None
+    gpu_resource: str = "nvidia.com/gpu"
+    model_selector: Mapping[str, str] | None = None
+    session_hours: float | None = None
+    image: str | None = None
+    home_mount_path: str = "/home/jovyan"
+    datasets_claim: str = ""
+
+
+def _literal(text: str) -> str:
+    """``text`` as KubeSpawner's template expansion leaves it (it ``format``s labels, annotations, volumes)."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _added(site: Any, named: dict[str, dict]) -> list | dict:
+    """KubeSpawner's ``volumes``/``volume_mounts`` (a list, or a dict sorted by key) with ``named`` added."""
+    if isinstance(site, dict):
+        return {**site, **named}
+    return [*(site or []), *named.values()]
+
+
+def pod_traits(site: Mapping[str, Any], shape: PodShape) -> dict[str, Any]:
+    """KubeSpawner's trait values for this start: the site's (``site``, by trait name) with the workbench's part."""
+    home = {"name": "workbench-home", "persistentVolumeClaim": {"claimName": _literal(shape.pvc_name)}}
+    volumes = {"workbench-home": home}
+    mounts = {"workbench-home": {"name": "workbench-home", "mountPath": _literal(shape.home_mount_path)}}
+    if shape.datasets_claim:
+        claim = {"claimName": _literal(shape.datasets_claim), "readOnly": True}
+        volumes["workbench-datasets"] = {"name": "workbench-datasets", "persistentVolumeClaim": claim}
+        mounts["workbench-datasets"] = {"name": "workbench-datasets", "mountPath": "/datasets", "readOnly": True}
+    pod_config = dict(site.get("extra_pod_config") or {})
+    if shape.session_hours:
+        pod_config["activeDeadlineSeconds"] = int(shape.session_hours * 3600)
+    return {
+        "extra_resource_limits": {
+            **(site.get("extra_resource_limits") or {}),
+            **gpu_limits(shape.gpus, shape.gpu_profile, shape.gpu_resource),
+        },
+        "node_selector": {**(site.get("node_selector") or {}), **(shape.model_selector or {})},
+        "extra_labels": {
+            **(site.get("extra_labels") or {}),
+            LABEL_HUB: shape.hub,
+            LABEL_USER: safe_slug(shape.user, max_length=48),
+            LABEL_SERVER: safe_slug(shape.server or "default", max_length=48),
+        },
+        "extra_annotations": {
+            **(site.get("extra_annotations") or {}),
+            LABEL_USER: _literal(shape.user),
+            LABEL_SERVER: _literal(shape.server),
+        },
+        "volumes": _added(site.get("volumes"), volumes),
+        "volume_mounts": _added(site.get("volume_mounts"), mounts),
+        "extra_pod_config": pod_config,
+        "image": shape.image or site.get("image") or "",
+    }
+
+
+def start_report_env(gpus: int) -> dict[str, Any]:
+    """What the pod's start-up needs to report its node and GPUs; a CPU pod is told it has no GPU."""
+    env: dict[str, Any] = {
+        "WORKBENCH_NODE_NAME": {"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        "WORKBENCH_START_REPORT": "1",
+    }
+    if not gpus:  # an image that says NVIDIA_VISIBLE_DEVICES=all must still see no GPU
+        env["NVIDIA_VISIBLE_DEVICES"] = "void"
+    return env
+
+
+def start_refusal(exc: BaseException) -> SpawnException:
+    """KubeSpawner's start ended before the pod was seen: the API was away or refused it, in the user's words."""
+    if isinstance(exc, SpawnException):
+        return exc
+    if isinstance(exc, cluster.KubernetesUnavailable):
+        return SpawnException(
+            f"Cannot start the server: the Kubernetes API did not answer ({exc}); nothing was created. Try "
+            "again in a minute.",
+            reason="kubernetes_unavailable",
+            status_code=503,
+        )
+    detail = exc.body if isinstance(exc, ApiException) and exc.body else str(exc)
+    return SpawnException(
+        f"Kubernetes refused the server's pod or home volume: {str(detail)[:400]}; nothing runs. Tell a hub "
+        "admin if this persists.",
+        reason="kubernetes_refused",
+        status_code=500,
+    )
+
+
+def locked_down(site_hook: Callable | None) -> Callable:
+    """A ``modify_pod_hook``: the site's hook first, then the lock-down check of the pod it leaves."""
+
+    async def hook(spawner: WorkbenchPod, pod: Any) -> Any:
+        if site_hook is not None:
+            pod = await maybe_future(site_hook(spawner, pod))
+        spawner.check_lockdown(pod)
+        return pod
+
+    return hook
 
 
 # NetworkPolicies this process created or updated: one API call per hub process, not per spawn (a
@@ -51,57 +185,24 @@ class WorkbenchPod(KubernetesTraits):
         """,
     ).tag(config=True)
 
-    async def get_pod_manifest(self):
-        """KubeSpawner's pod plus GPUs, model selector, labels, home, datasets, deadline; lock-down checked."""
-        from kubernetes_asyncio.client import (
-            V1EnvVar,
-            V1EnvVarSource,
-            V1ObjectFieldSelector,
-            V1PersistentVolumeClaimVolumeSource,
-            V1Volume,
-            V1VolumeMount,
-        )
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # What the site configured, kept: each start sets the traits afresh from it (a pick is not sticky).
+        self._site_pod = {name: copy.deepcopy(getattr(self, name)) for name in SHAPED}
 
-        pod = await super().get_pod_manifest()
-        container = pod.spec.containers[0]
-        gpus = self.gpu_request.gpus
-        if gpus:
-            limits = gpu_limits(gpus, self.gpu_request.gpu_profile, self.gpu_resource_name)
-            container.resources.limits = {**(container.resources.limits or {}), **limits}
-        else:  # an image that says NVIDIA_VISIBLE_DEVICES=all must still see no GPU
-            container.env = [*(container.env or []), V1EnvVar(name="NVIDIA_VISIBLE_DEVICES", value="void")]
-        if self._model_selector:
-            pod.spec.node_selector = {**(pod.spec.node_selector or {}), **self._model_selector}
-        container.env = [
-            *(container.env or []),
-            V1EnvVar(
-                name="WORKBENCH_NODE_NAME",
-                value_from=V1EnvVarSource(field_ref=V1ObjectFieldSelector(field_path="spec.nodeName")),
-            ),
-            V1EnvVar(name="WORKBENCH_START_REPORT", value="1"),
-        ]
-        pod.metadata.labels = {
-            **(pod.metadata.labels or {}),
-            LABEL_HUB: self._hub,
-            LABEL_USER: safe_slug(self.user.name, max_length=48),
-            LABEL_SERVER: safe_slug(self.name or "default", max_length=48),
-        }
-        pod.metadata.annotations = {
-            **(pod.metadata.annotations or {}),
-            LABEL_USER: self.user.name,
-            LABEL_SERVER: self.name,
-        }
-        claim = V1PersistentVolumeClaimVolumeSource
-        volumes = [V1Volume(name="workbench-home", persistent_volume_claim=claim(claim_name=self.pvc_name))]
-        mounts = [V1VolumeMount(name="workbench-home", mount_path=self.home_mount_path)]
-        if self.datasets_claim:
-            datasets = claim(claim_name=self.datasets_claim, read_only=True)
-            volumes.append(V1Volume(name="workbench-datasets", persistent_volume_claim=datasets))
-            mounts.append(V1VolumeMount(name="workbench-datasets", mount_path="/datasets", read_only=True))
-        pod.spec.volumes = [*(pod.spec.volumes or []), *volumes]
-        container.volume_mounts = [*(container.volume_mounts or []), *mounts]
-        if self._session_limit:
-            pod.spec.active_deadline_seconds = int(self._session_limit * 3600)
+    def shape_pod(self, shape: PodShape) -> None:
+        """Set KubeSpawner's traits for this start (before ``KubeSpawner.start``): the site's values plus ours."""
+        for name, value in pod_traits(self._site_pod, shape).items():
+            setattr(self, name, value)
+        self.modify_pod_hook = locked_down(self._site_pod["modify_pod_hook"])
+
+    def get_env(self) -> dict[str, Any]:
+        env = super().get_env()
+        env.update(start_report_env(self.gpu_request.gpus))
+        return env
+
+    def check_lockdown(self, pod: Any) -> None:
+        """Refuse the final pod (every setting, profile and hook applied) if it weakens the lock-down."""
         problems = lockdown_problems(self.api.api_client.sanitize_for_serialization(pod), self.allowed_host_paths)
         if problems:
             raise SpawnException(
@@ -111,11 +212,6 @@ class WorkbenchPod(KubernetesTraits):
                 reason="lockdown",
                 status_code=500,
             )
-        return pod
-
-    def _session_hours(self) -> float | None:
-        """The session limit admission recorded for this start: it becomes the pod's activeDeadlineSeconds."""
-        return self.gpu_quota_book.session_limits().get((self.user.name, self.name))
 
     async def _nodes(self) -> list[cluster.KubeNode]:
         try:
@@ -157,4 +253,4 @@ class WorkbenchPod(KubernetesTraits):
                 self.pod_name, self.namespace, {"metadata": {"annotations": {key: value}}}
             )
         except Exception as exc:  # noqa: BLE001 - the lease is written; reconcile then deletes an unannotated pod
-            self.log.warning("Could not annotate the pod of %s with its GPUs: %s", self._log_name, exc)
+            self.log.warning("Could not annotate the pod of %s with its GPUs: %s", self.server_label, exc)

@@ -1,7 +1,9 @@
-"""The kubernetes backend: KubeSpawner 7.1 with the GPU policy; the scheduler places, we admit and record.
+"""The kubernetes backend: KubeSpawner with the GPU policy; the scheduler places, we admit and record.
 
-KubeSpawner does the pod work (its pod and event watches, the home PVC, the
-pod object from its settings); this class adds what GPU Workbench promises:
+KubeSpawner does the pod work through its public ``start()`` (its pod and
+event watches, the home PVC, the pod object from its traits, waiting for it
+to run); this class sets those traits for each start and adds what GPU
+Workbench promises:
 
 * **Admission is ours, placement is the scheduler's.** Quotas, models,
   reservations are decided before a pod exists, so a refusal creates
@@ -21,8 +23,8 @@ pod object from its settings); this class adds what GPU Workbench promises:
 * **The lock-down** (``manifests.py``): non-root, no capabilities, no
   privilege escalation, seccomp ``RuntimeDefault``, no service-account
   token, no host namespaces or hostPath volumes unless allow-listed; checked
-  on the final pod (``pod_objects.py``, which adds the workbench's part to
-  KubeSpawner's pod). A NetworkPolicy per hub keeps users apart where the
+  on the final pod in KubeSpawner's ``modify_pod_hook`` (``pod_objects.py``,
+  which shapes the pod through KubeSpawner's traits). A NetworkPolicy per hub keeps users apart where the
   network plugin enforces it.
 
 When the API server is away, the pod and event watches are kept (``watch.py``):
@@ -31,58 +33,50 @@ answers (a poll cuts the backoff short), and then wakes the policy's
 reconciler. Why a pod ended goes into the ledger in its words (``ending.py``):
 deleted outside the hub, evicted, out of memory, node failed.
 
-Reconcile rule after a hub restart: a lease whose pod is gone (or ending) is
-released. This hub's pods without a lease (label ``workbench.hub``) that
-were created before this hub process: an unscheduled one is deleted (no
-spawn waits for it); a running one whose ``workbench.gpus`` annotation names
-GPUs nobody holds is adopted, any other is deleted; a running CPU-only pod
-is left to JupyterHub. Pods of other hubs are never looked at.
+Reconcile rule after a hub restart (``pod_leases.py``, ``reconcile.py``): a
+lease whose pod is gone (or ending) is released. This hub's pods without a
+lease (label ``workbench.hub``) that were created before this hub process: an
+unscheduled one is deleted (no spawn waits for it); a running one whose
+``workbench.gpus`` annotation names GPUs nobody holds is adopted, any other is
+deleted; a running CPU-only pod is left to JupyterHub. Pods of other hubs are
+never looked at.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import time
 import weakref
-from typing import Any
 from urllib.parse import urlparse
 
 from jupyterhub.spawner import SpawnException
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
-from kubespawner.slugs import safe_slug
 from traitlets import Any as AnyTrait
 from traitlets import default
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.backends.kubernetes import cluster
+from workbench_spawner.backends.kubernetes import cluster, pod_leases
 from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, node_name, pod_ending
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory, slice_key
 from workbench_spawner.backends.kubernetes.manifests import (
     ANNOTATION_GPUS,
     CONTAINER_SECURITY,
-    LABEL_HUB,
     POD_SECURITY,
     model_selector,
 )
 from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
-from workbench_spawner.backends.kubernetes.pod_objects import WorkbenchPod
-from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
+from workbench_spawner.backends.kubernetes.pod_objects import PodShape, WorkbenchPod, start_refusal
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 from workbench_spawner.backends.kubernetes.watch import KeptWatches
+from workbench_spawner.form.options import SpawnRequest
 from workbench_spawner.ledger.endings import Ending
-from workbench_spawner.ledger.hub_identity import hub_id
-from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
-
-# Pods created after this are this process's own spawns, never orphans of an earlier hub.
-PROCESS_STARTED = time.time()
 
 
 class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawner):
@@ -159,8 +153,8 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._hub = ""
-        self._session_limit: float | None = None
-        self._model_selector: dict[str, str] = {}
+        self._home_in_state = False  # the home's name came from the saved state: kept (``_name_pod_and_home``)
+        self._pod_start: asyncio.Future | None = None  # KubeSpawner's start() of this spawn, while it runs
 
     # -- the cluster and the policy ------------------------------------------------------------
 
@@ -233,80 +227,91 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         for policy in list(_policies):
             policy.reconcile_soon()
 
-    def hub_id(self) -> str:
-        """This hub's id (blocking: the GPU database), in every name and label the hub gives the cluster."""
-        return hub_id(self.gpu_policy.store)
+    def _name_pod_and_home(self, hub: str) -> None:
+        """This server's pod ``wb-<hub>-<user_server>`` and home ``wb-<hub>-home-<user>``, by KubeSpawner's templates.
 
-    def _names(self, hub: str) -> None:
-        """This server's pod and home names under this hub's id (kept in state once the home exists)."""
+        The one reach into KubeSpawner's private API for names: it expands ``pod_name_template`` and
+        ``pvc_name_template`` only when a spawner is made (jupyterhub/kubespawner#761, "Some _template options
+        don't work...", open; #528), while this hub's id is known only at start (the GPU database). So the
+        templates are set here and expanded by its ``_expand_user_properties``, whose slugs KubeSpawner's own
+        names use. A home named in the server's saved state stays (``remember_pvc_name``): an earlier home is
+        never orphaned."""
         self._hub = hub
-        self.pod_name = f"wb-{hub}-{self._expand_user_properties('{user_server}')}"
-        if not self._pvc_exists:
-            self.pvc_name = f"wb-{hub}-home-{safe_slug(self.user.name, max_length=48)}"
+        self.pod_name_template = f"wb-{hub}-{{user_server}}"
+        self.pod_name = self._expand_user_properties(self.pod_name_template)
+        self.dns_name = self.dns_name_template.format(namespace=self.namespace, name=self.pod_name)
+        if not self._home_in_state:
+            self.pvc_name_template = f"wb-{hub}-home-{{username}}"
+            self.pvc_name = self._expand_user_properties(self.pvc_name_template)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def load_user_options(self):
         """Nothing: the workbench's form and admission own the options (``profile`` is a workbench
-        resource profile, already applied by ``size_server``); KubeSpawner's would look ``profile``
-        up in its own ``profile_list`` and refuse the spawn."""
+        resource profile, already applied by ``size_server``; the image by ``apply_gpu_request``);
+        KubeSpawner's would look ``profile`` up in its own ``profile_list`` and refuse the spawn."""
+
+    def apply_gpu_request(self, request: SpawnRequest) -> None:
+        """The image the user picked (one of ``offered_images``: admission checked it) runs; without a pick, the
+        configured ``image`` (a pick of an earlier start is not kept)."""
+        self.image = request.image or self._site_pod["image"]
 
     async def engine_submit(self) -> PodJob:
         self.workbench_report = None
-        hub, limit = await asyncio.to_thread(lambda: (self.hub_id(), self._session_hours()))
-        self._names(hub)
-        self._session_limit = limit
-        self._model_selector = {}
-        if self.gpu_request.gpu_model:
-            nodes = await self._nodes()
-            self._model_selector = model_selector(
-                self.gpu_request.gpu_model, [n.labels for n in nodes], self.gpu_product_label, self.gpu_memory_label
+        request = self.gpu_request
+        hub, hours = await asyncio.to_thread(lambda: (self.hub_id(), self.gpu_session_hours()))
+        self._name_pod_and_home(hub)
+        selector: dict[str, str] = {}
+        if request.gpu_model:
+            labels = [n.labels for n in await self._nodes()]
+            selector = model_selector(request.gpu_model, labels, self.gpu_product_label, self.gpu_memory_label)
+        self.shape_pod(
+            PodShape(
+                hub=hub,
+                user=self.user.name,
+                server=self.name,
+                pvc_name=self.pvc_name,
+                gpus=request.gpus,
+                gpu_profile=request.gpu_profile,
+                gpu_resource=self.gpu_resource_name,
+                model_selector=selector,
+                session_hours=hours,
+                image=request.image,
+                home_mount_path=self.home_mount_path,
+                datasets_claim=self.datasets_claim,
             )
+        )
         if self.workbench_network_policy:
             await self._ensure_network_policy(hub)
         key = f"{self.namespace}/{self.pod_name}"
-        # The watches first: the pod and its events are followed from them (KubeSpawner starts them
-        # again in _start, which is a no-op then).
-        await self._start_watching_pods()
-        await self._start_watching_events()
-        self._start_future = asyncio.ensure_future(KubeSpawner._start(self))
-        while key not in self.pod_reflector.pods:
-            if self._start_future.done():
-                self._raise_start_failure()
-                break
+        # KubeSpawner's own start: its watches, the home, the pod (checked in modify_pod_hook), then the wait for it
+        # to run, returning its URL (engine_connect). Meanwhile the placement follows the pod and its events
+        # through KubeSpawner's public pod_reflector and events.
+        self._pod_start = started = KubeSpawner.start(self)
+        while (self.pod_reflector is None or key not in self.pod_reflector.pods) and not started.done():
             await asyncio.sleep(0.1)
+        failure = None if not started.done() or started.cancelled() else started.exception()
+        if failure is not None:
+            raise start_refusal(failure) from None
         self._gpu_events.add(f"Created pod {self.pod_name} in namespace {self.namespace}", 5)
         submitted = time.monotonic()
 
-        def started() -> PodReport | None:
+        def report() -> PodReport | None:
             return PodReport.from_json(self.workbench_report)
 
         return PodJob(
             job_id=key,
-            started=started,
+            started=report,
             pod=lambda: self.pod_reflector.pods.get(key),
             events=lambda: self.events,
             submitted=submitted,
-            profile=(self.gpu_request.gpu_profile or "") if self.gpu_request.gpus else "",
+            profile=(request.gpu_profile or "") if request.gpus else "",
         )
 
-    def _raise_start_failure(self) -> None:
-        """KubeSpawner's start ended before the pod was seen: the API refused it, in its words."""
-        exc = self._start_future.exception()
-        if exc is None:
-            return
-        if isinstance(exc, SpawnException):
-            raise exc
-        detail = exc.body if isinstance(exc, ApiException) and exc.body else str(exc)
-        raise SpawnException(
-            f"Kubernetes refused the server's pod or home volume: {str(detail)[:400]}; nothing runs. Tell a hub "
-            "admin if this persists.",
-            reason="kubernetes_refused",
-            status_code=500,
-        ) from None
-
     async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
-        url = await self._start_future
+        if self._pod_start is None:
+            raise SpawnException("The server's pod was not started; nothing runs.", status_code=500)
+        url = await self._pod_start
         if lease:
             await self._annotate(ANNOTATION_GPUS, ",".join(lease.gpu_uuids))
         node = lease.node if lease else (PodReport.from_json(self.workbench_report) or PodReport("", ())).node
@@ -316,18 +321,18 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
 
     async def engine_cancel(self) -> None:
         """Delete this server's pod (by its name under this hub's id); never raises."""
-        future = getattr(self, "_start_future", None)
-        if future is not None and not future.done():
-            future.cancel()
+        started = self._pod_start
+        if started is not None and not started.done():
+            started.cancel()
         try:
             if not self._hub:
-                self._names(await asyncio.to_thread(self.hub_id))
+                self._name_pod_and_home(await asyncio.to_thread(self.hub_id))
             try:  # KubeSpawner's client, on the hub's loop: no thread, no new connection per spawn
                 await asyncio.wait_for(
                     self.api.delete_namespaced_pod(self.pod_name, self.namespace, grace_period_seconds=0),
                     self.k8s_api_request_timeout,
                 )
-                self.log.info("Deleted pod %s/%s of %s", self.namespace, self.pod_name, self._log_name)
+                self.log.info("Deleted pod %s/%s of %s", self.namespace, self.pod_name, self.server_label)
             except ApiException as exc:
                 if exc.status != 404:  # nothing left of an earlier start: the usual case
                     raise
@@ -337,13 +342,13 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
                     break
                 await asyncio.sleep(0.1)
         except Exception as exc:  # noqa: BLE001 - cancel never raises (the contract)
-            self.log.warning("Could not delete the pod of %s: %s", self._log_name, exc)
+            self.log.warning("Could not delete the pod of %s: %s", self.server_label, exc)
 
     async def stop(self, now=False):
         """The mixin's stop (which deletes the pod and then releases the lease with who asked), with the pod marked
         as the hub's own deletion meanwhile: the reconciler must not take it for one deleted outside the hub."""
         key = f"{self.namespace}/{self.pod_name}"
-        _hub_deleting.add(key)
+        pod_leases.hub_deleting.add(key)
         seen = self.pod_reflector.pods.get(key) if self.pod_reflector is not None else None
         try:
             await super().stop(now=now)
@@ -352,11 +357,13 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
             # released its lease and JupyterHub counts the server stopped: it is deleted once the API answers.
             uid = ((seen or self.last_pod() or {}).get("metadata") or {}).get("uid")
             if uid:
-                _left_pods[key] = uid
-                self.log.warning("Pod %s of %s is deleted as soon as the Kubernetes API answers", key, self._log_name)
+                pod_leases.left_pods[key] = uid
+                self.log.warning(
+                    "Pod %s of %s is deleted as soon as the Kubernetes API answers", key, self.server_label
+                )
             raise
         finally:
-            _hub_deleting.discard(key)  # the lease is released by now (the mixin's stop, in it)
+            pod_leases.hub_deleting.discard(key)  # the lease is released by now (the mixin's stop, in it)
 
     # -- why a pod ended -------------------------------------------------------------------------
 
@@ -373,16 +380,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
 
     def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """Why the pod of ``lease`` is gone, for the reconciler (blocking): from the pod as the API lists it now."""
-        if not lease.ref.startswith("k8s:") or not lease.ref[4:].partition("/")[2]:
-            return None
-        try:
-            pod = self._pod_of(lease)
-        except cluster.KubernetesUnavailable:
-            return None
-        node, condition = NodeState.UNKNOWN, ""
-        if needs_node(pod, pod is None):
-            node, condition = cluster.node_condition(node_name(pod) or lease.node)
-        return pod_ending(pod, pod is None, node, condition)
+        return pod_leases.lease_gone_reason(lease, self.hub_id())
 
     # -- after a hub restart -------------------------------------------------------------------
 
@@ -390,50 +388,12 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         return f"k8s:{self.namespace}/{self.pod_name}" if self._hub else ""
 
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
-        """Whether the lease's pod runs (blocking). None, unknown, while the API server does not answer and
-        while the hub itself is deleting the pod (its stop records why it ended)."""
-        if not lease.ref.startswith("k8s:"):
-            return False
-        if lease.ref[4:] in _hub_deleting:
-            return None
-        try:
-            pod = self._pod_of(lease)
-        except cluster.KubernetesUnavailable:
-            return None
-        return bool(pod and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") == "Running")
-
-    def _pod_of(self, lease: Lease) -> dict | None:
-        """The pod a ``k8s:<namespace>/<name>`` lease names, as the API lists it now (None: no such pod);
-        blocking, and KubernetesUnavailable when the API server cannot say."""
-        namespace, _, name = lease.ref[4:].partition("/")
-        pods = recent_pods(namespace, f"{LABEL_HUB}={self.hub_id()}")
-        return next((p for p in pods if p["metadata"]["name"] == name), None)
+        """Whether the lease's pod runs (blocking); None while the API server does not answer (``pod_leases``)."""
+        return pod_leases.lease_alive(lease, self.hub_id())
 
     def gpu_reconcile_orphans(self) -> None:
-        for line in delete_left_pods(self.log):
-            self.gpu_policy.record_fix(SERVER_STOPPED, line)
-        store = self.gpu_policy.store
-        hub = hub_id(store)
-        try:
-            pods = cluster.list_pods(self.namespace, f"{LABEL_HUB}={hub}")
-        except cluster.KubernetesUnavailable as exc:
-            self.log.warning("Cannot list pods to reconcile GPU leases: %s", exc)
-            return
-
-        def delete(name: str) -> None:
-            try:
-                cluster.delete_pod(self.namespace, name, 0)
-            except cluster.KubernetesUnavailable as exc:
-                self.log.warning("Could not delete pod %s: %s", name, exc)
-
-        shares = self.gpu_policy.shares()  # an adopted slice is charged by its share, as when it started
-
-        def adopt(*args) -> bool:
-            return store.adopt(*args, shares=shares)
-
-        actions = reconcile_pods(pods, store.leases(), adopt, delete, PROCESS_STARTED)
-        fixes = {"adopted": SERVER_ADOPTED, "deleted": SERVER_STOPPED}  # counted on /metrics; each was logged
-        self.gpu_policy.count_fixes([action.what for action in actions], fixes)
+        """This hub's pods without a lease, adopted or deleted (blocking; ``pod_leases``, ``reconcile.py``)."""
+        pod_leases.reconcile_orphans(self.gpu_policy, self.namespace, self.hub_id(), self.log)
 
     def get_state(self):
         state = super().get_state()
@@ -444,6 +404,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
     def load_state(self, state):
         super().load_state(state)
         self._hub = state.get("workbench_hub", "")
+        self._home_in_state = bool(state.get("pvc_name")) and self.remember_pvc_name
 
     def clear_state(self):
         super().clear_state()
@@ -472,38 +433,3 @@ def _backend_traits(config) -> KubernetesTraits:
 _inventories: dict[tuple[str, str], DeviceInventory] = {}
 # Every Kubernetes policy of this process, woken when a watch comes back (``watch_recovered``).
 _policies: weakref.WeakSet[GPUPolicy] = weakref.WeakSet()
-# "namespace/pod" of the pods the hub is deleting now (a stop): their disappearance is no outside deletion.
-_hub_deleting: set[str] = set()
-# "namespace/pod" -> uid of pods whose stop failed (the API server was away): deleted by the next reconcile pass.
-_left_pods: dict[str, str] = {}
-
-
-def delete_left_pods(log: logging.Logger) -> list[str]:
-    """Delete the pods whose stop failed while the API server was away (blocking; the reconciler's pass);
-    returns one line for each pod deleted (a fix to count and log).
-
-    By uid: a new pod of the same server (same name) started since is never touched. One that is gone
-    already, or replaced, is forgotten; one the API server still does not answer for is tried next pass."""
-    done = []
-    for key, uid in list(_left_pods.items()):
-        namespace, _, name = key.partition("/")
-        try:
-            cluster.delete_pod(namespace, name, 0, uid=uid)
-        except cluster.KubernetesUnavailable as exc:
-            log.warning("Pod %s, whose stop failed, is still to be deleted: %s", key, exc)
-            continue
-        _left_pods.pop(key, None)
-        done.append(f"reconcile: deleted pod {key}, whose stop failed while the Kubernetes API did not answer")
-    return done
-
-
-_pods_cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
-
-
-def recent_pods(namespace: str, selector: str, max_age: float = 2.0) -> list[dict[str, Any]]:
-    """This hub's pods, read at most every ``max_age`` s (reconcile asks once per lease)."""
-    at, pods = _pods_cache.get((namespace, selector), (0.0, []))
-    if time.monotonic() - at > max_age:
-        pods = cluster.list_pods(namespace, selector)
-        _pods_cache[(namespace, selector)] = (time.monotonic(), pods)
-    return pods
