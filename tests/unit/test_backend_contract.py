@@ -1,4 +1,4 @@
-"""The backend contract, checked on the classes: members, modes, entry points, old import paths.
+"""The backend contract, checked on the classes: members, modes, entry points, and the image a user picks.
 
 Every backend's class is held to the declared contract here (every member
 of its mode implemented, no private life-cycle method or ``start``
@@ -7,7 +7,8 @@ Behaviour (start pinned or placed, stop and poll release, restore after a
 hub restart, reconcile both ways, queue and refusal words) is the
 conformance suite, ``tests/conformance/test_conformance.py``: the same
 scenarios on the two reference implementations (``fake_backends.py``) and
-on local, docker and slurm against their real runtimes.
+on local, docker, slurm and kubernetes against their real runtimes (the
+Kubernetes pod's picked image on the real cluster: tests/kubernetes).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ import importlib
 from types import SimpleNamespace
 
 import pytest
+from traitlets.config import Config
 
 from tests.unit.fake_backends import FakeEngineSpawner, FakeHostSpawner
 from workbench_spawner.backend import installed_backends
-from workbench_spawner.contract import BackendContractError, contract_members, contract_problems
+from workbench_spawner.contract import BackendContract, BackendContractError, contract_members, contract_problems
+from workbench_spawner.form.options import SpawnRequest
 from workbench_spawner.mixin import GPUSpawnerMixin
 
 FAKES = [FakeHostSpawner, FakeEngineSpawner]
@@ -27,7 +30,11 @@ REAL = {
     "gpu-local": "workbench_spawner.backends.local.spawner:LocalGPUSpawner",
     "gpu-docker": "workbench_spawner.backends.docker.spawner:DockerGPUSpawner",
     "gpu-slurm": "workbench_spawner.backends.slurm.spawner:SlurmGPUSpawner",
+    "gpu-kubernetes": "workbench_spawner.backends.kubernetes.spawner:KubernetesGPUSpawner",
 }
+# The container backends: their configuration offers WORKBENCH_IMAGES on the spawn form, so a pick must reach
+# the container or pod (``apply_gpu_request``).
+OFFERS_IMAGES = ("gpu-docker", "gpu-kubernetes")
 
 
 def load(path: str) -> type:
@@ -98,3 +105,47 @@ def test_a_sites_subclass_keeps_the_backend_and_its_features():
     base = load(REAL["gpu-slurm"])
     site = type("SiteSlurmSpawner", (base,), {})
     assert contract_problems(site) == [] and site.workbench_backend == "slurm"
+
+
+def test_every_installed_backend_is_held_to_the_contract_here():
+    assert {extension.spawner for extension in installed_backends().values()} == set(REAL)
+
+
+# -- the image a user picks ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("entry", OFFERS_IMAGES)
+def test_each_backend_that_offers_images_acts_on_the_pick(entry):
+    cls = load(REAL[entry])
+    assert cls.apply_gpu_request is not BackendContract.apply_gpu_request, f"{entry} would drop the picked image"
+
+
+@pytest.fixture
+def make_spawner(monkeypatch, tmp_path):
+    """make(entry, config) -> that backend's spawner as the hub makes it, with no runtime behind it."""
+    import kubespawner.spawner
+
+    monkeypatch.setattr(kubespawner.spawner, "load_config", lambda **kwargs: None)  # no kubeconfig needed
+
+    def make(entry: str, config: Config):
+        return load(REAL[entry])(
+            config=config,
+            user=SimpleNamespace(name="ann", id=3, url="/user/ann/", escaped_name="ann"),
+            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/", url="/hub/"),
+            orm_spawner=SimpleNamespace(name="", server=None),
+            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+        )
+
+    return make
+
+
+@pytest.mark.parametrize("entry", OFFERS_IMAGES)
+async def test_an_image_pick_is_applied_by_each_backend_that_offers_images(entry, make_spawner):
+    config = Config()
+    section = load(REAL[entry]).__name__
+    config[section].image = "site/singleuser:1"
+    config[section].offered_images = ["site/singleuser:1", "site/singleuser:2"]
+    spawner = make_spawner(entry, config)
+    assert spawner.image == "site/singleuser:1"
+    spawner.apply_gpu_request(SpawnRequest(gpus=0, image="site/singleuser:2"))
+    assert spawner.image == "site/singleuser:2", f"{entry} runs the default image although the user picked another"
