@@ -23,7 +23,7 @@ import requests
 
 from tests.conftest import wait_until
 from tests.slurm.conftest import USERS, job_environment, job_record, jobs_of, squeue, stop
-from workbench_spawner.backends.slurm.jobs import parse_gres
+from workbench_spawner.backends.slurm.records import parse_gres
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 

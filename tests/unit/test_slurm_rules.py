@@ -10,22 +10,18 @@ from traitlets.config import Config
 from workbench_hub.configurer import ConfigError
 from workbench_spawner.backends.slurm.config import update_slurm
 from workbench_spawner.backends.slurm.inventory import cluster_inventory
-from workbench_spawner.backends.slurm.jobs import (
-    NodeReport,
+from workbench_spawner.backends.slurm.job_states import is_hopeless, pending_message, queue_position
+from workbench_spawner.backends.slurm.node_report import NodeReport
+from workbench_spawner.backends.slurm.records import (
     SlurmJob,
     SlurmNode,
-    is_hopeless,
-    job_tag,
     parse_gres,
     parse_index_list,
     parse_sinfo_json,
     parse_squeue_json,
-    parse_tag,
-    parse_tag_with_hub,
-    pending_message,
-    queue_position,
 )
 from workbench_spawner.backends.slurm.sbatch import gres_for, sbatch_failure, sbatch_options, time_limit
+from workbench_spawner.backends.slurm.tags import job_tag, parse_tag, parse_tag_with_hub
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,9 @@ import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, resolve
-from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, parse_sinfo_json, parse_squeue_json
+from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
+from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, parse_sinfo_json, parse_squeue_json
 from workbench_spawner.backends.slurm.sbatch import gres_for, sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.singleuser import node_report, slice_environment
 from workbench_spawner.ledger.store import AllocationStore

@@ -1,6 +1,6 @@
 """Why a Slurm job that ran a server ended, as the student's sentence (``ledger.endings``).
 
-``jobs.end_reason`` maps Slurm's final job state to the ledger's word
+``job_states.end_reason`` maps Slurm's final job state to the ledger's word
 (NODE_FAIL is "node failed", a CANCELLED job this hub did not cancel "job
 cancelled outside the hub"); ``job_ending`` adds what the student needs to
 read: the node's name and why Slurm marked it down ("Not responding"), the
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workbench_spawner.backends.slurm.jobs import end_reason
+from workbench_spawner.backends.slurm.job_states import end_reason
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending
 

@@ -15,7 +15,8 @@ from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap
-from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, job_tag, note_hub_cancel
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, note_hub_cancel
+from workbench_spawner.backends.slurm.tags import job_tag
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 

@@ -13,7 +13,7 @@ import math
 import re
 import shlex
 
-from workbench_spawner.backends.slurm.jobs import job_tag
+from workbench_spawner.backends.slurm.tags import job_tag
 
 
 def memory_megabytes(limit: int | float | None) -> int | None:

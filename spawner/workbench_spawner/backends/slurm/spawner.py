@@ -18,8 +18,8 @@ The job's start report reaches the hub through our handler, not
 batchspawner's (``backends/slurm/report_api.py``).
 
 The job's script is batchspawner's own: its ``batch_script`` template
-(``BATCH_SCRIPT``) formatted with its ``req_*`` traits, two of them computed
-here (``req_sbatch_lines``, ``req_env_bin``).
+formatted with its ``req_*`` traits, two of them computed for each start
+(``backends/slurm/batch_script.py``).
 
 What this class changes in batchspawner 1.3.0 for JupyterHub 6 (see README):
 the start is ours (the stock loop has no queue timeout and never cancels a
@@ -36,20 +36,19 @@ from __future__ import annotations
 import asyncio
 import os
 import pwd
-import shlex
 import time
 from dataclasses import asdict, replace
 
 from jupyterhub.spawner import SpawnException
-from traitlets import Dict, List, Unicode, default
+from traitlets import Dict, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.backends.slurm.batch_script import BATCH_SCRIPT, SlurmBatchScript, refuse_computed_options
 from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
 from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, SlurmPolicy
 from workbench_spawner.backends.slurm.jobs import (
-    NodeReport,
     SlurmUnavailable,
     cancel,
     cancelled_by_hub,
@@ -57,10 +56,10 @@ from workbench_spawner.backends.slurm.jobs import (
     list_nodes,
     partitions,
 )
+from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
-from workbench_spawner.backends.slurm.sbatch import sbatch_failure, sbatch_options, whole_gpu_type
-from workbench_spawner.backends.slurm.traits import SlurmTraits
+from workbench_spawner.backends.slurm.sbatch import sbatch_failure
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.hub_identity import hub_id
@@ -73,27 +72,8 @@ from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.gpu_hours import gpu_hours_used
 
-BATCH_SCRIPT = """#!/bin/bash
-{% for opt in sbatch_lines %}#SBATCH {{opt}}
-{% endfor %}#SBATCH --output={{homedir}}/workbench-slurm-%j.log
-#SBATCH --chdir={{homedir}}
-#SBATCH --export={{keepvars}}
-#SBATCH --get-user-env=L
-set -euo pipefail
-# --get-user-env=L ran the user's login shell, which reset PATH: the shared environment goes first again.
-export PATH={{env_bin}}:$PATH
-trap 'echo SIGTERM received' TERM
-{{prologue}}
-{{cmd}}
-{{epilogue}}
-"""
 
-
-# The batch script's variables the hub computes (``req_sbatch_lines``, ``req_env_bin``), never a start option's.
-COMPUTED_SCRIPT_VARIABLES = frozenset({"sbatch_lines", "env_bin"})
-
-
-class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
+class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript, SlurmJobSpawner):
     """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
 
     workbench_backend = "slurm"
@@ -110,29 +90,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
 
     @default("batch_script")
     def _default_batch_script(self):
-        return BATCH_SCRIPT
-
-    req_sbatch_lines = List(
-        Unicode(),
-        help="""
-        Set for each start (never configure it): the job's sbatch options,
-        one ``#SBATCH`` line each in ``batch_script`` (``sbatch_lines``).
-        Computed from the admitted request, the session limit and the
-        ``slurm_*`` settings (``sbatch_options``).
-        """,
-    )
-
-    req_env_bin = Unicode(
-        help="""
-        Never configure it: the shell-quoted ``bin`` folder of
-        ``slurm_env_prefix``, which ``batch_script`` puts first on PATH
-        again after ``--get-user-env=L`` (``env_bin``).
-        """,
-    )
-
-    @default("req_env_bin")
-    def _default_req_env_bin(self):
-        return shlex.quote(os.path.join(self.slurm_env_prefix, "bin"))
+        return BATCH_SCRIPT  # its variables: batch_script.py
 
     @default("batchspawner_singleuser_cmd")
     def _default_singleuser_cmd(self):
@@ -193,21 +151,10 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
     # -- options ---------------------------------------------------------------------------------
 
     async def check_options(self, options: dict) -> dict:
-        """The user's Unix account, and the ``partition`` option (checked against the allowed ones).
-
-        batchspawner lays the start's options over the script's variables
-        (``submit_batch_script``), so an option named like one the hub
-        computes (``sbatch_lines``: GRES, time limit, tag) is refused: it
-        would replace what admission decided."""
+        """The user's Unix account, and the ``partition`` option (checked against the allowed ones); no
+        option named like a variable the hub computes for the batch script (``refuse_computed_options``)."""
         self.slurm_partition_choice = ""  # a partition picked for one start does not stick to the next
-        taken = sorted(name for name in options if name in COMPUTED_SCRIPT_VARIABLES)
-        if taken:
-            raise SpawnException(
-                f"Cannot start the server: {', '.join(map(repr, taken))} is set by the hub for every Slurm job and "
-                "cannot be a start option; leave it out.",
-                reason="bad_options",
-                status_code=400,
-            )
+        refuse_computed_options(options)
         await asyncio.to_thread(self._check_account)
         choice = options.pop("partition", None)
         if choice is not None:
@@ -255,39 +202,6 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmTraits, SlurmJobSpawner):
                 status_code=400,
             )
         return name
-
-    def sbatch_lines(self, session_hours: float | None, hub: str = "", whole_type: str | None = None) -> list[str]:
-        """The job's sbatch options; ``whole_type``: the GRES type of a whole-GPU request (``whole_gpu_type``)."""
-        request = self.gpu_request
-        return sbatch_options(
-            user=self.user.name,
-            server=self.name,
-            gpus=request.gpus,
-            model=request.gpu_model,
-            profile=request.gpu_profile,
-            whole_type=whole_type,
-            cpus=self.cpu_limit or 1,
-            mem_bytes=self.mem_limit,
-            session_hours=session_hours,
-            partition=self.slurm_partition_choice or self.slurm_partition,
-            account=self.slurm_account,
-            qos=self.slurm_qos,
-            extra=self.slurm_extra_options,
-            hub=hub,
-        )
-
-    async def submit_batch_script(self) -> str:
-        """batchspawner's submit, with this start's ``#SBATCH`` lines computed first.
-
-        batchspawner formats ``batch_script`` with every ``req_*`` trait under
-        its name without the prefix (``get_req_subvars``): the template's
-        ``sbatch_lines`` is ``req_sbatch_lines``, set here because it depends
-        on the start (admission's session limit, the request, the hub's id)."""
-        hours, hub, whole = await asyncio.to_thread(
-            lambda: (self.gpu_session_hours(), self.hub_id(), whole_gpu_type(self.engine_inventory()))
-        )
-        self.req_sbatch_lines = self.sbatch_lines(hours, hub, whole)
-        return await super().submit_batch_script()
 
     # -- lifecycle -----------------------------------------------------------------------------
 

@@ -1,0 +1,129 @@
+"""What a job's state means to the person waiting for it: a pending job's reason and place, an ended job's why.
+
+Slurm's words (``Resources``, ``ReqNodeNotAvail``, ``NODE_FAIL``) are for
+admins; the spawn page and the ledger say them in a student's words. Pure
+rules over ``SlurmJob`` records (``records.py``): the placement's wait
+sentence, whether waiting can help at all, and the ledger's reason for an
+ended job (``ending.py`` adds the detail).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+
+from workbench_spawner.backends.slurm.records import SlurmJob
+from workbench_spawner.ledger import reasons
+
+# Slurm's pending reasons, in words a student understands. {what} is the request.
+REASON_WORDS = {
+    "Resources": "all {total} that fit are in use",
+    "Priority": "jobs with higher priority are ahead",
+    "Dependency": "it waits for another job",
+    "QOSMaxGRESPerUser": "your Slurm QOS allows no more GPUs at once",
+    "QOSGrpGRES": "your group's Slurm QOS has no GPUs left",
+    "AssocGrpGRES": "your Slurm account has no GPUs left",
+    "ReqNodeNotAvail": "the nodes it needs are unavailable (down, drained or reserved)",
+    "PartitionDown": "the partition is down",
+    "PartitionNodeLimit": "the partition cannot fit it",
+    "BeginTime": "its start time has not come",
+    "JobHeldAdmin": "an administrator holds it",
+    "JobHeldUser": "it is held",
+    "Reservation": "it waits for a reservation",
+    "None": "Slurm has not looked at it yet",
+}
+
+# Pending reasons that no amount of waiting fixes: the spawn is cancelled at once. Not
+# ReqNodeNotAvail: a drained or rebooting node comes back, so that job waits out the queue timeout.
+HOPELESS_REASONS = (
+    "PartitionConfig",
+    "BadConstraints",
+    "InvalidQOS",
+    "InvalidAccount",
+    "QOSMaxWallDurationPerJobLimit",
+    "PartitionTimeLimit",
+)
+
+
+def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
+    """How many pending GPU jobs in the same partition Slurm would start before ``job_id``."""
+    mine = next((j for j in jobs if j.job_id == job_id), None)
+    if mine is None:
+        return 0
+    ahead = [
+        j
+        for j in jobs
+        if j.pending
+        and j.job_id != job_id
+        and j.gpus_requested
+        and j.partition == mine.partition
+        and (j.priority, -j.submit_time, -int(j.job_id or 0))
+        > (mine.priority, -mine.submit_time, -int(mine.job_id or 0))
+    ]
+    return len(ahead)
+
+
+def pending_message(
+    job: SlurmJob,
+    ahead: int,
+    total_gpus: int,
+    what: str,
+    noun: str = "GPUs",
+    unavailable: Mapping[str, tuple[int, str]] | None = None,
+) -> str:
+    """The progress line for a pending job: Slurm's reason in words, and the position.
+
+    ``total_gpus`` counts what the request asks for on nodes that take jobs now, ``noun`` names it:
+    "GPUs", or "1g.18gb slices" for a slice request (a whole GPU does not fit a slice request, nor a
+    slice a whole one). ``unavailable``: node -> (how many of those are on it, why it takes no job),
+    for nodes that are down, drained or not responding; said after the position, so "all 2 GPUs that
+    fit are in use" is not read as a cluster of 2."""
+    # "ReqNodeNotAvail, UnavailableNodes:n2" is a ReqNodeNotAvail: the words go by the first one.
+    key = re.split(r"[ ,:(]", job.reason or "", maxsplit=1)[0]
+    words = REASON_WORDS.get(key, "Slurm keeps it pending").format(total=f"{total_gpus} {noun}")
+    position = f"{ahead} job{'s' if ahead != 1 else ''} ahead" if ahead else "next in line"
+    text = f"Waiting for {what}: {words} (Slurm: {job.reason or 'pending'}), {position}"
+    return text + unavailable_note(unavailable or {}, noun)
+
+
+def unavailable_note(unavailable: Mapping[str, tuple[int, str]], noun: str = "GPUs") -> str:
+    """ "; 2 more GPUs are on wbnode1, which takes no jobs now: down, not responding", or "" (none)."""
+    counted = {node: (n, why) for node, (n, why) in unavailable.items() if n > 0}
+    if not counted:
+        return ""
+    total = sum(n for n, _why in counted.values())
+    what = f"{total} more {noun[:-1] if total == 1 and noun.endswith('s') else noun} {'is' if total == 1 else 'are'}"
+    if len(counted) == 1:
+        ((node, (_n, why)),) = counted.items()
+        return f"; {what} on {node}, which takes no jobs now: {why}"
+    where = "; ".join(f"{node} {why}" for node, (_n, why) in sorted(counted.items()))
+    return f"; {what} on nodes that take no jobs now: {where}"
+
+
+def is_hopeless(reason: str) -> bool:
+    return any(reason.startswith(r) for r in HOPELESS_REASONS)
+
+
+# A job's final state (squeue's %T, ``job_state``) -> why its server ended, in the ledger's words. Not
+# here, so None (the server exited): COMPLETED, FAILED (the server's process ended with an error),
+# TIMEOUT and DEADLINE (its time limit, the session length the hub set, ran out).
+_END_REASONS = {
+    "NODE_FAIL": reasons.NODE_FAILED,
+    "BOOT_FAIL": reasons.NODE_FAILED,  # the node failed to boot for the job: a node failure
+    "OUT_OF_MEMORY": reasons.OUT_OF_MEMORY,
+    "PREEMPTED": reasons.EVICTED,
+    "CANCELLED": reasons.JOB_CANCELLED,
+}
+
+
+def end_reason(state: str, hub_cancelled: bool = False) -> str | None:
+    """Why a job that left the running states ended, in the ledger's words (``ledger.reasons``); None
+    where Slurm's state says nothing beyond "the server exited".
+
+    ``hub_cancelled``: this hub cancelled the job (``cancelled_by_hub``): a CANCELLED job was then
+    stopped through the hub, never "cancelled outside the hub". ``state`` may carry more words
+    (``CANCELLED by 0``, ``NODE_FAIL wbnode1``): the first one counts."""
+    word = (state or "").strip().split(" ", 1)[0].upper()
+    if word == "CANCELLED" and hub_cancelled:
+        return reasons.STOPPED
+    return _END_REASONS.get(word)
