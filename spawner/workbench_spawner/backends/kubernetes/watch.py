@@ -220,7 +220,7 @@ class KeptWatches:
         """KubeSpawner's shared reflector for ``kind``, kept watching (``KeptWatch``); its one private hook we use.
 
         Upstream KubeSpawner has no public hook for this (jupyterhub/kubespawner#938, "Don't reuse a
-        reflector that stopped watching", open): the reflector classes are fixed inside
+        reflector that stopped watching", an open pull request): the reflector classes are fixed inside
         ``_start_watching_pods``/``_start_watching_events``, ``_start_reflector`` passes no ``on_failure``
         in one-namespace mode, and its fast path hands out a reflector whose watch has ended. So this
         override (i) has KubeSpawner build our ``kept`` subclass of its reflector class, (ii) restarts a
