@@ -46,6 +46,7 @@ from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.start_line import LineFull, Slot, SlotTimeout, StartLine
@@ -55,7 +56,6 @@ from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
-from workbench_spawner.rules.quota import QuotaBook
 from workbench_spawner.rules.reservations import gpus_text
 from workbench_spawner.ssh_forwarding import SSHForwarding
 from workbench_spawner.stop_requester import requested_by
@@ -223,7 +223,7 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
 
     @property
     def server_label(self) -> str:
-        """"user" or "user:server", as log lines name this server (JupyterHub's own ``_log_name`` is private)."""
+        """ "user" or "user:server", as log lines name this server (JupyterHub's own ``_log_name`` is private)."""
         return f"{self.user.name}:{self.name}" if self.name else self.user.name
 
     def gpu_session_hours(self) -> float | None:

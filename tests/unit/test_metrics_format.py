@@ -15,9 +15,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workbench_hub.service.metrics import COUNTERS, HELP, _held_outside, render_metrics
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.reconcile_book import ReconcileBook
 from workbench_spawner.ledger.store import AllocationStore, utcnow
-from workbench_spawner.rules.quota import Quota, QuotaBook
+from workbench_spawner.rules.quota import Quota
 
 GIB = 1 << 30
 ALICE = 'al"ice'  # a quote in a user name

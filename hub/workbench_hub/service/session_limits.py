@@ -27,8 +27,8 @@ import asyncio
 import logging
 from datetime import datetime, timedelta
 
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import utcnow
-from workbench_spawner.rules.quota import QuotaBook
 
 from .hub_client import HubClient
 from .stopping import Stopper

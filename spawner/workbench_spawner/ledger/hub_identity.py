@@ -15,8 +15,8 @@ from __future__ import annotations
 import json
 import secrets
 
+from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, utcnow
-from workbench_spawner.policy.settings import SettingsRow
 
 HUB_ID_KEY = "hub-id"
 

@@ -51,8 +51,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, simulated_spec_text
+from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, LeaseRow, lock_leases, utcnow
-from workbench_spawner.policy.settings import PolicySettings, SettingsRow, discover_inventory
+from workbench_spawner.policy.settings import PolicySettings, discover_inventory
 
 if TYPE_CHECKING:
     from workbench_spawner.policy.gpu_policy import GPUPolicy

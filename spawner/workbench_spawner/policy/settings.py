@@ -22,30 +22,20 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, String, Text, select
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy import select
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 from workbench_devices.inventory import counted
 from workbench_devices.mig import is_profile_name, profiles_of
 from workbench_spawner.config_sections import quietly
-from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+from workbench_spawner.ledger.settings_table import SettingsRow
+from workbench_spawner.ledger.store import AllocationStore, _aware, utcnow
 from workbench_spawner.policy.spawn_limits import SpawnLimits, derive_spawn_limits
 from workbench_spawner.rules.quota import Quota
 
 log = logging.getLogger("workbench.policy")
 
 POLICY_KEY = "policy"
-
-
-class SettingsRow(Base):
-    """One JSON document per key; the hub writes, the service reads."""
-
-    __tablename__ = "workbench_settings"
-
-    key: Mapped[str] = mapped_column(String(64), primary_key=True)
-    value: Mapped[str] = mapped_column(Text)
-    updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
 @dataclass(frozen=True)

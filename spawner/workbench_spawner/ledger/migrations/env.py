@@ -3,16 +3,10 @@
 from alembic import context
 from sqlalchemy import engine_from_config, pool
 
-from workbench_spawner.ledger import drain_book as _drain_book  # noqa: F401  (drained GPUs: 0005)
-from workbench_spawner.ledger import idle_book as _idle_book  # noqa: F401  (idle tracks, exemptions: 0003)
-from workbench_spawner.ledger import notices as _notices  # noqa: F401  (notices: 0003)
-from workbench_spawner.ledger import reservation_book as _reservation_book  # noqa: F401  (reservations: 0004)
-from workbench_spawner.ledger.store import Base
-from workbench_spawner.policy import settings as _settings  # noqa: F401  (registers the settings table)
-from workbench_spawner.rules import quota as _quota  # noqa: F401  (registers the quota tables)
+from workbench_spawner.ledger.tables import metadata  # every table of the GPU database, registered
 
 config = context.config
-target_metadata = Base.metadata
+target_metadata = metadata
 
 
 def run_migrations_offline() -> None:
