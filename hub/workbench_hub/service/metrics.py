@@ -20,10 +20,9 @@ owns the format: HELP/TYPE lines, label-value escaping (quotes, backslashes,
 newlines in user and model names) and value formatting (Go-style floats:
 ``3.0``, ``8.589934592e+10``, full precision). A metric with no sample is
 not written at all (``generate_latest`` would print its HELP/TYPE lines).
-The one thing put back afterwards is the order of the labels in a series:
-``generate_latest`` sorts label names, and the series keep dcgm-exporter's
-order (``gpu``, ``UUID``, ``modelName``, ``Hostname``, ``user``); Prometheus
-itself ignores the order.
+The text is served as the library writes it: ``generate_latest`` sorts a
+series' label names, which Prometheus (and every parser) ignores, so the
+labels are dcgm-exporter's by name, not by position.
 
 Whether another job holds a GPU outside the workbench is read from any
 backend's annotation of the GPU row (a dict-valued entry with the key
@@ -32,7 +31,6 @@ backend's annotation of the GPU row (a dict-valued entry with the key
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Iterator, Mapping
 
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
@@ -92,8 +90,6 @@ class FleetCollector:
     def __init__(self, fleet, users: Iterable[Mapping] | None = None):
         self.fleet = fleet
         self.users = None if users is None else list(users)
-        #: The label names of each family written, in their order (filled by ``collect``).
-        self.label_order: dict[str, tuple[str, ...]] = {}
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         fleet = self.fleet
@@ -146,10 +142,7 @@ class FleetCollector:
         for name in sorted(effective):
             add("workbench_user_quota_max_gpus", [name], effective[name].quota.max_gpus)
         # generate_latest writes HELP/TYPE even for a family without samples: leave those out.
-        for name, family in families.items():
-            if family.samples:
-                self.label_order[name] = labels_of.get(name, gpu_labels)
-                yield family
+        yield from (family for family in families.values() if family.samples)
         # The hub's reconciler counts its fixes in the database (reconcile_book.py): every kind, 0 included.
         fixes = CounterMetricFamily(
             "workbench_reconcile_fixes", COUNTERS["workbench_reconcile_fixes"], labels=("kind",)
@@ -157,25 +150,6 @@ class FleetCollector:
         for kind, count in sorted(ReconcileBook(fleet.store).counts().items()):
             fixes.add_metric([kind], float(count))
         yield fixes
-
-
-# One label in generate_latest's output: name="value", the value escaped (no bare quote in it).
-_LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
-
-
-def _in_declared_order(text: str, order: Mapping[str, tuple[str, ...]]) -> str:
-    """Put each series' labels back in its family's order (``generate_latest`` sorts them by name)."""
-    lines = []
-    # split("\n"), not splitlines(): a label value may hold other line breaks (\x0c, \u2028) unescaped.
-    for line in text.split("\n"):
-        name, brace, rest = line.partition("{")
-        if not line.startswith("#") and brace and name in order:
-            labels, value = rest.rsplit("} ", 1)
-            pairs = dict(_LABEL.findall(labels))
-            if set(pairs) == set(order[name]):
-                line = name + "{" + ",".join(f'{k}="{pairs[k]}"' for k in order[name]) + "} " + value
-        lines.append(line)
-    return "\n".join(lines)
 
 
 def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
@@ -187,5 +161,4 @@ def render_metrics(fleet, users: Iterable[Mapping] | None = None) -> str:
     collector = FleetCollector(fleet, users)
     registry = CollectorRegistry(auto_describe=False)  # no describe(): the fleet is read once, when rendered
     registry.register(collector)
-    text = generate_latest(registry).decode("utf-8")
-    return _in_declared_order(text, collector.label_order)
+    return generate_latest(registry).decode("utf-8")
