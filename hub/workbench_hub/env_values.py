@@ -3,8 +3,8 @@
 ``configurer.py`` (the hub's areas) and each backend's ``config.py``
 (``workbench_spawner/backends/<name>/config.py``) read the environment
 through these, so a bad value is worded the same way everywhere and no
-config module needs to import another (the old configurer <-> slurm_config
-cycle). Each takes the ``env`` mapping it is given, never ``os.environ``.
+config module needs to import another (as ``configurer.py`` and the Slurm
+backend's config once imported each other). Each takes the ``env`` mapping it is given, never ``os.environ``.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@
 the current try joined the line: a spawn refused at the queue timeout
 (``WORKBENCH_QUEUE_TIMEOUT``, 300 s by default, shorter than the aging
 bound) that is tried again within ``REJOIN_MINUTES`` (15) of the refusal
-keeps its first arrival (``waitlist.WaitList`` remembers it per user and
+keeps its first arrival (``placement/waitlist.py``'s ``WaitList`` remembers it per user and
 server until the request is served, or stops asking for that long). So the
 bound counts across refusals and retries: a heavy user who keeps asking
 ages like anyone else, whatever the queue timeout, and nobody starves. The

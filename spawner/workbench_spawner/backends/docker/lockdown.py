@@ -5,7 +5,7 @@ no Docker socket and only named volumes. Each rule here names one Docker
 setting that would undo that (privileged mode, added capabilities, host
 devices, the host's namespaces, unconfined security options, sysctls,
 another container's volumes, host paths) and says why in a sentence an
-operator can act on. The docker backend (``docker_backend.py``) applies them
+operator can act on. The docker backend (``backends/docker/spawner.py``) applies them
 at hub start (``check_lockdown``) and on every create call; an operator who
 means it lists a setting in ``c.DockerGPUSpawner.allowed_host_config_keys``.
 """
