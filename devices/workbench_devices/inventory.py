@@ -19,6 +19,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .mig import MigLayoutError, parse_layout, profile_in_name, profile_share
 
@@ -250,7 +251,7 @@ def nvml_read() -> tuple[list[GPUDevice], list[str]]:
         pynvml.nvmlShutdown()
 
 
-def _mig_slices(pynvml, handle, index: int, name: str) -> list[GPUDevice] | None:
+def _mig_slices(pynvml: Any, handle: Any, index: int, name: str) -> list[GPUDevice] | None:
     """A GPU's MIG slices: None where it is not in MIG mode (or the driver cannot say), so it is a whole
     GPU; a list, perhaps empty, where it is."""
     try:
@@ -283,7 +284,7 @@ def _warn_once(message: str) -> None:
         log.warning("%s", message)
 
 
-def _device(pynvml, handle, index: int, name: str) -> GPUDevice:
+def _device(pynvml: Any, handle: Any, index: int, name: str) -> GPUDevice:
     """One whole GPU from its NVML handle (for a GPU in MIG mode: its slices' parent)."""
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     return GPUDevice(
@@ -295,7 +296,7 @@ def _device(pynvml, handle, index: int, name: str) -> GPUDevice:
     )
 
 
-def _slice(pynvml, handle, parent: GPUDevice) -> GPUDevice:
+def _slice(pynvml: Any, handle: Any, parent: GPUDevice) -> GPUDevice:
     """One MIG slice from its NVML handle: its profile, and its GPU's (``parent``) UUID, index and model."""
     total = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
     try:
@@ -316,7 +317,7 @@ def _slice(pynvml, handle, parent: GPUDevice) -> GPUDevice:
     )
 
 
-def _gpu_instance_id(pynvml, handle) -> int | None:
+def _gpu_instance_id(pynvml: Any, handle: Any) -> int | None:
     """A slice's GPU instance id (what DCGM calls it), or None where the driver or library cannot say:
     that slice then has no DCGM reading, which idle reclaim never counts as idle."""
     try:
@@ -325,7 +326,7 @@ def _gpu_instance_id(pynvml, handle) -> int | None:
         return None
 
 
-def _profile_from_attributes(pynvml, handle, total: int) -> str:
+def _profile_from_attributes(pynvml: Any, handle: Any, total: int) -> str:
     """A slice's profile from its compute slices and memory, where its name does not carry it."""
     try:
         compute = int(pynvml.nvmlDeviceGetAttributes(handle).gpuInstanceSliceCount)
@@ -334,7 +335,7 @@ def _profile_from_attributes(pynvml, handle, total: int) -> str:
     return f"{compute}g.{round(total / 10**9)}gb"
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -362,8 +363,12 @@ def discover_devices(simulated_spec: str | None = None, node: str | None = None)
             "no real hardware, readings are made up",
         )
     try:
+        import pynvml  # from nvidia-ml-py
+    except ImportError as exc:
+        return DeviceInventory("none", [], f"no NVIDIA driver found ({exc}); servers will be CPU only")
+    try:
         devices, unread = nvml_read()
-    except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, driver mismatch...
+    except pynvml.NVMLError as exc:  # NVMLError_LibraryNotFound (pynvml's word for a failed load), a driver mismatch...
         return DeviceInventory("none", [], f"no NVIDIA driver found ({exc}); servers will be CPU only")
     if not devices and not unread:
         return DeviceInventory("none", [], "NVML found no GPUs; servers will be CPU only")

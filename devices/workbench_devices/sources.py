@@ -14,11 +14,13 @@ at the same simulated GPU at the same second agree.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
+from typing import Any
 
 from .inventory import GPUDevice, discover_devices
 from .scripted import SCRIPT_ENV, ScriptedUtilization
@@ -205,7 +207,7 @@ class NVMLSource:
 
     source = "nvml"
 
-    def __init__(self, selection: Selection, pynvml=None):
+    def __init__(self, selection: Selection, pynvml: Any = None) -> None:
         self.selection = selection
         self._pynvml = pynvml
         self._initialised = False
@@ -214,7 +216,7 @@ class NVMLSource:
         self._need_reinit = False
 
     # -- life cycle -----------------------------------------------------
-    def _nvml(self):
+    def _nvml(self) -> Any:
         if self._pynvml is None:
             import pynvml  # nvidia-ml-py
 
@@ -226,14 +228,16 @@ class NVMLSource:
             return True
         try:
             nvml = self._nvml()
+        except ImportError as exc:  # nvidia-ml-py is not installed
+            self._init_error = _nvml_error_text(exc, "NVML not available")
+            return False
+        try:
             if self._initialised:
-                try:
+                with contextlib.suppress(nvml.NVMLError):  # best effort before a re-init
                     nvml.nvmlShutdown()
-                except Exception:  # noqa: BLE001 - best effort before a re-init
-                    pass
                 self._initialised = False
             nvml.nvmlInit()
-        except Exception as exc:  # ImportError, NVMLError_LibraryNotFound, DriverNotLoaded...
+        except nvml.NVMLError as exc:  # NVMLError_LibraryNotFound (pynvml's word for a failed load), DriverNotLoaded...
             self._init_error = _nvml_error_text(exc, "NVML not available")
             return False
         self._initialised = True
@@ -244,13 +248,12 @@ class NVMLSource:
 
     def close(self) -> None:
         if self._initialised:
-            try:
-                self._nvml().nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
+            nvml = self._nvml()
+            with contextlib.suppress(nvml.NVMLError):  # the driver may be gone already
+                nvml.nvmlShutdown()
             self._initialised = False
 
-    def _handle(self, uuid: str):
+    def _handle(self, uuid: str) -> Any:
         handle = self._handles.get(uuid)
         if handle is None:
             nvml = self._nvml()
@@ -273,10 +276,10 @@ class NVMLSource:
         reading = _device_stub(device, self.selection.cuda_index.get(device.uuid))
         try:
             handle = self._handle(device.uuid)
-        except Exception as exc:  # noqa: BLE001
+        except nvml.NVMLError as exc:  # not found, or lost: this GPU's reading says which
             return self._device_failed(reading, exc)
 
-        def counter(key: str, call: Callable[[], object], mig_reason: str = "n/a (MIG)"):
+        def counter(key: str, call: Callable[[], Any], mig_reason: str = "n/a (MIG)") -> Any:
             try:
                 return call()
             except nvml.NVMLError as exc:
@@ -355,7 +358,7 @@ class NVMLSource:
         return reading
 
 
-def _memory_info(nvml, handle):
+def _memory_info(nvml: Any, handle: Any) -> Any:
     """The v2 call (which reports reserved memory) where the driver has it, else v1."""
     version = getattr(nvml, "nvmlMemory_v2", None)
     if version is not None:
@@ -370,8 +373,8 @@ def _memory_info(nvml, handle):
     return nvml.nvmlDeviceGetMemoryInfo(handle)
 
 
-def _processes(nvml, handle) -> list:
-    found = {}
+def _processes(nvml: Any, handle: Any) -> list:
+    found: dict[int, Any] = {}  # pid -> the driver's process record
     for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
         call = getattr(nvml, name, None)
         if call is None:
@@ -392,7 +395,7 @@ def _local_process(pid: int) -> dict | None:
     return {"name": name, "own": own}
 
 
-def _is_lost(nvml, exc: Exception) -> bool:
+def _is_lost(nvml: Any, exc: Exception) -> bool:
     lost = tuple(
         cls
         for cls in (getattr(nvml, "NVMLError_GpuIsLost", None), getattr(nvml, "NVMLError_Unknown", None))
@@ -417,7 +420,7 @@ def _nvml_error_text(exc: Exception, fallback: str) -> str:
     return f"{fallback}: {text}"
 
 
-def make_source(environ: Mapping[str, str] | None = None):
+def make_source(environ: Mapping[str, str] | None = None) -> SimulatedSource | NVMLSource:
     """The source this process should read: simulated when asked, else NVML."""
     env = os.environ if environ is None else environ
     spec = env.get("WORKBENCH_SIMULATED_GPUS", "")

@@ -250,6 +250,9 @@ class WorkbenchAuthenticator(NativeAuthenticator):
     """NativeAuthenticator with a login page that runs on JupyterHub 6, whose authorized
     sign-ups are hub users at once, and whose bcrypt work runs off the event loop."""
 
+    # JupyterHub's Authenticator trait, declared for the type checker (nativeauthenticator has no types).
+    allowed_users: set[str]
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         # username -> [lock, holders and waiters]: one password check at a time per name (authenticate)

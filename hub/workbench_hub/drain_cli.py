@@ -28,7 +28,11 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import quote
+
+if TYPE_CHECKING:  # cli.py imports this module: its error class is handed in at run time
+    from .cli import CLIError
 
 AREAS = ("drain", "undrain", "drains")
 # The longest --stop-in (a week), as the service's DrainBody schema takes.
@@ -93,7 +97,7 @@ def _line(drain: dict) -> str:
     return f"{_what(drain)}: drained since {since} UTC by {drain['drained_by'] or 'unknown'}{reason}; {_holders(drain)}"
 
 
-def run_drain(args, call: Callable, error: type[Exception]) -> tuple[object, str]:
+def run_drain(args, call: Callable, error: type[CLIError]) -> tuple[object, str]:
     """``call`` and ``error`` are cli.py's: a refusal is ``error`` with the service's sentence and its status."""
     if args.area == "drains":
         data = call(args.url, args.token, "GET", "api/drains")

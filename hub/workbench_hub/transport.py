@@ -71,7 +71,7 @@ def update_tls(c: Config, env: Env) -> None:
         if domain:
             c.JupyterHub.public_url = f"https://{domain}/"
     if (cert or behind_proxy) and hsts_seconds:
-        c.JupyterHub.tornado_settings = {"headers": {"Strict-Transport-Security": tls.hsts(hsts_seconds)}}
+        c.JupyterHub.tornado_settings = {"headers": {"Strict-Transport-Security": tls.hsts(int(hsts_seconds))}}
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ class SSHForwarding(Configurable):
         return {ENV: ",".join(self.ssh_permit_open)}
 
 
-def ssh_forwarding_problems(config: Config, spawner_class: type) -> list[str]:
+def ssh_forwarding_problems(config: Config, spawner_class: type[Configurable]) -> list[str]:
     """Sentences for a bad ``ssh_permit_open`` (or $WORKBENCH_SSH_PERMIT_OPEN) in the hub's final config.
 
     Read as ``spawner_class`` would read it (its config sections and its bases'), without making a
@@ -160,7 +160,7 @@ def ssh_forwarding_problems(config: Config, spawner_class: type) -> list[str]:
 
     class Resolved(SSHForwarding):
         @classmethod
-        def section_names(cls):
+        def section_names(cls) -> list[str]:
             return spawner_class.section_names()
 
     try:

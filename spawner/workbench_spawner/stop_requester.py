@@ -20,6 +20,7 @@ stopped this server.").
 from __future__ import annotations
 
 import sys
+from types import FrameType
 
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending
@@ -36,7 +37,7 @@ def _requester() -> object | None:
         from tornado.web import RequestHandler
     except ImportError:  # pragma: no cover - tornado comes with JupyterHub
         return None
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     for _ in range(_DEPTH):
         if frame is None:
             return None

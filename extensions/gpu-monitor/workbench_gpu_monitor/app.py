@@ -62,8 +62,12 @@ class GPUMonitorApp(ExtensionApp):
             ]
         )
 
-    def initialize(self):
+    # ExtensionApp.initialize takes no argv, unlike JupyterApp's (jupyter_server ignores the same override).
+    def initialize(self) -> None:  # type: ignore[override]
         super().initialize()
+        # ExtensionApp.initialize ran initialize_settings, which made both.
+        assert self.monitor is not None
+        assert self.memory is not None
         # Sample before the first request can arrive, as soon as the extension is loaded.
         io_loop = getattr(self.serverapp, "io_loop", None)
         self.monitor.start(getattr(io_loop, "asyncio_loop", None))

@@ -32,7 +32,7 @@ def torch_memory() -> list[dict]:
             return []
         out = []
         for i in range(torch.cuda.device_count()):
-            entry = {
+            entry: dict[str, object] = {
                 "cuda_index": i,
                 "allocated_bytes": int(torch.cuda.memory_allocated(i)),
                 "reserved_bytes": int(torch.cuda.memory_reserved(i)),

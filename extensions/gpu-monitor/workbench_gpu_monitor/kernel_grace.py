@@ -29,7 +29,9 @@ import math
 import signal
 import time
 from collections.abc import Mapping
+from typing import cast
 
+from jupyter_client.manager import AsyncKernelManager
 from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
 from traitlets import Float
 
@@ -74,7 +76,9 @@ class GracefulKernelManager(AsyncMappingKernelManager):
         """,
     )
 
-    async def shutdown_all(self, now: bool = False) -> None:
+    # jupyter_client types MultiKernelManager.shutdown_all as its synchronous wrapper; the async manager's is a
+    # coroutine, as this one.
+    async def shutdown_all(self, now: bool = False) -> None:  # type: ignore[override]
         if not now and self.stop_grace_seconds > 0 and self.list_kernel_ids():
             still_running = await self.terminate_with_grace(self.stop_grace_seconds)
             # The grace is spent: what still runs is killed now, not given jupyter_client's 5 s more.
@@ -83,9 +87,10 @@ class GracefulKernelManager(AsyncMappingKernelManager):
 
     async def terminate_with_grace(self, grace: float) -> list[str]:
         """SIGTERM every kernel, wait up to ``grace`` seconds for them to exit; the ids still running."""
-        managers = {}
+        managers: dict[str, AsyncKernelManager] = {}
         for kernel_id in self.list_kernel_ids():
-            km = self.get_kernel(kernel_id)
+            # get_kernel is typed for the synchronous KernelManager: this manager's kernels are async ones.
+            km = cast(AsyncKernelManager, self.get_kernel(kernel_id))
             if not km.has_kernel:
                 continue
             km.stop_restarter()  # or the restarter would start the kernel again once it exits

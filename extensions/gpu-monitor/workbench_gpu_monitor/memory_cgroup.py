@@ -30,6 +30,10 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # tornado is imported where the watcher starts, not when this module is read
+    from tornado.ioloop import PeriodicCallback
 
 CGROUP_ENV = "WORKBENCH_MEMORY_CGROUP"
 CGROUP_ROOT = "/sys/fs/cgroup"
@@ -166,7 +170,7 @@ class MemoryWatcher:
         self.now = now
         self.latest: Reading | None = None
         self.last_oom_kill_at: datetime | None = None
-        self._timer = None
+        self._timer: PeriodicCallback | None = None
 
     @classmethod
     def for_this_server(cls, environ: Mapping[str, str] = os.environ) -> MemoryWatcher:

@@ -62,7 +62,9 @@ def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str)
     }
 
 
-class _SSHMixin:
+class _SSHMixin(JupyterHandler):
+    """What the SSH handlers share; a JupyterHandler, so its request and base_url are known."""
+
     def public_url(self) -> str:
         configured = os.environ.get("WORKBENCH_PUBLIC_URL")
         return configured.rstrip("/") if configured else f"{self.request.protocol}://{self.request.host}"
@@ -111,7 +113,7 @@ class SSHKeysHandler(_SSHMixin, APIHandler):
             raise web.HTTPError(400, 'Send JSON such as {"key": "ssh-ed25519 AAAA... me@laptop"}.')
         try:
             key, added = await asyncio.to_thread(keys.add_key, os.path.expanduser("~"), body["key"])
-        except keys.InvalidKey as e:
+        except keys.InvalidKeyError as e:
             raise web.HTTPError(400, str(e)) from None
         except (subprocess.SubprocessError, OSError) as e:
             raise _keys_unavailable(e) from None

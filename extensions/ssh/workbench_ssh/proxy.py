@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(f"{PROG}: needs the websocket-client library: python3 -m pip install websocket-client", file=sys.stderr)
         return 1
-    if os.name == "nt":  # ssh's bytes must pass untranslated
+    if sys.platform == "win32":  # ssh's bytes must pass untranslated (a platform check type checkers read)
         import msvcrt
 
         msvcrt.setmode(0, os.O_BINARY)

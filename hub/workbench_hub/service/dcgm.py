@@ -124,7 +124,7 @@ def parse_exporter_text(text: str, now: float | None = None) -> tuple[dict[Key, 
             labels = sample.labels
             uuid = (labels.get("UUID") or labels.get("uuid") or "").strip()
             instance = _instance_id(labels)
-            if not uuid or instance == "bad":
+            if not uuid or isinstance(instance, str):  # "bad": an id that is not a number
                 unreadable += 1
                 continue
             found.setdefault((uuid, instance), _sample(float(sample.value), sample.timestamp, now))

@@ -41,7 +41,7 @@ from datetime import datetime
 
 from sqlalchemy import select
 
-from workbench_devices import DeviceInventory
+from workbench_devices import DeviceInventory, NVMLSource, SimulatedSource
 from workbench_spawner.backend import extension_of
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.idle_book import IdleBook
@@ -81,7 +81,7 @@ class Fleet:
         self._fixed = settings is not None
         self._checked_at = 0.0
         self._lock = threading.Lock()
-        self._source = None
+        self._source: SimulatedSource | NVMLSource | None = None
         self._reading: dict | None = None
         self._reading_at = 0.0
         self._inventory: DeviceInventory | None = None  # the backend's view, refreshed with the settings
@@ -156,7 +156,7 @@ class Fleet:
         inventory = self.inventory
         try:
             if self._source is None:
-                from workbench_devices import SimulatedSource, make_source, select_devices
+                from workbench_devices import make_source, select_devices
 
                 if inventory.source == "simulated":
                     # An empty environment selects the whole fleet (no WORKBENCH_GPUS); only

@@ -19,7 +19,7 @@ import asyncio
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from jupyterhub.services.auth import HubOAuthenticated
@@ -147,7 +147,7 @@ class APIHandler(WorkbenchHandler):
     def get_login_url(self):
         raise web.HTTPError(403)
 
-    def fail(self, status: int, message: str):
+    def fail(self, status: int, message: str) -> NoReturn:
         raise web.HTTPError(status, "%s", message)
 
     def write_error(self, status_code: int, **kwargs):

@@ -19,7 +19,7 @@ import copy
 import functools
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -142,7 +142,7 @@ def validate_body(document: dict, schema_name: str, body: Any) -> None:
         raise BodyError(_sentence(error, schemas[schema_name]))
 
 
-def _non_finite(value: Any, path: tuple) -> Iterable[tuple[tuple, float]]:
+def _non_finite(value: Any, path: tuple) -> Iterator[tuple[tuple, float]]:
     if isinstance(value, dict):
         for key, item in value.items():
             yield from _non_finite(item, path + (key,))
@@ -207,7 +207,11 @@ def _range(schema: dict) -> str:
 
 def _sentence(error: ValidationError, root: dict) -> str:
     """One sentence for a person: the field, the rule it breaks, and what was sent."""
-    keyword, rule, schema, value = error.validator, error.validator_value, error.schema, error.instance
+    # jsonschema's stubs type these "X | Unset" (unset before validation); on a reported error all are set.
+    keyword: Any = error.validator
+    rule: Any = error.validator_value
+    schema: Any = error.schema
+    value: Any = error.instance
     path = list(error.absolute_path)
     field = _field(path)
     title = schema.get("title") if isinstance(schema, dict) else None
