@@ -21,8 +21,8 @@ A backend declares one of two placement modes (docs/backends.md):
   server listens. Slurm (Kubernetes next).
 
 The members a backend implements are declared in ``contract.py``
-(``BackendContract``, a base of this class), each with the mode it belongs
-to; ``contract_problems`` names the ones a class misses, and the hub refuses
+(``BackendContract``, a base of this class through ``ServerStarts``), each
+with the mode it belongs to; ``contract_problems`` names the ones a class misses, and the hub refuses
 to start with such a class rather than fail silently at the first spawn. No backend overrides a private
 method of this class or redefines ``start``.
 """
@@ -30,7 +30,6 @@ method of this class or redefines ``start``.
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import ClassVar
@@ -38,30 +37,30 @@ from typing import ClassVar
 from jupyterhub.spawner import Spawner, SpawnException
 from traitlets import Float, Integer, List, Unicode, default
 
-from workbench_spawner.contract import BackendContract, BackendContractError, Mode, require_contract
+from workbench_spawner.contract import Mode, require_contract
 from workbench_spawner.form.options import SpawnRequest, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.form.render import render_options_form
-from workbench_spawner.ledger import endings, reasons
+from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.quota_book import QuotaBook
-from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.engine import EnginePlacement
-from workbench_spawner.placement.start_line import LineFull, Slot, SlotTimeout, StartLine
+from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.start_line import LineFull
 from workbench_spawner.policy.config import GPUPolicyConfig
-from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable, shared_policy
+from workbench_spawner.policy.gpu_policy import GPUPolicy, shared_policy
 from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force, watch
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
+from workbench_spawner.policy.stop_timing import StopTiming
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
-from workbench_spawner.rules.reservations import gpus_text
 from workbench_spawner.ssh_forwarding import SSHForwarding
+from workbench_spawner.starting import ServerStarts
 from workbench_spawner.stop_requester import requested_by
 
 
-class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForwarding, Spawner):
+class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, SSHForwarding, Spawner):
     """GPU policy for a JupyterHub spawner; put it first in the bases.
 
     It derives from Spawner only so that its traits are real, configurable
@@ -94,42 +93,6 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         GPUs a server gets when the spawn request does not say ``gpus``. It is
         lowered to what the user's quota and the inventory allow, so CPU-only
         hubs still start servers with the default.
-        """,
-    ).tag(config=True)
-
-    idle_culler_seconds = Integer(
-        0,
-        min=0,
-        help="""
-        The idle culler's ``--timeout`` in seconds, when the hub runs one (the
-        host config sets it from ``WORKBENCH_CULL_IDLE_SECONDS``), so the stop
-        box can tell a student "the hub's idle culler stopped this server after
-        60 minutes without activity". 0: the sentence names no time.
-        """,
-    ).tag(config=True)
-
-    kernel_stop_grace = Float(
-        30.0,
-        min=0,
-        help="""
-        Seconds a stopping server gives its kernels between SIGTERM and
-        SIGKILL, so a training loop can write a checkpoint
-        (``workbench_gpu_monitor.on_stop``, notebooks/05-checkpoint-resume).
-        The server reads it as ``WORKBENCH_KERNEL_GRACE``; each backend's own
-        stop waits this long plus ``server_stop_margin`` before it kills the
-        server (local: SIGINT/SIGTERM timeouts, docker: the container's stop
-        timeout, Kubernetes: the pod's deletion grace period; Slurm: the
-        cluster's ``KillWait``, docs/slurm.md). Set from ``WORKBENCH_KERNEL_GRACE``.
-        """,
-    ).tag(config=True)
-
-    server_stop_margin = Float(
-        15.0,
-        min=0,
-        help="""
-        Seconds a backend's stop waits beyond ``kernel_stop_grace`` for the
-        server itself to end after its kernels (it saves nothing more; it
-        closes its connections and exits) before it is killed.
         """,
     ).tag(config=True)
 
@@ -309,34 +272,6 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
 
     # -- lifecycle ----------------------------------------------------------------
 
-    async def _acquire(self, request: SpawnRequest) -> Lease:
-        policy = await self._policy()
-        what = gpus_text(request.gpus, request.kind)
-
-        def report(ahead: int, why: str = "") -> None:
-            because = f" ({why})" if why else ""
-            if ahead:
-                self._gpu_events.add(f"Waiting for {what}: {ahead} ahead of you in line{because}", 5)
-            else:
-                self._gpu_events.add(f"Waiting for {what} to become free (you are next in line){because}", 5)
-
-        groups = await self._groups()
-        try:
-            lease = await policy.place(
-                self.user.name,
-                self.name,
-                request.gpus,
-                request.kind,
-                self.gpu_queue_timeout,
-                report,
-                groups=groups,
-                exclusive=request.exclusive,
-            )
-        except NoGPUAvailable as exc:
-            raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
-        self._gpu_events.add(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)
-        return lease
-
     async def start(self):
         """The template: admission happened in ``apply_user_options``; place, start, record the lease."""
         self._gpu_events.reset()
@@ -367,158 +302,6 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
             if policy is not None:
                 policy.starting.discard(key)
                 policy.start_line.leave(in_line)
-
-    async def _start_on_host(self, policy: GPUPolicy, in_line: object):
-        request = self.gpu_request
-        deadline = time.monotonic() + self.gpu_queue_timeout
-        lease = await self._acquire(request) if request.gpus else None
-        self.gpu_uuids = list(lease.gpu_uuids) if lease else []
-        if not request.gpus:
-            self._gpu_events.add("Starting a CPU-only server (no GPU requested)", 10)
-        line = policy.start_line
-        slot: Slot | None = None
-        started = False
-        try:
-            slot = await self._start_slot(line, deadline)
-            line.leave(in_line)  # starting now: no longer counted as waiting
-            await self.prepare_server()
-            result = await super().start()
-            started = True
-        except asyncio.CancelledError:
-            # The user stopped a pending spawn: JupyterHub's DELETE gives the cancel one second before it calls
-            # the spawn stuck (a 500), so the GPUs go back in the background; the hub's stop() that follows
-            # ends whatever of the server had started.
-            if lease is not None:
-                self._in_background(
-                    lambda: self.gpu_policy.release(lease.user, lease.server, reasons.START_CANCELLED, lease.since)
-                )
-            self.gpu_uuids = []
-            raise
-        except BaseException:
-            await asyncio.to_thread(self._release, reasons.START_FAILED)
-            raise
-        finally:
-            if slot is not None:
-                if started and self.pending == "spawn":
-                    # Held until the hub has seen the server answer and routed it (its spawn no longer pending).
-                    line.hold_until(slot, lambda: self.pending != "spawn", float(self.http_timeout) + 60)
-                else:  # failed, cancelled, or started outside a hub request (tests): the next may start
-                    line.release(slot)
-        ref = self.gpu_lease_ref()
-        if self.gpu_uuids and ref:
-            await asyncio.to_thread(lambda: self.gpu_policy.store.set_ref(self.user.name, self.name, ref))
-        return result
-
-    async def _start_slot(self, line: StartLine, deadline: float) -> Slot:
-        """A slot among the servers this host starts at once (start_line.py); the user is told how many start
-        ahead. The wait shares the spawn's queue deadline, or lasts ``http_timeout`` after the GPUs came."""
-
-        def report(ahead: int) -> None:
-            servers = "server" if ahead == 1 else "servers"
-            self._gpu_events.add(f"Waiting to start: the host is starting {ahead} {servers} ahead of yours", 15)
-
-        try:
-            return await line.start_slot(max(deadline, time.monotonic() + self.http_timeout), report)
-        except SlotTimeout as exc:
-            raise SpawnException(
-                f"The host is still busy starting other servers ({exc}). Please try again in a few minutes.",
-                reason="start_line",
-                status_code=503,
-            ) from None
-
-    async def _start_by_engine(self, policy: GPUPolicy):
-        placement = policy.placement
-        if not isinstance(placement, EnginePlacement):
-            raise BackendContractError(
-                f"{type(self).__name__}.engine_placement() gave {type(placement).__name__}, not an EnginePlacement"
-            )
-        request = self.gpu_request
-        key = f"{self.user.name}/{self.name}"
-        deadline = placement.clock() + self.gpu_queue_timeout
-        groups = await self._groups()
-        try:
-            # JupyterHub starts a server it believes stopped: a job or lease of it left over is stale.
-            await self.engine_cancel()
-            if await asyncio.to_thread(policy.store.lease_of, self.user.name, self.name) is not None:
-                await asyncio.to_thread(self._release, reasons.REPLACED)
-            try:
-                if not request.gpu_profile:  # reservations hold whole GPUs: a request for slices waits for none
-                    await placement.admit_to_queue(
-                        key,
-                        request.gpus,
-                        request.gpu_model,
-                        groups,
-                        deadline,
-                        describe=lambda text: self._gpu_events.add(text, 3),
-                    )
-                job = None
-                try:
-                    job = await self.engine_submit()
-                finally:
-                    if job is None:
-                        placement.withdraw(key)
-                lease = await placement.place(
-                    self.user.name,
-                    self.name,
-                    request.gpus,
-                    request.gpu_model,
-                    self.gpu_queue_timeout,
-                    groups=groups,
-                    job=replace(
-                        job, deadline=deadline, admitted=key, describe=lambda text: self._gpu_events.add(text, 20)
-                    ),
-                )
-            except NoGPUAvailable as exc:
-                self.clear_state()
-                raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
-            self.gpu_uuids = list(lease.gpu_uuids) if lease else []
-            if lease:
-                self._gpu_events.add(
-                    f"The engine placed the server on {lease.node or 'its node'}: {', '.join(lease.gpu_uuids)}", 80
-                )
-            return await self.engine_connect(lease)
-        except asyncio.CancelledError:
-            # The user stopped a pending spawn: cancel the job and give the GPUs back in the background, so the
-            # cancel ends within the second JupyterHub's DELETE gives it (see _start_on_host).
-            self._in_background(self._cancel_engine_start)
-            raise
-        except BaseException:
-            # Refused, timed out, or abandoned by the hub (start_timeout): nothing stays.
-            await self.engine_cancel()
-            await asyncio.to_thread(self._release, reasons.START_FAILED)
-            raise
-
-    async def _cancel_engine_start(self) -> None:
-        # Which lease the cancelled start holds, read at once (a new start needs the DELETE to end first, a
-        # second later): only that lease is ended, never one of a new start of the same server.
-        store = self.gpu_policy.store
-        lease = await asyncio.to_thread(store.lease_of, self.user.name, self.name)
-        await self.engine_cancel()
-        if lease is not None:
-            await asyncio.to_thread(
-                self.gpu_policy.release, lease.user, lease.server, reasons.START_CANCELLED, lease.since
-            )
-
-    def _in_background(self, work) -> None:
-        """Run a clean-up after the current task is cancelled: ``work`` is a coroutine function, or a blocking
-        function run in a worker thread. Failures are logged; the loop keeps a reference until it ends."""
-        loop = asyncio.get_running_loop()
-        if asyncio.iscoroutinefunction(work):
-            future: asyncio.Future = asyncio.ensure_future(work())
-        else:
-            future = loop.run_in_executor(None, work)
-
-        def done(f: asyncio.Future) -> None:
-            self._gpu_cleanups.discard(f)
-            if not f.cancelled() and f.exception() is not None:
-                self.log.error("Cleaning up the cancelled start of %s failed: %s", self.server_label, f.exception())
-
-        self._gpu_cleanups.add(future)
-        future.add_done_callback(done)
-
-    async def _groups(self) -> tuple[str, ...]:
-        # The hub's ORM may load the groups lazily: off the event loop, as admission does.
-        return await asyncio.to_thread(lambda: tuple(sorted(g.name for g in getattr(self.user, "groups", None) or [])))
 
     async def stop(self, now=False):
         # Who asked (the user, an admin, the culler), read before the first await (stop_requester.py).
@@ -559,26 +342,6 @@ class GPUSpawnerMixin(BackendContract, GPUPolicyConfig, ServerSizing, SSHForward
         )
         self.gpu_uuids = []
         self._gpu_running = False
-
-    def with_larger_profile(self, ending: Ending) -> Ending:
-        """An out-of-memory end names the limit the server hit and the resource profile that offers more."""
-        if ending.reason != reasons.OUT_OF_MEMORY:
-            return ending
-        limit = ending.limit_bytes or (int(self.mem_limit) if self.mem_limit else None)
-        if limit and not ending.limit_bytes:
-            ending = endings.out_of_memory(limit)
-        larger = sorted(
-            (p for p in self.gpu_profiles if p.mem_limit and (limit is None or p.mem_limit > limit)),
-            key=lambda p: p.mem_limit or 0,
-        )
-        if not larger:
-            return ending
-        offer = larger[0]
-        return replace(
-            ending,
-            hint=f"Load less data at once, or start with the profile {offer.display_name} "
-            f"({endings.gib(offer.mem_limit or 0)} of memory).",
-        )
 
     async def poll(self):
         # Read before polling: a backend's poll may clear_state() a dead server.

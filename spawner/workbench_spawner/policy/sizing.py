@@ -9,14 +9,19 @@ gets the default profile, never the last one used.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from traitlets import Dict, List, TraitError, observe, validate
 from traitlets.config import Configurable
 
+from workbench_spawner.ledger import endings, reasons
+from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.rules.profiles import ProfileError, ResourceProfile, parse_profiles, pick_profile
 
 
 class ServerSizing(Configurable):
-    """The ``resource_profiles`` trait and ``size_server``; a base of GPUSpawnerMixin.
+    """The ``resource_profiles`` trait, ``size_server`` and the larger profile an out-of-memory end offers; a
+    base of GPUSpawnerMixin.
 
     Not a Spawner itself (it spawns nothing); it goes before Spawner in the
     bases, so ``cpu_limit``/``mem_limit`` are the spawner's own traits.
@@ -81,3 +86,23 @@ class ServerSizing(Configurable):
                 profile.summary(),
             )
         return profile
+
+    def with_larger_profile(self, ending: Ending) -> Ending:
+        """An out-of-memory end names the limit the server hit and the resource profile that offers more."""
+        if ending.reason != reasons.OUT_OF_MEMORY:
+            return ending
+        limit = ending.limit_bytes or (int(self.mem_limit) if self.mem_limit else None)
+        if limit and not ending.limit_bytes:
+            ending = endings.out_of_memory(limit)
+        larger = sorted(
+            (p for p in self.gpu_profiles if p.mem_limit and (limit is None or p.mem_limit > limit)),
+            key=lambda p: p.mem_limit or 0,
+        )
+        if not larger:
+            return ending
+        offer = larger[0]
+        return replace(
+            ending,
+            hint=f"Load less data at once, or start with the profile {offer.display_name} "
+            f"({endings.gib(offer.mem_limit or 0)} of memory).",
+        )
