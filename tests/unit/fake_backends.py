@@ -166,11 +166,10 @@ class FakeEnginePlacement(EnginePlacement):
             free = [d.uuid for d in self.inventory.devices if d.uuid not in held and model in (None, d.model)]
             if not count:
                 return None
-            if len(free) >= count:
-                if await asyncio.to_thread(
-                    self.store.adopt, user, server, free[:count], f"engine:{job.job_id}", None, "node-1", tuple(groups)
-                ):
-                    return await asyncio.to_thread(self.store.lease_of, user, server)
+            if len(free) >= count and await asyncio.to_thread(
+                self.store.adopt, user, server, free[:count], f"engine:{job.job_id}", None, "node-1", tuple(groups)
+            ):
+                return await asyncio.to_thread(self.store.lease_of, user, server)
             job.describe(f"The engine keeps job {job.job_id} pending: Resources")
             if self.clock() >= deadline:
                 raise NoGPUAvailable(f"The engine did not start job {job.job_id} in time; it was cancelled.")

@@ -16,7 +16,10 @@ MODELS = ("A100-40GB", "H100-80GB")
 ASK = "ask the course staff to raise your GPU quota"
 
 
-def ctx(quota: Quota = Quota(1), source: str = "default", group: str | None = None, **kw) -> AdmissionContext:  # noqa: B008
+ONE_GPU = Quota(1)
+
+
+def ctx(quota: Quota = ONE_GPU, source: str = "default", group: str | None = None, **kw) -> AdmissionContext:
     base = dict(
         quota=EffectiveQuota(quota, source, group),
         inventory_size=4,
@@ -155,7 +158,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("context, options, status, reason, message", REFUSALS)
+@pytest.mark.parametrize(("context", "options", "status", "reason", "message"), REFUSALS)
 def test_every_refusal_keeps_its_words_and_status(context, options, status, reason, message):
     assert admit(options, context) == Refusal(message, status, reason)
 
@@ -175,7 +178,7 @@ ADMITTED = [
 ]
 
 
-@pytest.mark.parametrize("context, options, gpus, model", ADMITTED)
+@pytest.mark.parametrize(("context", "options", "gpus", "model"), ADMITTED)
 def test_admitted_requests(context, options, gpus, model):
     verdict = admit(options, context)
     assert isinstance(verdict, Admitted), verdict
@@ -198,7 +201,8 @@ def test_the_model_with_most_free_gpus_is_chosen_among_the_allowed():
 
 
 @pytest.mark.parametrize(
-    "held, used, budget, expected", [(0, 0, None, 2), (1, 0, None, 1), (3, 0, None, 0), (0, 9.9, 10, 2), (0, 10, 10, 0)]
+    ("held", "used", "budget", "expected"),
+    [(0, 0, None, 2), (1, 0, None, 1), (3, 0, None, 0), (0, 9.9, 10, 2), (0, 10, 10, 0)],
 )
 def test_allowed_now(held, used, budget, expected):
     context = ctx(Quota(2, gpu_hours_per_week=budget), held_elsewhere=held, gpu_hours_used=used)

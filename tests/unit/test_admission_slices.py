@@ -16,7 +16,10 @@ ONE_SLICE = (
 )
 
 
-def ctx(quota: Quota = Quota(2), group: str | None = None, **kw) -> AdmissionContext:  # noqa: B008
+TWO_GPUS = Quota(2)
+
+
+def ctx(quota: Quota = TWO_GPUS, group: str | None = None, **kw) -> AdmissionContext:
     base = dict(
         quota=EffectiveQuota(quota, "group" if group else "default", group),
         inventory_size=2,
@@ -48,7 +51,7 @@ ADMITTED = [
 ]
 
 
-@pytest.mark.parametrize("context, options, gpus, profile, model", ADMITTED)
+@pytest.mark.parametrize(("context", "options", "gpus", "profile", "model"), ADMITTED)
 def test_admitted_by_kind(context, options, gpus, profile, model):
     verdict = admit(options, context)
     assert isinstance(verdict, Admitted), verdict
@@ -175,7 +178,7 @@ REFUSALS = [
 ]
 
 
-@pytest.mark.parametrize("context, options, status, message", REFUSALS)
+@pytest.mark.parametrize(("context", "options", "status", "message"), REFUSALS)
 def test_refused_by_kind_with_a_sentence(context, options, status, message):
     verdict = admit(options, context)
     assert isinstance(verdict, Refusal), verdict
@@ -183,7 +186,7 @@ def test_refused_by_kind_with_a_sentence(context, options, status, message):
 
 
 @pytest.mark.parametrize(
-    "profile, than, larger",
+    ("profile", "than", "larger"),
     [
         ("2g.35gb", "1g.18gb", True),
         ("1g.35gb", "1g.18gb", True),  # the same compute, more memory

@@ -13,7 +13,7 @@ import pytest
 
 import class_day
 from class_day_trace import CLASS_MINUTES, make_trace
-from virtual_time import virtual_loop  # noqa: E402
+from virtual_time import virtual_loop
 
 
 def test_the_virtual_loop_jumps_timers_runs_threads_inline_and_keeps_errors():
@@ -68,15 +68,18 @@ def test_the_replay_goes_through_the_queue_timeout_and_keeps_fifo_order(results)
     fifo = results["fifo"]
     assert fifo.refusals > 0, "spawns are refused at the 300 s queue timeout and tried again"
     assert fifo.out_of_order == 0, "first come, first served, across refusals and retries"
-    assert fifo.waits and all(0 <= w <= CLASS_MINUTES + 30 for w in fifo.waits)
+    assert fifo.waits
+    assert all(0 <= w <= CLASS_MINUTES + 30 for w in fifo.waits)
     assert fifo.reclaims == fifo.warned == 0
     assert 0 < fifo.idle_hours + fifo.used_hours <= 4 * CLASS_MINUTES / 60 + 1e-9, "4 GPUs, 2 hours at most"
 
 
 def test_idle_reclaim_warns_before_it_stops_and_frees_gpus(results):
     fifo, reclaim = results["fifo"], results["reclaim"]
-    assert reclaim.reclaims > 0 and reclaim.warned >= reclaim.reclaims
-    assert reclaim.idle_hours < fifo.idle_hours and reclaim.never < fifo.never
+    assert reclaim.reclaims > 0
+    assert reclaim.warned >= reclaim.reclaims
+    assert reclaim.idle_hours < fifo.idle_hours
+    assert reclaim.never < fifo.never
 
 
 def test_fair_share_and_the_reservation_decide_on_this_trace(results):
@@ -93,7 +96,8 @@ def test_the_mig_lab_builds_its_slices_as_the_simulated_spec_does():
 
     lab = simulated_inventory(8, "7x1g.18gb").devices
     assert lab == parse_simulated_spec("8xH200-141GB:mig=7x1g.18gb")
-    assert len(lab) == 56 and all(d.mig and d.profile == "1g.18gb" and d.share == pytest.approx(1 / 7) for d in lab)
+    assert len(lab) == 56
+    assert all(d.mig and d.profile == "1g.18gb" and d.share == pytest.approx(1 / 7) for d in lab)
     assert simulated_inventory(3).devices == parse_simulated_spec("3xH200-141GB")
 
 
@@ -106,7 +110,8 @@ def test_sharing_plans_every_lab_and_a_mig_lab_has_nothing_to_reserve():
     assert by_lab["mig"] == ["baseline", "idle-reclaim (10 min)"]
     every = ["baseline", "idle-reclaim (10 min)", "reservation", "all three (reclaim 10 min)"]
     assert by_lab["whole"] == by_lab["timesliced"] == every
-    assert labs[2].servers_per_gpu == 4 and labs[1].layout == "7x1g.18gb"
+    assert labs[2].servers_per_gpu == 4
+    assert labs[1].layout == "7x1g.18gb"
     for bad in (["--sharing", "mps"], ["--mig-layout", "8x1g.18gb"], ["--servers-per-gpu", "0"]):
         with pytest.raises(SystemExit):
             class_day.main(bad)
@@ -124,8 +129,10 @@ def shared(tmp_path_factory):
 
 def test_slices_serve_the_small_class_at_once_and_count_a_slice_hour_as_a_seventh(results, shared):
     mig, whole = shared["mig"], results["fifo"]
-    assert mig.lab == "mig" and mig.never == 0 < whole.never
-    assert max(mig.waits) < 5 and mig.refusals == 0, "28 slices for 24 students and their guests"
+    assert mig.lab == "mig"
+    assert mig.never == 0 < whole.never
+    assert max(mig.waits) < 5, "28 slices for 24 students and their guests"
+    assert mig.refusals == 0, "28 slices for 24 students and their guests"
     assert mig.contended_hours == 0, "a slice is one server's"
     assert mig.used_hours == pytest.approx(mig.busy_server_hours / 7), "a busy 1g slice-hour is 1/7 GPU-hour"
     assert 0 < mig.idle_hours + mig.used_hours <= 4 * CLASS_MINUTES / 60 + 1e-9
@@ -134,7 +141,8 @@ def test_slices_serve_the_small_class_at_once_and_count_a_slice_hour_as_a_sevent
 def test_time_slicing_shares_gpus_and_the_slowdown_stretches_the_work(results, shared):
     ts, slow, whole = shared["timesliced"], shared["timesliced-slowdown"], results["fifo"]
     assert ts.never < whole.never, "4 servers per GPU serve more students"
-    assert ts.contended_hours > 0 and ts.busy_server_hours > ts.used_hours, "a GPU busy for two counts once"
+    assert ts.contended_hours > 0, "a GPU busy for two counts once"
+    assert ts.busy_server_hours > ts.used_hours, "a GPU busy for two counts once"
     assert ts.idle_hours + ts.used_hours <= 4 * CLASS_MINUTES / 60 + 1e-9, "still 4 GPUs, 2 hours at most"
     assert slow.busy_server_hours > ts.busy_server_hours, "at 1/k speed the same work keeps servers busy longer"
 
@@ -146,7 +154,7 @@ def test_every_module_that_reads_the_ledgers_now_is_on_the_simulated_clock():
     assert {
         "workbench_spawner.ledger.store",
         "workbench_spawner.rules.gpu_hours",
-        "workbench_spawner.rules.quota",
+        "workbench_spawner.ledger.quota_book",
         "workbench_spawner.ledger.notices",
         "workbench_hub.service.gpu_reclaim",
     } <= names

@@ -70,7 +70,7 @@ def test_the_exporters_text_gives_each_instance_a_percent_by_its_gpu_and_instanc
 
 
 @pytest.mark.parametrize(
-    "line, expected, unreadable",
+    ("line", "expected", "unreadable"),
     [
         (series("NaN", "7"), {(PARENT, 7): Sample(None, MALFORMED)}, 0),
         (series("+Inf", "7"), {(PARENT, 7): Sample(None, MALFORMED)}, 0),
@@ -115,7 +115,7 @@ def exporters(answers: dict[str, str | Exception]) -> DcgmExporters:
 
 
 @pytest.mark.parametrize(
-    "answers, device, expected",
+    ("answers", "device", "expected"),
     [
         ({"a": EXPORTER_TEXT}, slice_of(8), (43.1, "")),
         ({"a": EXPORTER_TEXT}, slice_of(7), (0.0, "")),
@@ -173,7 +173,7 @@ class Exporter(BaseHTTPRequestHandler):
     status = 200
     delay = 0.0
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         time.sleep(self.delay)
         self.send_response(self.status)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -205,7 +205,8 @@ def test_fetch_reads_a_real_exporter_and_an_answer_that_is_late_or_an_error_fail
     exporter.RequestHandlerClass.status, exporter.RequestHandlerClass.delay = 200, 3.0
     started = time.monotonic()
     scrape = DcgmExporters(fetch=lambda u: fetch(u, timeout=0.5)).scrape([url])
-    assert scrape.reading(slice_of(8)) == (None, UNREACHABLE) and "timed out" in scrape.failed[url]
+    assert scrape.reading(slice_of(8)) == (None, UNREACHABLE)
+    assert "timed out" in scrape.failed[url]
     assert time.monotonic() - started < 2.5, "a late exporter costs the timeout, not its delay"
 
 
@@ -255,7 +256,7 @@ def test_simulated_slices_have_a_stable_instance_id_per_place_and_whole_gpus_non
 
 
 @pytest.mark.parametrize(
-    "given, expected",
+    ("given", "expected"),
     [(None, None), (9, 9), ("12", 12), (0, 0)],
 )
 def test_a_static_slice_may_name_its_instance_id(given, expected):
@@ -278,7 +279,7 @@ def test_a_static_slices_bad_instance_id_is_a_sentence(given):
 
 
 @pytest.mark.parametrize(
-    "value, expected",
+    ("value", "expected"),
     [
         ("", None),
         ("http://gpu-node-1:9400/metrics", ["http://gpu-node-1:9400/metrics"]),

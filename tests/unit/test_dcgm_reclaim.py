@@ -46,7 +46,7 @@ def exporter_text(ratios: dict[int, str]) -> str:
 class Handler(BaseHTTPRequestHandler):
     body = b""
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4")
         self.end_headers()
@@ -115,22 +115,27 @@ async def test_a_slice_idle_by_dcgm_is_reclaimed_a_busy_one_kept_one_without_a_s
     page = rows(fleet)
     assert (page[IDLE]["utilization_percent"], page[IDLE]["reading_source"]) == (0.0, "dcgm")
     assert (page[BUSY]["utilization_percent"], page[BUSY]["reading_source"]) == (80.0, "dcgm")
-    assert page[IDLE]["idle_seconds"] is not None and page[BUSY]["idle_seconds"] is None
-    assert page[UNSEEN]["utilization_percent"] is None and page[UNSEEN]["idle_seconds"] is None
+    assert page[IDLE]["idle_seconds"] is not None
+    assert page[BUSY]["idle_seconds"] is None
+    assert page[UNSEEN]["utilization_percent"] is None
+    assert page[UNSEEN]["idle_seconds"] is None
     assert page[UNSEEN]["no_reading_reason"] == "no series for this slice"
-    assert page[IDLE]["no_reading_reason"] is None and page[FREE]["no_reading_reason"] is None, "free: no rule needed"
+    assert page[IDLE]["no_reading_reason"] is None, "free: no rule needed"
+    assert page[FREE]["no_reading_reason"] is None, "free: no rule needed"
 
     [r20] = await passes(reclaimer, clock, [20])
     assert r20.warned == [("alice", "")]
     reports = await passes(reclaimer, clock, range(21, 30))
     assert not any(r.stopped for r in reports)
     [r30] = await passes(reclaimer, clock, [30])
-    assert r30.stopped == [("alice", "")] and hub.stopped == [("alice", "")]
+    assert r30.stopped == [("alice", "")]
+    assert hub.stopped == [("alice", "")]
     assert NoticeBook(store).last_done("alice").reason == "reclaimed: GPU idle 30 min"
     reports = await passes(reclaimer, clock, range(31, 90))
     assert hub.stopped == [("alice", "")], "80 % and no series: neither is ever stopped"
     assert not any(("bob", "") in r.warned or ("carol", "") in r.warned for r in reports)
-    assert NoticeBook(store).pending("bob") == [] and NoticeBook(store).pending("carol") == []
+    assert NoticeBook(store).pending("bob") == []
+    assert NoticeBook(store).pending("carol") == []
     said = [m for m in caplog.messages if m.startswith("No DCGM reading")]
     assert said == [f"No DCGM reading for MIG slice {UNSEEN} of carol/default: no series for this slice"], "once"
     assert sum("leaves carol/default alone" in m for m in caplog.messages) == 1
@@ -145,7 +150,8 @@ async def test_an_exporter_that_stops_answering_is_no_reading_not_idle(tmp_path,
     exporter.shutdown()
     exporter.server_close()
     reports = await passes(reclaimer, clock, range(21, 60))
-    assert all(r.unknown == [("alice", "")] for r in reports) and not hub.stopped
+    assert all(r.unknown == [("alice", "")] for r in reports)
+    assert not hub.stopped
     assert NoticeBook(store).pending("alice") == [], "the warning is withdrawn: nobody knows she is idle"
     assert rows(fleet)[IDLE]["no_reading_reason"] == "exporter unreachable"
     assert sum("unreachable" in m and exporter.url in m for m in caplog.messages) == 1, "logged once"
@@ -155,9 +161,11 @@ async def test_without_an_exporter_a_slice_has_no_idle_rule_and_the_page_says_so
     store, fleet, hub, clock, reclaimer = make_world(tmp_path, ())
     hold(store, hub, "alice", IDLE)
     reports = await passes(reclaimer, clock, range(0, 45))
-    assert all(r.unknown == [("alice", "")] for r in reports) and not hub.stopped
+    assert all(r.unknown == [("alice", "")] for r in reports)
+    assert not hub.stopped
     row = rows(fleet)[IDLE]
-    assert row["utilization_percent"] is None and row["reading_source"] != "dcgm"
+    assert row["utilization_percent"] is None
+    assert row["reading_source"] != "dcgm"
     assert row["no_reading_reason"] == "no exporter configured"
     assert reclaimer.chooser.for_lease(store.lease_of("alice", "")).name == "host", "NVML's answer: none"
 

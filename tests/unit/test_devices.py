@@ -2,7 +2,8 @@
 
 import pytest
 
-from workbench_devices import DeviceSpecError, discover_devices, parse_simulated_spec
+from workbench_devices import DeviceSpecError, SimulatedSource, discover_devices, parse_simulated_spec, select_devices
+from workbench_devices.sources import SIMULATED_DRIVER_RESERVED_BYTES
 
 
 def test_a_count_gives_that_many_stable_h100s():
@@ -31,13 +32,11 @@ def test_discovery_labels_its_source():
     real = discover_devices(None)
     assert real.source in ("nvml", "none")
     if real.source == "none":
-        assert real.devices == [] and "CPU only" in real.message
+        assert real.devices == []
+        assert "CPU only" in real.message
 
 
 # -- simulated readings: only a held GPU shows load ------------------------------------------
-
-from workbench_devices import SimulatedSource, select_devices  # noqa: E402
-from workbench_devices.sources import SIMULATED_DRIVER_RESERVED_BYTES  # noqa: E402
 
 
 def _read(held, clock=1000.0):
@@ -56,7 +55,8 @@ def test_a_free_simulated_gpu_reads_idle(clock):
         assert free["power_w"] <= 0.1 * free["power_limit_w"]
         assert free["temperature_c"] < 32
     held = gpus["GPU-sim-01-h100-80gb"]
-    assert held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES and held["processes"]
+    assert held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES
+    assert held["processes"]
 
 
 def test_held_may_be_a_callable_read_at_every_sample():
@@ -87,16 +87,19 @@ def test_fleet_view_and_metrics_show_free_simulated_gpus_idle(tmp_path):
         store.allocate("alice", "", 1, ["GPU-sim-01-h100-80gb"])
         rows = {g["uuid"]: g for g in fleet.gpus()}
         free, held = rows["GPU-sim-00-h100-80gb"], rows["GPU-sim-01-h100-80gb"]
-        assert not free["holders"] and free["utilization_percent"] == 0.0
+        assert not free["holders"]
+        assert free["utilization_percent"] == 0.0
         assert free["memory_used_bytes"] == SIMULATED_DRIVER_RESERVED_BYTES
-        assert held["holders"][0]["user"] == "alice" and held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES
+        assert held["holders"][0]["user"] == "alice"
+        assert held["memory_used_bytes"] > SIMULATED_DRIVER_RESERVED_BYTES
         text = render_metrics(fleet, [{"name": "alice", "groups": []}])
         util = [
             line
             for line in text.splitlines()
             if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'UUID="GPU-sim-00-h100-80gb"' in line
         ]
-        assert util and float(util[0].rsplit(" ", 1)[1]) == 0.0, util
+        assert util, util
+        assert float(util[0].rsplit(" ", 1)[1]) == 0.0, util
     finally:
         store.dispose()
 

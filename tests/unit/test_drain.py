@@ -18,7 +18,7 @@ from tornado.httpclient import AsyncHTTPClient
 
 from tests.service.openapi_check import check
 from tests.unit.test_quota_service import PREFIX, FakeHub, _free_port, service_document
-from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
+from tests.unit.test_quota_spawn import make_spawner as make_spawner  # the fixture, for pytest to find
 from workbench_devices import DeviceInventory, discover_devices, parse_simulated_spec
 from workbench_hub.service import handlers
 from workbench_hub.service.app import make_app
@@ -60,12 +60,14 @@ def test_the_migration_makes_the_table_and_its_downgrade_drops_it(store):
     downgrade(store.engine, "0004")
     assert not sa.inspect(store.engine).has_table("gpu_drains")
     upgrade(store.engine)  # a database at 0004 gets the table
-    assert sa.inspect(store.engine).has_table("gpu_drains") and current(store.engine) == HEAD
+    assert sa.inspect(store.engine).has_table("gpu_drains")
+    assert current(store.engine) == HEAD
 
 
 def test_drain_undrain_and_what_is_listed(store):
     book = DrainBook(store)
-    assert book.drained() == set() and book.rows() == []
+    assert book.drained() == set()
+    assert book.rows() == []
     first = datetime(2026, 12, 4, 9, 0, tzinfo=UTC)
     (drain,) = book.drain([H200], "new layout", "user:admin", now=first)
     assert (drain.gpu_uuid, drain.reason, drain.drained_by, drain.since) == (H200, "new layout", "user:admin", first)
@@ -73,14 +75,18 @@ def test_drain_undrain_and_what_is_listed(store):
     book.drain([H200, H100], "", "user:other")
     book.drain([H200], "2x3g.71gb", "user:other")
     rows = {r.gpu_uuid: r for r in book.rows()}
-    assert rows[H200].since == first and rows[H200].drained_by == "user:admin" and rows[H200].reason == "2x3g.71gb"
-    assert rows[H100].reason == "" and rows[H100].drained_by == "user:other"
+    assert rows[H200].since == first
+    assert rows[H200].drained_by == "user:admin"
+    assert rows[H200].reason == "2x3g.71gb"
+    assert rows[H100].reason == ""
+    assert rows[H100].drained_by == "user:other"
     assert book.drained() == {H200, H100}
     other = AllocationStore(store.url)  # another process: the hub's placement, the service
     assert DrainBook(other).drained() == {H200, H100}
     other.dispose()
     assert book.undrain([H100, "GPU-never"]) == [H100]
-    assert book.undrain([H100]) == [] and book.drained() == {H200}
+    assert book.undrain([H100]) == []
+    assert book.drained() == {H200}
     assert rows[H200].to_json()["since"] == first.isoformat()
 
 
@@ -89,7 +95,8 @@ def test_a_name_is_a_gpu_with_its_slices_one_slice_or_an_index():
     assert resolve_gpu(H200, devices).devices == tuple(SLICES)
     assert resolve_gpu(" gpu-sim-00-H200-141gb ", devices).gpu_uuid == H200  # case and spaces do not matter
     assert resolve_gpu("0", devices) == resolve_gpu(H200, devices)  # the slices carry their GPU's index
-    assert resolve_gpu("1", devices).devices == (H100,) and resolve_gpu(H100, devices).gpu_uuid == H100
+    assert resolve_gpu("1", devices).devices == (H100,)
+    assert resolve_gpu(H100, devices).gpu_uuid == H100
     assert resolve_gpu(SLICES[3], devices).devices == (SLICES[3],)
     for name in ("GPU-nope", "7", "", "-1"):
         with pytest.raises(UnknownGPU, match="this hub has no GPU or MIG slice named"):
@@ -108,7 +115,8 @@ async def test_a_drained_gpu_is_never_leased_while_the_others_are(store):
     DrainBook(store).drain([drained])
     leases = [await policy.place(user, "", 1, None, 1) for user in ("a", "b")]
     assert drained not in {u for lease in leases for u in lease.gpu_uuids}
-    assert policy.placement.free_count() == 0 and policy.free_count() == 0
+    assert policy.placement.free_count() == 0
+    assert policy.free_count() == 0
     with pytest.raises(NoGPUAvailable, match=r"\(0 free now"):
         await policy.place("c", "", 1, None, 0.3)
     DrainBook(store).undrain([drained])
@@ -139,15 +147,17 @@ async def test_draining_a_gpu_drains_its_slices_and_a_slice_alone_only_itself(st
         await policy.place("student", "", 1, "1g.18gb", 0.2)
     assert (await policy.place("research", "", 1, None, 1)).gpu_uuids == (H100,)  # the whole GPU is not drained
     status = {s.device.uuid: s for s in policy.status()}
-    assert all(status[u].drained and status[u].free_slots == 0 for u in SLICES) and status[H100].drained is False
+    assert all(status[u].drained and status[u].free_slots == 0 for u in SLICES)
+    assert status[H100].drained is False
     book.undrain([H200])
     book.drain([SLICES[0]])
     lease = await policy.place("student", "", 1, "1g.18gb", 1)
     assert lease.gpu_uuids == (SLICES[1],)
-    assert policy.placement.free_count("1g.18gb") == 5 and policy.free_count("1g.18gb") == 5
+    assert policy.placement.free_count("1g.18gb") == 5
+    assert policy.free_count("1g.18gb") == 5
 
 
-async def test_the_spawn_form_says_draining(make_spawner):  # noqa: F811
+async def test_the_spawn_form_says_draining(make_spawner):
     spawner = make_spawner(simulated_gpus=MIXED)
     DrainBook(spawner.gpu_policy.store).drain([H100])
     html = await spawner._render_options_form()
@@ -191,11 +201,13 @@ async def test_the_api_drains_lists_and_undrains(service, store):
     code, drain = await service("PUT", "api/drains/0", {"reason": "new layout"})
     assert code == 200, drain
     assert (drain["gpu_uuid"], drain["devices"], drain["reason"]) == (H200, SLICES, "new layout")
-    assert drain["drained_by"] == "user:admin" and drain["holders"] == [
-        {"uuid": SLICES[2], "user": "alice", "server": "", "stop_at": None}
-    ]
+    assert drain["drained_by"] == "user:admin"
+    assert drain["holders"] == [{"uuid": SLICES[2], "user": "alice", "server": "", "stop_at": None}]
     code, again = await service("PUT", f"api/drains/{H100}")  # no body at all
-    assert code == 200 and again["devices"] == [H100] and again["holders"] == [] and again["reason"] == ""
+    assert code == 200
+    assert again["devices"] == [H100]
+    assert again["holders"] == []
+    assert again["reason"] == ""
     code, listing = await service("GET", "api/drains")
     assert [d["gpu_uuid"] for d in listing["drains"]] == [H200, H100]
     code, inventory = await service("GET", "api/gpus")
@@ -211,22 +223,25 @@ async def test_the_api_drains_lists_and_undrains(service, store):
 
 async def test_the_api_refuses_in_sentences(service, store):
     code, error = await service("PUT", "api/drains/GPU-nope")
-    assert code == 404 and error["message"] == (
+    assert code == 404
+    assert error["message"] == (
         'this hub has no GPU or MIG slice named "GPU-nope"; the fleet page (/services/workbench/) '
         "or GET api/gpus lists each GPU's index and UUID"
     )
     code, error = await service("DELETE", "api/drains/1")
-    assert code == 404 and error["message"] == f"{H100} is not drained; GET api/drains lists what is"
+    assert code == 404
+    assert error["message"] == f"{H100} is not drained; GET api/drains lists what is"
     code, error = await service("PUT", "api/drains/1", {"why": "x"})
-    assert code == 400 and error["message"] == (
-        "invalid drain: unknown field 'why'; a drain has reason and stop_servers_in_minutes"
-    )
+    assert code == 400
+    assert error["message"] == ("invalid drain: unknown field 'why'; a drain has reason and stop_servers_in_minutes")
     code, error = await service("PUT", "api/drains/1", "{")
-    assert code == 400 and "not valid JSON" in error["message"]
+    assert code == 400
+    assert "not valid JSON" in error["message"]
     # A slice of a GPU drained as a whole is opened with its GPU, not alone.
     assert (await service("PUT", f"api/drains/{H200}"))[0] == 200
     code, error = await service("DELETE", f"api/drains/{SLICES[0]}")
-    assert code == 409 and error["message"] == (
+    assert code == 409
+    assert error["message"] == (
         f"{SLICES[0]} is a slice of {H200}, which is drained as a whole; undrain that GPU to open all its slices"
     )
     # A drain of a device no longer on this hub may still be ended.
@@ -234,7 +249,8 @@ async def test_the_api_refuses_in_sentences(service, store):
     assert await service("DELETE", "api/drains/MIG-gone-0") == (204, None)
     service.caller["scopes"] = [handlers.READ_SCOPE]
     code, error = await service("PUT", "api/drains/1")
-    assert code == 403 and error["message"].startswith("only hub admins may drain GPUs")
+    assert code == 403
+    assert error["message"].startswith("only hub admins may drain GPUs")
     assert (await service("GET", "api/drains"))[0] == 200
     assert DrainBook(store).drained() == {H200}
 
@@ -299,7 +315,8 @@ def test_the_admin_page_offers_drain_and_undrain():
     assert f'data-gpu="{H100}" data-drained="false">Drain</button>' in html
     assert '<span class="wb-drain-state">draining: no new servers</span>' in html
     assert 'api("DELETE", path) : api("PUT", path, body)' in html
-    assert 'id="drain-stop-minutes"' in html and "body.stop_servers_in_minutes = Number(minutes.value)" in html
+    assert 'id="drain-stop-minutes"' in html
+    assert "body.stop_servers_in_minutes = Number(minutes.value)" in html
     assert 'wb-drain-button" data-gpu' not in render(False)  # only admins drain
     assert 'id="drain-stop-minutes"' not in render(False)
 

@@ -63,7 +63,8 @@ def test_each_end_has_a_ledger_reason_and_a_sentence(ending, reason, ledger, wor
     assert ending.ledger_reason == ledger
     assert words in ending.message
     assert ending.message.endswith(".")
-    assert len(ending.kind) <= 32 and ending.kind.startswith("end:")
+    assert len(ending.kind) <= 32
+    assert ending.kind.startswith("end:")
     assert reasons.reason_kind(ending.ledger_reason) == reason  # usage reports group it under its reason
 
 
@@ -79,8 +80,11 @@ def test_a_log_tail_keeps_the_last_lines_and_hides_tokens():
     log += "JUPYTERHUB_API_TOKEN=deadbeef crashed\n" + "x" * 500
     tail = log_tail(log)
     lines = tail.splitlines()
-    assert len(lines) == 8 and lines[0] == "line 15"
-    assert "abc123secret" not in tail and "deadbeef" not in tail and "token=[hidden]" in tail
+    assert len(lines) == 8
+    assert lines[0] == "line 15"
+    assert "abc123secret" not in tail
+    assert "deadbeef" not in tail
+    assert "token=[hidden]" in tail
     assert max(len(line) for line in lines) <= 200
 
 
@@ -110,7 +114,8 @@ def test_a_server_that_exited_shows_the_last_lines_of_its_log():
 )  # fmt: skip
 def test_docker_facts_map_to_endings(inspected, log, reason, words):
     ending = container_ending(inspected, log)
-    assert ending.reason == reason and words in ending.message
+    assert ending.reason == reason
+    assert words in ending.message
     if log:
         assert "ValueError: bad config" in ending.hint
 
@@ -147,7 +152,8 @@ def pod(phase="Running", reason="", message="", terminated=None, deleting=False,
 )  # fmt: skip
 def test_kubernetes_facts_map_to_endings(last_seen, gone, node, condition, reason, words):
     ending = pod_ending(last_seen, gone, node, condition)
-    assert ending is not None and ending.reason == reason
+    assert ending is not None
+    assert ending.reason == reason
     assert words in ending.message
 
 
@@ -197,7 +203,8 @@ def test_slurm_facts_map_to_endings(status, hub_cancelled, reason, words):
         return "down, not responding (Not responding)" if node == "wbnode1" else ""
 
     ending = job_ending("42", status, hub_cancelled, down)
-    assert ending is not None and ending.reason == reason
+    assert ending is not None
+    assert ending.reason == reason
     assert words in ending.message
 
 
@@ -236,7 +243,9 @@ def test_an_end_is_kept_in_the_ledger_and_told_once(policy):
     assert row.reason == "node failed: wbnode1"
     assert row.message.startswith("The node wbnode1 this server ran on failed")
     told = NoticeBook(policy.store).last_done("ann", "")
-    assert told is not None and told.message == row.message and told.kind == "end:node-failed"
+    assert told is not None
+    assert told.message == row.message
+    assert told.kind == "end:node-failed"
 
 
 def test_the_services_announcement_stands_over_the_spawners_own_reason(policy):
@@ -255,7 +264,8 @@ def test_the_services_announcement_stands_over_the_spawners_own_reason(policy):
 def test_a_cpu_only_server_is_told_why_it_ended_without_a_lease(policy):
     policy.end_server("cat", "", endings.out_of_memory(2 * GiB), started=T0)
     told = NoticeBook(policy.store).last_done("cat", "")
-    assert told is not None and "reached its limit of 2 GiB" in told.message
+    assert told is not None
+    assert "reached its limit of 2 GiB" in told.message
     assert rows(policy.store) == []  # no GPU, no ledger row
 
 

@@ -15,7 +15,7 @@ from workbench_spawner.policy.clock import hub_clock, set_test_clock
 
 
 @pytest.mark.parametrize(
-    "env, expect",
+    ("env", "expect"),
     [
         ({}, {"gpu_queue_order": "fifo", "gpu_queue_aging_minutes": 30.0}),
         (
@@ -37,7 +37,7 @@ def test_fairness_settings(env, expect):
 
 
 @pytest.mark.parametrize(
-    "env, words",
+    ("env", "words"),
     [
         ({"WORKBENCH_QUEUE_ORDER": "fairshare"}, "is not a queue order; use 'fifo'"),
         ({"WORKBENCH_QUEUE_ORDER": "lifo"}, "'fair-share'"),

@@ -156,7 +156,8 @@ async def test_a_render_reads_each_table_once_and_only_its_users_rows(make_spawn
     spawner = make_spawner()
     fill(spawner, users, leases)
     html, sent = await statements_of_render(spawner)
-    assert "reserved for ml-course" in html and "GPU-hours in the last 7 days" in html
+    assert "reserved for ml-course" in html
+    assert "GPU-hours in the last 7 days" in html
     reads = selects(sent)
     assert len(reads) <= MOST_SELECTS, "\n".join(s for s, _ in reads)
     # The ledger, the quotas and the notices: read by the user's name (an index), never the whole table.
@@ -215,7 +216,9 @@ async def test_the_form_shows_what_separate_reads_show(make_spawner):
     ctx, alone = spawner.gpu_admission_context(policy, leases=leases), spawner.gpu_admission_context()
     assert replace(ctx, gpu_hours_used=0.0) == replace(alone, gpu_hours_used=0.0)  # the hours go on with the clock
     assert ctx.gpu_hours_used == pytest.approx(alone.gpu_hours_used, abs=1e-3)
-    assert ctx.held_elsewhere == 0 and ctx.quota.source == "group" and ctx.quota.group == "ml-course"
+    assert ctx.held_elsewhere == 0
+    assert ctx.quota.source == "group"
+    assert ctx.quota.group == "ml-course"
 
 
 def test_the_effective_quota_reads_only_the_users_and_their_groups_rows(store):

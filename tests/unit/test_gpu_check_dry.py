@@ -115,7 +115,8 @@ def test_monitor_flags_the_planted_temperature_only(dry):
     assert diffs, "planted temperature offset not reported"
     assert all("GPU 0 temperature.gpu" in d for d in diffs), diffs
     assert {d.split()[0] for d in diffs} == {"load", "idle"}
-    assert mon["load"]["device"] == "cpu" and mon["load"]["products"] > 0
+    assert mon["load"]["device"] == "cpu"
+    assert mon["load"]["products"] > 0
 
 
 def test_kernel_memory_and_overhead_ran(dry):

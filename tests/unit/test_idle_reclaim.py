@@ -111,23 +111,29 @@ async def passes(reclaimer, clock, minutes):
 
 
 async def test_an_idle_server_is_warned_then_stopped_and_the_ledger_says_why(world):
-    store, fleet, hub, source, clock, reclaimer, delivery = world
+    store, _fleet, hub, source, clock, reclaimer, delivery = world
     hold(store, hub)
     source.values[GPU] = 0.0
     reports = await passes(reclaimer, clock, range(0, 20))  # a pass a minute, as interval=60 says
     assert not any(r.warned or r.stopped for r in reports)
     [r20] = await passes(reclaimer, clock, [20])
-    assert r20.warned == [("alice", "")] and not r20.stopped
+    assert r20.warned == [("alice", "")]
+    assert not r20.stopped
     [notice] = NoticeBook(store).pending("alice")
-    assert notice.kind == "idle" and notice.stop_at == T0 + timedelta(minutes=30)
-    assert "10:30" in notice.message and "CPU-only server" in notice.hint
+    assert notice.kind == "idle"
+    assert notice.stop_at == T0 + timedelta(minutes=30)
+    assert "10:30" in notice.message
+    assert "CPU-only server" in notice.hint
     reports = await passes(reclaimer, clock, range(21, 30))
-    assert all(r.warned and not r.stopped for r in reports) and not hub.stopped
+    assert all(r.warned and not r.stopped for r in reports)
+    assert not hub.stopped
     [r30] = await passes(reclaimer, clock, [30])
-    assert r30.stopped == [("alice", "")] and hub.stopped == [("alice", "")]
+    assert r30.stopped == [("alice", "")]
+    assert hub.stopped == [("alice", "")]
     assert NoticeBook(store).pending("alice") == []
     done = NoticeBook(store).last_done("alice")
-    assert done.reason == "reclaimed: GPU idle 30 min" and "files are kept" in done.message
+    assert done.reason == "reclaimed: GPU idle 30 min"
+    assert "files are kept" in done.message
     # The spawner's stop reads the announced reason into the ledger.
     lease = store.lease_of("alice", "")
     reason = NoticeBook(store).announced("alice", "", lease.since).reason
@@ -138,22 +144,25 @@ async def test_an_idle_server_is_warned_then_stopped_and_the_ledger_says_why(wor
 
 
 async def test_using_the_gpu_after_the_warning_withdraws_it(world):
-    store, fleet, hub, source, clock, reclaimer, _ = world
+    store, _fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 1.0
     await passes(reclaimer, clock, range(0, 21))
     assert NoticeBook(store).pending("alice")
     source.values[GPU] = 85.0
     [r] = await passes(reclaimer, clock, [21])
-    assert r.cleared == [("alice", "")] and NoticeBook(store).pending("alice") == []
+    assert r.cleared == [("alice", "")]
+    assert NoticeBook(store).pending("alice") == []
     source.values[GPU] = 0.0
     reports = await passes(reclaimer, clock, range(22, 52))  # the clock starts again at 22
-    assert not any(r.stopped for r in reports) and reports[41 - 22].warned == [] and reports[42 - 22].warned
+    assert not any(r.stopped for r in reports)
+    assert reports[41 - 22].warned == []
+    assert reports[42 - 22].warned
     assert (await passes(reclaimer, clock, [52]))[0].stopped == [("alice", "")]
 
 
 async def test_missing_readings_leave_the_server_alone_and_withdraw_a_warning(world, caplog):
-    store, fleet, hub, source, clock, reclaimer, _ = world
+    store, _fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 0.0
     await passes(reclaimer, clock, range(0, 21))
@@ -161,13 +170,14 @@ async def test_missing_readings_leave_the_server_alone_and_withdraw_a_warning(wo
     source.values[GPU] = None
     reports = await passes(reclaimer, clock, [21, 40, 90])
     assert all(r.unknown == [("alice", "")] for r in reports)
-    assert not hub.stopped and NoticeBook(store).pending("alice") == []
+    assert not hub.stopped
+    assert NoticeBook(store).pending("alice") == []
     assert sum("leaves alice/default alone" in m for m in caplog.messages) == 1, "logged once, not every pass"
 
 
 async def test_a_server_past_its_limit_but_never_warned_is_warned_first(world):
     """The limit was lowered while the GPU idled: past the new limit with no warning, it is warned first."""
-    store, fleet, hub, source, clock, reclaimer, _ = world
+    store, _fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 0.0
     QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=60))
@@ -175,7 +185,8 @@ async def test_a_server_past_its_limit_but_never_warned_is_warned_first(world):
     assert not any(r.warned or r.stopped for r in reports)
     QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=30))
     [r36] = await passes(reclaimer, clock, [36])
-    assert r36.warned and not r36.stopped
+    assert r36.warned
+    assert not r36.stopped
     [notice] = NoticeBook(store).pending("alice")
     assert notice.stop_at == T0 + timedelta(minutes=46), "a full warning lead from now"
     assert not any(r.stopped for r in await passes(reclaimer, clock, range(37, 46)))
@@ -185,12 +196,13 @@ async def test_a_server_past_its_limit_but_never_warned_is_warned_first(world):
 async def test_time_the_service_did_not_watch_is_not_idle_time(world):
     """The service was down 35 minutes (passes every minute, so readings go stale after 3): the idle clock
     starts again at the first reading after the gap, not at the last one before it."""
-    store, fleet, hub, source, clock, reclaimer, _ = world
+    store, _fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     source.values[GPU] = 0.0
     await passes(reclaimer, clock, [0, 1])
     [r36] = await passes(reclaimer, clock, [36])
-    assert not r36.warned and not r36.stopped
+    assert not r36.warned
+    assert not r36.stopped
     assert IdleBook(store).tracks()[0].idle_since == T0 + timedelta(minutes=36)
     reports = await passes(reclaimer, clock, range(37, 56))
     assert not any(r.warned or r.stopped for r in reports), "not warned before 20 watched idle minutes"
@@ -215,16 +227,19 @@ async def test_exempt_off_and_starting_servers_are_never_reclaimed(world, how):
     else:
         hub.add("alice", "", ready=False)
     reports = await passes(reclaimer, clock, range(0, 61))
-    assert not any(r.warned or r.stopped for r in reports) and not hub.stopped
+    assert not any(r.warned or r.stopped for r in reports)
+    assert not hub.stopped
 
 
 async def test_a_quota_sets_its_own_minutes_and_threshold(world):
-    store, fleet, hub, source, clock, reclaimer, _ = world
+    store, _fleet, hub, source, clock, reclaimer, _ = world
     hold(store, hub)
     QuotaBook(store).set("user", "alice", Quota(2, gpu_idle_minutes=10, gpu_idle_threshold=20))
     source.values[GPU] = 15.0  # busy under the hub's 5 %, idle under the quota's 20 %
     reports = await passes(reclaimer, clock, range(0, 11))
-    assert not reports[4].warned and reports[5].warned and reports[10].stopped == [("alice", "")]
+    assert not reports[4].warned
+    assert reports[5].warned
+    assert reports[10].stopped == [("alice", "")]
     assert NoticeBook(store).last_done("alice").reason == "reclaimed: GPU idle 10 min"
 
 
@@ -238,11 +253,13 @@ async def test_idle_clocks_survive_a_restart_of_the_service_and_show_per_gpu(wor
     reports = await passes(again, clock, [17, 18, 19, 20])
     assert reports[-1].warned == [("alice", "")], "the new process kept the 20 idle minutes"
     tracks = {t.gpu_uuid: t for t in IdleBook(store).tracks()}
-    assert set(tracks) == {GPU, "GPU-sim-01-h100-80gb"} and tracks[GPU].idle_since == T0
+    assert set(tracks) == {GPU, "GPU-sim-01-h100-80gb"}
+    assert tracks[GPU].idle_since == T0
     store.release("alice", "", "stopped")
     hub.models.clear()
     await passes(again, clock, [21])
-    assert IdleBook(store).tracks() == [] and NoticeBook(store).pending() == []
+    assert IdleBook(store).tracks() == []
+    assert NoticeBook(store).pending() == []
 
 
 async def test_a_restart_slower_than_the_staleness_bound_starts_the_clocks_again(world):
@@ -252,7 +269,8 @@ async def test_a_restart_slower_than_the_staleness_bound_starts_the_clocks_again
     await passes(reclaimer, clock, range(0, 16))
     again = Reclaimer(fleet, hub, reclaimer.chooser, delivery, clock=clock, interval=60)
     [r20] = await passes(again, clock, [20])  # 5 minutes without a pass: more than 3 passes
-    assert not r20.warned and IdleBook(store).tracks()[0].idle_since == T0 + timedelta(minutes=20)
+    assert not r20.warned
+    assert IdleBook(store).tracks()[0].idle_since == T0 + timedelta(minutes=20)
 
 
 async def test_host_readings_follow_the_scripted_utilization(tmp_path):
@@ -297,7 +315,9 @@ def test_slow_monitors_do_not_keep_idle_gpus_from_coming_back(tmp_path):
     fleet = Fleet(store, settings=settings)
     hub = FakeHub()
     loop = virtual_loop()
-    clock = lambda: T0 + timedelta(seconds=loop.time())  # noqa: E731
+
+    def clock() -> datetime:
+        return T0 + timedelta(seconds=loop.time())
 
     class SlowMonitor(FakeSource):
         name = "server"
@@ -309,7 +329,7 @@ def test_slow_monitors_do_not_keep_idle_gpus_from_coming_back(tmp_path):
     chooser = SourceChooser(HostReadings(fleet), ServerMonitorReadings(None), NODE)
     chooser.register(NODE, SlowMonitor())
     users = [f"student{i}" for i in range(8)]
-    for user, device in zip(users, devices.devices):  # noqa: B905
+    for user, device in zip(users, devices.devices, strict=True):
         store.allocate(user, "", 1, [device.uuid], node=NODE)
         hub.add(user)
     reclaimer = Reclaimer(fleet, hub, chooser, FakeDelivery(), clock=clock, interval=30)

@@ -50,7 +50,7 @@ def replay(
 
 
 @pytest.mark.parametrize(
-    "readings, idle_since",
+    ("readings", "idle_since"),
     [
         ([(0, 0.0)], 0),  # first idle reading starts the clock
         ([(0, 0.0), (5, 3.0), (10, 4.9)], 0),  # under the threshold all along
@@ -70,7 +70,7 @@ def test_the_idle_clock_of_one_gpu(readings, idle_since):
 # Time with no readings is not idle time: a gap longer than the staleness bound (2 min here)
 # between two idle readings restarts the clock at the reading after the gap.
 @pytest.mark.parametrize(
-    "case, readings, idle_since",
+    ("case", "readings", "idle_since"),
     [
         ("readings every minute", [(0, 0.0), (1, 0.0), (2, 0.0), (3, 0.0)], 0),
         ("a gap of exactly the bound still counts", [(0, 0.0), (2, 0.0), (3, 0.0)], 0),
@@ -90,16 +90,19 @@ def test_after_a_gap_the_server_is_judged_from_the_reading_after_it():
     """The service down from 10:01 to 10:36 with a 30-minute limit: idle 1 minute then, not 36."""
     t = replay([(0, 0.0), (1, 0.0), (36, 0.0)], stale_after=2)
     verdict = judge([t], RULE, at(36), stale_after=timedelta(minutes=2))
-    assert verdict.action == IDLE and verdict.idle_for == timedelta(0) and verdict.stop_at == at(66)
+    assert verdict.action == IDLE
+    assert verdict.idle_for == timedelta(0)
+    assert verdict.stop_at == at(66)
 
 
 def test_a_missing_reading_keeps_the_time_of_the_last_real_one():
     t = replay([(0, 0.0), (5, None)])
-    assert t.last_reading == at(0) and t.utilization is None
+    assert t.last_reading == at(0)
+    assert t.utilization is None
 
 
 @pytest.mark.parametrize(
-    "threshold, value, idle", [(5, 4.99, True), (5, 5, False), (20, 19, True), (1, 0.5, True), (1, 1, False)]
+    ("threshold", "value", "idle"), [(5, 4.99, True), (5, 5, False), (20, 19, True), (1, 0.5, True), (1, 1, False)]
 )
 def test_thresholds(threshold, value, idle):
     assert (replay([(0, value)], threshold=threshold).idle_since is not None) is idle
@@ -111,7 +114,7 @@ RULE = IdleRule(minutes=30, threshold=5, warn_minutes=10)
 
 
 @pytest.mark.parametrize(
-    "idle_minutes, action",
+    ("idle_minutes", "action"),
     [
         (0, IDLE),
         (19.9, IDLE),
@@ -129,7 +132,9 @@ def test_warning_comes_warn_minutes_before_the_stop(idle_minutes, action):
     assert verdict.idle_for == timedelta(minutes=idle_minutes)
 
 
-@pytest.mark.parametrize("minutes, warn, lead", [(30, 10, 10), (10, 10, 5), (1, 10, 0.5), (60, 0, 0), (0.2, 10, 0.1)])
+@pytest.mark.parametrize(
+    ("minutes", "warn", "lead"), [(30, 10, 10), (10, 10, 5), (1, 10, 0.5), (60, 0, 0), (0.2, 10, 0.1)]
+)
 def test_the_warning_lead_is_at_most_half_the_limit(minutes, warn, lead):
     assert IdleRule(minutes=minutes, warn_minutes=warn).lead == timedelta(minutes=lead)
 
@@ -138,13 +143,15 @@ def test_all_gpus_of_a_server_must_be_idle_and_the_latest_clock_counts():
     a = replay([(0, 0.0), (25, 0.0)], uuid="GPU-a", stale_after=30)
     b = replay([(0, 90.0), (10, 0.0), (25, 0.0)], uuid="GPU-b", stale_after=30)
     verdict = judge([a, b], RULE, at(25))
-    assert verdict.action == IDLE and verdict.idle_for == timedelta(minutes=15) and verdict.stop_at == at(40)
+    assert verdict.action == IDLE
+    assert verdict.idle_for == timedelta(minutes=15)
+    assert verdict.stop_at == at(40)
     busy = replay([(0, 0.0), (25, 60.0)], uuid="GPU-b", stale_after=30)
     assert judge([a, busy], RULE, at(25)).action == BUSY
 
 
 @pytest.mark.parametrize(
-    "case, tracks_at, now, action",
+    ("case", "tracks_at", "now", "action"),
     [
         ("no readings at all", [], 5, UNKNOWN),
         ("never read", [None], 5, UNKNOWN),
@@ -171,7 +178,7 @@ def test_off_and_exempt_win_over_everything():
 
 
 @pytest.mark.parametrize(
-    "groups, exempt, expected",
+    ("groups", "exempt", "expected"),
     [
         (["ml-course"], {"research": {}}, False),
         (["ml-course", "research"], {"research": {}}, True),
@@ -187,7 +194,7 @@ def test_exemption_by_group(groups, exempt, expected):
 
 
 @pytest.mark.parametrize(
-    "quota_minutes, quota_threshold, hub_minutes, hub_threshold, minutes, threshold",
+    ("quota_minutes", "quota_threshold", "hub_minutes", "hub_threshold", "minutes", "threshold"),
     [
         (None, None, 30, 5, 30, 5),  # inherit the hub
         (None, None, 0, 5, 0, 5),  # hub off
@@ -205,7 +212,7 @@ def test_quota_fields_override_the_hub(quota_minutes, quota_threshold, hub_minut
 # -- words ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("minutes, text", [(30, "30 min"), (1.5, "1.5 min"), (0.2, "12 s"), (90, "90 min")])
+@pytest.mark.parametrize(("minutes", "text"), [(30, "30 min"), (1.5, "1.5 min"), (0.2, "12 s"), (90, "90 min")])
 def test_minutes_in_words(minutes, text):
     assert format_minutes(minutes) == text
 
@@ -214,6 +221,9 @@ def test_the_ledger_reason_and_the_messages():
     assert ledger_reason(RULE) == "reclaimed: GPU idle 30 min"
     assert len(ledger_reason(IdleRule(minutes=7 * 24 * 60 - 0.5))) <= 64
     message, hint = warning_text(RULE, at(30), 1, "10:30")
-    assert message.startswith("Your server will be stopped at 10:30") and len(message) <= 140
-    assert "CPU-only server" in hint and "use the GPU" in hint and "files stay" in hint
+    assert message.startswith("Your server will be stopped at 10:30")
+    assert len(message) <= 140
+    assert "CPU-only server" in hint
+    assert "use the GPU" in hint
+    assert "files stay" in hint
     assert "2 GPUs" in warning_text(RULE, at(30), 2, "10:30")[0]

@@ -51,15 +51,17 @@ def test_done_records_why_for_the_spawn_page_and_the_ledger(store):
     # A stop announced before this lease began is not this stop's reason.
     assert book.announced("alice", "", since=T0 + timedelta(seconds=1)) is None
     html = render_stop_notice(book.last_done("alice", ""))
-    assert "stopped &lt;because&gt;" in html and "<because>" not in html
+    assert "stopped &lt;because&gt;" in html
+    assert "<because>" not in html
     assert book.acknowledge("alice", "") == 1
-    assert book.last_done("alice", "") is None and render_stop_notice(None) == ""
+    assert book.last_done("alice", "") is None
+    assert render_stop_notice(None) == ""
     assert book.prune(T0 + timedelta(seconds=1)) == 2
 
 
 @pytest.mark.parametrize("kind", ["", "x" * 33])
 def test_a_notice_needs_a_short_kind(store, kind):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="kind must be 1 to 32 characters"):
         NoticeBook(store).warn("alice", "", kind=kind, message="m")
     assert NoticeBook(store).pending() == []
 
@@ -89,7 +91,7 @@ def test_bad_exemptions_are_refused_and_change_nothing(store, group):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         ({"reason": "r" * 501}, "reason must be at most 500 characters long, not 501"),
         ({"reason": 5}, "reason must be text or null, not 5"),
@@ -106,16 +108,18 @@ def test_bad_exemption_bodies_are_refused_by_the_document(body, words):
 def test_exempt_and_unexempt(store):
     book = IdleBook(store)
     row = book.exempt("research", "long runs", by="user:admin")
-    assert row["reason"] == "long runs" and row["created_by"] == "user:admin"
+    assert row["reason"] == "long runs"
+    assert row["created_by"] == "user:admin"
     assert book.exempt("research", "other")["reason"] == "other"
-    assert book.unexempt("research") is True and book.unexempt("research") is False
+    assert book.unexempt("research") is True
+    assert book.unexempt("research") is False
 
 
 # -- the quota's idle fields ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "body, quota",
+    ("body", "quota"),
     [
         ({"max_gpus": 1}, Quota(1)),
         ({"max_gpus": 1, "gpu_idle_minutes": 30}, Quota(1, gpu_idle_minutes=30.0)),
@@ -133,7 +137,7 @@ def test_idle_fields_of_a_quota(body, quota):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         ({"max_gpus": 1, "gpu_idle_minutes": -1}, "gpu_idle_minutes must be between 0 and 10080, not -1"),
         ({"max_gpus": 1, "gpu_idle_minutes": 0.01}, "gpu_idle_minutes must be 0 or between 0.05 and 10080, not 0.01"),
@@ -186,7 +190,7 @@ class Traits:
 
 
 @pytest.mark.parametrize(
-    "env, minutes, threshold, warn",
+    ("env", "minutes", "threshold", "warn"),
     [
         ({}, 0.0, 5.0, 10.0),
         ({"WORKBENCH_GPU_IDLE_MINUTES": "30"}, 30.0, 5.0, 10.0),
@@ -209,7 +213,7 @@ def test_idle_environment_becomes_traits(env, minutes, threshold, warn):
 
 
 @pytest.mark.parametrize(
-    "env, words",
+    ("env", "words"),
     [
         ({"WORKBENCH_GPU_IDLE_MINUTES": "soon"}, "WORKBENCH_GPU_IDLE_MINUTES"),
         ({"WORKBENCH_GPU_IDLE_MINUTES": "-5"}, "non-negative"),
@@ -226,7 +230,7 @@ def test_bad_idle_environment_stops_the_hub_with_a_sentence(env, words):
 
 
 @pytest.mark.parametrize(
-    "bind, url",
+    ("bind", "url"),
     [
         ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
         ("http://0.0.0.0:9000", "http://127.0.0.1:9000"),

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
+from tests.unit.test_quota_spawn import make_spawner as make_spawner  # the fixture, for pytest to find
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import LAYOUT_CHANGED
@@ -62,19 +62,23 @@ def refresher(answers: list, every: float = 60.0):
 
 def test_it_reads_at_most_every_interval_and_adopts_only_a_change():
     refresh, clock, adopted = refresher([inventory(SEVEN), inventory(TWO)])
-    assert refresh() is False and adopted == [], "just read at start: not again before the interval"
+    assert refresh() is False, "just read at start: not again before the interval"
+    assert adopted == [], "just read at start: not again before the interval"
     clock.now += 60
-    assert refresh() is False and adopted == [], "the same devices: nothing to adopt"
+    assert refresh() is False, "the same devices: nothing to adopt"
+    assert adopted == [], "the same devices: nothing to adopt"
     clock.now += 30
     assert refresh() is False, "30 s after the last read"
     clock.now += 30
-    assert refresh() is True and [d.profile for d in adopted[0].devices] == ["3g.71gb", "3g.71gb"]
+    assert refresh() is True
+    assert [d.profile for d in adopted[0].devices] == ["3g.71gb", "3g.71gb"]
 
 
 def test_zero_turns_it_off():
     refresh, clock, adopted = refresher([inventory(TWO)], every=0)
     clock.now += 10_000
-    assert refresh() is False and adopted == []
+    assert refresh() is False
+    assert adopted == []
 
 
 @pytest.mark.parametrize(
@@ -96,7 +100,8 @@ def test_a_read_that_fails_or_finds_another_source_is_kept_out_and_logged_once(a
         for _ in range(2):
             clock.now += 60
             assert refresh() is False
-    assert adopted == [] and [r.getMessage() for r in caplog.records if logged in r.getMessage()] != []
+    assert adopted == []
+    assert [r.getMessage() for r in caplog.records if logged in r.getMessage()] != []
     assert len(caplog.records) == 1, "the same refusal is logged once, not every minute"
     clock.now += 60
     assert refresh() is True, "the source answers again: its change is adopted"
@@ -124,7 +129,7 @@ def leased(spawner) -> tuple[str, ...]:
 
 
 async def test_a_new_layout_waits_for_a_server_on_a_gone_slice_then_is_placed_on_and_stored(
-    make_spawner,  # noqa: F811
+    make_spawner,
     tmp_path,
 ):
     layout = tmp_path / "layout"
@@ -145,7 +150,8 @@ async def test_a_new_layout_waits_for_a_server_on_a_gone_slice_then_is_placed_on
     assert bob.gpu_policy is policy, "one policy for the hub, whatever layout a later spawner finds"
     # alice's slice would be gone: the GPU keeps its old layout, closed to new servers, and alice her lease.
     assert [d.uuid for d in policy.devices] == [d.uuid for d in inventory(SEVEN).devices]
-    assert leased(alice) == ("MIG-sim-00-h200-141gb-0-1g.18gb",) and store.usage() == []
+    assert leased(alice) == ("MIG-sim-00-h200-141gb-0-1g.18gb",)
+    assert store.usage() == []
     assert [w.message for w in policy.layout_waiting] == [
         "layout change waiting: 1 server still on slices the new layout removes"
     ]
@@ -153,20 +159,22 @@ async def test_a_new_layout_waits_for_a_server_on_a_gone_slice_then_is_placed_on
     assert policy.free_count("1g.18gb") == 0, "the six free slices are closed to new servers"
     await bob._apply_gpu_options({"gpus": 1, "gpu_profile": "1g.18gb"})
     bob.gpu_queue_timeout = 0.3
-    with pytest.raises(SpawnException, match="No 1 H200-141GB 1g.18gb|No GPU|became free"):
+    with pytest.raises(SpawnException, match=r"No 1 H200-141GB 1g\.18gb|No GPU|became free"):
         await bob._acquire(bob.gpu_request)
 
     # alice stops: the release adopts the waiting layout at once, and the service's settings follow.
     await asyncio.to_thread(policy.release, "alice", "", "stopped")
     assert [d.uuid for d in policy.devices] == ["MIG-sim-00-h200-141gb-0-3g.71gb", "MIG-sim-00-h200-141gb-1-3g.71gb"]
-    assert policy.layout_waiting == [] and load_layout_waiting(store) == []
+    assert policy.layout_waiting == []
+    assert load_layout_waiting(store) == []
     stored, _ = load_policy_settings(store)
     assert [d.profile for d in stored.inventory.devices] == ["3g.71gb", "3g.71gb"]
     assert [(row.user, row.reason) for row in store.usage()] == [("alice", "stopped")]
 
     with pytest.raises(SpawnException) as refused:
         await bob._apply_gpu_options({"gpus": 1, "gpu_profile": "1g.18gb"})
-    assert refused.value.status_code == 400 and "1g.18gb" in str(refused.value)
+    assert refused.value.status_code == 400
+    assert "1g.18gb" in str(refused.value)
     await bob._apply_gpu_options({"gpus": 1, "gpu_profile": "3g.71gb"})
     bob.gpu_queue_timeout = 10
     await bob._acquire(bob.gpu_request)
@@ -175,7 +183,7 @@ async def test_a_new_layout_waits_for_a_server_on_a_gone_slice_then_is_placed_on
     store.dispose()
 
 
-async def test_a_request_waiting_in_line_gets_a_slice_of_the_new_layout(make_spawner, tmp_path):  # noqa: F811
+async def test_a_request_waiting_in_line_gets_a_slice_of_the_new_layout(make_spawner, tmp_path):
     layout = tmp_path / "layout"
     layout.write_text("1xH200-141GB:mig=1x1g.18gb")
     traits = {
@@ -440,7 +448,8 @@ def test_the_merge_keeps_every_held_device_and_never_mixes_whole_and_slices_of_o
                 assert device.uuid in merged.by_uuid(), (old, new, device.uuid)
                 whole = {d.uuid for d in merged.devices if not d.mig}
                 assert not whole & {d.parent_uuid for d in merged.devices if d.mig}, (old, new, device.uuid)
-                assert len(waits) <= 1 and (waits == []) == (device.uuid in inventory(new).by_uuid())
+                assert len(waits) <= 1
+                assert (waits == []) == (device.uuid in inventory(new).by_uuid())
 
 
 def test_slices_that_do_not_name_their_gpu_are_grouped_by_index():
@@ -494,7 +503,8 @@ def test_the_policy_keeps_a_held_gpu_closed_adopts_the_rest_and_the_held_one_aft
     assert sorted(lease.user for lease in store.leases()) == ["ann", "ben", "cat"], "nobody's lease closed"
     (waiting,) = load_layout_waiting(store)
     assert waiting["message"] == "layout change waiting: 3 servers still on slices the new layout removes"
-    assert waiting["gpu_uuid"] == G0 and waiting["new_layout"] == "2x3g.71gb"
+    assert waiting["gpu_uuid"] == G0
+    assert waiting["new_layout"] == "2x3g.71gb"
     stored, _ = load_policy_settings(store)
     assert [d.uuid for d in stored.inventory.devices] == [d.uuid for d in policy.devices]
     # GPU 0's four free slices go to nobody; GPU 1's new slices do.
@@ -505,11 +515,13 @@ def test_the_policy_keeps_a_held_gpu_closed_adopts_the_rest_and_the_held_one_aft
 
     policy.release("ann", "", "stopped")
     policy.release("ben", "", "stopped")
-    assert policy.layout_waiting and s0(0) in policy.inventory.by_uuid(), "cat is still on a removed slice"
+    assert policy.layout_waiting, "cat is still on a removed slice"
+    assert s0(0) in policy.inventory.by_uuid(), "cat is still on a removed slice"
     assert load_layout_waiting(store)[0]["servers"] == ["cat"]
     policy.release("cat", "", "stopped")
     assert [d.uuid for d in policy.devices] == [s0(0, "3g.71gb"), s0(1, "3g.71gb"), s1(0, "3g.71gb"), s1(1, "3g.71gb")]
-    assert policy.layout_waiting == [] and load_layout_waiting(store) == []
+    assert policy.layout_waiting == []
+    assert load_layout_waiting(store) == []
     assert place(policy, "eve", "H200-141GB 3g.71gb").gpu_uuids == (s0(0, "3g.71gb"),)
     assert {row.reason for row in store.usage()} == {"stopped"}
     store.dispose()
@@ -526,7 +538,8 @@ def test_changing_back_while_a_gpu_waits_cancels_the_wait_and_hands_out_nothing_
         assert [w.gpu for w in policy.layout_waiting] == [G0, G1]
         assert policy.free_count() == 0, "no whole GPU and no slice is free for anyone new"
         policy.adopt_inventory(inventory(ONE_OF_TWO))
-        assert policy.layout_waiting == [] and load_layout_waiting(store) == []
+        assert policy.layout_waiting == []
+        assert load_layout_waiting(store) == []
         assert policy.free_count("H200-141GB 1g.18gb") == 6
     assert [lease.gpu_uuids for lease in store.leases()] == [(s0(0),), (G1,)]
     store.dispose()
@@ -634,7 +647,8 @@ async def test_the_service_shows_the_waiting_layout_change_until_it_is_adopted(s
         for user in ("ann", "ben", "cat"):
             await asyncio.to_thread(policy.release, user, "", "stopped")
         answer = await gpus()
-        assert answer["layout_waiting"] == [] and all(r["layout_waiting"] is None for r in answer["gpus"])
+        assert answer["layout_waiting"] == []
+        assert all(r["layout_waiting"] is None for r in answer["gpus"])
         assert [r["profile"] for r in answer["gpus"]] == ["3g.71gb"] * 4
     finally:
         server.stop()

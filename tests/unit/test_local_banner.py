@@ -19,9 +19,8 @@ NO_GPUS = DeviceInventory("none", [], "no driver")
 
 def hub_database(data: Path, users: list[str] = (), signups: dict[str, bool] | None = None) -> None:
     """JupyterHub's database as the hub leaves it: its users, NativeAuthenticator's sign-ups (name -> authorized)."""
-    import nativeauthenticator.orm  # noqa: F401  (registers users_info with JupyterHub's schema)
     from jupyterhub import orm
-    from nativeauthenticator.orm import UserInfo
+    from nativeauthenticator.orm import UserInfo  # registers users_info with JupyterHub's schema
 
     db = orm.new_session_factory(f"sqlite:///{data / 'jupyterhub.sqlite'}")()
     for name in users:
@@ -46,7 +45,7 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
 
 
 @pytest.mark.parametrize(
-    "env, local, users, signups, names, open_to",
+    ("env", "local", "users", "signups", "names", "open_to"),
     [
         # a fresh workstation: the one admin, nobody else
         ({}, {}, [], {}, {"admin"}, ""),
@@ -97,7 +96,8 @@ def test_who_can_use_the_hub(tmp_path, env, local, users, signups, names, open_t
         hub_database(tmp_path, users, signups)
     reach = accounts.who_can_use(final(tmp_path, env, local))
     assert reach.names == names
-    assert reach.open_to.startswith(open_to) and bool(reach.open_to) == bool(open_to)
+    assert reach.open_to.startswith(open_to)
+    assert bool(reach.open_to) == bool(open_to)
     assert reach.shared == (len(names) > 1 or bool(open_to))
 
 
@@ -129,7 +129,7 @@ WARNING_TAIL = [
 
 
 @pytest.mark.parametrize(
-    "backend, reach, first_line",
+    ("backend", "reach", "first_line"),
     [
         ("local", Reach(frozenset({"admin"})), None),
         ("local", Reach(frozenset()), None),
@@ -164,7 +164,8 @@ def test_the_local_backend_warns_when_more_than_one_person_can_use_it(backend, r
     at = lines.index(first_line)
     assert lines[at + 1 : at + 5] == WARNING_TAIL
     # inside the banner's frame, after how to begin
-    assert lines[at - 1].startswith("First admin: ") and lines[at + 5] == "=" * 72
+    assert lines[at - 1].startswith("First admin: ")
+    assert lines[at + 5] == "=" * 72
 
 
 def test_the_banner_warns_for_a_hub_whose_database_holds_a_second_user(tmp_path):

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"
-if str(EXTENSION_DIR) not in sys.path:
-    sys.path.insert(0, str(EXTENSION_DIR))
+# The extension's source, ahead of the wheel installed in the venv.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"))
 
-from workbench_gpu_monitor.memory_cgroup import MemoryWatcher, Reading, find_cgroup, read_cgroup  # noqa: E402
+from workbench_gpu_monitor.memory_cgroup import MemoryWatcher, Reading, find_cgroup, read_cgroup
 
 GIB = 1 << 30
 V1_NO_LIMIT = "9223372036854771712"
@@ -26,7 +25,7 @@ def fake(tmp_path: Path, files: dict[str, str]) -> str:
 
 
 @pytest.mark.parametrize(
-    "files, expected",
+    ("files", "expected"),
     [
         # cgroup v2 with a 16 GiB limit and two kills
         (
@@ -34,7 +33,7 @@ def fake(tmp_path: Path, files: dict[str, str]) -> str:
                 "memory.max": f"{16 * GIB}\n",
                 "memory.current": "123456\n",
                 "memory.events": "low 0\nhigh 0\nmax 9\noom 2\noom_kill 2\noom_group_kill 0\n",
-            },  # noqa: E501
+            },
             Reading("v2", 16 * GIB, 123456, 2),
         ),
         # v2 without a limit
@@ -48,7 +47,7 @@ def fake(tmp_path: Path, files: dict[str, str]) -> str:
                 "memory.usage_in_bytes": "77\n",
                 "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n",
                 "memory.failcnt": "40\n",
-            },  # noqa: E501
+            },
             Reading("v1", 2 * GIB, 77, 3, 40),
         ),
         # v1 without the oom_kill line: no kill count, failcnt kept as the fallback
@@ -58,14 +57,14 @@ def fake(tmp_path: Path, files: dict[str, str]) -> str:
                 "memory.usage_in_bytes": "77\n",
                 "memory.oom_control": "oom_kill_disable 0\nunder_oom 0\n",
                 "memory.failcnt": "4\n",
-            },  # noqa: E501
+            },
             Reading("v1", 2 * GIB, 77, None, 4),
         ),
         # v1 without a limit (LONG_MAX rounded to a page) and without failcnt
         (
             {"memory.limit_in_bytes": V1_NO_LIMIT + "\n", "memory.usage_in_bytes": "1\n"},
             Reading("v1", None, 1, None, None),
-        ),  # noqa: E501
+        ),
         # a limit of 2**60 or more is no limit too; garbage reads as unknown
         ({"memory.max": str(2**60), "memory.current": "junk"}, Reading("v2", None, None, None)),
         # no memory cgroup files at all
@@ -137,8 +136,11 @@ def test_the_watcher_records_when_the_kill_count_rose_and_only_then(tmp_path, ve
     watcher = MemoryWatcher(directory, now=clock)
     first = watcher.snapshot()
     # A count already there when the server started is not a kill of this server's kernels.
-    assert first["oom_kills"] == 5 and first["last_oom_kill_at"] is None
-    assert first["cgroup"] == version and first["limit_bytes"] == GIB and first["source"] == directory
+    assert first["oom_kills"] == 5
+    assert first["last_oom_kill_at"] is None
+    assert first["cgroup"] == version
+    assert first["limit_bytes"] == GIB
+    assert first["source"] == directory
     clock.t = clock.t.replace(minute=5)
     watcher.poll()
     assert watcher.snapshot()["last_oom_kill_at"] is None
@@ -161,7 +163,8 @@ def test_v1_without_the_oom_kill_line_falls_back_on_failcnt(tmp_path):
     (tmp_path / "memory.failcnt").write_text("4\n")
     watcher.poll()
     snap = watcher.snapshot()
-    assert snap["oom_kills"] is None and snap["last_oom_kill_at"] == clock.t.isoformat()
+    assert snap["oom_kills"] is None
+    assert snap["last_oom_kill_at"] == clock.t.isoformat()
 
 
 def test_files_that_vanish_do_not_break_the_watcher(tmp_path):

@@ -35,7 +35,8 @@ def test_mixed_layouts_and_whole_gpus_keep_their_gpu_indexes():
         (3, "H100-80GB"),
     ]
     assert len({d.uuid for d in devices}) == 10
-    assert devices[4].uuid == "MIG-sim-01-h200-141gb-0-1g.18gb" and devices[8].uuid == "GPU-sim-02-h100-80gb"
+    assert devices[4].uuid == "MIG-sim-01-h200-141gb-0-1g.18gb"
+    assert devices[8].uuid == "GPU-sim-02-h100-80gb"
 
 
 def test_a_nodes_slices_carry_its_name_as_its_gpus_do():
@@ -112,9 +113,12 @@ def test_a_simulated_slice_reads_as_a_real_one_memory_but_no_utilization(tmp_pat
     selection = select_devices(inventory, {"WORKBENCH_GPUS": mine})
     (reading,) = SimulatedSource(selection, clock=lambda: 1000.0).read()["gpus"]
     assert (reading["uuid"], reading["profile"], reading["parent_uuid"]) == (mine, "1g.18gb", "GPU-sim-00-h200-141gb")
-    assert reading["utilization_percent"] is None and reading["unsupported"]["utilization_percent"] == "n/a (MIG)"
-    assert reading["memory_used_bytes"] > 0 and reading["memory_total_bytes"] == 18 * 10**9
+    assert reading["utilization_percent"] is None
+    assert reading["unsupported"]["utilization_percent"] == "n/a (MIG)"
+    assert reading["memory_used_bytes"] > 0
+    assert reading["memory_total_bytes"] == 18 * 10**9
     script = tmp_path / "util.json"
     script.write_text(json.dumps({mine: 3.0}))
     (scripted,) = SimulatedSource(selection, clock=lambda: 1000.0, script=str(script)).read()["gpus"]
-    assert scripted["utilization_percent"] == 3.0 and "utilization_percent" not in scripted["unsupported"]
+    assert scripted["utilization_percent"] == 3.0
+    assert "utilization_percent" not in scripted["unsupported"]

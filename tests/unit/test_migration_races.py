@@ -34,7 +34,7 @@ def build_stores_at_once(urls: list[str]) -> list[BaseException]:
         try:
             barrier.wait()
             AllocationStore(url).dispose()
-        except BaseException as exc:  # the assertion reports it
+        except BaseException as exc:  # noqa: BLE001 - a thread's error, handed to the test's assertion
             errors.append(exc)
 
     # Daemon threads: a migration that deadlocks (as unserialised upgrades on PostgreSQL did, one
@@ -131,7 +131,8 @@ def waits_for_the_lock(db_url: str) -> None:
         results = finish(procs)
     holder.dispose()
     assert still_waiting == [True, True], results
-    assert "gpu_leases" not in tables and "alembic_version" not in tables, tables
+    assert "gpu_leases" not in tables, tables
+    assert "alembic_version" not in tables, tables
     assert all(rc == 0 for rc, _ in results), results
     engine = create_engine(db_url)
     assert current(engine) == HEAD

@@ -152,7 +152,7 @@ BOUND_KEYWORDS = (
 )
 
 
-@pytest.mark.parametrize("pointer, value, where", BOUNDS, ids=[f"{b[0]}={b[2]}" for b in BOUNDS])
+@pytest.mark.parametrize(("pointer", "value", "where"), BOUNDS, ids=[f"{b[0]}={b[2]}" for b in BOUNDS])
 def test_a_bound_of_the_document_is_the_codes_constant(pointer, value, where):
     assert at(DOC, pointer) == value, f"openapi.yaml {pointer} is {at(DOC, pointer)!r}; {where} is {value!r}"
 
@@ -197,7 +197,7 @@ def test_the_fields_of_a_body_are_the_codes():
     assert tuple(schemas["QuotaBody"]["properties"]) == QUOTA_FIELDS
     assert tuple(schemas["Quota"]["required"]) == QUOTA_FIELDS
     assert tuple(schemas["ReservationBody"]["properties"]) == FIELDS
-    assert MODEL_LENGTH == column_length(ReservationRow, "model")
+    assert column_length(ReservationRow, "model") == MODEL_LENGTH
     for name in ("QuotaBody", "ReservationBody", "IdleExemptionBody", "DrainBody"):
         assert schemas[name]["additionalProperties"] is False, name
         assert schemas[name]["title"], f"{name} needs a title: the 400 sentences name it"
@@ -221,7 +221,8 @@ def _refs(node):
 @pytest.mark.parametrize("doc", [MAIN, DOC], ids=["main", "main+slurm"])
 def test_every_reference_resolves(doc):
     refs = set(_refs(doc))
-    assert "#/components/schemas/Error" in refs and "#/components/responses/Forbidden" in refs
+    assert "#/components/schemas/Error" in refs
+    assert "#/components/responses/Forbidden" in refs
     for ref in refs:
         assert ref.startswith("#/"), ref
         at(doc, ref[1:])  # KeyError names the missing part
@@ -230,9 +231,13 @@ def test_every_reference_resolves(doc):
 def test_the_slurm_fragment_leans_on_the_main_documents_shared_parts():
     refs = set(_refs(SLURM[0]))
     assert {"#/components/responses/Forbidden", "#/components/schemas/Error"} <= refs
-    with pytest.raises(KeyError):
-        for ref in refs:
+    unresolved = set()
+    for ref in refs:
+        try:
             at(SLURM[0], ref[1:])
+        except KeyError:
+            unresolved.add(ref)
+    assert {"#/components/responses/Forbidden", "#/components/schemas/Error"} <= unresolved, "found in the fragment"
 
 
 def test_the_document_is_valid_openapi_3_1():
@@ -273,7 +278,8 @@ def test_every_schema_is_json_schema_2020_12_and_every_answer_has_one():
 def test_the_yaml_ships_with_the_package():
     assert (files("workbench_hub.service") / "openapi.yaml").is_file()
     for path in openapi_fragments(list(installed_backends())):
-        assert Path(path).is_file() and Path(path).parent.name in installed_backends()
+        assert Path(path).is_file()
+        assert Path(path).parent.name in installed_backends()
 
 
 # -- routes and the document, both ways --------------------------------------------------------------
@@ -307,7 +313,8 @@ def test_every_route_is_documented_and_every_documented_route_is_served(backend)
     served, described = app_routes(app), documented(doc)
     assert served - described == set(), "mounted but not in the document"
     assert described - served == set(), "in the document but not served"
-    assert ("get", "/api/gpus") in served and ("put", "/api/quotas/users/{name}") in served
+    assert ("get", "/api/gpus") in served
+    assert ("put", "/api/quotas/users/{name}") in served
     slurm = ("delete", "/api/slurm/nodes/{name}")
     assert (slurm in served) is (backend == "slurm")
     assert ("slurm" in doc["components"]["schemas"]["GPU"]["properties"]) is (backend == "slurm")
@@ -340,7 +347,7 @@ def test_every_request_body_is_checked_by_its_handler():
 
 
 @pytest.mark.parametrize(
-    "schema, body, sentence",
+    ("schema", "body", "sentence"),
     [
         ("QuotaBody", {"max_gpus": 5000}, "max_gpus must be between 0 and 1024, not 5000"),
         (
@@ -420,7 +427,7 @@ def test_a_refused_body_is_one_sentence_naming_the_field_and_the_rule(schema, bo
 
 
 @pytest.mark.parametrize(
-    "schema, body",
+    ("schema", "body"),
     [
         ("QuotaBody", {"max_gpus": 0}),
         (
@@ -467,22 +474,26 @@ def test_an_unknown_schema_is_a_programming_error():
 
 
 def test_the_slurm_fragment_adds_its_paths_schemas_and_the_gpu_rows_slurm_property():
-    assert "/api/slurm/nodes" in DOC["paths"] and "/api/slurm/nodes" not in MAIN["paths"]
-    assert "SlurmNodes" in DOC["components"]["schemas"] and "SlurmNodes" not in MAIN["components"]["schemas"]
+    assert "/api/slurm/nodes" in DOC["paths"]
+    assert "/api/slurm/nodes" not in MAIN["paths"]
+    assert "SlurmNodes" in DOC["components"]["schemas"]
+    assert "SlurmNodes" not in MAIN["components"]["schemas"]
     assert DOC["components"]["schemas"]["GPU"]["properties"]["slurm"] == {"$ref": "#/components/schemas/SlurmGPUState"}
     assert "slurm" not in MAIN["components"]["schemas"]["GPU"]["properties"]
-    assert "x-schema-properties" not in DOC and "x-fragment" not in DOC
+    assert "x-schema-properties" not in DOC
+    assert "x-fragment" not in DOC
 
 
 def test_each_load_is_a_new_document():
     first = load_document()
     first["paths"].clear()
     first["components"]["schemas"]["QuotaBody"]["properties"].clear()
-    assert load_document() == MAIN and MAIN["paths"]
+    assert load_document() == MAIN
+    assert MAIN["paths"]
 
 
 @pytest.mark.parametrize(
-    "change, words",
+    ("change", "words"),
     [
         (lambda f: f["paths"].update({"/api/gpus": {}}), "redefines the path /api/gpus"),
         (lambda f: f["components"]["schemas"].update({"Error": {}}), "redefines components/schemas/Error"),

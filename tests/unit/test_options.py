@@ -19,7 +19,7 @@ def test_form_fields_become_the_same_options_as_json():
 
 
 @pytest.mark.parametrize(
-    "options, expected",
+    ("options", "expected"),
     [({}, 1), (None, 1), ({"gpus": 0}, 0), ({"gpus": "3"}, 3), ({"gpus": 2.0}, 2), ({"gpus": None}, 1)],
 )
 def test_valid_gpu_counts(options, expected):
@@ -27,7 +27,7 @@ def test_valid_gpu_counts(options, expected):
 
 
 @pytest.mark.parametrize(
-    "options, message",
+    ("options", "message"),
     [
         ({"gpus": -1}, "cannot be negative"),
         ({"gpus": "-2"}, "cannot be negative"),
@@ -93,7 +93,7 @@ def test_a_hub_of_slices_only_leaves_the_choice_of_profile_to_admission():
 
 
 @pytest.mark.parametrize(
-    "options, slices, message",
+    ("options", "slices", "message"),
     [
         ({"gpu_profile": "2g.35gb"}, SLICES, "no MIG slices of '2g.35gb'; it has: 1g.18gb (7 on H200-141GB), 3g.40gb"),
         ({"gpu_profile": "1g.18gb"}, {}, "this hub has no MIG slices, so gpu_profile '1g.18gb' cannot be had"),

@@ -212,7 +212,9 @@ async def test_sign_up_stores_the_hash_made_in_the_pool(monkeypatch):
     hashed = await workbench_auth._hash_in_pool(PASSWORD)
     with workbench_auth._using_hash(PASSWORD, hashed):
         info = auth.create_user("Ann", PASSWORD, email="", has_2fa=False)
-    assert info.username == "ann" and info.password == hashed and not info.is_authorized
+    assert info.username == "ann"
+    assert info.password == hashed
+    assert not info.is_authorized
     assert bcrypt.checkpw(PASSWORD.encode(), UserInfo.find(auth.db, "ann").password)
 
 

@@ -37,10 +37,12 @@ async def test_waiters_are_served_in_arrival_order(tmp_path):
     policy.release("holder", "", "stopped")
     await asyncio.wait_for(big, 5)
     await asyncio.sleep(0.05)
-    assert served == ["big"] and not small.done()
+    assert served == ["big"]
+    assert not small.done()
     policy.release("big", "", "stopped")
     lease = await asyncio.wait_for(small, 5)
-    assert served == ["big", "small"] and len(lease.gpu_uuids) == 1
+    assert served == ["big", "small"]
+    assert len(lease.gpu_uuids) == 1
     assert reports["small"] == [1, 0], "the place in line is updated as it moves"
 
 
@@ -63,7 +65,7 @@ async def test_cancelled_wait_leaves_the_line_and_lets_the_next_one_go(tmp_path)
     policy.release("holder", "", "stopped")
     lease = await asyncio.wait_for(second, 5)
     assert lease.user == "second"
-    assert [l.user for l in policy.store.leases()] == ["second"]  # noqa: E741
+    assert [held.user for held in policy.store.leases()] == ["second"]
 
 
 async def test_a_release_made_elsewhere_is_noticed_by_the_recheck(tmp_path):
@@ -85,7 +87,8 @@ async def test_model_choice_only_gets_that_model(tmp_path):
     assert all("a100" in uuid for uuid in lease.gpu_uuids)
     with pytest.raises(NoGPUAvailable):
         await policy.place("bob", "", 1, "A100-40GB", 0)
-    assert policy.free_count() == 1 and policy.free_count("H100-80GB") == 1
+    assert policy.free_count() == 1
+    assert policy.free_count("H100-80GB") == 1
 
 
 async def test_reconcile_after_restart_releases_only_dead_servers(tmp_path):
@@ -99,9 +102,9 @@ async def test_reconcile_after_restart_releases_only_dead_servers(tmp_path):
     restarted = make_policy(tmp_path, "4")  # a new hub process, same database
     verdict = {"pid:1": True, "pid:2": False, "": None}
     released = restarted.reconcile(lambda lease: verdict[lease.ref])
-    assert [l.user for l in released] == ["dead"]  # noqa: E741
+    assert [gone.user for gone in released] == ["dead"]
     assert restarted.reconcile(lambda lease: False) == [], "reconcile runs once per process"
-    kept = {l.user: l.gpu_uuids for l in restarted.store.leases()}  # noqa: E741
+    kept = {held.user: held.gpu_uuids for held in restarted.store.leases()}
     assert set(kept) == {"alive", "unknown"}
     # The freed GPU goes to a newcomer; the kept ones are never handed out twice.
     lease = await restarted.place("new", "", 1, None, 0)

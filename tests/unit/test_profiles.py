@@ -29,8 +29,10 @@ def test_profiles_parse_with_limits_in_cores_and_bytes():
         ]
     )
     assert profiles[0] == ResourceProfile("small", "small", 2.0, 8 * GiB)
-    assert profiles[1].cpu_limit == 16.0 and profiles[1].mem_limit == 64 * GiB
-    assert profiles[2].cpu_limit is None and profiles[2].mem_limit == 512 << 20
+    assert profiles[1].cpu_limit == 16.0
+    assert profiles[1].mem_limit == 64 * GiB
+    assert profiles[2].cpu_limit is None
+    assert profiles[2].mem_limit == 512 << 20
     assert default_profile(profiles).slug == "large"
     assert profiles[0].summary() == "2 CPUs, 8 GiB memory"
     assert profiles[2].summary() == "512 MiB memory"
@@ -45,7 +47,7 @@ def test_without_a_marked_default_the_first_is_the_default():
 
 
 @pytest.mark.parametrize(
-    "raw, message",
+    ("raw", "message"),
     [
         ([{"cpu_limit": 2}], "slug must be 1-40 lower-case letters"),
         ([{"slug": "Big GPU", "cpu_limit": 2}], "not 'Big GPU'"),

@@ -15,7 +15,7 @@ from workbench_hub.env_values import ConfigError
 
 
 @pytest.mark.parametrize(
-    "name, extra, kept",
+    ("name", "extra", "kept"),
     [
         # what Node.js and configurable-http-proxy need
         ("PATH", "", True),
@@ -66,7 +66,7 @@ def test_values_pass_unchanged():
 
 
 @pytest.mark.parametrize(
-    "env, keep",
+    ("env", "keep"),
     [
         ({}, []),
         ({"WORKBENCH_PROXY_ENV_KEEP": ""}, []),
@@ -89,7 +89,7 @@ def test_a_name_that_is_not_a_variable_name_is_refused_with_a_sentence(tmp_path,
 
 
 @pytest.mark.parametrize(
-    "argv, parsed",
+    ("argv", "parsed"),
     [
         (["--", "chp"], (frozenset(), ["chp"])),
         (
@@ -160,18 +160,21 @@ def test_a_pid_file_naming_another_process_is_forgotten(tmp_path):
     other = subprocess.Popen(["sleep", "30"])
     try:
         pid_file.write_text(str(other.pid))
-        assert proxy_env.forget_stale_pid_file(pid_file) and not pid_file.exists()
+        assert proxy_env.forget_stale_pid_file(pid_file)
+        assert not pid_file.exists()
         assert other.poll() is None, "the other process is left alone"
     finally:
         other.kill()
         other.wait()
     pid_file.write_text("not a pid")
-    assert not proxy_env.forget_stale_pid_file(pid_file) and pid_file.exists()
+    assert not proxy_env.forget_stale_pid_file(pid_file)
+    assert pid_file.exists()
     fake_proxy = subprocess.Popen(["bash", "-c", "exec -a configurable-http-proxy sleep 30"])
     try:
         time.sleep(0.2)
         pid_file.write_text(str(fake_proxy.pid))
-        assert not proxy_env.forget_stale_pid_file(pid_file) and pid_file.exists(), "a running proxy's file stays"
+        assert not proxy_env.forget_stale_pid_file(pid_file), "a running proxy's file stays"
+        assert pid_file.exists(), "a running proxy's file stays"
     finally:
         fake_proxy.kill()
         fake_proxy.wait()

@@ -35,7 +35,7 @@ A, B, C = w("ann", 0, 12.0), w("bob", 60, 2.0), w("cid", 120, 2.0)
 
 
 @pytest.mark.parametrize(
-    "mode, now, aging, expect",
+    ("mode", "now", "aging", "expect"),
     [
         ("fifo", 200, 30, ["ann", "bob", "cid"]),
         ("fair-share", 200, 30, ["bob", "cid", "ann"]),  # fewest GPU-hours first, ties by arrival
@@ -67,7 +67,7 @@ def test_explain_says_how_many_who_used_less_are_ahead():
 
 
 @pytest.mark.parametrize(
-    "value, expect", [(None, "fifo"), ("", "fifo"), ("FIFO", "fifo"), (" fair-share ", "fair-share")]
+    ("value", "expect"), [(None, "fifo"), ("", "fifo"), ("FIFO", "fifo"), (" fair-share ", "fair-share")]
 )
 def test_parse_queue_order(value, expect):
     assert parse_queue_order(value) == expect
@@ -108,7 +108,7 @@ def test_placement_keeps_reserved_gpus_for_members(allocator):
         early = await alloc.place("early", "", 2, None, 1)
         await asyncio.to_thread(alloc.release, "early", "", "stopped")
         set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
-        out1 = await alloc.place("out1", "", 1, None, 1)  # noqa: F841
+        await alloc.place("out1", "", 1, None, 1)  # holds the one GPU outside the reservation
         out2 = asyncio.create_task(alloc.place("out2", "", 1, None, 10))
         await asyncio.sleep(0.3)
         assert not out2.done()  # waits: the other 3 are reserved
@@ -119,7 +119,8 @@ def test_placement_keeps_reserved_gpus_for_members(allocator):
         return early, member
 
     early, member = run_debug(main)
-    assert len(early.gpu_uuids) == 2 and len(member.gpu_uuids) == 2
+    assert len(early.gpu_uuids) == 2
+    assert len(member.gpu_uuids) == 2
     assert store.lease_of("stud", "").groups == ("ml-course",)
 
 
@@ -137,7 +138,7 @@ def test_after_the_grace_period_unasked_gpus_are_released(allocator):
 async def _try(alloc, user):
     try:
         return await alloc.place(user, "", 1, None, 0.2)
-    except Exception:
+    except NoGPUAvailable:
         return None
 
 
@@ -189,7 +190,7 @@ def test_fair_share_serves_the_lighter_user_first(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         ([], "the body must be a JSON object"),
         ({"group": "g", "gpus": 1}, "window is missing"),

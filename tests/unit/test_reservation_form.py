@@ -6,12 +6,12 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from zoneinfo import ZoneInfo
 
-from tests.unit.test_spawner_lifecycle import make_spawner  # noqa: F401  (the fixture)
+from tests.unit.test_spawner_lifecycle import make_spawner as make_spawner  # the fixture, for pytest to find
 from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
 from workbench_spawner.policy.clock import set_test_clock
 
 
-async def test_the_form_names_the_open_reservation(make_spawner, tmp_path):  # noqa: F811
+async def test_the_form_names_the_open_reservation(make_spawner, tmp_path):
     clock = tmp_path / "clock"
     set_test_clock(clock, datetime(2026, 12, 8, 8, 30, tzinfo=UTC))
     spawner = make_spawner(gpu_test_clock_file=str(clock), gpu_time_zone="Europe/Berlin")

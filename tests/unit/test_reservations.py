@@ -29,7 +29,7 @@ def local(text: str, tz=BERLIN) -> datetime:
 
 # 2026-12-08 is a Tuesday.
 @pytest.mark.parametrize(
-    "window, now, inside",
+    ("window", "now", "inside"),
     [
         ("Tue 10:00-12:00", "2026-12-08 10:00", True),
         ("Tue 10:00-12:00", "2026-12-08 11:59", True),
@@ -61,7 +61,7 @@ def test_weekly_window_keeps_wall_clock_across_dst():
 
 
 @pytest.mark.parametrize(
-    "text, weekly, words",
+    ("text", "weekly", "words"),
     [
         ("", None, "missing"),
         ("Tue", None, "malformed"),
@@ -90,7 +90,7 @@ COURSE = Reservation("ml-course", 3, parse_window("Tue 10:00-12:00"), grace_minu
 
 
 @pytest.mark.parametrize(
-    "now, demand, held",
+    ("now", "demand", "held"),
     [
         ("2026-12-08 09:59", 0, 0),  # before the window
         ("2026-12-08 10:00", 0, 3),  # all of it at the start
@@ -115,7 +115,7 @@ def hold(user, gpus, groups=(), minutes=0):
 
 
 @pytest.mark.parametrize(
-    "who, held, free, count, expect",
+    ("who", "held", "free", "count", "expect"),
     [
         # 3 of 4 reserved for ml-course: a non-member gets the 4th, not a second.
         ("outsider", [], GPUS, 1, ["g0"]),
@@ -158,7 +158,7 @@ PREEMPT = Reservation(
 
 
 @pytest.mark.parametrize(
-    "reservation, now, phase",
+    ("reservation", "now", "phase"),
     [
         (PREEMPT, "2026-12-08 09:49", None),
         (PREEMPT, "2026-12-08 09:50", "warn"),
@@ -211,7 +211,7 @@ def res(window, gpus, model=None, rid=0):
 
 
 @pytest.mark.parametrize(
-    "new, existing, words",
+    ("new", "existing", "words"),
     [
         (res("Tue 10:00-12:00", 5), [], "more than this hub has"),
         (res("Tue 10:00-12:00", 3, "A100"), [], "more than this hub has"),
@@ -229,7 +229,7 @@ def test_infeasible_reservations_are_refused(new, existing, words):
 
 
 @pytest.mark.parametrize(
-    "new, existing",
+    ("new", "existing"),
     [
         (res("Tue 10:00-12:00", 4), [res("Tue 12:00-14:00", 4)]),  # touching, not overlapping
         (res("Tue 10:00-12:00", 2), [res("Tue 11:00-13:00", 2)]),  # together exactly the inventory
@@ -282,7 +282,7 @@ def test_spawn_form_sentences():
 
 # After the grace period the form says what is held for members now, not the whole reservation.
 @pytest.mark.parametrize(
-    "now, held, waiting, groups, sentence",
+    ("now", "held", "waiting", "groups", "sentence"),
     [
         ("10:14", [], {}, [], "3 of 4 GPUs reserved for ml-course until 12:00"),
         (

@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"
-if str(EXTENSION_DIR) not in sys.path:
-    sys.path.insert(0, str(EXTENSION_DIR))
+# The extension's source, ahead of the wheel installed in the venv.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"))
 
-from workbench_gpu_monitor.saves import MAX_ROUNDS, SaveError, SaveRounds, parse_report  # noqa: E402
+from workbench_gpu_monitor.saves import MAX_ROUNDS, SaveError, SaveRounds, parse_report
 
 
 class Clock:
@@ -68,7 +67,8 @@ def test_done_waits_for_every_tab_active_when_the_stopping_notice_came():
 def test_before_a_stopping_notice_the_tabs_active_now_count_and_none_means_done():
     clock = Clock()
     rounds = SaveRounds(clock)
-    assert rounds.summary("x")["done"] is True and rounds.summary("x")["active_clients"] == 0
+    assert rounds.summary("x")["done"] is True
+    assert rounds.summary("x")["active_clients"] == 0
     rounds.polled("tab-a")
     assert rounds.summary("x")["done"] is False
     rounds.report(report("tab-a", notice_id="x"))
@@ -84,7 +84,8 @@ def test_rounds_and_names_are_bounded():
     for i in range(MAX_ROUNDS + 5):
         rounds.report(report(notice_id=str(i)))
     assert len(rounds.rounds) == MAX_ROUNDS
-    assert "0" not in rounds.rounds and str(MAX_ROUNDS + 4) in rounds.rounds
+    assert "0" not in rounds.rounds
+    assert str(MAX_ROUNDS + 4) in rounds.rounds
     for i in range(3):
         rounds.report(report(client=f"t{i}", notice_id="n", names=[f"{i}-{j}.ipynb" for j in range(30)]))
     assert len(rounds.summary("n")["names"]) == 50
@@ -94,7 +95,7 @@ GOOD = {"notice_id": "7", "client": "tab-1", "saved": 0, "failed": 0, "names": [
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         (None, "the body must be"),
         ([], "the body must be"),

@@ -39,7 +39,8 @@ def test_a_slice_hour_counts_its_share_in_the_ledger(store):
 def test_a_held_slice_counts_its_share_and_the_ledger_keeps_it(store):
     shares = {SLICE: 1 / 7, SLICE_3G: 3 / 7}
     lease = store.allocate("alice", "", 1, [SLICE], shares=shares)
-    assert lease.shares == pytest.approx((1 / 7,)) and lease.gpu_share == pytest.approx(1 / 7)
+    assert lease.shares == pytest.approx((1 / 7,))
+    assert lease.gpu_share == pytest.approx(1 / 7)
     assert store.lease_of("alice", "").shares == pytest.approx((1 / 7,))
     assert gpu_hours_used(store, "alice", now=lease.since + timedelta(hours=7)) == pytest.approx(1.0)
     # Adopted leases record their shares too; a uuid shares leaves out is a whole GPU.
@@ -56,7 +57,8 @@ def test_a_held_slice_counts_its_share_and_the_ledger_keeps_it(store):
 
 def test_a_lease_without_shares_holds_whole_gpus():
     lease = Lease("alice", "", ("GPU-a", "GPU-b"), NOW)
-    assert lease.shares == (1.0, 1.0) and lease.gpu_share == 2.0
+    assert lease.shares == (1.0, 1.0)
+    assert lease.gpu_share == 2.0
     with pytest.raises(ValueError, match="needs as many shares"):
         Lease("alice", "", ("GPU-a",), NOW, shares=(0.5, 0.5))
 
@@ -65,7 +67,8 @@ async def test_the_policy_records_the_share_of_what_it_places_and_restores(store
     inventory = DeviceInventory("simulated", parse_simulated_spec(SPEC), "test")
     policy = GPUPolicy(PolicySettings(store.url, inventory, node="node-a"), store)
     lease = await policy.place("alice", "", 1, "1g.18gb", 1)
-    assert lease.shares == pytest.approx((1 / 7,)) and store.lease_of("alice", "").shares == pytest.approx((1 / 7,))
+    assert lease.shares == pytest.approx((1 / 7,))
+    assert store.lease_of("alice", "").shares == pytest.approx((1 / 7,))
     assert (await policy.place("bob", "", 1, None, 1)).shares == (1.0,)
     assert gpu_hours_used(store, "alice", now=lease.since + timedelta(hours=7)) == pytest.approx(1.0)
     # After a restart that lost carol's lease row, her running server's 3g slice is leased again at 3/7.

@@ -5,39 +5,41 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from tests.unit.fake_backends import FakeEnginePlacement, FakeEngineSpawner
-from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
+from tests.unit.test_quota_spawn import make_spawner as make_spawner  # the fixture, for pytest to find
 from workbench_spawner.policy.gpu_policy import _policies
 from workbench_spawner.rules.quota import Quota
 
 MIXED = "1xH200-141GB:mig=7x1g.18gb,1xH100-80GB"
 
 
-async def test_the_form_offers_whole_gpus_and_each_profile_with_what_is_free(make_spawner):  # noqa: F811
+async def test_the_form_offers_whole_gpus_and_each_profile_with_what_is_free(make_spawner):
     spawner = make_spawner(simulated_gpus=MIXED)
     html = await spawner._render_options_form()
     assert 'name="gpu_profile"' in html
     assert '<option value="">Whole GPUs: 1 of 1 free</option>' in html
     assert '<span id="workbench-free">1 of 1 GPU and 7 of 7 MIG slices free now</span>' in html
     assert '<option value="1g.18gb">1 \u00d7 1g.18gb slice of an H200-141GB, 18 GB: 7 of 7 free</option>' in html
-    assert "A server gets one slice at most" in html and "for more room pick whole GPUs." in html
+    assert "A server gets one slice at most" in html
+    assert "for more room pick whole GPUs." in html
     assert "larger slice" not in html, "one profile only: there is no larger slice to pick"
 
 
-async def test_a_student_is_offered_only_the_slices_the_quota_allows(make_spawner):  # noqa: F811
+async def test_a_student_is_offered_only_the_slices_the_quota_allows(make_spawner):
     spawner = make_spawner(simulated_gpus=MIXED, groups=("students",))
     spawner.gpu_quota_book.set("group", "students", Quota(3, whole_gpus=False, allowed_profiles=("1g.18gb",)))
     html = await spawner._render_options_form()
-    assert "Whole GPUs" not in html and '<option value="1g.18gb">' in html
+    assert "Whole GPUs" not in html
+    assert '<option value="1g.18gb">' in html
     assert "(a CUDA program sees only one MIG slice)." in html, "nothing larger or whole to suggest to this student"
     assert 'max="1"' in html, "one slice a server, though the quota allows 3 at once"
 
 
-async def test_a_hub_without_slices_keeps_its_form(make_spawner):  # noqa: F811
+async def test_a_hub_without_slices_keeps_its_form(make_spawner):
     html = await make_spawner()._render_options_form()
     assert 'name="gpu_profile"' not in html
 
 
-async def test_a_slice_is_pinned_and_a_second_student_gets_another(make_spawner):  # noqa: F811
+async def test_a_slice_is_pinned_and_a_second_student_gets_another(make_spawner):
     first, second = make_spawner(simulated_gpus=MIXED), make_spawner("bob", simulated_gpus=MIXED)
     for spawner in (first, second):
         await spawner._apply_gpu_options({"gpus": 1, "gpu_profile": "1g.18gb"})

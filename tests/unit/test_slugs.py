@@ -114,7 +114,8 @@ def test_distinct_names_give_distinct_slugs():
 def test_slug_is_one_safe_path_component(name, tmp_path):
     slug = slugs.dir_slug(name)
     assert SAFE_COMPONENT.fullmatch(slug), slug
-    assert slug not in (".", "..") and not slug.startswith(".")
+    assert slug not in (".", "..")
+    assert not slug.startswith(".")
     assert len(slug.encode()) <= 255
     (tmp_path / slug).mkdir()  # the file system takes it, as one directory
     assert [p.name for p in tmp_path.iterdir()] == [slug]
@@ -127,7 +128,8 @@ def test_slug_is_stable_and_reads_back(name):
     if slug == slugs.dir_slug(name, max_length=10**9):  # short enough: not hashed
         assert slugs.name_of_slug(slug) == name
     else:
-        assert slugs.name_of_slug(slug) is None and re.search(r"-hash-[0-9a-f]{32}$", slug)
+        assert slugs.name_of_slug(slug) is None
+        assert re.search(r"-hash-[0-9a-f]{32}$", slug)
 
 
 @pytest.mark.parametrize(
@@ -155,7 +157,9 @@ def test_slug_table(name, slug):
 
 def test_long_names_are_cut_and_hashed():
     a, b = slugs.dir_slug("x" * 300 + "a"), slugs.dir_slug("x" * 300 + "b")
-    assert a != b and len(a) == len(b) == 255 and a.startswith("x" * 200)
+    assert a != b
+    assert len(a) == len(b) == 255
+    assert a.startswith("x" * 200)
     assert re.fullmatch(r"x+-hash-[0-9a-f]{32}", a)
     # Cut between tokens: no half escape before the hash mark.
     assert re.fullmatch(r"(-fc-)+-hash-[0-9a-f]{32}", slugs.dir_slug("ü" * 300))
@@ -259,7 +263,8 @@ def test_existing_homes(tmp_path, name, existing, home, warns):
     assert choice.path == str(tmp_path / "homes" / home)
     assert bool(choice.warning) == warns
     if warns:
-        assert repr(name) in choice.warning and str(tmp_path / "homes") in choice.warning
+        assert repr(name) in choice.warning
+        assert str(tmp_path / "homes") in choice.warning
     # Stable: asking again, or after the server made the directory, gives the same answer.
     assert slugs.home_dir(template, name) == choice
     (tmp_path / "homes" / home).mkdir(parents=True, exist_ok=True)
@@ -316,6 +321,8 @@ def test_docker_volume_names_are_distinct():
     names = [n for n in HOSTILE if "\ud800" not in n]  # not UTF-8: JupyterHub cannot have it
     volumes = {f"workbench-home-{escape(n)}" for n in names}
     assert len(volumes) == len(names)
-    assert escape("müller") == "m-c3-bcller" and escape("m-fc-ller") == "m-2dfc-2dller"
-    assert escape("a~b") != escape("a-7e-b") and escape("Alice") != escape("alice")
+    assert escape("müller") == "m-c3-bcller"
+    assert escape("m-fc-ller") == "m-2dfc-2dller"
+    assert escape("a~b") != escape("a-7e-b")
+    assert escape("Alice") != escape("alice")
     assert all(re.fullmatch(r"[a-z0-9-]+", escape(n)) for n in names)

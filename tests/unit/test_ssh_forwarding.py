@@ -72,17 +72,18 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("value, handed, option", GOOD)
+@pytest.mark.parametrize(("value", "handed", "option"), GOOD)
 def test_a_good_value_reaches_sshd_as_its_permit_open_line(value, handed, option):
     assert ",".join(parse_permit_open(value)) == handed
     assert sshd.permit_open_option({sshd.PERMIT_OPEN_VARIABLE: handed}) == option
 
 
-@pytest.mark.parametrize("value, says", BAD)
+@pytest.mark.parametrize(("value", "says"), BAD)
 def test_a_bad_value_is_refused_with_a_sentence_by_the_hub_and_the_server(value, says):
     with pytest.raises(PermitOpenError) as refused:
         parse_permit_open(value)
-    assert str(refused.value).startswith(f"{ENV}: ") and says in str(refused.value)
+    assert str(refused.value).startswith(f"{ENV}: ")
+    assert says in str(refused.value)
     # a value the hub would refuse never reaches sshd, should it be set some other way
     with pytest.raises(sshd.SetupError, match=f"{sshd.PERMIT_OPEN_VARIABLE} in the server's environment holds"):
         sshd.permit_open_option({sshd.PERMIT_OPEN_VARIABLE: value})
@@ -115,7 +116,7 @@ def test_the_setting_defaults_to_the_variable_and_the_trait_takes_entries(monkey
 
 
 @pytest.mark.parametrize(
-    "env, config, problems",
+    ("env", "config", "problems"),
     [
         ({}, {}, []),
         ({ENV: "db.internal:5432"}, {}, []),
@@ -132,7 +133,8 @@ def test_the_hub_checks_the_setting_at_start(monkeypatch, env, config, problems)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     found = ssh_forwarding_problems(Config(config), FakeHostSpawner)
-    assert len(found) == len(problems) and all(f.startswith(p) for f, p in zip(found, problems)), found  # noqa: B905
+    assert len(found) == len(problems), found
+    assert all(f.startswith(p) for f, p in zip(found, problems, strict=True)), found
 
 
 def test_every_servers_environment_carries_the_setting(tmp_path, monkeypatch):

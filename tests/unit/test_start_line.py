@@ -88,7 +88,8 @@ async def test_slots_go_first_come_first_served_with_places_told():
     assert told == {"c": [2], "d": [3]}
     line.release(a)
     await asyncio.sleep(0.05)
-    assert c.done() and not d.done()
+    assert c.done()
+    assert not d.done()
     assert told["d"] == [3, 2], "d is told when the line moved"
     line.release(b)
     line.release(b)  # twice is harmless: it frees one slot, not two

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"
-if str(EXTENSION_DIR) not in sys.path:
-    sys.path.insert(0, str(EXTENSION_DIR))
+# The extension's source, ahead of the wheel installed in the venv.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"))
 
-from workbench_gpu_monitor.stop_notice import is_due, on_stop  # noqa: E402
+from workbench_gpu_monitor.stop_notice import is_due, on_stop
+
+EXTENSION_DIR = Path(__file__).resolve().parents[2] / "extensions" / "gpu-monitor"
 
 
 def write(path: Path, *notices: dict) -> None:
@@ -69,18 +70,23 @@ def test_called_once_per_stop_when_the_stop_comes_within_lead(tmp_path):
     try:
         write(path, notice("7", minutes=10))
         time.sleep(2.5)
-        assert calls == [] and not handle.requested.is_set()
+        assert calls == []
+        assert not handle.requested.is_set()
         write(path, notice("7", minutes=1.5))
         assert wait_for(lambda: len(calls) == 1)
         assert handle.requested.is_set()
-        assert calls[0]["id"] == "7" and calls[0]["kind"] == "idle" and calls[0]["stopping"] is False
-        assert 60 < calls[0]["seconds_left"] <= 90 and handle.notice == calls[0]
+        assert calls[0]["id"] == "7"
+        assert calls[0]["kind"] == "idle"
+        assert calls[0]["stopping"] is False
+        assert 60 < calls[0]["seconds_left"] <= 90
+        assert handle.notice == calls[0]
         write(path, notice("7", minutes=0, stopping=True))  # the same stop, now "stopping"
         time.sleep(2.5)
         assert len(calls) == 1
         write(path, notice("8", minutes=5, stopping=True))  # another stop
         assert wait_for(lambda: len(calls) == 2)
-        assert calls[1]["id"] == "8" and calls[1]["stopping"] is True
+        assert calls[1]["id"] == "8"
+        assert calls[1]["stopping"] is True
     finally:
         handle.cancel()
 
@@ -102,7 +108,8 @@ def test_a_failing_callback_is_printed_and_watching_goes_on(tmp_path, capfd):
     finally:
         handle.cancel()
     err = capfd.readouterr().err
-    assert "on_stop: the callback 'broken' failed" in err and "RuntimeError: disk full" in err
+    assert "on_stop: the callback 'broken' failed" in err
+    assert "RuntimeError: disk full" in err
 
 
 def test_cancel_stops_the_calls_and_bad_arguments_are_refused(tmp_path):
@@ -112,7 +119,8 @@ def test_cancel_stops_the_calls_and_bad_arguments_are_refused(tmp_path):
     handle.cancel()
     write(path, notice("3", stopping=True))
     time.sleep(2.5)
-    assert calls == [] and "cancelled" in repr(handle)
+    assert calls == []
+    assert "cancelled" in repr(handle)
     with pytest.raises(TypeError, match="a function"):
         on_stop("save", path=str(path))
     with pytest.raises(ValueError, match="seconds"):
@@ -154,7 +162,8 @@ def test_sigterm_runs_the_callback_in_the_main_thread_then_ends_as_sigterm_does(
     assert proc.wait(10) == -signal.SIGTERM
     [call] = lines(calls)
     assert call["main"] == "MainThread"
-    assert call["notice"]["kind"] == "sigterm" and call["notice"]["stopping"] is True
+    assert call["notice"]["kind"] == "sigterm"
+    assert call["notice"]["stopping"] is True
 
 
 def test_sigterm_after_an_announced_stop_does_not_call_again_and_waits_for_the_running_save(tmp_path):
@@ -164,7 +173,8 @@ def test_sigterm_after_an_announced_stop_does_not_call_again_and_waits_for_the_r
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == -signal.SIGTERM
     [call] = lines(calls)  # one stop, one call, finished before the process ended
-    assert call["notice"]["id"] == "9" and call["main"] == "workbench-on-stop"
+    assert call["notice"]["id"] == "9"
+    assert call["main"] == "workbench-on-stop"
 
 
 def test_an_earlier_sigterm_handler_is_chained(tmp_path):
@@ -179,7 +189,8 @@ def test_an_earlier_sigterm_handler_is_chained(tmp_path):
     proc, calls, _ = start_kernel_like(tmp_path, before)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 3
-    assert len(lines(calls)) == 1 and Path(str(calls) + ".earlier").read_text() == "ran"
+    assert len(lines(calls)) == 1
+    assert Path(str(calls) + ".earlier").read_text() == "ran"
 
 
 def test_importing_the_package_in_a_kernel_stays_cheap():
@@ -210,4 +221,6 @@ def test_each_named_server_of_a_user_has_its_own_notices_file(monkeypatch, tmp_p
     if file_name:
         assert path.name == file_name
     else:
-        assert path.name.startswith("workbench-notices-") and ".." not in path.name and "/" not in path.name
+        assert path.name.startswith("workbench-notices-")
+        assert ".." not in path.name
+        assert "/" not in path.name

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from jupyterhub.spawner import SpawnException
 
-from tests.unit.test_quota_spawn import make_spawner  # noqa: F401  (the fixture)
+from tests.unit.test_quota_spawn import make_spawner as make_spawner  # the fixture, for pytest to find
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_hub.configurer import servers_per_gpu as parse_servers
 from workbench_hub.env_values import ConfigError
@@ -105,7 +105,7 @@ async def test_only_the_time_sliced_gpus_take_several_servers(tmp_path):
     assert policy.shared
 
 
-async def test_the_form_says_who_shares_a_gpu(make_spawner):  # noqa: F811
+async def test_the_form_says_who_shares_a_gpu(make_spawner):
     alice = make_spawner(simulated_gpus="1xT4-16GB", servers_per_device={"T4-16GB": 3})
     bob = make_spawner("bob", simulated_gpus="1xT4-16GB", servers_per_device={"T4-16GB": 3})
     html = await alice._render_options_form()
@@ -149,7 +149,7 @@ ALONE = "the GPU quota of group thesis allows no time-sliced GPUs"
         ),
     ],
 )
-async def test_a_quota_without_shared_gpus_gets_only_gpus_held_alone(make_spawner, options, got, refusal):  # noqa: F811
+async def test_a_quota_without_shared_gpus_gets_only_gpus_held_alone(make_spawner, options, got, refusal):
     traits = {"simulated_gpus": SPEC, "servers_per_device": {"T4-16GB": 2, "1g.18gb": 3}}
     spawner = make_spawner(groups=("thesis",), **traits)
     spawner.gpu_quota_book.set("group", "thesis", Quota(2, shared_gpus=False))
@@ -157,7 +157,8 @@ async def test_a_quota_without_shared_gpus_gets_only_gpus_held_alone(make_spawne
         with pytest.raises(SpawnException) as info:
             await spawner._apply_gpu_options(options)
         assert info.value.status_code == 403
-        assert refusal in str(info.value) and "ask a hub admin to allow time-sliced GPUs" in str(info.value)
+        assert refusal in str(info.value)
+        assert "ask a hub admin to allow time-sliced GPUs" in str(info.value)
         return
     await spawner._apply_gpu_options(options)
     assert spawner.gpu_request.exclusive
@@ -168,7 +169,7 @@ async def test_a_quota_without_shared_gpus_gets_only_gpus_held_alone(make_spawne
     assert not other.gpu_request.exclusive
 
 
-async def test_the_rule_holds_while_waiting_and_on_a_hub_that_shares_nothing(make_spawner):  # noqa: F811
+async def test_the_rule_holds_while_waiting_and_on_a_hub_that_shares_nothing(make_spawner):
     traits = {"simulated_gpus": "1xT4-16GB,1xH100-80GB", "servers_per_device": {"T4-16GB": 4}, "gpu_queue_timeout": 0.2}
     first = make_spawner("ann", groups=("thesis",), **traits)
     first.gpu_quota_book.set("group", "thesis", Quota(1, shared_gpus=False))

@@ -11,7 +11,8 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient
 
 from tests.service.openapi_check import check
-from tests.unit.test_quota_service import PREFIX, live_service, service_document  # noqa: F401 (a fixture)
+from tests.unit.test_quota_service import PREFIX, service_document
+from tests.unit.test_quota_service import live_service as live_service  # a fixture, for pytest to find
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.store import AllocationStore, UsageRow, utcnow
 from workbench_spawner.rules.gpu_hours import HELD_NOW, gpu_hours_by_reason, gpu_hours_by_user
@@ -52,14 +53,15 @@ def test_hours_by_reason_kind_add_up_to_the_total(store):
         "reclaimed": pytest.approx(2.0),
         reasons.OUT_OF_MEMORY: pytest.approx(1.0),
     }
-    assert set(by_reason["bob"]) == {"unknown", HELD_NOW} and by_reason["bob"]["unknown"] == pytest.approx(3.0)
+    assert set(by_reason["bob"]) == {"unknown", HELD_NOW}
+    assert by_reason["bob"]["unknown"] == pytest.approx(3.0)
     totals = gpu_hours_by_user(store)
     for user, kinds in by_reason.items():
         assert sum(kinds.values()) == pytest.approx(totals[user])
     assert gpu_hours_by_reason(store, user="bob").keys() == {"bob"}
 
 
-async def test_the_usage_api_answers_by_reason_and_the_cli_prints_it(live_service, store, capsys):  # noqa: F811
+async def test_the_usage_api_answers_by_reason_and_the_cli_prints_it(live_service, store, capsys):
     from workbench_hub.cli import main
 
     fill(store)
@@ -74,5 +76,6 @@ async def test_the_usage_api_answers_by_reason_and_the_cli_prints_it(live_servic
     }
     assert await asyncio.to_thread(main, ["--url", live_service, "--token", "t", "usage", "ann"]) == 0
     out = capsys.readouterr().out
-    assert "GPU-hours from " in out and "by why the leases ended" in out
+    assert "GPU-hours from " in out
+    assert "by why the leases ended" in out
     assert "ann: 6 GPU-hours, 0 GPU(s) held now: 3 stopped by the user, 2 reclaimed, 1 out of memory" in out

@@ -102,7 +102,8 @@ async def test_a_heavy_user_who_keeps_asking_ages_across_refusals_and_goes_first
         "you used 0.0 GPU-hours this week; 1 request waiting longer than 30 minutes goes first"
     )
     await line.release()
-    assert await asyncio.wait_for(heavy, 2) == "heavy" and not light.done()
+    assert await asyncio.wait_for(heavy, 2) == "heavy"
+    assert not light.done()
     assert "you have waited over 30 minutes" in line.reasons["heavy"][-1]
     await line.release()
     assert await asyncio.wait_for(light, 2) == "light"
@@ -135,7 +136,7 @@ async def test_being_served_forgets_the_first_arrival():
     await asyncio.gather(again, light, return_exceptions=True)
 
 
-@pytest.mark.parametrize("mode, expect", [("fifo", ["heavy", "light"]), ("fair-share", ["light", "heavy"])])
+@pytest.mark.parametrize(("mode", "expect"), [("fifo", ["heavy", "light"]), ("fair-share", ["light", "heavy"])])
 async def test_a_retry_keeps_its_place_in_fifo_and_its_age_in_fair_share(mode, expect):
     line = Line(mode=mode)
     heavy = await line.ask("heavy", 50.0)

@@ -26,7 +26,7 @@ def run_debug(main, timeout: float = 15.0):
     def target() -> None:
         try:
             result["value"] = asyncio.run(main(), debug=True)
-        except BaseException as exc:  # reported below
+        except BaseException as exc:  # noqa: BLE001 - a thread's error, raised again on the test's thread
             result["error"] = exc
 
     thread = threading.Thread(target=target, daemon=True)
@@ -52,7 +52,8 @@ def test_release_in_a_worker_thread_wakes_the_waiter_at_once(tmp_path):
         started = time.monotonic()
         await asyncio.to_thread(policy.release, "holder", "", "stopped")
         lease = await asyncio.wait_for(waiter, 5)
-        assert lease.user == "waiter" and lease.node == "n1"
+        assert lease.user == "waiter"
+        assert lease.node == "n1"
         return time.monotonic() - started
 
     assert run_debug(main) < 2.0

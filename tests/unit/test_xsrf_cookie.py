@@ -40,7 +40,7 @@ def final_settings(env: dict[str, str], local: dict | None = None) -> dict:
 
 
 @pytest.mark.parametrize(
-    "env, local, xsrf, transforms, headers",
+    ("env", "local", "xsrf", "transforms", "headers"),
     [
         # the proxy serves the certificate: every request is HTTPS, so are the session cookies
         (TLS, {}, {"secure": True}, None, HSTS),
