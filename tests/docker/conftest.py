@@ -302,7 +302,10 @@ def outside_host():
     name = f"wbt-{uuid.uuid4().hex[:6]}"
     net = _free_test_net()
     host_ip, ns_ip = (str(a) for a in list(net.hosts())[:2])
-    run = lambda *a: subprocess.run(a, check=True, capture_output=True, text=True)  # noqa: E731
+
+    def run(*a: str) -> subprocess.CompletedProcess:
+        return subprocess.run(a, check=True, capture_output=True, text=True)
+
     run("ip", "netns", "add", name)
     server = None
     try:

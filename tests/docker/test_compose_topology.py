@@ -111,7 +111,8 @@ def test_hub_container_spawns_isolated_pinned_user_containers(
                 server = r.json()["servers"].get("")
                 if server and server["ready"]:
                     break
-                assert server and time.monotonic() < deadline, docker("logs", hub_name).stderr[-3000:]
+                assert server, docker("logs", hub_name).stderr[-3000:]
+                assert time.monotonic() < deadline, docker("logs", hub_name).stderr[-3000:]
                 time.sleep(1)
 
         tokens = {}
@@ -132,7 +133,8 @@ def test_hub_container_spawns_isolated_pinned_user_containers(
         assert not any("docker.sock" in m.get("Source", "") for m in info["Mounts"])
         # Its own network, which the hub's container joined; not the compose network.
         (own,) = info["NetworkSettings"]["Networks"]
-        assert own.endswith(f"-u-{a}") and own != network
+        assert own.endswith(f"-u-{a}")
+        assert own != network
         assert set(inspect(own)["Containers"]) == {info["Id"], inspect(hub_name)["Id"]}
 
         def assert_isolated() -> None:
@@ -150,7 +152,8 @@ def test_hub_container_spawns_isolated_pinned_user_containers(
             seen = reachable(cb, *targets)
             assert not any(seen.values()), f"{b}'s container reaches {[t for t, ok in seen.items() if ok]}"
             assert reachable(cb, "hub:8081") == {"hub:8081": True}, "the hub API must answer the user's server"
-            assert through_proxy(a) == 200 and through_proxy(b) == 200
+            assert through_proxy(a) == 200
+            assert through_proxy(b) == 200
 
         assert_isolated()
         assert reachable(cb, outside_host) == {outside_host: True}, "egress=internet reaches out"

@@ -100,7 +100,8 @@ def test_hub_service(compose):
     assert env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
     assert any(target == "8000/tcp" for _, _, target in host_ports(hub))
     devices = hub["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert devices[0]["driver"] == "nvidia"
+    assert "gpu" in devices[0]["capabilities"]
     mounts = {v.split(":")[1]: v.split(":")[0] for v in hub["volumes"]}
     assert mounts["/var/run/docker.sock"] == "/var/run/docker.sock"
     data = mounts[env["WORKBENCH_DATA_DIR"]]
@@ -193,8 +194,10 @@ def test_the_operators_certificate_is_mounted_read_only_at_the_same_path():
         "/etc/letsencrypt/live/gpu.example.org/privkey.pem",
     )
     hub = resolved_compose({"WORKBENCH_SSL_CERT": cert, "WORKBENCH_SSL_KEY": key})["services"]["hub"]
-    assert hub["environment"]["WORKBENCH_SSL_CERT"] == cert and hub["environment"]["WORKBENCH_SSL_KEY"] == key
-    assert f"{cert}:{cert}:ro" in hub["volumes"] and f"{key}:{key}:ro" in hub["volumes"]
+    assert hub["environment"]["WORKBENCH_SSL_CERT"] == cert
+    assert hub["environment"]["WORKBENCH_SSL_KEY"] == key
+    assert f"{cert}:{cert}:ro" in hub["volumes"]
+    assert f"{key}:{key}:ro" in hub["volumes"]
     # without them, placeholders nothing reads (and no variable points at them)
     plain = resolved_compose({})["services"]["hub"]
     assert {"/dev/null:/run/workbench-no-cert:ro", "/dev/null:/run/workbench-no-key:ro"} <= set(plain["volumes"])
@@ -287,7 +290,8 @@ def test_monitoring_is_reachable_from_this_host_only():
 
 
 @pytest.mark.parametrize(
-    "cert, scheme, tls_config", [("", "http", None), ("/etc/ssl/wb/cert.pem", "https", {"insecure_skip_verify": True})]
+    ("cert", "scheme", "tls_config"),
+    [("", "http", None), ("/etc/ssl/wb/cert.pem", "https", {"insecure_skip_verify": True})],
 )
 def test_prometheus_scrapes_the_hub_in_its_scheme(tmp_path, cert, scheme, tls_config):
     """The prometheus service's start command, run with sh against the shipped prometheus.yml
@@ -307,7 +311,9 @@ def test_prometheus_scrapes_the_hub_in_its_scheme(tmp_path, cert, scheme, tls_co
         timeout=30,
         env={"PATH": os.environ["PATH"], "WORKBENCH_METRICS_TOKEN": "t" * 32, "WORKBENCH_SSL_CERT": cert},
     )
-    assert proc.returncode == 0 and proc.stdout.startswith("prometheus --config.file="), proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("prometheus --config.file="), proc.stderr
     (job,) = yaml.safe_load((tmp_path / "prometheus.yml").read_text())["scrape_configs"]
-    assert job["scheme"] == scheme and job.get("tls_config") == tls_config
+    assert job["scheme"] == scheme
+    assert job.get("tls_config") == tls_config
     assert (tmp_path / "workbench-token").read_text() == "t" * 32

@@ -99,10 +99,12 @@ def test_singleuser_has_gpu_monitor_extension(singleuser_image, wheelhouse):
     if not list(Path(wheelhouse).glob("workbench_gpu_monitor-*.whl")):
         pytest.skip("the wheelhouse has no workbench-gpu-monitor wheel (WORKBENCH_ALLOW_NO_MONITOR=1 build)")
     out = run_in(singleuser_image, "sh", "-c", "jupyter labextension list 2>&1")
-    line = next((l for l in out.splitlines() if "workbench-gpu-monitor" in l), "")  # noqa: E741
-    assert "enabled" in line and "OK" in line, out
+    line = next((shown for shown in out.splitlines() if "workbench-gpu-monitor" in shown), "")
+    assert "enabled" in line, out
+    assert "OK" in line, out
     out = run_in(singleuser_image, "sh", "-c", "jupyter server extension list 2>&1")
-    assert "workbench_gpu_monitor" in out and "enabled" in out, out
+    assert "workbench_gpu_monitor" in out, out
+    assert "enabled" in out, out
 
 
 def test_singleuser_bundles_the_starter_notebooks(singleuser_image):
@@ -117,7 +119,8 @@ def test_singleuser_bundles_the_starter_notebooks(singleuser_image):
 
 def test_singleuser_has_no_docker_socket_and_no_setuid_root_shell(singleuser_image):
     out = run_in(singleuser_image, "sh", "-c", "ls -l /var/run/docker.sock 2>&1; command -v sudo || echo no-sudo")
-    assert "No such file" in out and "no-sudo" in out
+    assert "No such file" in out
+    assert "no-sudo" in out
 
 
 def _read_home(image: str, volume: str, *cmd: str, bundle: Path | None = None) -> str:
@@ -249,11 +252,13 @@ def test_singleuser_server_starts_and_answers(singleuser_image, docker_container
     )
     ip = inspect(name)["NetworkSettings"]["IPAddress"]
     status = wait_for_json(name, f"http://{ip}:8888/api/status", "JupyterLab did not answer")
-    assert "started" in status and "kernels" in status, status
+    assert "started" in status, status
+    assert "kernels" in status, status
     if list((CACHE / "wheelhouse").glob("workbench_gpu_monitor-*.whl")):
         with urllib.request.urlopen(f"http://{ip}:8888/api/gpu/metrics", timeout=10) as r:
             snap = json.load(r)
-        assert "gpus" in snap and "source" in snap
+        assert "gpus" in snap
+        assert "source" in snap
 
 
 # ------------------------------------------------------------------ hub image
@@ -265,7 +270,8 @@ def test_hub_image_versions_and_layout(hub_image):
         "sh",
         "-c",
         "jupyterhub --version; configurable-http-proxy --version; "
-        "python -c 'import workbench_spawner, workbench_devices, dockerspawner, nativeauthenticator, pynvml; print(\"ok\")'; "  # noqa: E501
+        "python -c 'import workbench_spawner, workbench_devices, dockerspawner, nativeauthenticator, pynvml; "
+        'print("ok")\'; '
         "test -f /srv/workbench/hub/jupyterhub_config.py && echo config; pwd; echo $WORKBENCH_BACKEND",
     )
     lines = out.split()

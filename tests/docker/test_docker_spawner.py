@@ -29,7 +29,8 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
     hub.wait_ready(alice, timeout=180)
     hub.wait_ready(bob, timeout=180)
     leased = hub.leases()[alice]
-    assert len(leased) == 2 and bob not in hub.leases()
+    assert len(leased) == 2
+    assert bob not in hub.leases()
 
     info = inspect(container_of(hub, alice))
     host = info["HostConfig"]
@@ -38,17 +39,22 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
     ]
     labels = info["Config"]["Labels"]
     hub_id = hub_id_of(hub.data_dir)
-    assert labels["workbench.user"] == alice and labels["workbench.server"] == "" and labels["workbench.hub"] == hub_id
+    assert labels["workbench.user"] == alice
+    assert labels["workbench.server"] == ""
+    assert labels["workbench.hub"] == hub_id
     assert info["Name"] == f"/workbench-{hub_id}-{alice}"
     assert sorted(labels["workbench.gpus"].split(",")) == leased
-    assert host["CapDrop"] == ["ALL"] and "no-new-privileges" in host["SecurityOpt"]
+    assert host["CapDrop"] == ["ALL"]
+    assert "no-new-privileges" in host["SecurityOpt"]
     assert host["Privileged"] is False
     assert (host["Memory"], host["CpuPeriod"], host["CpuQuota"]) == (1 << 30, 100_000, 150_000)
     mounts = {m["Destination"]: m for m in info["Mounts"]}
-    assert mounts["/home/jovyan"]["Name"] == f"workbench-{hub_id}-home-{alice}" and mounts["/home/jovyan"]["RW"]
+    assert mounts["/home/jovyan"]["Name"] == f"workbench-{hub_id}-home-{alice}"
+    assert mounts["/home/jovyan"]["RW"]
     for volume in (mounts["/home/jovyan"]["Name"], mounts["/checkpoints"]["Name"]):
         assert inspect(volume)["Labels"] == {"workbench.hub": hub_id, "workbench.user": alice}
-    assert mounts["/checkpoints"]["RW"] and not mounts["/datasets"]["RW"]
+    assert mounts["/checkpoints"]["RW"]
+    assert not mounts["/datasets"]["RW"]
     assert not any("docker.sock" in m.get("Source", "") for m in info["Mounts"])
 
     name = container_of(hub, alice)
@@ -65,7 +71,8 @@ def test_containers_are_pinned_locked_down_and_labelled(docker_hub):
     assert not cpu["HostConfig"]["DeviceRequests"]
     assert (cpu["HostConfig"]["Memory"], cpu["HostConfig"]["CpuQuota"]) == (2 << 30, 200_000)
     env = container_env(container_of(hub, bob))
-    assert env["WORKBENCH_GPUS"] == "" and env["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert env["WORKBENCH_GPUS"] == ""
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void"
 
     # Reachable through the proxy, and stopping removes the container and frees the GPUs.
     token = hub.user_token(alice)

@@ -24,12 +24,13 @@ from pathlib import Path
 
 import pytest
 import requests
+import urllib3
 
 from tests.browser.test_login_to_lab import log_in, sign_up
 from tests.conftest import ARTIFACTS, missing
 from tests.docker.conftest import REPO, SINGLEUSER_IMAGE, docker, inspect, remove_user_objects
 from tests.https.certs import CA
-from tests.https.conftest import trusting_chromium  # noqa: F401  (a fixture)
+from tests.https.conftest import trusting_chromium as trusting_chromium  # a fixture, for pytest to find
 from tests.lab_browser import explained, wait_for_lab
 
 pytestmark = [pytest.mark.docker, pytest.mark.integration]
@@ -96,7 +97,8 @@ def derived_compose(tag: str, pebble_dir: Path, hub_image: str, singleuser_image
     real = resolved_https_profile({"WORKBENCH_DOMAIN": DOMAIN, "WORKBENCH_ACME_EMAIL": f"gpu-admin@{DOMAIN}"})
     hub, caddy = real["services"]["hub"], real["services"]["caddy"]
     # what the test relies on, from the real file
-    assert hub["ports"] == ["127.0.0.1:8000:8000/tcp"] and "caddy" in real["services"]
+    assert hub["ports"] == ["127.0.0.1:8000:8000/tcp"]
+    assert "caddy" in real["services"]
     assert caddy["environment"]["WORKBENCH_DOMAIN"] == DOMAIN
     net = f"wb-acme-{tag}"
     # 1. the test images instead of building from the registry's bases; no GPU reservation (no NVIDIA runtime here)
@@ -140,7 +142,7 @@ def derived_compose(tag: str, pebble_dir: Path, hub_image: str, singleuser_image
 def pebble_files(directory: Path) -> CA:
     directory.mkdir(mode=0o755)
     ca = CA.make("Pebble's HTTPS test CA")
-    cert, key = ca.write(directory, "pebble", "pebble")
+    _cert, key = ca.write(directory, "pebble", "pebble")
     key.chmod(0o644)  # read by root in the pebble container; the directory is the test's own
     ca.write_ca(directory / "ca.pem").chmod(0o644)
     (directory / "config.json").write_text(
@@ -169,8 +171,6 @@ def container_ip(name: str, network: str) -> str:
 
 def https_get(ip: str, port: int, host: str, path: str, ca_file: Path):
     """GET over TLS to ``ip`` with SNI and certificate check for ``host``."""
-    import urllib3
-
     pool = urllib3.HTTPSConnectionPool(
         ip, port, ca_certs=str(ca_file), server_hostname=host, assert_hostname=host, timeout=10, retries=False
     )
@@ -211,7 +211,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
     tmp_path,
     hub_image,
     https_image,
-    trusting_chromium,  # noqa: F811
+    trusting_chromium,
 ):
     if not Path(PEBBLE).exists():
         missing(f"{PEBBLE} is not installed (apt-get install pebble)")
@@ -268,7 +268,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
             try:
                 root = https_get(pebble_ip, 15000, "pebble", "/roots/0", pebble_dir / "ca.pem").data
                 break
-            except Exception:
+            except urllib3.exceptions.HTTPError:  # not listening yet
                 assert time.monotonic() < deadline, compose("logs", "pebble").stdout[-3000:]
                 time.sleep(0.5)
         root_pem = tmp_path / "pebble-root.pem"
@@ -281,7 +281,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
                 r = https_get(caddy_ip, 443, DOMAIN, "/hub/api/", root_pem)
                 if r.status == 200:
                     break
-            except Exception:
+            except urllib3.exceptions.HTTPError:  # not listening yet, or not yet Pebble's certificate
                 pass
             assert time.monotonic() < deadline, compose("logs").stdout[-5000:]
             time.sleep(1)
@@ -291,7 +291,8 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         logs = compose("logs", "caddy", "pebble").stdout
         assert "certificate obtained successfully" in logs, logs[-3000:]
         challenges = set(re.findall(r'"challenge_type":"([a-z0-9-]+)"', logs))
-        assert challenges and challenges <= {"http-01", "tls-alpn-01"}, logs[-3000:]
+        assert challenges, logs[-3000:]
+        assert challenges <= {"http-01", "tls-alpn-01"}, logs[-3000:]
         assert "PEBBLE_VA_ALWAYS_VALID" not in json.dumps(inspect(names["pebble"])["Config"]["Env"])
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         (ARTIFACTS / "https-acme-challenges.txt").write_text(
@@ -302,7 +303,8 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         r = requests.get(
             f"http://{caddy_ip}/hub/login?next=%2Fhub%2F", headers={"Host": DOMAIN}, allow_redirects=False, timeout=10
         )
-        assert r.status_code in (301, 308) and r.headers["Location"] == f"https://{DOMAIN}/hub/login?next=%2Fhub%2F"
+        assert r.status_code in (301, 308)
+        assert r.headers["Location"] == f"https://{DOMAIN}/hub/login?next=%2Fhub%2F"
         # Behind Caddy the hub stays published on the host's loopback only.
         (binding,) = inspect(names["hub"])["HostConfig"]["PortBindings"]["8000/tcp"]
         assert binding["HostIp"] == "127.0.0.1"
@@ -330,7 +332,8 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
         page.screenshot(path=str(ARTIFACTS / "https-acme-lab.png"))
         cookies = {c["name"]: c for c in context.cookies()}
         for name in ("jupyterhub-session-id", "jupyterhub-hub-login", f"jupyterhub-user-{user}"):
-            assert cookies[name]["secure"] and cookies[name]["httpOnly"], cookies.get(name)
+            assert cookies[name]["secure"], cookies.get(name)
+            assert cookies[name]["httpOnly"], cookies.get(name)
         assert cookies["_xsrf"]["secure"], "behind Caddy the form token is Secure too"
         context.close()
     finally:
@@ -342,7 +345,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
 
 
 @pytest.mark.parametrize(
-    "env, sentence",
+    ("env", "sentence"),
     [
         ({}, "GPU Workbench https: set WORKBENCH_DOMAIN to the host name browsers use"),
         (

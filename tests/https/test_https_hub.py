@@ -75,7 +75,7 @@ def bad_certs(test_ca):
 
 
 @pytest.mark.parametrize(
-    "case, sentence",
+    ("case", "sentence"),
     [
         ("missing", "WORKBENCH_SSL_CERT={cert}.missing does not exist"),
         ("not PEM", "WORKBENCH_SSL_CERT={garbage} is not a PEM certificate"),
@@ -168,9 +168,11 @@ def test_behind_a_tls_proxy_the_hub_trusts_x_forwarded_proto(running_hub):
     assert login.status_code == 302, login.text[-1000:]
     cookies = set_cookies(login)
     for name in ("jupyterhub-session-id", "jupyterhub-hub-login"):
-        assert "; secure" in cookies[name] and "; httponly" in cookies[name], cookies
+        assert "; secure" in cookies[name], cookies
+        assert "; httponly" in cookies[name], cookies
     # _xsrf too (JupyterHub leaves it out; workbench_hub/xsrf_cookie.py), on the hub's path as JupyterHub sets it
-    assert "; secure" in cookies["_xsrf"] and "; path=/hub/" in cookies["_xsrf"], cookies
+    assert "; secure" in cookies["_xsrf"], cookies
+    assert "; path=/hub/" in cookies["_xsrf"], cookies
     assert login.headers["Strict-Transport-Security"] == HSTS
     assert "HTTPS: terminated by the proxy in front" in hub.log()
 
@@ -195,7 +197,7 @@ def test_why_our_proxy_must_not_add_its_own_x_forwarded_proto(running_hub, tmp_p
     If a JupyterHub release reads the first entry instead, this test says the flag is no longer needed."""
     local = tmp_path / "local_config.py"
     chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
-    local.write_text(f"c = get_config()  # noqa\nc.ConfigurableHTTPProxy.command = [{str(chp)!r}]\n")
+    local.write_text(f"c = get_config()\nc.ConfigurableHTTPProxy.command = [{str(chp)!r}]\n")
     hub = running_hub(
         {
             "WORKBENCH_IP": "0.0.0.0",
@@ -254,7 +256,8 @@ def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, tru
         requests.get(f"http://127.0.0.1:{hub.port}/hub/login", timeout=10)
     # The certificate is verified against the test CA, not ignored.
     r = requests.get(f"{hub.url}/hub/login", timeout=10, verify=str(test_ca["ca_pem"]))
-    assert r.status_code == 200 and r.headers["Strict-Transport-Security"] == HSTS
+    assert r.status_code == 200
+    assert r.headers["Strict-Transport-Security"] == HSTS
     with pytest.raises(requests.exceptions.SSLError):
         requests.get(
             f"{hub.url}/hub/login",
@@ -280,7 +283,8 @@ def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, tru
 
     cookies = {c["name"]: c for c in context.cookies()}
     for name in ("jupyterhub-session-id", "jupyterhub-hub-login", "jupyterhub-user-admin"):
-        assert cookies[name]["secure"] and cookies[name]["httpOnly"], cookies.get(name)
+        assert cookies[name]["secure"], cookies.get(name)
+        assert cookies[name]["httpOnly"], cookies.get(name)
     # The browser remembers HSTS for the host: a plain http:// link is upgraded before it leaves the browser.
     page.goto(f"http://{TEST_NAME}:{hub.port}/hub/home")
     assert page.url.startswith(f"https://{TEST_NAME}:{hub.port}/hub/home"), page.url

@@ -16,7 +16,7 @@ from workbench_hub import tls
 
 
 @pytest.mark.parametrize(
-    "host, loopback",
+    ("host", "loopback"),
     [
         ("127.0.0.1", True),
         ("127.1.2.3", True),
@@ -118,7 +118,8 @@ def test_every_bad_certificate_or_key_is_one_sentence(ca, tmp_path):
             tls.check_certificate(cert, key)
         message = str(raised.value)
         assert sentence in message, (cert, key, message)
-        assert "\n" not in message and "Traceback" not in message
+        assert "\n" not in message
+        assert "Traceback" not in message
 
 
 def test_expiry_is_checked_against_the_clock_given(ca, tmp_path):

@@ -12,6 +12,7 @@ connection it left), so PostgreSQL tests stay as independent as SQLite files in 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import secrets
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
 
 from tests.conftest import missing
 
@@ -47,9 +49,7 @@ def server_url() -> str | None:
 
 def require_server() -> str:
     """The server's URL; skips (fails under WORKBENCH_STRICT_TESTS=1) with a sentence where it is missing."""
-    try:
-        import psycopg  # noqa: F401  (SQLAlchemy's postgresql+psycopg driver)
-    except ImportError:
+    if importlib.util.find_spec("psycopg") is None:  # SQLAlchemy's postgresql+psycopg driver
         missing("psycopg is not installed: the PostgreSQL tests need the postgres extra (make install)")
     url = server_url()
     if url is None:
@@ -68,7 +68,7 @@ def fresh_database(prefix: str = "wb_test") -> Iterator[str]:
     try:
         with admin.connect() as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:
+    except SQLAlchemyError as exc:  # refused, or no such role
         admin.dispose()
         missing(f"the PostgreSQL server at {base.render_as_string()} refused CREATE DATABASE ({exc}): {START_HINT}")
     try:

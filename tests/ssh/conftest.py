@@ -26,14 +26,13 @@ import pytest
 import requests
 
 from tests.conftest import hub_pool, missing, wait_until
-from tests.docker.conftest import (  # noqa: F401
-    base_image,
-    docker,
-    docker_engine,
-    remove_user_objects,
-    singleuser_image,
-    wheelhouse,
-)
+
+# `x as x`: the Docker tier's fixtures, re-exported by name for pytest.
+from tests.docker.conftest import base_image as base_image
+from tests.docker.conftest import docker, remove_user_objects
+from tests.docker.conftest import docker_engine as docker_engine
+from tests.docker.conftest import singleuser_image as singleuser_image
+from tests.docker.conftest import wheelhouse as wheelhouse
 
 CLIENT_TOOLS = ("ssh", "scp", "sftp", "rsync", "ssh-keygen")
 #: every process's command line in a container, one a line
@@ -117,7 +116,8 @@ class SSHHub:
                 timeout=30,
                 headers={"Authorization": f"token {self.accounts[user].token}"},
             )
-            assert r.status_code == 200 and r.text.startswith("#!/usr/bin/env python3"), r.text[:300]
+            assert r.status_code == 200, r.text[:300]
+            assert r.text.startswith("#!/usr/bin/env python3"), r.text[:300]
             path.parent.mkdir(mode=0o700, exist_ok=True)
             path.write_text(r.text)
         return path
@@ -174,10 +174,7 @@ class SSHHub:
         cfg, alias = self.config(user, identity)
         target = f"{login}@{alias}" if login else alias
         args = tuple(a.replace("HOST", target) for a in args)
-        if tool == "rsync":
-            argv = ["rsync", "-e", f"ssh -F {cfg}", *args]
-        else:
-            argv = [tool, "-F", str(cfg), *args]
+        argv = ["rsync", "-e", f"ssh -F {cfg}", *args] if tool == "rsync" else [tool, "-F", str(cfg), *args]
         token = self.accounts[user].token if token == "own" else token
         env = {**self.env(token), **(env_extra or {})}
         return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, input=input)
@@ -224,7 +221,7 @@ def scoped_token(hub, user: str) -> tuple[str, str]:
 
 
 @pytest.fixture(scope="package")
-def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # noqa: F811
+def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:
     workdir = tmp_path_factory.mktemp("ssh")
     users = [f"alice{uuid.uuid4().hex[:5]}", f"bob{uuid.uuid4().hex[:5]}"]
     datasets = f"wb-ssh-datasets-{uuid.uuid4().hex[:8]}"
@@ -254,9 +251,9 @@ def ssh_hub(tmp_path_factory, ssh_client_tools, singleuser_image) -> SSHHub:  # 
         try:
             ssh = SSHHub(hub, workdir, ssh_client_tools)
             hub.create_users(*users)
-            for name, gpus in zip(users, (2, 0)):  # noqa: B905
+            for name, gpus in zip(users, (2, 0), strict=True):
                 assert hub.spawn(name, gpus=gpus).status_code in (201, 202)
-            for name, gpus in zip(users, (2, 0)):  # noqa: B905
+            for name, gpus in zip(users, (2, 0), strict=True):
                 hub.wait_ready(name, timeout=180)
                 ssh.enroll(name, gpus)
             yield ssh

@@ -55,7 +55,8 @@ def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
                     assert hub.server(user) is not None, f"culled with an open SSH session:\n{hub.log()[-3000:]}"
                     assert session.poll() is None, session.stderr.read()
                     time.sleep(1)
-                assert hub.leases() == {user: hub.leases()[user]} and len(hub.leases()[user]) == 1
+                assert hub.leases() == {user: hub.leases()[user]}
+                assert len(hub.leases()[user]) == 1
             closed = time.monotonic()
 
             wait_until(
@@ -73,6 +74,7 @@ def test_the_culler_spares_a_server_with_an_open_ssh_session_and_culls_it_after(
                 timeout=60,
                 env=ssh.env(token),
             )
-            assert r.returncode != 0 and "your server is not running (HTTP 424)" in r.stderr, r.stderr
+            assert r.returncode != 0, r.stderr
+            assert "your server is not running (HTTP 424)" in r.stderr, r.stderr
         finally:
             remove_user_objects(user)

@@ -113,10 +113,12 @@ def test_scp_and_rsync_copy_into_the_home_and_the_files_survive_a_restart(ssh_hu
 def test_sftp_lists_the_home(ssh_hub, alice):
     r = ssh_hub.run("sftp", alice.name, "-b", "-", "HOST", input="pwd\nls -1\n")
     assert r.returncode == 0, r.stderr
-    assert "/home/jovyan" in r.stdout and "via-scp.bin" in r.stdout and "notebooks" in r.stdout
+    assert "/home/jovyan" in r.stdout
+    assert "via-scp.bin" in r.stdout
+    assert "notebooks" in r.stdout
 
 
-def test_ssh_L_and_D_forward_ports_to_a_process_in_the_container(ssh_hub, alice):
+def test_ssh_local_and_dynamic_forwarding_reach_a_process_in_the_container(ssh_hub, alice):
     """Local (-L) and dynamic (-D, SOCKS) forwarding stay on: VS Code Remote-SSH tunnels through them."""
     if shutil.which("curl") is None:
         missing("curl is not installed (apt-get install curl)")
@@ -195,7 +197,8 @@ def test_remote_agent_and_x11_forwarding_are_refused(ssh_hub, alice):
         "HOST",
         "echo reached",
     )
-    assert r.returncode != 0 and "remote port forwarding failed" in r.stderr, (r.stdout, r.stderr)
+    assert r.returncode != 0, (r.stdout, r.stderr)
+    assert "remote port forwarding failed" in r.stderr, (r.stdout, r.stderr)
     r = ssh_hub.run(
         "ssh",
         alice.name,
@@ -205,7 +208,8 @@ def test_remote_agent_and_x11_forwarding_are_refused(ssh_hub, alice):
         "echo agent=${SSH_AUTH_SOCK:-none} display=${DISPLAY:-none}",
         env_extra={"SSH_AUTH_SOCK": str(ssh_hub.workdir / "agent.sock"), "DISPLAY": ":0"},
     )
-    assert r.returncode == 0 and r.stdout == "agent=none display=none\n", r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "agent=none display=none\n", r.stderr
 
 
 def test_an_open_silent_ssh_session_keeps_the_server_active(ssh_hub, alice):
@@ -228,9 +232,11 @@ def test_an_open_silent_ssh_session_keeps_the_server_active(ssh_hub, alice):
 
 
 def test_a_cpu_only_session_has_an_empty_allocation_and_no_other_users_files(ssh_hub, alice, bob):
-    assert bob.gpus == 0 and bob.name not in ssh_hub.hub.leases()
+    assert bob.gpus == 0
+    assert bob.name not in ssh_hub.hub.leases()
     server = container_env(ssh_hub.container(bob.name))
-    assert server["WORKBENCH_GPUS"] == "" and server.get("NVIDIA_VISIBLE_DEVICES") in (None, "void")
+    assert server["WORKBENCH_GPUS"] == ""
+    assert server.get("NVIDIA_VISIBLE_DEVICES") in (None, "void")
     r = ssh_hub.run("ssh", bob.name, "HOST", "env -0")
     assert r.returncode == 0, r.stderr
     env = session_env(r.stdout)
@@ -241,7 +247,8 @@ def test_a_cpu_only_session_has_an_empty_allocation_and_no_other_users_files(ssh
     marker = f"bob-only-{bob.name}"
     assert ssh_hub.run("ssh", bob.name, "HOST", f"echo secret > {marker}").returncode == 0
     r = ssh_hub.run("ssh", alice.name, "HOST", f"ls -a ~ /home; test ! -e ~/{marker}; echo absent")
-    assert r.returncode == 0 and r.stdout.strip().endswith("absent"), r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("absent"), r.stderr
     assert marker not in r.stdout
 
 
@@ -258,7 +265,8 @@ def test_the_documented_file_token_works(ssh_hub, alice):
         timeout=60,
         env=ssh_hub.env(None),
     )
-    assert r.returncode == 0 and r.stdout == "via-file\n", r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "via-file\n", r.stderr
 
 
 SSHD_PROCESSES = r"""for p in /proc/[0-9]*; do
@@ -271,7 +279,8 @@ def test_sshd_in_the_container_runs_as_the_user_with_key_only_rules(ssh_hub, ali
     container = ssh_hub.container(alice.name)
     lines = docker("exec", container, "sh", "-c", SSHD_PROCESSES).stdout.splitlines()
     daemons = [line for line in lines if "-f none" in line]
-    assert len(daemons) == 1 and all(line.split()[0] == "1000" for line in lines), lines
+    assert len(daemons) == 1, lines
+    assert all(line.split()[0] == "1000" for line in lines), lines
     for option in (
         "PasswordAuthentication no",
         "KbdInteractiveAuthentication no",
@@ -290,7 +299,8 @@ def test_sshd_in_the_container_runs_as_the_user_with_key_only_rules(ssh_hub, ali
     listen = docker("exec", container, "sh", "-c", "cat /proc/net/tcp /proc/net/tcp6").stdout
     assert ":0016 " not in listen  # the image's own sshd service does not run: nothing on port 22
     home_ssh = docker("exec", container, "ls", "/home/jovyan/.ssh/").stdout.split()
-    assert "jupyter_sshd_hostkey" in home_ssh and "authorized_keys" in home_ssh
+    assert "jupyter_sshd_hostkey" in home_ssh
+    assert "authorized_keys" in home_ssh
 
 
 def test_ssh_publishes_no_port_on_the_host(ssh_hub, alice, bob):

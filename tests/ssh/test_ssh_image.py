@@ -23,7 +23,8 @@ def test_the_image_has_openssh_and_rsync_but_no_host_keys_of_its_own(singleuser_
     lines = out.split()
     assert lines[0] == "1000"
     assert {"/usr/sbin/sshd", "/usr/bin/ssh", "/usr/bin/rsync", "/opt/workbench/venv/bin/workbench-sshd"} <= set(lines)
-    assert "imports-ok" in lines and lines[-2] == "0"  # no /etc/ssh/ssh_host_* keys shipped to every user
+    assert "imports-ok" in lines
+    assert lines[-2] == "0"
     config = docker(
         "run",
         "--rm",
@@ -38,7 +39,8 @@ def test_the_image_has_openssh_and_rsync_but_no_host_keys_of_its_own(singleuser_
 
 def test_sshd_never_runs_as_root_and_takes_only_keys(singleuser_image):
     r = docker("run", "--rm", "--user", "0", "--entrypoint", "workbench-sshd", singleuser_image, "2222", check=False)
-    assert r.returncode == 1 and "refusing to run as root" in r.stderr
+    assert r.returncode == 1
+    assert "refusing to run as root" in r.stderr
     # the effective configuration (sshd -T) of exactly the command main() runs, home included:
     # `workbench-sshd --check PORT` builds it as `workbench-sshd PORT` does and asks sshd to print it
     r = docker("run", "--rm", "--entrypoint", "workbench-sshd", singleuser_image, "--check", "2222", check=False)
@@ -69,7 +71,8 @@ def test_sshd_never_runs_as_root_and_takes_only_keys(singleuser_image):
     ):
         assert line in effective, r.stdout
     force = [line for line in effective if line.startswith("forcecommand ")]
-    assert len(force) == 1 and force[0].endswith("/workbench_ssh/session.sh /home/jovyan /usr/lib/openssh/sftp-server")
+    assert len(force) == 1
+    assert force[0].endswith("/workbench_ssh/session.sh /home/jovyan /usr/lib/openssh/sftp-server")
 
 
 def test_login_shells_get_the_images_path(singleuser_image):
@@ -89,7 +92,7 @@ WIDE = "db.internal:5432,10.0.0.7:*,[fd00::7]:8888,[fe80::1%eth0]:22,*:8888,gpu_
 
 
 @pytest.mark.parametrize(
-    "value, effective",
+    ("value", "effective"),
     [
         (WIDE, "permitopen localhost:* 127.0.0.1:* [::1]:* " + WIDE.replace(",", " ")),
         ("any", "permitopen any"),
@@ -110,4 +113,5 @@ def test_a_value_the_hub_would_refuse_stops_sshd(singleuser_image):
         "run", "--rm", "-e", "WORKBENCH_SSH_PERMIT_OPEN=db:80 any", "--entrypoint", "workbench-sshd",
         singleuser_image, "--check", "2222", check=False,
     )  # fmt: skip
-    assert r.returncode == 1 and "WORKBENCH_SSH_PERMIT_OPEN in the server's environment holds 'db:80 any'" in r.stderr
+    assert r.returncode == 1
+    assert "WORKBENCH_SSH_PERMIT_OPEN in the server's environment holds 'db:80 any'" in r.stderr

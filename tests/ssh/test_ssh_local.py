@@ -60,7 +60,8 @@ def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path
 
     r = ssh.run("ssh", user, "HOST", "printenv CUDA_VISIBLE_DEVICES; printenv WORKBENCH_GPUS", timeout=120)
     if as_root:
-        assert r.returncode != 0 and r.stdout == ""
+        assert r.returncode != 0
+        assert r.stdout == ""
         assert "refusing to run as root" in hub.log()
         return
     assert r.returncode == 0, r.stderr
@@ -71,7 +72,8 @@ def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path
     home = process_env(int(hub.server(user)["state"]["pid"]))["HOME"]
     assert home != pwd.getpwnam(account).pw_dir
     r = ssh.run("ssh", user, "HOST", 'pwd; echo "$HOME"')
-    assert r.returncode == 0 and r.stdout.splitlines() == [home, home], (r.stdout, r.stderr)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert r.stdout.splitlines() == [home, home], (r.stdout, r.stderr)
     laptop_file = tmp_path / "from-the-laptop.txt"
     laptop_file.write_text("copied with scp\n")
     r = ssh.run("scp", user, "-q", str(laptop_file), "HOST:")
@@ -79,4 +81,5 @@ def test_ssh_through_a_local_backend_hub(running_hub, ssh_client_tools, tmp_path
     assert (Path(home) / laptop_file.name).read_text() == "copied with scp\n"
     r = ssh.run("sftp", user, "-b", "-", "HOST", input="pwd\nls -1\n")
     assert r.returncode == 0, r.stderr
-    assert f"Remote working directory: {home}\n" in r.stdout and laptop_file.name in r.stdout.splitlines()
+    assert f"Remote working directory: {home}\n" in r.stdout
+    assert laptop_file.name in r.stdout.splitlines()

@@ -33,7 +33,8 @@ def admin_authorizes(hub_url: str, name: str) -> None:
 def test_a_key_added_on_the_page_lets_the_next_ssh_in(ssh_hub, alice, chromium_browser):
     laptop = ssh_hub.keygen("browser-laptop")
     refused = ssh_hub.run("ssh", alice.name, "HOST", "echo in", identity=laptop)
-    assert refused.returncode != 0 and "Permission denied (publickey)" in refused.stderr
+    assert refused.returncode != 0
+    assert "Permission denied (publickey)" in refused.stderr
 
     hub_url = ssh_hub.hub.url
     context = chromium_browser.new_context(accept_downloads=True, viewport={"width": 1400, "height": 900})
@@ -56,7 +57,8 @@ def test_a_key_added_on_the_page_lets_the_next_ssh_in(ssh_hub, alice, chromium_b
         page.wait_for_url(f"**/user/{alice.name}/workbench/ssh")
         page.wait_for_function("document.querySelector('#ssh-config').textContent.includes('ProxyCommand')")
         text = page.text_content("#ssh-config")
-        assert f"/user/{alice.name}/sshd/" in text and "User jovyan" in text
+        assert f"/user/{alice.name}/sshd/" in text
+        assert "User jovyan" in text
         assert "ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-file ~/.ssh/workbench-token" in text
         assert alice.token not in page.content()
 
@@ -101,4 +103,5 @@ def test_a_key_added_on_the_page_lets_the_next_ssh_in(ssh_hub, alice, chromium_b
         timeout=60,
         env=ssh_hub.env(alice.token),
     )
-    assert r.returncode == 0 and r.stdout == "in\n", r.stderr
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "in\n", r.stderr

@@ -22,7 +22,8 @@ NO_KEY = "Permission denied (publickey)"
 
 
 def assert_refused(result, says: str):
-    assert result.returncode != 0 and MARK not in result.stdout, (result.stdout, result.stderr)
+    assert result.returncode != 0, (result.stdout, result.stderr)
+    assert MARK not in result.stdout, (result.stdout, result.stderr)
     assert says in result.stderr, result.stderr
 
 
@@ -62,13 +63,15 @@ def test_another_users_token_reaches_nothing_of_alices(ssh_hub, alice, bob):
     assert r.status_code == 403
     keys = ssh_hub.server_api(alice.name, "GET", "/keys").json()["keys"]
     comments = [k["comment"] for k in keys]
-    assert f"{alice.name}@laptop" in comments and f"{bob.name}@laptop" not in comments
+    assert f"{alice.name}@laptop" in comments
+    assert f"{bob.name}@laptop" not in comments
 
 
 def test_a_revoked_token_is_refused(ssh_hub, alice):
     token, token_id = scoped_token(ssh_hub.hub, alice.name)
     ok = ssh_hub.run("ssh", alice.name, "HOST", f"echo {MARK}", token=token)
-    assert ok.returncode == 0 and ok.stdout.strip() == MARK, ok.stderr
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.strip() == MARK, ok.stderr
     r = ssh_hub.hub.api("DELETE", f"/users/{alice.name}/tokens/{token_id}")
     assert r.status_code == 204, r.text
     time.sleep(3)  # the server's token cache (HubOAuth.cache_max_age, 2 s in these tests)
@@ -95,7 +98,8 @@ def test_passwords_are_never_asked_for(ssh_hub, alice):
     assert_refused(r, NO_KEY)
     # the server offers nothing but public keys
     offered = [line for line in r.stderr.splitlines() if "Authentications that can continue" in line]
-    assert offered and all(line.rstrip().endswith(": publickey") for line in offered), offered
+    assert offered, offered
+    assert all(line.rstrip().endswith(": publickey") for line in offered), offered
 
 
 def test_root_login_is_refused(ssh_hub, alice):

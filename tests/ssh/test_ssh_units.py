@@ -36,9 +36,12 @@ def test_a_valid_key_is_added_once_with_the_modes_sshd_wants(tmp_path):
     line = _keygen(tmp_path, "ed25519")
     home = tmp_path / "home"
     key, added = keys.add_key(home, line + "\n")
-    assert added and key.fingerprint.startswith("SHA256:") and key.comment == "me@laptop"
+    assert added
+    assert key.fingerprint.startswith("SHA256:")
+    assert key.comment == "me@laptop"
     key2, added2 = keys.add_key(home, line)
-    assert not added2 and key2.fingerprint == key.fingerprint
+    assert not added2
+    assert key2.fingerprint == key.fingerprint
     path = keys.authorized_keys_path(home)
     assert path.read_text() == line + "\n"
     assert oct(path.stat().st_mode & 0o777) == "0o600"
@@ -51,7 +54,7 @@ def _blob(key_type: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "text, says",
+    ("text", "says"),
     [
         ("", "Paste a public key"),
         ("   \n", "Paste a public key"),
@@ -72,14 +75,14 @@ def test_a_bad_key_is_refused_with_a_sentence_and_changes_nothing(tmp_path, text
     (home / ".ssh").mkdir(parents=True)
     before = "ssh-ed25519 AAAAexisting me@old\n"
     keys.authorized_keys_path(home).write_text(before)
-    with pytest.raises(keys.InvalidKey, match=says):
+    with pytest.raises(keys.InvalidKeyError, match=says):
         keys.add_key(home, text)
     assert keys.authorized_keys_path(home).read_text() == before
     assert sorted(os.listdir(home / ".ssh")) == ["authorized_keys"]
 
 
 def test_a_short_rsa_key_is_refused(tmp_path):
-    with pytest.raises(keys.InvalidKey, match="1024 bits"):
+    with pytest.raises(keys.InvalidKeyError, match="1024 bits"):
         keys.parse_public_key(_keygen(tmp_path, "rsa", 1024))
 
 
@@ -118,7 +121,8 @@ def test_sshd_options_allow_only_this_users_keys_and_carry_only_the_gpu_variable
         "HOME": "/home/jovyan",
     }
     cmd = sshd.sshd_command("4242", "jovyan", env, BASE, "/home/jovyan", SFTP)
-    assert cmd[:7] == BASE[:7] and "ListenAddress 127.0.0.1:4242" in options_of(cmd)
+    assert cmd[:7] == BASE[:7]
+    assert "ListenAddress 127.0.0.1:4242" in options_of(cmd)
     options = options_of(cmd)
     for wanted in (
         "PasswordAuthentication no",
@@ -162,12 +166,13 @@ def test_every_session_lands_in_the_servers_home():
     assert [o for o in options if o.lower().startswith("subsystem")] == [f"Subsystem sftp {SFTP}"]
     assert f"ForceCommand /bin/sh {sshd.SESSION_SCRIPT} '{home}' {SFTP}" in options
     assert 'SetEnv "HOME=/srv/wb data/homes/carol"' in options
-    assert cmd[:7] == BASE[:7] and "LogLevel INFO" in options
+    assert cmd[:7] == BASE[:7]
+    assert "LogLevel INFO" in options
     assert keys.authorized_keys_path(home) == Path(home) / ".ssh" / "authorized_keys"
 
 
 @pytest.mark.parametrize(
-    "word, quoted",
+    ("word", "quoted"),
     [
         ("plain/path", "plain/path"),
         ("a b", '"a b"'),
@@ -187,7 +192,7 @@ def test_a_percent_in_the_home_is_not_an_sshd_token():
 
 
 @pytest.mark.parametrize(
-    "home, says",
+    ("home", "says"),
     [
         ("relative/home", "not an absolute path"),
         ("/tmp/back\\slash", "no newlines or backslashes"),
@@ -222,14 +227,19 @@ def test_the_session_wrapper_runs_commands_sftp_and_login_shells_in_the_home(tmp
     home = tmp_path / "server home"
     home.mkdir()
     argv, pwd_line, env = _run_session(tmp_path, home, "echo hi; pwd")
-    assert argv == f"argv:{tmp_path / 'fake'} -c echo hi; pwd" and pwd_line == f"pwd:{home}"
-    assert "SSH_ORIGINAL_COMMAND" not in env and "OLDPWD" not in env and env["HOME"] == str(home)
+    assert argv == f"argv:{tmp_path / 'fake'} -c echo hi; pwd"
+    assert pwd_line == f"pwd:{home}"
+    assert "SSH_ORIGINAL_COMMAND" not in env
+    assert "OLDPWD" not in env
+    assert env["HOME"] == str(home)
     # the sftp subsystem (sshd passes the subsystem's command): sftp-server starts in the home
     argv, pwd_line, _ = _run_session(tmp_path, home, str(tmp_path / "fake"))
-    assert argv == f"argv:{tmp_path / 'fake'} -d {home}" and pwd_line == f"pwd:{home}"
+    assert argv == f"argv:{tmp_path / 'fake'} -d {home}"
+    assert pwd_line == f"pwd:{home}"
     # no command: a login shell
     argv, pwd_line, _ = _run_session(tmp_path, home, None)
-    assert argv == f"argv:{tmp_path / 'fake'} -l" and pwd_line == f"pwd:{home}"
+    assert argv == f"argv:{tmp_path / 'fake'} -l"
+    assert pwd_line == f"pwd:{home}"
 
 
 def test_the_session_wrapper_escapes_sftp_servers_percent_tokens(tmp_path):
@@ -247,7 +257,8 @@ def test_the_session_wrapper_refuses_a_missing_home(tmp_path):
         text=True,
         timeout=10,
     )
-    assert r.returncode == 1 and r.stdout == ""
+    assert r.returncode == 1
+    assert r.stdout == ""
     assert r.stderr == f"workbench-ssh: cannot enter the server's home {tmp_path / 'gone'}\n"
 
 
@@ -269,7 +280,7 @@ def test_workbench_sshd_refuses_to_run_as_root(capsys):
 
 
 @pytest.mark.parametrize(
-    "public, hub_base, base, url",
+    ("public", "hub_base", "base", "url"),
     [
         ("https://hub.example.org", "/", "/user/alice/", "wss://hub.example.org/user/alice/sshd/"),
         ("http://127.0.0.1:8000", "/", "/user/alice/", "ws://127.0.0.1:8000/user/alice/sshd/"),
@@ -284,7 +295,7 @@ def test_websocket_url(public, hub_base, base, url):
 
 
 @pytest.mark.parametrize(
-    "public, says",
+    ("public", "says"),
     [
         ("https://example.org/other/", "has the path /other/, but the hub's base URL is /jhub/"),
         ("ftp://example.org", "must be http(s)://host"),
