@@ -40,7 +40,7 @@ MIN_RSA_BITS = 2048
 MAX_KEY_CHARS = 16384
 
 
-class InvalidKey(ValueError):
+class InvalidKeyError(ValueError):
     """A pasted key that cannot be used; the message is for the user."""
 
 
@@ -59,7 +59,7 @@ class PublicKey:
 
 def _embedded_type(blob: bytes) -> str:
     if len(blob) < 4:
-        raise InvalidKey("The key's base64 part is too short to be an SSH public key.")
+        raise InvalidKeyError("The key's base64 part is too short to be an SSH public key.")
     (n,) = struct.unpack(">I", blob[:4])
     return blob[4 : 4 + n].decode("ascii", "replace")
 
@@ -72,7 +72,7 @@ def _fingerprint(line: str) -> tuple[int, str]:
             ["ssh-keygen", "-l", "-E", "sha256", "-f", f.name], capture_output=True, text=True, timeout=10
         )
     if result.returncode != 0:
-        raise InvalidKey(
+        raise InvalidKeyError(
             "OpenSSH does not accept this key (ssh-keygen -l refused it); paste the whole line of your .pub file."
         )
     bits, fingerprint = result.stdout.split()[:2]
@@ -80,39 +80,39 @@ def _fingerprint(line: str) -> tuple[int, str]:
 
 
 def parse_public_key(text: str) -> PublicKey:
-    """The one public key in ``text``, or :class:`InvalidKey` saying what is wrong."""
+    """The one public key in ``text``, or :class:`InvalidKeyError` saying what is wrong."""
     if not isinstance(text, str) or not text.strip():
-        raise InvalidKey("Paste a public key: one line such as 'ssh-ed25519 AAAA... you@laptop'.")
+        raise InvalidKeyError("Paste a public key: one line such as 'ssh-ed25519 AAAA... you@laptop'.")
     text = text.strip()
     if len(text) > MAX_KEY_CHARS:
-        raise InvalidKey("That is far too long for one SSH public key.")
+        raise InvalidKeyError("That is far too long for one SSH public key.")
     if "PRIVATE KEY" in text:
-        raise InvalidKey(
+        raise InvalidKeyError(
             "That is a PRIVATE key: never paste it anywhere. Paste the .pub file (e.g. ~/.ssh/id_ed25519.pub) instead."
         )
     if "\n" in text or "\r" in text:
-        raise InvalidKey("Paste exactly one key, on one line (add several keys one at a time).")
+        raise InvalidKeyError("Paste exactly one key, on one line (add several keys one at a time).")
     if any(ord(c) < 32 or ord(c) == 127 for c in text):
-        raise InvalidKey("The key contains control characters.")
+        raise InvalidKeyError("The key contains control characters.")
     parts = text.split(None, 2)
     if parts[0] not in KEY_TYPES:
-        raise InvalidKey(
+        raise InvalidKeyError(
             f"'{parts[0][:40]}' is not a supported key type (options such as command= are not accepted here); "
             f"use one of: {', '.join(KEY_TYPES)}."
         )
     if len(parts) < 2:
-        raise InvalidKey("The key has a type but no base64 body.")
+        raise InvalidKeyError("The key has a type but no base64 body.")
     key_type, body = parts[0], parts[1]
     comment = parts[2] if len(parts) > 2 else ""
     try:
         blob = base64.b64decode(body, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidKey("The key's second part is not valid base64; copy the whole line again.") from None
+        raise InvalidKeyError("The key's second part is not valid base64; copy the whole line again.") from None
     if _embedded_type(blob) != key_type:
-        raise InvalidKey("The key's body does not match its type; copy the whole line again.")
+        raise InvalidKeyError("The key's body does not match its type; copy the whole line again.")
     bits, fingerprint = _fingerprint(f"{key_type} {body}")
     if key_type == "ssh-rsa" and bits < MIN_RSA_BITS:
-        raise InvalidKey(f"This RSA key has {bits} bits; at least {MIN_RSA_BITS} are needed (ed25519 is better).")
+        raise InvalidKeyError(f"This RSA key has {bits} bits; at least {MIN_RSA_BITS} are needed (ed25519 is better).")
     return PublicKey(key_type, body, comment, fingerprint, bits)
 
 
@@ -131,7 +131,7 @@ def listed_keys(home: str | os.PathLike) -> list[dict[str, str]]:
             continue
         try:
             key = parse_public_key(line)
-        except InvalidKey:
+        except InvalidKeyError:
             continue  # a line with options, written by hand: not ours to judge here
         keys.append({"type": key.key_type, "fingerprint": key.fingerprint, "comment": key.comment})
     return keys
