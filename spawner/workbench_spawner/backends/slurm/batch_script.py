@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from jupyterhub.spawner import SpawnException
 from traitlets import List, Unicode, default
 
+from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner
 from workbench_spawner.backends.slurm.sbatch import sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.traits import SlurmTraits
 
@@ -61,9 +62,10 @@ def refuse_computed_options(options: Mapping[str, object]) -> None:
         )
 
 
-class SlurmBatchScript(SlurmTraits):
-    """The script's computed variables, for ``SlurmGPUSpawner`` (with batchspawner's ``SlurmSpawner`` after
-    it in the MRO, and the GPU mixin's request, session limit and hub id before it).
+class SlurmBatchScript(SlurmTraits, SlurmJobSpawner):
+    """batchspawner's SlurmSpawner (as the workbench follows a job) with the script's computed variables;
+    ``SlurmGPUSpawner`` puts the GPU mixin before it, which gives the request, the session limit and the
+    hub's id.
 
     The spawner's own body sets the inherited defaults (``batch_script`` to
     ``BATCH_SCRIPT``, the single-user command, no ``srun``), where the

@@ -47,7 +47,7 @@ from workbench_spawner.backends.slurm.batch_script import BATCH_SCRIPT, SlurmBat
 from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
-from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, SlurmPolicy
+from workbench_spawner.backends.slurm.job_spawner import SlurmPolicy
 from workbench_spawner.backends.slurm.jobs import (
     SlurmUnavailable,
     cancel,
@@ -73,7 +73,7 @@ from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.gpu_hours import gpu_hours_used
 
 
-class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript, SlurmJobSpawner):
+class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
     """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
 
     workbench_backend = "slurm"
