@@ -20,13 +20,20 @@ PYTEST_ARGS ?=
 # Exact versions of every third-party package, from one lock file made by `make lock`
 # (uv pip compile) from pyproject.toml's ranges; .venv, CI and both images install from it.
 LOCK        := requirements/lock.txt
-# The lowest versions pyproject.toml declares (uv's --resolution lowest-direct), for `make test-lowest`.
+# The version matrix: the lowest versions pyproject.toml's ranges allow (uv's --resolution lowest-direct) and the
+# newest (uv's --upgrade), for `make test-lowest` and `make test-newest`, each in a venv of its own.
 LOWEST_LOCK := requirements/lowest.txt
+NEWEST_LOCK := requirements/newest.txt
 EXTRAS      := docker,slurm,kubernetes,postgres,singleuser,test,dev
+MATRIX_EXTRAS := docker slurm kubernetes postgres singleuser test
 LOWEST      := .venv-lowest
+NEWEST      := .venv-newest
 UV          := $(BIN)/uv
 # `make lock LOCK_ARGS=--upgrade` (or --upgrade-package jupyterhub) moves the pins on; without, kept pins stay.
 LOCK_ARGS   ?=
+# newest.txt always moves to the newest releases the ranges allow; lock-check keeps its pins (an upstream release
+# must not fail CI: only a pyproject.toml that newest.txt no longer satisfies does).
+NEWEST_ARGS ?= --upgrade
 
 # The GPU inventory (pure Python), which the hub and the monitor both depend on.
 DEVICES       := devices
@@ -44,7 +51,7 @@ MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workben
                    -type f -not -path '*/labextension/*' -not -path '*/__pycache__/*' 2>/dev/null) \
                  $(MONITOR)/package.json $(MONITOR)/pyproject.toml $(MONITOR)/yarn.lock
 
-.PHONY: run test test-unit test-ts test-lowest test-images install lint lock lock-check clean
+.PHONY: run test test-unit test-ts test-lowest test-newest test-images install lint lock lock-check clean
 
 run: install
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
@@ -58,23 +65,27 @@ test: install
 test-unit: install
 	$(BIN)/python -m pytest tests/unit tests/conformance -m "not integration" $(PYTEST_ARGS)
 
-# The unit tests against the lowest versions pyproject.toml declares (requirements/lowest.txt),
-# in their own venv (.venv-lowest, reused). torch is the same local wheel as in .venv.
-test-lowest: $(LOWEST)/.installed
-	$(LOWEST)/bin/python -m pytest tests/unit tests/conformance -m "not integration" $(PYTEST_ARGS)
+# The version matrix: the unit tests and the conformance suite's fake tiers against the lowest
+# (requirements/lowest.txt) and the newest (requirements/newest.txt) versions pyproject.toml's ranges allow,
+# each in its own venv (.venv-lowest, .venv-newest; reused). torch is the same local wheel as in .venv.
+test-lowest test-newest: test-%: .venv-%/.installed
+	.venv-$*/bin/python -m pytest tests/unit tests/conformance -m "not integration" $(PYTEST_ARGS)
 
-$(LOWEST)/.installed: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml $(LOWEST_LOCK) Makefile
-	test -x $(LOWEST)/bin/python || $(PYTHON) -m venv $(LOWEST)
-	$(LOWEST)/bin/pip install --quiet "$(TORCH)"
-	$(UV) pip install --quiet --python $(LOWEST)/bin/python -r $(LOWEST_LOCK)
-	$(UV) pip install --quiet --python $(LOWEST)/bin/python --reinstall --no-deps \
+$(LOWEST)/.installed $(NEWEST)/.installed: .venv-%/.installed: requirements/%.txt $(VENV)/.devtools \
+    $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL) pyproject.toml Makefile
+	test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install --quiet "$(TORCH)"
+	$(UV) pip install --quiet --python $(@D)/bin/python -r $<
+	$(UV) pip install --quiet --python $(@D)/bin/python --reinstall --no-deps \
 	  $(DEVICES)/dist/*.whl $(MONITOR)/dist/*.whl $(SSH)/dist/*.whl -e .
 	touch $@
 
-# ruff (lint + format) on the Python tree, eslint + prettier on the GPU monitor's TypeScript; fails on any finding.
+# ruff (lint + format) on the Python tree, mypy on the product packages (pyproject.toml's [tool.mypy]), eslint +
+# prettier on the GPU monitor's TypeScript; fails on any finding.
 lint: $(VENV)/.devtools $(MONITOR)/node_modules/.yarn-state.yml
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm lint:check
 
 $(MONITOR)/node_modules/.yarn-state.yml: $(VENV)/.tools $(MONITOR)/package.json $(MONITOR)/yarn.lock
@@ -90,14 +101,18 @@ UV_COMPILE = $(UV) pip compile --quiet pyproject.toml --universal --python-versi
 
 lock: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)
 	$(UV_COMPILE) $(foreach e,$(subst $(comma), ,$(EXTRAS)),--extra $(e)) -o $(LOCK)
-	$(UV_COMPILE) --resolution lowest-direct $(foreach e,docker slurm kubernetes postgres singleuser test,--extra $(e)) -o $(LOWEST_LOCK)
+	$(UV_COMPILE) --resolution lowest-direct $(foreach e,$(MATRIX_EXTRAS),--extra $(e)) -o $(LOWEST_LOCK)
+	$(UV_COMPILE) $(NEWEST_ARGS) $(foreach e,$(MATRIX_EXTRAS),--extra $(e)) -o $(NEWEST_LOCK)
 
-# Fails when pyproject.toml changed and the lock files were not regenerated (`make lock`).
+# Fails when pyproject.toml changed and the lock files were not regenerated (`make lock`). The pins are kept
+# (newest.txt's too), so a new upstream release alone does not fail it.
 lock-check: $(VENV)/.devtools $(DEVICES_WHEEL) $(MONITOR_WHEEL) $(SSH_WHEEL)
 	rm -rf $(VENV)/lock-check && mkdir -p $(VENV)/lock-check
-	cp $(LOCK) $(LOWEST_LOCK) $(VENV)/lock-check/
-	$(MAKE) --no-print-directory lock LOCK=$(VENV)/lock-check/lock.txt LOWEST_LOCK=$(VENV)/lock-check/lowest.txt
+	cp $(LOCK) $(LOWEST_LOCK) $(NEWEST_LOCK) $(VENV)/lock-check/
+	$(MAKE) --no-print-directory lock LOCK=$(VENV)/lock-check/lock.txt LOWEST_LOCK=$(VENV)/lock-check/lowest.txt \
+	  NEWEST_LOCK=$(VENV)/lock-check/newest.txt NEWEST_ARGS=
 	diff -u $(LOCK) $(VENV)/lock-check/lock.txt && diff -u $(LOWEST_LOCK) $(VENV)/lock-check/lowest.txt \
+	  && diff -u $(NEWEST_LOCK) $(VENV)/lock-check/newest.txt \
 	  || { echo "requirements/ is out of date with pyproject.toml: run make lock" >&2; exit 1; }
 
 test-images:
@@ -116,10 +131,10 @@ $(VENV)/.tools:
 	$(BIN)/pip install --quiet -c $(LOCK) jupyterlab build hatchling hatch-jupyter-builder
 	touch $@
 
-# uv (the lock, the lowest venv) and ruff, at the lock's versions, for lint/lock/test-lowest
-# without the whole install; $(STAMP) installs them too (the dev extra).
+# uv (the lock, the matrix venvs), ruff, mypy and its stubs, at the lock's versions, for lint/lock/test-lowest/
+# test-newest without the whole install; $(STAMP) installs them too (the dev extra).
 $(VENV)/.devtools: $(VENV)/.tools $(LOCK)
-	$(BIN)/pip install --quiet -c $(LOCK) uv ruff
+	$(BIN)/pip install --quiet -c $(LOCK) uv ruff mypy types-PyYAML types-requests types-jsonschema types-docker
 	touch $@
 
 # workbench-devices is built and installed first: the monitor's wheel and the
@@ -159,4 +174,4 @@ node_modules/.bin/configurable-http-proxy: package.json
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(LOWEST) node_modules $(DEVICES)/dist $(SSH)/dist $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib
+	rm -rf $(VENV) $(LOWEST) $(NEWEST) node_modules $(DEVICES)/dist $(SSH)/dist $(MONITOR)/node_modules $(MONITOR)/dist $(MONITOR)/lib
