@@ -134,7 +134,9 @@ class BackendExtension:
 
     ``setup_hub(c)``: what the hub must serve for this backend beyond
     JupyterHub's own API (Slurm: the job's start report), called by the hub's
-    config file before JupyterHub builds its routes.
+    config file before JupyterHub builds its routes; a route is added to ``c``
+    (``c.JupyterHub.extra_handlers``, ``placement.engine_extension.add_hub_route``),
+    never to JupyterHub's module-level handler lists.
 
     ``service_routes(prefix) -> [(pattern, handler)]`` and ``openapi``
     (a YAML fragment with ``paths`` and ``components``, merged into the

@@ -98,7 +98,11 @@ class BackendContract:
         """Engine placement: the placement that follows the engine's queue and writes the lease.
 
         Built once per hub process (``gpu_policy``); it admits to the
-        engine's queue, follows a submitted job and learns node and GPUs."""
+        engine's queue, follows a submitted job and learns node and GPUs.
+        A new engine subclasses ``placement.engine_template.EngineTemplate``
+        and writes only its hooks (one look at its queue, cancel, how a
+        report maps to UUIDs, its words); its policy is
+        ``placement.engine_policy.EnginePolicy``."""
         raise BackendContractError(f"{type(self).__name__} does not implement engine_placement()")
 
     @contract_member("engine")

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench_devices import GPUDevice
-from workbench_spawner.placement.host import Placement
+from workbench_spawner.placement.host import NoGPUAvailable, Placement
 
 
 def _quiet(text: str) -> None:
@@ -80,3 +80,36 @@ class EnginePlacement(Placement):
         answers from its own records caches them for a few seconds (the form asks on every render). By
         default every device is usable."""
         return {}
+
+
+class EngineJobEnded(NoGPUAvailable):
+    """The engine's job ended (cancelled, deleted, failed) before its server started."""
+
+
+class ReportMismatch(NoGPUAvailable):
+    """A start report that disagrees with the engine's own record; str(err) is the user's sentence."""
+
+
+class ReportConflict(ValueError):
+    """A start report that contradicts what the hub already knows of a node's GPUs; str(err) is for the admin."""
+
+
+@dataclass(frozen=True)
+class Look:
+    """One look at a submitted job in the engine (``EngineTemplate.look``'s answer).
+
+    Exactly one outcome: ``node`` set (the engine placed it there; ``record`` is the engine's own record of
+    it, which ``uuids`` checks the report against), ``ended`` (the sentence: it ended before the server
+    started), ``refused`` (the sentence: the engine says it can never run, the template cancels it, logging
+    ``refused_why``), or still waiting: ``text`` is the user's sentence in the engine's words, ``report``
+    what the policy hears (``(ahead,)`` or ``(ahead, words)``) and ``detail`` what the timeout sentence
+    says it was waiting for."""
+
+    node: str = ""
+    record: Any = None
+    ended: str = ""
+    refused: str = ""
+    refused_why: str = ""
+    text: str = ""
+    report: tuple[Any, ...] = ()
+    detail: str = ""

@@ -1,77 +1,38 @@
 """The Kubernetes backend's entry in ``workbench.backends``.
 
 What it adds beyond its spawner: its ``WORKBENCH_*`` configuration; the pod's
-start report on the hub's API (``report_api``); the lock-down check of the
+start report on the hub's API (``report_api``, through ``c.JupyterHub.extra_handlers``); the lock-down check of the
 final config at hub start; the fleet view's inventory under the UUIDs pods
 reported and each GPU's node as Kubernetes sees it (``fleet``);
 ``workbench kubernetes-nodes`` and ``workbench kubernetes-forget-node``.
+Built by ``placement.engine_extension.engine_extension``, as every engine's is.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from traitlets.config import Config
-
-from workbench_spawner.backend import BackendExtension, CLICommands, NodeDrain
+from workbench_spawner.backend import NodeDrain
 from workbench_spawner.backends.kubernetes.config import configure
+from workbench_spawner.placement.engine_extension import engine_extension
 
+HERE = "workbench_spawner.backends.kubernetes"
 
-def check(config: Config) -> list[str]:
-    from workbench_spawner.backends.kubernetes.fleet import check_config
-
-    return check_config(config)
-
-
-def setup_hub(c: Config) -> None:
-    from workbench_spawner.backends.kubernetes import report_api
-
-    report_api.install()
-
-
-def service_routes(prefix: str) -> list[tuple]:
-    from workbench_spawner.backends.kubernetes.fleet import kubernetes_routes
-
-    return kubernetes_routes(prefix)
-
-
-def resolve_inventory(store, inventory):
-    from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs
-
-    return NodeUUIDs(store).resolve(inventory)
-
-
-def annotate_fleet(gpus: list[dict]) -> None:
-    from workbench_spawner.backends.kubernetes.fleet import annotate_kubernetes
-
-    annotate_kubernetes(gpus)
-
-
-def _add_parsers(top) -> None:
-    from workbench_spawner.backends.kubernetes.fleet import add_parsers
-
-    add_parsers(top)
-
-
-def _run(args, call):
-    from workbench_spawner.backends.kubernetes.fleet import run_cli
-
-    return run_cli(args, call)
-
-
-extension = BackendExtension(
+extension = engine_extension(
     name="kubernetes",
     spawner="gpu-kubernetes",
     summary="one locked-down pod per server; the Kubernetes scheduler places the GPUs and the pod reports their "
     "UUIDs (engine placement)",
     configure=configure,
-    check=check,
-    setup_hub=setup_hub,
-    service_routes=service_routes,
+    check=f"{HERE}.fleet:check_config",
+    setup_hub=f"{HERE}.report_api:install",
+    book=f"{HERE}.inventory:NodeUUIDs",
+    annotate_fleet=f"{HERE}.fleet:annotate_kubernetes",
+    service_routes=f"{HERE}.fleet:kubernetes_routes",
+    cli_names=("kubernetes-nodes", "kubernetes-forget-node"),
+    add_parsers=f"{HERE}.fleet:add_parsers",
+    run_cli=f"{HERE}.fleet:run_cli",
     openapi=Path(__file__).with_name("openapi.yaml"),
-    resolve_inventory=resolve_inventory,
-    annotate_fleet=annotate_fleet,
-    cli=CLICommands(names=("kubernetes-nodes", "kubernetes-forget-node"), add_parsers=_add_parsers, run=_run),
     node_drain=NodeDrain(
         engine="Kubernetes",
         verb="cordon",

@@ -13,15 +13,14 @@ for a couple of seconds so a busy page does not hammer the API server.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 import time
-from urllib.parse import quote
 
 from traitlets.config import Config
 
 from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailable, list_nodes
+from workbench_spawner.placement.engine_fleet import add_node_parsers, forget_node_handler, run_node_cli
 
 log = logging.getLogger("workbench.service")
 
@@ -127,42 +126,39 @@ def kubernetes_routes(prefix: str) -> list[tuple]:
                 self.fail(503, "the Kubernetes API did not answer; the hub's log says why")
             self.send({"nodes": node_rows(nodes, known)})
 
-    class NodeHandler(APIHandler):
-        async def delete(self, node: str):
-            await self.require_admin("make the hub forget a node's GPUs")
-            if len(node) > MAX_NODE:
-                self.fail(400, f"a node name has at most {MAX_NODE} characters")
-            if not await asyncio.to_thread(NodeUUIDs(self.fleet.store).forget, node):
-                self.fail(
-                    404,
-                    f"the hub knows no GPU UUIDs of a node named {json.dumps(node)}; "
-                    "`workbench kubernetes-nodes` lists the nodes",
-                )
-            log.info("%s made the hub forget the GPUs of Kubernetes node %s", self.caller_name(), node)
-            self.set_status(204)
-            self.finish()
-
-    return [(prefix + "api/kubernetes/nodes", NodesHandler), (prefix + r"api/kubernetes/nodes/([^/]+)", NodeHandler)]
+    node = forget_node_handler(
+        NodeUUIDs,
+        "Kubernetes",
+        MAX_NODE,
+        "the hub knows no GPU UUIDs of a node named {node}; `workbench kubernetes-nodes` lists the nodes",
+    )
+    return [(prefix + "api/kubernetes/nodes", NodesHandler), (prefix + r"api/kubernetes/nodes/([^/]+)", node)]
 
 
 def add_parsers(top) -> None:
-    top.add_parser("kubernetes-nodes", help="Kubernetes: each node's GPUs and the UUIDs its pods reported")
-    forget = top.add_parser("kubernetes-forget-node", help="Kubernetes: forget a node's GPU UUIDs after replacing them")
-    forget.add_argument("node", help="the node name, as kubectl get nodes prints it")
+    add_node_parsers(
+        top,
+        "kubernetes",
+        "Kubernetes: each node's GPUs and the UUIDs its pods reported",
+        "Kubernetes: forget a node's GPU UUIDs after replacing them",
+        "the node name, as kubectl get nodes prints it",
+    )
 
 
 def run_cli(args, call) -> tuple[object, str]:
-    if args.area == "kubernetes-forget-node":
-        call(args.url, args.token, "DELETE", f"api/kubernetes/nodes/{quote(args.node, safe='')}")
-        return None, f"The hub forgot the GPU UUIDs of {args.node}; the next pod there names them again."
-    data = call(args.url, args.token, "GET", "api/kubernetes/nodes")
-    lines = [
-        f"{n['node']}: {n['gpus_requested']}/{n['gpu_allocatable']} GPU(s) requested"
-        f"{'' if n['ready'] and n['schedulable'] else ' (not schedulable)'}; reported: "
-        f"{', '.join(n['reported_uuids']) or 'none yet'}"
-        for n in data["nodes"]
-    ]
-    return data, "\n".join(lines) or "no node advertises GPUs"
+    return run_node_cli(
+        args,
+        call,
+        "kubernetes",
+        "The hub forgot the GPU UUIDs of {node}; the next pod there names them again.",
+        lambda data: [
+            f"{n['node']}: {n['gpus_requested']}/{n['gpu_allocatable']} GPU(s) requested"
+            f"{'' if n['ready'] and n['schedulable'] else ' (not schedulable)'}; reported: "
+            f"{', '.join(n['reported_uuids']) or 'none yet'}"
+            for n in data["nodes"]
+        ],
+        "no node advertises GPUs",
+    )
 
 
 def check_config(config: Config) -> list[str]:

@@ -29,15 +29,15 @@ node's slices are the spec's own (``MIG-sim-<node>-...``).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
 from workbench_spawner.backends.kubernetes.cluster import KubeNode
-from workbench_spawner.ledger.store import AllocationStore, utcnow
-from workbench_spawner.policy.settings import SettingsRow
+from workbench_spawner.ledger.node_book import NodeBook
+from workbench_spawner.placement.engine import ReportConflict
 
 NODE_UUIDS_KEY = "kubernetes-node-gpus"
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -168,20 +168,14 @@ def _memory_bytes(mib: str | None) -> int:
         return 0
 
 
-class UUIDConflict(ValueError):
+class UUIDConflict(ReportConflict):
     """A report that contradicts what the hub knows; str(err) is for the admin."""
 
 
-class NodeUUIDs:
-    """Per node, the UUIDs pods reported there (a JSON document in ``workbench_settings``)."""
+class NodeUUIDs(NodeBook):
+    """Per node, the UUIDs pods reported there (``NodeBook``; MIG slices under ``slice_key``)."""
 
-    def __init__(self, store: AllocationStore):
-        self.store = store
-
-    def known(self) -> dict[str, list[str]]:
-        with self.store.reads()() as session:
-            row = session.get(SettingsRow, NODE_UUIDS_KEY)
-            return json.loads(row.value) if row is not None else {}
+    key = NODE_UUIDS_KEY
 
     def accept(self, node: str, uuids: Iterable[str], capacity: int, profile: str = "") -> None:
         """Learn ``uuids`` on ``node`` (slices of ``profile`` if given); UUIDConflict if one is known
@@ -189,9 +183,8 @@ class NodeUUIDs:
         uuids = list(uuids)
         where = node
         node = slice_key(node, profile) if profile else node
-        with self.store.writes().begin() as session:
-            row = session.get(SettingsRow, NODE_UUIDS_KEY)
-            known: dict[str, list[str]] = json.loads(row.value) if row is not None else {}
+
+        def learn(known: dict[str, Any]) -> bool:
             for uuid in uuids:
                 elsewhere = next((n for n, rows in known.items() if uuid in rows and n != node), None)
                 if elsewhere:
@@ -203,7 +196,7 @@ class NodeUUIDs:
             here = list(known.get(node, []))
             new = [u for u in uuids if u not in here]
             if not new:
-                return
+                return False
             if len(here) + len(new) > capacity:
                 what = f"{profile} MIG slices" if profile else "GPUs"
                 raise UUIDConflict(
@@ -211,29 +204,13 @@ class NodeUUIDs:
                     f"if its GPUs were replaced, an admin runs `workbench kubernetes-forget-node {where}`"
                 )
             known[node] = here + new
-            if row is None:
-                row = SettingsRow(key=NODE_UUIDS_KEY)
-                session.add(row)
-            row.value = json.dumps(known, sort_keys=True)
-            row.updated = utcnow()
-
-    def forget(self, node: str) -> bool:
-        """Drop what is known about ``node``, its slices too (its GPUs were replaced); True if there was something."""
-        with self.store.writes().begin() as session:
-            row = session.get(SettingsRow, NODE_UUIDS_KEY)
-            known = json.loads(row.value) if row is not None else {}
-            keys = [k for k in known if k == node or k.startswith(f"{node}/")]
-            if not keys:
-                return False
-            for key in keys:
-                del known[key]
-            row.value = json.dumps(known, sort_keys=True)
-            row.updated = utcnow()
             return True
 
-    def resolve(self, inventory: DeviceInventory) -> DeviceInventory:
-        """``inventory`` with every reported GPU under its real UUID (reads the database)."""
-        return resolve(inventory, self.known())
+        self.update(learn)
+
+    @staticmethod
+    def resolve_with(inventory: DeviceInventory, known: dict[str, Any]) -> DeviceInventory:
+        return resolve(inventory, known)
 
 
 def resolve(inventory: DeviceInventory, known: Mapping[str, Sequence[str]]) -> DeviceInventory:

@@ -26,7 +26,6 @@ Kubernetes (a PriorityClass per group is the cluster's own tool, docs/kubernetes
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -34,12 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.backends.kubernetes.inventory import UUIDConflict, is_placeholder
-from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.engine import EngineJob, EnginePlacement
-from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
-from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
-from workbench_spawner.rules.reservations import gpus_text
+from workbench_spawner.backends.kubernetes.inventory import is_placeholder
+from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflict, ReportMismatch
+from workbench_spawner.placement.engine_reservations import EngineReservations
+from workbench_spawner.placement.engine_template import EngineTemplate
+from workbench_spawner.rules.queue_order import Waiting
 
 log = logging.getLogger("workbench.kubernetes")
 
@@ -82,7 +81,7 @@ class PodReport:
         return cls(data["node"], tuple(gpus))
 
 
-class PodEnded(NoGPUAvailable):
+class PodEnded(EngineJobEnded):
     """The pod ended or was deleted before its server started."""
 
 
@@ -108,10 +107,20 @@ def container_trouble(pod: Mapping[str, Any]) -> str:
     return ""
 
 
-class KubernetesPlacement(EnginePlacement):
-    """Leases for pods the scheduler placed; the wait is the scheduler's queue."""
+class KubernetesPlacement(EngineTemplate):
+    """Leases for pods the scheduler placed; the wait is the scheduler's queue (``EngineTemplate``'s hooks)."""
 
     pins_slices = True  # a gpu_profile request asks for the device plugin's nvidia.com/mig-<profile>
+    engine = "Kubernetes"
+    the_job = "the pod"
+    job_gone = "the pod was deleted"
+    place_verb = "place"
+    nothing_made = "no pod was created"
+    nothing_submitted = "No pod was created, so there is nothing to place."
+    ref_prefix = "k8s"
+    unavailable_errors = (RuntimeError,)  # KubernetesUnavailable
+    report_poll = 0.05
+    Ended = PodEnded
 
     def __init__(
         self,
@@ -127,148 +136,114 @@ class KubernetesPlacement(EnginePlacement):
         release_grace: float = 60.0,
         learn_slices: Callable[[str, Sequence[str], str], None] = lambda node, uuids, profile: None,
     ):
-        super().__init__(store)
-        self.release_grace = release_grace
-        self.inventory = inventory
-        self.reservations = reservations
+        super().__init__(store, inventory, reservations, poll_interval, report_timeout, clock, release_grace)
         self.free_gpus = free_gpus
-        self.poll_interval = poll_interval
-        self.report_timeout = report_timeout
-        self.clock = clock
         self.learn = learn
         self.learn_slices = learn_slices
         self._total_gpus = total_gpus
-        # pod -> when it joined, for every pod of ours not scheduled yet (the hub's own FIFO).
-        self._pending: dict[str, float] = {}
-        self._admitting = asyncio.Lock()
-
-    def waiting(self) -> int:
-        return len(self._pending)
-
-    def waiting_by_group(self) -> dict[str, int]:
-        return self.reservations.waiting_by_group()
 
     def total_gpus(self) -> int:
         return self._total_gpus() if self._total_gpus else len(self.inventory().devices)
 
-    # -- before the pod exists -----------------------------------------------------------------
+    def unanswered(self, exc: Exception) -> str:
+        return f"the Kubernetes API did not answer ({exc})"
 
-    async def admit_to_queue(
-        self,
-        key: str,
-        count: int,
-        model: str | None,
-        groups: Sequence[str],
-        deadline: float,
-        describe: Callable[[str], None] = lambda text: None,
-    ) -> None:
-        def check() -> tuple[bool, str]:
-            try:
-                return self.reservations.may_submit(groups, count, model, self.free_gpus)
-            except RuntimeError as exc:  # KubernetesUnavailable
-                return False, f"the Kubernetes API did not answer ({exc})"
+    def job_name(self, job_id: str) -> str:
+        return f"pod {job_id}"
 
-        await wait_to_submit(
-            self.reservations,
-            self._admitting,
-            key,
-            (frozenset(groups), count, model),
-            deadline,
-            check,
-            self.clock,
-            self.poll_interval,
-            describe,
-            "no pod was created",
+    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
+        return self.reservations.may_submit(groups, count, model, self.free_gpus)
+
+    def kind(self, job: EngineJob, model: str | None) -> str | None:
+        profile = getattr(job, "profile", "")
+        return f"{model} {profile}" if model and profile else profile or model
+
+    def holds_reserved(self, job: EngineJob) -> bool:
+        return not getattr(job, "profile", "")  # open reservations hold whole GPUs
+
+    def accepts(self, job: EngineJob) -> bool:
+        return isinstance(job, PodJob)
+
+    async def joining(self, job: EngineJob, user: str) -> Waiting:
+        return Waiting(key=job.job_id, user=user, joined=getattr(job, "submitted", 0.0) or self.clock())
+
+    async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
+        assert isinstance(job, PodJob)
+        pod = job.pod()
+        if pod is not None:
+            memo["seen"] = True
+            status = pod.get("status") or {}
+            deleted = (pod.get("metadata") or {}).get("deletionTimestamp")
+            if deleted or status.get("phase") in ("Succeeded", "Failed"):
+                how = "deleted" if deleted else status.get("phase")
+                return Look(ended=f"The pod {job.job_id} ended before the server started ({how}).")
+            node = (pod.get("spec") or {}).get("nodeName")
+            if node:
+                return Look(node=str(node), record=pod)
+        elif memo.get("seen"):
+            return Look(ended=f"The pod {job.job_id} was deleted before the server started.")
+        ahead = self.ahead_in_line(job.job_id)
+        words = scheduler_words(job.events())
+        text = f"Waiting for {what}: " + (
+            f"{ahead} ahead of you among this hub's servers" if ahead else "you are next in line"
+        )
+        text += f"; Kubernetes says: {words}" if words else "; waiting for the Kubernetes scheduler"
+        return Look(text=text, report=(ahead, words), detail=words)
+
+    def trouble(self, job: EngineJob, node: str) -> str:
+        assert isinstance(job, PodJob)
+        pod = job.pod()
+        trouble = container_trouble(pod) if pod else "the pod was deleted"
+        if not trouble:
+            return ""
+        namespace, _, name = job.job_id.partition("/")
+        return (
+            f"The server's pod {job.job_id} on {node} cannot start: {trouble} "
+            f"(`kubectl logs -n {namespace} {name}` says why)."
         )
 
-    def withdraw(self, key: str) -> None:
-        self.reservations.asking.pop(key, None)
+    async def ended(self, job: EngineJob) -> str:
+        assert isinstance(job, PodJob)
+        pod = job.pod()
+        if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return f"The pod {job.job_id} was deleted before the server started."
+        return ""
 
-    # -- after the pod exists ------------------------------------------------------------------
+    def placed_words(self, node: str) -> str:
+        return f"Kubernetes scheduled the pod on {node}; waiting for it to report its GPUs"
 
-    async def place(
-        self,
-        user: str,
-        server: str,
-        count: int,
-        model: str | None,
-        timeout: float,
-        report: Report = _nothing,
-        groups: Sequence[str] = (),
-        job: EngineJob | None = None,
-    ) -> Lease | None:
-        """The lease of the pod once scheduled and reported (None for 0 GPUs), or NoGPUAvailable."""
-        if not isinstance(job, PodJob) or not job.job_id:
-            raise NoGPUAvailable("No pod was created, so there is nothing to place.")
-        what = gpus_text(count, f"{model} {job.profile}" if model and job.profile else job.profile or model)
-        deadline = self.clock() + timeout if job.deadline is None else job.deadline
-        self._pending[job.job_id] = job.submitted or self.clock()
-        if not job.profile:
-            self.reservations.asking[job.job_id] = (frozenset(groups), count, model)
-        self.withdraw(job.admitted)
-        try:
-            pod = await self._until_scheduled(job, what, deadline, timeout, report)
-        finally:
-            self._pending.pop(job.job_id, None)
-            self.reservations.asking.pop(job.job_id, None)
-        node = str(pod["spec"]["nodeName"])
-        job.describe(f"Kubernetes scheduled the pod on {node}; waiting for it to report its GPUs")
-        pod_report = await self._until_reported(job, node)
-        if not count:
-            return None
-        problem = self._check(pod_report, node, count, job.profile)
+    def no_report_words(self, job: EngineJob, node: str) -> str:
+        return (
+            f"The server in pod {job.job_id} on {node} did not report its GPUs within {self.report_timeout:g} "
+            "seconds; the pod was deleted. Is the image the workbench's (its start-up reports), and can the pod "
+            "reach the hub's API?"
+        )
+
+    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
+        return (
+            f"Kubernetes gave the pod GPUs {', '.join(uuids)} on {node}, which the workbench ledger still "
+            f"shows as held by another server after {self.release_grace:g} seconds; the pod was deleted. "
+            "Try again in a minute; if it happens again, tell a hub admin."
+        )
+
+    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+        return f"The pod {job.job_id} reported GPUs that contradict what the hub knows: {problem}; the pod was deleted."
+
+    def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
+        problem = self._check(report, look.node, count, getattr(job, "profile", ""))
         if problem:
-            raise NoGPUAvailable(
-                f"The pod {job.job_id} on {node} reported GPUs the hub cannot accept: {problem}; the pod was "
+            raise ReportMismatch(
+                f"The pod {job.job_id} on {look.node} reported GPUs the hub cannot accept: {problem}; the pod was "
                 "deleted. Tell a hub admin."
             )
-        try:
-            if job.profile:
-                await asyncio.to_thread(self.learn_slices, node, pod_report.gpus, job.profile)
-            else:
-                await asyncio.to_thread(self.learn, node, pod_report.gpus)
-        except UUIDConflict as exc:
-            raise NoGPUAvailable(
-                f"The pod {job.job_id} reported GPUs that contradict what the hub knows: {exc}; the pod was deleted."
-            ) from None
-        await self._adopt(job, user, server, list(pod_report.gpus), node, groups)
-        lease = await asyncio.to_thread(self.store.lease_of, user, server)
-        if lease is None:
-            raise NoGPUAvailable(f"The lease of pod {job.job_id} was released while the server started.")
-        return lease
+        return list(report.gpus)
 
-    async def _adopt(
-        self, job: PodJob, user: str, server: str, uuids: list[str], node: str, groups: Sequence[str]
-    ) -> None:
-        """Write the lease; while another server's lease still names these GPUs, wait for its release.
-
-        The scheduler gives a GPU away as soon as the pod that held it is gone,
-        and the hub releases that pod's lease when its stop (or poll) sees it gone:
-        for a moment the ledger lags the engine. Only a lease that stays past
-        ``release_grace`` is a real conflict (the ledger names GPUs Kubernetes
-        gave to someone else): then the pod is deleted."""
-        end = self.clock() + self.release_grace
-        told = False
-        # GPU-hours by share: a 1g slice is 1/7 of a GPU (the inventory, resolved after learning, knows it).
-        devices = self.inventory().by_uuid()
-        shares = {u: devices[u].share for u in uuids if u in devices}
-        while not await asyncio.to_thread(
-            lambda: self.store.adopt(user, server, uuids, f"k8s:{job.job_id}", None, node, tuple(groups), shares=shares)
-        ):
-            if self.clock() >= end:
-                raise NoGPUAvailable(
-                    f"Kubernetes gave the pod GPUs {', '.join(uuids)} on {node}, which the workbench ledger still "
-                    f"shows as held by another server after {self.release_grace:g} seconds; the pod was deleted. "
-                    "Try again in a minute; if it happens again, tell a hub admin."
-                )
-            pod = job.pod()
-            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                raise PodEnded(f"The pod {job.job_id} was deleted before the server started.")
-            if not told:
-                given = ", ".join(uuids)
-                job.describe(f"Kubernetes gave the pod {given}; waiting for its previous server to release it")
-                told = True
-            await asyncio.sleep(self.poll_interval)
+    def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
+        profile = getattr(job, "profile", "")
+        if profile:
+            self.learn_slices(look.node, report.gpus, profile)
+        else:
+            self.learn(look.node, report.gpus)
 
     def _check(self, pod_report: PodReport, node: str, count: int, profile: str = "") -> str:
         """Why a report cannot be taken ("" when it can): node, count, duplicates, and names on that node
@@ -288,64 +263,3 @@ class KubernetesPlacement(EnginePlacement):
         if profile and not all(u.startswith("MIG-") for u in pod_report.gpus):
             return f"{', '.join(pod_report.gpus)} is not a MIG UUID (MIG-...), but the pod asked for {profile} slices"
         return ""
-
-    async def _until_scheduled(
-        self, job: PodJob, what: str, deadline: float, timeout: float, report: Report
-    ) -> Mapping[str, Any]:
-        last = ""
-        seen = False
-        while True:
-            pod = job.pod()
-            if pod is not None:
-                seen = True
-                status = pod.get("status") or {}
-                deleted = (pod.get("metadata") or {}).get("deletionTimestamp")
-                if deleted or status.get("phase") in ("Succeeded", "Failed"):
-                    how = "deleted" if deleted else status.get("phase")
-                    raise PodEnded(f"The pod {job.job_id} ended before the server started ({how}).")
-                if (pod.get("spec") or {}).get("nodeName"):
-                    return pod
-            elif seen:
-                raise PodEnded(f"The pod {job.job_id} was deleted before the server started.")
-            ahead = self._ahead(job.job_id)
-            words = scheduler_words(job.events())
-            text = f"Waiting for {what}: " + (
-                f"{ahead} ahead of you among this hub's servers" if ahead else "you are next in line"
-            )
-            text += f"; Kubernetes says: {words}" if words else "; waiting for the Kubernetes scheduler"
-            if text != last:
-                report(ahead, words)
-                job.describe(text)
-                last = text
-            if self.clock() >= deadline:
-                raise NoGPUAvailable(
-                    f"Kubernetes did not place the pod for {what} within {timeout:g} seconds "
-                    f"({words or 'pending'}); the pod was deleted. Try again later, ask for fewer GPUs, or start a "
-                    "CPU-only server (0 GPUs)."
-                )
-            await asyncio.sleep(self.poll_interval)
-
-    def _ahead(self, job_id: str) -> int:
-        mine = self._pending.get(job_id)
-        return 0 if mine is None else sum(1 for k, t in self._pending.items() if k != job_id and t < mine)
-
-    async def _until_reported(self, job: PodJob, node: str) -> PodReport:
-        end = self.clock() + self.report_timeout
-        while self.clock() < end:
-            found = await asyncio.to_thread(job.started)
-            if found is not None:
-                return found
-            pod = job.pod()
-            trouble = container_trouble(pod) if pod else "the pod was deleted"
-            if trouble:
-                namespace, _, name = job.job_id.partition("/")
-                raise PodEnded(
-                    f"The server's pod {job.job_id} on {node} cannot start: {trouble} "
-                    f"(`kubectl logs -n {namespace} {name}` says why)."
-                )
-            await asyncio.sleep(min(0.05, self.poll_interval))
-        raise NoGPUAvailable(
-            f"The server in pod {job.job_id} on {node} did not report its GPUs within {self.report_timeout:g} "
-            "seconds; the pod was deleted. Is the image the workbench's (its start-up reports), and can the pod "
-            "reach the hub's API?"
-        )

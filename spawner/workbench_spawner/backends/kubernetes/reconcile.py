@@ -14,30 +14,26 @@ this hub process:
 * **running** with GPUs but no annotation (the hub stopped between the lease
   and the annotation) or with GPUs leased to another server: deleted;
 * **running CPU-only**: left to JupyterHub (it holds no GPU).
+
+The rule is the engines' shared one (``placement.engine_reconcile``); this
+module reads a pod for it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from workbench_spawner.backends.kubernetes.cluster import ENDED_PHASES, pod_gpu_request, pod_slice_requests
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_SERVER, LABEL_USER
 from workbench_spawner.ledger.store import Lease
+from workbench_spawner.placement.engine_reconcile import Action, Orphan, ReconcileWords, reconcile_walk
+
+__all__ = ["Action", "reconcile_pods"]
 
 log = logging.getLogger("workbench.kubernetes")
-
-
-@dataclass(frozen=True)
-class Action:
-    """What reconcile did with one pod: "adopted", "deleted" (with why) or "left"."""
-
-    pod: str
-    what: str
-    why: str = ""
 
 
 def _created(pod: Mapping[str, Any]) -> float:
@@ -56,6 +52,15 @@ def _started(pod: Mapping[str, Any]) -> datetime | None:
         return None
 
 
+WORDS = ReconcileWords(
+    noun="pod",
+    ended="deleted",
+    end_verb="Deleting",
+    pending_why="not scheduled, no spawn waiting",
+    unknown_why="its GPUs were never recorded",
+)
+
+
 def reconcile_pods(
     pods: Sequence[Mapping[str, Any]],
     leases: Iterable[Lease],
@@ -66,41 +71,31 @@ def reconcile_pods(
 ) -> list[Action]:
     """Apply the rule above to this hub's ``pods`` (dicts as the API gives them); every decision is returned."""
     leased = {lease.ref for lease in leases}
-    actions = []
-    for pod in pods:
-        metadata = pod.get("metadata") or {}
-        annotations = metadata.get("annotations") or {}
-        name = str(metadata.get("name", ""))
-        namespace = str(metadata.get("namespace", ""))
-        user = annotations.get(LABEL_USER) or (metadata.get("labels") or {}).get(LABEL_USER, "")
-        server = annotations.get(LABEL_SERVER, "")
-        ref = f"k8s:{namespace}/{name}"
-        if ref in leased or metadata.get("deletionTimestamp"):
-            continue
-        if created_before is not None and _created(pod) >= created_before:
-            actions.append(Action(name, "left", "created by this hub process"))
-            continue
-        status = pod.get("status") or {}
-        if status.get("phase") in ENDED_PHASES:
-            continue
-        if not (pod.get("spec") or {}).get("nodeName"):
-            log.warning("Deleting unscheduled pod %s of %s: no spawn waits for it any more", name, user)
-            delete(name)
-            actions.append(Action(name, "deleted", "not scheduled, no spawn waiting"))
-            continue
-        # Whole GPUs, or MIG slices (nvidia.com/mig-<profile>): a slice pod is not a CPU-only one.
-        wanted = pod_gpu_request(pod, resource) + sum(pod_slice_requests(pod).values())
-        if not wanted:
-            actions.append(Action(name, "left", "CPU-only"))
-            continue
-        uuids = [u for u in (annotations.get(ANNOTATION_GPUS) or "").split(",") if u]
-        node = str(pod["spec"]["nodeName"])
-        if len(uuids) == wanted and adopt(user, server, uuids, ref, _started(pod), node):
-            log.info("Adopted pod %s of %s/%s on %s with GPU(s) %s", name, user, server, node, ", ".join(uuids))
-            actions.append(Action(name, "adopted"))
-            continue
-        why = "its GPUs are leased to another server" if len(uuids) == wanted else "its GPUs were never recorded"
-        log.warning("Deleting pod %s of %s/%s: %s", name, user, server, why)
-        delete(name)
-        actions.append(Action(name, "deleted", why))
-    return actions
+    return reconcile_walk((_orphan(p, leased, created_before, resource) for p in pods), adopt, delete, WORDS, log)
+
+
+def _orphan(pod: Mapping[str, Any], leased: set[str], created_before: float | None, resource: str) -> Orphan | None:
+    """The pod as reconcile reads it; None: leased, being deleted or ended."""
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    name = str(metadata.get("name", ""))
+    ref = f"k8s:{metadata.get('namespace', '')}/{name}"
+    user = annotations.get(LABEL_USER) or (metadata.get("labels") or {}).get(LABEL_USER, "")
+    server = annotations.get(LABEL_SERVER, "")
+    if ref in leased or metadata.get("deletionTimestamp"):
+        return None
+    if created_before is not None and _created(pod) >= created_before:
+        return Orphan(name, user, server, left="created by this hub process")
+    if (pod.get("status") or {}).get("phase") in ENDED_PHASES:
+        return None
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node:
+        return Orphan(name, user, server, pending=True)
+    # Whole GPUs, or MIG slices (nvidia.com/mig-<profile>): a slice pod is not a CPU-only one.
+    wanted = pod_gpu_request(pod, resource) + sum(pod_slice_requests(pod).values())
+    if not wanted:
+        return Orphan(name, user, server, left="CPU-only")
+    uuids: list[str | None] = [u for u in (annotations.get(ANNOTATION_GPUS) or "").split(",") if u]
+    if len(uuids) != wanted:  # the hub stopped between the lease and the annotation
+        uuids = [None] * wanted
+    return Orphan(name, user, server, ref, str(node), _started(pod), uuids=uuids)

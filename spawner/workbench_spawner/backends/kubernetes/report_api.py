@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jupyterhub import apihandlers
 from jupyterhub.apihandlers import APIHandler
 from tornado import web
+from traitlets.config import Config
 
+from workbench_spawner.placement.engine_extension import add_hub_route
 from workbench_spawner.start_report import require_starting, token_spawner
 
 ROUTE = r"/api/workbench/start-report"
@@ -65,8 +66,6 @@ class PodReportHandler(APIHandler):
         self.finish(json.dumps({"message": "start report taken", "fields": ["gpus", "node"]}))
 
 
-def install() -> None:
-    """Add the route to JupyterHub's API (idempotent); called by the hub's config file (``setup_hub``)."""
-    handlers = apihandlers.default_handlers
-    handlers[:] = [h for h in handlers if h[0] != ROUTE]
-    handlers.append((ROUTE, PodReportHandler))
+def install(c: Config) -> None:
+    """Serve the route on the hub's API (idempotent); the hub's config file calls it (``setup_hub``)."""
+    add_hub_route(c, ROUTE, PodReportHandler)

@@ -10,19 +10,25 @@ service unreachable).
 
 from __future__ import annotations
 
-from urllib.parse import quote
+from workbench_spawner.placement.engine_fleet import add_node_parsers, run_node_cli
 
 
 def add_slurm_parsers(top) -> None:
-    top.add_parser("slurm-nodes", help="Slurm: the GPUs jobs reported on each node")
-    forget = top.add_parser("slurm-forget-node", help="Slurm: forget a node's GPUs after replacing them")
-    forget.add_argument("node", help="the Slurm node name, as sinfo prints it")
+    add_node_parsers(
+        top,
+        "slurm",
+        "Slurm: the GPUs jobs reported on each node",
+        "Slurm: forget a node's GPUs after replacing them",
+        "the Slurm node name, as sinfo prints it",
+    )
 
 
 def run_slurm(args, call) -> tuple[object, str]:
-    if args.area == "slurm-forget-node":
-        call(args.url, args.token, "DELETE", f"api/slurm/nodes/{quote(args.node, safe='')}")
-        return None, f"The hub forgot the GPUs of {args.node}; the next job there names them again."
-    data = call(args.url, args.token, "GET", "api/slurm/nodes")
-    lines = [f"{n['node']}:{g['index']} {g['uuid']} {g['name']}" for n in data["nodes"] for g in n["gpus"]]
-    return data, "\n".join(lines) or "no GPU reported by a Slurm job yet"
+    return run_node_cli(
+        args,
+        call,
+        "slurm",
+        "The hub forgot the GPUs of {node}; the next job there names them again.",
+        lambda data: [f"{n['node']}:{g['index']} {g['uuid']} {g['name']}" for n in data["nodes"] for g in n["gpus"]],
+        "no GPU reported by a Slurm job yet",
+    )

@@ -4,7 +4,7 @@ Slurm counts GPUs per node by GRES index and never reports UUIDs; leases,
 ``WORKBENCH_GPUS`` and the monitor speak UUIDs. So the inventory starts from
 ``sinfo`` (one device per node and index) and learns each real GPU's UUID,
 name and memory from the first job on that node that reports them
-(``slurm_singleuser``), after the hub checked the report against Slurm's own
+(``backends.slurm.singleuser``), after the hub checked the report against Slurm's own
 job record. What it learned is kept in the GPU database (``NodeGPUMap``), so
 the hub after a restart, the workbench service's fleet view and reconcile all
 resolve ``(node, index)`` to the same UUID.
@@ -23,15 +23,15 @@ An admin who swaps a node's GPUs clears that node's entry
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
-from workbench_spawner.ledger.store import AllocationStore, utcnow
-from workbench_spawner.policy.settings import SettingsRow
+from workbench_spawner.ledger.node_book import NodeBook
+from workbench_spawner.placement.engine import ReportConflict
 
 NODE_GPUS_KEY = "slurm-node-gpus"
 
@@ -94,7 +94,7 @@ def placeholder(node: str, index: int, kind: str) -> GPUDevice:
     )
 
 
-class MapConflict(ValueError):
+class MapConflict(ReportConflict):
     """A node report that contradicts what the hub knows; str(err) is for the admin."""
 
 
@@ -115,16 +115,10 @@ def _entries(report: NodeReport) -> list[dict]:
     return sorted(entries, key=lambda e: e["index"])
 
 
-class NodeGPUMap:
-    """Per node, index -> the GPU a job reported there (a JSON document in ``workbench_settings``)."""
+class NodeGPUMap(NodeBook):
+    """Per node, index -> the GPU a job reported there (``NodeBook``)."""
 
-    def __init__(self, store: AllocationStore):
-        self.store = store
-
-    def known(self) -> dict[str, list[dict]]:
-        with self.store.reads()() as session:
-            row = session.get(SettingsRow, NODE_GPUS_KEY)
-            return json.loads(row.value) if row is not None else {}
+    key = NODE_GPUS_KEY
 
     def accept(self, report: NodeReport) -> None:
         """Learn the GPUs a job reported on its node; MapConflict if they contradict what is known.
@@ -137,9 +131,8 @@ class NodeGPUMap:
         entries = _entries(report)
         if not entries:
             return
-        with self.store.writes().begin() as session:
-            row = session.get(SettingsRow, NODE_GPUS_KEY)
-            known = json.loads(row.value) if row is not None else {}
+
+        def learn(known: dict[str, Any]) -> bool:
             here = {e["index"]: e for e in known.get(report.node, [])}
             where = {e["uuid"]: (node, e["index"]) for node, rows in known.items() for e in rows}
             new = []
@@ -160,29 +153,15 @@ class NodeGPUMap:
                 if old is None:
                     new.append(entry)
             if not new:
-                return
-            known[report.node] = sorted([*here.values(), *new], key=lambda e: e["index"])
-            if row is None:
-                row = SettingsRow(key=NODE_GPUS_KEY)
-                session.add(row)
-            row.value = json.dumps(known, sort_keys=True)
-            row.updated = utcnow()
-
-    def forget(self, node: str) -> bool:
-        """Drop what is known about ``node`` (its GPUs were replaced); True if there was something."""
-        with self.store.writes().begin() as session:
-            row = session.get(SettingsRow, NODE_GPUS_KEY)
-            known = json.loads(row.value) if row is not None else {}
-            if node not in known:
                 return False
-            del known[node]
-            row.value = json.dumps(known, sort_keys=True)
-            row.updated = utcnow()
+            known[report.node] = sorted([*here.values(), *new], key=lambda e: e["index"])
             return True
 
-    def resolve(self, inventory: DeviceInventory) -> DeviceInventory:
-        """``inventory`` with every GPU a job reported under its real UUID (reads the database)."""
-        return resolve(inventory, self.known())
+        self.update(learn)
+
+    @staticmethod
+    def resolve_with(inventory: DeviceInventory, known: dict[str, Any]) -> DeviceInventory:
+        return resolve(inventory, known)
 
 
 def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:

@@ -2,7 +2,7 @@
 
 Admission came first, so a refusal submitted nothing. Before the job is
 submitted, ``admit_to_queue`` holds back a request that would eat into GPUs
-an open reservation keeps for its members (``slurm_fairness``). Once
+an open reservation keeps for its members (``backends.slurm.fairness``). Once
 submitted, ``SlurmPlacement.place`` follows the job in Slurm's queue,
 telling the user Slurm's reason in words and how many jobs are ahead (and,
 in fair-share mode, reordering the workbench's pending jobs and saying why),
@@ -10,10 +10,16 @@ cancels it when the queue timeout passes or Slurm says it can never run, and
 once it runs reads the node and GPU indices from Slurm's job record. The
 UUIDs come from what the job's start-up reported about its node
 (``NodeReport``, checked against what the hub already knows of that node,
-``slurm_inventory.NodeGPUMap``); the two must agree before the lease is
+``backends.slurm.inventory.NodeGPUMap``); the two must agree before the lease is
 written, so a confused or lying node never puts one GPU in two leases. The
 lease's ``ref`` is ``slurm:<job id>``. A CPU-only server (0 GPUs) runs the
 same way and gets no lease.
+
+The template (``placement.engine_template.EngineTemplate``) does the waiting,
+the checks and the lease; this module supplies Slurm's hooks: one look at
+``squeue`` (with fair-share reprioritisation and down nodes in the wait's
+words), ``scancel``, and how a ``NodeReport`` maps Slurm's GRES indices to
+UUIDs.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
-from workbench_spawner.backends.slurm.inventory import MapConflict
 from workbench_spawner.backends.slurm.jobs import (
     NodeReport,
     SlurmJob,
@@ -43,16 +49,14 @@ from workbench_spawner.backends.slurm.jobs import (
 )
 from workbench_spawner.backends.slurm.node_states import NodeStates
 from workbench_spawner.form.options import device_matches
-from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.engine import EngineJob, EnginePlacement
-from workbench_spawner.placement.engine_reservations import wait_to_submit
-from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
+from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflict, ReportMismatch
+from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
-from workbench_spawner.rules.reservations import gpus_text
 
 log = logging.getLogger("workbench.slurm")
 
-LOG_FILE = "~/workbench-slurm-{job_id}.log"  # the batch script's --output (slurm_backend.BATCH_SCRIPT)
+LOG_FILE = "~/workbench-slurm-{job_id}.log"  # the batch script's --output (backends.slurm.sbatch)
 
 
 @dataclass(frozen=True)
@@ -67,15 +71,25 @@ class SlurmEngineJob(EngineJob):
     kind: str | None = None
 
 
-class JobEnded(NoGPUAvailable):
+class JobEnded(EngineJobEnded):
     """The job left Slurm's queue before it ran (cancelled outside the hub, failed at once)."""
 
 
-class SlurmPlacement(EnginePlacement):
-    """Leases for jobs Slurm placed; the wait is Slurm's own queue."""
+class SlurmPlacement(EngineTemplate):
+    """Leases for jobs Slurm placed; the wait is Slurm's own queue (``EngineTemplate``'s hooks)."""
 
     # A slice is a GRES of its profile's type (``gpu:1g.18gb:1``); the job's report maps its index to the MIG UUID.
     pins_slices = True
+    engine = "Slurm"
+    the_job = "the job"
+    job_gone = "the job was cancelled"
+    place_verb = "start"
+    nothing_made = "nothing was submitted to Slurm"
+    nothing_submitted = "The Slurm job was not submitted, so there is nothing to place."
+    ref_prefix = "slurm"
+    unavailable_errors = (SlurmUnavailable,)
+    report_poll = 0.2
+    Ended = JobEnded
 
     def __init__(
         self,
@@ -95,35 +109,28 @@ class SlurmPlacement(EnginePlacement):
         learn: Callable[[NodeReport], None] = lambda report: None,
         devices: Callable[[], Sequence[GPUDevice]] | None = None,
         node_states: NodeStates | None = None,
+        release_grace: float = 60.0,
     ):
-        super().__init__(store)
-        self.inventory = inventory
-        self.poll_interval = poll_interval
-        self.report_timeout = report_timeout
-        self.clock = clock
+        super().__init__(
+            store,
+            inventory,
+            reservations or SlurmReservations(store, inventory),
+            poll_interval,
+            report_timeout,
+            clock,
+            release_grace,
+        )
         self.jobs = jobs
         self.cancel_job = cancel_job
         self.nodes = nodes
         self.queue_order = queue_order
         self.aging_minutes = aging_minutes
-        self.reservations = reservations or SlurmReservations(store, inventory)
         self.gpu_hours = gpu_hours
         self.set_job_priority = set_job_priority
         self.learn = learn
         self._devices = devices
         # Which nodes take no job now (down, drained, not responding), from sinfo at most every 5 s.
         self.node_states = node_states or NodeStates(nodes)
-        # job id -> the request as the queue order sees it, for every job of ours Slurm keeps pending.
-        self._pending: dict[str, Waiting] = {}
-        # The reservation check and the admission it leads to are one step: ten non-members who ask
-        # at the same second do not all see the same free GPUs.
-        self._admitting = asyncio.Lock()
-
-    def waiting(self) -> int:
-        return len(self._pending)
-
-    def waiting_by_group(self) -> dict[str, int]:
-        return self.reservations.waiting_by_group()
 
     def devices(self) -> Sequence[GPUDevice]:
         """The cluster's GPUs and slices as the wait sentence counts them (the spawner hands in the
@@ -150,187 +157,96 @@ class SlurmPlacement(EnginePlacement):
                 counts[d.node] = (counts.get(d.node, (0, ""))[0] + 1, bad[d.node])
         return counts
 
-    async def _cancel(self, job_id: str, why: str) -> None:
+    # -- the template's hooks ------------------------------------------------------------------
+
+    async def cancel(self, job_id: str, why: str) -> None:
         log.info("Cancelling Slurm job %s: %s", job_id, why)
         try:
             await asyncio.to_thread(self.cancel_job, job_id)
         except SlurmUnavailable as exc:
             log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
-    # -- before submitting ---------------------------------------------------------------------
+    def unanswered(self, exc: Exception) -> str:
+        return f"Slurm's controller did not answer ({exc})"
 
-    async def admit_to_queue(
-        self,
-        key: str,
-        count: int,
-        model: str | None,
-        groups: Sequence[str],
-        deadline: float,
-        describe: Callable[[str], None] = lambda text: None,
-    ) -> None:
-        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``.
+    def job_name(self, job_id: str) -> str:
+        return f"Slurm job {job_id}"
 
-        The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
-        until ``place`` follows its job or ``withdraw(key)``."""
+    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
+        return self.reservations.may_submit(groups, count, model, self.nodes)
 
-        def check() -> tuple[bool, str]:
-            try:
-                return self.reservations.may_submit(groups, count, model, self.nodes)
-            except SlurmUnavailable as exc:
-                return False, f"Slurm's controller did not answer ({exc})"
+    def kind(self, job: EngineJob, model: str | None) -> str | None:
+        return getattr(job, "kind", None) or model
 
-        await wait_to_submit(
-            self.reservations,
-            self._admitting,
-            key,
-            (frozenset(groups), count, model),
-            deadline,
-            check,
-            self.clock,
-            self.poll_interval,
-            describe,
-            "nothing was submitted to Slurm",
-        )
-
-    def withdraw(self, key: str) -> None:
-        """The admitted request ``key`` is not going to Slurm's queue after all (sbatch failed)."""
-        self.reservations.asking.pop(key, None)
-
-    # -- after submitting ----------------------------------------------------------------------
-
-    async def place(
-        self,
-        user: str,
-        server: str,
-        count: int,
-        model: str | None,
-        timeout: float,
-        report: Report = _nothing,
-        groups: Sequence[str] = (),
-        job: EngineJob | None = None,
-    ) -> Lease | None:
-        """The lease of the running ``job`` (None for 0 GPUs), or NoGPUAvailable (the job is then cancelled).
-
-        ``job.started`` is called in a worker thread and returns the job's ``NodeReport`` once it came;
-        ``job.admitted``: the key ``admit_to_queue`` registered."""
-        if job is None or not job.job_id:
-            raise NoGPUAvailable("The Slurm job was not submitted, so there is nothing to place.")
-        job_id, started, describe, deadline, admitted = (
-            job.job_id,
-            job.started,
-            job.describe,
-            job.deadline,
-            job.admitted,
-        )
-        kind = getattr(job, "kind", None) or model
-        what = gpus_text(count, kind)
-        deadline = self.clock() + timeout if deadline is None else deadline
+    async def joining(self, job: EngineJob, user: str) -> Waiting:
         hours = await asyncio.to_thread(self.gpu_hours, user) if self.queue_order == "fair-share" else 0.0
-        self._pending[job_id] = Waiting(key=job_id, user=user, joined=self.clock(), gpu_hours=hours)
-        self.reservations.asking[job_id] = (frozenset(groups), count, model)
-        self.withdraw(admitted)
-        try:
-            job = await self._until_running(job_id, what, kind, deadline, timeout, report, describe)
-        finally:
-            self._pending.pop(job_id, None)
-            self.reservations.asking.pop(job_id, None)
-        describe(f"Slurm started the job on {job.node}; waiting for the server to report its GPUs")
-        node_report = await self._until_reported(job, started)
-        if not count:
-            return None
-        uuids = self._uuids(job, node_report, count)
-        if not uuids:
-            await self._cancel(job_id, "GPU report does not match Slurm's job record")
-            raise NoGPUAvailable(
-                f"Slurm gave job {job_id} GPU indices {list(job.gpu_indices)} on {job.node}, but the job "
-                f"reported {list(node_report.job_gpus) if node_report else 'nothing'}; the job was cancelled. "
-                "Tell a hub admin: the node's GPU list and gres.conf disagree."
-            )
-        try:
-            # Only now, checked against Slurm's record, and only the job's node and the indices Slurm gave it.
-            given = tuple(g for g in node_report.gpus if int(g.get("index", -1)) in job.gpu_indices)
-            await asyncio.to_thread(self.learn, replace(node_report, gpus=given))
-        except MapConflict as exc:
-            await self._cancel(job_id, "its GPU report contradicts what the hub knows of the node")
-            raise NoGPUAvailable(
-                f"The server in Slurm job {job_id} reported GPUs the hub cannot accept: {exc}; "
-                "the job was cancelled. Tell a hub admin."
-            ) from None
-        shares = await asyncio.to_thread(self._shares, uuids)
-        ok = await asyncio.to_thread(
-            lambda: self.store.adopt(
-                user, server, uuids, f"slurm:{job_id}", None, job.node, tuple(groups), shares=shares
-            )
-        )
-        if not ok:
-            await self._cancel(job_id, "its GPUs are leased to another server")
-            raise NoGPUAvailable(
-                f"Slurm placed job {job_id} on GPUs {', '.join(uuids)} of {job.node}, which the workbench "
-                "ledger shows as held by another server; the job was cancelled. Try again in a minute."
-            )
-        lease = await asyncio.to_thread(self.store.lease_of, user, server)
-        if lease is None:  # released under us (a stop raced the start)
-            raise NoGPUAvailable(f"The lease of Slurm job {job_id} was released while the server started.")
-        return lease
+        return Waiting(key=job.job_id, user=user, joined=self.clock(), gpu_hours=hours)
 
-    def _shares(self, uuids: Sequence[str]) -> dict[str, float]:
-        """Each leased device's share of a GPU (a ``1g`` slice 1/7): what GPU-hours charge (reads the database)."""
-        devices = self.inventory().by_uuid()
-        return {uuid: devices[uuid].share for uuid in uuids if uuid in devices}
-
-    async def _until_running(
-        self,
-        job_id: str,
-        what: str,
-        kind: str | None,
-        deadline: float,
-        timeout: float,
-        report: Report,
-        describe: Callable[[str], None],
-    ) -> SlurmJob:
+    async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
+        jobs = await asyncio.to_thread(self.jobs)
+        found = next((j for j in jobs if j.job_id == job.job_id), None)
+        if found is None or not (found.pending or found.running):
+            state = found.state if found else "gone from the queue"
+            return Look(ended=f"The Slurm job {job.job_id} ended before the server started ({state}).")
+        if found.running:
+            return Look(node=found.node, record=found)
+        if is_hopeless(found.reason):
+            return Look(
+                refused=f"Slurm cannot run this request ({found.reason}); the job was cancelled. Ask for fewer "
+                "GPUs or a shorter session, or ask a hub admin about the partition.",
+                refused_why=f"Slurm cannot run it ({found.reason})",
+            )
+        jobs = await self._fair_share(jobs)
+        found = next((j for j in jobs if j.job_id == job.job_id), found)
+        ahead = queue_position(jobs, job.job_id)
         # What fits the request, named as it asks: "4 GPUs", "2 1g.18gb slices".
         profile = (kind or "").split(" ")[-1]
         noun = f"{profile} slices" if is_profile_name(profile) else "GPUs"
-        last = ""
-        while True:
-            try:
-                jobs = await asyncio.to_thread(self.jobs)
-            except SlurmUnavailable as exc:
-                describe(f"Waiting for Slurm's controller to answer ({exc})")
-                jobs = None
-            if jobs is not None:
-                job = next((j for j in jobs if j.job_id == job_id), None)
-                if job is None or not (job.pending or job.running):
-                    state = job.state if job else "gone from the queue"
-                    raise JobEnded(f"The Slurm job {job_id} ended before the server started ({state}).")
-                if job.running:
-                    return job
-                if is_hopeless(job.reason):
-                    await self._cancel(job_id, f"Slurm cannot run it ({job.reason})")
-                    raise NoGPUAvailable(
-                        f"Slurm cannot run this request ({job.reason}); the job was cancelled. Ask for fewer "
-                        "GPUs or a shorter session, or ask a hub admin about the partition."
-                    )
-                jobs = await self._fair_share(jobs)
-                job = next((j for j in jobs if j.job_id == job_id), job)
-                ahead = queue_position(jobs, job_id)
-                # GPUs on nodes that are down or drained count as neither free nor in use: "all 2 GPUs
-                # that fit are in use; 2 more are on a node that takes no jobs now (wbnode1: down)".
-                unavailable = await asyncio.to_thread(self.unusable_by_node, kind)
-                usable = self.total_gpus(kind) - sum(n for n, _why in unavailable.values())
-                text = pending_message(job, ahead, usable, what, noun, unavailable) + self._why(job_id)
-                if text != last:
-                    report(ahead)
-                    describe(text)
-                    last = text
-            if self.clock() >= deadline:
-                await self._cancel(job_id, "queue timeout")
-                raise NoGPUAvailable(
-                    f"Slurm did not start the job for {what} within {timeout:g} seconds ({last or 'pending'}); "
-                    "the job was cancelled. Try again later, ask for fewer GPUs, or start a CPU-only server "
-                    "(0 GPUs)."
-                )
-            await asyncio.sleep(self.poll_interval)
+        # GPUs on nodes that are down or drained count as neither free nor in use: "all 2 GPUs
+        # that fit are in use; 2 more are on a node that takes no jobs now (wbnode1: down)".
+        unavailable = await asyncio.to_thread(self.unusable_by_node, kind)
+        usable = self.total_gpus(kind) - sum(n for n, _why in unavailable.values())
+        text = pending_message(found, ahead, usable, what, noun, unavailable) + self._why(job.job_id)
+        return Look(text=text, report=(ahead,), detail=text)
+
+    def placed_words(self, node: str) -> str:
+        return f"Slurm started the job on {node}; waiting for the server to report its GPUs"
+
+    def no_report_words(self, job: EngineJob, node: str) -> str:
+        return (
+            f"The server in Slurm job {job.job_id} on {node} did not report back within "
+            f"{self.report_timeout:g} seconds; the job was cancelled. Its log is "
+            f"{LOG_FILE.format(job_id=job.job_id)}."
+        )
+
+    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
+        return (
+            f"Slurm placed job {job.job_id} on GPUs {', '.join(uuids)} of {node}, which the workbench "
+            "ledger shows as held by another server; the job was cancelled. Try again in a minute."
+        )
+
+    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+        return (
+            f"The server in Slurm job {job.job_id} reported GPUs the hub cannot accept: {problem}; "
+            "the job was cancelled. Tell a hub admin."
+        )
+
+    def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
+        uuids = self._uuids(look.record, report, count)
+        if not uuids:
+            raise ReportMismatch(
+                f"Slurm gave job {job.job_id} GPU indices {list(look.record.gpu_indices)} on {look.node}, but the "
+                f"job reported {list(report.job_gpus) if report else 'nothing'}; the job was cancelled. "
+                "Tell a hub admin: the node's GPU list and gres.conf disagree."
+            )
+        return uuids
+
+    def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
+        # Only the job's node and the indices Slurm gave it.
+        given = tuple(g for g in report.gpus if int(g.get("index", -1)) in look.record.gpu_indices)
+        self.learn(replace(report, gpus=given))
+
+    # -- fair share ----------------------------------------------------------------------------
 
     async def _fair_share(self, jobs: list[SlurmJob]) -> list[SlurmJob]:
         """Give our pending jobs Slurm priorities in fair-share order; the job list as it is then."""
@@ -356,20 +272,6 @@ class SlurmPlacement(EnginePlacement):
         ordered = order(list(self._pending.values()), self.queue_order, now, self.aging_minutes)
         why = explain(mine, ordered, self.queue_order, now, self.aging_minutes)
         return f"; {why}" if why else ""
-
-    async def _until_reported(self, job: SlurmJob, started: Callable[[], NodeReport | None]) -> NodeReport | None:
-        end = self.clock() + self.report_timeout
-        while self.clock() < end:
-            node_report = await asyncio.to_thread(started)
-            if node_report is not None:
-                return node_report
-            await asyncio.sleep(min(0.2, self.poll_interval))
-        await self._cancel(job.job_id, "no start report")
-        raise NoGPUAvailable(
-            f"The server in Slurm job {job.job_id} on {job.node} did not report back within "
-            f"{self.report_timeout:g} seconds; the job was cancelled. Its log is "
-            f"{LOG_FILE.format(job_id=job.job_id)}."
-        )
 
     @staticmethod
     def _uuids(job: SlurmJob, node_report: NodeReport | None, count: int) -> list[str]:

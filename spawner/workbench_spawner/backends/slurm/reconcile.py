@@ -20,29 +20,25 @@ A job whose Slurm user is not the user its tag names is not the hub's (any
 cluster user can write a comment) and is left alone. An adopted job that
 JupyterHub does not track any more is ended when that server starts again
 (``SlurmGPUSpawner._end_leftovers``), or by its time limit.
+
+The rule is the engines' shared one (``placement.engine_reconcile``); this
+module reads a Slurm job for it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.jobs import SlurmJob
 from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.engine_reconcile import Action, Orphan, ReconcileWords, reconcile_walk
+
+__all__ = ["Action", "adopter", "reconcile_jobs"]
 
 log = logging.getLogger("workbench.slurm")
-
-
-@dataclass(frozen=True)
-class Action:
-    """What reconcile did with one job: "adopted", "cancelled" (with why) or "left"."""
-
-    job_id: str
-    what: str
-    why: str = ""
 
 
 def adopter(
@@ -73,59 +69,48 @@ def reconcile_jobs(
     orphans. A tag whose user is not the job's Slurm user was written by someone else (anyone may
     ``sbatch --comment=workbench:...``): left alone, never charged to the user it names."""
     leased = {(lease.user, lease.server) for lease in leases}
-    actions = []
-    for job in jobs:
-        tag = job.tag
-        if tag is None or tag in leased:
-            continue
-        if not job.belongs_to(hub):
-            actions.append(Action(job.job_id, "left", "another hub's job"))
-            continue
-        user, server = tag
-        if job.user and job.user != user:
-            log.warning(
-                "Slurm job %s of %s carries the tag of %s/%s: not the workbench's, left alone",
-                job.job_id,
-                job.user,
-                user,
-                server,
-            )
-            actions.append(Action(job.job_id, "left", "tagged by another user"))
-            continue
-        if submitted_before is not None and job.submit_time >= submitted_before:
-            actions.append(Action(job.job_id, "left", "submitted by this hub process"))
-            continue
-        if job.pending:
-            log.warning(
-                "Cancelling pending Slurm job %s of %s/%s: no spawn waits for it any more", job.job_id, user, server
-            )
-            cancel(job.job_id)
-            actions.append(Action(job.job_id, "cancelled", "pending with no spawn waiting"))
-            continue
-        if not job.running or not job.gpu_indices:
-            continue  # a CPU-only job holds no GPU: left to JupyterHub (this rule runs on every pass)
-        uuids = [uuid_at(job.node, i) for i in job.gpu_indices]
-        since = datetime.fromtimestamp(job.start_time, UTC) if job.start_time else None
-        known = [u for u in uuids if u]
-        if len(known) == len(uuids) and (
-            not known or adopt(user, server, known, f"slurm:{job.job_id}", since, job.node)
-        ):
-            log.info(
-                "Adopted Slurm job %s of %s/%s on %s with GPU(s) %s",
-                job.job_id,
-                user,
-                server,
-                job.node,
-                known or "none",
-            )
-            actions.append(Action(job.job_id, "adopted"))
-        else:
-            why = (
-                "its GPUs are unknown to the hub"
-                if len(known) != len(uuids)
-                else "its GPUs are leased to another server"
-            )
-            log.warning("Cancelling Slurm job %s of %s/%s: %s", job.job_id, user, server, why)
-            cancel(job.job_id)
-            actions.append(Action(job.job_id, "cancelled", why))
-    return actions
+    orphans = (_orphan(job, leased, hub, uuid_at, submitted_before) for job in jobs)
+    return reconcile_walk(orphans, adopt, cancel, WORDS, log)
+
+
+WORDS = ReconcileWords(
+    noun="Slurm job",
+    ended="cancelled",
+    end_verb="Cancelling",
+    pending_why="pending with no spawn waiting",
+    unknown_why="its GPUs are unknown to the hub",
+)
+
+
+def _orphan(
+    job: SlurmJob,
+    leased: set[tuple[str, str]],
+    hub: str,
+    uuid_at: Callable[[str, int], str | None],
+    submitted_before: float | None,
+) -> Orphan | None:
+    """The job as reconcile reads it; None: not the workbench's, leased, or holding no GPU."""
+    tag = job.tag
+    if tag is None or tag in leased:
+        return None
+    user, server = tag
+    if not job.belongs_to(hub):
+        return Orphan(job.job_id, user, server, left="another hub's job")
+    if job.user and job.user != user:
+        log.warning(
+            "Slurm job %s of %s carries the tag of %s/%s: not the workbench's, left alone",
+            job.job_id,
+            job.user,
+            user,
+            server,
+        )
+        return Orphan(job.job_id, user, server, left="tagged by another user")
+    if submitted_before is not None and job.submit_time >= submitted_before:
+        return Orphan(job.job_id, user, server, left="submitted by this hub process")
+    if job.pending:
+        return Orphan(job.job_id, user, server, pending=True)
+    if not job.running or not job.gpu_indices:
+        return None  # a CPU-only job holds no GPU: left to JupyterHub (this rule runs on every pass)
+    since = datetime.fromtimestamp(job.start_time, UTC) if job.start_time else None
+    uuids = [uuid_at(job.node, i) for i in job.gpu_indices]
+    return Orphan(job.job_id, user, server, f"slurm:{job.job_id}", job.node, since, uuids=uuids)

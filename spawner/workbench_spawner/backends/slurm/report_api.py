@@ -8,7 +8,7 @@ command, as the hub's own account (root on a Slurm head node), at the next
 stop. This module puts a handler in its place that takes exactly what a
 start needs: ``port`` (the server's port on the node) and
 ``workbench_report`` (the node's GPUs and the job's, see
-``slurm_singleuser``), each checked, and only while that spawner is
+``backends.slurm.singleuser``), each checked, and only while that spawner is
 starting. Anything else is a 400 with a sentence and changes nothing.
 """
 
@@ -20,8 +20,10 @@ from typing import Any
 from jupyterhub import apihandlers
 from jupyterhub.apihandlers import APIHandler
 from tornado import web
+from traitlets.config import Config
 
 from workbench_spawner.backends.slurm.jobs import NodeReport
+from workbench_spawner.placement.engine_extension import add_hub_route
 from workbench_spawner.start_report import require_starting, token_spawner
 
 ROUTE = r"/api/batchspawner"
@@ -107,12 +109,24 @@ class StartReportHandler(APIHandler):
         self.finish(json.dumps({"message": "start report taken", "fields": sorted(accepted)}))
 
 
-def install() -> None:
-    """Put ``StartReportHandler`` where batchspawner's handler was (idempotent).
+def install(c: Config) -> None:
+    """Serve ``StartReportHandler`` at batchspawner's address, and batchspawner's handler nowhere (idempotent).
 
-    Called when the Slurm backend is imported, which JupyterHub does while
-    loading its config, before it builds its routes from ``default_handlers``.
-    """
-    handlers = apihandlers.default_handlers
-    handlers[:] = [h for h in handlers if h[0] != ROUTE]
-    handlers.append((ROUTE, StartReportHandler))
+    Called by the hub's config file (``setup_hub``), before JupyterHub builds its routes."""
+    drop_batchspawner_handler()
+    add_hub_route(c, ROUTE, StartReportHandler)
+
+
+def drop_batchspawner_handler() -> None:
+    """Take batchspawner's own handler out of JupyterHub's API routes: the one workaround, in one place.
+
+    batchspawner registers ``/api/batchspawner`` by appending to ``jupyterhub.apihandlers.default_handlers``
+    when it is imported (batchspawner/api.py: ``default_handlers.append((r"/api/batchspawner",
+    BatchSpawnerAPIHandler))``, imported by its ``__init__``; jupyterhub/batchspawner#126), and offers no
+    switch to leave it out. JupyterHub routes ``default_handlers`` before ``extra_handlers``
+    (``JupyterHub.init_handlers``), so while that entry stands it answers instead of ours, and it sets any
+    attribute a job posts. Importing ``batchspawner.api`` here first makes its append happen now, not
+    after this removal; only batchspawner's entry is removed, nothing is added to the global list."""
+    from batchspawner.api import BatchSpawnerAPIHandler
+
+    apihandlers.default_handlers[:] = [h for h in apihandlers.default_handlers if h[1] is not BatchSpawnerAPIHandler]

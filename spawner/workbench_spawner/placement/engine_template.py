@@ -1,0 +1,346 @@
+"""The engine placement template: everything Slurm, Kubernetes (or a third engine) share.
+
+An engine's placement subclasses ``EngineTemplate`` and writes only what
+differs (``docs`` of the class list the hooks): one look at its queue, how a
+start report maps to UUIDs, what the hub learns of a node, cancelling, and
+its own words. The sentences the user reads are built here from the
+engine's vocabulary, so every engine words a wait, a timeout and a conflict
+the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from workbench_devices import DeviceInventory
+from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.engine import (
+    EngineJob,
+    EngineJobEnded,
+    EnginePlacement,
+    Look,
+    ReportConflict,
+    ReportMismatch,
+    _quiet,
+)
+from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
+from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
+from workbench_spawner.rules.queue_order import Waiting
+from workbench_spawner.rules.reservations import gpus_text
+
+
+class EngineTemplate(EnginePlacement):
+    """The whole engine placement; an engine supplies only its hooks and words.
+
+    ``admit_to_queue`` waits while submitting would eat into what open reservations keep; ``place`` follows
+    the submitted job: it registers it as pending (the hub's line and the reservations' count), waits until
+    the engine placed it (the user sees the engine's words, the deadline cancels it), waits for the server's
+    start report, checks it against the engine's record, learns the node's UUIDs, writes the lease (waiting
+    out the moment the ledger lags the engine, ``release_grace``) and cancels the job on every failure.
+
+    An engine implements: ``may_submit`` (the reservations' check, blocking), ``look`` (one poll of the
+    engine: pending with its own words, placed on a node, ended), ``uuids`` (how a report maps to the
+    leased UUIDs, ``ReportMismatch`` if it disagrees), ``learn_from`` (what the hub learns of the node,
+    ``ReportConflict`` if it contradicts what is known), and its words (``placed_words``, ``no_report_words``,
+    ``held_words``, ``conflict_words``). It may override ``cancel`` (default: nothing; the spawner ends it),
+    ``joining`` (its queue entry), ``kind`` (how the wait names the request), ``trouble`` (why a placed job
+    cannot start), ``ended`` (whether it is gone, asked while the lease waits) and the vocabulary below.
+    """
+
+    engine = "The engine"  # as a person names it: "Slurm", "Kubernetes"
+    the_job = "the job"  # "the pod"
+    job_gone = "the job was cancelled"  # what the hub did with it on failure: "the pod was deleted"
+    place_verb = "start"  # "Slurm did not *start* the job ...", "Kubernetes did not *place* the pod ..."
+    nothing_made = "nothing was submitted"  # admission refused: "no pod was created"
+    nothing_submitted = "Nothing was submitted, so there is nothing to place."
+    ref_prefix = "engine"  # a lease's ref: "<prefix>:<job id>"
+    unavailable_errors: tuple[type[Exception], ...] = ()  # the engine did not answer
+    report_poll = 0.2  # seconds between looks for the start report (at most poll_interval)
+    Ended: type[EngineJobEnded] = EngineJobEnded
+
+    def __init__(
+        self,
+        store: AllocationStore,
+        inventory: Callable[[], DeviceInventory],
+        reservations: EngineReservations,
+        poll_interval: float = 1.0,
+        report_timeout: float = 120.0,
+        clock: Callable[[], float] = time.monotonic,
+        release_grace: float = 60.0,
+    ):
+        super().__init__(store)
+        self.inventory = inventory
+        self.reservations = reservations
+        self.poll_interval = poll_interval
+        self.report_timeout = report_timeout
+        self.clock = clock
+        self.release_grace = release_grace
+        # job id -> its entry in the hub's line, for every job of ours the engine keeps pending.
+        self._pending: dict[str, Waiting] = {}
+        # The reservation check and the admission it leads to are one step: ten non-members who ask
+        # at the same second do not all see the same free GPUs.
+        self._admitting = asyncio.Lock()
+
+    # -- the hooks ---------------------------------------------------------------------------------
+
+    @abstractmethod
+    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
+        """Whether submitting leaves what open reservations keep, and why not (blocking; may raise
+        one of ``unavailable_errors``)."""
+
+    @abstractmethod
+    async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
+        """One poll of the engine for ``job`` (may raise one of ``unavailable_errors``); ``memo`` persists
+        across the polls of one wait."""
+
+    @abstractmethod
+    def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
+        """The leased UUIDs the ``report`` names, checked against the engine's record; ReportMismatch."""
+
+    @abstractmethod
+    def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
+        """Learn the node's UUIDs from a checked report (blocking); ReportConflict if it contradicts the hub."""
+
+    @abstractmethod
+    def placed_words(self, node: str) -> str:
+        """Progress once placed: "Slurm started the job on n1; waiting for the server to report its GPUs"."""
+
+    @abstractmethod
+    def no_report_words(self, job: EngineJob, node: str) -> str:
+        """The sentence when the server did not report within ``report_timeout``."""
+
+    @abstractmethod
+    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
+        """The sentence when the ledger still holds the GPUs the engine gave after ``release_grace``."""
+
+    @abstractmethod
+    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+        """The sentence when the report contradicts what the hub knows of the node."""
+
+    def unanswered(self, exc: Exception) -> str:
+        """Why admission waits when the engine did not answer ("Slurm's controller did not answer (...)")."""
+        return f"{self.engine} did not answer ({exc})"
+
+    def job_name(self, job_id: str) -> str:
+        """The job as a sentence names it: "Slurm job 7", "pod wb/wb-alice"."""
+        return f"{self.the_job.removeprefix('the ')} {job_id}"
+
+    def accepts(self, job: EngineJob) -> bool:
+        """Whether ``job`` is one of this engine's (a Kubernetes placement follows pods only)."""
+        return True
+
+    async def cancel(self, job_id: str, why: str) -> None:
+        """End the job the engine holds (the placement failed). By default nothing: the spawner ends it."""
+        return None
+
+    async def joining(self, job: EngineJob, user: str) -> Waiting:
+        """The job's entry in the hub's line (fair share reads the user's GPU-hours here)."""
+        return Waiting(key=job.job_id, user=user, joined=self.clock())
+
+    def kind(self, job: EngineJob, model: str | None) -> str | None:
+        """What the wait names the request by (a model, a MIG profile), as ``gpus_text`` takes it."""
+        return model
+
+    def holds_reserved(self, job: EngineJob) -> bool:
+        """Whether the pending job counts against what open reservations keep (whole GPUs do)."""
+        return True
+
+    def trouble(self, job: EngineJob, node: str) -> str:
+        """While the report is awaited: the sentence if the placed job cannot start, else ""."""
+        return ""
+
+    async def ended(self, job: EngineJob) -> str:
+        """While the lease waits for the ledger: the sentence if the job is gone, else ""."""
+        try:
+            look = await self.look(job, "", None, {"seen": True})
+        except self.unavailable_errors:
+            return ""
+        return look.ended
+
+    # -- the template ------------------------------------------------------------------------------
+
+    def waiting(self) -> int:
+        return len(self._pending)
+
+    def waiting_by_group(self) -> dict[str, int]:
+        return self.reservations.waiting_by_group()
+
+    async def admit_to_queue(
+        self,
+        key: str,
+        count: int,
+        model: str | None,
+        groups: Sequence[str],
+        deadline: float,
+        describe: Callable[[str], None] = _quiet,
+    ) -> None:
+        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``.
+
+        The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
+        until ``place`` follows its job or ``withdraw(key)``."""
+
+        def check() -> tuple[bool, str]:
+            try:
+                return self.may_submit(groups, count, model)
+            except self.unavailable_errors as exc:
+                return False, self.unanswered(exc)
+
+        request = (frozenset(groups), count, model)
+        await wait_to_submit(
+            self.reservations,
+            self._admitting,
+            key,
+            request,
+            deadline,
+            check,
+            self.clock,
+            self.poll_interval,
+            describe,
+            self.nothing_made,
+        )
+
+    def withdraw(self, key: str) -> None:
+        """The admitted request ``key`` is not going to the engine's queue after all (the submission failed)."""
+        self.reservations.asking.pop(key, None)
+
+    async def place(
+        self,
+        user: str,
+        server: str,
+        count: int,
+        model: str | None,
+        timeout: float,
+        report: Report = _nothing,
+        groups: Sequence[str] = (),
+        job: EngineJob | None = None,
+    ) -> Lease | None:
+        """The lease of the placed, reported ``job`` (None for 0 GPUs), or NoGPUAvailable (the job cancelled).
+
+        ``job.started`` is called in a worker thread and returns the server's start report once it came."""
+        if job is None or not job.job_id or not self.accepts(job):
+            raise NoGPUAvailable(self.nothing_submitted)
+        kind = self.kind(job, model)
+        what = gpus_text(count, kind)
+        deadline = self.clock() + timeout if job.deadline is None else job.deadline
+        self._pending[job.job_id] = await self.joining(job, user)
+        if self.holds_reserved(job):
+            self.reservations.asking[job.job_id] = (frozenset(groups), count, model)
+        self.withdraw(job.admitted)
+        try:
+            placed = await self._until_placed(job, what, kind, deadline, timeout, report)
+        finally:
+            self._pending.pop(job.job_id, None)
+            self.reservations.asking.pop(job.job_id, None)
+        job.describe(self.placed_words(placed.node))
+        started = await self._until_reported(job, placed.node)
+        if not count:
+            return None
+        try:
+            uuids = self.uuids(job, placed, started, count)
+        except ReportMismatch:
+            await self.cancel(job.job_id, "its GPU report does not match the engine's record")
+            raise
+        try:
+            # Only now, checked against the engine's record, and only the job's node and GPUs.
+            await asyncio.to_thread(self.learn_from, job, placed, started)
+        except ReportConflict as exc:
+            await self.cancel(job.job_id, "its GPU report contradicts what the hub knows of the node")
+            raise NoGPUAvailable(self.conflict_words(job, exc)) from None
+        await self._adopt(job, user, server, uuids, placed.node, groups)
+        lease = await asyncio.to_thread(self.store.lease_of, user, server)
+        if lease is None:  # released under us (a stop raced the start)
+            raise NoGPUAvailable(f"The lease of {self.job_name(job.job_id)} was released while the server started.")
+        return lease
+
+    async def _until_placed(
+        self, job: EngineJob, what: str, kind: str | None, deadline: float, timeout: float, report: Report
+    ) -> Look:
+        last = detail = ""
+        memo: dict[str, Any] = {}
+        while True:
+            try:
+                look = await self.look(job, what, kind, memo)
+            except self.unavailable_errors as exc:
+                job.describe(f"Waiting for {self.unanswered(exc).replace(' did not answer', ' to answer')}")
+                look = None
+            if look is not None:
+                if look.ended:  # nothing left to cancel
+                    raise self.Ended(look.ended)
+                if look.refused:
+                    await self.cancel(job.job_id, look.refused_why or f"{self.engine} cannot run it")
+                    raise NoGPUAvailable(look.refused)
+                if look.node:
+                    return look
+                detail = look.detail
+                if look.text != last:
+                    report(*look.report)
+                    job.describe(look.text)
+                    last = look.text
+            if self.clock() >= deadline:
+                await self.cancel(job.job_id, "queue timeout")
+                raise NoGPUAvailable(
+                    f"{self.engine} did not {self.place_verb} {self.the_job} for {what} within {timeout:g} seconds "
+                    f"({detail or 'pending'}); {self.job_gone}. Try again later, ask for fewer GPUs, or start a "
+                    "CPU-only server (0 GPUs)."
+                )
+            await asyncio.sleep(self.poll_interval)
+
+    def ahead_in_line(self, job_id: str) -> int:
+        """How many of this hub's pending jobs joined the line before ``job_id`` (the hub's own FIFO)."""
+        mine = self._pending.get(job_id)
+        if mine is None:
+            return 0
+        return sum(1 for k, w in self._pending.items() if k != job_id and w.joined < mine.joined)
+
+    async def _until_reported(self, job: EngineJob, node: str) -> Any:
+        end = self.clock() + self.report_timeout
+        while self.clock() < end:
+            found = await asyncio.to_thread(job.started)
+            if found is not None:
+                return found
+            trouble = self.trouble(job, node)
+            if trouble:
+                await self.cancel(job.job_id, "its server cannot start")
+                raise self.Ended(trouble)
+            await asyncio.sleep(min(self.report_poll, self.poll_interval))
+        await self.cancel(job.job_id, "no start report")
+        raise NoGPUAvailable(self.no_report_words(job, node))
+
+    async def _adopt(
+        self, job: EngineJob, user: str, server: str, uuids: list[str], node: str, groups: Sequence[str]
+    ) -> None:
+        """Write the lease; while another server's lease still names these GPUs, wait for its release.
+
+        An engine gives a GPU away as soon as the job that held it is gone, and the hub releases that
+        job's lease when its stop (or poll) sees it gone: for a moment the ledger lags the engine. Only a
+        lease that stays past ``release_grace`` is a real conflict (the ledger names GPUs the engine gave
+        to someone else): then the job is cancelled."""
+        end = self.clock() + self.release_grace
+        told = False
+        shares = await asyncio.to_thread(self._shares, uuids)
+        ref = f"{self.ref_prefix}:{job.job_id}"
+        while not await asyncio.to_thread(
+            lambda: self.store.adopt(user, server, uuids, ref, None, node, tuple(groups), shares=shares)
+        ):
+            if self.clock() >= end:
+                await self.cancel(job.job_id, "its GPUs are leased to another server")
+                raise NoGPUAvailable(self.held_words(job, uuids, node))
+            gone = await self.ended(job)
+            if gone:
+                raise self.Ended(gone)
+            if not told:
+                job.describe(
+                    f"{self.engine} gave {self.the_job} {', '.join(uuids)}; waiting for its previous server to "
+                    "release it"
+                )
+                told = True
+            await asyncio.sleep(self.poll_interval)
+
+    def _shares(self, uuids: Sequence[str]) -> dict[str, float]:
+        """Each leased device's share of a GPU (a ``1g`` slice 1/7): what GPU-hours charge (reads the database)."""
+        devices = self.inventory().by_uuid()
+        return {uuid: devices[uuid].share for uuid in uuids if uuid in devices}
