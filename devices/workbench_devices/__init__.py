@@ -33,12 +33,12 @@ from .sources import NVMLSource, SimulatedSource, make_source
 __version__ = "0.1.0"
 
 __all__ = [
+    "SCRIPT_ENV",
     "SIMULATED_UUID_PREFIX",
     "DeviceInventory",
     "DeviceSpecError",
     "GPUDevice",
     "NVMLSource",
-    "SCRIPT_ENV",
     "ScriptedUtilization",
     "Selection",
     "SimulatedSource",
@@ -47,7 +47,7 @@ __all__ = [
     "nvml_devices",
     "nvml_read",
     "parse_simulated_spec",
-    "simulated_spec_text",
-    "simulated_node_key",
     "select_devices",
+    "simulated_node_key",
+    "simulated_spec_text",
 ]

@@ -45,7 +45,7 @@ def _requester() -> object | None:
         if isinstance(handler, RequestHandler):
             try:
                 return handler.current_user
-            except Exception:  # a handler that cannot say (a finished request): unknown
+            except Exception:  # noqa: BLE001 - JupyterHub's handler, read from a caller's frame: any failure is unknown
                 return None
         frame = frame.f_back
     return None

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import json
 import os
 import tempfile
@@ -140,10 +141,8 @@ class GPUMonitorServer(LoggingConfigurable):
         self.log.info("GPU monitor: sampler stopped after %d sample(s)", self.sampler.samples_taken)
 
     def _remove_snapshot(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.snapshot_path)
-        except OSError:
-            pass
 
     # -- fan-out --------------------------------------------------------
     def _from_thread(self, sample: dict) -> None:
@@ -151,10 +150,8 @@ class GPUMonitorServer(LoggingConfigurable):
             self._write_snapshot(sample)
         loop = self._loop
         if loop is not None and not loop.is_closed():
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop is closing during shutdown
                 loop.call_soon_threadsafe(self._publish, sample)
-            except RuntimeError:  # loop closing during shutdown
-                pass
 
     def _write_snapshot(self, sample: dict) -> None:
         tmp = f"{self.snapshot_path}.tmp"
@@ -174,7 +171,7 @@ class GPUMonitorServer(LoggingConfigurable):
             for kernel_id in manager.list_kernel_ids():
                 try:
                     state = manager.get_kernel(kernel_id).execution_state
-                except Exception:  # noqa: BLE001 - a kernel that just died
+                except (KeyError, web.HTTPError):  # a kernel that just died: no such kernel any more
                     continue
                 total += 1
                 busy += state == "busy"
@@ -278,10 +275,9 @@ class GPUStreamHandler(_MonitorHandler):
             await self._closed.wait()
         finally:
             monitor.clients.discard(self)
-        try:
+        # finish() twice is a RuntimeError; a connection that is gone, a StreamClosedError
+        with contextlib.suppress(RuntimeError, StreamClosedError):
             self.finish()
-        except Exception:  # noqa: BLE001 - already finished, or the connection is gone
-            pass
 
     def push(self, payload: bytes, chunk: bytes | None = None) -> None:
         if self._closed.is_set():

@@ -26,6 +26,7 @@ The reader (``read_cgroup`` and the ``parse_*`` functions) is plain: files in, v
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -208,10 +209,10 @@ class MemoryWatcher:
         self._timer.start()
 
     def _poll_quietly(self) -> None:
-        try:
+        # A file that vanished or held something odd: the next poll reads again. Anything else is a bug, which
+        # PeriodicCallback logs, and it still calls again: the watching never stops.
+        with contextlib.suppress(OSError, ValueError):
             self.poll()
-        except Exception:  # noqa: BLE001 - a reading that fails once must not stop the watching
-            pass
 
     def stop(self) -> None:
         if self._timer is not None:

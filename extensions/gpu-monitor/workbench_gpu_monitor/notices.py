@@ -35,6 +35,7 @@ of the service (seconds), which posts them again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -193,10 +194,8 @@ def write_for_kernels(notices: list[dict], path: str | None = None) -> str:
         os.chmod(tmp, 0o600)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return path
 

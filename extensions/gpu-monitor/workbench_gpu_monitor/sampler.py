@@ -37,7 +37,7 @@ class Sampler:
         self.source = source
         self.interval = max(float(interval), MIN_INTERVAL_SECONDS)
         self.history: collections.deque[dict] = collections.deque(
-            maxlen=max(1, int(math.ceil(history_seconds / self.interval)))
+            maxlen=max(1, math.ceil(history_seconds / self.interval))
         )
         self.latest: dict | None = None
         self.samples_taken = 0
@@ -54,7 +54,7 @@ class Sampler:
         started = time.perf_counter()
         try:
             sample = self.source.read()
-        except Exception as exc:  # noqa: BLE001 - a sampler must never die
+        except Exception as exc:  # a sampler must never die: logged with its traceback, and shown
             log.exception("GPU sampler failed")
             sample = {
                 "source": getattr(self.source, "source", "none"),
@@ -72,7 +72,7 @@ class Sampler:
         for listener in list(self._listeners):
             try:
                 listener(sample)
-            except Exception:  # noqa: BLE001
+            except Exception:  # one listener's failure is logged; the others still get the sample
                 log.exception("GPU sample listener failed")
         return sample
 

@@ -41,6 +41,7 @@ This module needs no Jupyter server and imports nothing heavy: it is what a kern
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -123,10 +124,8 @@ def _print_error(what: str) -> None:
     text = f"workbench_gpu_monitor.on_stop: {what} failed:\n{traceback.format_exc()}"
     print(text, file=sys.stderr, flush=True)
     if sys.__stderr__ is not None and sys.__stderr__ is not sys.stderr:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             print(text, file=sys.__stderr__, flush=True)
-        except (OSError, ValueError):
-            pass
 
 
 class StopHandle:

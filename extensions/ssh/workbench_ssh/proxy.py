@@ -30,6 +30,7 @@ is on stderr, which ssh shows), 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ipaddress
 import os
 import stat
@@ -202,10 +203,8 @@ def bridge(ws, infd: int = 0, outfd: int = 1) -> None:
         except (OSError, websocket.WebSocketException):
             pass
         finally:
-            try:
+            with contextlib.suppress(OSError, websocket.WebSocketException):
                 ws.send_close()
-            except (OSError, websocket.WebSocketException):
-                pass
 
     threading.Thread(target=laptop_to_server, daemon=True).start()
     try:

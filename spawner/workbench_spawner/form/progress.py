@@ -9,6 +9,7 @@ backend's own progress (if any) follows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 
 
@@ -37,7 +38,5 @@ class SpawnEvents:
             if not starting() and seen:
                 return
             self._added.clear()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._added.wait(), 1.0)
-            except TimeoutError:
-                pass
