@@ -12,23 +12,18 @@ Kubernetes says before any lease is written.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from jupyterhub.apihandlers import APIHandler
-from tornado import web
 from traitlets.config import Config
 
 from workbench_spawner.placement.engine_extension import add_hub_route
-from workbench_spawner.start_report import require_starting, token_spawner
+from workbench_spawner.placement.engine_report import ReportRefused, start_report_handler
+
+__all__ = ["MAX_GPUS", "ROUTE", "PodReportHandler", "ReportRefused", "install", "read_report"]
 
 ROUTE = r"/api/workbench/start-report"
 MAX_GPUS = 64
 MAX_TEXT = 256
-
-
-class ReportRefused(ValueError):
-    """A report that is not accepted; str(err) is the sentence the pod prints."""
 
 
 def read_report(body: Any) -> dict[str, Any]:
@@ -48,22 +43,12 @@ def read_report(body: Any) -> dict[str, Any]:
     return {"node": node, "gpus": list(gpus)}
 
 
-class PodReportHandler(APIHandler):
-    """Takes a pod's node and GPUs for the starting spawner whose API token it presents."""
+def _accept(body: Any) -> tuple[dict[str, Any], list[str]]:
+    return {"workbench_report": read_report(body)}, ["gpus", "node"]
 
-    @web.authenticated
-    def post(self) -> None:
-        spawner = token_spawner(self)
-        if not hasattr(spawner, "workbench_report"):
-            raise web.HTTPError(400, "This server's backend takes no start report.")
-        try:
-            report = read_report(self.get_json_body())
-        except ReportRefused as exc:
-            raise web.HTTPError(400, f"Start report refused: {exc}.") from None
-        require_starting(spawner)
-        spawner.workbench_report = report
-        self.set_status(201)
-        self.finish(json.dumps({"message": "start report taken", "fields": ["gpus", "node"]}))
+
+# Takes a pod's node and GPUs for the starting spawner whose API token it presents.
+PodReportHandler = start_report_handler(_accept, "PodReportHandler", requires="workbench_report")
 
 
 def install(c: Config) -> None:

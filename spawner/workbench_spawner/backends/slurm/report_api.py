@@ -14,26 +14,21 @@ starting. Anything else is a 400 with a sentence and changes nothing.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from jupyterhub import apihandlers
-from jupyterhub.apihandlers import APIHandler
-from tornado import web
 from traitlets.config import Config
 
 from workbench_spawner.backends.slurm.jobs import NodeReport
 from workbench_spawner.placement.engine_extension import add_hub_route
-from workbench_spawner.start_report import require_starting, token_spawner
+from workbench_spawner.placement.engine_report import ReportRefused, start_report_handler
+
+__all__ = ["ROUTE", "ReportRefused", "StartReportHandler", "install", "read_report"]
 
 ROUTE = r"/api/batchspawner"
 ALLOWED_KEYS = ("port", "workbench_report")
 MAX_REPORTED_GPUS = 64
 MAX_TEXT = 256
-
-
-class ReportRefused(ValueError):
-    """A start report that is not accepted; str(err) is the sentence the job prints."""
 
 
 def _short_texts(value: Any) -> bool:
@@ -92,21 +87,13 @@ def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-class StartReportHandler(APIHandler):
-    """Takes a job's port and GPU report for the spawner whose API token it presents."""
+def _accept(body: Any) -> tuple[dict[str, Any], list[str]]:
+    accepted = read_report(body)
+    return accepted, sorted(accepted)
 
-    @web.authenticated
-    def post(self) -> None:
-        spawner = token_spawner(self)
-        try:
-            accepted = read_report(self.get_json_body())
-        except ReportRefused as exc:
-            raise web.HTTPError(400, f"Start report refused: {exc}.") from None
-        require_starting(spawner)
-        for key, value in accepted.items():
-            setattr(spawner, key, value)
-        self.set_status(201)
-        self.finish(json.dumps({"message": "start report taken", "fields": sorted(accepted)}))
+
+# Takes a job's port and GPU report for the spawner whose API token it presents.
+StartReportHandler = start_report_handler(_accept, "StartReportHandler")
 
 
 def install(c: Config) -> None:
