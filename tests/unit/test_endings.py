@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import select
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
-from workbench_spawner.backends.docker.spawner import container_ending
+from workbench_spawner.backends.docker.ending import container_ending
 from workbench_spawner.backends.kubernetes.cluster import ready_condition_text
 from workbench_spawner.backends.kubernetes.ending import NodeState, memory_quantity, pod_ending
 from workbench_spawner.backends.slurm.ending import job_ending

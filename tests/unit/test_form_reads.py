@@ -222,7 +222,7 @@ async def test_the_form_shows_what_separate_reads_show(make_spawner):
 
 
 def test_the_effective_quota_reads_only_the_users_and_their_groups_rows(store):
-    from workbench_spawner.rules.quota import QuotaBook
+    from workbench_spawner.ledger.quota_book import QuotaBook
 
     book = QuotaBook(store)
     default = Quota(max_gpus=1)

@@ -13,9 +13,10 @@ from workbench_hub.service.gpu_reclaim import Reclaimer
 from workbench_hub.service.utilization import HostReadings, ServerMonitorReadings, SourceChooser
 from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.rules.quota import Quota, QuotaBook
+from workbench_spawner.rules.quota import Quota
 
 T0 = datetime(2026, 12, 8, 10, 0, tzinfo=UTC)
 NODE = "node-1"

@@ -12,8 +12,9 @@ from workbench_hub.service.openapi import BodyError, load_document, validate_bod
 from workbench_spawner.ledger.idle_book import ExemptionError, IdleBook
 from workbench_spawner.ledger.migrations import current, downgrade, upgrade
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.rules.idle import GpuTrack
-from workbench_spawner.rules.quota import Quota, QuotaBook, quota_from_body
+from workbench_spawner.rules.quota import Quota, quota_from_body
 
 T0 = datetime(2026, 12, 8, 10, 0, tzinfo=UTC)
 DOC = load_document()  # the service's API document: what request bodies are checked against

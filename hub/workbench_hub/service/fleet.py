@@ -45,10 +45,12 @@ from workbench_devices import DeviceInventory, NVMLSource, SimulatedSource
 from workbench_spawner.backend import extension_of
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.idle_book import IdleBook
+from workbench_spawner.ledger.quota_book import QuotaBook
+from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, utcnow
 from workbench_spawner.policy.inventory_refresh import load_layout_waiting
-from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, SettingsRow, load_policy_settings
-from workbench_spawner.rules.quota import Quota, QuotaBook
+from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, load_policy_settings
+from workbench_spawner.rules.quota import Quota
 
 from .dcgm import NOT_CONFIGURED, DcgmExporters, Scrape
 
