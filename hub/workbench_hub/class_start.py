@@ -1,6 +1,6 @@
 """JupyterHub's spawn limit for a class start, above the GPU line (``policy/spawn_limits.py`` derives both).
 
-The host config (``hub/jupyterhub_config.py``) and the chart's (``z2jh.finish_hub``) call it on the final
+The end of the hub's config (``finish.py``, on a host and in the z2jh chart's hub pod) calls it on the final
 config, after the policy's settings are resolved: the limits depend on the inventory.
 """
 

@@ -1,8 +1,10 @@
 """Turn the WORKBENCH_* environment into JupyterHub configuration.
 
-``hub/jupyterhub_config.py`` calls these functions and does nothing else but
-side effects (directories, the Docker engine, the banner, the local config
-file, publishing the GPU policy's settings). Each ``update_*`` function
+``hub/jupyterhub_config.py`` (and, in the z2jh chart's hub pod, the
+Kubernetes backend's ``z2jh.py``) calls these functions and does nothing else
+but side effects (directories, the Docker engine, the banner, the local
+config file); what runs on the final config, publishing the GPU policy's
+settings included, is ``finish.py``. Each ``update_*`` function
 manages one area, reads each of its variables exactly once from the ``env``
 dict it is given (never from ``os.environ``) and writes plain values into a
 traitlets ``Config``; a bad value raises :class:`ConfigError` with one

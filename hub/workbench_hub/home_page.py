@@ -17,9 +17,9 @@ it, so only the home page pays the read (one indexed row per server); the
 GPU database is opened on first use.
 
 ``update_home_page(c, db_url)`` wires it, after the authenticator's and the
-site's template paths (a site's own ``home.html`` still wins); the host
-config (``hub/jupyterhub_config.py``) and the chart (``z2jh.finish_hub``)
-call it once the GPU database's URL is settled.
+site's template paths (a site's own ``home.html`` still wins); the end of
+the hub's config (``finish.py``, on a host and in the z2jh chart's hub pod)
+calls it once the GPU database's URL is settled.
 """
 
 from __future__ import annotations
