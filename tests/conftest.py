@@ -21,7 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -148,26 +148,22 @@ class Hub:
         chp = REPO / "node_modules" / ".bin" / "configurable-http-proxy"
         if not chp.exists():
             missing("configurable-http-proxy is not installed (run `npm install` or `make test`)")
-        log = open(self.log_path, "ab")
         account = {}
         if self.run_as:
             entry = pwd.getpwnam(self.run_as)
             account = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
             self.env.update(HOME=entry.pw_dir, USER=self.run_as, LOGNAME=self.run_as)
-        self.proc = subprocess.Popen(
-            [
-                str(Path(sys.executable).parent / "jupyterhub"),
-                "-f",
-                str(self.config_file),
-                *self.args,
-            ],
-            cwd=REPO,
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            **account,
-        )
+        # The hub writes to its own copy of the log's descriptor: this one is closed once it started.
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(Path(sys.executable).parent / "jupyterhub"), "-f", str(self.config_file), *self.args],
+                cwd=REPO,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                **account,
+            )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -200,16 +196,12 @@ class Hub:
                 self.api("DELETE", f"/users/{user['name']}/servers/{name}" if name else f"/users/{user['name']}/server")
         self.stop()
         for pid in self.server_pids():
-            try:
+            with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         pid_file = self.data_dir / "jupyterhub-proxy.pid"
         if pid_file.exists():
-            try:
+            with suppress(ValueError, ProcessLookupError):
                 os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
-            except (ValueError, ProcessLookupError):
-                pass
 
     def server_pids(self) -> list[int]:
         """Single-user servers this hub started: their cwd is a home under the data dir."""
@@ -367,7 +359,7 @@ def hub_pool(tmp_path: Path, prepare=None):
         for hub in hubs:
             try:
                 hub.kill_everything()
-            except Exception:
+            except requests.RequestException:  # the hub is gone: stop what is left
                 hub.stop()
             if os.environ.get("WORKBENCH_KEEP_TEST_LOGS"):
                 ARTIFACTS.mkdir(parents=True, exist_ok=True)

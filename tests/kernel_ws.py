@@ -21,6 +21,7 @@ death, a closed websocket and a timeout are all reported in the ``Result``, not 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
@@ -241,11 +242,7 @@ class Kernel:
 
     def close(self) -> None:
         """Close the websocket and shut the kernel down; either may fail quietly (the server may be gone)."""
-        try:
+        with contextlib.suppress(websocket.WebSocketException, OSError):
             self.ws.close()
-        except Exception:
-            pass
-        try:
+        with contextlib.suppress(requests.RequestException):
             requests.delete(f"{self.base}/kernels/{self.id}", headers=self.headers, timeout=10)
-        except requests.RequestException:
-            pass

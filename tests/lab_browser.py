@@ -11,7 +11,9 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
+
+from playwright.sync_api import Error as PlaywrightError
 
 from tests.conftest import ARTIFACTS
 
@@ -25,18 +27,18 @@ def page_report(page, name: str, log: Callable[[], str] | None = None) -> str:
     """Screenshot ``page`` as ``tests/artifacts/<name>.png`` and describe it: URL, text shown, end of the hub log."""
     try:
         shown = page.inner_text("body", timeout=5_000)[-2000:]
-    except Exception as e:  # a page that cannot be read says so, instead of hiding the real failure
+    except PlaywrightError as e:  # a page that cannot be read says so, instead of hiding the real failure
         shown = f"(the page could not be read: {e})"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     try:
         page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
-    except Exception as e:
+    except PlaywrightError as e:
         shown += f"\n(no screenshot: {e})"
     tail = ""
     if log:
         try:
             tail = f"\nhub log, last lines:\n{log()[-4000:]}"
-        except Exception as e:
+        except OSError as e:
             tail = f"\n(the hub log could not be read: {e})"
     return f"the page is at {page.url} and shows:\n{shown}{tail}"
 
@@ -75,25 +77,21 @@ def wait_for_lab(page, hub_url: str, user: str, timeout_ms: int = 180_000, log=N
             reloads["from the browser's error page"] += 1
             try:
                 page.goto(f"{hub_url}/hub/spawn-pending/{user}", timeout=max(left_ms, 1_000))
-            except Exception:  # dropped again, or the hub is not there: the next turn sees the error page
+            except PlaywrightError:  # dropped again, or the hub is not there: the next turn sees the error page
                 time.sleep(1)
         elif lab.match(page.url):
             try:
                 page.wait_for_selector(LAB_PANEL, timeout=max(min(left_ms, LAB_DRAWN_MS), 1_000))
                 return
-            except Exception:
+            except PlaywrightError:
                 if (deadline - time.monotonic()) * 1000 <= 1_000:
                     break
             reloads[f"the lab, not drawn in {LAB_DRAWN_MS / 1000:.0f} s"] += 1
-            try:
+            with suppress(PlaywrightError):
                 page.reload(timeout=max(left_ms, 1_000))
-            except Exception:
-                pass
         else:  # the spawn's progress page, which goes on to the lab by itself
-            try:
+            with suppress(PlaywrightError):
                 page.wait_for_url(lab, timeout=max(min(left_ms, 2_000), 1))
-            except Exception:
-                pass
     again = ", ".join(f"{why} ({n}x)" for why, n in reloads.items()) or "never"
     raise AssertionError(
         f"{user}'s browser was not in JupyterLab within {timeout_ms / 1000:.0f} s "

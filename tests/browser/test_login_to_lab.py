@@ -40,12 +40,14 @@ def test_admin_signs_up_picks_one_gpu_and_reaches_jupyterlab(running_hub, chromi
     log_in(page, hub.url, "mallory")
     page.wait_for_load_state()
     assert "has not been authorized by an administrator yet" in page.inner_text("body")
-    assert "/hub/spawn" not in page.url and "/user/" not in page.url
+    assert "/hub/spawn" not in page.url
+    assert "/user/" not in page.url
 
     log_in(page, hub.url, "admin")
     page.wait_for_url("**/hub/spawn**")
     form = page.locator("#workbench-gpus")
-    assert form.get_attribute("max") == "1" and form.input_value() == "1"
+    assert form.get_attribute("max") == "1"
+    assert form.input_value() == "1"
     assert "4 of 4 GPUs free" in page.inner_text("#workbench-free")
     assert "Simulated GPUs" in page.inner_text("#workbench-simulated-note")
     page.screenshot(path=str(_artifact("spawn-form.png")), full_page=True)
@@ -57,7 +59,8 @@ def test_admin_signs_up_picks_one_gpu_and_reaches_jupyterlab(running_hub, chromi
     page.screenshot(path=str(_artifact("jupyterlab.png")))
 
     server = hub.server("admin")
-    assert server and server["ready"]
+    assert server
+    assert server["ready"]
     env = process_env(int(server["state"]["pid"]))
     assert env["WORKBENCH_GPUS"] == "GPU-sim-00-h100-80gb" == env["CUDA_VISIBLE_DEVICES"]
     assert hub.leases() == {"admin": ["GPU-sim-00-h100-80gb"]}

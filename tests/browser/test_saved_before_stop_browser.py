@@ -130,7 +130,8 @@ def test_an_unsaved_notebook_is_saved_before_idle_reclaim_stops_the_server(runni
 
     hub.wait_stopped(STUDENT, timeout=90)
     saved = notebook_sources(on_disk)
-    assert EDIT in saved and "x = 1" in saved, saved
+    assert EDIT in saved, saved
+    assert "x = 1" in saved, saved
 
     # The spawn page and the home page say why, with the idle limit as configured and the save.
     for path in (f"/hub/spawn/{STUDENT}", "/hub/home"):

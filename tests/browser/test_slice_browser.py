@@ -42,7 +42,8 @@ def test_the_form_offers_slices_and_the_panel_names_the_slice_and_its_gpu(runnin
     wait_for_lab(page, hub.url, "admin", log=hub.log)
 
     (leased,) = hub.leases()["admin"]
-    assert leased.startswith("MIG-sim-00-h200-141gb-") and leased.endswith("-1g.18gb")
+    assert leased.startswith("MIG-sim-00-h200-141gb-")
+    assert leased.endswith("-1g.18gb")
     env = process_env(int(hub.server("admin")["state"]["pid"]))
     assert env["WORKBENCH_GPUS"] == env["CUDA_VISIBLE_DEVICES"] == leased
 

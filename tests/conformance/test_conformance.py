@@ -109,7 +109,8 @@ def test_two_servers_never_share_a_gpu(tier):
     leases = tier.leases()
     assert len(leases[alice]) == len(leases[bob]) == QUOTA
     assert set(leases[alice]).isdisjoint(leases[bob])
-    assert tier.pinned(alice) == leases[alice] and tier.pinned(bob) == leases[bob]
+    assert tier.pinned(alice) == leases[alice]
+    assert tier.pinned(bob) == leases[bob]
 
 
 def test_stop_releases_and_a_server_that_ends_outside_the_hub_is_released_by_poll(tier):
@@ -122,7 +123,8 @@ def test_stop_releases_and_a_server_that_ends_outside_the_hub_is_released_by_pol
     assert tier.spawn(alice, gpus=1).ok
     tier.end_outside(alice)  # it crashed, or an operator ended it
     tier.wait_released(alice)
-    assert tier.leases() == {} and not tier.listed(alice)
+    assert tier.leases() == {}
+    assert not tier.listed(alice)
 
 
 def test_a_failed_start_leaves_no_lease_and_nothing_running(tier):
@@ -157,7 +159,9 @@ def test_a_refusal_by_the_quota_is_a_403_that_starts_nothing(tier):
     spawned = tier.spawn(alice, gpus=QUOTA + 1)
     assert (spawned.ok, spawned.status) == (False, 403), spawned
     assert f"allows {QUOTA} at once" in spawned.message
-    assert tier.leases() == {} and not tier.listed(alice) and not tier.runs(alice)
+    assert tier.leases() == {}
+    assert not tier.listed(alice)
+    assert not tier.runs(alice)
 
 
 def test_a_hub_restart_keeps_a_running_server_and_its_gpus(tier):
@@ -166,8 +170,10 @@ def test_a_hub_restart_keeps_a_running_server_and_its_gpus(tier):
     leased, ref = tier.leases()[alice], tier.lease_ref(alice)
     tier.restart_hub()
     eventually(lambda: tier.listed(alice), "the restarted hub to list the running server")
-    assert tier.leases() == {alice: leased} and tier.lease_ref(alice) == ref
-    assert tier.runs(alice) and tier.pinned(alice) == leased
+    assert tier.leases() == {alice: leased}
+    assert tier.lease_ref(alice) == ref
+    assert tier.runs(alice)
+    assert tier.pinned(alice) == leased
 
 
 def test_reconcile_releases_leases_without_servers_and_keeps_servers_without_leases(tier):
@@ -182,7 +188,8 @@ def test_reconcile_releases_leases_without_servers_and_keeps_servers_without_lea
 
     tier.restart_hub(while_down)
     eventually(lambda: tier.leases() == {kept: kept_gpus}, "reconcile to release one lease and restore the other")
-    assert tier.lease_ref(kept) == kept_ref and tier.runs(kept)
+    assert tier.lease_ref(kept) == kept_ref
+    assert tier.runs(kept)
     eventually(lambda: not tier.listed(gone), "the hub to forget the server that ended")
 
 
@@ -196,7 +203,8 @@ def test_a_server_whose_gpus_the_ledger_gave_to_another_is_ended(tier):
     tier.restart_hub(lambda: tier.move_lease(loser, holder))
     eventually(lambda: not tier.runs(loser), "the server on another's GPU to be ended")
     eventually(lambda: not tier.listed(loser), "the hub to forget the ended server")
-    assert tier.leases() == {holder: taken} and tier.runs(holder)
+    assert tier.leases() == {holder: taken}
+    assert tier.runs(holder)
 
 
 def test_servers_the_hub_forgot_are_adopted_on_free_gpus_and_ended_on_taken_ones(tier):
@@ -216,7 +224,8 @@ def test_servers_the_hub_forgot_are_adopted_on_free_gpus_and_ended_on_taken_ones
     tier.restart_hub(while_down)
     eventually(lambda: not tier.runs(ended), "the forgotten server on another's GPU to be ended")
     assert tier.leases() == {adopted: before[adopted], holder: before[ended]}
-    assert tier.lease_ref(adopted) == ref and tier.runs(adopted), "the forgotten server on free GPUs is adopted"
+    assert tier.lease_ref(adopted) == ref, "the forgotten server on free GPUs is adopted"
+    assert tier.runs(adopted), "the forgotten server on free GPUs is adopted"
 
 
 def test_the_progress_page_names_the_gpus_the_server_got(tier):
@@ -255,6 +264,7 @@ def test_the_reconciler_closes_a_lease_whose_server_is_gone_within_one_pass_with
     # The backend's words for how it ended ("server exited" for a process or container that is gone, "stopped"
     # where the engine says this hub cancelled the job), never a requester the reconciler cannot know.
     kind = reasons.reason_kind(reason)  # the words before the detail ("server exited: exit code 0")
-    assert kind in reasons.ALL and kind not in ASKED_FOR, reason
+    assert kind in reasons.ALL, reason
+    assert kind not in ASKED_FOR, reason
     assert tier.reconcile_fixes()["lease_closed"] == closed_before + 1
     assert tier.spawn(alice, gpus=1).ok, "its GPU is free again"

@@ -150,9 +150,11 @@ def test_the_forms_that_hash_keep_nativeauthenticators_answers(class_hub):
     new, other = "another-long-passphrase-7", "yet-another-passphrase-9"
     assert "sent to the admin" in native_sign_up(requests.Session(), hub.url, "latecomer", PASSWORD)
     _, r = form_login(hub, "latecomer", PASSWORD)
-    assert r.status_code == 200 and "has not been authorized by an administrator yet" in r.text
+    assert r.status_code == 200
+    assert "has not been authorized by an administrator yet" in r.text
     _, r = form_login(hub, "latecomer", "not-the-password")
-    assert r.status_code == 200 and "Invalid username or password." in r.text
+    assert r.status_code == 200
+    assert "Invalid username or password." in r.text
 
     assert "The signup was successful" in native_sign_up(requests.Session(), hub.url, "admin", PASSWORD)
     admin, r = form_login(hub, "admin", PASSWORD)

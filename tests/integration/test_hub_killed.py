@@ -9,6 +9,7 @@ design) and the restarted hub replaces it and re-adds every route.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -63,10 +64,8 @@ def service_processes(hub) -> dict[int, str]:
 
 def kill_pids(pids) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def env_for_services() -> dict[str, str]:
@@ -88,7 +87,8 @@ def test_a_killed_hub_takes_its_services_along_and_a_restart_picks_up(running_hu
             assert hub.spawn(user, gpus=1).status_code in (201, 202)
         servers = {user: int(hub.wait_ready(user)["state"]["pid"]) for user in ("u1", "u2")}
         held = hub.leases()
-        assert sorted(held) == ["u1", "u2"] and sorted(held["u1"] + held["u2"]) == SIM
+        assert sorted(held) == ["u1", "u2"]
+        assert sorted(held["u1"] + held["u2"]) == SIM
         # Both GPUs are held: the third spawn waits in line.
         assert hub.spawn("waiting", gpus=1).status_code == 202
         assert "you are next in line" in hub.progress_messages("waiting", until="next in line")[-1]

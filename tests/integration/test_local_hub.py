@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -49,7 +50,9 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
     envs = {user: process_env(server_pid(hub, user)) for user in ("alice", "bob", "carol")}
     alice = envs["alice"]["WORKBENCH_GPUS"].split(",")
     bob = envs["bob"]["WORKBENCH_GPUS"].split(",")
-    assert len(alice) == 2 and len(bob) == 1 and not set(alice) & set(bob)
+    assert len(alice) == 2
+    assert len(bob) == 1
+    assert not set(alice) & set(bob)
     assert set(alice + bob) <= set(SIM.values())
     for user in ("alice", "bob"):
         assert envs[user]["CUDA_VISIBLE_DEVICES"] == envs[user]["WORKBENCH_GPUS"]
@@ -57,7 +60,8 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
     assert (envs["alice"]["MEM_LIMIT"], envs["alice"]["CPU_LIMIT"]) == (str(2 << 30), "1.0")
     assert (envs["bob"]["MEM_LIMIT"], envs["bob"]["CPU_LIMIT"]) == (str(4 << 30), "2.0")
     # A CPU-only server is told it has no GPU and sees none.
-    assert envs["carol"]["WORKBENCH_GPUS"] == "" and envs["carol"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert envs["carol"]["WORKBENCH_GPUS"] == ""
+    assert envs["carol"]["CUDA_VISIBLE_DEVICES"] == ""
     assert hub.leases() == {"alice": sorted(alice), "bob": bob}
     # The service reads the settings the hub resolved, command line included.
     assert stored_policy_settings(hub)["default_quota"]["max_gpus"] == 2
@@ -74,7 +78,7 @@ def test_servers_are_pinned_to_their_gpus_and_never_share(running_hub):
 
 
 @pytest.mark.parametrize(
-    "body, status, message",
+    ("body", "status", "message"),
     [
         ({"gpus": "two"}, 400, "gpus must be a whole number"),
         ({"gpus": -1}, 400, "cannot be negative"),
@@ -168,17 +172,16 @@ def test_hub_restart_loses_nothing(running_hub):
     hub.wait_ready("alice")
     alice_pid = server_pid(hub, "alice")
     before = hub.leases()
-    assert list(before) == ["alice"] and len(before["alice"]) == 1
+    assert list(before) == ["alice"]
+    assert len(before["alice"]) == 1
     (free,) = {SIM["gpu0"], SIM["gpu1"]} - set(before["alice"])
     token = hub.user_token("alice")
 
     # bob is in the middle of starting when the hub goes down: he holds the
     # other GPU, his server is not up yet.
     def spawn_bob():
-        try:
+        with contextlib.suppress(requests.ConnectionError):  # the hub goes down under the request, as it should here
             hub.spawn("bob", gpus=1)
-        except requests.ConnectionError:
-            pass  # the hub went down under the request, as it should here
 
     spawning = threading.Thread(target=spawn_bob)
     spawning.start()
@@ -219,7 +222,7 @@ def test_hub_restart_loses_nothing(running_hub):
 
 
 @pytest.mark.parametrize(
-    "env, args, message",
+    ("env", "args", "message"),
     [
         # A typo in WORKBENCH_PROFILES stops `make run` at once instead of failing spawns later.
         (

@@ -34,7 +34,8 @@ def test_the_hub_keeps_leases_and_usage_in_postgresql(postgres_db_url, running_h
     assert hub.spawn("alice", gpus=1).status_code in (201, 202)
     server = hub.wait_ready("alice")
     gpus = process_env(int(server["state"]["pid"]))["WORKBENCH_GPUS"].split(",")
-    assert len(gpus) == 1 and gpus[0].startswith("GPU-sim-"), gpus
+    assert len(gpus) == 1, gpus
+    assert gpus[0].startswith("GPU-sim-"), gpus
 
     engine = create_engine(postgres_db_url)
     try:
@@ -45,7 +46,9 @@ def test_the_hub_keeps_leases_and_usage_in_postgresql(postgres_db_url, running_h
         assert not (hub.data_dir / "workbench.sqlite").exists(), "the GPU database fell back to SQLite"
         # The workbench service reads the same PostgreSQL database.
         r = hub.service("GET", "api/allocations")
-        assert r.status_code == 200 and "alice" in r.text and gpus[0] in r.text, r.text
+        assert r.status_code == 200, r.text
+        assert "alice" in r.text, r.text
+        assert gpus[0] in r.text, r.text
 
         assert hub.api("DELETE", "/users/alice/server").status_code in (202, 204)
         hub.wait_stopped("alice")
@@ -57,4 +60,5 @@ def test_the_hub_keeps_leases_and_usage_in_postgresql(postgres_db_url, running_h
     assert len(usage) == 1, usage
     user, uuid, started, ended, reason = usage[0]
     assert (user, uuid) == ("alice", gpus[0])
-    assert started <= ended and reason, usage
+    assert started <= ended, usage
+    assert reason, usage

@@ -42,7 +42,8 @@ def test_a_new_layout_is_used_without_a_restart(running_hub, tmp_path):
     # The hub reads it again when the policy is next needed (here: ben's spawn), before admission: the old
     # profile is gone. The workbench service follows from the stored settings.
     refused = hub.spawn("ben", gpus=1, gpu_profile="1g.18gb")
-    assert refused.status_code == 400 and "1g.18gb" in refused.json()["message"], refused.text
+    assert refused.status_code == 400, refused.text
+    assert "1g.18gb" in refused.json()["message"], refused.text
     assert "The GPU inventory changed" in hub.log()
     wait_until(
         lambda: slices(hub) == [(f"MIG-sim-00-h200-141gb-{i}-3g.71gb", "3g.71gb") for i in range(2)],
@@ -138,7 +139,8 @@ def test_a_layout_change_waits_for_three_servers_on_its_slices_and_other_gpus_ad
     assert all(r["layout_waiting"] == WAIT_3 and r["free_slots"] == 0 for r in rows[:7]), rows[:7]
     assert all(r["layout_waiting"] is None and r["free_slots"] == 1 for r in rows[7:]), rows[7:]
     page = hub.service("GET", "")
-    assert page.status_code == 200 and WAIT_3 in page.text, page.text[-2000:]
+    assert page.status_code == 200, page.text[-2000:]
+    assert WAIT_3 in page.text, page.text[-2000:]
     assert sorted(hub.leases()) == ["ann", "ben", "cat"], "nobody's lease was closed"
     assert "MIG layout changed" not in hub.log()
     assert_nothing_handed_out_twice(hub, users)
@@ -174,7 +176,8 @@ def test_a_layout_change_waits_for_three_servers_on_its_slices_and_other_gpus_ad
         log=hub.log,
     )
     answer = gpus(hub)
-    assert answer["layout_waiting"] == [] and all(r["layout_waiting"] is None for r in answer["gpus"])
+    assert answer["layout_waiting"] == []
+    assert all(r["layout_waiting"] is None for r in answer["gpus"])
     assert "layout change waiting" not in hub.service("GET", "").text
     assert hub.leases() == {"dan": ["MIG-sim-01-h200-141gb-0-3g.71gb"]}
     assert_nothing_handed_out_twice(hub, users)

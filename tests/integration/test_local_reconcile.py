@@ -76,7 +76,8 @@ def test_a_server_without_a_lease_on_a_gpu_leased_to_another_is_stopped(running_
         db.execute("DELETE FROM gpu_leases WHERE user = 'ann'")
         db.execute("UPDATE gpu_leases SET gpu_uuid = ? WHERE user = 'bob'", (ann_gpu,))
     wait_until(lambda: not pid_runs_jupyter(ann_pid), 30, "the reconciler to end ann's server on bob's GPU")
-    assert pid_runs_jupyter(bob_pid) and hub.leases() == {"bob": [ann_gpu]}, "bob's server and lease are kept"
+    assert pid_runs_jupyter(bob_pid), "bob's server and lease are kept"
+    assert hub.leases() == {"bob": [ann_gpu]}, "bob's server and lease are kept"
     text = fixes(hub)
     assert 'workbench_reconcile_fixes_total{kind="server_stopped"} 1.0' in text
     assert 'workbench_reconcile_fixes_total{kind="server_adopted"} 0.0' in text

@@ -55,7 +55,7 @@ def test_seven_students_get_seven_slices_and_an_eighth_gets_the_first_freed(runn
 
 
 @pytest.mark.parametrize(
-    "options, status, words",
+    ("options", "status", "words"),
     [
         (
             {"gpus": 1, "gpu_model": "H100-80GB"},
@@ -76,8 +76,10 @@ def test_a_quota_of_slices_only_refuses_a_whole_gpu_in_words(running_hub, option
     quota = {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": ["1g.18gb"]}
     assert hub.service("PUT", "api/quotas/groups/students", json=quota).status_code == 200
     r = hub.spawn("ann", **options)
-    assert r.status_code == status and words in r.json()["message"], r.text
-    assert hub.server("ann") is None and hub.leases() == {}
+    assert r.status_code == status, r.text
+    assert words in r.json()["message"], r.text
+    assert hub.server("ann") is None
+    assert hub.leases() == {}
     # What the quota allows starts: a slice, chosen for her.
     assert hub.spawn("ann", gpus=1).status_code in (201, 202)
     hub.wait_ready("ann", 120)

@@ -118,9 +118,8 @@ def outbound_connects(trace: str) -> list[str]:
 @pytest.fixture
 def hub_without_route(tmp_path):
     """running_hub's factory, the hub (and so its proxy and servers) in a namespace with only ``lo``."""
-    with no_route():
-        with hub_pool(tmp_path) as start:
-            yield start
+    with no_route(), hub_pool(tmp_path) as start:
+        yield start
 
 
 def yarn_runs(trace: str) -> list[str]:

@@ -77,7 +77,8 @@ def start_training(hub, lead: float) -> tuple[Kernel, Path, Path]:
     hub.wait_ready(USER, timeout=180)
     kernel = Kernel.start(hub.url, USER, hub.user_token(USER))
     result = kernel.execute(SETUP % {"lead": lead}, timeout=180)
-    assert result.status == "ok" and not result.errors, result.describe()
+    assert result.status == "ok", result.describe()
+    assert not result.errors, result.describe()
     where = json.loads(result.stdout.strip().splitlines()[-1])
     home = hub.data_dir / "homes" / USER
     assert Path(where["home"]).resolve() == home.resolve(), (where, home)  # the persistent home
@@ -106,7 +107,8 @@ def test_a_kernel_saves_its_checkpoint_at_sigterm_when_the_hub_stops_the_server(
     try:
         time.sleep(3)  # the loop trains a while
         assert hub.server(USER)["ready"]
-        assert not checkpoint.exists() and not read_calls(calls), "no stop announced yet: nothing saved"
+        assert not checkpoint.exists(), "no stop announced yet: nothing saved"
+        assert not read_calls(calls), "no stop announced yet: nothing saved"
         # The hub stops it with no notice (a script with the admin token): SIGTERM and the kernels' grace.
         assert hub.api("DELETE", f"/users/{USER}/server").status_code in (202, 204)
         hub.wait_stopped(USER, timeout=120)
@@ -119,7 +121,8 @@ def test_a_kernel_saves_its_checkpoint_at_sigterm_when_the_hub_stops_the_server(
     assert saved["step"] == call["step"] >= 20, (saved["step"], call)  # the loop ran 3 s at 20 steps/s
     assert saved["weights"].tolist() == [float(saved["step"])] * 4, "the state at the stop, whole"
     notice = saved["notice"]
-    assert notice["kind"] == "sigterm" and notice["stopping"] is True, notice
+    assert notice["kind"] == "sigterm", notice
+    assert notice["stopping"] is True, notice
     assert call["thread"] == "MainThread", call  # the SIGTERM handler, between two steps of the loop
 
 
@@ -147,9 +150,11 @@ def test_a_kernel_saves_its_checkpoint_when_the_reclaim_notice_comes_within_its_
     try:
         write_utilization(utilization, {"*": 0})  # the GPU goes quiet (the loop here runs on the CPU)
         [warning] = wait_until(notices, 60, "the idle warning in the student's server", hub.log)
-        assert warning["kind"] == "idle" and warning["seconds_left"] > LEAD + 5, warning
+        assert warning["kind"] == "idle", warning
+        assert warning["seconds_left"] > LEAD + 5, warning
         time.sleep(2)  # the kernel has read the notices file by now: the stop is not within its lead yet
-        assert not checkpoint.exists() and not read_calls(calls), "called at the warning, not within its lead"
+        assert not checkpoint.exists(), "called at the warning, not within its lead"
+        assert not read_calls(calls), "called at the warning, not within its lead"
 
         def written_while_running():
             if read_calls(calls):
@@ -165,11 +170,14 @@ def test_a_kernel_saves_its_checkpoint_when_the_reclaim_notice_comes_within_its_
         kernel.close()
     [call] = read_calls(calls)  # once: the SIGTERM that followed did not call it again for the same stop
     notice = call["notice"]
-    assert notice["kind"] == "idle" and str(notice["id"]) == str(warning["id"]), (notice, warning)
-    assert notice["stopping"] is False and 0 <= notice["seconds_left"] <= LEAD + 1.5, notice
+    assert notice["kind"] == "idle", (notice, warning)
+    assert str(notice["id"]) == str(warning["id"]), (notice, warning)
+    assert notice["stopping"] is False, notice
+    assert 0 <= notice["seconds_left"] <= LEAD + 1.5, notice
     assert call["thread"] != "MainThread", call  # the background watcher, while the loop went on
     saved = load_checkpoint(checkpoint)
-    assert saved["step"] == call["step"] > 0 and saved["weights"].tolist() == [float(call["step"])] * 4
+    assert saved["step"] == call["step"] > 0
+    assert saved["weights"].tolist() == [float(call["step"])] * 4
     assert saved["notice"] == notice
     assert ("ann", "reclaimed: GPU idle 1 min") in [
         (user, reason) for user, reasons in hub.usage_reasons().items() for reason in reasons

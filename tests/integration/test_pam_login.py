@@ -51,13 +51,17 @@ def test_unix_accounts_in_the_allowed_group_log_in_with_their_password(running_h
         }
     )
     ok = log_in(hub, MEMBER, accounts[MEMBER])
-    assert ok.status_code == 302 and "/hub/" in ok.headers["Location"], ok.text[:300]
+    assert ok.status_code == 302, ok.text[:300]
+    assert "/hub/" in ok.headers["Location"], ok.text[:300]
     assert hub.api("GET", f"/users/{STUDENT}").status_code == 404
     ok = log_in(hub, STUDENT, accounts[STUDENT])
-    assert ok.status_code == 302 and "/hub/" in ok.headers["Location"], ok.text[:300]
+    assert ok.status_code == 302, ok.text[:300]
+    assert "/hub/" in ok.headers["Location"], ok.text[:300]
     assert hub.api("GET", f"/users/{STUDENT}").status_code == 200  # a hub user now, by the account's name
     wrong = log_in(hub, MEMBER, accounts[MEMBER] + "x")
-    assert wrong.status_code == 403 and "Invalid username or password" in wrong.text
+    assert wrong.status_code == 403
+    assert "Invalid username or password" in wrong.text
     outside = log_in(hub, OUTSIDER, accounts[OUTSIDER])  # right password, not in the group
-    assert outside.status_code == 403 and "Invalid username or password" in outside.text
+    assert outside.status_code == 403
+    assert "Invalid username or password" in outside.text
     assert hub.api("GET", f"/users/{OUTSIDER}").status_code == 404

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ARTIFACTS, free_port  # noqa: F401  (ARTIFACTS is re-exported)
+from tests.conftest import ARTIFACTS as ARTIFACTS  # re-exported for the monitor tests
+from tests.conftest import free_port
 
 requests = pytest.importorskip("requests")
 

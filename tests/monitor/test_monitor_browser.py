@@ -67,7 +67,8 @@ def test_status_bar_and_panel(chromium_browser, labextension_built, lab_server, 
     for metric in ("util", "mem", "temp", "power"):
         path = panel.locator(f'.jp-WorkbenchGPU-chart[data-metric="{metric}"] path.jp-WorkbenchGPU-line')
         d = path.get_attribute("d") or ""
-        assert d.startswith("M") and "L" in d, (metric, d)
+        assert d.startswith("M"), (metric, d)
+        assert "L" in d, (metric, d)
     # drawn, not just present: the line has a real extent on screen
     # (one evaluate, because the line is redrawn every second)
     width = page.evaluate(

@@ -9,6 +9,7 @@ stop path leaves: its log line and the removed snapshot file.
 
 from __future__ import annotations
 
+import itertools
 import re
 import signal
 import subprocess
@@ -19,7 +20,7 @@ import pytest
 
 pytest.importorskip("jupyter_server")
 
-from tests.monitor.monitor_support import RunningServer, requests, start_server, stop_server  # noqa: E402
+from tests.monitor.monitor_support import RunningServer, requests, start_server, stop_server
 
 STOPPED_LINE = "GPU monitor: sampler stopped"
 
@@ -53,7 +54,8 @@ def assert_stopped_with_the_server(server: RunningServer) -> None:
     assert STOPPED_LINE in log, f"the sampler was not stopped by the server's shutdown:\n{log}"
     # ... by ServerApp.cleanup_extensions(), which logs "Shutting down N extensions" first
     cleanup = re.search(r"Shutting down \d+ extensions?\n", log)
-    assert cleanup is not None and cleanup.end() <= log.index(STOPPED_LINE), log
+    assert cleanup is not None, log
+    assert cleanup.end() <= log.index(STOPPED_LINE), log
     assert not snapshot_file(server).exists()
 
 
@@ -78,7 +80,7 @@ def test_api_shutdown_stops_the_sampler_and_closes_streams(tmp_path):
         )
         assert stream.status_code == 200
         lines = stream.iter_lines()
-        assert any(line.startswith(b"data: ") for line, _ in zip(lines, range(5)))  # noqa: B905
+        assert any(line.startswith(b"data: ") for line in itertools.islice(lines, 5))
 
         answer = requests.post(
             server.url + "api/shutdown", headers={"Authorization": f"token {server.token}"}, timeout=30
@@ -117,7 +119,8 @@ def test_stop_is_harmless_twice_and_without_a_loaded_monitor(tmp_path, monkeypat
     try:
         monitor = GPUMonitorServer(serverapp=parent)
         monitor.start(loop)
-        assert Path(monitor.snapshot_path).exists() and len(set(sampler_threads()) - before) == 1
+        assert Path(monitor.snapshot_path).exists()
+        assert len(set(sampler_threads()) - before) == 1
         monitor.stop()
         assert not Path(monitor.snapshot_path).exists()
         assert set(sampler_threads()) - before == set(), "the sampler thread outlived stop()"

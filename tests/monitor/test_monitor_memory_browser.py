@@ -124,7 +124,8 @@ def test_a_kernel_killed_for_memory_says_so_and_another_death_does_not(chromium_
     with explained(page, "monitor-kernel-oom", lab.log_text):
         open_notebook(page, lab, "load.ipynb")
         memory = api(lab, "api/gpu/memory")
-        assert memory["limit_bytes"] == 16 * GIB and memory["oom_kills"] == 0, memory
+        assert memory["limit_bytes"] == 16 * GIB, memory
+        assert memory["oom_kills"] == 0, memory
 
         # A kernel that dies without an OOM kill: JupyterLab restarts it, and nothing speaks of memory.
         first = kernel_pid(lab, "load.ipynb")

@@ -1,4 +1,5 @@
-"""``api/gpu/notices`` in a real ``jupyter server``: the hub's notices are stored, counted down, and bad ones refused."""  # noqa: E501
+"""``api/gpu/notices`` in a real ``jupyter server``: the hub's notices are stored, counted down, and bad
+ones refused."""
 
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ def test_a_notice_is_kept_and_counted_down_by_the_server_clock(pinned_server):
     assert put(pinned_server, {"notices": [idle_notice(10)]}).status_code == 200
     body = pinned_server.get("api/gpu/notices").json()
     [notice] = body["notices"]
-    assert notice["id"] == "7" and notice["kind"] == "idle" and notice["hint"] == "Use the GPU to keep it."
+    assert notice["id"] == "7"
+    assert notice["kind"] == "idle"
+    assert notice["hint"] == "Use the GPU to keep it."
     assert 590 < notice["seconds_left"] <= 600
     assert datetime.fromisoformat(body["now"]).tzinfo is not None
     # An empty list withdraws it.
@@ -44,7 +47,7 @@ def test_a_stop_time_in_the_past_counts_zero_not_negative(pinned_server):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         (None, "notices"),
         ([], "notices"),
@@ -80,7 +83,8 @@ def test_a_body_that_is_not_json_is_refused(pinned_server):
         headers={"Authorization": f"token {pinned_server.token}"},
         timeout=10,
     )
-    assert r.status_code == 400 and "not JSON" in r.json()["message"]
+    assert r.status_code == 400
+    assert "not JSON" in r.json()["message"]
 
 
 def test_notices_need_the_server_s_authentication(pinned_server):
@@ -99,7 +103,7 @@ def test_the_hub_says_who_shares_a_time_sliced_gpu(pinned_server):
 
 
 @pytest.mark.parametrize(
-    "sharing, words",
+    ("sharing", "words"),
     [
         ("x", "sharing must be a list"),
         ([{"uuid": "GPU-a", "slots": 2}], '{"uuid": ..., "slots": ..., "others": ...}'),
@@ -116,7 +120,9 @@ def test_bad_sharing_is_refused_with_a_sentence_and_changes_nothing(pinned_serve
     kept = [{"uuid": "GPU-kept", "slots": 2, "others": 1}]
     assert put(pinned_server, {"notices": [idle_notice(10)], "sharing": kept}).status_code == 200
     r = put(pinned_server, {"notices": [], "sharing": sharing})
-    assert r.status_code == 400 and words in r.json()["message"], r.text
+    assert r.status_code == 400, r.text
+    assert words in r.json()["message"], r.text
     body = pinned_server.get("api/gpu/notices").json()
-    assert body["sharing"] == kept and [n["id"] for n in body["notices"]] == ["7"]
+    assert body["sharing"] == kept
+    assert [n["id"] for n in body["notices"]] == ["7"]
     put(pinned_server, {"notices": []})

@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("jupyter_server")
 
-from tests.monitor import monitor_support  # noqa: E402,F401  (puts the extension on sys.path)
-from workbench_gpu_monitor.handlers import MAX_CLIENT_BACKLOG_BYTES, GPUStreamHandler  # noqa: E402
+from tests.monitor import monitor_support  # noqa: F401  (puts the extension on sys.path)
+from workbench_gpu_monitor.handlers import MAX_CLIENT_BACKLOG_BYTES, GPUStreamHandler
 
 
 class FakeSocket:
@@ -78,7 +78,8 @@ def test_whole_chunk_goes_out_in_one_send_and_nothing_is_queued():
     h = handler(sock, stream)
     for n in range(3):
         h.push(b"", chunk(n))
-    assert sock.sent == chunk(0) + chunk(1) + chunk(2) and stream.queued == b""
+    assert sock.sent == chunk(0) + chunk(1) + chunk(2)
+    assert stream.queued == b""
 
 
 def test_partial_send_queues_the_rest_and_later_chunks_follow_it_in_order():
@@ -86,7 +87,8 @@ def test_partial_send_queues_the_rest_and_later_chunks_follow_it_in_order():
     h = handler(sock, stream)
     h.push(b"", chunk(0))  # the kernel takes 5 bytes
     h.push(b"", chunk(1))  # something is queued: no send, straight behind it
-    assert sock.sent == chunk(0)[:5] and stream.queued == chunk(0)[5:] + chunk(1)
+    assert sock.sent == chunk(0)[:5]
+    assert stream.queued == chunk(0)[5:] + chunk(1)
     stream.drain()  # tornado sent the queue
     sock.answers = [BlockingIOError()]
     h.push(b"", chunk(2))  # the socket is full: all of it is queued
@@ -99,9 +101,11 @@ def test_a_reset_connection_closes_the_stream():
     sock, stream = FakeSocket(ConnectionResetError()), FakeStream()
     h = handler(sock, stream)
     h.push(b"", chunk(0))
-    assert h._closed.is_set() and stream.queued == b""
+    assert h._closed.is_set()
+    assert stream.queued == b""
     h.push(b"", chunk(1))  # later samples are not even tried
-    assert sock.sent == b"" and stream.queued == b""
+    assert sock.sent == b""
+    assert stream.queued == b""
 
 
 def test_a_client_that_stopped_reading_is_dropped_not_buffered_forever():
@@ -109,9 +113,12 @@ def test_a_client_that_stopped_reading_is_dropped_not_buffered_forever():
     sock, stream = FakeSocket(BlockingIOError()), FakeStream()
     h = handler(sock, stream)
     h.push(b"", big)  # the socket takes nothing: all of it waits in the stream
-    assert not h._closed.is_set() and stream.queued == big
+    assert not h._closed.is_set()
+    assert stream.queued == big
     h.push(b"", chunk(0))  # still not read: this client is dropped
-    assert h._closed.is_set() and stream.queued == big and sock.sent == b""
+    assert h._closed.is_set()
+    assert stream.queued == big
+    assert sock.sent == b""
 
 
 def test_the_backlog_counts_down_as_tornado_sends():
@@ -121,7 +128,8 @@ def test_the_backlog_counts_down_as_tornado_sends():
     h.push(b"", big)
     stream.drain()
     h.push(b"", chunk(0))
-    assert not h._closed.is_set() and sock.sent == chunk(0)
+    assert not h._closed.is_set()
+    assert sock.sent == chunk(0)
 
 
 def test_without_a_plain_socket_the_stream_queues_everything():

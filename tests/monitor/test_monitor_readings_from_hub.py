@@ -30,7 +30,8 @@ def lease(*uuids: str) -> Lease:
 async def test_the_server_s_monitor_gives_the_utilization_of_its_gpus(pinned_server):
     readings = ServerMonitorReadings(UserServers(pinned_server.url, pinned_server.token))
     got = await readings.read(lease(OWN, "GPU-sim-00-h100-80gb"), "/")
-    assert isinstance(got[OWN], float) and 0 <= got[OWN] <= 100
+    assert isinstance(got[OWN], float)
+    assert 0 <= got[OWN] <= 100
     assert got["GPU-sim-00-h100-80gb"] is None, "a GPU the server does not see has no reading"
     assert ("alice", "") not in readings.last_error
 
@@ -62,7 +63,8 @@ async def test_pending_notices_are_put_on_the_server_and_withdrawn(pinned_server
     )
     assert await delivery.deliver(running) == [("alice", "")]
     [shown] = pinned_server.get("api/gpu/notices").json()["notices"]
-    assert shown["kind"] == "preempt" and 290 < shown["seconds_left"] <= 300
+    assert shown["kind"] == "preempt"
+    assert 290 < shown["seconds_left"] <= 300
     assert await delivery.deliver(running) == [], "unchanged: not sent again before resend_seconds"
     book.clear("alice", "", kind="preempt")
     assert await delivery.deliver(running) == [("alice", "")]

@@ -49,11 +49,13 @@ def test_workbench_gpus_without_cuda_env_ranks_by_index():
 
 def test_empty_workbench_gpus_means_cpu_only():
     sel = select_devices(sim(), {"WORKBENCH_GPUS": "", "CUDA_VISIBLE_DEVICES": "0"})
-    assert sel.devices == [] and sel.state == "no-gpu" and sel.message == NO_GPU_MESSAGE
+    assert sel.devices == []
+    assert sel.state == "no-gpu"
+    assert sel.message == NO_GPU_MESSAGE
 
 
 @pytest.mark.parametrize(
-    "cvd, expected",
+    ("cvd", "expected"),
     [
         ("2", ["GPU-sim-02-h100-80gb"]),
         ("GPU-sim-01-h100-80gb,0", ["GPU-sim-01-h100-80gb", "GPU-sim-00-h100-80gb"]),
@@ -78,7 +80,9 @@ def test_no_filter_shows_every_gpu():
 
 def test_assigned_gpu_missing_is_reported_not_raised():
     sel = select_devices(sim("2"), {"WORKBENCH_GPUS": "GPU-does-not-exist"})
-    assert sel.devices == [] and sel.state == "unavailable" and "not visible" in sel.message
+    assert sel.devices == []
+    assert sel.state == "unavailable"
+    assert "not visible" in sel.message
 
 
 def test_no_driver_is_a_readable_state():
@@ -86,9 +90,12 @@ def test_no_driver_is_a_readable_state():
         "none", [], "no NVIDIA driver found (NVML Shared Library Not Found); servers will be CPU only"
     )
     sel = select_devices(inv, {})
-    assert sel.state == "unavailable" and "no NVIDIA driver" in sel.message and "servers will" not in sel.message
+    assert sel.state == "unavailable"
+    assert "no NVIDIA driver" in sel.message
+    assert "servers will" not in sel.message
     snap = NVMLSource(sel).read()
-    assert snap["gpus"] == [] and snap["state"] == "unavailable"
+    assert snap["gpus"] == []
+    assert snap["state"] == "unavailable"
 
 
 # -- simulated source -------------------------------------------------------
@@ -98,11 +105,12 @@ def test_simulated_reading_has_pinned_shape_and_label():
     assert isinstance(source, SimulatedSource)
     source.clock = lambda: next(clock)
     a, b = source.read(), source.read()
-    assert a["source"] == "simulated" and a["state"] == "ok"
+    assert a["source"] == "simulated"
+    assert a["state"] == "ok"
     assert "simulated" in a["message"]
     assert [g["uuid"] for g in a["gpus"]] == ["GPU-sim-02-h100-80gb"]
     gpu = a["gpus"][0]
-    assert PINNED_KEYS <= set(gpu)
+    assert set(gpu) >= PINNED_KEYS
     assert gpu["cuda_index"] == 0
     assert 0 <= gpu["utilization_percent"] <= 100
     assert 0 < gpu["memory_used_bytes"] < gpu["memory_total_bytes"] == 80 * 1024**3
@@ -116,12 +124,15 @@ def test_simulated_reading_has_pinned_shape_and_label():
 def test_make_source_cpu_only_never_loads_nvml():
     source = make_source({"WORKBENCH_GPUS": ""})
     snap = source.read()
-    assert snap["state"] == "no-gpu" and snap["message"] == NO_GPU_MESSAGE and snap["gpus"] == []
+    assert snap["state"] == "no-gpu"
+    assert snap["message"] == NO_GPU_MESSAGE
+    assert snap["gpus"] == []
 
 
 def test_bad_simulated_spec_is_a_state_not_a_crash():
     snap = make_source({"WORKBENCH_SIMULATED_GPUS": "lots of gpus"}).read()
-    assert snap["state"] == "unavailable" and "WORKBENCH_SIMULATED_GPUS" in snap["message"]
+    assert snap["state"] == "unavailable"
+    assert "WORKBENCH_SIMULATED_GPUS" in snap["message"]
 
 
 # -- NVML with a fake library ------------------------------------------------
@@ -209,18 +220,23 @@ def nvml_selection(env=None):
 def test_nvml_reads_counters_and_v2_memory():
     fake = FakeNVML()
     snap = NVMLSource(nvml_selection(), pynvml=fake).read()
-    assert snap["source"] == "nvml" and snap["state"] == "ok"
+    assert snap["source"] == "nvml"
+    assert snap["state"] == "ok"
     gpu = snap["gpus"][0]
-    assert gpu["utilization_percent"] == 42.0 and gpu["power_w"] == 250.0 and gpu["temperature_c"] == 55.0
+    assert gpu["utilization_percent"] == 42.0
+    assert gpu["power_w"] == 250.0
+    assert gpu["temperature_c"] == 55.0
     assert gpu["memory_reserved_bytes"] == 512 << 20
-    assert gpu["processes"][0]["own"] is True and gpu["memory_note"] == ""
+    assert gpu["processes"][0]["own"] is True
+    assert gpu["memory_note"] == ""
 
 
 def test_nvml_falls_back_to_v1_memory():
     fake = FakeNVML()
     fake.v2 = False
     gpu = NVMLSource(nvml_selection(), pynvml=fake).read()["gpus"][0]
-    assert gpu["memory_used_bytes"] == 10 << 30 and gpu["memory_reserved_bytes"] is None
+    assert gpu["memory_used_bytes"] == 10 << 30
+    assert gpu["memory_reserved_bytes"] is None
 
 
 def test_mig_without_utilization_is_null_with_reason_and_foreign_pids_noted():
@@ -230,7 +246,8 @@ def test_mig_without_utilization_is_null_with_reason_and_foreign_pids_noted():
     assert mig["unsupported"]["utilization_percent"] == "n/a (MIG)"
     assert mig["memory_used_bytes"] == 10 << 30  # memory per MIG slice still shown
     # a PID we cannot see (host PID inside a container): do not guess
-    assert mig["memory_note"] == ATTRIBUTION_NOTE and mig["memory_attribution"] == "device"
+    assert mig["memory_note"] == ATTRIBUTION_NOTE
+    assert mig["memory_attribution"] == "device"
 
 
 def test_lost_gpu_is_reported_and_nvml_reinitialised():
@@ -239,10 +256,12 @@ def test_lost_gpu_is_reported_and_nvml_reinitialised():
     source.read()
     fake.lost.add("GPU-aaaa")
     snap = source.read()
-    assert snap["gpus"][0]["state"] == "lost" and "lost" in snap["gpus"][0]["message"]
+    assert snap["gpus"][0]["state"] == "lost"
+    assert "lost" in snap["gpus"][0]["message"]
     assert snap["gpus"][1]["state"] == "ok"
     snap = source.read()  # re-init clears the fault
-    assert fake.inits == 2 and fake.shutdowns == 1
+    assert fake.inits == 2
+    assert fake.shutdowns == 1
     assert snap["gpus"][0]["state"] == "ok"
 
 
@@ -255,7 +274,8 @@ def test_missing_library_is_readable():
             raise self.NVMLError("NVML Shared Library Not Found")
 
     snap = NVMLSource(nvml_selection(), pynvml=Broken()).read()
-    assert snap["state"] == "unavailable" and "no NVIDIA driver" in snap["message"]
+    assert snap["state"] == "unavailable"
+    assert "no NVIDIA driver" in snap["message"]
 
 
 # -- the thread ---------------------------------------------------------------
@@ -282,7 +302,8 @@ def test_sampler_enforces_minimum_interval_and_keeps_history():
     sampler.stop()
     # 1 immediate + ~4 ticks in 1.2 s at 0.25 s: never a busy loop
     assert 3 <= source.reads <= 7
-    assert len(got) == source.reads and len(sampler.history) <= 4
+    assert len(got) == source.reads
+    assert len(sampler.history) <= 4
 
 
 def test_sampler_survives_a_failing_source():
@@ -293,7 +314,8 @@ def test_sampler_survives_a_failing_source():
             raise RuntimeError("boom")
 
     sample = Sampler(Failing()).sample_once()
-    assert sample["state"] == "error" and "boom" in sample["message"]
+    assert sample["state"] == "error"
+    assert "boom" in sample["message"]
 
 
 def test_compact_history():

@@ -74,7 +74,8 @@ def test_a_bad_stopping_is_refused_and_changes_nothing(server, value):
     assert put(server, [notice(21)]).status_code == 200
     before = kernels_file(server).read_text()
     r = put(server, [notice(22, stopping=value)])
-    assert r.status_code == 400 and "stopping must be true or false" in r.json()["message"]
+    assert r.status_code == 400
+    assert "stopping must be true or false" in r.json()["message"]
     assert [n["id"] for n in server.get("api/gpu/notices").json()["notices"]] == ["21"]
     assert kernels_file(server).read_text() == before
     put(server, [])
@@ -83,7 +84,8 @@ def test_a_bad_stopping_is_refused_and_changes_nothing(server, value):
 @pytest.mark.parametrize("client", ["a b", "x" * 65, "tab/1", ""])
 def test_a_bad_client_id_is_a_400_with_a_sentence(server, client):
     r = server.get("api/gpu/notices", params={"client": client})
-    assert r.status_code == 400 and "client must be a short id" in r.json()["message"]
+    assert r.status_code == 400
+    assert "client must be a short id" in r.json()["message"]
 
 
 def test_a_save_round_is_done_when_every_active_tab_reported(server):
@@ -102,7 +104,9 @@ def test_a_save_round_is_done_when_every_active_tab_reported(server):
         "done": False,
     }
     r = post(server, {"notice_id": "31", "client": "tab-a", "saved": 2, "failed": 0, "names": ["a.ipynb", "b.py"]})
-    assert r.status_code == 201 and r.json()["reported"] == 1 and r.json()["done"] is False
+    assert r.status_code == 201
+    assert r.json()["reported"] == 1
+    assert r.json()["done"] is False
     r = post(server, {"notice_id": "31", "client": "tab-b", "saved": 1, "failed": 1, "names": ["c.ipynb"]})
     assert r.status_code == 201
     round_ = server.get("api/gpu/saves", params={"notice_id": "31"}).json()
@@ -112,7 +116,7 @@ def test_a_save_round_is_done_when_every_active_tab_reported(server):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         ({"notice_id": "41", "client": "t", "saved": -1, "failed": 0}, "saved must be a whole number"),
         ({"notice_id": "41", "client": "t t", "saved": 1, "failed": 0}, "client must be"),
@@ -125,15 +129,18 @@ def test_bad_reports_are_400_with_a_sentence_and_change_nothing(server, body, wo
     assert post(server, {"notice_id": "41", "client": "t", "saved": 1, "failed": 0}).status_code == 201
     before = server.get("api/gpu/saves", params={"notice_id": "41"}).json()
     r = post(server, body)
-    assert r.status_code == 400 and words in r.json()["message"]
+    assert r.status_code == 400
+    assert words in r.json()["message"]
     assert server.get("api/gpu/saves", params={"notice_id": "41"}).json() == before
 
 
 def test_reports_that_are_not_json_and_reads_without_an_id_are_refused(server):
     r = requests.post(server.url + "api/gpu/saves", data=b"{nope", headers=auth(server), timeout=10)
-    assert r.status_code == 400 and "not JSON" in r.json()["message"]
+    assert r.status_code == 400
+    assert "not JSON" in r.json()["message"]
     r = server.get("api/gpu/saves")
-    assert r.status_code == 400 and "notice_id" in r.json()["message"]
+    assert r.status_code == 400
+    assert "notice_id" in r.json()["message"]
 
 
 def test_saves_and_memory_need_authentication(server):

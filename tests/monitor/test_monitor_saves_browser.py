@@ -125,9 +125,11 @@ def test_a_stopping_notice_saves_the_unsaved_notebook(chromium_browser, labexten
         expect(status).to_contain_text("saved 1 notebook before stopping", timeout=15_000)
         expect(page.locator(".lm-TabBar-tab.jp-mod-dirty")).to_have_count(0)  # saved, not merely reported
         report = saves_report(lab, "stop-1")
-        assert report["saved"] == 1 and report["failed"] == 0, report
+        assert report["saved"] == 1, report
+        assert report["failed"] == 0, report
         assert report["names"] == ["stopping.ipynb"], report
-        assert report["reported"] == 1 and report["done"] is True, report
+        assert report["reported"] == 1, report
+        assert report["done"] is True, report
     put_notices(lab, [])
     page.close()
 

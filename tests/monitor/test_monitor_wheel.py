@@ -83,14 +83,16 @@ def test_wheel_installs_without_node_and_reports_enabled_ok(tmp_path):
             "-c",
             "import workbench_gpu_monitor, os; from workbench_devices import make_source; "
             "print(workbench_gpu_monitor.__file__); "
-            "print(make_source({'WORKBENCH_SIMULATED_GPUS': '2', 'WORKBENCH_GPUS': 'GPU-sim-01-h100-80gb'}).read()['gpus'][0]['uuid'])",  # noqa: E501
+            "print(make_source({'WORKBENCH_SIMULATED_GPUS': '2', 'WORKBENCH_GPUS': 'GPU-sim-01-h100-80gb'})"
+            ".read()['gpus'][0]['uuid'])",
         ],
         env,
     )
-    assert str(venv) in out and "GPU-sim-01-h100-80gb" in out
+    assert str(venv) in out
+    assert "GPU-sim-01-h100-80gb" in out
     requires = next(
-        l
-        for l in run([py, "-m", "pip", "show", "workbench-gpu-monitor"], env).splitlines()  # noqa: E741
-        if l.startswith("Requires:")
+        line
+        for line in run([py, "-m", "pip", "show", "workbench-gpu-monitor"], env).splitlines()
+        if line.startswith("Requires:")
     )
     assert "workbench-devices" in requires, requires

@@ -89,7 +89,9 @@ def test_widget_renders_and_updates_while_a_cell_runs():
     assert error is None, error
     assert opened is not None, "the widget model was never opened"
     initial = opened["data"]["state"]["value"]
-    assert "GPU monitor" in initial and "(simulated)" in initial and "cuda:0" in initial
+    assert "GPU monitor" in initial
+    assert "(simulated)" in initial
+    assert "cuda:0" in initial
     assert any("application/vnd.jupyter.widget-view+json" in o for o in outputs)
     # ~6 updates in 3 s at 0.5 s, sent while the cell was still sleeping
     assert len(updates) >= 4, updates
@@ -106,7 +108,8 @@ def test_widget_reads_the_servers_snapshot(pinned_server):
         {"WORKBENCH_GPU_MONITOR_SNAPSHOT": str(snapshots[0]), "WORKBENCH_SIMULATED_GPUS": "4"}, code
     )
     assert error is None, error
-    assert opened is not None and len(updates) >= 2
+    assert opened is not None
+    assert len(updates) >= 2
     # pinned server owns only GPU 2; the kernel sees what the server sees
     assert all("NVIDIA H100" in v for _, v in updates)
 
@@ -134,7 +137,9 @@ def test_render_html_states():
         {"source": "nvml", "state": "ok", "timestamp": 0, "gpus": [gpu]},
         [{"cuda_index": 0, "allocated_bytes": 1 << 30, "reserved_bytes": 2 << 30}],
     )
-    assert "n/a (MIG)" in html and "#d32f2f" in html and "may include other processes" in html
+    assert "n/a (MIG)" in html
+    assert "#d32f2f" in html
+    assert "may include other processes" in html
     assert "torch 1.0 allocated / 2.0 reserved GiB" in html
 
 
@@ -156,7 +161,8 @@ def test_kernel_answers_torch_memory_on_control_channel_while_busy():
 
         got = ask()
         assert got["msg_type"] == "workbench_gpu_reply"
-        assert got["content"]["torch_imported"] is False and got["content"]["devices"] == []
+        assert got["content"]["torch_imported"] is False
+        assert got["content"]["devices"] == []
 
         # A fake torch that "uses" CUDA, then a long cell: the control channel still answers.
         fake = textwrap.dedent(

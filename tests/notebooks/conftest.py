@@ -92,7 +92,7 @@ def markdown_tables(text):
                 cells = [c.strip() for c in lines[i].strip().strip("|").split("|")]
                 if len(cells) != len(header):
                     markdown_tables.bad_rows.append((title, len(header), cells))
-                rows.append(dict(zip(header, cells)))  # noqa: B905
+                rows.append(dict(zip(header, cells, strict=False)))  # a short or long row is recorded above
                 i += 1
             tables[title or f"table {len(tables)}"] = rows
             title = None

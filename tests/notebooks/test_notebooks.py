@@ -73,7 +73,9 @@ def check_timing_columns(rows, ran):
         if labels([r])[0] not in ran:
             continue
         m = re.fullmatch(r"(\d+) x (\d+)", r["repeats x steps"])
-        assert m and int(m.group(1)) >= 3 and int(m.group(2)) >= 1, r["repeats x steps"]
+        assert m, r["repeats x steps"]
+        assert int(m.group(1)) >= 3, r["repeats x steps"]
+        assert int(m.group(2)) >= 1, r["repeats x steps"]
         assert re.fullmatch(r"\d+\.\d %", r["spread"]), r["spread"]
         assert PRECISION.match(r["fp32 precision"]), r["fp32 precision"]
         assert number(r[median]) > 0
@@ -98,7 +100,8 @@ def check_00(text, tables):
     assert re.match(r"matmul (ieee|tf32), conv (ieee|tf32) \(read with the (fp32_precision|legacy) API", prec)
     mm = table(tables, "Matmul throughput")
     kinds = labels(mm)
-    assert kinds[0].startswith("fp32") and kinds[1] == "bf16"
+    assert kinds[0].startswith("fp32")
+    assert kinds[1] == "bf16"
     check_timing_columns(mm, kinds)
     for r in mm:
         assert number(r["achieved TFLOP/s"]) > 0
@@ -136,11 +139,11 @@ def check_02(text, tables):
     res = table(tables, "Mixed precision results")
     names = ["fp32", "fp32 + TF32", "bf16 autocast", "fp16 autocast + GradScaler"]
     assert labels(res) == names
-    ran = [n for n, r in zip(names, res) if not r["note"].startswith("skipped")]  # noqa: B905
+    ran = [n for n, r in zip(names, res, strict=True) if not r["note"].startswith("skipped")]
     if not torch.cuda.is_available():
         assert ran == ["fp32", "bf16 autocast", "fp16 autocast + GradScaler"], ran
     check_timing_columns(res, ran)
-    rows = dict(zip(names, res))  # noqa: B905
+    rows = dict(zip(names, res, strict=True))
     for name in ran:
         assert math.isfinite(number(rows[name]["final loss"]))
     assert rows["fp32"]["fp32 precision"].startswith("matmul ieee")
@@ -148,7 +151,8 @@ def check_02(text, tables):
     for column in ran:
         assert float(curves[-1][column]) < float(curves[0][column]), f"{column}: loss did not fall"
     backoff = table(tables, "GradScaler backing off")
-    assert backoff[0]["step skipped (inf/NaN)"] == "yes" and backoff[-1]["step skipped (inf/NaN)"] == "no"
+    assert backoff[0]["step skipped (inf/NaN)"] == "yes"
+    assert backoff[-1]["step skipped (inf/NaN)"] == "no"
     assert "step() has already been called since the last update()" in text
     if not torch.cuda.is_available():
         # the CPU explanation follows what was measured, not a fixed story
@@ -164,9 +168,11 @@ def check_02(text, tables):
 def check_03(text, tables):
     res = table(tables, "Input pipeline results")
     names = labels(res)
-    assert names[0].startswith("compute only") and names[1] == "num_workers=0"
+    assert names[0].startswith("compute only")
+    assert names[1] == "num_workers=0"
     assert re.fullmatch(r"num_workers=[1-9]\d*", names[2])
-    assert names[3] == "+ pin_memory + non_blocking" and names[4] == "+ prefetch_factor=4"
+    assert names[3] == "+ pin_memory + non_blocking"
+    assert names[4] == "+ prefetch_factor=4"
     check_timing_columns(res, names)
     for r in res:
         assert number(r["samples/s"]) > 0
@@ -188,7 +194,9 @@ def check_04(text, tables):
     assert len(table(tables, "DistributedSampler shards")) == 4
     res = table(tables, "Multi-GPU results")
     names = labels(res)
-    assert names[0].startswith("1 process") and names[1].startswith("DDP") and names[2].startswith("FSDP2")
+    assert names[0].startswith("1 process")
+    assert names[1].startswith("DDP")
+    assert names[2].startswith("FSDP2")
     assert number(res[0]["samples/s (all ranks)"]) > 0
     if "Multi-GPU results (CPU" in text:
         check_timing_columns(res, names)
@@ -204,7 +212,7 @@ def check_04(text, tables):
         assert "FSDP2 loss matches DDP" in text
 
 
-CHECKS = dict(zip(NOTEBOOKS, [check_00, check_01, check_02, check_03, check_04]))  # noqa: B905
+CHECKS = dict(zip(NOTEBOOKS, [check_00, check_01, check_02, check_03, check_04], strict=True))
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

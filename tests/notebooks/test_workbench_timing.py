@@ -8,6 +8,7 @@ legacy getter that raises once the two are mixed).
 """
 
 import importlib.util
+import itertools
 import sys
 import types
 from pathlib import Path
@@ -93,7 +94,9 @@ def test_event_timer_uses_two_events_per_block(wt):
 
     timer = wt.EventTimer(event_factory=FakeEvent, device_context=Ctx)
     assert timer(dev.step("a", 0.002), 10) == pytest.approx(0.02)
-    assert len(made) == 2 and made[0].synced == 0 and made[1].synced == 1
+    assert len(made) == 2
+    assert made[0].synced == 0
+    assert made[1].synced == 1
     assert entered == [True], "the device is made current while timing"
     assert dev.syncs == 0
 
@@ -110,7 +113,8 @@ def test_compare_keeps_warmup_apart_and_calibrates_to_the_budget(wt):
     timer = wt.SyncTimer(sync=dev.sync, clock=clock)
     res = wt.compare({"v": dev.step("v", cost)}, timer=timer, warmup=3, repeats=4, min_seconds=1.0)
     m = res["v"]
-    assert m.warmup_steps == 3 and m.warmup_s == pytest.approx(5.002)
+    assert m.warmup_steps == 3
+    assert m.warmup_s == pytest.approx(5.002)
     assert m.repeats == 4
     assert m.steps * 0.001 >= 1.0 / 4 * 0.999, "each block reaches min_seconds / repeats"
     assert m.timed_s >= 0.999
@@ -122,7 +126,7 @@ def test_compare_keeps_warmup_apart_and_calibrates_to_the_budget(wt):
 def test_compare_median_and_spread(wt):
     clock = FakeClock()
     dev = FakeDevice(clock)
-    costs = iter([0.0] + [0.010, 0.012, 0.011, 0.030, 0.009])  # warm-up, then one cost per block
+    costs = iter([0.0, 0.01, 0.012, 0.011, 0.03, 0.009])  # warm-up, then one cost per block
     res = wt.compare(
         {"v": dev.step("v", lambda _: next(costs))}, timer=wt.SyncTimer(dev.sync, clock), warmup=1, repeats=5, steps=1
     )
@@ -147,8 +151,6 @@ def test_compare_interleaves_variants_with_rotation(wt):
 
 
 def test_calibrate_grows_at_most_tenfold(wt):
-    clock = FakeClock()
-    dev = FakeDevice(clock)  # noqa: F841
     seen = []
 
     def timer(fn, steps):
@@ -156,7 +158,7 @@ def test_calibrate_grows_at_most_tenfold(wt):
         return steps * 1e-6
 
     assert wt.calibrate(lambda: None, timer, target_s=0.01) >= 10_000
-    assert all(b <= 10 * a for a, b in zip(seen, seen[1:]))  # noqa: B905
+    assert all(b <= 10 * a for a, b in itertools.pairwise(seen))
 
 
 def fake_torch(new_api, legacy_raises=False, **values):
@@ -215,16 +217,19 @@ def test_matmul_precision_sets_and_restores_both_apis(wt):
     with wt.matmul_precision("tf32", torch_module=t):
         pass
     assert t.set_calls == ["high", "highest"]
-    with pytest.raises(ValueError):
-        with wt.matmul_precision("fast", torch_module=t):
-            pass
+    with (
+        pytest.raises(ValueError, match="mode must be 'tf32' or 'ieee', not 'fast'"),
+        wt.matmul_precision("fast", torch_module=t),
+    ):
+        pass
 
 
 def test_precision_state_on_the_installed_torch(wt):
     import torch
 
     s = wt.precision_state("cpu")
-    assert s["matmul"] in ("ieee", "tf32", "bf16") and s["conv"] in ("ieee", "tf32", "bf16")
+    assert s["matmul"] in ("ieee", "tf32", "bf16")
+    assert s["conv"] in ("ieee", "tf32", "bf16")
     before = wt.precision_state("cuda")
     with wt.matmul_precision("tf32"):
         assert wt.precision_state("cuda")["matmul"] == "tf32"
@@ -235,7 +240,9 @@ def test_precision_state_on_the_installed_torch(wt):
 def test_md_table_refuses_a_row_with_a_missing_cell(wt, capsys):
     wt.md_table("ok", ["a", "b"], [[1, 2]], note="a note")
     out = capsys.readouterr().out
-    assert "#### ok" in out and "| 1 | 2 |" in out and "a note" in out
+    assert "#### ok" in out
+    assert "| 1 | 2 |" in out
+    assert "a note" in out
     with pytest.raises(ValueError, match="1 cells for 2 headers"):
         wt.md_table("bad", ["a", "b"], [[1]])
 
@@ -247,5 +254,5 @@ def test_quick_mode_from_the_environment(monkeypatch):
         mod = importlib.util.module_from_spec(spec)
         monkeypatch.setitem(sys.modules, spec.name, mod)  # dataclasses look their module up
         spec.loader.exec_module(mod)
-        assert mod.DEFAULT_REPEATS == repeats
+        assert repeats == mod.DEFAULT_REPEATS
         assert (mod.DEFAULT_MIN_SECONDS < 1.0) == (value == "1")

@@ -47,7 +47,8 @@ def resolve(doc: dict, keys: tuple[str, ...]) -> tuple[dict, tuple[str, ...]]:
     seen = set()
     while isinstance(node, dict) and "$ref" in node:
         ref = node["$ref"]
-        assert ref.startswith("#/") and ref not in seen, f"not a local, acyclic reference: {ref}"
+        assert ref.startswith("#/"), f"not a local, acyclic reference: {ref}"
+        assert ref not in seen, f"not a local, acyclic reference: {ref}"
         seen.add(ref)
         keys = tuple(part.replace("~1", "/").replace("~0", "~") for part in ref[2:].split("/"))
         node = doc

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -24,9 +25,9 @@ IDLE_MINUTES = 0.25  # 15 s
 class Exporter(BaseHTTPRequestHandler):
     """dcgm-exporter's /metrics: DCGM_FI_PROF_GR_ENGINE_ACTIVE per GPU instance, labelled as it labels them."""
 
-    ratios: dict[int, float] = {}
+    ratios: ClassVar[dict[int, float]] = {}  # set by the test, read by every request's handler
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
+    def do_GET(self):
         lines = ["# TYPE DCGM_FI_PROF_GR_ENGINE_ACTIVE gauge"]
         for gi, ratio in sorted(type(self).ratios.items()):
             lines.append(

@@ -108,12 +108,15 @@ def test_the_words_of_the_warning_and_the_stop_box(reason, held, drained, warnin
     ],
 )
 def test_the_ledger_reason_is_drained_colon_reason_in_64_characters(reason, ledger):
-    assert drain_reason(reason) == ledger and len(ledger) <= 64 and reason_kind(ledger) == "drained"
+    assert drain_reason(reason) == ledger
+    assert len(ledger) <= 64
+    assert reason_kind(ledger) == "drained"
 
 
 def test_a_long_reason_moves_from_the_warning_to_its_hint():
     short, hint = drain_notice("14:00", "new MIG layout")
-    assert short.endswith("(new MIG layout).") and hint.startswith("Save your work now.")
+    assert short.endswith("(new MIG layout).")
+    assert hint.startswith("Save your work now.")
     reason = "a long explanation of the maintenance window, " * 3
     message, hint = drain_notice("14:00", reason)
     assert message == "Your server will be stopped at 14:00: its GPU is being drained for maintenance."
@@ -129,8 +132,10 @@ def test_who_holds_a_drained_device_whole_gpu_slice_of_a_drained_gpu_or_partly(s
     DrainBook(store).drain(["GPU-2"], "")  # a MIG GPU: all its slices
     found = drained_holdings(store, DEVICES)
     assert sorted(found) == [("alice", ""), ("carol", ""), ("dave", "big")]
-    assert found[("dave", "big")].held == 2 and found[("dave", "big")].drained == ("GPU-0",)
-    assert found[("alice", "")].reason == "new MIG layout" and found[("carol", "")].reason == ""
+    assert found[("dave", "big")].held == 2
+    assert found[("dave", "big")].drained == ("GPU-0",)
+    assert found[("alice", "")].reason == "new MIG layout"
+    assert found[("carol", "")].reason == ""
 
 
 def test_a_drain_with_a_countdown_warns_only_the_servers_on_it(store):
@@ -146,7 +151,8 @@ def test_a_drain_with_a_countdown_warns_only_the_servers_on_it(store):
     assert "Save your work now" in warned[0].hint
     # Draining again with a new countdown sets the new time.
     [again] = warn_holders(store, DEVICES, ["GPU-2", "MIG-2"], 30, UTC, now=NOW)
-    assert again.id == warned[0].id and again.stop_at == NOW + timedelta(minutes=30)
+    assert again.id == warned[0].id
+    assert again.stop_at == NOW + timedelta(minutes=30)
     # The drain's holders carry their stop time (api/drains); bob and alice were not asked.
     [gpu2] = [d for d in DrainBook(store).rows() if d.gpu_uuid == "GPU-2"]
     view = drain_json(gpu2, DEVICES, store.holders(), stop_times(store))
@@ -191,21 +197,27 @@ async def test_the_countdown_survives_a_restart_and_ends_in_a_stop_with_the_sent
     [told] = warn_holders(store, DEVICES, ["GPU-0"], 15, UTC, now=NOW)
     clock, hub = Clock(NOW + timedelta(minutes=5)), FakeHub()
     first = await service(store, clock, hub).check()
-    assert first.stopped == [] and hub.stopped == []
+    assert first.stopped == []
+    assert hub.stopped == []
     # The hub's zone is Berlin: the warning's words follow it; the countdown stays where it was.
     [notice] = NoticeBook(store).pending()
-    assert notice.stop_at == told.stop_at and "stopped at 15:00:" in notice.message and first.rewarned
+    assert notice.stop_at == told.stop_at
+    assert "stopped at 15:00:" in notice.message
+    assert first.rewarned
     # The service restarts (a new DrainStops, nothing in memory) after the stop time: it stops alice only.
     clock.now = NOW + timedelta(minutes=16)
     second = await service(store, clock, hub).check()
-    assert second.stopped == [("alice", "")] and hub.stopped == [("alice", "")]
+    assert second.stopped == [("alice", "")]
+    assert hub.stopped == [("alice", "")]
     done = NoticeBook(store).last_done("alice", "")
-    assert done.kind == KIND and done.reason == "drained: new MIG layout"
+    assert done.kind == KIND
+    assert done.reason == "drained: new MIG layout"
     assert done.message == (
         "Your server was stopped at 14:01: its GPU was drained for maintenance (new MIG layout). "
         f"{UNREACHABLE} Your files are kept."
     )
-    assert NoticeBook(store).pending() == [] and NoticeBook(store).last_done("bob") is None
+    assert NoticeBook(store).pending() == []
+    assert NoticeBook(store).last_done("bob") is None
 
 
 async def test_a_pass_withdraws_warnings_whose_server_stopped_or_whose_gpu_was_undrained(store):
@@ -217,7 +229,9 @@ async def test_a_pass_withdraws_warnings_whose_server_stopped_or_whose_gpu_was_u
     DrainBook(store).undrain(["GPU-1"])
     hub = FakeHub()
     report = await service(store, Clock(NOW + timedelta(minutes=11)), hub).check()
-    assert sorted(report.cleared) == [("alice", ""), ("bob", "")] and report.stopped == [] and hub.stopped == []
+    assert sorted(report.cleared) == [("alice", ""), ("bob", "")]
+    assert report.stopped == []
+    assert hub.stopped == []
     assert NoticeBook(store).pending() == []
 
 
@@ -226,7 +240,9 @@ async def test_a_drain_without_a_countdown_stops_nobody(store):
     DrainBook(store).drain(["GPU-0"], "x")
     hub = FakeHub()
     report = await service(store, Clock(NOW + timedelta(days=3)), hub).check()
-    assert report.stopped == [] and hub.stopped == [] and NoticeBook(store).pending() == []
+    assert report.stopped == []
+    assert hub.stopped == []
+    assert NoticeBook(store).pending() == []
 
 
 async def test_a_stop_the_hub_refused_is_asked_again_only_after_a_while(store):
@@ -242,11 +258,13 @@ async def test_a_stop_the_hub_refused_is_asked_again_only_after_a_while(store):
     hub = Refusing()
     clock = Clock(NOW + timedelta(minutes=2))
     loop = service(store, clock, hub)
-    assert (await loop.check()).stopped == [] and hub.stopped == [("alice", "")]
+    assert (await loop.check()).stopped == []
+    assert hub.stopped == [("alice", "")]
     # The warning is back with its time; the next pass does not ask again at once, one a while later does.
     [back] = NoticeBook(store).pending()
     assert back.stop_at == NOW + timedelta(minutes=1)
-    assert (await loop.check()).stopped == [] and len(hub.stopped) == 1
+    assert (await loop.check()).stopped == []
+    assert len(hub.stopped) == 1
     loop._asked.clear()  # as RESTOP_SECONDS later
     await loop.check()
     assert len(hub.stopped) == 2

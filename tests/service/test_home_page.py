@@ -78,9 +78,11 @@ def test_the_box_is_the_spawn_pages_for_each_server_not_running(store):
     notices = StopNotices(store.url)
     html = notices.boxes(user(named=("big", "live", "quiet"), running=("live",)))
     assert html.startswith(render_stop_notice(default)), "the default server's box first, exactly the spawn page's"
-    assert "idle &lt;GPU&gt;" in html and "<GPU>" not in html
+    assert "idle &lt;GPU&gt;" in html
+    assert "<GPU>" not in html
     assert '<div class="workbench-stop-named" data-server="big"><p>Server <strong>big</strong>:</p>' in html
-    assert "session limit" in html and "old news" not in html, "a running server's old stop is not news"
+    assert "session limit" in html, "a running server's old stop is not news"
+    assert "old news" not in html, "a running server's old stop is not news"
     assert html.count("workbench-stopped") == 2
     # Named servers only where the hub allows them; the default server's box when it is not running.
     assert "session limit" not in notices.boxes(user(named=("big",), allow_named=False))
@@ -94,7 +96,8 @@ def test_nothing_is_read_until_the_home_page_prints_it(tmp_path):
     assert notices(None) == "", "pages without a user (login) get nothing"
     lazy = notices(user())
     assert not (tmp_path / "never.sqlite").exists(), "other pages never open the GPU database"
-    assert lazy.__html__() == "" and (tmp_path / "never.sqlite").exists()
+    assert lazy.__html__() == ""
+    assert (tmp_path / "never.sqlite").exists()
 
 
 def test_a_database_that_fails_leaves_the_home_page_whole(tmp_path, caplog):
@@ -120,7 +123,8 @@ def test_our_home_html_extends_jupyterhubs(store):
     # It compiles, and what it extends is JupyterHub's own page, found through the prefix (never itself).
     env.get_template("home.html")
     assert loader.get_source(env, "templates/home.html")[1] == str(Path(builtin) / "home.html")
-    assert '{% extends "templates/home.html" %}' in source and "{{ super() }}" in source
+    assert '{% extends "templates/home.html" %}' in source
+    assert "{{ super() }}" in source
 
 
 @pytest.mark.integration
@@ -149,7 +153,8 @@ def test_the_hub_home_page_says_why_until_the_next_start(running_hub):
     finally:
         store.dispose()
     page = home()
-    assert "session limit of 4 hours reached" in page and 'class="container workbench-home-stops"' in page
+    assert "session limit of 4 hours reached" in page
+    assert 'class="container workbench-home-stops"' in page
     assert page.index("workbench-stopped") < page.index('id="start"'), "above the Start button"
     # The login page (no user) renders as before.
     assert requests.get(f"{hub.url}/hub/login", timeout=30).status_code == 200

@@ -75,7 +75,8 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
         return notices[0] if notices else None
 
     warning = wait_for(notice, 30, "no idle warning reached alice's server", hub)
-    assert warning["kind"] == "idle" and warning["message"].startswith("Your server will be stopped at ")
+    assert warning["kind"] == "idle"
+    assert warning["message"].startswith("Your server will be stopped at ")
     assert 0 <= warning["seconds_left"] <= IDLE_MINUTES * 60 / 2 + 2
     assert "CPU-only server" in warning["hint"]
     # The user reads notices; she cannot write them (only the hub's service may).
@@ -85,11 +86,15 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
         headers={"Authorization": f"token {alice}"},
         timeout=10,
     )
-    assert r.status_code == 403 and "service" in r.json()["message"]
+    assert r.status_code == 403
+    assert "service" in r.json()["message"]
     idle = hub.service("GET", "api/idle").json()
     [gpu] = idle["gpus"]
-    assert gpu["user"] == "alice" and gpu["idle_seconds"] > 0 and gpu["reading_source"] == "host"
-    assert idle["default_rule"]["enabled"] and idle["default_rule"]["gpu_idle_minutes"] == IDLE_MINUTES
+    assert gpu["user"] == "alice"
+    assert gpu["idle_seconds"] > 0
+    assert gpu["reading_source"] == "host"
+    assert idle["default_rule"]["enabled"]
+    assert idle["default_rule"]["gpu_idle_minutes"] == IDLE_MINUTES
     page_gpus = hub.service("GET", "api/gpus").json()["gpus"]
     assert page_gpus[0]["idle_seconds"] > 0
 
@@ -102,10 +107,8 @@ def test_an_idle_gpu_is_warned_about_then_reclaimed_for_the_next_in_line(hub):
     # (The spawn page's "why it stopped" needs a logged-in browser: tests/browser/test_idle_warning_browser.py.)
     # Bob's busy GPU is left alone.
     time.sleep(IDLE_MINUTES * 60 / 2 + 3)
-    assert (
-        hub.server("bob")["ready"]
-        and server_get(hub, "bob", hub.user_token("bob"), "api/gpu/notices").json()["notices"] == []
-    )
+    assert hub.server("bob")["ready"]
+    assert server_get(hub, "bob", hub.user_token("bob"), "api/gpu/notices").json()["notices"] == []
     assert hub.api("DELETE", "/users/bob/server").status_code in (202, 204)
     hub.wait_stopped("bob")
 
@@ -122,7 +125,8 @@ def test_missing_readings_and_exempt_groups_are_left_alone(hub):
     hub.wait_stopped("alice")
     # An exempt group keeps its idle GPU.
     r = hub.service("PUT", "api/idle/exemptions/research", json={"reason": "long CPU preprocessing"})
-    assert r.status_code == 200 and r.json()["exempt"] is True
+    assert r.status_code == 200
+    assert r.json()["exempt"] is True
     write_utilization(hub.utilization, {"*": 0})
     assert hub.spawn("carol", gpus=1).status_code in (201, 202)
     hub.wait_ready("carol")
@@ -136,7 +140,7 @@ def test_missing_readings_and_exempt_groups_are_left_alone(hub):
 
 
 @pytest.mark.parametrize(
-    "method, path, body, token, status, words",
+    ("method", "path", "body", "token", "status", "words"),
     [
         ("PUT", "api/idle/exemptions/nosuchgroup", {}, None, 404, "no group named"),
         ("PUT", "api/idle/exemptions/research", {"why": "x"}, None, 400, "reason"),
@@ -174,7 +178,8 @@ def test_the_cli_shows_exempts_and_refuses_with_an_exit_code(hub, capsys):
     assert main([*base, "idle", "exempt", "research", "--reason", "long runs"]) == 0
     assert main([*base, "idle"]) == 0
     out = capsys.readouterr().out
-    assert "exempt: research (long runs)" in out and "hub default: stop after 15 s under 5 % utilization" in out
+    assert "exempt: research (long runs)" in out
+    assert "hub default: stop after 15 s under 5 % utilization" in out
     before = hub.service("GET", "api/idle/exemptions").json()
     assert main([*base, "idle", "exempt", "nosuchgroup"]) == 1
     assert "no group named" in capsys.readouterr().err
@@ -226,7 +231,8 @@ def test_the_service_reads_a_server_it_cannot_see_through_the_proxy_and_reclaims
             return gpus and gpus[0]["utilization_percent"] == 80 and gpus[0]
 
         gpu = wait_for(busy_reading, 30, "the service never read the server's monitor", hub)
-        assert gpu["reading_source"] == "server" and gpu["idle_seconds"] is None, "busy: no idle clock"
+        assert gpu["reading_source"] == "server", "busy: no idle clock"
+        assert gpu["idle_seconds"] is None, "busy: no idle clock"
         write_utilization(utilization, {"*": 0})
 
         token = hub.user_token("alice")

@@ -71,7 +71,9 @@ def test_every_dashboard_query_uses_a_served_metric(scraped):
     # dcgm-exporter's label is Hostname (capital H); the service serves the same.
     assert not [e for e in exprs if re.search(r"\bhostname\s*[=!]~?|, hostname\)", e)], exprs
     assert 'Hostname="' in scraped[0].text
-    assert used and used <= served, f"the dashboard queries metrics nobody serves: {sorted(used - served)}"
+    assert used, f"the dashboard queries metrics nobody serves: {sorted(used - served)}"
+    assert used <= served, f"the dashboard queries metrics nobody serves: {sorted(used - served)}"
     datasource = (MONITORING / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
     uids = {p["datasource"]["uid"] for p in dashboard["panels"]}
-    assert uids == {"workbench-prometheus"} and "uid: workbench-prometheus" in datasource
+    assert uids == {"workbench-prometheus"}
+    assert "uid: workbench-prometheus" in datasource

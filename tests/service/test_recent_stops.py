@@ -45,7 +45,8 @@ def test_an_end_of_several_gpus_is_one_stop_newest_first(store):
         ("bob", "big", 3, "reclaimed"),
         ("alice", "", 1, "stopped by the user"),
     ]
-    assert stops[1]["node"] == "node1" and len(stops[1]["gpu_uuids"]) == 3
+    assert stops[1]["node"] == "node1"
+    assert len(stops[1]["gpu_uuids"]) == 3
     assert stops[1]["message"] == "reclaimed: GPU idle 30 min", "no sentence kept: the reason stands in"
 
 
@@ -83,7 +84,7 @@ def test_ends_are_counted_by_reason_kind_for_some_users_or_all(store):
         "reclaimed": 1,
         "session limit": 1,
     }
-    assert list(ends_by_reason(store, week))[0] == "out of memory", "largest first"
+    assert next(iter(ends_by_reason(store, week))) == "out of memory", "largest first"
     assert ends_by_reason(store, week, {"alice", "bob"}) == {"out of memory": 3, "reclaimed": 1}
     assert ends_by_reason(store, week, set()) == {}
     assert ends_by_reason(store, utcnow() + timedelta(seconds=1)) == {}, "only ends inside the window"
@@ -120,7 +121,8 @@ def test_usage_counts_ends_by_reason_for_everyone_a_user_and_a_group(hub):
     assert every["ends_by_reason"] == {"out of memory": 3, "reclaimed": 1, "stopped by the user": 1}
     assert every["group"] is None
     group = hub.service("GET", "api/usage?group=ml-course").json()
-    assert group["group"] == "ml-course" and sorted(u["name"] for u in group["users"]) == ["alice", "bob"]
+    assert group["group"] == "ml-course"
+    assert sorted(u["name"] for u in group["users"]) == ["alice", "bob"]
     assert group["ends_by_reason"] == {"out of memory": 2, "reclaimed": 1}
     assert hub.service("GET", "api/usage?user=carol").json()["ends_by_reason"] == {
         "out of memory": 1,
@@ -134,10 +136,12 @@ def test_a_bad_group_is_404_and_a_user_with_a_group_is_400(hub):
     assert missing.status_code == 404
     assert missing.json()["message"].startswith('no group named "no-such-course" on this hub')
     both = hub.service("GET", "api/usage?group=ml-course&user=alice")
-    assert both.status_code == 400 and "not both" in both.json()["message"]
+    assert both.status_code == 400
+    assert "not both" in both.json()["message"]
     student = hub.user_token("carol")
     refused = hub.service("GET", "api/usage?group=ml-course", token=student)
-    assert refused.status_code == 403 and "custom:workbench:read" in refused.json()["message"]
+    assert refused.status_code == 403
+    assert "custom:workbench:read" in refused.json()["message"]
     own = hub.service("GET", "api/usage", token=student).json()
     assert own["ends_by_reason"] == {"out of memory": 1, "stopped by the user": 1}, "a student counts their own"
 
@@ -147,11 +151,13 @@ def test_the_fleet_page_lists_recent_stops(hub):
     page = hub.service("GET", "", validate=False)
     assert page.status_code == 200, page.text[-2000:]
     html = page.text
-    assert '<section class="mb-4" id="workbench-stops">' in html and "Recent stops" in html
+    assert '<section class="mb-4" id="workbench-stops">' in html
+    assert "Recent stops" in html
     table = html[html.index('id="workbench-stops-table"') :]
     assert table.count('<tr data-user="') == 5
     assert '<tr data-user="carol" data-kind="stopped by the user">' in table, "newest first"
-    assert "<td>node1</td>" in table and ">2</td>" in table
+    assert "<td>node1</td>" in table
+    assert ">2</td>" in table
     expected = "carol was told why" if HAS_MESSAGE else "stopped by the user"
     assert f'<td class="wb-message">{expected}</td>' in table
     assert 'data-kind="out of memory">out of memory 3</span>' in html
@@ -164,4 +170,5 @@ def test_the_cli_counts_a_groups_ends(hub):
     assert "(group ml-course)" in done.stdout
     assert "Servers ended in that window: 3 (2 out of memory, 1 reclaimed)" in done.stdout
     missing = hub.cli("usage", "--group", "nope")
-    assert missing.returncode != 0 and 'no group named "nope"' in missing.stderr
+    assert missing.returncode != 0
+    assert 'no group named "nope"' in missing.stderr

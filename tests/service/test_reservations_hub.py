@@ -101,7 +101,7 @@ def pending(hub, user: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "body, status, words",
+    ("body", "status", "words"),
     [
         ({"group": "ml-course", "gpus": 1}, 400, "window is missing"),
         ({"group": "ml-course", "gpus": 1, "window": "Tue 10-12"}, 400, "malformed"),
@@ -118,7 +118,8 @@ def pending(hub, user: str) -> None:
 def test_bad_reservations_are_refused_and_change_nothing(hub, body, status, words):
     before = reservations(hub)
     r = hub.service("POST", "api/reservations", json=body)
-    assert r.status_code == status and words in r.json()["message"], r.text
+    assert r.status_code == status, r.text
+    assert words in r.json()["message"], r.text
     assert reservations(hub) == before
 
 
@@ -126,7 +127,8 @@ def test_bad_requests_to_the_other_endpoints_and_the_cli(hub):
     before = reservations(hub)
     assert hub.service("POST", "api/reservations", data=b"{nope").status_code == 400
     r = hub.service("DELETE", "api/reservations/999")
-    assert r.status_code == 404 and "no reservation with id 999" in r.json()["message"]
+    assert r.status_code == 404
+    assert "no reservation with id 999" in r.json()["message"]
     assert hub.service("GET", "api/reservations/abc").status_code == 404
     assert hub.service("POST", "api/reservations/1", json={}).status_code == 405
     student = hub.user_token("stud")
@@ -144,24 +146,29 @@ def test_bad_requests_to_the_other_endpoints_and_the_cli(hub):
         (("reservations", "delete"), 2, "needs the reservation's id"),
     ]:
         result = cli(hub, *args)
-        assert result.returncode == code and words in result.stderr, (args, result.stdout, result.stderr)
+        assert result.returncode == code, (args, result.stdout, result.stderr)
+        assert words in result.stderr, (args, result.stdout, result.stderr)
     assert reservations(hub) == before
 
 
 def test_a_window_opened_by_the_test_clock_keeps_gpus_for_members(hub):
     made = cli(hub, "reserve", "ml-course", "--gpus", "1", "--weekly", "Tue 10:00-12:00")
-    assert made.returncode == 0 and "Reserved #" in made.stdout, made.stderr
+    assert made.returncode == 0, made.stderr
+    assert "Reserved #" in made.stdout, made.stderr
     listed = cli(hub, "reservations")
-    assert "1 GPU for ml-course, weekly Tue 10:00-12:00" in listed.stdout and "time zone: UTC" in listed.stdout
+    assert "1 GPU for ml-course, weekly Tue 10:00-12:00" in listed.stdout
+    assert "time zone: UTC" in listed.stdout
     page = hub.service("GET", "")
-    assert (
-        page.status_code == 200 and 'id="workbench-reservations"' in page.text and 'id="reservation-form"' in page.text
-    )
+    assert page.status_code == 200
+    assert 'id="workbench-reservations"' in page.text
+    assert 'id="reservation-form"' in page.text
     [res] = reservations(hub)
-    assert res["active"] is False and res["next_start"].startswith("2026-12-08T10:00")
+    assert res["active"] is False
+    assert res["next_start"].startswith("2026-12-08T10:00")
     # An overlapping one that together needs 3 of 2 GPUs is refused; nothing changes.
     r = hub.service("POST", "api/reservations", json={"group": "ml-course", "gpus": 2, "window": "Tue 11:00-13:00"})
-    assert r.status_code == 400 and "together 3 GPUs" in r.json()["message"]
+    assert r.status_code == 400
+    assert "together 3 GPUs" in r.json()["message"]
     assert reservations(hub) == [res]
 
     set_test_clock(hub.clock, TUE.replace(hour=10, minute=1))
@@ -172,12 +179,14 @@ def test_a_window_opened_by_the_test_clock_keeps_gpus_for_members(hub):
     assert hub.spawn("stud", gpus=1).status_code in (201, 202)
     hub.wait_ready("stud")  # a member passes the waiting non-member
     leases = hub.leases()
-    assert sorted(leases) == ["out1", "stud"] and not hub.server("out2")["ready"]
+    assert sorted(leases) == ["out1", "stud"]
+    assert not hub.server("out2")["ready"]
     hub.api("DELETE", "/users/out1/server")
     hub.wait_ready("out2")  # the unreserved GPU came free: out2 gets it
     assert sorted(hub.leases()) == ["out2", "stud"]
     groups = dict(sql(hub, "SELECT user, groups FROM gpu_leases"))
-    assert groups["stud"] == '["ml-course"]' and groups["out2"] == "[]"
+    assert groups["stud"] == '["ml-course"]'
+    assert groups["out2"] == "[]"
 
 
 def test_fair_share_serves_the_lighter_user_first(hub):
@@ -229,11 +238,12 @@ def test_preempt_warns_then_stops_non_members_at_the_start(hub):
     assert reasons == {"out2": "preempted: reserved for ml-course", "light": "preempted: reserved for ml-course"}
     # The freed GPUs are kept for ml-course: heavy (not a member) still waits.
     time.sleep(1.5)
-    assert hub.leases() == {} and not hub.server("heavy")["ready"]
+    assert hub.leases() == {}
+    assert not hub.server("heavy")["ready"]
 
 
 @pytest.mark.parametrize(
-    "variable, value, words",
+    ("variable", "value", "words"),
     [
         ("WORKBENCH_QUEUE_ORDER", "lifo", "WORKBENCH_QUEUE_ORDER='lifo' is not a queue order; use 'fifo'"),
         ("WORKBENCH_TIME_ZONE", "Mars/Olympus", "is not a time zone"),
@@ -242,4 +252,5 @@ def test_preempt_warns_then_stops_non_members_at_the_start(hub):
 def test_a_bad_queue_order_or_zone_stops_the_hub_with_exit_2(running_hub, variable, value, words):
     with pytest.raises(RuntimeError) as stopped:
         running_hub(env={"WORKBENCH_SIMULATED_GPUS": "1", variable: value})
-    assert "exited with 2" in str(stopped.value) and words in str(stopped.value)
+    assert "exited with 2" in str(stopped.value)
+    assert words in str(stopped.value)

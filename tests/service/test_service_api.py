@@ -35,7 +35,8 @@ def test_set_read_and_delete_a_user_quota(hub):
     assert body["effective"]["origin"] == "own quota"
     assert body["quota"]["updated_by"] == "service:workbench-admin"
     listing = hub.service("GET", "api/quotas").json()
-    assert [q["name"] for q in listing["users"]] == ["alice"] and listing["default"]["max_gpus"] == 1
+    assert [q["name"] for q in listing["users"]] == ["alice"]
+    assert listing["default"]["max_gpus"] == 1
     r = hub.service("DELETE", "api/quotas/users/alice")
     assert r.status_code == 204
     assert quota_of(hub, "users", "alice") is None
@@ -47,7 +48,8 @@ def test_group_quota_reaches_its_members_and_shows_where_it_comes_from(hub):
     assert r.status_code == 200, r.text
     assert r.json()["users"] == ["bob"]
     bob = hub.service("GET", "api/quotas/users/bob").json()["effective"]
-    assert bob["max_gpus"] == 2 and bob["origin"] == "from group ml-course"
+    assert bob["max_gpus"] == 2
+    assert bob["origin"] == "from group ml-course"
     usage = hub.service("GET", "api/usage?user=bob").json()["users"][0]
     assert usage["quota"]["origin"] == "from group ml-course"
 
@@ -72,8 +74,8 @@ BAD_BODIES = [
 ]
 
 
-@pytest.mark.parametrize("kind, name", [("users", "dave"), ("groups", "ml-course")])
-@pytest.mark.parametrize("body, message", BAD_BODIES)
+@pytest.mark.parametrize(("kind", "name"), [("users", "dave"), ("groups", "ml-course")])
+@pytest.mark.parametrize(("body", "message"), BAD_BODIES)
 def test_bad_quotas_are_400_and_change_nothing(hub, kind, name, body, message):
     before = quota_of(hub, kind, name)
     r = hub.service("PUT", f"api/quotas/{kind}/{name}", json=body)
@@ -102,7 +104,8 @@ def test_unknown_and_odd_names_are_404_as_json(hub, kind, name):
         assert r.headers["Content-Type"].startswith("application/json")
         message = r.json()["message"]
         assert message.startswith("no ")
-        assert "<" not in r.text and ">" not in r.text  # escaped even in JSON
+        assert "<" not in r.text
+        assert ">" not in r.text
     listing = hub.service("GET", "api/quotas").json()
     assert name not in [q["name"] for q in listing["users"] + listing["groups"]]
 
@@ -132,7 +135,8 @@ def test_missing_or_wrong_auth_is_403(hub):
     assert quota_of(hub, "users", "dave") == before
     # The page sends browsers to the hub's login instead.
     r = hub.service("GET", "", token=False)
-    assert r.status_code == 302 and "/hub/api/oauth2/authorize" in r.headers["Location"]
+    assert r.status_code == 302
+    assert "/hub/api/oauth2/authorize" in r.headers["Location"]
 
 
 def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
@@ -150,13 +154,17 @@ def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
         assert hub.service("GET", path, token=student).status_code == 403
     assert quota_of(hub, "users", "carol") == before
     own = hub.service("GET", "api/usage", token=student)
-    assert own.status_code == 200 and [u["name"] for u in own.json()["users"]] == ["carol"]
+    assert own.status_code == 200
+    assert [u["name"] for u in own.json()["users"]] == ["carol"]
     assert hub.service("GET", "api/usage?user=carol", token=student).status_code == 200
     other = hub.service("GET", "api/usage?user=alice", token=student)
-    assert other.status_code == 403 and "only your own usage" in other.json()["message"]
+    assert other.status_code == 403
+    assert "only your own usage" in other.json()["message"]
     # The page says no, escaped, without leaking anything.
     page = hub.service("GET", "", token=student)
-    assert page.status_code == 403 and "Not allowed" in page.text and "alice" not in page.text
+    assert page.status_code == 403
+    assert "Not allowed" in page.text
+    assert "alice" not in page.text
 
 
 def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
@@ -164,7 +172,8 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
     r = hub.spawn("alice", gpus=1)
     assert r.status_code == 403, r.text
     message = r.json()["message"]
-    assert "your own GPU quota allows 0 at once" in message and "ask a hub admin" in message
+    assert "your own GPU quota allows 0 at once" in message
+    assert "ask a hub admin" in message
     assert hub.leases().get("alice") is None
 
     # A group quota: bob (ml-course, 2 GPUs) may take two; only allowed models.
@@ -175,13 +184,15 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
         == 200
     )
     r = hub.spawn("bob", gpus=1, gpu_model="H100-80GB")
-    assert r.status_code == 403 and "allows only these GPU models: A100-40GB" in r.json()["message"]
+    assert r.status_code == 403
+    assert "allows only these GPU models: A100-40GB" in r.json()["message"]
     assert hub.spawn("bob", gpus=2).status_code in (201, 202)
     hub.wait_ready("bob")
     assert hub.leases()["bob"] == ["GPU-sim-02-a100-40gb", "GPU-sim-03-a100-40gb"]
     inventory = hub.service("GET", "api/gpus").json()
     node = inventory["node"]
-    assert node and all(g["node"] == node for g in inventory["gpus"])
+    assert node
+    assert all(g["node"] == node for g in inventory["gpus"])
     gpus = {g["uuid"]: g for g in inventory["gpus"]}
     assert gpus["GPU-sim-02-a100-40gb"]["holders"][0]["user"] == "bob"
     allocations = hub.service("GET", "api/allocations").json()["allocations"]
@@ -189,21 +200,26 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
     metrics = hub.service("GET", "metrics").text
     assert 'DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-sim-02-a100-40gb"' in metrics
     assert f'Hostname="{node}"' in metrics
-    assert 'user="bob"' in metrics and "DCGM_FI_DEV_FB_USED" in metrics and "DCGM_FI_DEV_FB_FREE" in metrics
+    assert 'user="bob"' in metrics
+    assert "DCGM_FI_DEV_FB_USED" in metrics
+    assert "DCGM_FI_DEV_FB_FREE" in metrics
 
     # Lowering bob's quota does not touch his running server.
     assert hub.service("PUT", "api/quotas/groups/ml-course", json={"max_gpus": 0}).status_code == 200
     time.sleep(1)
-    assert hub.server("bob")["ready"] and len(hub.leases()["bob"]) == 2
+    assert hub.server("bob")["ready"]
+    assert len(hub.leases()["bob"]) == 2
     usage = hub.service("GET", "api/usage?user=bob").json()["users"][0]
-    assert usage["held_gpus"] == 2 and usage["gpu_hours_week"] > 0
+    assert usage["held_gpus"] == 2
+    assert usage["gpu_hours_week"] > 0
 
     # An exhausted GPU-hours budget: refused, CPU still fine.
     assert (
         hub.service("PUT", "api/quotas/users/alice", json={"max_gpus": 1, "gpu_hours_per_week": 0}).status_code == 200
     )
     r = hub.spawn("alice", gpus=1)
-    assert r.status_code == 403 and "0 GPU-hours per week" in r.json()["message"]
+    assert r.status_code == 403
+    assert "0 GPU-hours per week" in r.json()["message"]
     hub.api("DELETE", "/users/bob/server")
     hub.wait_stopped("bob")
 
@@ -228,7 +244,8 @@ def test_every_documented_route_is_served_and_nothing_else_is(hub):
     catch-all's 404); each method the document does not name for a path is 405; an undocumented path is the
     catch-all's 404. (That every mounted route is documented is checked on the app: test_openapi_document.)"""
     doc = hub.service("GET", "api/openapi.json", token=False).json()
-    assert doc["openapi"].startswith("3.1") and doc["servers"] == [{"url": "/services/workbench"}]
+    assert doc["openapi"].startswith("3.1")
+    assert doc["servers"] == [{"url": "/services/workbench"}]
     posted = False
     for path, item in doc["paths"].items():
         for method in METHODS:
@@ -246,7 +263,8 @@ def test_every_documented_route_is_served_and_nothing_else_is(hub):
             # A route's own 404 names what is missing ("no reservation with id ml-course", a node it does not
             # know); only the catch-all's 404, for a path no route serves, points to openapi.json.
             own_404 = r.status_code == 404 and "openapi.json" not in r.json().get("message", "")
-            assert (r.status_code != 404 or own_404) and r.status_code < 500, (method, path, r.status_code, r.text)
+            assert r.status_code != 404 or own_404, (method, path, r.status_code, r.text)
+            assert r.status_code < 500, (method, path, r.status_code, r.text)
             assert str(r.status_code) in item[method]["responses"] or (path == "/" and r.status_code == 200), (
                 method,
                 path,
@@ -255,7 +273,8 @@ def test_every_documented_route_is_served_and_nothing_else_is(hub):
     assert posted, "POST api/reservations is in the document"
     # An unknown API path is a JSON 404.
     r = hub.service("GET", "api/nothing-here")
-    assert r.status_code == 404 and "openapi.json" in r.json()["message"]
+    assert r.status_code == 404
+    assert "openapi.json" in r.json()["message"]
 
 
 def check_posting_a_reservation(hub, operation: dict) -> None:
@@ -268,12 +287,15 @@ def check_posting_a_reservation(hub, operation: dict) -> None:
     for body in ({**good, "gpus": 0}, {**good, "window": "someday"}, {**good, "gpus": 99}, "not json"):
         kwargs = {"data": body} if isinstance(body, str) else {"json": body}
         r = hub.service("POST", "api/reservations", **kwargs)
-        assert r.status_code == 400 and "400" in operation["responses"], (body, r.status_code, r.text)
+        assert r.status_code == 400, (body, r.status_code, r.text)
+        assert "400" in operation["responses"], (body, r.status_code, r.text)
     assert hub.service("GET", "api/reservations").json()["reservations"] == before, "a refusal stores nothing"
     r = hub.service("POST", "api/reservations", json=good)
-    assert r.status_code == 201 and "201" in operation["responses"], r.text
+    assert r.status_code == 201, r.text
+    assert "201" in operation["responses"], r.text
     created = r.json()
-    assert created["group"] == "ml-course" and created["gpus"] == 1
+    assert created["group"] == "ml-course"
+    assert created["gpus"] == 1
     assert hub.service("DELETE", f"api/reservations/{created['id']}").status_code == 204
     assert hub.service("GET", "api/reservations").json()["reservations"] == before
 
@@ -284,27 +306,39 @@ def test_the_cli_sets_shows_and_deletes_quotas(hub):
     assert "Set the quota of user dave: 2 GPU(s) at once, 10 GPU-hours/week, models H100-80GB" in r.stdout
     assert quota_of(hub, "users", "dave")["max_gpus"] == 2
     r = hub.cli("quota", "show", "dave")
-    assert r.returncode == 0 and "effective: 2 GPU(s) at once" in r.stdout and "(own quota)" in r.stdout
+    assert r.returncode == 0
+    assert "effective: 2 GPU(s) at once" in r.stdout
+    assert "(own quota)" in r.stdout
     r = hub.cli("quota", "set-group", "ml-course", "--max-gpus", "1", "--max-session-hours", "4")
-    assert r.returncode == 0 and "sessions up to 4 h" in r.stdout
+    assert r.returncode == 0
+    assert "sessions up to 4 h" in r.stdout
     listing = hub.cli("quota", "show").stdout
     assert "group ml-course" in listing
     assert f"database: sqlite:///{hub.data_dir / 'workbench.sqlite'}" in listing
-    assert "GPU models on " in listing and "A100-40GB, H100-80GB" in listing
+    assert "GPU models on " in listing
+    assert "A100-40GB, H100-80GB" in listing
     r = hub.cli("quota", "set", "dave", "--max-gpus", "1", "--models", "V100")
-    assert r.returncode == 1 and 'unknown GPU model "V100"; this hub has: A100-40GB, H100-80GB' in r.stderr
+    assert r.returncode == 1
+    assert 'unknown GPU model "V100"; this hub has: A100-40GB, H100-80GB' in r.stderr
     # Errors: a readable message on stderr and a non-zero exit code; nothing changes.
     r = hub.cli("quota", "set", "dave", "--max-gpus", "-3")
-    assert r.returncode == 1 and "max_gpus must be between 0 and 1024, not -3" in r.stderr
+    assert r.returncode == 1
+    assert "max_gpus must be between 0 and 1024, not -3" in r.stderr
     r = hub.cli("quota", "set", "nobody", "--max-gpus", "1")
-    assert r.returncode == 1 and "no user named" in r.stderr and "/hub/signup" in r.stderr
+    assert r.returncode == 1
+    assert "no user named" in r.stderr
+    assert "/hub/signup" in r.stderr
     r = hub.cli("quota", "set", "dave", "--max-gpus", "lots")
-    assert r.returncode == 2 and "not a whole number" in r.stderr
+    assert r.returncode == 2
+    assert "not a whole number" in r.stderr
     r = hub.cli("quota", "set", "dave", "--max-gpus", "1", token=hub.student)
-    assert r.returncode == 1 and "only hub admins" in r.stderr
+    assert r.returncode == 1
+    assert "only hub admins" in r.stderr
     r = hub.cli("quota", "show", "dave", token="")
-    assert r.returncode == 2 and "no token" in r.stderr
+    assert r.returncode == 2
+    assert "no token" in r.stderr
     assert quota_of(hub, "users", "dave")["max_gpus"] == 2
     r = hub.cli("quota", "delete", "dave")
-    assert r.returncode == 0 and quota_of(hub, "users", "dave") is None
+    assert r.returncode == 0
+    assert quota_of(hub, "users", "dave") is None
     assert hub.cli("quota", "delete-group", "ml-course").returncode == 0

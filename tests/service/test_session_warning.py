@@ -100,11 +100,13 @@ async def test_the_warned_server_is_stopped_at_its_limit_with_the_sentence(store
     quotas.record_session_limit("alice", "", 1.0)
     hub = FakeHub([running("alice", timedelta(minutes=55))])
     await stop_overlong_servers(quotas, hub, stopper(store, hub), lead=LEAD)
-    assert [n.kind for n in NoticeBook(store).pending()] == [KIND] and hub.stopped == []
+    assert [n.kind for n in NoticeBook(store).pending()] == [KIND]
+    assert hub.stopped == []
     hub.models["alice"] = running("alice", timedelta(hours=1, seconds=1))
     assert await stop_overlong_servers(quotas, hub, stopper(store, hub), lead=LEAD) == [("alice", "")]
     done = NoticeBook(store).last_done("alice")
-    assert done.kind == KIND and ": session limit of 1 hour reached." in done.message
+    assert done.kind == KIND
+    assert ": session limit of 1 hour reached." in done.message
     assert NoticeBook(store).pending() == [], "the warning gave way to the stop"
 
 
@@ -118,7 +120,8 @@ async def test_the_warning_goes_when_the_server_stops_first_or_starts_a_new_sess
     # alice stopped her server; bob's was restarted: a new session, far from its limit.
     hub.models = {"alice": {"name": "alice", "servers": {}}, "bob": running("bob", timedelta(minutes=1), server="gpu")}
     assert await stop_overlong_servers(quotas, hub, stopper(store, hub), lead=LEAD) == []
-    assert NoticeBook(store).pending() == [] and hub.stopped == []
+    assert NoticeBook(store).pending() == []
+    assert hub.stopped == []
 
 
 async def test_a_session_shorter_than_the_lead_is_warned_from_its_start(store):

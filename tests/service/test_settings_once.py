@@ -55,7 +55,8 @@ def test_the_admin_page_shows_them(hub):
     r = hub.service("GET", "")
     assert r.status_code == 200, r.text[:500]
     assert "the default (2 GPUs at once)" in r.text
-    assert "GPU-static-cccc" in r.text and "NVIDIA L40S" in r.text
+    assert "GPU-static-cccc" in r.text
+    assert "NVIDIA L40S" in r.text
 
 
 def test_quotas_go_to_the_configured_database_and_accept_its_models(hub):

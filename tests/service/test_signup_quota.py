@@ -45,10 +45,10 @@ def test_an_authorized_sign_up_gets_a_quota_before_the_first_login(hub):
     assert "sent to the admin" in sign_up(hub, "newbie")
     r = hub.service("PUT", "api/quotas/users/newbie", json={"max_gpus": 2})
     assert r.status_code == 404
-    assert (
+    assert r.json()["message"] == (
         'no user named "newbie" on this hub: they must sign up at /hub/signup and be authorized at '
         "/hub/authorize, or be created on the hub's admin page"
-    ) == r.json()["message"]
+    )
     r = admin.get(f"{hub.url}/hub/authorize/newbie", timeout=30, allow_redirects=False)
     assert r.status_code == 302, r.text
     assert hub_user(hub, "newbie") == 200

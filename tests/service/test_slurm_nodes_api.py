@@ -54,17 +54,22 @@ def test_admins_list_and_forget_what_jobs_reported(slurm_hub):
         ]
     }
     shown = hub.cli("slurm-nodes")
-    assert shown.returncode == 0 and shown.stdout.strip() == "gpu07:0 GPU-1111 NVIDIA H100", shown
+    assert shown.returncode == 0, shown
+    assert shown.stdout.strip() == "gpu07:0 GPU-1111 NVIDIA H100", shown
 
     hub.create_users("slurmstudent")
     r = hub.service("DELETE", "api/slurm/nodes/gpu07", token=hub.user_token("slurmstudent"))
-    assert r.status_code == 403 and "only hub admins may make the hub forget a node's GPUs" in r.json()["message"]
+    assert r.status_code == 403
+    assert "only hub admins may make the hub forget a node's GPUs" in r.json()["message"]
     r = hub.service("DELETE", "api/slurm/nodes/gpu99")
-    assert r.status_code == 404 and 'nothing about the GPUs of a node named "gpu99"' in r.json()["message"]
+    assert r.status_code == 404
+    assert 'nothing about the GPUs of a node named "gpu99"' in r.json()["message"]
     refused = hub.cli("slurm-forget-node", "gpu99")
-    assert refused.returncode == 1 and "gpu99" in refused.stderr
+    assert refused.returncode == 1
+    assert "gpu99" in refused.stderr
     assert hub.service("GET", "api/slurm/nodes").json()["nodes"][0]["node"] == "gpu07"  # unchanged
 
     done = hub.cli("slurm-forget-node", "gpu07")
-    assert done.returncode == 0 and "forgot the GPUs of gpu07" in done.stdout, done
+    assert done.returncode == 0, done
+    assert "forgot the GPUs of gpu07" in done.stdout, done
     assert hub.service("GET", "api/slurm/nodes").json() == {"nodes": []}

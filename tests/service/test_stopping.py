@@ -144,12 +144,16 @@ async def test_open_notebooks_are_saved_before_the_stop_and_the_sentence_says_so
     [put] = monitor.puts
     by_kind = {n["kind"]: n for n in put["notices"]}
     assert set(by_kind) == {"idle", "preempt"}, "only alice's default server's notices"
-    assert by_kind["idle"]["id"] == warning.id and by_kind["idle"]["stopping"] is True
-    assert by_kind["idle"]["stop_at"] == AT.isoformat() and by_kind["idle"]["seconds_left"] == 0
+    assert by_kind["idle"]["id"] == warning.id
+    assert by_kind["idle"]["stopping"] is True
+    assert by_kind["idle"]["stop_at"] == AT.isoformat()
+    assert by_kind["idle"]["seconds_left"] == 0
     assert "stopping" not in by_kind["preempt"]
     # Asked until done, about that notice.
     assert monitor.polls == [str(warning.id)] * 3
-    assert done.save == SaveRound(SAVED, 3, 0) and done.stopped and hub.stopped == [("alice", "")]
+    assert done.save == SaveRound(SAVED, 3, 0)
+    assert done.stopped
+    assert hub.stopped == [("alice", "")]
     assert done.message == (
         "Your server was stopped at 10:30: idle GPU reclaimed after 30 minutes below 5 % use. "
         "We saved 3 notebooks first. Your files are kept."
@@ -180,7 +184,8 @@ async def test_open_notebooks_are_saved_before_the_stop_and_the_sentence_says_so
 async def test_what_the_save_round_reports_is_what_the_stop_box_says(store, monitor, answers, round_, sentence):
     monitor.answers = answers
     done = await stop_idle(stopper(store, FakeHub(), monitor.proxy_url))
-    assert done.save == round_ and round_.sentence() == sentence
+    assert done.save == round_
+    assert round_.sentence() == sentence
     assert NoticeBook(store).last_done("alice").message.endswith(f" {sentence} Your files are kept.")
 
 
@@ -189,7 +194,8 @@ async def test_a_server_that_cannot_be_reached_is_stopped_anyway_and_the_box_say
     began = time.monotonic()
     done = await stop_idle(stopper(store, hub, f"http://127.0.0.1:{free_port()}"))
     assert time.monotonic() - began < 3, "a refused connection does not wait out the save round"
-    assert done.save.outcome == NOT_REACHED and hub.stopped == [("alice", "")]
+    assert done.save.outcome == NOT_REACHED
+    assert hub.stopped == [("alice", "")]
     assert done.message == (
         "Your server was stopped at 10:30: idle GPU reclaimed after 30 minutes below 5 % use. "
         f"{UNREACHABLE} Your files are kept."
@@ -208,8 +214,10 @@ async def test_a_save_round_that_never_ends_is_given_up_after_save_wait(store, m
     took = time.monotonic() - began
     assert 0.9 < took < 2.5, took
     assert len(monitor.polls) >= 5, "polled every 0.1 s meanwhile"
-    assert done.save.outcome == TIMED_OUT and "1 of 2 open tabs reported in 1 s" in done.save.detail
-    assert UNREACHABLE in done.message and hub.stopped == [("alice", "")]
+    assert done.save.outcome == TIMED_OUT
+    assert "1 of 2 open tabs reported in 1 s" in done.save.detail
+    assert UNREACHABLE in done.message
+    assert hub.stopped == [("alice", "")]
 
 
 async def test_a_round_timed_out_after_some_tabs_saved_says_both(store, monitor):
@@ -223,7 +231,9 @@ async def test_a_monitor_without_save_rounds_is_not_waited_for(store, monitor):
     monitor.saves_status = 404
     began = time.monotonic()
     done = await stop_idle(stopper(store, FakeHub(), monitor.proxy_url, save_wait=10))
-    assert time.monotonic() - began < 2 and done.save.outcome == NOT_REACHED and UNREACHABLE in done.message
+    assert time.monotonic() - began < 2
+    assert done.save.outcome == NOT_REACHED
+    assert UNREACHABLE in done.message
     assert len(monitor.puts) == 1, "the stopping notice still went out (kernels' on_stop reads it)"
 
 
@@ -235,12 +245,14 @@ async def test_a_stop_the_hub_refuses_is_said_but_not_counted(store, monitor):
             raise RuntimeError("503")
 
     done = await stop_idle(stopper(store, Refusing(), monitor.proxy_url))
-    assert not done.stopped and NoticeBook(store).last_done("alice") is not None
+    assert not done.stopped
+    assert NoticeBook(store).last_done("alice") is not None
 
 
 async def test_no_save_wait_means_no_save_round(store, monitor):
     done = await stop_idle(stopper(store, FakeHub(), monitor.proxy_url, save_wait=0))
-    assert done.save.outcome == NOT_REACHED and monitor.puts == []
+    assert done.save.outcome == NOT_REACHED
+    assert monitor.puts == []
 
 
 @pytest.mark.parametrize(
@@ -289,7 +301,8 @@ async def test_the_session_limit_saves_first_and_says_why(store, monitor):
     assert await stop_overlong_servers(quotas, hub, stopper(store, hub, monitor.proxy_url)) == [("alice", "")]
     assert hub.stopped == [("alice", "")]
     done = NoticeBook(store).last_done("alice")
-    assert done.kind == "session" and done.reason == "session limit: 4 h"
+    assert done.kind == "session"
+    assert done.reason == "session limit: 4 h"
     assert done.message.startswith("Your server was stopped at ")
     assert ": session limit of 4 hours reached. We saved 1 notebook first. Your files are kept." in done.message
     assert [n["stopping"] for n in monitor.puts[0]["notices"]] == [True]
@@ -306,7 +319,8 @@ async def test_several_stops_wait_for_their_rounds_at_once(store, monitor):
         one.stop_for("alice", "", kind="idle", cause="x", reason="r", path=PATH),
         one.stop_for("alice", "big", kind="idle", cause="x", reason="r", path=PATH),
     )
-    assert time.monotonic() - began < 1.8 and sorted(hub.stopped) == [("alice", ""), ("alice", "big")]
+    assert time.monotonic() - began < 1.8
+    assert sorted(hub.stopped) == [("alice", ""), ("alice", "big")]
 
 
 async def test_without_a_path_the_server_is_found_through_the_hub(store, monitor):
@@ -315,11 +329,13 @@ async def test_without_a_path_the_server_is_found_through_the_hub(store, monitor
     done = await stopper(store, hub, monitor.proxy_url).stop_for(
         "alice", "", kind="preempt", cause="its GPUs are reserved for ml-course from 10:00 until 12:00", reason="r"
     )
-    assert done.save.outcome == SAVED and len(monitor.puts) == 1
+    assert done.save.outcome == SAVED
+    assert len(monitor.puts) == 1
     gone = await stopper(store, FakeHub(), monitor.proxy_url).stop_for(
         "carol", "", kind="preempt", cause="x", reason="r"
     )
-    assert gone.save.outcome == NOT_REACHED and "no running server" in gone.save.detail
+    assert gone.save.outcome == NOT_REACHED
+    assert "no running server" in gone.save.detail
 
 
 # -- against a real single-user server with the GPU monitor (tests/monitor's) ---------------------------
@@ -380,7 +396,9 @@ async def tab(server, client: str, report: dict | None, seen: asyncio.Event) -> 
 async def test_a_real_server_with_no_tab_open_has_nothing_to_save(real_store, real_server):
     hub = FakeHub()
     done = await stop_idle(await real_stopper(real_store, real_server, hub))
-    assert done.save.outcome == NOTHING and NOTHING_TO_SAVE in done.message and hub.stopped == [("alice", "")]
+    assert done.save.outcome == NOTHING
+    assert NOTHING_TO_SAVE in done.message
+    assert hub.stopped == [("alice", "")]
 
 
 @pytest.mark.integration
@@ -391,7 +409,9 @@ async def test_a_real_server_reports_what_its_tab_saved(real_store, real_server)
     lab = asyncio.create_task(tab(real_server, "tab-saves", {"saved": 2, "failed": 0, "names": ["a.ipynb"]}, seen))
     done = await stop_idle(stopper)
     await lab
-    assert seen.is_set() and done.save.outcome == SAVED and done.save.saved == 2
+    assert seen.is_set()
+    assert done.save.outcome == SAVED
+    assert done.save.saved == 2
     assert "We saved 2 notebooks first." in done.message
 
 
@@ -404,5 +424,7 @@ async def test_a_real_server_whose_tab_never_reports_is_stopped_after_save_wait(
     began = time.monotonic()
     done = await stop_idle(stopper)
     await lab
-    assert seen.is_set() and done.save.outcome == TIMED_OUT and 1.4 < time.monotonic() - began < 4
+    assert seen.is_set()
+    assert done.save.outcome == TIMED_OUT
+    assert 1.4 < time.monotonic() - began < 4
     assert UNREACHABLE in done.message
