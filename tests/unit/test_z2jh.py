@@ -17,8 +17,8 @@ import yaml
 from traitlets.config import Config
 
 from workbench_hub import configurer
-from workbench_spawner.backends.kubernetes import z2jh
 from workbench_hub.env_values import ConfigError
+from workbench_spawner.backends.kubernetes import z2jh
 
 REPO = Path(__file__).resolve().parents[2]
 VALUES = REPO / "deploy" / "z2jh" / "values.yaml"
