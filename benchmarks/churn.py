@@ -52,15 +52,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import SimpleNamespace
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository: tests.unit's fakes
 
-from tests.unit.fake_backends import FakeHostSpawner, FakeWorld  # noqa: E402
-from workbench_devices import parse_simulated_spec  # noqa: E402
-from workbench_spawner.ledger import reasons  # noqa: E402
-from workbench_spawner.ledger.reconcile_book import ReconcileBook  # noqa: E402
-from workbench_spawner.ledger.store import AllocationStore  # noqa: E402
-from workbench_spawner.policy.gpu_policy import GPUPolicy, _policies  # noqa: E402
+from jupyterhub.spawner import SpawnException
+
+from tests.unit.fake_backends import FakeHostSpawner, FakeWorld
+from workbench_devices import parse_simulated_spec
+from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger.reconcile_book import ReconcileBook
+from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.policy.gpu_policy import GPUPolicy, _policies
 
 WHOLE = "4xH100-80GB"
 LAYOUTS = (f"{WHOLE},1xH200-141GB:mig=7x1g.18gb", f"{WHOLE},1xH200-141GB:mig=3x2g.35gb")
@@ -154,7 +155,7 @@ async def student(lab: Lab, user: str, rng: random.Random, churn: Churn, start_a
         options = {"gpus": 1, "gpu_profile": "1g.18gb"} if rng.random() < 0.4 else {"gpus": 1}
         try:
             await spawner._apply_gpu_options(options)
-        except Exception:  # no such profile now (the layout changed): ask for a whole GPU
+        except SpawnException:  # no such profile now (the layout changed): ask for a whole GPU
             await spawner._apply_gpu_options({"gpus": 1})
         churn.spawns += 1
         lab.world.ended.pop(spawner.runtime_key(), None)  # a new server under the same ref: no old reason
@@ -174,7 +175,7 @@ async def student(lab: Lab, user: str, rng: random.Random, churn: Churn, start_a
             churn.cancelled += 1
             await asyncio.sleep(rng.uniform(0.5, 3.0))
             continue
-        except Exception:  # refused at the queue timeout, or the layout took the asked profile away
+        except SpawnException:  # refused at the queue timeout, or the layout took the asked profile away
             churn.refused += 1
             await asyncio.sleep(rng.uniform(0.5, 3.0))
             continue

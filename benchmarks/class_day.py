@@ -94,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import math
 import multiprocessing
 import os
@@ -103,15 +104,17 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-for sub in ("spawner", "devices", "hub", "benchmarks"):
-    sys.path.insert(0, str(REPO / sub))
+# The packages' sources first (an installed wheel may be older), and the benchmarks' own modules.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "spawner"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "devices"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "hub"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from class_day_lab import QUEUE_TIMEOUT, WHOLE, Lab, Result, Sharing  # noqa: E402
-from class_day_trace import BURST_MEDIAN, CLASS_MINUTES, Person, make_trace  # noqa: E402
-from virtual_time import virtual_loop  # noqa: E402
-from workbench_devices.mig import MigLayoutError, parse_layout  # noqa: E402
-from workbench_spawner.ledger import store as store_module  # noqa: E402
+from class_day_lab import QUEUE_TIMEOUT, WHOLE, Lab, Result, Sharing
+from class_day_trace import BURST_MEDIAN, CLASS_MINUTES, Person, make_trace
+from virtual_time import virtual_loop
+from workbench_devices.mig import MigLayoutError, parse_layout
+from workbench_spawner.ledger import store as store_module
 
 
 def run(
@@ -150,7 +153,7 @@ def ledger_clock_modules() -> list:
     They import it by name (``from ...store import utcnow``), so each module's own name must point at
     the simulated clock: a module missed here would mix the wall clock into the ledger (GPU-hours
     moved to ``rules/gpu_hours.py`` once and fair share silently read real time)."""
-    import workbench_spawner.policy.gpu_policy  # noqa: F401  (loads the policy's modules, as the lab does)
+    importlib.import_module("workbench_spawner.policy.gpu_policy")  # loads the policy's modules, as the lab does
 
     original = store_module.utcnow
     return [

@@ -21,6 +21,7 @@ any of its servers is. With ``slowdown`` (time-slicing only), k busy servers on 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import random
 from dataclasses import dataclass, field, replace
@@ -293,10 +294,8 @@ class Lab:
             uuid, began = self.device.get(name), self.minute()
             k = max(1, self.busy_on(uuid))
             changed = self.changed.setdefault(uuid, asyncio.Event()) if uuid else asyncio.Event()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), min((work - done) * k, end - began) * 60.0)
-            except TimeoutError:
-                pass
             done += (self.minute() - began) / k
         return min(done, work)
 

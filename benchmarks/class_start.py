@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import html
 import json
 import os
@@ -250,10 +251,12 @@ class Student:
 
     def step(self, name: str, method: str, path: str, **kwargs):
         """One request, timed; None when it raised (counted as an error)."""
+        import requests
+
         t = time.monotonic()
         try:
             r = self.session.request(method, path if "://" in path else self.url + path, timeout=TIMEOUT, **kwargs)
-        except Exception as exc:  # requests' errors, and whatever a half-closed stream raises
+        except requests.RequestException as exc:  # refused, reset, timed out
             self.steps[name] = (time.monotonic() - t, None)
             self.errors.append(f"{name}: {type(exc).__name__}")
             return None
@@ -271,7 +274,7 @@ class Student:
         go.wait()
         try:
             self._run()
-        except Exception as exc:  # one student's surprise must not end the run
+        except Exception as exc:  # noqa: BLE001 - a student's thread: one surprise is counted, the run goes on
             self.errors.append(f"{self.outcome}: {type(exc).__name__}: {exc}")
             self.done("error", str(exc)[:200])
         finally:
@@ -334,6 +337,8 @@ class Student:
         self._follow(progress)
 
     def _follow(self, progress: str) -> None:
+        import requests
+
         deadline = self.pressed_start + self.follow_seconds
         first = True
         while time.monotonic() < deadline:
@@ -366,7 +371,10 @@ class Student:
                             return self.done("in line", message)
                     if time.monotonic() > deadline:
                         break
-            except Exception as exc:  # the stream broke (a read timeout, a reset): reconnect, as EventSource does
+            except (
+                requests.RequestException,
+                ValueError,
+            ) as exc:  # a broken stream or event: reconnect, as EventSource does
                 self.errors.append(f"progress: {type(exc).__name__}")
             finally:
                 if r is not None:
@@ -457,21 +465,17 @@ def shut_down(hub, data_dir: Path) -> str:
     """Stop the hub (as Ctrl-C), then every process it left (servers outlive it on purpose): TERM, then KILL."""
     try:
         hub.stop()
-    except Exception as exc:  # already gone, or would not stop: the sweep below still runs
+    except (OSError, subprocess.SubprocessError) as exc:  # already gone, or would not stop: the sweep still runs
         print(f"stopping the hub: {exc}", file=sys.stderr)
     pid_file = data_dir / "jupyterhub-proxy.pid"
     if pid_file.exists():
-        try:
+        with contextlib.suppress(ValueError, ProcessLookupError):
             os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
-        except (ValueError, ProcessLookupError):
-            pass
     for sig in (signal.SIGTERM, signal.SIGKILL):
         left = left_behind(data_dir)
         for pid, _ in left:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
         deadline = time.monotonic() + 10
         while left and time.monotonic() < deadline:
             time.sleep(0.3)
@@ -756,14 +760,12 @@ def targets(ours: Figures, plain: Figures | None) -> str:
 
 def machine() -> str:
     cpu = ""
-    try:
+    with contextlib.suppress(OSError, StopIteration):
         cpu = next(
             line.split(":", 1)[1].strip()
             for line in Path("/proc/cpuinfo").read_text().splitlines()
             if line.startswith("model name")
         )
-    except (OSError, StopIteration):
-        pass
     mem = ""
     try:
         kb = int(Path("/proc/meminfo").read_text().split("MemTotal:")[1].split()[0])

@@ -33,6 +33,7 @@ process it caused is left (it finds them by the private data dir in their enviro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -136,7 +137,7 @@ def probe(url: str, seconds: float, interval: float) -> None:
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     ordered = sorted(values)
-    k = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    k = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
     return ordered[k]
 
 
@@ -231,9 +232,11 @@ def caused_by(data_dir: Path) -> list[tuple[int, str]]:
 
 
 def clean_up(hub, data_dir: Path) -> None:
+    import requests
+
     try:
         hub.kill_everything()
-    except Exception as exc:  # the hub may be gone already; the sweep below still runs
+    except requests.RequestException as exc:  # the hub may be gone already; the sweep below still runs
         print(f"stopping through the API failed ({exc}); stopping the hub and sweeping", file=sys.stderr)
         hub.stop()
     deadline = time.monotonic() + 15
@@ -244,10 +247,8 @@ def clean_up(hub, data_dir: Path) -> None:
     if left:
         print("left behind, killing:", *(f"  {pid} {cmd}" for pid, cmd in left), sep="\n", file=sys.stderr)
         for pid, _ in left:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         time.sleep(1)
         left = caused_by(data_dir)
     print("cleanup: " + ("no process of this run left" if not left else f"STILL RUNNING: {left}"))
@@ -421,7 +422,8 @@ def main() -> None:
     )
     first = f"{percentile(list(first_event.values()), 50):.2f} s" if first_event else "-"
     print(
-        f"load phase: POST answers {dict(sorted(statuses.items()))}, slowest {max(t for _, t in posts.values()):.2f} s; "  # noqa: E501
+        f"load phase: POST answers {dict(sorted(statuses.items()))}, slowest "
+        f"{max(t for _, t in posts.values()):.2f} s; "
         f"{len(form_times)} spawn forms rendered, median {ms(percentile(form_times, 50)) if form_times else '-'}; "
         f"{sum(progress_events.values())} progress events on {len(progress_users)} streams "
         f"(first one after median {first})"

@@ -19,9 +19,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
+from playwright.sync_api import sync_playwright
 
-from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub  # noqa: E402
+from tests.conftest import CHROMIUM, CHROMIUM_ARGS, Hub
 
 PASSWORD = "correct-horse-battery"
 

@@ -108,8 +108,8 @@ def start_server(tmp: Path, env_overrides: dict, interval: float):
     ]
     if os.geteuid() == 0:
         cmd.append("--allow-root")
-    log = open(tmp / "server.log", "w")
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp / "server.log", "w") as log:  # the server keeps its own descriptor of it
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     headers = {"Authorization": f"token {token}"}
     for _ in range(300):

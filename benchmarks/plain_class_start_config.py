@@ -22,7 +22,7 @@ from jupyterhub.spawner import SimpleLocalProcessSpawner
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 
-c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
+c = get_config()  # provided by JupyterHub when it loads this file
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ["WORKBENCH_DATA_DIR"])

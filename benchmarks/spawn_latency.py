@@ -46,7 +46,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import Hub  # noqa: E402
+import contextlib
+
+from tests.conftest import Hub
 
 BACKENDS = ("gpu-docker", "DockerSpawner")
 VOLUME_PREFIX = "bench-"
@@ -208,10 +210,8 @@ def main() -> None:
             for name in BACKENDS:
                 for container in client.containers.list(all=True, filters={"label": f"workbench.user={users[name]}"}):
                     container.remove(force=True)
-                try:
+                with contextlib.suppress(docker.errors.NotFound):
                     client.containers.get(f"jupyter-{users[name]}").remove(force=True)
-                except docker.errors.NotFound:
-                    pass
             remove_bench_volumes(client)
             client.networks.prune(filters={"label": "workbench.hub"})
     print(

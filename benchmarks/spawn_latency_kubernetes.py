@@ -23,12 +23,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests' hub
 
-from spawn_latency_slurm import spawn_once  # noqa: E402  (REST spawn to ready, then stopped: the same figure)
-from tests.conftest import Hub  # noqa: E402
-from tests.kubernetes import kube  # noqa: E402
+from spawn_latency_slurm import spawn_once  # REST spawn to ready, then stopped: the same figure
+from tests.conftest import Hub
+from tests.kubernetes import kube
+
+REPO = Path(__file__).resolve().parent.parent
 
 BACKENDS = ("gpu-kubernetes", "KubeSpawner")
 USERS = {"gpu-kubernetes": "benchk8sgpu", "KubeSpawner": "benchk8splain"}

@@ -25,13 +25,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository: tests' hub
 
-from tests.conftest import Hub  # noqa: E402
-from tests.slurm.conftest import hub_env  # noqa: E402
-from workbench_spawner.backends.slurm.sbatch import sbatch_options  # noqa: E402
-from workbench_spawner.backends.slurm.spawner import BATCH_SCRIPT  # noqa: E402
+from tests.conftest import Hub
+from tests.slurm.conftest import hub_env
+from workbench_spawner.backends.slurm.sbatch import sbatch_options
+from workbench_spawner.backends.slurm.spawner import BATCH_SCRIPT
+
+REPO = Path(__file__).resolve().parent.parent
 
 BACKENDS = ("gpu-slurm", "SlurmSpawner")
 USERS = {"gpu-slurm": "benchslurmgpu", "SlurmSpawner": "benchslurmplain"}

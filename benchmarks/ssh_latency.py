@@ -23,6 +23,7 @@ for ``--websocat``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import statistics
@@ -34,9 +35,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import Hub  # noqa: E402
-from tests.docker.conftest import remove_user_objects  # noqa: E402
-from tests.ssh.conftest import Account, SSHHub, client_path, scoped_token  # noqa: E402
+from tests.conftest import Hub
+from tests.docker.conftest import remove_user_objects
+from tests.ssh.conftest import Account, SSHHub, client_path, scoped_token
 
 
 def websocat_config(cfg: Path, token: str) -> Path:
@@ -63,10 +64,12 @@ def first_line_after(argv: list[str], env: dict[str, str] | None = None) -> floa
     return elapsed
 
 
-def timed(argv: list[str], env: dict[str, str] | None = None, stdin=None) -> float:
-    t0 = time.perf_counter()
-    subprocess.run(argv, check=True, env=env, stdin=stdin, capture_output=True, timeout=600)
-    return time.perf_counter() - t0
+def timed(argv: list[str], env: dict[str, str] | None = None, stdin: Path | None = None) -> float:
+    """Seconds ``argv`` took to run to its end, fed the file ``stdin`` (opened before the clock starts)."""
+    with open(stdin, "rb") if stdin else contextlib.nullcontext() as feed:
+        t0 = time.perf_counter()
+        subprocess.run(argv, check=True, env=env, stdin=feed, capture_output=True, timeout=600)
+        return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -130,7 +133,7 @@ def main() -> None:
                         "docker exec -i",
                         lambda: timed(
                             ["docker", "exec", "-i", container, "sh", "-c", "cat > ~/payload-exec.bin"],
-                            stdin=open(payload, "rb"),
+                            stdin=payload,
                         ),
                     )
                 )

@@ -28,7 +28,7 @@ class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
         future: concurrent.futures.Future = concurrent.futures.Future()
         try:
             future.set_result(fn(*args, **kwargs))
-        except BaseException as exc:  # handed to the awaiting coroutine, as a thread's would be
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting coroutine, as a thread's would be
             future.set_exception(exc)
         return future
 

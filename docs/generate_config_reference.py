@@ -346,7 +346,7 @@ def render() -> str:
         "* [Every backend](#every-backend): "
         + ", ".join(f"[{s.cls.__name__}](#{s.cls.__name__.lower()})" for s in core),
     ]
-    for point, cls, own in backends:  # noqa: B007
+    for point, cls, _own in backends:
         out.append(f"* [`{point}`: {cls.__name__}](#{_anchor(point, cls)})")
     out += [
         "",

@@ -37,6 +37,7 @@ that the code runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -97,7 +98,7 @@ class EventTimer:
         if event_factory is None:
             import torch
 
-            event_factory = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+            event_factory = functools.partial(torch.cuda.Event, enable_timing=True)
         self.event_factory = event_factory
         self.device_context = device_context or contextlib.nullcontext
 
@@ -185,7 +186,7 @@ def calibrate(fn: Callable[[], object], timer, target_s: float, max_steps: int =
         if elapsed >= target_s or steps >= max_steps:
             return steps
         grow = 10.0 if elapsed <= 0 else min(10.0, 1.2 * target_s / elapsed)
-        steps = min(max_steps, max(steps + 1, int(math.ceil(steps * grow))))
+        steps = min(max_steps, max(steps + 1, math.ceil(steps * grow)))
 
 
 def compare(

@@ -160,7 +160,8 @@ def main(argv: list[str]) -> int:
     print(f"Driver Version: {DRIVER}   CUDA Version: {CUDA}")
     for g in gpus:
         print(
-            f"GPU {g['index']}: {g['name']}  {g['memory_used']:.0f}MiB / {g['memory_total']:.0f}MiB  {g['utilization']:.0f}%"  # noqa: E501
+            f"GPU {g['index']}: {g['name']}  {g['memory_used']:.0f}MiB / {g['memory_total']:.0f}MiB  "
+            f"{g['utilization']:.0f}%"
         )
     return 0
 

@@ -145,7 +145,8 @@ def main() -> None:
         "## 1. Inventory: workbench NVML discovery against nvidia-smi -q",
         "",
         f"- workbench discovery: source `{source}`, {len(nvml)} device(s): {message}",
-        f"- nvidia-smi -q: {len(smi_gpus)} GPU(s), driver {parsed.get('driver_version')}, CUDA {parsed.get('cuda_version')}",  # noqa: E501
+        f"- nvidia-smi -q: {len(smi_gpus)} GPU(s), driver {parsed.get('driver_version')}, CUDA "
+        f"{parsed.get('cuda_version')}",
         f"- **{verdict}** (memory tolerance {MEMORY_TOLERANCE_MIB:g} MiB)",
         "",
         *table(

@@ -150,7 +150,7 @@ def main() -> None:
     rows, differences = [], []
     gpus = sorted({k[1] for k in diffs}) or [0]
     for ph, gi in ((ph, gi) for ph in ("load", "idle") for gi in gpus):
-        for key, field, unit, _scale, tol in COMPARED:  # noqa: B007
+        for _key, field, unit, _scale, tol in COMPARED:
             got = diffs.get((ph, gi, field), [])
             if not got:
                 rows.append([ph, gi, field, 0, "n/a", "n/a", "n/a", "n/a", f"±{tol:g} {unit}", "**NO PAIRS**"])
@@ -188,15 +188,18 @@ def main() -> None:
     lines = [
         "## 2. Monitor: Sampler (NVML source) against nvidia-smi --query-gpu",
         "",
-        f"- source `{getattr(source, 'source', '?')}`, interval {interval:g} s, {load_s:g} s of matmul load then {idle_s:g} s idle;"  # noqa: E501
+        f"- source `{getattr(source, 'source', '?')}`, interval {interval:g} s, {load_s:g} s of matmul load "
+        f"then {idle_s:g} s idle;"
         f" {len(pairs)} samples, each followed by nvidia-smi (median lag {fmt(skew_med, 3)} s)",
         f"- load: {load_line}; load PID {load_pid}",
-        f"- processes during load: sampler saw PIDs {sorted(sampler_pids) or 'none'}, nvidia-smi --query-compute-apps saw "  # noqa: E501
+        f"- processes during load: sampler saw PIDs {sorted(sampler_pids) or 'none'}, nvidia-smi "
+        "--query-compute-apps saw "
         f"{sorted(smi_pids) or 'none'}; load PID seen by sampler: {'yes' if load_pid in sampler_pids else 'no'}, "
         f"by nvidia-smi: {'yes' if load_pid in smi_pids else 'no'}",
         f"- counters the source marked unsupported: {unsupported or 'none'}; memory notes: {sorted(notes) or 'none'}",
         f"- **{'all fields agree' if not differences else str(len(differences)) + ' difference(s)'}** "
-        f"(a field agrees when {AGREE_FRACTION:.0%} of pairs are within its tolerance; transitions of {SETTLE_S:g} s left out)",  # noqa: E501
+        f"(a field agrees when {AGREE_FRACTION:.0%} of pairs are within its tolerance; transitions of "
+        f"{SETTLE_S:g} s left out)",
         "",
         *table(
             [

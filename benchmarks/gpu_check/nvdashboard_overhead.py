@@ -92,7 +92,8 @@ def main() -> None:
     if importlib.util.find_spec("jupyterlab_nvdashboard") is None:
         return skip(
             raw,
-            "jupyterlab_nvdashboard is not importable: carry its wheel (benchmarks/gpu_check_wheels.sh puts it in .whl/)",  # noqa: E501
+            "jupyterlab_nvdashboard is not importable: carry its wheel (benchmarks/gpu_check_wheels.sh puts it "
+            "in .whl/)",
         )
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from monitor_overhead import cpu_seconds, free_port  # the same CPU accounting as our monitor's figures
@@ -118,8 +119,8 @@ def main() -> None:
         ]
         if os.geteuid() == 0:
             cmd.append("--allow-root")
-        log = open(raw / "nvdashboard-server.log", "w")
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        with open(raw / "nvdashboard-server.log", "w") as log:  # the server keeps its own descriptor of it
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
             import requests
 

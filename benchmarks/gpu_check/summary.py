@@ -59,7 +59,8 @@ def main() -> None:
         lines += [
             f"# {DRY_BANNER}",
             "",
-            f"**{DRY_BANNER}.** Produced by `benchmarks/gpu_check.sh --dry-run`: the simulated source stands in for NVML, "  # noqa: E501
+            f"**{DRY_BANNER}.** Produced by `benchmarks/gpu_check.sh --dry-run`: the simulated source stands "
+            "in for NVML, "
             "`benchmarks/gpu_check/fake_nvidia_smi.py` for nvidia-smi, `gpu_check.fake_torch` for torch.cuda, and the "
             "matmul ran on the CPU. It shows that every step's code runs; no figure below describes a GPU.",
             "",
@@ -73,7 +74,8 @@ def main() -> None:
             f"Driver {inv.get('driver_version') or (smi_rows[0].get('driver_version') if smi_rows else '?')}, "
             f"CUDA {inv.get('cuda_version') or '?'} (nvidia-smi); PyTorch {v.get('torch') or pk.get('torch')} "
             f"(CUDA {v.get('torch_cuda')}, sees {v.get('device_count')} GPU(s)); Python {v.get('python')}; "
-            f"nvidia-ml-py {pk.get('nvidia-ml-py')}, jupyter_server {pk.get('jupyter_server')}, ipykernel {pk.get('ipykernel')}, "  # noqa: E501
+            f"nvidia-ml-py {pk.get('nvidia-ml-py')}, jupyter_server {pk.get('jupyter_server')}, ipykernel "
+            f"{pk.get('ipykernel')}, "
             f"nbclient {pk.get('nbclient')}, jupyterlab-nvdashboard {pk.get('jupyterlab-nvdashboard')}.",
             f"Produced by `benchmarks/gpu_check.sh` (date UTC {date}); raw outputs in raw.tar.gz beside this file.",
             "",

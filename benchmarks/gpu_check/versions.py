@@ -55,7 +55,7 @@ def main() -> None:
         info["torch_note"] = str(exc)
     rows, err = smi.query_gpu(["name", "driver_version", "memory.total"])
     info["nvidia_smi"] = rows or err
-    rc, plain, _ = smi.run([])
+    _rc, plain, _ = smi.run([])
     (raw / "nvidia-smi.txt").write_text(plain)
     try:
         with open("/proc/meminfo") as fh:

@@ -19,7 +19,13 @@
 # server loads this file (sys-prefix config) before it imports its extensions.
 # tests/integration/test_no_outbound.py starts a real server with no route out and checks all of this.
 
-c = get_config()  # noqa: F821  (provided by Jupyter when it loads this file)
+import importlib.util as _importlib_util
+import logging as _logging
+import os as _os
+import signal as _signal
+import sys as _sys
+
+c = get_config()  # provided by Jupyter when it loads this file
 
 # The extension manager lists what is installed and installs nothing: no PyPI search, no version look-ups.
 c.LabApp.extension_manager = "readonly"
@@ -49,9 +55,6 @@ if _lab_commands is not None and hasattr(_lab_commands, "_yarn_config"):
 # and up to that long before SIGKILL; see workbench_gpu_monitor/kernel_grace.py for why the stock
 # shutdown (SIGINT first, 5 s in all) cannot do it. A kernel the student shuts down or restarts is
 # stopped as before. Not with a kernel gateway, whose kernels this server does not run.
-import importlib.util as _importlib_util  # noqa: E402
-import logging as _logging  # noqa: E402
-import os as _os  # noqa: E402
 
 if _importlib_util.find_spec("workbench_gpu_monitor") is not None and not _os.environ.get("JUPYTER_GATEWAY_URL"):
     from workbench_gpu_monitor.kernel_grace import grace_from_env as _grace_from_env
@@ -59,8 +62,6 @@ if _importlib_util.find_spec("workbench_gpu_monitor") is not None and not _os.en
     c.ServerApp.kernel_manager_class = "workbench_gpu_monitor.kernel_grace.GracefulKernelManager"
     c.GracefulKernelManager.stop_grace_seconds = _grace_from_env(_os.environ, _logging.getLogger("ServerApp"))
 
-import signal as _signal  # noqa: E402
-import sys as _sys  # noqa: E402
 
 if not (_sys.stdin and _sys.stdin.isatty()):
     # JupyterHub's local spawner stops a server with SIGINT first. Without a tty, jupyter_server leaves SIGINT
