@@ -141,7 +141,7 @@ class StreamClient(threading.Thread):
                     self.events += chunk.count(b"\n\n")
                     if self.stop.is_set():
                         break
-        except Exception:  # noqa: BLE001 - closed at the end of a round
+        except (requests.RequestException, OSError):  # closed at the end of a round
             pass
 
     def close(self):
@@ -149,7 +149,7 @@ class StreamClient(threading.Thread):
         if self.response is not None:
             try:
                 self.response.raw._fp.fp.raw._sock.shutdown(socket.SHUT_RDWR)
-            except Exception:  # noqa: BLE001
+            except (AttributeError, OSError):  # urllib3 without those internals, or a socket already closed
                 self.response.close()
 
 

@@ -48,7 +48,7 @@ def nvml_uuids() -> list[str]:
         from workbench_devices import nvml_devices
 
         return [d.uuid for d in nvml_devices()]
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - no pynvml or no driver, in whatever way NVML says it: nothing to compare with
         return []
 
 

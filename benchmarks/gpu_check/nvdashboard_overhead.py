@@ -178,11 +178,11 @@ def main() -> None:
 
 
 def _version() -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version("jupyterlab-nvdashboard")
-    except Exception:  # noqa: BLE001
+    except PackageNotFoundError:
         return "?"
 
 

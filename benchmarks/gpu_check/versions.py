@@ -51,7 +51,7 @@ def main() -> None:
             device_count=torch.cuda.device_count(),
             devices=[torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
         )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:  # noqa: BLE001 - torch missing or its CUDA unusable, in any of its ways: the report says which
         info["torch_note"] = str(exc)
     rows, err = smi.query_gpu(["name", "driver_version", "memory.total"])
     info["nvidia_smi"] = rows or err

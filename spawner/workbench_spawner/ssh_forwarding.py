@@ -164,7 +164,7 @@ def ssh_forwarding_problems(config: Config, spawner_class: type[Configurable]) -
             return spawner_class.section_names()
 
     try:
-        quietly(Resolved, config).ssh_permit_open  # noqa: B018 (a dynamic default is read, and checked, on access)
+        _permit_open = quietly(Resolved, config).ssh_permit_open  # a dynamic default is read, and checked, on access
     except TraitError as exc:
         return [str(exc)]
     return []

@@ -37,7 +37,7 @@ def wait_for_json(container: str, url: str, failure: str, timeout: float = 90) -
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 return json.load(r)
-        except Exception as e:  # noqa: BLE001 - retry until the deadline
+        except (OSError, ValueError) as e:  # not up yet (refused, reset, an error page), or half a JSON: retry
             last = e
             time.sleep(1)
     logs = docker("logs", container, check=False)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import ipaddress
 import os
 import stat
@@ -79,7 +80,7 @@ def check_url(url: str) -> str:
     try:
         parts = urlsplit(url)
         host = parts.hostname
-        parts.port  # noqa: B018 (raises ValueError for a bad port)
+        _port = parts.port  # read to check it: raises ValueError for a bad port
     except ValueError as e:
         raise ProxyError(f"{url!r} is not a usable URL: {e}") from None
     if parts.scheme not in ("ws", "wss") or not host:
@@ -251,9 +252,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        import websocket  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("websocket") is None:
         print(f"{PROG}: needs the websocket-client library: python3 -m pip install websocket-client", file=sys.stderr)
         return 1
     if sys.platform == "win32":  # ssh's bytes must pass untranslated (a platform check type checkers read)
