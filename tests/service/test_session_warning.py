@@ -19,8 +19,8 @@ from workbench_hub.service.session_limits import (
 )
 from workbench_hub.service.stopping import Stopper
 from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.rules.quota import QuotaBook
 
 LEAD = timedelta(minutes=10)
 

@@ -35,10 +35,10 @@ from workbench_hub.service.stopping import (
 )
 from workbench_hub.service.user_servers import UserServers
 from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.reasons import reason_kind
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.rules.idle import IdleRule
-from workbench_spawner.rules.quota import QuotaBook
 
 PATH = "/user/alice/"
 AT = datetime(2025, 3, 2, 10, 30, tzinfo=UTC)  # in the past: seconds_left is 0

@@ -245,18 +245,3 @@ def effective_quota(own: Quota | None, group_quotas: Mapping[str, Quota], defaul
         name, quota = max(best, key=lambda item: item[1].generosity())
         return EffectiveQuota(quota, "group", name)
     return EffectiveQuota(default, "default")
-
-
-# TEMPORARY (issue 38): QuotaBook, QuotaRow, SessionLimitRow and StoredQuota moved to
-# workbench_spawner.ledger.quota_book. Files being edited elsewhere at the time of the move still import them
-# from here; resolved lazily so that importing the rules touches no database code. Remove once they import
-# from the ledger.
-_MOVED_TO_LEDGER = ("QuotaBook", "QuotaRow", "SessionLimitRow", "StoredQuota")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED_TO_LEDGER:
-        from workbench_spawner.ledger import quota_book
-
-        return getattr(quota_book, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
