@@ -405,16 +405,19 @@ def test_the_extensions_check_is_the_lock_down_check():
     ]
 
 
-def test_setup_hub_adds_the_start_report_route_once(monkeypatch):
+def test_setup_hub_adds_the_start_report_route_once_through_extra_handlers():
     from jupyterhub import apihandlers
 
     from workbench_spawner.backends.kubernetes.report_api import PodReportHandler
 
-    monkeypatch.setattr(apihandlers, "default_handlers", list(apihandlers.default_handlers))
+    before = list(apihandlers.default_handlers)
+    c = Config()
+    c.JupyterHub.extra_handlers = [(r"/api/site-route", object)]  # a site's own route stays
     setup = installed_backends()["kubernetes"].setup_hub
-    setup(Config())
-    setup(Config())
-    assert [h for h in apihandlers.default_handlers if h[0] == ROUTE] == [(ROUTE, PodReportHandler)]
+    setup(c)
+    setup(c)
+    assert c.JupyterHub.extra_handlers == [(r"/api/site-route", object), (ROUTE, PodReportHandler)]
+    assert apihandlers.default_handlers == before, "JupyterHub's own handler list is never changed"
 
 
 def test_the_fleet_view_names_gpus_by_what_pods_reported(store, monkeypatch):
