@@ -3,14 +3,16 @@
 batchspawner formats ``batch_script`` (Jinja) with every trait whose name
 starts with ``req_``, under the name without the prefix
 (``get_req_subvars``), then lays the start's ``user_options`` over them
-(``submit_batch_script``). These are its public extension points, which
-its maintainers point to (jupyterhub/batchspawner#64: "override the
-batch_script template"); the workbench adds two variables as ``req_*``
-traits: ``sbatch_lines`` (the job's ``#SBATCH`` options, computed for each
-start from the admitted request) and ``env_bin`` (the shared environment,
-first on PATH again after ``--get-user-env=L`` reset it). Because the
-options come last, an option named like either is refused
-(``refuse_computed_options``): it would replace what admission decided.
+(``submit_batch_script``). These are its public extension points, as the
+``batch_script`` trait's own help describes them ("Traits on this class
+named like req_xyz will be substituted in the template"), in place of the
+private ``_get_batch_script`` the workbench overrode before. It adds two
+variables as ``req_*`` traits: ``sbatch_lines`` (the job's ``#SBATCH``
+options, computed for each start from the admitted request) and
+``env_bin`` (the shared environment, first on PATH again after
+``--get-user-env=L`` reset it). Because the options come last, an option
+named like either is refused (``refuse_computed_options``): it would
+replace what admission decided.
 """
 
 from __future__ import annotations
