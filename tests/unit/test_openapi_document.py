@@ -21,6 +21,7 @@ from workbench_hub.service.openapi import BodyError, load_document, load_fragmen
 from workbench_spawner.backend import installed_backends, openapi_fragments
 from workbench_spawner.ledger.drain_book import MAX_REASON as MAX_DRAIN_REASON
 from workbench_spawner.ledger.idle_book import GROUP_PATTERN, MAX_REASON, IdleExemptionRow
+from workbench_spawner.ledger.quota_book import QuotaRow
 from workbench_spawner.ledger.reservation_book import FIELDS, MAX_GROUP, ReservationRow
 from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 from workbench_spawner.rules.quota import (
@@ -32,7 +33,6 @@ from workbench_spawner.rules.quota import (
     MIN_SESSION_HOURS,
     MODEL_PATTERN,
     QUOTA_FIELDS,
-    QuotaRow,
 )
 from workbench_spawner.rules.reservations import DEFAULT_GRACE_MINUTES, DEFAULT_WARN_MINUTES, MAX_MINUTES
 
