@@ -153,7 +153,7 @@ def test_every_module_that_reads_the_ledgers_now_is_on_the_simulated_clock():
     names = {m.__name__ for m in class_day.ledger_clock_modules()}
     assert {
         "workbench_spawner.ledger.store",
-        "workbench_spawner.rules.gpu_hours",
+        "workbench_spawner.ledger.gpu_hours",
         "workbench_spawner.ledger.quota_book",
         "workbench_spawner.ledger.notices",
         "workbench_hub.service.gpu_reclaim",

@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import delete, event, insert
 
 from tests.unit.fake_backends import FakeHostSpawner
+from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.notices import NoticeBook, NoticeRow
 from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
 from workbench_spawner.ledger.store import LeaseRow, UsageRow, utcnow
 from workbench_spawner.policy.clock import set_test_clock
 from workbench_spawner.policy.gpu_policy import _policies
-from workbench_spawner.rules.gpu_hours import gpu_hours_used
 from workbench_spawner.rules.quota import Quota
 
 USER = "alice"

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import create_engine, inspect, text
 
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
+from workbench_spawner.ledger.gpu_hours import gpu_hours_by_user, gpu_hours_used
 from workbench_spawner.ledger.migrations import HEAD, current, downgrade, upgrade
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
-from workbench_spawner.rules.gpu_hours import gpu_hours_by_user, gpu_hours_used
 from workbench_spawner.rules.quota import (
     Quota,
     QuotaError,

@@ -9,10 +9,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
+from workbench_spawner.ledger.gpu_hours import gpu_hours_by_user, gpu_hours_used
 from workbench_spawner.ledger.store import Lease, UsageRow
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.rules.gpu_hours import gpu_hours_by_user, gpu_hours_used
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 SPEC = "1xH200-141GB:mig=2x1g.18gb+1x3g.71gb,1xH100-80GB"

@@ -14,8 +14,8 @@ from tests.service.openapi_check import check
 from tests.unit.test_quota_service import PREFIX, service_document
 from tests.unit.test_quota_service import live_service as live_service  # a fixture, for pytest to find
 from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger.gpu_hours import HELD_NOW, gpu_hours_by_reason, gpu_hours_by_user
 from workbench_spawner.ledger.store import AllocationStore, UsageRow, utcnow
-from workbench_spawner.rules.gpu_hours import HELD_NOW, gpu_hours_by_reason, gpu_hours_by_user
 
 
 def ended(store: AllocationStore, user: str, hours: float, reason: str, share: float = 1.0) -> None:

@@ -32,8 +32,8 @@ from workbench_hub.service.hub_client import HubClient, HubUnavailable
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
 from workbench_spawner.backend import node_drain_of
+from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_by_user
 from workbench_spawner.ledger.store import utcnow
-from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_user
 from workbench_spawner.rules.quota import QuotaError, quota_from_body
 
 log = logging.getLogger("workbench.service")

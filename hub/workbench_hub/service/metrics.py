@@ -36,8 +36,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import generate_latest
 
+from workbench_spawner.ledger.gpu_hours import gpu_hours_by_user
 from workbench_spawner.ledger.reconcile_book import ReconcileBook
-from workbench_spawner.rules.gpu_hours import gpu_hours_by_user
 
 #: Every metric served: name -> HELP text, in the order they are written. All are gauges.
 HELP: dict[str, str] = {

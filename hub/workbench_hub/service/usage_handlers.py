@@ -16,8 +16,8 @@ import json
 
 from workbench_hub.service.ends import ends_by_reason
 from workbench_hub.service.handlers import READ_SCOPE, APIHandler, _check_name, unknown_user
+from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_by_reason
 from workbench_spawner.ledger.store import utcnow
-from workbench_spawner.rules.gpu_hours import WEEK, gpu_hours_by_reason
 
 
 class UsageHandler(APIHandler):

@@ -25,6 +25,7 @@ from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.endings import SILENT, Ending
+from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
@@ -42,7 +43,6 @@ from workbench_spawner.policy.inventory_refresh import (
 from workbench_spawner.policy.reconciler import LAYOUT_CHANGED, Reconciler, slices_gone
 from workbench_spawner.policy.settings import PolicySettings, load_policy_settings, store_policy_settings
 from workbench_spawner.rules.admission import AdmissionContext
-from workbench_spawner.rules.gpu_hours import gpu_hours_used
 from workbench_spawner.rules.reservations import reserved_now
 
 log = logging.getLogger("workbench.policy")

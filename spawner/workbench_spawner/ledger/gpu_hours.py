@@ -1,0 +1,115 @@
+"""GPU-hours: how much of the GPUs each user held in the rolling last week.
+
+A quota's ``gpu_hours_per_week`` is checked against this count, the admin
+page and ``api/usage`` show it, and the fair-share queue orders by it. It is
+read from the database (the usage ledger and the leases held now), so a hub
+restart loses nothing, and every device counts its share of a GPU as
+recorded with its lease: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import bindparam, select
+
+from workbench_spawner.ledger.reasons import reason_kind
+from workbench_spawner.ledger.store import AllocationStore, Lease, UsageRow, _aware, utcnow
+
+WEEK = timedelta(days=7)
+# The GPU-hours of leases not ended yet, in ``gpu_hours_by_reason`` (they have no reason yet).
+HELD_NOW = "held now"
+
+
+def gpu_hours_by_user(
+    store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK, user: str | None = None
+) -> dict[str, float]:
+    """GPU-hours per user in the rolling window ending ``now``.
+
+    Finished leases come from the usage ledger (one row per GPU), clipped to
+    the window; leases held now count from their start (or the window's
+    start) until ``now``. Both live in the database, so a hub restart loses
+    nothing. Every device's hours count its share of a GPU, recorded when
+    its lease was made: a ``1g`` MIG slice held 7 hours is 1 GPU-hour.
+    """
+    seconds: dict[str, float] = {}
+    for name, _kind, value in _seconds_in_window(store, now, window, user):
+        seconds[name] = seconds.get(name, 0.0) + value
+    return {name: value / 3600.0 for name, value in seconds.items()}
+
+
+def gpu_hours_by_reason(
+    store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK, user: str | None = None
+) -> dict[str, dict[str, float]]:
+    """The same GPU-hours per user, split by why each lease ended (``reasons.reason_kind``: "reclaimed: GPU
+    idle 30 min" counts as "reclaimed"); leases still held count under ``HELD_NOW``. An admin reads from it
+    how much GPU time ended by a user's Stop, a crash, the idle culler or a node that failed. Each user's
+    kinds add up to their ``gpu_hours_by_user``."""
+    seconds: dict[str, dict[str, float]] = {}
+    for name, kind, value in _seconds_in_window(store, now, window, user):
+        kinds = seconds.setdefault(name, {})
+        kinds[kind] = kinds.get(kind, 0.0) + value
+    return {name: {kind: value / 3600.0 for kind, value in kinds.items()} for name, kinds in seconds.items()}
+
+
+def _seconds_in_window(
+    store: AllocationStore,
+    now: datetime | None,
+    window: timedelta,
+    user: str | None,
+    leases: Sequence[Lease] | None = None,
+) -> Iterator[tuple[str, str, float]]:
+    """(user, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window.
+
+    ``leases``: the leases held now, read already by the caller (the spawn form reads them once per
+    render); left out, read here. The ledger's rows are read as plain columns, only those this needs,
+    and with ``user`` only that user's (``gpu_usage.user`` is indexed)."""
+    now = now or utcnow()
+    cutoff = now - window
+    for row in _usage_in_window(store, cutoff, user):
+        start = max(_aware(row.started), cutoff)
+        end = min(_aware(row.ended), now)
+        if end > start:
+            share = row.share if row.share is not None else 1.0
+            yield row.user, reason_kind(row.reason), share * (end - start).total_seconds()
+    for lease in store.leases() if leases is None else leases:
+        if user is not None and lease.user != user:
+            continue
+        start = max(lease.since, cutoff)
+        if now > start:
+            yield lease.user, HELD_NOW, lease.gpu_share * (now - start).total_seconds()
+
+
+def _usage_in_window(store: AllocationStore, cutoff: datetime, user: str | None) -> list:
+    """The ledger rows that ended at or after ``cutoff`` (of ``user``, if given), as ``store.usage`` selects
+    them, but as plain rows of the five columns GPU-hours need rather than tracked ORM objects (the spawn
+    form and every spawn ask: a statement built once, no ORM session)."""
+    query, params = (_USAGE, {"cutoff": cutoff}) if user is None else (_USAGE_OF, {"cutoff": cutoff, "user": user})
+    with store.read_engine.connect() as conn:
+        return list(conn.execute(query, params))
+
+
+# The ledger's rows in a window (``_usage_in_window``), and one user's.
+_USAGE = (
+    select(UsageRow.user, UsageRow.reason, UsageRow.started, UsageRow.ended, UsageRow.share)
+    .where(UsageRow.ended >= bindparam("cutoff"))
+    .order_by(UsageRow.id)
+)
+_USAGE_OF = _USAGE.where(UsageRow.user == bindparam("user"))
+
+
+def gpu_hours_used(
+    store: AllocationStore,
+    user: str,
+    now: datetime | None = None,
+    window: timedelta = WEEK,
+    *,
+    leases: Sequence[Lease] | None = None,
+) -> float:
+    """``user``'s GPU-hours in the rolling window ending ``now`` (``leases``: the leases held now, if the
+    caller read them already)."""
+    seconds = 0.0
+    for _name, _kind, value in _seconds_in_window(store, now, window, user, leases):
+        seconds += value
+    return seconds / 3600.0
