@@ -13,7 +13,7 @@
   with other reservations that the inventory cannot meet.
 * ``GET|DELETE api/reservations/{id}``: one reservation; delete is 204.
 
-"Now" is the hub's clock (``clock.py``: the real one, or the test clock the
+"Now" is the hub's clock (``policy/clock.py``: the real one, or the test clock the
 hub was told to use), so the API, placement and preemption agree.
 """
 
