@@ -54,7 +54,7 @@ from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.policy.stop_timing import StopTiming
-from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit
+from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit, image_refusal
 from workbench_spawner.ssh_forwarding import SSHForwarding
 from workbench_spawner.starting import ServerStarts
 from workbench_spawner.stop_requester import requested_by
@@ -75,6 +75,14 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
 
     placement_mode: ClassVar[Mode | str] = ""
     """``host`` (the policy picks the GPUs, then the server starts) or ``engine`` (the engine picks them)."""
+
+    runs_picked_images: ClassVar[bool] = False
+    """Whether a server of this backend runs the image a user picks (``offered_images``): the container backends
+    do; a backend whose servers run the host's Python environment does not, so its form offers no image, its
+    admission refuses an ``image`` option and the hub refuses to start with ``offered_images`` set."""
+
+    server_environment: ClassVar[str] = "the host's Python environment"
+    """What every server of a backend that runs no picked image runs, in the sentence that refuses a pick."""
 
     gpu_queue_recheck_interval = Float(
         2.0,
@@ -100,7 +108,9 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         Unicode(),
         help="""
         Images a user may pick on the spawn form (``image`` option). Empty
-        means no choice is offered. Only meaningful for container backends.
+        means no choice is offered. Only for a backend that runs a picked
+        image (docker, kubernetes); the hub refuses to start with it set for
+        another (local, slurm), whose servers run one Python environment.
         """,
     ).tag(config=True)
 
@@ -208,7 +218,10 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
             groups,
             **read,
             default_gpus=self.default_gpus,
-            offered_images=tuple(self.offered_images),
+            offered_images=tuple(self.offered_images) if self.runs_picked_images else (),
+            image_refusal=""
+            if self.runs_picked_images
+            else image_refusal(self.workbench_backend, self.server_environment),
             profiles=tuple(p.slug for p in self.gpu_profiles),
         )
 

@@ -23,6 +23,8 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select
+from traitlets import List, Unicode
+from traitlets.config import Config, Configurable
 
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 from workbench_devices.inventory import counted
@@ -31,6 +33,7 @@ from workbench_spawner.config_sections import quietly
 from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, _aware, utcnow
 from workbench_spawner.policy.spawn_limits import SpawnLimits, derive_spawn_limits
+from workbench_spawner.rules.admission import image_refusal
 from workbench_spawner.rules.quota import Quota
 
 log = logging.getLogger("workbench.policy")
@@ -368,6 +371,33 @@ def spawner_gpu_class(config) -> type:
     return cls
 
 
+def image_choice_problem(config: Config, cls: type[Configurable]) -> str:
+    """The sentence that stops the hub when ``offered_images`` is set for a backend that runs no picked image
+    (local, slurm: the form would offer a choice the server then ignores); empty when all is well.
+
+    Read as ``cls`` would read it (its config sections and its bases'), without making a spawner."""
+    if getattr(cls, "runs_picked_images", True):
+        return ""
+
+    class Images(Configurable):
+        offered_images = List(Unicode(), help="The spawner's offered_images, as it would read them.").tag(config=True)
+
+        @classmethod
+        def section_names(cls_) -> list[str]:  # noqa: N805  (traitlets' classmethod, cls is the spawner class)
+            return cls.section_names()
+
+    offered = quietly(Images, config).offered_images
+    if not offered:
+        return ""
+    backend = getattr(cls, "workbench_backend", "") or cls.__name__
+    refusal = image_refusal(backend, getattr(cls, "server_environment", "one Python environment"))
+    return (
+        f"{cls.__name__}.offered_images (WORKBENCH_IMAGES) is set to {', '.join(offered)}, but "
+        f"{refusal[0].lower()}{refusal[1:]} Remove it: "
+        f"an image choice needs the docker or kubernetes backend."
+    )
+
+
 def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
     """Resolve the configured spawner's settings and store them for the workbench service.
 
@@ -383,6 +413,9 @@ def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
     from workbench_spawner.policy.config import GPUPolicyConfig
 
     cls = cls or spawner_gpu_class(config)  # the hub config passes the class it checked already
+    problem = image_choice_problem(config, cls)
+    if problem:
+        raise ValueError(problem)
 
     class SpawnerPolicyConfig(GPUPolicyConfig):
         @classmethod

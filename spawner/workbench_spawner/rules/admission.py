@@ -41,6 +41,12 @@ class Admitted:
     max_session_hours: float | None = None
 
 
+def image_refusal(backend: str, environment: str) -> str:
+    """Why an image cannot be picked on a backend whose servers all run ``environment`` (the refusal of an
+    ``image`` option, and the hub's refusal to start with images offered there)."""
+    return f"This hub's {backend} servers all run {environment}; an image cannot be chosen here."
+
+
 @dataclass(frozen=True)
 class AdmissionContext:
     """What the rules look at, gathered once per spawn."""
@@ -55,6 +61,8 @@ class AdmissionContext:
     cpu_servers_allowed: bool = True
     contact: str = "a hub admin"
     offered_images: Sequence[str] = ()
+    # The sentence an ``image`` option is refused with where the backend runs no picked image (``image_refusal``).
+    image_refusal: str = ""
     profiles: Sequence[str] = ()
     # MIG slices by profile and model ({"1g.18gb": {"H200-141GB": 7}}); inventory_size counts whole GPUs.
     slices: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
@@ -127,6 +135,8 @@ def _admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted
             400,
             "bad_options",
         )
+    if (options or {}).get("image") is not None and ctx.image_refusal:
+        return Refusal(ctx.image_refusal, 400, "bad_options")
     try:
         request = parse_options(
             options,

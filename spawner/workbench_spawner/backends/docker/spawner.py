@@ -73,6 +73,7 @@ from workbench_spawner.backends.docker.lockdown import (
     settings_problems,
 )
 from workbench_spawner.backends.docker.tenancy import LABEL_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
+from workbench_spawner.form.options import SpawnRequest
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
@@ -140,6 +141,7 @@ class DockerGPUSpawner(ContainerEnding, TenantIsolation, GPUSpawnerMixin, Docker
 
     workbench_backend = "docker"
     placement_mode = "host"
+    runs_picked_images = True
 
     enforces_resource_limits = True  # Docker's memory limit and CPU quota
 
@@ -238,6 +240,11 @@ class DockerGPUSpawner(ContainerEnding, TenantIsolation, GPUSpawnerMixin, Docker
             )
         return problems
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The image the site configured, kept: each start runs the pick or this (a pick is not sticky).
+        self._configured_image: str = self.image
+
     @default("volumes")
     def _default_volumes(self):
         volumes: dict = {self.home_volume_template: "/home/jovyan"}
@@ -263,9 +270,11 @@ class DockerGPUSpawner(ContainerEnding, TenantIsolation, GPUSpawnerMixin, Docker
         # it in step with the images our form offers.
         return {image: image for image in self.offered_images}
 
-    def apply_gpu_request(self, request) -> None:
-        if request.image:
-            self.image = request.image
+    def apply_gpu_request(self, request: SpawnRequest) -> None:
+        """The image the user picked (one of ``offered_images``: admission checked it) runs; without a pick, the
+        configured ``image`` (DockerSpawner keeps ``self.image``: a pick of an earlier start must not carry over
+        to this one)."""
+        self.image = request.image or self._configured_image
 
     def gpu_environment(self, uuids: list[str]) -> dict[str, str]:
         env = {"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}

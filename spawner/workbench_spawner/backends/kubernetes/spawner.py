@@ -84,6 +84,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
 
     workbench_backend = "kubernetes"
     placement_mode = "engine"
+    runs_picked_images = True
     enforces_resource_limits = True  # the pod's limits: the kubelet's cgroups hold it to them
 
     workbench_report = AnyTrait(

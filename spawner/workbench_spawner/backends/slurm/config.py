@@ -17,6 +17,9 @@ from traitlets.config import Config
 
 from workbench_hub.env_values import ConfigError, Env, comma_list, number, text
 from workbench_spawner.backend import HubContext
+from workbench_spawner.rules.admission import image_refusal
+
+_IMAGE_REFUSAL = image_refusal("slurm", "the cluster's Python environment (the batch job's)")
 
 
 def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
@@ -48,4 +51,7 @@ def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
 
 def configure(c: Config, env: Env, hub: HubContext) -> None:
     """``WORKBENCH_BACKEND=slurm``."""
+    if text(env, "WORKBENCH_IMAGES"):
+        # A form would offer images the server then ignores: refused, as admission refuses an ``image`` option.
+        raise ConfigError(f"WORKBENCH_IMAGES is set, but {_IMAGE_REFUSAL[0].lower()}{_IMAGE_REFUSAL[1:]} Unset it.")
     update_slurm(c, env, hub.bin_dir)

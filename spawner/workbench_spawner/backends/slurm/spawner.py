@@ -78,6 +78,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
 
     workbench_backend = "slurm"
     placement_mode = "engine"
+    server_environment = "the cluster's Python environment (the batch job's)"
 
     workbench_report = Dict(
         allow_none=True,
