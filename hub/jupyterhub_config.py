@@ -25,7 +25,7 @@ from pathlib import Path
 from workbench_hub import accounts, banner, configurer, finish, hub_db, transport
 from workbench_hub.configurer import ConfigError
 
-c = get_config()  # noqa: F821  (provided by JupyterHub when it loads this file)
+c = get_config()  # provided by JupyterHub when it loads this file (a builtin in ruff's settings)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -48,6 +48,7 @@ from nativeauthenticator.handlers import SignUpHandler as NativeSignUpHandler
 from nativeauthenticator.handlers import ToggleAuthorizationHandler as NativeToggleAuthorizationHandler
 from nativeauthenticator.handlers import admin_users_scope
 from nativeauthenticator.orm import UserInfo
+from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
 
 from workbench_hub import password_checks
@@ -262,7 +263,10 @@ class WorkbenchAuthenticator(NativeAuthenticator):
         # (allow_all stays what the config says, so this lets no one else in).
         try:
             authorized = {info.username for info in UserInfo.all_users(self.db) if info.is_authorized}
-        except Exception as exc:  # no users_info table yet, or no database: nothing to carry over
+        except (
+            SQLAlchemyError,
+            AttributeError,
+        ) as exc:  # no users_info table yet, or no database: nothing to carry over
             self.log.debug("No authorized sign-ups to carry over: %s", exc)
             return
         if authorized - set(self.allowed_users):
@@ -333,11 +337,14 @@ class WorkbenchAuthenticator(NativeAuthenticator):
         except AssertionError:
             return None
         # Don't send authorization emails to pre-authorized users.
-        if self.allow_self_approval_for and not pre_authorized:
-            if re.match(self.allow_self_approval_for, user_info.email):
-                url = self.generate_approval_url(username)
-                self.send_approval_email(user_info.email, url)
-                user_info.login_email_sent = True
+        if (
+            self.allow_self_approval_for
+            and not pre_authorized
+            and re.match(self.allow_self_approval_for, user_info.email)
+        ):
+            url = self.generate_approval_url(username)
+            self.send_approval_email(user_info.email, url)
+            user_info.login_email_sent = True
         self.db.add(user_info)
         self.db.commit()
         return user_info

@@ -69,7 +69,7 @@ class StopNotices:
             names += sorted(name for name in user.orm_user.orm_spawners if name)
         html = []
         for name in names:
-            spawner = user.spawners[name] if name in user.spawners else None
+            spawner = user.spawners.get(name)
             if spawner is not None and spawner.active:
                 continue  # running or starting: whatever stopped it before is no longer news
             box = render_stop_notice(self.book.last_done(user.name, name))
@@ -95,7 +95,7 @@ class StopBoxes:
     def __html__(self) -> Markup:
         try:
             return Markup(self.notices.boxes(self.user))
-        except Exception as exc:  # the home page must render whatever the GPU database does
+        except Exception as exc:  # noqa: BLE001 - boundary: the home page must render whatever the GPU database does
             log.warning("The home page's stop box for %s could not be read: %s", getattr(self.user, "name", "?"), exc)
             return Markup("")
 

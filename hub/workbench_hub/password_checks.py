@@ -27,6 +27,7 @@ compares in constant time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -41,10 +42,9 @@ NICENESS = 10
 
 def _lower_priority() -> None:
     """Runs in each new pool thread: nice it (a thread's own nice value on Linux; elsewhere nothing)."""
-    try:
+    # no setpriority (not Unix), or not allowed: full priority, still off the loop
+    with contextlib.suppress(AttributeError, OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICENESS)
-    except (AttributeError, OSError):  # no setpriority (not Unix), or not allowed: full priority, still off the loop
-        pass
 
 
 def pool() -> ThreadPoolExecutor:

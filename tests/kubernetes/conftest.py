@@ -19,9 +19,9 @@ import asyncio
 import os
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -89,21 +89,9 @@ class K8sCluster:
             asyncio.get_running_loop()
         except RuntimeError:
             return asyncio.run(main())
-        result: list[T] = []
-        errors: list[BaseException] = []
-
-        def worker() -> None:
-            try:
-                result.append(asyncio.run(main()))
-            except BaseException as e:  # handed to the caller below
-                errors.append(e)
-
-        thread = threading.Thread(target=worker)
-        thread.start()
-        thread.join()
-        if errors:
-            raise errors[0]
-        return result[0]
+        # The future hands the thread's result, or its exception, back to this caller.
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(lambda: asyncio.run(main())).result()
 
 
 @pytest.fixture(scope="session")

@@ -152,4 +152,5 @@ async def test_mig_slices_are_advertised_per_profile_and_handed_out_by_their_mig
             k8s_namespace, busybox_pod("slice", PRINT_DEVICES, {f"nvidia.com/mig-{profile}": 1})
         )
         [given] = await devices_of(core, k8s_namespace, "slice")
-    assert given in uuids and given.startswith("MIG-"), given
+    assert given in uuids, given
+    assert given.startswith("MIG-"), given

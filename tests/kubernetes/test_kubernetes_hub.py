@@ -133,8 +133,10 @@ def test_a_pod_asks_for_its_gpu_is_locked_down_and_reports_what_the_device_plugi
     hub.wait_ready(alice, 180)
     (leased, node, ref), pod = lease_rows(hub)[alice], the_pod(namespace, alice)
     name = pod["metadata"]["name"]
-    assert ref == f"k8s:{namespace}/{name}" and node == pod["spec"]["nodeName"] == k8s_cluster.node
-    assert len(leased) == 1 and leased[0] in k8s_cluster.gpu_uuids
+    assert ref == f"k8s:{namespace}/{name}"
+    assert node == pod["spec"]["nodeName"] == k8s_cluster.node
+    assert len(leased) == 1
+    assert leased[0] in k8s_cluster.gpu_uuids
     # What the device plugin gave the container is the lease, and the server names it.
     env = pod_container_env(pod)
     assert env["NVIDIA_VISIBLE_DEVICES"] == leased[0]
@@ -156,17 +158,21 @@ def test_a_pod_asks_for_its_gpu_is_locked_down_and_reports_what_the_device_plugi
     assert container["resources"]["limits"]["cpu"] == "500m"
     assert container["resources"]["limits"]["memory"] in ("2Gi", str(2 << 30))
     security = container["securityContext"]
-    assert security["allowPrivilegeEscalation"] is False and security["capabilities"]["drop"] == ["ALL"]
-    assert security["runAsNonRoot"] is True and security["runAsUser"] == 1000
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 1000
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert spec["automountServiceAccountToken"] is False
     assert not any(v.get("hostPath") for v in spec.get("volumes") or [])
     labels = pod["metadata"]["labels"]
-    assert labels["workbench.user"] == alice and len(labels["workbench.hub"]) == 8
+    assert labels["workbench.user"] == alice
+    assert len(labels["workbench.hub"]) == 8
     assert name.startswith(f"wb-{labels['workbench.hub']}-")
     # The container really runs as the image's user, with no capability.
     status = cluster_exec(pod, "cat /proc/1/status")
-    assert "Uid:\t1000" in status and "CapEff:\t0000000000000000" in status
+    assert "Uid:\t1000" in status
+    assert "CapEff:\t0000000000000000" in status
     # Its home is a claim of its own, bound, mounted at the image's home.
     (home,) = [v for v in spec["volumes"] if v["name"] == "workbench-home"]
     claim = home["persistentVolumeClaim"]["claimName"]
@@ -222,7 +228,8 @@ def test_with_every_gpu_held_the_next_spawn_shows_the_schedulers_words_and_start
     assert any("Insufficient nvidia.com/gpu" in m and "Kubernetes says" in m for m in words), words
     assert any("next in line" in m for m in words), words
     pending = the_pod(namespace, late)
-    assert not pending["spec"].get("nodeName") and pending["status"]["phase"] == "Pending"
+    assert not pending["spec"].get("nodeName")
+    assert pending["status"]["phase"] == "Pending"
     assert late not in lease_rows(hub)
 
     freed = rows[holders[0]][0]
@@ -250,7 +257,8 @@ def test_bad_input_and_a_quota_refusal_are_4xx_sentences_that_create_nothing(k8s
     r = hub.spawn(user, **options)
     assert 400 <= r.status_code < 500, r.text
     assert words in r.json()["message"], r.json()
-    assert hub.server(user) is None and user not in lease_rows(hub)
+    assert hub.server(user) is None
+    assert user not in lease_rows(hub)
     assert pods_of(namespace, user) == []
     claims = cluster.blocking(lambda api: api.list_namespaced_persistent_volume_claim(namespace))
     assert not [c for c in claims.items if c.metadata.name.endswith(f"-home-{user}")], "no home was made either"
@@ -294,7 +302,8 @@ def test_a_pod_that_waits_past_the_queue_timeout_is_deleted_and_pods_outside_the
             rows = [r for r in fleet.json()["gpus"] if not r["mig"]]
             slices = [r for r in fleet.json()["gpus"] if r["mig"]]
             # The fleet view counts the outside pod's GPUs on the node, though the ledger holds none.
-            assert rows and all(r["kubernetes"]["node_gpus_outside_workbench"] == len(rows) for r in rows), rows
+            assert rows, rows
+            assert all(r["kubernetes"]["node_gpus_outside_workbench"] == len(rows) for r in rows), rows
             assert all(r["kubernetes"]["held_outside_workbench"] for r in rows), rows
             # It holds whole GPUs only: the node's MIG slices are free.
             assert all(r["kubernetes"]["held_outside_workbench"] is False for r in slices), slices
@@ -303,7 +312,8 @@ def test_a_pod_that_waits_past_the_queue_timeout_is_deleted_and_pods_outside_the
             ).text
             held = [line for line in metrics.splitlines() if line.startswith("workbench_gpu_held_outside{")]
             held = [line for line in held if any(f'"{r["uuid"]}"' in line for r in rows)]
-            assert len(held) == len(rows) and all(line.endswith(" 1.0") for line in held), held
+            assert len(held) == len(rows), held
+            assert all(line.endswith(" 1.0") for line in held), held
             assert all(f'Hostname="{k8s_cluster.node}"' in line for line in held), held
             with ThreadPoolExecutor(1) as pool:
                 spawn = pool.submit(hub.spawn, user, gpus=1)
@@ -312,9 +322,11 @@ def test_a_pod_that_waits_past_the_queue_timeout_is_deleted_and_pods_outside_the
             # The scheduler's words while it waits (on a fresh namespace the first may be about the home claim
             # still binding; the GPU case's words are the test above's), and in the final sentence.
             assert any("Kubernetes says: 0/1 nodes are available" in m for m in messages), messages
-            assert "the pod was deleted" in messages[-1] and "0/1 nodes are available" in messages[-1], messages
+            assert "the pod was deleted" in messages[-1], messages
+            assert "0/1 nodes are available" in messages[-1], messages
             wait_until(lambda: not pods_of(namespace, user), 60, "the timed-out pod to be deleted")
-            assert hub.server(user) is None and lease_rows(hub) == {}
+            assert hub.server(user) is None
+            assert lease_rows(hub) == {}
     finally:
         delete_namespace(namespace)
 
@@ -345,7 +357,8 @@ def test_two_hubs_on_one_namespace_leave_each_others_pods_alone(k8s_cluster, sin
             # Stopping on one hub ends its pod only.
             stop(second, "alice")
             wait_until(lambda: len(pods_of(namespace, "alice")) == 1, 60, "the second hub's pod to go")
-            assert first.server("alice")["ready"] and lease_rows(first)["alice"][0]
+            assert first.server("alice")["ready"]
+            assert lease_rows(first)["alice"][0]
             stop(first, "alice")
     finally:
         delete_namespace(namespace)

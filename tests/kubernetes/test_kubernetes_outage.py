@@ -116,7 +116,8 @@ def test_a_pod_deleted_by_hand_is_recorded_as_deleted_outside_the_hub(outage_hub
     told = "This server's pod was deleted outside the hub (by hand or by another tool)."
     assert hub.stop_box(ann) == told
     r = hub.admin_pages().get(f"{hub.url}/hub/spawn/{ann}", timeout=30)
-    assert r.status_code == 200 and told in html.unescape(r.text), r.text[-3000:]
+    assert r.status_code == 200, r.text[-3000:]
+    assert told in html.unescape(r.text), r.text[-3000:]
 
 
 def api_server(command: str) -> None:
@@ -130,7 +131,8 @@ def delete_in_etcd(namespace: str, name: str) -> None:
     v3 JSON gateway). The kubelet kills its containers once it hears of it from the API server again."""
     key = base64.b64encode(f"/registry/pods/{namespace}/{name}".encode()).decode()
     r = requests.post(f"{ETCD}/v3/kv/deleterange", json={"key": key}, timeout=10)
-    assert r.status_code == 200 and r.json().get("deleted") == "1", r.text
+    assert r.status_code == 200, r.text
+    assert r.json().get("deleted") == "1", r.text
 
 
 def gpu_pods(namespace: str) -> dict[str, str]:
@@ -216,5 +218,6 @@ def test_after_a_90_s_api_server_outage_leases_pods_and_spawns_are_back_in_line_
     # Every pod that holds a GPU has exactly one lease, and every lease has its pod.
     refs = lease_refs(hub)
     held = gpu_pods(namespace)
-    assert set(held) == set(refs) and all(n == 1 for n in refs.values()), (held, refs)
+    assert set(held) == set(refs), (held, refs)
+    assert all(n == 1 for n in refs.values()), (held, refs)
     assert set(held.values()) == {late}

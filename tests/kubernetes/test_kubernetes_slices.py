@@ -68,12 +68,14 @@ def test_two_users_get_distinct_slices_by_mig_uuid_and_a_third_waits_with_the_sc
         pod = the_pod(namespace, user)
         (container,) = pod["spec"]["containers"]
         limits = container["resources"]["limits"]
-        assert limits[f"nvidia.com/mig-{PROFILE}"] == "1" and "nvidia.com/gpu" not in limits, limits
+        assert limits[f"nvidia.com/mig-{PROFILE}"] == "1", limits
+        assert "nvidia.com/gpu" not in limits, limits
         env = pod_container_env(pod)
         given[user] = env["NVIDIA_VISIBLE_DEVICES"]
         leased, node, ref = rows[user]
         assert leased == [given[user]], "the lease is the slice the device plugin gave the pod"
-        assert node == k8s_cluster.node and ref == f"k8s:{namespace}/{pod['metadata']['name']}"
+        assert node == k8s_cluster.node
+        assert ref == f"k8s:{namespace}/{pod['metadata']['name']}"
         assert server_gpus(pod) == given[user], "WORKBENCH_GPUS holds exactly the MIG UUID"
         assert pod["metadata"]["annotations"]["workbench.gpus"] == given[user]
     assert sorted(given.values()) == sorted(advertised), "two distinct slices, the very MIG UUIDs advertised"

@@ -194,7 +194,8 @@ def test_helm_checks_the_schema_of_this_chart_copy(helm, chart, tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
     out = run_helm(helm, "template", RELEASE, str(chart), "-f", str(path), "--kube-version", OLDEST, check=False)
-    assert out.returncode != 0 and "noSuchKey" in out.stderr, out.stderr[-2000:]
+    assert out.returncode != 0, out.stderr[-2000:]
+    assert "noSuchKey" in out.stderr, out.stderr[-2000:]
 
 
 def test_helm_template_renders_the_release(rendered):
@@ -254,7 +255,8 @@ def test_the_hub_runs_our_image_and_the_kubernetes_spawner(rendered):
     assert container["args"][:3] == ["jupyterhub", "--config", "/usr/local/etc/jupyterhub/jupyterhub_config.py"]
     # Secrets come from a Secret (optional: the release starts without it), never as literal values.
     for name in ("WORKBENCH_ADMIN_TOKEN", "WORKBENCH_METRICS_TOKEN"):
-        assert "value" not in env[name] and env[name]["valueFrom"]["secretKeyRef"]["optional"] is True
+        assert "value" not in env[name]
+        assert env[name]["valueFrom"]["secretKeyRef"]["optional"] is True
 
     extra = hub_values(rendered)["hub"]["extraConfig"]
     entries = [extra[key] for key in sorted(extra)]  # the chart runs them sorted by name
@@ -351,7 +353,8 @@ def test_user_pods_are_locked_down(rendered):
     assert (user["uid"], user["fsGid"]) == (int(uid), int(gid)), "not the singleuser image's user"
     assert user["allowPrivilegeEscalation"] is False
     assert user["cloudMetadata"]["blockWithIptables"] is False, "a privileged root init container in every user pod"
-    assert not user["initContainers"] and not user["extraContainers"]
+    assert not user["initContainers"]
+    assert not user["extraContainers"]
     assert user["profileList"] == [], "KubeSpawner's profile list would replace the workbench's spawn form"
     # The home: the backend's own PVC per user server (the chart's storage would mount a second volume there).
     assert user["storage"]["type"] == "none"
@@ -396,7 +399,8 @@ def test_the_hubs_rbac_covers_what_the_kubernetes_backend_needs(rendered):
     extra = rbac_objects()
     # In the namespace: patch its user pods (the GPUs it was given, as an annotation).
     own_binding = next(o for o in extra if o["kind"] == "RoleBinding")
-    assert subject in own_binding["subjects"] and own_binding["metadata"]["namespace"] == RELEASE
+    assert subject in own_binding["subjects"]
+    assert own_binding["metadata"]["namespace"] == RELEASE
     own_role = next(o for o in extra if o["kind"] == "Role" and o["metadata"]["name"] == own_binding["roleRef"]["name"])
     assert own_role["metadata"]["namespace"] == RELEASE
     assert allows(own_role["rules"] + role["rules"], "pods", "patch"), "the hub cannot annotate its user pods"

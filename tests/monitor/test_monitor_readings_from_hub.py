@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import free_port
 from workbench_hub.service.notice_delivery import NoticeDelivery
-from workbench_hub.service.user_servers import ServerUnreachable, UserServers
+from workbench_hub.service.user_servers import ServerUnreachableError, UserServers
 from workbench_hub.service.utilization import ServerMonitorReadings
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -44,7 +44,7 @@ async def test_an_unreachable_or_refusing_server_gives_no_readings_never_zero(pi
     assert await refused.read(lease(OWN), "/") == {OWN: None}
     assert "403" in refused.last_error[("alice", "")]
     assert await refused.read(lease(OWN), None) == {OWN: None}
-    with pytest.raises(ServerUnreachable):
+    with pytest.raises(ServerUnreachableError):
         await UserServers(pinned_server.url, pinned_server.token).metrics("/no/such/server")
 
 

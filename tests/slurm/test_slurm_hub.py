@@ -64,7 +64,8 @@ def test_four_users_get_four_distinct_gpus_on_two_nodes_and_a_fifth_waits_for_sl
     servers = {user: hub.wait_ready(user, 120) for user in four}
     rows = lease_rows(hub)
     placed = {(node, uuid) for _user, uuid, node, _ref in rows}
-    assert len(rows) == 4 and len(placed) == 4, rows
+    assert len(rows) == 4, rows
+    assert len(placed) == 4, rows
     assert {node for node, _ in placed} == {"wbnode1", "wbnode2"}
     for user, uuid, node, ref in rows:
         # The lease names the node Slurm chose and the job; the UUID is that node's GPU.
@@ -92,7 +93,7 @@ def test_four_users_get_four_distinct_gpus_on_two_nodes_and_a_fifth_waits_for_sl
     assert [line.split()[1] for line in jobs_of(fifth)] == ["PENDING"]
 
     freed_user = four[0]
-    freed = [(node, uuid) for user, uuid, node, _ in rows if user == freed_user][0]
+    freed = next((node, uuid) for user, uuid, node, _ in rows if user == freed_user)
     stop(hub, freed_user)
     hub.wait_ready(fifth, 60)
     mine = [(node, uuid) for user, uuid, node, _ in lease_rows(hub) if user == fifth]
@@ -116,7 +117,9 @@ def test_scancel_releases_the_gpu_within_one_poll(hub):
     assert took < 2.2 + 2.5, f"released {took:.1f} s after scancel: more than one 2 s poll"
     ended = [row for row in ledger(hub) if row[0] == user]
     # An admin's scancel, not the hub's stop: the ledger says so.
-    assert ended and ended[-1][5] == f"job cancelled outside the hub: {job_id}" and ended[-1][2] == lease[0][2]
+    assert ended
+    assert ended[-1][5] == f"job cancelled outside the hub: {job_id}"
+    assert ended[-1][2] == lease[0][2]
     hub.wait_stopped(user, 30)
     assert hub.stop_box(user) == f"The Slurm job {job_id} running this server was cancelled outside the hub."
 
@@ -141,7 +144,7 @@ def test_hub_restart_reattaches_running_jobs_with_no_double_use(hub):
 
 
 @pytest.mark.parametrize(
-    "options, status, words",
+    ("options", "status", "words"),
     [
         ({"gpus": 3}, 403, "allows 2 at once"),
         ({"gpus": -1}, 400, "gpus cannot be negative"),
@@ -194,7 +197,8 @@ def test_the_ledger_records_each_jobs_time_and_node(hub):
         slurm_start, slurm_end = times[user]
         ((_, _, _, started, ended, reason),) = [r for r in rows if r[0] == user and r[1] == uuid][-1:]
         # Stopped through the API with the hub's admin token (a service), never "job cancelled outside the hub".
-        assert reason == "stopped by a service: workbench-admin" and node
+        assert reason == "stopped by a service: workbench-admin"
+        assert node
         assert timedelta(0) <= utc(started) - slurm_start < timedelta(seconds=20), (started, slurm_start)
         assert abs(utc(ended) - slurm_end) < timedelta(seconds=10), (ended, slurm_end)
 
@@ -257,6 +261,7 @@ def test_a_person_logs_in_spawns_one_gpu_and_the_status_bar_shows_the_nodes_gpu(
     _user, leased, node, ref = lease
     # JupyterLab runs inside the user's Slurm job, and its status bar shows that job's GPU on that node.
     assert squeue("-j", ref.removeprefix("slurm:"), "-o", "%T %N %u") == [f"RUNNING {node} {user}"]
-    assert uuid == leased and uuid.startswith(f"GPU-sim-{node}-")
+    assert uuid == leased
+    assert uuid.startswith(f"GPU-sim-{node}-")
     stop(hub, user)
     assert not jobs_of(user)

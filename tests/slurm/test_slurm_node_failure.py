@@ -136,7 +136,8 @@ def test_a_dead_node_leaves_the_free_count_and_the_wait_and_its_lease_closes_as_
         gpus = service(hub, "GET", "api/gpus").json()["gpus"]
         dead = [g for g in gpus if g["node"] == node]
         alive = [g for g in gpus if g["node"] != node]
-        assert len(dead) == dead_devices and all(g["free_slots"] == 0 for g in dead), dead
+        assert len(dead) == dead_devices, dead
+        assert all(g["free_slots"] == 0 for g in dead), dead
         assert all(g["unavailable"] == down for g in dead), dead
         assert all(g["slurm"]["node_state"] == "down+not_responding" for g in dead), dead
         assert all(g["slurm"]["node_reason"] == "Not responding" for g in dead), dead

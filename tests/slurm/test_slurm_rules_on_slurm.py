@@ -76,11 +76,15 @@ def test_the_job_carries_what_admission_decided_and_its_report_sets_nothing_else
     hub.wait_ready(user, 120)
     (line,) = jobs_of(user)
     job = job_record(line.split()[0])
-    assert job["JobState"] == "RUNNING" and job["TimeLimit"] == "00:30:00"
-    assert job["NumCPUs"] == "2" and job["MinMemoryNode"] == "300M" and job["Requeue"] == "0"
+    assert job["JobState"] == "RUNNING"
+    assert job["TimeLimit"] == "00:30:00"
+    assert job["NumCPUs"] == "2"
+    assert job["MinMemoryNode"] == "300M"
+    assert job["Requeue"] == "0"
     assert job["TresPerNode"] == "gres:gpu:h100-80gb:1"
     hub_id = job["Comment"].split(":")[1]
-    assert job["Comment"] == f"workbench:{hub_id}:{user}/" and len(hub_id) == 8
+    assert job["Comment"] == f"workbench:{hub_id}:{user}/"
+    assert len(hub_id) == 8
 
     # The job's own server token, as a user inside the job holds it.
     env = job_environment(user)
@@ -93,9 +97,11 @@ def test_the_job_carries_what_admission_decided_and_its_report_sets_nothing_else
     r = requests.post(
         url, json={"port": 1}, headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}"}, timeout=20
     )
-    assert r.status_code == 409 and "not starting" in r.json()["message"], r.text
+    assert r.status_code == 409, r.text
+    assert "not starting" in r.json()["message"], r.text
     r = requests.post(url, json={"port": 1}, headers={"Authorization": f"token {hub.user_token(user)}"}, timeout=20)
-    assert r.status_code == 403 and "only a server's own start-up" in r.json()["message"], r.text
+    assert r.status_code == 403, r.text
+    assert "only a server's own start-up" in r.json()["message"], r.text
     assert hub.server(user)["ready"]  # still served on its real port
 
     stop(hub, user)
@@ -118,7 +124,7 @@ def test_a_cpu_only_server_is_a_job_with_no_gpu_and_no_lease(hub):
 
 
 @pytest.mark.parametrize(
-    "user, options, status, words",
+    ("user", "options", "status", "words"),
     [
         ("daemon", {}, 403, "'daemon' is a system account (uid 1), and Slurm jobs never run as one"),
         ("wbnoaccount", {}, 403, "there is no Unix account named 'wbnoaccount' on the hub's host"),
@@ -218,7 +224,8 @@ def test_a_reservation_holds_non_members_back_before_they_submit(hub):
         assert hub.spawn(waiter, gpus=1).status_code in (201, 202)
         messages = hub.progress_messages(waiter, until="outside reserved ones", timeout=30)
         assert "3 free in the cluster, but 3 of 4 GPUs reserved for ml-course until 12:00" in messages[-1], messages
-        assert not jobs_of(waiter) and not hub.server(waiter)["ready"]
+        assert not jobs_of(waiter)
+        assert not hub.server(waiter)["ready"]
         # A member goes straight to Slurm.
         assert hub.spawn(member, gpus=1).status_code in (201, 202)
         hub.wait_ready(member, 120)

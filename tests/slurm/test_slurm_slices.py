@@ -104,26 +104,34 @@ def test_two_users_get_the_two_slices_of_one_gpu_pinned_to_the_mig_uuids_of_thei
     for user in two:
         uuid, node, job_id, share = held[user]
         job = job_record(job_id)
-        assert job["JobState"] == "RUNNING" and job["NodeList"] == "wbnode2"
+        assert job["JobState"] == "RUNNING"
+        assert job["NodeList"] == "wbnode2"
         assert job["TresPerNode"] == f"gres:gpu:{SLICE}:1"  # a GRES of the profile's type
         kind, indices = gres_index(job_id)
-        assert kind == SLICE and len(indices) == 1 and indices[0] in (2, 3), (kind, indices)
+        assert kind == SLICE, (kind, indices)
+        assert len(indices) == 1, (kind, indices)
+        assert indices[0] in (2, 3), (kind, indices)
         # The lease names exactly the slice the node reported for the index Slurm gave the job.
-        assert node == "wbnode2" and uuid == slice_uuid(indices[0])
+        assert node == "wbnode2"
+        assert uuid == slice_uuid(indices[0])
         assert share == pytest.approx(1 / 7)
         assert job_environment(user)["SLURM_JOB_GPUS"] == str(indices[0])
         # The user's code sees the slice by its MIG UUID only: CUDA would read Slurm's bare index as a whole GPU.
         env = kernel_environment(hub, user)
-        assert env["WORKBENCH_GPUS"] == uuid and env["CUDA_VISIBLE_DEVICES"] == uuid
+        assert env["WORKBENCH_GPUS"] == uuid
+        assert env["CUDA_VISIBLE_DEVICES"] == uuid
         seen.add(uuid)
     assert seen == {slice_uuid(2), slice_uuid(3)}
 
     gpus = {g["uuid"]: g for g in fleet(hub)}
     for user in two:
         row = gpus[held[user][0]]
-        assert row["mig"] and row["profile"] == SLICE and row["node"] == "wbnode2"
+        assert row["mig"]
+        assert row["profile"] == SLICE
+        assert row["node"] == "wbnode2"
         assert row["parent_uuid"] == "GPU-sim-wbnode2-02-h200-141gb"
-        assert [h["user"] for h in row["holders"]] == [user] and row["slurm"]["allocated"]
+        assert [h["user"] for h in row["holders"]] == [user]
+        assert row["slurm"]["allocated"]
 
 
 def test_a_third_waits_in_slurms_queue_for_a_slice_then_gets_the_one_freed(hub):
@@ -154,7 +162,8 @@ def test_a_third_waits_in_slurms_queue_for_a_slice_then_gets_the_one_freed(hub):
 def test_the_ledger_charges_a_slice_hour_as_a_seventh_of_a_gpu_hour(hub):
     with sqlite3.connect(hub.data_dir / "workbench.sqlite") as db:
         rows = db.execute("SELECT user, gpu_uuid, share FROM gpu_usage WHERE user = ?", (USERS[0],)).fetchall()
-    assert rows and all(uuid.startswith("MIG-sim-wbnode2-") for _u, uuid, _s in rows), rows
+    assert rows, rows
+    assert all(uuid.startswith("MIG-sim-wbnode2-") for _u, uuid, _s in rows), rows
     assert all(share == pytest.approx(1 / 7) for _u, _uuid, share in rows), rows
     for user in (USERS[1], USERS[2]):
         stop(hub, user)
@@ -162,7 +171,7 @@ def test_the_ledger_charges_a_slice_hour_as_a_seventh_of_a_gpu_hour(hub):
 
 
 @pytest.mark.parametrize(
-    "options, words",
+    ("options", "words"),
     [
         ({"gpus": 1, "gpu_profile": "2g.35gb"}, "this hub has no MIG slices of '2g.35gb'"),
         ({"gpus": 2, "gpu_profile": "1g.18gb"}, "a server gets one MIG slice at most, not 2 slices of 1g.18gb"),
@@ -172,8 +181,10 @@ def test_a_slice_no_node_has_is_a_sentence_and_submits_nothing(hub, options, wor
     user = USERS[3]
     r = hub.spawn(user, **options)
     assert r.status_code == 400, r.text
-    assert words in r.json()["message"] and r.json()["message"].endswith("."), r.text
-    assert not jobs_of(user) and user not in leases(hub)
+    assert words in r.json()["message"], r.text
+    assert r.json()["message"].endswith("."), r.text
+    assert not jobs_of(user)
+    assert user not in leases(hub)
 
 
 def test_a_quota_of_slices_only_refuses_a_whole_gpu_and_picks_a_slice(hub):
@@ -183,13 +194,15 @@ def test_a_quota_of_slices_only_refuses_a_whole_gpu_and_picks_a_slice(hub):
     quota = {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": [SLICE]}
     assert hub.service("PUT", "api/quotas/groups/students", json=quota).status_code == 200
     r = hub.spawn(user, gpus=1, gpu_model="H100-80GB")
-    assert r.status_code == 403 and "group students allows no whole GPUs" in r.json()["message"], r.text
+    assert r.status_code == 403, r.text
+    assert "group students allows no whole GPUs" in r.json()["message"], r.text
     assert not jobs_of(user)
     # A plain request is a slice the quota allows, submitted as its GRES type.
     assert hub.spawn(user, gpus=1).status_code in (201, 202)
     hub.wait_ready(user, 120)
     uuid, node, job_id, _share = leases(hub)[user]
     assert job_record(job_id)["TresPerNode"] == f"gres:gpu:{SLICE}:1"
-    assert uuid == slice_uuid(gres_index(job_id)[1][0]) and node == "wbnode2"
+    assert uuid == slice_uuid(gres_index(job_id)[1][0])
+    assert node == "wbnode2"
     stop(hub, user)
     assert not jobs_of(user)

@@ -104,7 +104,8 @@ def test_a_backend_that_overrides_the_life_cycle_or_names_no_mode_is_refused():
 def test_a_sites_subclass_keeps_the_backend_and_its_features():
     base = load(REAL["gpu-slurm"])
     site = type("SiteSlurmSpawner", (base,), {})
-    assert contract_problems(site) == [] and site.workbench_backend == "slurm"
+    assert contract_problems(site) == []
+    assert site.workbench_backend == "slurm"
 
 
 def test_every_installed_backend_is_held_to_the_contract_here():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -64,7 +65,7 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
 
 
 @pytest.mark.parametrize(
-    "env, trait, expected",
+    ("env", "trait", "expected"),
     [
         ({}, "JupyterHub.bind_url", "http://127.0.0.1:8000"),
         ({"WORKBENCH_PORT": "9000", "WORKBENCH_IP": "0.0.0.0"}, "JupyterHub.bind_url", "http://0.0.0.0:9000"),
@@ -148,7 +149,7 @@ def test_profiles_arrive_as_entries_that_were_checked():
 
 
 @pytest.mark.parametrize(
-    "env, unset",
+    ("env", "unset"),
     [
         ({}, "GPUSpawnerMixin.simulated_gpus"),  # empty: the trait's own default (NVML)
         ({}, "GPUSpawnerMixin.quota_contact"),
@@ -169,7 +170,7 @@ DOCKER = {"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "gpu-workbench/singl
 
 
 @pytest.mark.parametrize(
-    "env, trait, expected",
+    ("env", "trait", "expected"),
     [
         (DOCKER, "JupyterHub.spawner_class", "gpu-docker"),
         ({"WORKBENCH_BACKEND": "docker", "WORKBENCH_IMAGE": "x"}, "JupyterHub.spawner_class", "gpu-docker"),
@@ -231,7 +232,7 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
 
 
 @pytest.mark.parametrize(
-    "env, message",
+    ("env", "message"),
     [
         ({"WORKBENCH_PORT": "http"}, "WORKBENCH_PORT must be a port number, not 'http'"),
         ({"WORKBENCH_PORT": "0"}, "WORKBENCH_PORT must be a port number, not '0'"),
@@ -375,7 +376,7 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
 
 
 @pytest.mark.parametrize(
-    "env, services, roles",
+    ("env", "services", "roles"),
     [
         ({}, ["idle-culler", "workbench"], ["idle-culler", "workbench-service", "workbench-admins"]),
         ({"WORKBENCH_CULL_IDLE_SECONDS": "0"}, ["workbench"], ["workbench-service", "workbench-admins"]),
@@ -406,7 +407,8 @@ def test_tokens_and_admin_roles():
     assert "admin:users" in role(c, "workbench-automation")["scopes"]
     assert role(c, "workbench-automation")["services"] == ["workbench-admin"]
     admins = role(c, "workbench-admins")
-    assert admins["users"] == ["ada", "zoe"] and admins["services"] == ["workbench-admin"]
+    assert admins["users"] == ["ada", "zoe"]
+    assert admins["services"] == ["workbench-admin"]
     assert role(c, "workbench-metrics")["scopes"] == ["custom:workbench:read", "access:services!service=workbench"]
     assert set(c.JupyterHub.custom_scopes) == {"custom:workbench:admin", "custom:workbench:read"}
     assert role(build({}), "workbench-admins")["services"] == []
@@ -481,7 +483,7 @@ PROXY = [*proxy_env.LAUNCHER, "--", CHP]
 
 
 @pytest.mark.parametrize(
-    "env, trait, expected",
+    ("env", "trait", "expected"),
     [
         # the operator's certificate: the proxy serves HTTPS, the hub pages carry HSTS
         ({"TLS": 1}, "JupyterHub.bind_url", "https://127.0.0.1:8000"),
@@ -540,7 +542,7 @@ def test_the_checkouts_proxy_gets_no_x_forward_behind_a_tls_proxy(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "env, message",
+    ("env", "message"),
     [
         (
             {"WORKBENCH_SSL_CERT": "/etc/ssl/hub.pem"},
@@ -588,7 +590,7 @@ def _local_loopback(c):
 
 
 @pytest.mark.parametrize(
-    "env, local, outcome",
+    ("env", "local", "outcome"),
     [
         ({}, None, "http"),  # make run
         ({"WORKBENCH_IP": "127.0.0.2"}, None, "http"),
@@ -658,7 +660,7 @@ def test_a_certificate_set_only_in_the_local_config_is_checked_and_named_so(cert
 
 
 @pytest.mark.parametrize(
-    "env, lines",
+    ("env", "lines"),
     [
         (
             {"TLS": 1, "WORKBENCH_IP": "0.0.0.0", "WORKBENCH_PORT": "8443"},
@@ -704,7 +706,7 @@ def device(i: int, model: str, source: str = "simulated") -> GPUDevice:
 
 
 @pytest.mark.parametrize(
-    "inventory, line",
+    ("inventory", "line"),
     [
         (
             DeviceInventory("simulated", [device(0, "H100-80GB"), device(1, "H100-80GB"), device(2, "A100-40GB")]),
@@ -732,7 +734,7 @@ def test_banner_names_the_gpus(inventory, line):
 
 
 @pytest.mark.parametrize(
-    "argv, parsed",
+    ("argv", "parsed"),
     [
         (["--", "sleep", "1"], (None, ["sleep", "1"])),
         (["--parent-pid=12", "--", "a", "--b"], (12, ["a", "--b"])),
@@ -789,10 +791,8 @@ def test_parent_guard_ends_the_command_when_its_parent_is_killed(tmp_path):
         if middle.poll() is None:
             os.killpg(middle.pid, signal.SIGKILL)
             middle.wait(10)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(middle.pid, signal.SIGKILL)  # the sleep is in the middle's session
-        except ProcessLookupError:
-            pass
 
 
 def test_parent_guard_does_not_start_when_the_parent_is_already_gone():

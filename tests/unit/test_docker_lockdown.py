@@ -98,7 +98,8 @@ def test_check_lockdown_refuses_with_a_sentence(setting, value, key, final, sect
     sentence = problems[0]
     assert sentence.startswith(f"GPU Workbench: c.{section}.{setting}")
     assert f"list {key!r} in {ALLOW} if you mean it." in sentence
-    assert ", which " in sentence and sentence.endswith(".")
+    assert ", which " in sentence
+    assert sentence.endswith(".")
 
 
 @pytest.mark.parametrize(("setting", "value", "key", "final"), REFUSED, ids=IDS)
@@ -125,14 +126,16 @@ def test_check_lockdown_allows_docker_py_spelling():
 def test_never_allowed(setting, value):
     allow = ["Binds", "Mounts", "Privileged"]
     problems = check_lockdown(configured(setting, value, allow=allow))
-    assert len(problems) == 1 and problems[0].endswith("remove it (this cannot be allowed).")
+    assert len(problems) == 1
+    assert problems[0].endswith("remove it (this cannot be allowed).")
     assert f"c.DockerGPUSpawner.{setting}" in problems[0]
 
 
 @pytest.mark.parametrize("name", ["DeviceRequests", "device_requests", "Priviledged", "docker.sock"])
 def test_allow_list_entries_are_checked(name):
     problems = check_lockdown(configured("extra_host_config", {}, allow=[name]))
-    assert len(problems) == 1 and f"{ALLOW} lists {name!r}" in problems[0]
+    assert len(problems) == 1
+    assert f"{ALLOW} lists {name!r}" in problems[0]
 
 
 def test_safe_configs_pass():
@@ -190,7 +193,9 @@ def test_check_lockdown_reads_lazy_values_and_precedence():
     c = Config()
     c.DockerSpawner.volumes.update({"/etc": "/host-etc"})  # how config files often add a volume
     problems = check_lockdown(c)
-    assert len(problems) == 1 and "c.DockerSpawner.volumes" in problems[0] and "'/etc'" in problems[0]
+    assert len(problems) == 1
+    assert "c.DockerSpawner.volumes" in problems[0]
+    assert "'/etc'" in problems[0]
     assert "DockerGPUSpawner" not in c  # the check created no section
     # The more specific section wins, as traitlets does it.
     c = configured("extra_host_config", {"privileged": True}, section="DockerSpawner")
@@ -255,7 +260,8 @@ async def test_safe_defaults_are_forced_at_create(make_spawner):
     await spawner.create_object()
     (call,) = spawner.calls
     host = call["host_config"]
-    assert host["Privileged"] is False and host["CapDrop"] == ["ALL"]
+    assert host["Privileged"] is False
+    assert host["CapDrop"] == ["ALL"]
     assert host["SecurityOpt"] == ["no-new-privileges"]
     assert host["DeviceRequests"] == [
         {"Driver": "nvidia", "DeviceIDs": ["GPU-sim-01-h100-80gb"], "Capabilities": [["gpu"]]}
@@ -265,7 +271,8 @@ async def test_safe_defaults_are_forced_at_create(make_spawner):
     assert sources == sorted(
         [f"workbench-{hub}-checkpoints-alice", f"workbench-{hub}-home-alice", "workbench-datasets"]
     )
-    assert call["labels"]["workbench.user"] == "alice" and call["labels"]["workbench.hub"] == hub
+    assert call["labels"]["workbench.user"] == "alice"
+    assert call["labels"]["workbench.hub"] == hub
     assert call["name"] == f"workbench-{hub}-alice"
 
 
@@ -292,7 +299,8 @@ async def test_create_lets_through_what_is_listed(make_spawner, setting, value, 
     assert name in host
     if expected is not None:
         assert host[name] == expected
-    assert host["CapDrop"] == ["ALL"] and host["DeviceRequests"] == []
+    assert host["CapDrop"] == ["ALL"]
+    assert host["DeviceRequests"] == []
 
 
 async def test_create_catches_a_callable_setting(make_spawner):
@@ -326,8 +334,12 @@ async def test_lock_down_forces_safe_values_behind_the_checks(make_spawner):
     }
     spawner._lock_down(kwargs)
     host = kwargs["host_config"]
-    assert host["Privileged"] is False and host["CapDrop"] == ["ALL"] and host["DeviceRequests"] == []
-    assert "CapAdd" not in host and "PidMode" not in host and "Devices" not in host
+    assert host["Privileged"] is False
+    assert host["CapDrop"] == ["ALL"]
+    assert host["DeviceRequests"] == []
+    assert "CapAdd" not in host
+    assert "PidMode" not in host
+    assert "Devices" not in host
     assert host["SecurityOpt"] == ["apparmor=docker-default", "no-new-privileges"]
     assert host["Binds"] == ["vol:/data:rw"]
 

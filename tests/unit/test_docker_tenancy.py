@@ -12,7 +12,7 @@ from workbench_spawner.backends.docker import tenancy
 
 
 @pytest.mark.parametrize(
-    "value, problem",
+    ("value", "problem"),
     [
         ("10.213.0.0/16", ""),
         ("192.168.64.0/20", ""),
@@ -76,7 +76,8 @@ def test_a_user_network_takes_the_first_free_28_and_is_made_the_hubs_way():
     labels = {tenancy.LABEL_HUB: "1a2b3c4d", tenancy.LABEL_USER: "ann"}
     attrs = tenancy.ensure_network(client, "wb-ann", labels, internal=True, icc=True, pool="10.213.0.0/16")
     assert attrs["IPAM"]["Config"][0]["Subnet"] == "10.213.0.32/28"
-    assert attrs["Options"] == {tenancy.ICC_OPTION: "true"} and attrs["Internal"] is True
+    assert attrs["Options"] == {tenancy.ICC_OPTION: "true"}
+    assert attrs["Internal"] is True
     assert attrs["Labels"] == labels
     # asked again, it is the same network: nothing new is made
     assert tenancy.ensure_network(client, "wb-ann", labels, internal=True, icc=True, pool="10.213.0.0/16") == attrs
@@ -93,7 +94,7 @@ HUB = {tenancy.LABEL_HUB: "1a2b3c4d"}
 
 
 @pytest.mark.parametrize(
-    "attrs, internal, icc, problem",
+    ("attrs", "internal", "icc", "problem"),
     [
         ({"Options": {tenancy.ICC_OPTION: "false"}, "Internal": False, "Labels": HUB}, False, False, ""),
         ({"Options": {tenancy.ICC_OPTION: "false"}, "Internal": True, "Labels": HUB}, True, False, ""),

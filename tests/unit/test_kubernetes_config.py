@@ -46,7 +46,8 @@ def service_env(c: Config) -> dict:
 def test_the_hub_outside_the_cluster(tmp_path):
     c = configured(OUTSIDE, tmp_path)
     assert c.JupyterHub.spawner_class == "gpu-kubernetes"
-    assert c.JupyterHub.hub_connect_ip == "172.17.0.1" and c.JupyterHub.hub_ip == "172.17.0.1"
+    assert c.JupyterHub.hub_connect_ip == "172.17.0.1"
+    assert c.JupyterHub.hub_ip == "172.17.0.1"
     s = c.KubernetesGPUSpawner
     assert s.image == IMAGE
     assert s.hub_ingress_cidrs == ["172.17.0.1/32"]  # the policy lets in the hub's address only
@@ -60,12 +61,13 @@ def test_the_hub_outside_the_cluster(tmp_path):
 
 def test_the_hub_in_the_cluster_needs_no_address(tmp_path):
     c = configured(INSIDE, tmp_path)
-    assert "hub_connect_ip" not in c.JupyterHub and "hub_ip" not in c.JupyterHub  # the chart's Service
+    assert "hub_connect_ip" not in c.JupyterHub
+    assert "hub_ip" not in c.JupyterHub
     assert c.KubernetesGPUSpawner.hub_ingress_cidrs == []  # labelled pods instead of addresses
 
 
 @pytest.mark.parametrize(
-    "env, settings",
+    ("env", "settings"),
     [
         ({"WORKBENCH_HUB_IP": "0.0.0.0"}, {"JupyterHub.hub_ip": "0.0.0.0", "JupyterHub.hub_connect_ip": "172.17.0.1"}),
         ({"WORKBENCH_K8S_NAMESPACE": "gpu-lab"}, {"KubernetesGPUSpawner.namespace": "gpu-lab"}),
@@ -114,7 +116,7 @@ def test_configurer_kubernetes_table(tmp_path, env, settings):
 
 
 @pytest.mark.parametrize(
-    "env, words",
+    ("env", "words"),
     [
         ({}, "the kubernetes backend needs WORKBENCH_IMAGE, the single-user image the nodes can pull"),
         ({"WORKBENCH_IMAGE": " "}, "needs WORKBENCH_IMAGE"),
@@ -140,7 +142,7 @@ def test_a_bad_value_is_a_config_error(tmp_path, env, words):
 
 
 @pytest.mark.parametrize(
-    "env, found",
+    ("env", "found"),
     [
         ({**OUTSIDE, "KUBECONFIG": "/etc/wb/kubeconfig"}, {"KUBECONFIG": "/etc/wb/kubeconfig"}),
         ({**OUTSIDE, "HOME": "/home/hub"}, {"KUBECONFIG": "/home/hub/.kube/config"}),
@@ -175,7 +177,7 @@ def spawner_config(**settings) -> Config:
 
 
 @pytest.mark.parametrize(
-    "settings, sentence",
+    ("settings", "sentence"),
     [
         ({"privileged": True}, "c.KubernetesGPUSpawner.privileged = True would make every user pod privileged"),
         (
@@ -203,7 +205,8 @@ def spawner_config(**settings) -> Config:
 )
 def test_a_setting_that_weakens_every_pod_stops_the_hub_with_one_sentence(settings, sentence):
     problems = fleet.check_config(spawner_config(**settings))
-    assert len(problems) == 1 and sentence in problems[0]
+    assert len(problems) == 1
+    assert sentence in problems[0]
 
 
 @pytest.mark.parametrize(
@@ -221,7 +224,7 @@ def test_a_locked_down_config_passes(settings):
 
 
 @pytest.mark.parametrize(
-    "section, name, value, words",
+    ("section", "name", "value", "words"),
     [
         ("KubeSpawner", "uid", 0, "uid = 0 runs user pods as root"),
         ("KubeSpawner", "allow_privilege_escalation", True, "allow_privilege_escalation = True"),
@@ -234,7 +237,8 @@ def test_settings_made_for_kubespawner_are_checked_too(section, name, value, wor
     c = Config()
     setattr(c[section], name, value)
     problems = fleet.check_config(c)
-    assert len(problems) == 1 and words in problems[0]
+    assert len(problems) == 1
+    assert words in problems[0]
 
 
 def test_our_section_overrides_kubespawners_as_traitlets_does():
@@ -260,7 +264,7 @@ def test_a_good_start_report_is_taken_as_it_is(body):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         ([{"node": "n1"}], "the start report must be a JSON object with node and gpus"),
         ("n1", "the start report must be a JSON object with node and gpus"),
@@ -373,9 +377,11 @@ def test_node_reads_are_cached_briefly_and_a_silent_api_is_none(monkeypatch):
     monkeypatch.setattr(fleet, "_cache", None)
     monkeypatch.setattr(fleet, "_cached_at", 0.0)
     monkeypatch.setattr(fleet, "list_nodes", listing)
-    assert set(fleet.kube_nodes()) == set(NODES) and fleet.kube_nodes() is fleet.kube_nodes()
+    assert set(fleet.kube_nodes()) == set(NODES)
+    assert fleet.kube_nodes() is fleet.kube_nodes()
     assert calls == ["nvidia.com/gpu"]  # a busy admin page asks the API once
-    assert fleet.kube_nodes(max_age=0) is not None and len(calls) == 2
+    assert fleet.kube_nodes(max_age=0) is not None
+    assert len(calls) == 2
 
     def down(resource):
         raise KubernetesUnavailable("the API server did not answer (timeout)")
@@ -484,4 +490,5 @@ def test_the_cli_lists_nodes_and_forgets_one():
     forget.url, forget.token = args.url, args.token
     data, text = extension.cli.run(forget, call)
     assert calls[-1] == ("DELETE", "api/kubernetes/nodes/gpu%20node%2F1")  # the name is one path segment
-    assert data is None and text.startswith("The hub forgot the GPU UUIDs of gpu node/1")
+    assert data is None
+    assert text.startswith("The hub forgot the GPU UUIDs of gpu node/1")

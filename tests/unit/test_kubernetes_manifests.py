@@ -64,7 +64,7 @@ def test_the_spawners_own_pod_passes():
 
 
 @pytest.mark.parametrize(
-    "change, sentence",
+    ("change", "sentence"),
     [
         (lambda spec, sec: spec.update(hostNetwork=True), "the pod would share the host's network (hostNetwork: true)"),
         (lambda spec, sec: spec.update(hostPID=True), "the pod would share the host's PIDs (hostPID: true)"),
@@ -177,7 +177,8 @@ def egress_blocks(policy: dict) -> list[dict]:
 
 def test_with_the_hub_outside_only_its_addresses_reach_pods_and_pods_reach_it():
     policy = network_policy("wb", "1a2b3c4d", ["172.17.0.1/32"])
-    assert policy["metadata"]["name"] == "workbench-singleuser-1a2b3c4d" and policy["metadata"]["namespace"] == "wb"
+    assert policy["metadata"]["name"] == "workbench-singleuser-1a2b3c4d"
+    assert policy["metadata"]["namespace"] == "wb"
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": {LABEL_HUB: "1a2b3c4d"}}  # this hub's pods, no other's
     assert spec["policyTypes"] == ["Ingress", "Egress"]
@@ -201,7 +202,8 @@ def test_in_the_cluster_labelled_pods_reach_user_pods():
 def test_the_internet_is_open_and_no_private_range_is(cidrs):
     blocks = egress_blocks(network_policy("wb", "1a2b3c4d", cidrs))
     internet = [b for b in blocks if b["cidr"] == "0.0.0.0/0"]
-    assert len(internet) == 1 and sorted(internet[0]["except"]) == sorted(PRIVATE_RANGES)
+    assert len(internet) == 1
+    assert sorted(internet[0]["except"]) == sorted(PRIVATE_RANGES)
     for private in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.169.254/32", "100.64.0.0/10"):
         assert any(ipaddress.ip_network(private).subnet_of(ipaddress.ip_network(r)) for r in internet[0]["except"])
     # besides the internet, only the hub's own addresses are reachable by address
@@ -216,7 +218,7 @@ L40S = {GFD_PRODUCT: "NVIDIA-L40S"}
 
 
 @pytest.mark.parametrize(
-    "model, selector",
+    ("model", "selector"),
     [
         (None, {}),
         ("", {}),
@@ -307,7 +309,8 @@ def test_a_picked_image_a_dict_of_volumes_and_names_with_braces_reach_kubespawne
 
 def test_a_cpu_pod_is_told_it_has_no_gpu_and_every_pod_reports_its_node():
     cpu, gpu = start_report_env(0), start_report_env(1)
-    assert cpu["NVIDIA_VISIBLE_DEVICES"] == "void" and "NVIDIA_VISIBLE_DEVICES" not in gpu
+    assert cpu["NVIDIA_VISIBLE_DEVICES"] == "void"
+    assert "NVIDIA_VISIBLE_DEVICES" not in gpu
     assert gpu["WORKBENCH_NODE_NAME"] == {"valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     assert gpu["WORKBENCH_START_REPORT"] == "1"
 
@@ -385,7 +388,8 @@ async def test_kubespawner_builds_the_shaped_pod_and_its_hook_refuses_a_weakened
     spawner.shape_pod(replace(SHAPE, user="bob"))
     with pytest.raises(SpawnException) as refused:
         await spawner.modify_pod_hook(spawner, await spawner.get_pod_manifest())
-    assert refused.value.status_code == 500 and (
+    assert refused.value.status_code == 500
+    assert (
         "The hub's Kubernetes settings would weaken the user pod's lock-down: the pod would share the host's PIDs "
         "(hostPID: true). Nothing was created; tell a hub admin."
     ) in str(refused.value)

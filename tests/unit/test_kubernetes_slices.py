@@ -6,6 +6,7 @@ tests/kubernetes/test_kubernetes_slices.py.)"""
 from __future__ import annotations
 
 import asyncio
+import re
 
 import pytest
 
@@ -51,7 +52,7 @@ SLICED = KubeNode(
 
 
 @pytest.mark.parametrize(
-    "gpus, profile, resource, limits",
+    ("gpus", "profile", "resource", "limits"),
     [
         (1, None, "nvidia.com/gpu", {"nvidia.com/gpu": "1"}),
         (2, None, "nvidia.com/gpu.shared", {"nvidia.com/gpu.shared": "2"}),  # a site's renamed resource
@@ -87,7 +88,7 @@ def api_pod(node: str, limits: dict[str, str], phase: str = "Running", init: dic
 
 
 @pytest.mark.parametrize(
-    "pod, slices",
+    ("pod", "slices"),
     [
         (api_pod("n1", {"nvidia.com/mig-1g.18gb": "1"}), {"1g.18gb": 1}),
         (api_pod("n1", {"nvidia.com/mig-1g.18gb": "2", "nvidia.com/mig-3g.71gb": "1"}), {"1g.18gb": 2, "3g.71gb": 1}),
@@ -120,7 +121,8 @@ def test_nodes_advertise_slices_per_profile_and_count_what_every_pod_requests():
     assert n1.slices == {"1g.18gb": SliceCount(7, 6, 3)}
     assert n1.slices["1g.18gb"].free == 3
     assert (n1.gpu_capacity, n1.gpus_requested) == (2, 1)
-    assert n2.slices == {} and n2.gpus_requested == 1
+    assert n2.slices == {}
+    assert n2.gpus_requested == 1
     assert node_from_api(nodes[0], "nvidia.com/gpu").slices == {"1g.18gb": SliceCount(7, 6, 0)}
     assert mig_resource("1g.18gb") == "nvidia.com/mig-1g.18gb"
 
@@ -152,7 +154,8 @@ def test_a_real_nodes_slices_start_as_placeholders_by_profile():
         ("K8S-n1-mig-1g.18gb-1", 1, "1g.18gb", "H200-141GB", 18 * 10**9),
         ("K8S-n1-mig-3g.71gb-0", 0, "3g.71gb", "H200-141GB", 71 * 10**9),
     ]
-    assert slices[0].name == "NVIDIA H200 MIG 1g.18gb on n1" and slices[0].kind == "H200-141GB 1g.18gb"
+    assert slices[0].name == "NVIDIA H200 MIG 1g.18gb on n1"
+    assert slices[0].kind == "H200-141GB 1g.18gb"
     # A node with slices and no whole GPU is in the inventory too.
     only = cluster_inventory([KubeNode("n2", True, True, 0, 0, labels=H200, slices={"1g.18gb": SliceCount(1, 1)})], "")
     assert [d.uuid for d in only.devices] == ["K8S-n2-mig-1g.18gb-0"]
@@ -165,15 +168,18 @@ def test_reported_mig_uuids_are_learned_per_profile_checked_and_forgotten_with_t
     book.accept("n1", ["MIG-aaa"], 2, "1g.18gb")
     book.accept("n1", ["GPU-whole"], 2)
     resolved = {d.uuid: d for d in book.resolve(real).devices}
-    assert resolved["MIG-aaa"].profile == "1g.18gb" and resolved["MIG-aaa"].mig
-    assert "K8S-n1-mig-1g.18gb-1" in resolved and slice_placeholder("n1", "3g.71gb", 0) in resolved
+    assert resolved["MIG-aaa"].profile == "1g.18gb"
+    assert resolved["MIG-aaa"].mig
+    assert "K8S-n1-mig-1g.18gb-1" in resolved
+    assert slice_placeholder("n1", "3g.71gb", 0) in resolved
     assert resolved["GPU-whole"].mig is False  # a whole GPU's name never lands on a slice, nor the reverse
-    with pytest.raises(UUIDConflict, match="3 different 1g.18gb MIG slices, but the node has 2"):
+    with pytest.raises(UUIDConflict, match=re.escape("3 different 1g.18gb MIG slices, but the node has 2")):
         book.accept("n1", ["MIG-bbb", "MIG-ccc"], 2, "1g.18gb")
-    with pytest.raises(UUIDConflict, match="MIG-aaa, which the hub knows on node n1/mig-1g.18gb"):
+    with pytest.raises(UUIDConflict, match=re.escape("MIG-aaa, which the hub knows on node n1/mig-1g.18gb")):
         book.accept("n1", ["MIG-aaa"], 1, "3g.71gb")
     assert book.forget("n1") is True
-    assert book.known() == {} and book.forget("n1") is False
+    assert book.known() == {}
+    assert book.forget("n1") is False
 
 
 # -- admission and placement ------------------------------------------------------------------------------
@@ -192,9 +198,11 @@ def context(pins: bool) -> AdmissionContext:
 def test_admission_on_kubernetes_takes_an_advertised_profile_and_refuses_another_in_a_sentence():
     pins = KubernetesPlacement.pins_slices
     verdict = admit({"gpus": 1, "gpu_profile": "1g.18gb"}, context(pins))
-    assert isinstance(verdict, Admitted) and verdict.request.gpu_profile == "1g.18gb"
+    assert isinstance(verdict, Admitted)
+    assert verdict.request.gpu_profile == "1g.18gb"
     refused = admit({"gpus": 1, "gpu_profile": "2g.35gb"}, context(pins))
-    assert isinstance(refused, Refusal) and refused.status == 400
+    assert isinstance(refused, Refusal)
+    assert refused.status == 400
     assert refused.message == (
         "Cannot start the server: this hub has no MIG slices of '2g.35gb'; it has: 1g.18gb (2 on H200-141GB), "
         "3g.71gb (1 on H200-141GB)."
@@ -244,13 +252,15 @@ def test_a_simulated_slice_is_leased_by_its_mig_uuid_and_charged_by_its_share(st
     asking: list[dict] = []  # what reservations count as asking for whole GPUs while the pod is followed
     pod_job = job(PodReport("n1", (first.uuid,)), look=lambda: asking.append(dict(placement.reservations.asking)))
     lease = asyncio.run(place(placement, pod_job))
-    assert lease.gpu_uuids == (first.uuid,) and lease.node == "n1"
+    assert lease.gpu_uuids == (first.uuid,)
+    assert lease.node == "n1"
     assert lease.shares == pytest.approx((1 / 7,))
-    assert asking and all(seen == {} for seen in asking), "a slice request counted as asking for whole GPUs"
+    assert asking, "a slice request counted as asking for whole GPUs"
+    assert all(seen == {} for seen in asking), "a slice request counted as asking for whole GPUs"
 
 
 @pytest.mark.parametrize(
-    "reported, words",
+    ("reported", "words"),
     [
         ("GPU-sim-n1-00-h200-141gb", "is not a 1g.18gb MIG slice of n1"),  # a whole GPU for a slice request
         ("MIG-sim-n1-02-h200-141gb-2-3g.71gb", "is not a 1g.18gb MIG slice of n1"),  # another profile's
@@ -270,7 +280,8 @@ def test_a_real_nodes_slice_is_learned_under_its_profile_and_must_be_a_mig_uuid(
     real_uuid = "MIG-5c1e3a2b-0000-4000-8000-000000000001"
     lease = asyncio.run(place(slice_placement(store, inventory, learned), job(PodReport("n1", (real_uuid,)))))
     assert learned == [("n1", (real_uuid,), "1g.18gb")]
-    assert lease.gpu_uuids == (real_uuid,) and lease.shares == pytest.approx((1 / 7,))
+    assert lease.gpu_uuids == (real_uuid,)
+    assert lease.shares == pytest.approx((1 / 7,))
     store.release("alice", "")
     with pytest.raises(NoGPUAvailable, match="is not a MIG UUID"):
         asyncio.run(place(slice_placement(store, inventory, []), job(PodReport("n1", ("GPU-0000",)))))
@@ -322,7 +333,8 @@ def test_a_running_slice_pod_without_a_lease_is_adopted_not_left_as_cpu_only(sto
     actions = reconcile_pods([orphan], store.leases(), adopt, lambda name: None, created_before=2e9)
     assert actions == [Action("wb-1a2b3c4d-carol", "adopted")]
     (lease,) = store.leases()
-    assert lease.gpu_uuids == (mig,) and lease.shares == pytest.approx((1 / 7,))
+    assert lease.gpu_uuids == (mig,)
+    assert lease.shares == pytest.approx((1 / 7,))
 
 
 def test_the_nodes_route_lists_learned_mig_uuids_with_their_node():
@@ -330,4 +342,5 @@ def test_the_nodes_route_lists_learned_mig_uuids_with_their_node():
 
     known = {"n1": ["GPU-a"], "n1/mig-1g.18gb": ["MIG-b"], "n1/mig-3g.71gb": ["MIG-c"]}
     (row,) = node_rows({"n1": SLICED}, known)
-    assert row["node"] == "n1" and row["reported_uuids"] == ["GPU-a", "MIG-b", "MIG-c"]
+    assert row["node"] == "n1"
+    assert row["reported_uuids"] == ["GPU-a", "MIG-b", "MIG-c"]

@@ -245,10 +245,12 @@ def test_labels_are_dcgm_exporters_and_quotes_backslashes_newlines_round_trip(st
         37.5,
     )
     held = dict((labels["user"], value) for labels, value in parsed["workbench_user_gpus_held"][2])
-    assert held[ALICE] == 1.0 and held[BOB] == 1.0
+    assert held[ALICE] == 1.0
+    assert held[BOB] == 1.0
     models = {labels["modelName"] for labels, _ in parsed["workbench_gpu_allocated"][2]}
     users = {labels["user"] for labels, _ in parsed["workbench_gpu_allocated"][2]}
-    assert models == {MODEL_A, MODEL_B} and users == {ALICE, BOB, "", "amy,zed"}
+    assert models == {MODEL_A, MODEL_B}
+    assert users == {ALICE, BOB, "", "amy,zed"}
 
 
 def test_a_value_that_is_hard_to_escape_still_round_trips(store):
@@ -315,7 +317,8 @@ def test_the_reconcilers_fixes_are_a_counter_by_kind_read_from_the_database(stor
         book.count(kind)
     parsed = parse(render_metrics(FakeFleet(store, ROWS, simulated=False), USERS))
     kind, documentation, samples = parsed["workbench_reconcile_fixes"]
-    assert kind == "counter" and documentation == COUNTERS["workbench_reconcile_fixes"]
+    assert kind == "counter"
+    assert documentation == COUNTERS["workbench_reconcile_fixes"]
     assert {labels["kind"]: value for labels, value in samples} == {
         "a_future_kind": 1.0,
         "lease_closed": 2.0,

@@ -38,7 +38,9 @@ def read_quota(body, models=None) -> Quota:
 
 def test_own_quota_wins_even_when_a_group_is_more_generous():
     eff = effective_quota(Quota(0), {"ml-course": Quota(4)}, DEFAULT)
-    assert eff.quota.max_gpus == 0 and eff.source == "user" and eff.origin == "own quota"
+    assert eff.quota.max_gpus == 0
+    assert eff.source == "user"
+    assert eff.origin == "own quota"
     assert eff.describe == "your own GPU quota"
 
 
@@ -65,7 +67,9 @@ def test_ties_go_to_the_group_name_that_sorts_first():
 
 def test_default_when_nothing_is_set():
     eff = effective_quota(None, {}, DEFAULT)
-    assert eff.quota == DEFAULT and eff.source == "default" and eff.describe == "the default quota"
+    assert eff.quota == DEFAULT
+    assert eff.source == "default"
+    assert eff.describe == "the default quota"
 
 
 def test_the_book_applies_the_rule_and_ignores_other_groups(store):
@@ -77,7 +81,8 @@ def test_the_book_applies_the_rule_and_ignores_other_groups(store):
     assert eff.quota == Quota(2, 10.0, ("H100-80GB",))
     book.set("user", "alice", Quota(0))
     assert book.effective("alice", ["ml-course"], DEFAULT).quota.max_gpus == 0
-    assert book.delete("user", "alice") and not book.delete("user", "alice")
+    assert book.delete("user", "alice")
+    assert not book.delete("user", "alice")
     assert book.effective("bob", [], DEFAULT).source == "default"
     assert book.get("group", "ml-course").updated_by == "user:admin"
 
@@ -116,7 +121,7 @@ def test_the_shortest_session_limit_is_accepted():
 
 
 @pytest.mark.parametrize(
-    "body, message",
+    ("body", "message"),
     [
         ({"max_gpus": -1}, "max_gpus must be between 0 and 1024, not -1"),
         ({"max_gpus": 1.5}, "max_gpus must be a whole number, not 1.5"),
@@ -180,7 +185,8 @@ def test_a_good_quota_is_normalised():
         MODELS,
     )
     assert quota == Quota(2, 10.0, ("H100-80GB",), 4.0)
-    assert isinstance(quota.max_gpus, int) and isinstance(quota.gpu_hours_per_week, float)
+    assert isinstance(quota.max_gpus, int)
+    assert isinstance(quota.gpu_hours_per_week, float)
     assert read_quota({"max_gpus": 0, "allowed_models": []}, MODELS).allowed_models == ()
     assert read_quota({"max_gpus": 1, "allowed_models": ["V100"]}).allowed_models == ("V100",)  # no inventory: any
 
@@ -197,13 +203,14 @@ def test_kind_parts_are_normalised_and_missing_ones_keep_their_defaults():
     assert read_quota({"max_gpus": 1, "allowed_profiles": None}).allowed_profiles is None
     # CPU only may say so with the kind parts too.
     assert read_quota({"max_gpus": 0, "whole_gpus": False, "allowed_profiles": []}).max_gpus == 0
-    assert student.to_json()["allowed_profiles"] == ["1g.18gb", "3g.71gb"] and student.to_json()["whole_gpus"] is False
+    assert student.to_json()["allowed_profiles"] == ["1g.18gb", "3g.71gb"]
+    assert student.to_json()["whole_gpus"] is False
     assert Quota.from_json(student.to_json()) == student
     assert Quota.from_json({"max_gpus": 2}) == Quota(2), "a quota written before MIG: whole GPUs and any slice"
 
 
 @pytest.mark.parametrize(
-    "quota, profile, allowed",
+    ("quota", "profile", "allowed"),
     [
         (Quota(1), "", True),
         (Quota(1), "1g.18gb", True),

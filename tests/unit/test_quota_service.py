@@ -18,7 +18,7 @@ from tests.service.openapi_check import check
 from workbench_devices import DeviceInventory, GPUDevice, discover_devices
 from workbench_hub.service import handlers
 from workbench_hub.service.app import make_app
-from workbench_hub.service.fleet import NO_SETTINGS, Fleet, SettingsMissing
+from workbench_hub.service.fleet import NO_SETTINGS, Fleet, SettingsMissingError
 from workbench_hub.service.handlers import _jinja
 from workbench_hub.service.metrics import render_metrics
 from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
@@ -114,7 +114,8 @@ def test_the_admin_page_escapes_names():
         models=[EVIL],
         xsrf='"</script><script>alert(1)</script>',
     )
-    assert "<img" not in html and "</script><script>" not in html
+    assert "<img" not in html
+    assert "</script><script>" not in html
     assert "&lt;img src=x onerror=" in html
 
 
@@ -128,7 +129,9 @@ def test_metrics_are_prometheus_text_with_dcgm_names(store):
     util = {s.labels["UUID"]: s.labels for s in families["DCGM_FI_DEV_GPU_UTIL"].samples}
     first = util["GPU-sim-00-h100-80gb"]
     assert set(first) == {"gpu", "UUID", "modelName", "Hostname", "user", "simulated"}
-    assert first["gpu"] == "0" and first["Hostname"] == "gpu-node-7" and first["simulated"] == "true"
+    assert first["gpu"] == "0"
+    assert first["Hostname"] == "gpu-node-7"
+    assert first["simulated"] == "true"
     assert 'al"ice' in {labels["user"] for labels in util.values()}
     quotas = {s.labels["user"]: s.value for s in families["workbench_user_quota_max_gpus"].samples}
     assert quotas == {"bob": 3.0, 'al"ice': 2.0}
@@ -138,7 +141,7 @@ def test_metrics_are_prometheus_text_with_dcgm_names(store):
 
 def test_the_fleet_reads_the_settings_the_hub_stored_and_notices_a_change(store):
     fleet = Fleet(store, refresh_seconds=0)
-    with pytest.raises(SettingsMissing, match="has not published its GPU settings yet"):
+    with pytest.raises(SettingsMissingError, match="has not published its GPU settings yet"):
         fleet.inventory  # noqa: B018
     static = DeviceInventory(
         "static",
@@ -148,11 +151,16 @@ def test_the_fleet_reads_the_settings_the_hub_stored_and_notices_a_change(store)
     store_policy_settings(
         store, PolicySettings(store.url, static, servers_per_gpu=3, default_quota=Quota(2), node="head-1")
     )
-    assert fleet.default == Quota(2) and fleet.gpus()[0]["slots"] == 3 and fleet.node == "head-1"
-    assert [g["uuid"] for g in fleet.gpus()] == ["GPU-static-1"] and fleet.models() == ["L4-24GB"]
+    assert fleet.default == Quota(2)
+    assert fleet.gpus()[0]["slots"] == 3
+    assert fleet.node == "head-1"
+    assert [g["uuid"] for g in fleet.gpus()] == ["GPU-static-1"]
+    assert fleet.models() == ["L4-24GB"]
     assert fleet.gpus()[0]["utilization_percent"] is None  # static GPUs cannot be read by the hub
     store_policy_settings(store, settings_for(store.url, spec="3", node="head-2", default=4))
-    assert fleet.default == Quota(4) and len(fleet.gpus()) == 3 and fleet.node == "head-2"
+    assert fleet.default == Quota(4)
+    assert len(fleet.gpus()) == 3
+    assert fleet.node == "head-2"
 
 
 def _free_port() -> int:
@@ -181,7 +189,8 @@ async def test_the_api_answers_503_with_a_sentence_until_the_hub_stored_its_sett
             check(doc, "GET", path, r.code, r.headers["Content-Type"], r.body)
         store_policy_settings(store, settings_for(store.url))
         r = await client.fetch(f"http://127.0.0.1:{port}{PREFIX}api/gpus", raise_error=False)
-        assert r.code == 200 and json.loads(r.body)["node"] == "gpu-node-7"
+        assert r.code == 200
+        assert json.loads(r.body)["node"] == "gpu-node-7"
         check(doc, "GET", "api/gpus", r.code, r.headers["Content-Type"], r.body)
     finally:
         server.stop()
@@ -235,11 +244,14 @@ async def test_the_kind_parts_of_a_quota_round_trip_through_the_api(live_service
     check(doc, "GET", "api/quotas/users/alice", r.code, r.headers["Content-Type"], r.body)
     assert json.loads(r.body)["quota"]["allowed_profiles"] == ["1g.18gb"]
     code, view = await put("api/quotas/groups/research", {"max_gpus": 4, "allowed_profiles": []})
-    assert code == 200 and (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (True, [])
+    assert code == 200
+    assert (view["quota"]["whole_gpus"], view["quota"]["allowed_profiles"]) == (True, [])
     code, view = await put("api/quotas/groups/thesis", {"max_gpus": 1, "shared_gpus": False})
-    assert code == 200 and (view["quota"]["shared_gpus"], view["quota"]["whole_gpus"]) == (False, True)
+    assert code == 200
+    assert (view["quota"]["shared_gpus"], view["quota"]["whole_gpus"]) == (False, True)
     code, error = await put("api/quotas/groups/thesis", {"max_gpus": 1, "shared_gpus": "no"})
-    assert code == 400 and "shared_gpus" in error["message"], error
+    assert code == 400, error
+    assert "shared_gpus" in error["message"], error
     assert Fleet(store, refresh_seconds=0).book.get("group", "thesis").quota == Quota(1, shared_gpus=False)
     # Refused bodies are a sentence each, and change nothing.
     code, error = await put("api/quotas/users/alice", {"max_gpus": 1, "allowed_profiles": ["1x.5gb"]})
@@ -248,7 +260,8 @@ async def test_the_kind_parts_of_a_quota_round_trip_through_the_api(live_service
         "invalid quota: allowed_profiles: '1x.5gb' is not a MIG profile; profiles read like 1g.18gb or 3g.71gb",
     )
     code, error = await put("api/quotas/users/alice", {"max_gpus": 1, "whole_gpus": False, "allowed_profiles": []})
-    assert code == 400 and "allows neither whole GPUs nor any MIG slice" in error["message"]
+    assert code == 400
+    assert "allows neither whole GPUs nor any MIG slice" in error["message"]
     stored = Fleet(store, refresh_seconds=0).book.get("user", "alice").quota
     assert stored == Quota(1, whole_gpus=False, allowed_profiles=("1g.18gb",))
     # A body without the kind parts gets their defaults.
@@ -301,11 +314,13 @@ async def test_the_cli_sets_and_shows_the_kind_parts(live_service, store, capsys
     assert book.get("group", "research").quota == Quota(4)
     assert await asyncio.to_thread(main, [*base, "quota", "show"]) == 0
     out = capsys.readouterr().out
-    assert "group students: 1 GPU(s) at once" in out and "no whole GPUs, MIG slices 1g.18gb, 2g.35gb" in out
+    assert "group students: 1 GPU(s) at once" in out
+    assert "no whole GPUs, MIG slices 1g.18gb, 2g.35gb" in out
     code = await asyncio.to_thread(
         main, [*base, "quota", "set", "alice", "--max-gpus", "1", "--allowed-profiles", "1x.5gb"]
     )
-    assert code == 1 and "'1x.5gb' is not a MIG profile" in capsys.readouterr().err
+    assert code == 1
+    assert "'1x.5gb' is not a MIG profile" in capsys.readouterr().err
     args = [*base, "quota", "set-group", "thesis", "--max-gpus", "1", "--no-shared-gpus"]
     assert await asyncio.to_thread(main, args) == 0
     assert "1 GPU(s) at once, no GPU-hour limit, any model, no time-sliced GPUs." in capsys.readouterr().out
@@ -334,8 +349,10 @@ def test_the_admin_page_shows_and_edits_the_kind_parts():
     )
     assert "any; no whole GPUs; MIG slices: 1g.18gb</td>" in html
     assert "any; MIG slices: none</td>" in html
-    assert 'id="quota-whole-gpus"' in html and "MIG profiles (comma list; empty: any)" in html
+    assert 'id="quota-whole-gpus"' in html
+    assert "MIG profiles (comma list; empty: any)" in html
     assert 'whole_gpus: document.getElementById("quota-whole-gpus").checked' in html
     assert 'allowed_profiles: profiles === "" ? null' in html
-    assert "<td>any; no time-sliced GPUs</td>" in html and html.count("no time-sliced GPUs</td>") == 1
+    assert "<td>any; no time-sliced GPUs</td>" in html
+    assert html.count("no time-sliced GPUs</td>") == 1
     assert 'shared_gpus: document.getElementById("quota-shared-gpus").checked' in html

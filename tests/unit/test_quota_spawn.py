@@ -48,7 +48,8 @@ async def test_quota_zero_refuses_gpus_but_allows_cpu(make_spawner):
     spawner = make_spawner(quota_contact="the course staff")
     spawner.gpu_quota_book.set("user", "alice", Quota(0))
     message = await refused(spawner, {"gpus": 1})
-    assert "your own GPU quota allows 0 at once" in message and "ask the course staff" in message
+    assert "your own GPU quota allows 0 at once" in message
+    assert "ask the course staff" in message
     await spawner._apply_gpu_options({"gpus": 0})
     assert spawner.gpu_request.gpus == 0
     # Without a gpus option the default is lowered to what the quota allows.
@@ -89,7 +90,8 @@ async def test_exhausted_gpu_hours_budget_is_refused(make_spawner):
             )
         )
     message = await refused(spawner, {"gpus": 1})
-    assert "allows 1 GPU-hours per week" in message and "used 2.0" in message
+    assert "allows 1 GPU-hours per week" in message
+    assert "used 2.0" in message
     assert spawner.gpu_admission_context().allowed_now() == 0
     await spawner._apply_gpu_options({"gpus": 0})  # CPU stays allowed
 

@@ -93,7 +93,7 @@ def test_the_stored_url_has_no_password():
 
 
 @pytest.mark.parametrize(
-    "static, message",
+    ("static", "message"),
     [
         ([{"name": "x"}], "static_gpus entry 0 needs 'uuid' and 'name'"),
         ([{"uuid": "a", "name": "x", "index": "first"}], "static_gpus entry 0: index and memory_total_bytes"),

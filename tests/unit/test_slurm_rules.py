@@ -25,7 +25,7 @@ from workbench_spawner.backends.slurm.tags import job_tag, parse_tag, parse_tag_
 
 
 @pytest.mark.parametrize(
-    "text, expected",
+    ("text", "expected"),
     [
         ("0", [0]),
         ("0-1", [0, 1]),
@@ -40,7 +40,7 @@ def test_index_lists(text, expected):
 
 
 @pytest.mark.parametrize(
-    "gres, expected",
+    ("gres", "expected"),
     [
         ("gpu:h100-80gb:2", [("h100-80gb", 2, [])]),
         ("gpu:h100-80gb:2(IDX:0-1)", [("h100-80gb", 2, [0, 1])]),
@@ -56,7 +56,7 @@ def test_gres_strings(gres, expected):
 
 
 @pytest.mark.parametrize(
-    "user, server",
+    ("user", "server"),
     [("alice", ""), ("bob", "train"), ("a/b c", "x/y"), ("é", ""), ("abcdef12:x", "y:z"), ("0a1b2c3d", "")],
 )
 @pytest.mark.parametrize("hub", ["", "0a1b2c3d"])
@@ -66,7 +66,7 @@ def test_the_tag_round_trips_any_name(user, server, hub):
 
 
 @pytest.mark.parametrize(
-    "comment, ours",
+    ("comment", "ours"),
     [
         ("workbench:0a1b2c3d:alice/", True),  # this hub's
         ("workbench:alice/", True),  # a tag from before hub ids: every hub's
@@ -88,7 +88,7 @@ def test_jobs_without_our_tag_are_not_ours(comment):
 
 
 @pytest.mark.parametrize(
-    "reason, hopeless",
+    ("reason", "hopeless"),
     [
         ("PartitionConfig", True),
         ("InvalidQOS", True),
@@ -104,7 +104,7 @@ def test_only_reasons_no_wait_can_fix_cancel_at_once(reason, hopeless):
 
 
 @pytest.mark.parametrize(
-    "stderr, status, words",
+    ("stderr", "status", "words"),
     [
         (
             "sbatch: error: Batch job submission failed: Invalid partition name specified",
@@ -122,7 +122,9 @@ def test_only_reasons_no_wait_can_fix_cancel_at_once(reason, hopeless):
 )
 def test_a_failed_sbatch_says_whose_fault_it_is(stderr, status, words):
     got_status, message = sbatch_failure(stderr)
-    assert got_status == status and words in message and message.endswith(".")
+    assert got_status == status
+    assert words in message
+    assert message.endswith(".")
 
 
 SQUEUE = json.dumps(
@@ -179,8 +181,11 @@ def test_squeue_json_gives_node_indices_and_tag():
     assert jobs[0] == SlurmJob(
         "7", "RUNNING", "None", "wbnode2", "alice", "workbench:alice/", (1,), 1, 10, 100, "gpu", start_time=160
     )
-    assert jobs[0].running and jobs[0].tag == ("alice", "")
-    assert jobs[1].pending and jobs[1].gpus_requested == 2 and jobs[1].tag is None
+    assert jobs[0].running
+    assert jobs[0].tag == ("alice", "")
+    assert jobs[1].pending
+    assert jobs[1].gpus_requested == 2
+    assert jobs[1].tag is None
     # Position: same priority, earlier submit is ahead; the running job is not in line.
     assert queue_position(jobs, "9") == 1
     assert queue_position(jobs, "8") == 0
@@ -217,11 +222,12 @@ def test_sinfo_json_gives_gres_and_used_indices():
     assert nodes[1] == SlurmNode(
         "wbnode2", "10.77.0.2", "MIXED", "h100-80gb", 2, (1,), ("gpu",), gres=(("h100-80gb", 2),)
     )
-    assert not nodes[0].usable and nodes[1].usable
+    assert not nodes[0].usable
+    assert nodes[1].usable
 
 
 @pytest.mark.parametrize(
-    "kwargs, expected",
+    ("kwargs", "expected"),
     [
         (dict(gpus=1), ["--gres=gpu:1"]),
         (dict(gpus=2, model="H100-80GB"), ["--gres=gpu:h100-80gb:2"]),
@@ -241,7 +247,7 @@ def test_sbatch_options(kwargs, expected):
     assert opts[3:] == expected
 
 
-@pytest.mark.parametrize("hours, expected", [(None, None), (0, None), (0.001, "0-00:01:00"), (25, "1-01:00:00")])
+@pytest.mark.parametrize(("hours", "expected"), [(None, None), (0, None), (0.001, "0-00:01:00"), (25, "1-01:00:00")])
 def test_session_hours_become_a_time_limit(hours, expected):
     assert time_limit(hours) == expected
 
@@ -251,7 +257,7 @@ def test_no_gpus_means_no_gres():
 
 
 @pytest.mark.parametrize(
-    "reason, ahead, text",
+    ("reason", "ahead", "text"),
     [
         ("Resources", 0, "Waiting for 1 GPU: all 4 GPUs that fit are in use (Slurm: Resources), next in line"),
         ("Resources", 3, "Waiting for 1 GPU: all 4 GPUs that fit are in use (Slurm: Resources), 3 jobs ahead"),
@@ -283,7 +289,8 @@ def test_cluster_inventory_has_distinct_uuids_per_node():
         ("wbnode2", 0, "GPU-sim-wbnode2-00-h100-80gb"),
         ("wbnode2", 1, "GPU-sim-wbnode2-01-h100-80gb"),
     ]
-    assert inv.source == "simulated" and "simulated" in inv.message
+    assert inv.source == "simulated"
+    assert "simulated" in inv.message
     real = cluster_inventory(nodes[:1], "")
     assert [d.uuid for d in real.devices] == ["SLURM-wbnode1-gpu0", "SLURM-wbnode1-gpu1"]
     assert real.devices[0].model == "H100-80GB"
@@ -307,7 +314,8 @@ def test_configurer_slurm_table(tmp_path):
         tmp_path,
     )
     assert c.JupyterHub.spawner_class == "gpu-slurm"
-    assert c.JupyterHub.hub_ip == "0.0.0.0" and c.JupyterHub.hub_connect_ip == "head01"
+    assert c.JupyterHub.hub_ip == "0.0.0.0"
+    assert c.JupyterHub.hub_connect_ip == "head01"
     s = c.SlurmGPUSpawner
     assert (s.slurm_partition, s.slurm_account, s.slurm_qos, s.slurm_extra_options) == (
         "gpu",
@@ -318,7 +326,8 @@ def test_configurer_slurm_table(tmp_path):
     assert s.slurm_env_prefix == "/shared/wb-env"
     assert c.Spawner.cmd == ["/shared/wb-env/bin/jupyterhub-singleuser"]
     assert c.Spawner.poll_interval == 5
-    assert s.slurm_partitions == ["gpu", "debug"] and s.slurm_min_uid == 500
+    assert s.slurm_partitions == ["gpu", "debug"]
+    assert s.slurm_min_uid == 500
 
 
 def test_unreadable_extra_options_are_a_config_error(tmp_path):
@@ -327,7 +336,7 @@ def test_unreadable_extra_options_are_a_config_error(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "env, words",
+    ("env", "words"),
     [
         ({"WORKBENCH_SLURM_MIN_UID": "-1"}, "WORKBENCH_SLURM_MIN_UID must be a non-negative whole number"),
         ({"WORKBENCH_SLURM_MIN_UID": "root"}, "WORKBENCH_SLURM_MIN_UID must be a non-negative whole number"),

@@ -25,7 +25,8 @@ def confined_nvml(monkeypatch) -> None:
 def test_a_confined_job_reports_its_gpus_under_slurms_index(monkeypatch):
     confined_nvml(monkeypatch)
     report = node_report({"SLURMD_NODENAME": "gpu07", "SLURM_JOB_GPUS": "3"})
-    assert report["node"] == "gpu07" and report["source"] == "nvml"
+    assert report["node"] == "gpu07"
+    assert report["source"] == "nvml"
     assert [(g["index"], g["uuid"]) for g in report["gpus"]] == [(3, "GPU-real-3")]
     assert report["job_gpus"] == ["GPU-real-3"]
 

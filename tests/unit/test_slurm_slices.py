@@ -40,7 +40,9 @@ def test_sinfo_gives_each_gres_line_and_so_the_type_of_every_index():
     (node,) = parse_sinfo_json(
         json.dumps({"nodes": [{"name": "wbnode2", "gres": GRES, "gres_used": "gpu:1g.18gb:1(IDX:3)"}]})
     )
-    assert node.gres == NODE.gres and node.gpu_count == 5 and node.gpus_used == (3,)
+    assert node.gres == NODE.gres
+    assert node.gpu_count == 5
+    assert node.gpus_used == (3,)
     assert node.gres_types() == ["h100-80gb", "h100-80gb", "1g.18gb", "1g.18gb", "3g.71gb"]
     # A node read without its GRES lines has its one type on every index, as before.
     assert SlurmNode("n1", "a", "IDLE", "h100", 2).gres_types() == ["h100", "h100"]
@@ -91,7 +93,7 @@ def test_a_node_with_fewer_gres_takes_the_first_devices_of_the_spec():
 
 
 @pytest.mark.parametrize(
-    "spec, words",
+    ("spec", "words"),
     [
         ("2xH100-80GB,1xH200-141GB:mig=1x3g.71gb+2x1g.18gb", "lists a 3g.71gb slice as GPU 2 of wbnode2"),
         ("3xH100-80GB", "lists a whole H100-80GB as GPU 2 of wbnode2, where Slurm has GRES type 1g.18gb"),
@@ -100,8 +102,10 @@ def test_a_node_with_fewer_gres_takes_the_first_devices_of_the_spec():
 )
 def test_a_spec_out_of_slurms_order_gives_no_inventory_and_says_why(spec, words):
     inventory = cluster_inventory([NODE], spec)
-    assert inventory.source == "none" and not inventory.devices
-    assert words in inventory.message and "gres.conf's order" in inventory.message
+    assert inventory.source == "none"
+    assert not inventory.devices
+    assert words in inventory.message
+    assert "gres.conf's order" in inventory.message
 
 
 def test_a_real_nodes_slices_wait_for_a_report_then_take_the_mig_uuid_and_its_gpu(tmp_path):
@@ -124,7 +128,8 @@ def test_a_real_nodes_slices_wait_for_a_report_then_take_the_mig_uuid_and_its_gp
         "GPU-real-h200",
         "H200-141GB",
     )
-    assert after.kind == "H200-141GB 1g.18gb" and after.share == pytest.approx(1 / 7)
+    assert after.kind == "H200-141GB 1g.18gb"
+    assert after.share == pytest.approx(1 / 7)
 
 
 def test_a_report_of_a_whole_gpu_at_a_slices_index_does_not_make_it_a_slice_of_another_gpu():
@@ -138,7 +143,7 @@ def test_a_report_of_a_whole_gpu_at_a_slices_index_does_not_make_it_a_slice_of_a
 
 
 @pytest.mark.parametrize(
-    "gpus, model, profile, whole, gres",
+    ("gpus", "model", "profile", "whole", "gres"),
     [
         (1, None, "1g.18gb", "h100-80gb", "gpu:1g.18gb:1"),
         (2, "H200-141GB", "1g.18gb", "h100-80gb", "gpu:1g.18gb:2"),  # the profile is the GRES type
@@ -158,7 +163,7 @@ def test_sbatch_asks_for_the_slices_gres():
 
 
 @pytest.mark.parametrize(
-    "spec, whole",
+    ("spec", "whole"),
     [
         (SPEC, "h100-80gb"),
         ("2xH100-80GB", None),  # no slices: a bare gpu:N, as before
@@ -173,7 +178,7 @@ def test_the_type_of_a_whole_gpu_request(spec, whole):
 # -- what the job reports --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("index, uuid", [("2", mig(0)), ("3", mig(1)), ("4", mig(2, "3g.71gb"))])
+@pytest.mark.parametrize(("index", "uuid"), [("2", mig(0)), ("3", mig(1)), ("4", mig(2, "3g.71gb"))])
 def test_a_slice_job_reports_the_mig_uuid_of_its_slurm_index(index, uuid):
     env = {"SLURMD_NODENAME": "wbnode2", "SLURM_JOB_GPUS": index, "WORKBENCH_SIMULATED_GPUS": SPEC}
     report = node_report(env)
@@ -218,14 +223,16 @@ def test_a_slice_job_waits_among_its_profiles_slices_and_its_lease_is_charged_it
         lease = asyncio.run(placement.place("ann", "", 1, None, 30.0, job=job))
     finally:
         store.dispose()
-    assert lease.gpu_uuids == (mig(1),) and lease.node == "wbnode2"
+    assert lease.gpu_uuids == (mig(1),)
+    assert lease.node == "wbnode2"
     assert lease.shares == pytest.approx((1 / 7,))
     assert (
         "Waiting for 1 1g.18gb slice: all 2 1g.18gb slices that fit are in use (Slurm: Resources), next in line"
         in events
     )
     # A whole-GPU request counts whole GPUs only, as before.
-    assert placement.total_gpus() == 4 and placement.total_gpus("3g.71gb") == 1
+    assert placement.total_gpus() == 4
+    assert placement.total_gpus("3g.71gb") == 1
 
 
 def test_the_hub_checks_a_simulated_nodes_report_against_its_own_list_in_slurms_order():

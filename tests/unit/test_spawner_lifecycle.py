@@ -46,7 +46,8 @@ async def test_start_pins_and_stop_releases(make_spawner):
     assert spawner.get_state()["gpu_uuids"] == ["GPU-sim-00-h100-80gb"]
     assert held(spawner) == {"alice": ("GPU-sim-00-h100-80gb",)}
     await spawner.stop()
-    assert held(spawner) == {} and spawner.get_env()["WORKBENCH_GPUS"] == ""
+    assert held(spawner) == {}
+    assert spawner.get_env()["WORKBENCH_GPUS"] == ""
 
 
 async def test_failed_start_releases(make_spawner):
@@ -135,7 +136,8 @@ async def test_waiting_spawn_reports_progress_then_times_out(make_spawner):
     watcher = asyncio.create_task(watch())
     with pytest.raises(SpawnException) as err:
         await start(waiter, {"gpus": 1})
-    assert err.value.status_code == 503 and "No 1 GPU became free within 0.5 seconds" in err.value.message
+    assert err.value.status_code == 503
+    assert "No 1 GPU became free within 0.5 seconds" in err.value.message
     await asyncio.sleep(0.1)
     watcher.cancel()
     assert any("Waiting for 1 GPU to become free" in e for e in events), events
@@ -193,11 +195,13 @@ async def test_servers_start_a_few_at_a_time_and_the_next_is_told_how_many_are_a
     watcher = asyncio.create_task(watch())
     starting = asyncio.ensure_future(start(second, {"gpus": 0}))
     await settled(lambda: line.waiting_to_start == 1)
-    assert not starting.done() and not second.alive
+    assert not starting.done()
+    assert not second.alive
     assert line.in_line == 1, "a spawn waiting for a start slot counts as waiting"
     first._spawn_pending = False  # the hub saw the first server answer
     await asyncio.wait_for(starting, 5)
-    assert second.alive and line.in_line == 0
+    assert second.alive
+    assert line.in_line == 0
     watcher.cancel()
     assert "Waiting to start: the host is starting 1 server ahead of yours" in events, events
 
@@ -208,7 +212,8 @@ async def test_a_failed_start_gives_its_start_slot_back_at_once(make_spawner):
     spawner.behaviour = "fail"
     with pytest.raises(RuntimeError):
         await start(spawner, {"gpus": 1})
-    assert spawner.gpu_policy.start_line.starting == 0 and held(spawner) == {}
+    assert spawner.gpu_policy.start_line.starting == 0
+    assert held(spawner) == {}
 
 
 PROFILES = [
@@ -223,7 +228,8 @@ async def test_profile_sizes_the_server_and_does_not_stick(make_spawner):
     await start(spawner, {"gpus": 0, "profile": "small"})
     env = spawner.get_env()
     assert (spawner.cpu_limit, spawner.mem_limit) == (2.0, 8 << 30)
-    assert env["CPU_LIMIT"] == "2.0" and env["MEM_LIMIT"] == str(8 << 30)
+    assert env["CPU_LIMIT"] == "2.0"
+    assert env["MEM_LIMIT"] == str(8 << 30)
     assert spawner.gpu_request.profile == "small"
     await spawner.stop()
     # no profile named: the default profile, not the last one used
@@ -254,14 +260,16 @@ def test_bad_profile_configuration_is_a_trait_error(make_spawner):
 async def test_without_profiles_the_configured_limits_apply(make_spawner):
     spawner = make_spawner(cpu_limit=3.0)
     await start(spawner, {"gpus": 0})
-    assert spawner.cpu_limit == 3.0 and spawner.gpu_request.profile is None
+    assert spawner.cpu_limit == 3.0
+    assert spawner.gpu_request.profile is None
     assert "profile" not in await spawner._render_options_form()
 
 
 async def test_form_offers_the_profiles_with_the_default_checked(make_spawner):
     html = await make_spawner(resource_profiles=PROFILES)._render_options_form()
     assert 'id="workbench-profiles"' in html
-    assert 'value="standard" checked' in html and 'value="small">' in html
+    assert 'value="standard" checked' in html
+    assert 'value="small">' in html
     assert 'small: <span class="workbench-profile-summary">2 CPUs, 8 GiB memory</span>' in html
     assert "64 GiB memory" in html
     assert "but not enforced" in html  # FakeGPUSpawner, like the local backend, cannot hold a process to it

@@ -118,9 +118,12 @@ def test_shipped_values_give_the_workbench_its_place_in_the_chart():
     assert option(workbench["command"], "proxy-url") == "http://rel-proxy-public:80"
     assert workbench["command"].count("--ip=") == 1
     # the chart's culler and role stay, first; the workbench's own culler is left out
-    assert c.JupyterHub.services[0] == CULLER and c.JupyterHub.load_roles[0] == CULLER_ROLE
-    assert service(c, "idle-culler") is None and role(c, "idle-culler") is None
-    assert role(c, "workbench-service") and role(c, "workbench-admins")["users"] == ["admin"]
+    assert c.JupyterHub.services[0] == CULLER
+    assert c.JupyterHub.load_roles[0] == CULLER_ROLE
+    assert service(c, "idle-culler") is None
+    assert role(c, "idle-culler") is None
+    assert role(c, "workbench-service")
+    assert role(c, "workbench-admins")["users"] == ["admin"]
     # the spawner: the chart's NetworkPolicy, not the backend's; the policy's database on the PVC
     assert c.KubernetesGPUSpawner.workbench_network_policy is False
     assert c.GPUSpawnerMixin.gpu_db_url == f"sqlite:///{PVC}/workbench.sqlite"
@@ -130,7 +133,8 @@ def test_shipped_values_give_the_workbench_its_place_in_the_chart():
     # z2jh's own settings are not the glue's to make
     for owned in ("bind_url", "hub_bind_url", "hub_connect_url", "hub_ip", "hub_port", "db_url", "spawner_class"):
         assert owned not in c.JupyterHub, owned
-    assert "ConfigurableHTTPProxy" not in c and "KubeSpawner" not in c
+    assert "ConfigurableHTTPProxy" not in c
+    assert "KubeSpawner" not in c
 
 
 def test_the_shipped_extra_config_runs_as_the_chart_runs_it(monkeypatch, tmp_path):
@@ -149,7 +153,8 @@ def test_the_shipped_extra_config_runs_as_the_chart_runs_it(monkeypatch, tmp_pat
     assert c.JupyterHub.spawner_class == "gpu-kubernetes"
     assert (tmp_path / "pvc").is_dir()
     assert service(c, "workbench")["url"] == "http://rel-hub:10101"
-    assert len(finished) == 1 and finished[0]["spawner_class"] == "gpu-kubernetes"
+    assert len(finished) == 1
+    assert finished[0]["spawner_class"] == "gpu-kubernetes"
     assert z2jh.os.environ["WORKBENCH_DATA_DIR"] == str(tmp_path / "pvc")
 
 
@@ -157,7 +162,7 @@ def test_the_shipped_extra_config_runs_as_the_chart_runs_it(monkeypatch, tmp_pat
 
 
 @pytest.mark.parametrize(
-    "env, changes, expected",
+    ("env", "changes", "expected"),
     [
         ({}, {}, "http://rel-proxy-public:80"),
         # automatic HTTPS: proxy-public leads to the TLS terminator; the proxy pod has its own Service
@@ -183,7 +188,7 @@ def test_the_service_reaches_user_servers_through_the_proxys_service(env, change
 
 
 @pytest.mark.parametrize(
-    "env, changes, says",
+    ("env", "changes", "says"),
     [
         ({"WORKBENCH_BACKEND": "docker"}, {}, "WORKBENCH_BACKEND='docker'"),
         ({"WORKBENCH_IMAGE": "gpu-workbench/singleuser:latest"}, {}, "singleuser.image"),
@@ -210,7 +215,7 @@ def test_what_the_glue_refuses_with_a_sentence(env, changes, says):
 
 
 @pytest.mark.parametrize(
-    "env, changes, check",
+    ("env", "changes", "check"),
     [
         # JupyterHub's database elsewhere: the GPU database goes where WORKBENCH_DB_URL says
         (
@@ -333,10 +338,11 @@ def test_finish_hub_refuses_a_spawner_of_another_backend(capsys):
         z2jh.finish_hub(c)
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "LocalGPUSpawner is the local backend's" in err and "gpu-kubernetes" in err
+    assert "LocalGPUSpawner is the local backend's" in err
+    assert "gpu-kubernetes" in err
 
 
-@pytest.mark.parametrize("backend, refused", [("kubernetes", False), ("local", True), ("", True)])
+@pytest.mark.parametrize(("backend", "refused"), [("kubernetes", False), ("local", True), ("", True)])
 def test_only_kubernetes_spawner_classes_run_under_the_chart(backend, refused):
     cls = type("SiteSpawner", (), {"workbench_backend": backend})
     assert bool(z2jh.kubernetes_class_problem(cls)) is refused

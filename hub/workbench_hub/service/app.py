@@ -44,7 +44,7 @@ from .fleet import Fleet
 from .gpu_reclaim import make_reclaimer
 from .hub_client import HubClient
 from .idle_handlers import idle_routes
-from .lifetime import CannotListen, Lifetime, listen
+from .lifetime import CannotListenError, Lifetime, listen
 from .session_limits import stop_overlong_servers
 from .stopping import make_stopper
 from .usage_handlers import UsageHandler
@@ -161,7 +161,7 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
     lifetime = Lifetime(parent, early)
     try:
         store = AllocationStore(args.db_url)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - boundary: any failure to open the database ends the service with one line
         log.error("cannot open the GPU database %s: %s", args.db_url.split("@")[-1], exc)
         return 1
     fleet = Fleet(store)
@@ -179,7 +179,7 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
             max_body_size=MAX_BODY,
             xheaders=True,
         )
-    except CannotListen as exc:
+    except CannotListenError as exc:
         log.error("%s", exc)
         store.dispose()
         return 1
@@ -216,7 +216,7 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
                     # Warned the idle rule's lead before the limit (WORKBENCH_GPU_IDLE_WARN_MINUTES, 10).
                     warn = await asyncio.to_thread(lambda: fleet.settings.gpu_idle_warn_minutes)
                     await stop_overlong_servers(fleet.book, hub, stopper, lead=timedelta(minutes=warn))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - loop boundary: the next check tries again
                     log.warning("Session limit check failed: %s", exc)
 
         checker = asyncio.create_task(check_sessions())

@@ -85,7 +85,7 @@ def key_of(device: GPUDevice) -> Key | None:
     return (device.parent_uuid, int(device.gpu_instance_id))
 
 
-def _instance_id(labels: dict[str, str]) -> int | None | str:
+def _instance_id(labels: dict[str, str]) -> int | str | None:
     raw = (labels.get("GPU_I_ID") or labels.get("gpu_i_id") or "").strip()
     if not raw:
         return None
@@ -212,7 +212,7 @@ class DcgmExporters:
     def _try_fetch(self, url: str) -> tuple[str, str]:
         try:
             return self._fetch(url), ""
-        except Exception as exc:  # refused, timed out, HTTP 5xx, not text: all "unreachable"
+        except (OSError, ValueError) as exc:  # refused, timed out, HTTP 5xx, too large: all "unreachable"
             return "", str(exc) or exc.__class__.__name__
 
     def _log_changes(self, scrape: Scrape) -> None:

@@ -278,5 +278,5 @@ class DrainStops:
             await asyncio.sleep(seconds)
             try:
                 await self.check()
-            except Exception as exc:  # the next pass tries again
+            except Exception as exc:  # noqa: BLE001 - loop boundary: the next pass tries again
                 log.warning("Drain check failed: %s", exc)

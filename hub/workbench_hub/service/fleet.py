@@ -9,7 +9,7 @@ Everything here is read from the GPU database the hub writes:
   (``c.GPUSpawnerMixin.default_max_gpus = 2``) shows here as it is enforced.
   The row's ``updated`` stamp is looked at every few seconds; a hub restart
   with other settings is picked up without restarting the service. Before
-  any hub stored them, ``SettingsMissing`` tells the handlers to answer 503;
+  any hub stored them, ``SettingsMissingError`` tells the handlers to answer 503;
 * the **leases** (who holds which GPU on which node, since when) and the
   **drains** (GPUs closed to new servers, ``drain_book.py``);
 * the **layout changes waiting** (``inventory_refresh.py``): a GPU whose
@@ -63,7 +63,7 @@ NO_SETTINGS = (
 )
 
 
-class SettingsMissing(Exception):
+class SettingsMissingError(Exception):
     """No hub has stored its policy settings in this database yet."""
 
     def __str__(self) -> str:
@@ -124,7 +124,7 @@ class Fleet:
     def settings(self) -> PolicySettings:
         settings = self._settings if self._fixed else self.refresh()
         if settings is None:
-            raise SettingsMissing()
+            raise SettingsMissingError()
         return settings
 
     @property
@@ -175,7 +175,7 @@ class Fleet:
             snapshot = self._source.read()
             for gpu in snapshot.get("gpus", []):
                 result[gpu["uuid"]] = {**gpu, "source": snapshot.get("source")}
-        except Exception as exc:  # never let a monitoring hiccup break the page
+        except Exception as exc:  # noqa: BLE001 - boundary: never let a monitoring hiccup break the page
             log.warning("Could not read live GPU numbers: %s", exc)
         self._reading, self._reading_at = result, time.monotonic()
         return result

@@ -286,7 +286,7 @@ class Reclaimer:
             await asyncio.sleep(self.interval)
             try:
                 await self.run_pass()
-            except Exception as exc:  # the hub restarting, the database busy: next pass
+            except Exception as exc:  # noqa: BLE001 - loop boundary: the hub restarting, the database busy: next pass
                 log.warning("Idle reclaim pass failed: %s", exc)
 
 

@@ -27,8 +27,8 @@ from tornado import web
 from tornado.escape import xhtml_escape
 
 from workbench_hub.service.ends import ends_by_reason, recent_stops
-from workbench_hub.service.fleet import Fleet, SettingsMissing
-from workbench_hub.service.hub_client import HubClient, HubUnavailable
+from workbench_hub.service.fleet import Fleet, SettingsMissingError
+from workbench_hub.service.hub_client import HubClient, HubUnavailableError
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
 from workbench_spawner.backend import node_drain_of
@@ -43,7 +43,7 @@ READ_SCOPE = "custom:workbench:read"
 MAX_NAME = 255
 # How long a request waits for the hub to publish its settings before a 503.
 SETTINGS_WAIT_SECONDS = 2.0
-UNAVAILABLE = (SettingsMissing, HubUnavailable)
+UNAVAILABLE = (SettingsMissingError, HubUnavailableError)
 
 
 def _json(data: Any) -> str:
@@ -88,7 +88,7 @@ class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
         except web.HTTPError as exc:
             if exc.status_code >= 500:  # HubAuth could not reach or use the hub's API
                 log.warning("Could not identify the caller: %s", exc.log_message)
-                raise HubUnavailable(
+                raise HubUnavailableError(
                     "the hub's API did not answer while checking the caller's token; try again in a moment"
                 ) from None
             raise
@@ -111,14 +111,14 @@ class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
         return f"{caller.get('kind', 'user')}:{caller.get('name', '?')}"
 
     async def wait_for_settings(self) -> None:
-        """Give a hub that is starting a moment to publish its settings; then SettingsMissing (503)."""
+        """Give a hub that is starting a moment to publish its settings; then SettingsMissingError (503)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + SETTINGS_WAIT_SECONDS
         while True:
             try:
                 await asyncio.to_thread(lambda: self.fleet.settings)
                 return
-            except SettingsMissing:
+            except SettingsMissingError:
                 if loop.time() >= deadline:
                     raise
                 await asyncio.sleep(0.25)
@@ -321,7 +321,7 @@ class MetricsHandler(APIHandler):
         await self.require_read()
         try:
             users = await self.hub.users()
-        except HubUnavailable as exc:
+        except HubUnavailableError as exc:
             # Fleet series matter more than quota series: scrape what we can.
             log.warning("metrics without per-user quotas: %s", exc)
             users = None

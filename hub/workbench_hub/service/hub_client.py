@@ -4,7 +4,7 @@ The service learns who exists (and in which groups) from the hub, with the
 token JupyterHub gives a managed service (``JUPYTERHUB_API_TOKEN``; role
 ``workbench-service`` in ``hub/jupyterhub_config.py``: list and read users
 and groups, read and delete servers). A name the hub does not know is
-``None``; a hub that does not answer, or refuses, is ``HubUnavailable``,
+``None``; a hub that does not answer, or refuses, is ``HubUnavailableError``,
 which the handlers turn into a 503 with a sentence.
 """
 
@@ -19,7 +19,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 PAGE = 200
 
 
-class HubUnavailable(Exception):
+class HubUnavailableError(Exception):
     """The hub's API did not answer, or refused the service's token."""
 
 
@@ -47,13 +47,13 @@ class HubClient:
         except HTTPClientError as exc:
             if exc.code == 404:
                 return None
-            raise HubUnavailable(f"the hub's API answered {method} {path.split('?')[0]} with {exc.code}") from None
+            raise HubUnavailableError(f"the hub's API answered {method} {path.split('?')[0]} with {exc.code}") from None
         except OSError as exc:
-            raise HubUnavailable(f"the hub's API at {self.api_url} did not answer ({exc})") from None
+            raise HubUnavailableError(f"the hub's API at {self.api_url} did not answer ({exc})") from None
         try:
             return json.loads(response.body) if response.body else {}
         except ValueError:
-            raise HubUnavailable(f"the hub's API answered {method} {path.split('?')[0]} with no JSON") from None
+            raise HubUnavailableError(f"the hub's API answered {method} {path.split('?')[0]} with no JSON") from None
 
     async def _all(self, collection: str) -> list[dict]:
         """Every item of a paged hub collection (``users``, ``groups``)."""

@@ -32,21 +32,21 @@ log = logging.getLogger("workbench.service")
 PARENT_CHECK_SECONDS = 2.0
 
 
-class CannotListen(Exception):
+class CannotListenError(Exception):
     """The port could not be bound; str() is the sentence for the operator."""
 
 
 def listen(app: web.Application, port: int, ip: str, **server_options) -> HTTPServer:
-    """Listen on ip:port, or CannotListen with a sentence naming the address and the likely cause."""
+    """Listen on ip:port, or CannotListenError with a sentence naming the address and the likely cause."""
     try:
         return app.listen(port, ip, **server_options)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
-            raise CannotListen(
+            raise CannotListenError(
                 f"cannot start: port {port} on {ip} is in use, probably by a workbench service left from a hub "
                 f"that was killed; stop it (`fuser -k {port}/tcp`) or set WORKBENCH_SERVICE_PORT"
             ) from None
-        raise CannotListen(f"cannot start: cannot listen on {ip} port {port}: {exc.strerror or exc}") from None
+        raise CannotListenError(f"cannot start: cannot listen on {ip} port {port}: {exc.strerror or exc}") from None
 
 
 class Lifetime:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.store import Lease
 
-from .user_servers import ServerUnreachable, UserServers
+from .user_servers import ServerUnreachableError, UserServers
 
 log = logging.getLogger("workbench.service")
 Sharing = dict[tuple[str, str], list[dict]]
@@ -83,7 +83,7 @@ class NoticeDelivery:
                 continue
             try:
                 await self.servers.put_notices(path, notices, sharing)
-            except ServerUnreachable as exc:
+            except ServerUnreachableError as exc:
                 log.warning("Could not give %s/%s its notices: %s", key[0], key[1] or "default", exc)
                 continue
             written.append(key)

@@ -145,10 +145,10 @@ def validate_body(document: dict, schema_name: str, body: Any) -> None:
 def _non_finite(value: Any, path: tuple) -> Iterator[tuple[tuple, float]]:
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _non_finite(item, path + (key,))
+            yield from _non_finite(item, (*path, key))
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from _non_finite(item, path + (index,))
+            yield from _non_finite(item, (*path, index))
     elif isinstance(value, float) and not math.isfinite(value):
         yield path, value
 
@@ -225,7 +225,7 @@ def _sentence(error: ValidationError, root: dict) -> str:
         return f"{field} must be {' or '.join(TYPE_WORDS.get(t, t) for t in types)}, not {_show(value)}"
     if keyword == "required":
         missing = [name for name in rule if name not in value]
-        where = _field(path + [missing[0]]) if missing else field
+        where = _field([*path, missing[0]]) if missing else field
         needs = f"; {title} needs {_and(rule)}" if title else ""
         return f"{where} is missing{needs}"
     if keyword in ("additionalProperties", "unevaluatedProperties"):

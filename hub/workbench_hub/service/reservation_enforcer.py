@@ -132,5 +132,5 @@ class Preemption:
             await asyncio.sleep(seconds)
             try:
                 await self.check()
-            except Exception as exc:  # the next pass tries again
+            except Exception as exc:  # noqa: BLE001 - loop boundary: the next pass tries again
                 log.warning("Reservation check failed: %s", exc)

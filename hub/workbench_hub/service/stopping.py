@@ -34,14 +34,14 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, tzinfo
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.store import utcnow
 
-from .hub_client import HubClient
+from .hub_client import HubClient, HubUnavailableError
 from .notice_delivery import Sharing
-from .user_servers import ServerUnreachable, UserServers
+from .user_servers import ServerUnreachableError, UserServers
 
 log = logging.getLogger("workbench.service")
 
@@ -96,7 +96,7 @@ def stopped_sentence(at: datetime, zone: tzinfo, cause: str) -> str:
 def zone_of(name: str) -> tzinfo:
     try:
         return ZoneInfo(name or "UTC")
-    except Exception:
+    except (ZoneInfoNotFoundError, ValueError, OSError):  # unknown, malformed or unreadable: the hub's clock in UTC
         return UTC
 
 
@@ -181,7 +181,7 @@ class Stopper:
             log.info("Save round of %s: %s", label, save.detail)
         try:
             await self.hub.stop_server(user, server)
-        except Exception as exc:
+        except HubUnavailableError as exc:
             log.warning("Could not stop %s: %s", label, exc)
             return Stopped(user, server, save, message, False)
         return Stopped(user, server, save, message, True)
@@ -206,7 +206,7 @@ class Stopper:
                 while True:
                     try:
                         last = await self.servers.saves(path, notice_id)
-                    except ServerUnreachable as exc:
+                    except ServerUnreachableError as exc:
                         if exc.code in (404, 405):  # a monitor without save rounds: nothing will report
                             return SaveRound(NOT_REACHED, detail=str(exc))
                         last = {**last, "error": str(exc)}  # a moment's trouble: ask again until the deadline
@@ -223,7 +223,7 @@ class Stopper:
             return SaveRound(
                 TIMED_OUT, _count(last, "saved"), _count(last, "failed"), f"{detail} in {self.save_wait:g} s"
             )
-        except ServerUnreachable as exc:
+        except ServerUnreachableError as exc:
             return SaveRound(NOT_REACHED, detail=str(exc))
 
     async def _server_path(self, user: str, server: str) -> str | None:

@@ -28,7 +28,7 @@ from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
 
-class ServerUnreachable(Exception):
+class ServerUnreachableError(Exception):
     """The user server (or the proxy in front of it) did not answer, or refused (``code``: the HTTP status,
     None when nothing answered)."""
 
@@ -62,18 +62,18 @@ class UserServers:
         try:
             response = await AsyncHTTPClient().fetch(request)
         except HTTPClientError as exc:
-            raise ServerUnreachable(f"{method} {api.split('?')[0]} answered {exc.code}", exc.code) from None
+            raise ServerUnreachableError(f"{method} {api.split('?')[0]} answered {exc.code}", exc.code) from None
         except OSError as exc:
-            raise ServerUnreachable(f"{method} {api.split('?')[0]}: {exc}") from None
+            raise ServerUnreachableError(f"{method} {api.split('?')[0]}: {exc}") from None
         try:
             return json.loads(response.body) if response.body else {}
         except ValueError:
-            raise ServerUnreachable(f"{method} {api} answered with no JSON") from None
+            raise ServerUnreachableError(f"{method} {api} answered with no JSON") from None
 
     async def metrics(self, server_path: str) -> dict:
         data = await self.call("GET", server_path, "api/gpu/metrics")
         if not isinstance(data, dict):
-            raise ServerUnreachable("api/gpu/metrics answered with no JSON object")
+            raise ServerUnreachableError("api/gpu/metrics answered with no JSON object")
         return data
 
     async def put_notices(self, server_path: str, notices: list[dict], sharing: list[dict] | None = None) -> None:
@@ -85,5 +85,5 @@ class UserServers:
         "names", "done"}`` (the GPU monitor's ``api/gpu/saves``)."""
         data = await self.call("GET", server_path, f"api/gpu/saves?notice_id={quote(str(notice_id), safe='')}")
         if not isinstance(data, dict):
-            raise ServerUnreachable("api/gpu/saves answered with no JSON object")
+            raise ServerUnreachableError("api/gpu/saves answered with no JSON object")
         return data

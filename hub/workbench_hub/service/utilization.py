@@ -29,7 +29,7 @@ from typing import Protocol
 from workbench_spawner.ledger.store import Lease
 
 from .dcgm import DcgmReadings
-from .user_servers import ServerUnreachable, UserServers
+from .user_servers import ServerUnreachableError, UserServers
 
 Readings = dict[str, "float | None"]
 
@@ -91,7 +91,7 @@ class ServerMonitorReadings:
             return {uuid: None for uuid in lease.gpu_uuids}
         try:
             snapshot = await self.servers.metrics(server_path)
-        except ServerUnreachable as exc:
+        except ServerUnreachableError as exc:
             self.last_error[key] = str(exc)
             return {uuid: None for uuid in lease.gpu_uuids}
         self.last_error.pop(key, None)
