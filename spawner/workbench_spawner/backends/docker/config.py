@@ -26,11 +26,15 @@ def bridge_gateway() -> str:
     """The default bridge's gateway: how containers reach a hub that runs on the host."""
     import docker
 
+    from workbench_spawner.backends.docker.base import ENGINE_ERRORS
+
+    # No engine, or a bridge network without the address plan read here.
+    errors: tuple[type[Exception], ...] = (*ENGINE_ERRORS, LookupError, ValueError, StopIteration)
     try:
         ipam = docker.from_env().networks.get("bridge").attrs["IPAM"]["Config"][0]
         # The gateway is the bridge's first address when the engine does not name it.
         return ipam.get("Gateway") or str(next(ipaddress.ip_network(ipam["Subnet"]).hosts()))
-    except Exception as exc:
+    except errors as exc:
         raise ConfigError(f"the docker backend cannot reach the Docker engine ({exc}); is dockerd running?") from None
 
 

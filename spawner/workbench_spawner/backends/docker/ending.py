@@ -18,6 +18,7 @@ from typing import Any
 
 import docker
 
+from workbench_spawner.backends.docker.base import ENGINE_ERRORS, DockerGPUBase
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import LOG_LINES, Ending
 from workbench_spawner.ledger.store import Lease
@@ -26,7 +27,7 @@ from workbench_spawner.ledger.store import Lease
 LOG_TAIL = 2 * LOG_LINES
 
 
-class ContainerEnding:
+class ContainerEnding(DockerGPUBase):
     """``gpu_exit_reason``, ``gpu_lease_gone_reason`` and the dead container's removal in ``poll``.
 
     Goes before ``GPUSpawnerMixin`` in ``DockerGPUSpawner``'s bases, on the
@@ -41,14 +42,14 @@ class ContainerEnding:
         The state is read first: a log the engine cannot give (a container being removed) loses nothing."""
         try:
             container = await self.get_object()
-        except Exception as exc:  # docker-py's errors, or requests' when the daemon is away: poll goes on
+        except ENGINE_ERRORS as exc:  # the daemon away or the container being removed: poll goes on
             self.log.warning("Cannot inspect %s's container to say why it ended: %s", self.user.name, exc)
             return None
         log = b""
         if container:
             try:
                 log = await self.docker("logs", self.container_id, tail=LOG_TAIL)
-            except Exception as exc:
+            except ENGINE_ERRORS as exc:
                 self.log.info("No log of %s's ended container: %s", self.user.name, exc)
         return container_ending(container or {}, log)
 
@@ -59,7 +60,7 @@ class ContainerEnding:
             # read: JupyterHub calls stop() only for servers its poll finds running, so nothing else would.
             try:
                 await self.remove_object()
-            except Exception as exc:  # the engine is away: the next start's name clash removes it
+            except ENGINE_ERRORS as exc:  # the engine is away: the next start's name clash removes it
                 self.log.warning("Cannot remove %s's ended container: %s", self.user.name, exc)
         return status
 
@@ -73,7 +74,7 @@ class ContainerEnding:
             log = container.logs(tail=LOG_TAIL)
         except docker.errors.NotFound:
             return endings.server_exited()
-        except Exception:  # the engine is away: say nothing rather than guess
+        except ENGINE_ERRORS:  # the engine is away: say nothing rather than guess
             return None
         return container_ending(container.attrs, log)
 

@@ -9,6 +9,7 @@ one readable module.
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import docker
 from traitlets import Bool, Enum, TraitError, Unicode, default, observe, validate
@@ -18,8 +19,13 @@ from workbench_spawner.backends.docker import tenancy
 from workbench_spawner.backends.docker.tenancy import LABEL_HUB, LABEL_SERVER, LABEL_USER
 from workbench_spawner.ledger.hub_identity import hub_id
 
+if TYPE_CHECKING:  # checked as the spawner it is mixed into (base.py); a configurable with traits at run time
+    from workbench_spawner.backends.docker.base import DockerGPUBase as _IsolationBase
+else:
+    _IsolationBase = LoggingConfigurable
 
-class TenantIsolation(LoggingConfigurable):
+
+class TenantIsolation(_IsolationBase):
     """Networks, names and labels that keep users, and hubs, apart on one Docker engine."""
 
     network_isolation = Bool(

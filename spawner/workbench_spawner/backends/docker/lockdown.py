@@ -12,7 +12,6 @@ means it lists a setting in ``c.DockerGPUSpawner.allowed_host_config_keys``.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +31,9 @@ def _unsafe_security_opt(opt: Any) -> bool:
     ``no-new-privileges`` means true. A custom seccomp or AppArmor profile is
     not refused: it is a profile, not the absence of one.
     """
-    key, _, value = re.match(r"([^=:]*)([=:]?)(.*)", str(opt).strip(), re.S).groups()
+    text = str(opt).strip()
+    cut = min((i for i in (text.find("="), text.find(":")) if i >= 0), default=len(text))
+    key, value = text[:cut], text[cut + 1 :]
     key, value = key.strip().lower(), value.strip().lower()
     return (
         (key == "no-new-privileges" and value in ("false", "0", "no"))

@@ -55,6 +55,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import docker
+from docker import DockerClient
 from dockerspawner import DockerSpawner
 from jupyterhub.spawner import SpawnException
 from traitlets import Set, TraitError, Unicode, default, validate
@@ -365,7 +366,7 @@ class DockerGPUSpawner(ContainerEnding, TenantIsolation, GPUSpawnerMixin, Docker
             return None  # the engine is unreachable: decide later, on poll
         return container.status in ("running", "restarting", "created")
 
-    def _sync_client(self) -> docker.DockerClient:
+    def _sync_client(self) -> DockerClient:
         """One blocking client per spawner, kept: the reconciler asks through it for every lease on every pass,
         and a client per question left a connection pool behind each time."""
         client = self.__dict__.get("_workbench_sync_client")

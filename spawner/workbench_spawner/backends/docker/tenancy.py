@@ -39,6 +39,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import docker
 from docker.types import IPAMConfig, IPAMPool
@@ -94,7 +95,7 @@ def _subnets_in_use(client: docker.DockerClient) -> list[ipaddress.IPv4Network]:
     return used
 
 
-def free_subnets(client: docker.DockerClient, pool: str) -> Iterator[ipaddress.IPv4Network]:
+def free_subnets(client: docker.DockerClient, pool: str) -> Iterator[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     """The /28s of ``pool`` that overlap no network on the engine, in order."""
     used = _subnets_in_use(client)
     for candidate in ipaddress.ip_network(pool).subnets(new_prefix=USER_SUBNET_PREFIX):
@@ -127,7 +128,9 @@ def ensure_network(
         attrs = None
     if attrs is None:
         options = {ICC_OPTION: "true" if icc else "false"}
-        kwargs = dict(driver="bridge", options=options, internal=internal, labels=dict(labels), check_duplicate=True)
+        kwargs: dict[str, Any] = dict(
+            driver="bridge", options=options, internal=internal, labels=dict(labels), check_duplicate=True
+        )
         if not pool:
             client.api.create_network(name, **kwargs)
         else:
