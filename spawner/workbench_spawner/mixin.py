@@ -47,6 +47,7 @@ from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.engine_policy import EnginePolicy
 from workbench_spawner.placement.start_line import LineFull
 from workbench_spawner.policy.config import GPUPolicyConfig
 from workbench_spawner.policy.gpu_policy import GPUPolicy, shared_policy
@@ -182,7 +183,8 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         """The policy for ``settings``; host backends place with the host allocator, engines with theirs."""
         store = AllocationStore(settings.db_url)
         if self.placement_mode == "engine":
-            return GPUPolicy(settings, store, self.engine_placement(settings, store))
+            # An engine's inventory names each GPU by the UUID its jobs reported (the backend's node book).
+            return EnginePolicy(settings, store, self.engine_placement(settings, store))
         policy = GPUPolicy(settings, store, recheck_interval=self.gpu_queue_recheck_interval)
         watch(policy, list(self.static_gpus), self.simulated_gpus, self.inventory_refresh_seconds)
         return policy

@@ -217,8 +217,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         )
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
-        store = AllocationStore(settings.db_url)
-        policy = KubernetesPolicy(settings, store, self.engine_placement(settings, store))
+        policy = super().build_policy(settings)  # an EnginePolicy
         _policies.add(policy)
         return policy
 
@@ -410,14 +409,6 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
     def clear_state(self):
         super().clear_state()
         self._hub = ""
-
-
-class KubernetesPolicy(GPUPolicy):
-    """The GPU policy on Kubernetes: its inventory names every GPU a pod reported by its real UUID."""
-
-    @property
-    def inventory(self) -> DeviceInventory:
-        return NodeUUIDs(self.store).resolve(self.settings.inventory)
 
 
 def _backend_traits(config) -> KubernetesTraits:

@@ -13,11 +13,8 @@ import re
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import default
 
-from workbench_devices import DeviceInventory
-from workbench_spawner.backends.slurm.inventory import NodeGPUMap
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, note_hub_cancel
 from workbench_spawner.backends.slurm.tags import job_tag
-from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 
 class SlurmJobSpawner(SlurmSpawner):
@@ -109,11 +106,3 @@ def final_state(job_status: str) -> str:
     "" when the line is no state (squeue's error for a job it no longer knows, or nothing)."""
     first = (job_status or "").strip().split(" ", 1)[0]
     return first if _STATE_WORD.match(first) else ""
-
-
-class SlurmPolicy(GPUPolicy):
-    """The GPU policy on Slurm: its inventory names every GPU a job has reported by its real UUID."""
-
-    @property
-    def inventory(self) -> DeviceInventory:
-        return NodeGPUMap(self.store).resolve(self.settings.inventory)

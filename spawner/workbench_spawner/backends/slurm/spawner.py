@@ -47,7 +47,6 @@ from workbench_spawner.backends.slurm.batch_script import BATCH_SCRIPT, SlurmBat
 from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
-from workbench_spawner.backends.slurm.job_spawner import SlurmPolicy
 from workbench_spawner.backends.slurm.jobs import (
     SlurmUnavailable,
     cancel,
@@ -68,7 +67,6 @@ from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.policy.clock import hub_clock, zone
-from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.gpu_hours import gpu_hours_used
 
@@ -143,11 +141,6 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
             learn=NodeGPUMap(store).accept if real else lambda report: None,
             devices=lambda: settings.inventory.devices,
         )
-
-    def build_policy(self, settings: PolicySettings) -> GPUPolicy:
-        """The policy whose inventory names every GPU a job reported by its real UUID."""
-        store = AllocationStore(settings.db_url)
-        return SlurmPolicy(settings, store, self.engine_placement(settings, store))
 
     # -- options ---------------------------------------------------------------------------------
 
