@@ -24,7 +24,7 @@ from workbench_hub.service import handlers
 from workbench_hub.service.app import make_app
 from workbench_hub.service.fleet import Fleet
 from workbench_hub.service.handlers import _jinja
-from workbench_spawner.ledger.drain_book import AmbiguousGPU, DrainBook, UnknownGPU, resolve_gpu
+from workbench_spawner.ledger.drain_book import AmbiguousGPUError, DrainBook, UnknownGPUError, resolve_gpu
 from workbench_spawner.ledger.migrations import HEAD, current, downgrade, upgrade
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
@@ -99,10 +99,10 @@ def test_a_name_is_a_gpu_with_its_slices_one_slice_or_an_index():
     assert resolve_gpu(H100, devices).gpu_uuid == H100
     assert resolve_gpu(SLICES[3], devices).devices == (SLICES[3],)
     for name in ("GPU-nope", "7", "", "-1"):
-        with pytest.raises(UnknownGPU, match="this hub has no GPU or MIG slice named"):
+        with pytest.raises(UnknownGPUError, match="this hub has no GPU or MIG slice named"):
             resolve_gpu(name, devices)
     two_nodes = [replace(d, node=n) for n in ("a", "b") for d in parse_simulated_spec("1xH100-80GB", node=n)]
-    with pytest.raises(AmbiguousGPU, match=r"GPU index 0 is on several nodes \(a, b\); name the GPU by its UUID"):
+    with pytest.raises(AmbiguousGPUError, match=r"GPU index 0 is on several nodes \(a, b\); name the GPU by its UUID"):
         resolve_gpu("0", two_nodes)
 
 

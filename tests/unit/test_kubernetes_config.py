@@ -17,7 +17,7 @@ from workbench_hub.env_values import ConfigError
 from workbench_hub.service.openapi import load_document, load_fragment
 from workbench_spawner.backend import HubContext, installed_backends
 from workbench_spawner.backends.kubernetes import fleet
-from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailable
+from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailableError
 from workbench_spawner.backends.kubernetes.config import configure
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
 from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, ReportRefused, read_report
@@ -384,7 +384,7 @@ def test_node_reads_are_cached_briefly_and_a_silent_api_is_none(monkeypatch):
     assert len(calls) == 2
 
     def down(resource):
-        raise KubernetesUnavailable("the API server did not answer (timeout)")
+        raise KubernetesUnavailableError("the API server did not answer (timeout)")
 
     monkeypatch.setattr(fleet, "list_nodes", down)
     assert fleet.kube_nodes(max_age=0) is None

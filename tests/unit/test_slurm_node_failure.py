@@ -29,7 +29,7 @@ from workbench_spawner.backends.slurm.jobs import (
     NodeReport,
     SlurmJob,
     SlurmNode,
-    SlurmUnavailable,
+    SlurmUnavailableError,
     cancelled_by_hub,
     end_reason,
     node_unusable,
@@ -130,7 +130,7 @@ def test_sinfo_json_gives_the_state_flags_and_the_reason():
 
 
 class Sinfo:
-    """sinfo as a table we script; counts its calls, raises SlurmUnavailable while ``down``."""
+    """sinfo as a table we script; counts its calls, raises SlurmUnavailableError while ``down``."""
 
     def __init__(self, *nodes: SlurmNode):
         self.nodes = list(nodes)
@@ -140,7 +140,7 @@ class Sinfo:
     def __call__(self) -> list[SlurmNode]:
         self.calls += 1
         if self.down:
-            raise SlurmUnavailable("sinfo: Unable to contact slurm controller")
+            raise SlurmUnavailableError("sinfo: Unable to contact slurm controller")
         return self.nodes
 
 
@@ -452,7 +452,7 @@ def test_the_reconciler_says_stopped_for_a_job_the_hub_cancelled_and_nothing_whe
     assert why(SlurmGPUSpawner.gpu_lease_gone_reason(None, lease("slurm:8202"))) == reasons.STOPPED
 
     def away():
-        raise SlurmUnavailable("squeue: Unable to contact slurm controller")
+        raise SlurmUnavailableError("squeue: Unable to contact slurm controller")
 
     monkeypatch.setattr(slurm_spawner, "recent_jobs", away)
     assert SlurmGPUSpawner.gpu_lease_gone_reason(None, lease("slurm:8202")) is None

@@ -47,11 +47,11 @@ from workbench_hub.service.handlers import APIHandler
 from workbench_hub.service.stopping import zone_of
 from workbench_spawner.backend import node_drain_of
 from workbench_spawner.ledger.drain_book import (
-    AmbiguousGPU,
+    AmbiguousGPUError,
     Drain,
     DrainBook,
     DrainTarget,
-    UnknownGPU,
+    UnknownGPUError,
     covered,
     resolve_gpu,
 )
@@ -110,12 +110,12 @@ class DrainHandler(APIHandler):
     def _target(self, name: str) -> DrainTarget:
         try:
             return resolve_gpu(name, self.fleet.inventory.devices)
-        except UnknownGPU as exc:
+        except UnknownGPUError as exc:
             self.fail(
                 404,
                 f"{exc}; the fleet page ({self.settings['prefix']}) or GET api/gpus lists each GPU's index and UUID",
             )
-        except AmbiguousGPU as exc:
+        except AmbiguousGPUError as exc:
             self.fail(400, str(exc))
 
     def _node_of(self, name: str) -> str:
@@ -123,7 +123,7 @@ class DrainHandler(APIHandler):
         devices = self.fleet.inventory.devices
         try:
             target = resolve_gpu(name, devices)
-        except (UnknownGPU, AmbiguousGPU):
+        except (UnknownGPUError, AmbiguousGPUError):
             return ""
         nodes = {d.node for d in devices if d.uuid == target.gpu_uuid or d.uuid in target.devices}
         return nodes.pop() if len(nodes) == 1 else ""

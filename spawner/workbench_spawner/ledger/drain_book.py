@@ -67,11 +67,11 @@ class Drain:
         }
 
 
-class UnknownGPU(LookupError):
+class UnknownGPUError(LookupError):
     """A name that is no GPU or slice of the inventory; str(err) says so in a sentence."""
 
 
-class AmbiguousGPU(ValueError):
+class AmbiguousGPUError(ValueError):
     """An index that names GPUs on several nodes; str(err) says to name it by UUID."""
 
 
@@ -92,7 +92,7 @@ def is_drained(device: GPUDevice, drained: set[str] | frozenset[str]) -> bool:
 def resolve_gpu(name: str, devices: Sequence[GPUDevice]) -> DrainTarget:
     """The GPU ``name`` means on this hub: its UUID (``GPU-...``; a GPU in MIG mode by its own UUID
     covers all its slices), one slice's ``MIG-...`` UUID, or its index (on a hub with one node, or
-    where the index is on one node only). UnknownGPU or AmbiguousGPU, with a sentence, otherwise."""
+    where the index is on one node only). UnknownGPUError or AmbiguousGPUError, with a sentence, otherwise."""
     name = name.strip()
     wanted = name.lower()
     for device in devices:
@@ -108,13 +108,13 @@ def resolve_gpu(name: str, devices: Sequence[GPUDevice]) -> DrainTarget:
                 gpus.setdefault((device.node, device.parent_uuid or device.uuid), []).append(device)
         if len(gpus) > 1:
             nodes = sorted({node or "this host" for node, _ in gpus})
-            raise AmbiguousGPU(
+            raise AmbiguousGPUError(
                 f"GPU index {name} is on several nodes ({', '.join(nodes)}); name the GPU by its UUID instead"
             )
         if gpus:
             ((_, gpu_uuid), found) = next(iter(gpus.items()))
             return DrainTarget(gpu_uuid, tuple(d.uuid for d in found))
-    raise UnknownGPU(f"this hub has no GPU or MIG slice named {json.dumps(name[:80])}")
+    raise UnknownGPUError(f"this hub has no GPU or MIG slice named {json.dumps(name[:80])}")
 
 
 def _drain(row: DrainRow) -> Drain:

@@ -36,8 +36,13 @@ def mig_resource(profile: str) -> str:
     return f"{MIG_PREFIX}{profile}"
 
 
-class KubernetesUnavailable(RuntimeError):
+class KubernetesUnavailableError(RuntimeError):
     """The API server could not be reached or refused the request; str(err) says why."""
+
+
+# TEMPORARY: the old name, for the module still being reworked by issue 38's engine template (fleet.py); it
+# moves to KubernetesUnavailableError and this goes.
+KubernetesUnavailable = KubernetesUnavailableError
 
 
 @dataclass(frozen=True)
@@ -88,7 +93,7 @@ async def api_client():
             # KUBECONFIG as it is now: the client reads it once, at its import.
             await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     except Exception as exc:  # the loaders raise ConfigException, FileNotFoundError, TypeError...
-        raise KubernetesUnavailable(
+        raise KubernetesUnavailableError(
             f"no Kubernetes API configured ({exc}); set KUBECONFIG or run the hub in the cluster"
         ) from None
     return client.ApiClient(configuration)
@@ -109,10 +114,10 @@ def blocking(call: Callable[[Any], Awaitable[T]], timeout: float = 30.0) -> T:
             try:
                 return await asyncio.wait_for(call(client.CoreV1Api(api)), timeout)
             except ApiException as exc:
-                raise KubernetesUnavailable(f"the API server said {exc.status} {exc.reason}") from None
+                raise KubernetesUnavailableError(f"the API server said {exc.status} {exc.reason}") from None
             # ClientError: also an API server that went away mid-answer (ServerDisconnectedError is no OSError).
             except (TimeoutError, OSError, ClientError) as exc:
-                raise KubernetesUnavailable(f"the API server did not answer ({exc or 'timeout'})") from None
+                raise KubernetesUnavailableError(f"the API server did not answer ({exc or 'timeout'})") from None
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, run()).result()
@@ -259,7 +264,7 @@ def node_condition(name: str) -> tuple[NodeState, str]:
         return NodeState.UNKNOWN, ""
     try:
         return blocking(read, timeout=10)
-    except KubernetesUnavailable:
+    except KubernetesUnavailableError:
         return NodeState.UNKNOWN, ""
 
 

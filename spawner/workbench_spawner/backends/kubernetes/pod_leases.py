@@ -43,7 +43,7 @@ def lease_pod_key(lease: Lease) -> str:
 
 def pod_of(lease: Lease, hub: str) -> dict | None:
     """The pod a ``k8s:`` lease names, as the API lists it now (None: no such pod of this hub); blocking, and
-    KubernetesUnavailable when the API server cannot say."""
+    KubernetesUnavailableError when the API server cannot say."""
     namespace, _, name = lease.ref[4:].partition("/")
     pods = recent_pods(namespace, f"{LABEL_HUB}={hub}")
     return next((p for p in pods if p["metadata"]["name"] == name), None)
@@ -58,7 +58,7 @@ def lease_alive(lease: Lease, hub: str) -> bool | None:
         return None
     try:
         pod = pod_of(lease, hub)
-    except cluster.KubernetesUnavailable:
+    except cluster.KubernetesUnavailableError:
         return None
     return bool(pod and not pod["metadata"].get("deletionTimestamp") and pod["status"].get("phase") == "Running")
 
@@ -69,7 +69,7 @@ def lease_gone_reason(lease: Lease, hub: str) -> Ending | None:
         return None
     try:
         pod = pod_of(lease, hub)
-    except cluster.KubernetesUnavailable:
+    except cluster.KubernetesUnavailableError:
         return None
     node, condition = NodeState.UNKNOWN, ""
     if needs_node(pod, pod is None):
@@ -84,14 +84,14 @@ def reconcile_orphans(policy: GPUPolicy, namespace: str, hub: str, log: logging.
     store = policy.store
     try:
         pods = cluster.list_pods(namespace, f"{LABEL_HUB}={hub}")
-    except cluster.KubernetesUnavailable as exc:
+    except cluster.KubernetesUnavailableError as exc:
         log.warning("Cannot list pods to reconcile GPU leases: %s", exc)
         return
 
     def delete(name: str) -> None:
         try:
             cluster.delete_pod(namespace, name, 0)
-        except cluster.KubernetesUnavailable as exc:
+        except cluster.KubernetesUnavailableError as exc:
             log.warning("Could not delete pod %s: %s", name, exc)
 
     shares = policy.shares()  # an adopted slice is charged by its share, as when it started
@@ -115,7 +115,7 @@ def delete_left_pods(log: logging.Logger) -> list[str]:
         namespace, _, name = key.partition("/")
         try:
             cluster.delete_pod(namespace, name, 0, uid=uid)
-        except cluster.KubernetesUnavailable as exc:
+        except cluster.KubernetesUnavailableError as exc:
             log.warning("Pod %s, whose stop failed, is still to be deleted: %s", key, exc)
             continue
         left_pods.pop(key, None)

@@ -141,7 +141,7 @@ def start_refusal(exc: BaseException) -> SpawnException:
     """KubeSpawner's start ended before the pod was seen: the API was away or refused it, in the user's words."""
     if isinstance(exc, SpawnException):
         return exc
-    if isinstance(exc, cluster.KubernetesUnavailable):
+    if isinstance(exc, cluster.KubernetesUnavailableError):
         return SpawnException(
             f"Cannot start the server: the Kubernetes API did not answer ({exc}); nothing was created. Try "
             "again in a minute.",
@@ -216,7 +216,7 @@ class WorkbenchPod(KubernetesTraits):
     async def _nodes(self) -> list[cluster.KubeNode]:
         try:
             return await asyncio.to_thread(cluster.list_nodes, self.gpu_resource_name)
-        except cluster.KubernetesUnavailable as exc:
+        except cluster.KubernetesUnavailableError as exc:
             raise SpawnException(
                 f"Cannot start the server: the Kubernetes API did not answer ({exc}); nothing was created. Try "
                 "again in a minute.",

@@ -169,7 +169,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         if key not in _inventories:
             try:
                 nodes = cluster.list_nodes(traits.gpu_resource_name)
-            except cluster.KubernetesUnavailable as exc:
+            except cluster.KubernetesUnavailableError as exc:
                 return DeviceInventory("none", [], f"Kubernetes did not answer: {exc}")
             _inventories[key] = cluster_inventory(
                 nodes, self.simulated_gpus, traits.gpu_product_label, traits.gpu_memory_label

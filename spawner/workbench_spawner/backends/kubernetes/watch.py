@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from workbench_spawner.backends.kubernetes.cluster import KubernetesUnavailable
+from workbench_spawner.backends.kubernetes.cluster import KubernetesUnavailableError
 
 log = logging.getLogger("workbench.kubernetes")
 
@@ -227,7 +227,7 @@ class KeptWatches:
         watch that is down in place, on the same object, instead of KubeSpawner's ``replace`` (which
         stores a new, empty reflector before its first list, so an unreachable API server would make
         every pod look gone), and (iii) refuses to answer from a reflector that never listed anything.
-        Raises ``KubernetesUnavailable`` then: a poll that raises keeps the server (JupyterHub logs it)."""
+        Raises ``KubernetesUnavailableError`` then: a poll that raises keeps the server (JupyterHub logs it)."""
         key = self._get_reflector_key(kind)
         current = type(self).reflectors.get(key)
         if isinstance(current, KeptWatch) and not current._stopping:
@@ -240,7 +240,9 @@ class KeptWatches:
         if not current.loaded:
             await current.kick()
             if not current.loaded:
-                raise KubernetesUnavailable(f"the Kubernetes API server has not answered the hub's {kind} watch yet")
+                raise KubernetesUnavailableError(
+                    f"the Kubernetes API server has not answered the hub's {kind} watch yet"
+                )
         return current
 
     def last_pod(self) -> Mapping[str, Any] | None:

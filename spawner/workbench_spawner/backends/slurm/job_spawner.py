@@ -13,7 +13,7 @@ import re
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import default
 
-from workbench_spawner.backends.slurm.jobs import SlurmUnavailable, cancel, cancel_tagged, note_hub_cancel
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, cancel, cancel_tagged, note_hub_cancel
 from workbench_spawner.backends.slurm.tags import job_tag
 
 
@@ -94,7 +94,7 @@ class SlurmJobSpawner(SlurmSpawner):
                 found = await asyncio.to_thread(cancel_tagged, tag, self.user.name)
                 if found:
                     self.log.info("Cancelled Slurm job(s) %s of %s found by tag", ", ".join(found), self.server_label)
-        except SlurmUnavailable as exc:
+        except SlurmUnavailableError as exc:
             self.log.warning("Could not cancel the Slurm job of %s: %s", self.server_label, exc)
 
 

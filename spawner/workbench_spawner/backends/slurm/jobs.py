@@ -2,7 +2,7 @@
 
 ``squeue``, ``sinfo``, ``scancel`` and ``scontrol`` run here, each answer
 parsed by ``records.py``; a controller that does not answer is
-``SlurmUnavailable``, never a crash. Every cancel the hub makes is noted
+``SlurmUnavailableError``, never a crash. Every cancel the hub makes is noted
 first (``note_hub_cancel``), so a job that ends CANCELLED is told apart from
 one an admin or the user cancelled. What we say to sbatch is in
 ``sbatch.py``.
@@ -52,6 +52,7 @@ __all__ = [
     "SlurmJob",
     "SlurmNode",
     "SlurmUnavailable",
+    "SlurmUnavailableError",
     "cancel",
     "cancel_tagged",
     "cancelled_by_hub",
@@ -77,17 +78,22 @@ __all__ = [
 ]
 
 
-class SlurmUnavailable(RuntimeError):
+class SlurmUnavailableError(RuntimeError):
     """Slurm's controller did not answer; str(err) says why."""
+
+
+# TEMPORARY: the old name, for the modules still being reworked by issue 38's engine template (placement.py,
+# node_states.py); they move to SlurmUnavailableError and this goes.
+SlurmUnavailable = SlurmUnavailableError
 
 
 def run_slurm(args: list[str], timeout: float = 20) -> str:
     try:
         done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmUnavailable(f"{args[0]} failed: {exc}") from None
+        raise SlurmUnavailableError(f"{args[0]} failed: {exc}") from None
     if done.returncode != 0:
-        raise SlurmUnavailable(f"{' '.join(args[:2])}: {(done.stderr or done.stdout).strip()[:300]}")
+        raise SlurmUnavailableError(f"{' '.join(args[:2])}: {(done.stderr or done.stdout).strip()[:300]}")
     return done.stdout
 
 

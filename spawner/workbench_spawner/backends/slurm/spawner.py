@@ -48,7 +48,7 @@ from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
 from workbench_spawner.backends.slurm.jobs import (
-    SlurmUnavailable,
+    SlurmUnavailableError,
     cancel,
     cancelled_by_hub,
     list_jobs,
@@ -117,7 +117,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         if key not in _inventories:
             try:
                 nodes = [n for n in list_nodes() if n.gpu_count]
-            except SlurmUnavailable as exc:
+            except SlurmUnavailableError as exc:
                 return DeviceInventory("none", [], f"Slurm did not answer: {exc}")
             _inventories[key] = cluster_inventory(nodes, self.simulated_gpus)
         return _inventories[key]
@@ -179,7 +179,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
     async def _allowed_partition(self, choice: object) -> str:
         try:
             offered = await asyncio.to_thread(partitions)
-        except SlurmUnavailable as exc:
+        except SlurmUnavailableError as exc:
             raise SpawnException(
                 f"Cannot start the server: Slurm's controller did not answer ({str(exc)[:200]}), so nothing was "
                 "submitted. Try again in a minute; if it persists, tell a hub admin.",
@@ -258,7 +258,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
     def _node_address(self, node: str) -> str:
         try:
             nodes = {n.name: n.address for n in list_nodes()}
-        except SlurmUnavailable:
+        except SlurmUnavailableError:
             nodes = {}
         return nodes.get(node) or node or self.state_gethost()
 
@@ -270,7 +270,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
             return False
         try:
             jobs = {j.job_id: j for j in recent_jobs()}
-        except SlurmUnavailable:
+        except SlurmUnavailableError:
             return None
         job = jobs.get(lease.ref.split(":", 1)[1])
         return bool(job and job.running)
@@ -293,7 +293,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         job_id = lease.ref.split(":", 1)[1]
         try:
             job = next((j for j in recent_jobs() if j.job_id == job_id), None)
-        except SlurmUnavailable:
+        except SlurmUnavailableError:
             return None
         if job is None or job.pending or job.running:
             return None  # gone from Slurm's memory, or requeued: nothing says why
@@ -307,7 +307,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         """Adopt or cancel this hub's tagged jobs without a lease (``backends/slurm/reconcile.py``)."""
         try:
             jobs = list_jobs()
-        except SlurmUnavailable as exc:
+        except SlurmUnavailableError as exc:
             self.log.warning("Cannot list Slurm jobs to reconcile GPU leases: %s", exc)
             return
         store = self.gpu_policy_store()
@@ -317,7 +317,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         def cancel_quietly(job_id: str) -> None:
             try:
                 cancel(job_id)
-            except SlurmUnavailable as exc:
+            except SlurmUnavailableError as exc:
                 self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
         actions = reconcile_jobs(
@@ -367,6 +367,6 @@ def _node_down_because(node: str) -> str:
     """Why Slurm holds ``node`` down now ("down, not responding (Not responding)"), "" if it is up (blocking)."""
     try:
         found = {n.name: n for n in list_nodes()}.get(node)
-    except SlurmUnavailable:
+    except SlurmUnavailableError:
         return ""
     return (found.unusable_because() or "") if found is not None else ""
