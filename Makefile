@@ -57,7 +57,8 @@ run: install
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
 
 # The whole suite: the extension's vitest, then pytest as two lanes side by side (tests/lanes.py:
-# the Slurm tests beside everything else; each test runs once).
+# the Slurm and Kubernetes tests beside everything else; each test runs once), the version matrix
+# (test-lowest, test-newest) in the engines lane's slot once its tests end; WORKBENCH_MATRIX=0 leaves it out.
 test: install
 	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm test
 	$(BIN)/python tests/lanes.py $(PYTEST_ARGS)

@@ -1,4 +1,4 @@
-"""Run the whole pytest suite as two lanes side by side: what `make test` (and so CI) runs.
+"""Run the whole pytest suite as two lanes side by side, then the version matrix: what `make test` (and CI) runs.
 
 The engine tests wait mostly on their own clusters (Slurm's munge,
 slurmctld and two slurmd; Kubernetes' control plane and kubelet), the rest
@@ -7,9 +7,18 @@ well. Lane ``engines`` is ``-m "slurm or kubernetes or second_lane"`` (the
 engine tests, and tests/browser to balance the lanes: ``second_lane``),
 lane ``main`` everything else, so every test runs exactly once. ``main`` prints as it
 goes; ``engines`` writes ``tests/artifacts/lane-engines.log``, printed once
-both lanes end. The exit
-status is the first failing lane's (pytest's "no tests collected", 5, counts
-as passing: a selection may leave a lane empty).
+both lanes end.
+
+The version matrix (``make test-lowest test-newest``: the unit tests and the
+conformance suite's fake tiers against the lowest and the newest versions the
+ranges allow, each in its venv) runs in the engines lane's slot once the
+engine tests end, while ``main`` still runs: it adds about 8 minutes of one
+core's work, and ``main`` is the longer lane by about as much, so CI's wall
+time hardly grows. Its output goes to ``tests/artifacts/lane-matrix.log``,
+printed at the end. ``WORKBENCH_MATRIX=0`` leaves it out (a quick local run).
+
+The exit status is the first failing lane's (pytest's "no tests collected",
+5, counts as passing: a selection may leave a lane empty).
 
     python tests/lanes.py [pytest arguments...]
 
@@ -18,39 +27,60 @@ Plain ``pytest`` still runs everything in one process.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "artifacts" / "lane-engines.log"
+MATRIX_LOG = REPO / "tests" / "artifacts" / "lane-matrix.log"
+MATRIX = ["make", "--no-print-directory", "test-lowest", "test-newest", "PYTEST_ARGS=-q -p no:cacheprovider"]
 ENGINES = "slurm or kubernetes or second_lane"
 NO_TESTS = 5
+
+
+def _engines_then_matrix(pytest: list[str], argv: list[str], matrix: bool) -> tuple[int, int]:
+    """The engines lane, then (when ``matrix``) the version matrix in the same slot: both exit statuses."""
+    with open(LOG, "w") as log:
+        engines_rc = subprocess.call([*pytest, "-m", ENGINES, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    if not matrix:
+        return engines_rc, 0
+    with open(MATRIX_LOG, "w") as log:
+        started = time.monotonic()
+        matrix_rc = subprocess.call(MATRIX, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        log.write(f"== version matrix exit {matrix_rc} after {time.monotonic() - started:.0f} s\n")
+    return engines_rc, matrix_rc
 
 
 def main(argv: list[str]) -> int:
     LOG.parent.mkdir(parents=True, exist_ok=True)
     pytest = [sys.executable, "-m", "pytest"]
+    matrix = os.environ.get("WORKBENCH_MATRIX", "1") != "0"
     started = time.monotonic()
-    with open(LOG, "w") as log:
-        engines = subprocess.Popen([*pytest, "-m", ENGINES, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            main_rc = subprocess.call([*pytest, "-m", f"not ({ENGINES})", *argv], cwd=REPO)
-            main_s = time.monotonic() - started
-            engines_rc = engines.wait()
-        finally:
-            if engines.poll() is None:
-                engines.kill()
+    # The second slot is a thread running subprocesses one after the other (no output of its own).
+    result: dict[str, tuple[int, int]] = {}
+    second = threading.Thread(target=lambda: result.update(rcs=_engines_then_matrix(pytest, argv, matrix)))
+    second.start()
+    main_rc = subprocess.call([*pytest, "-m", f"not ({ENGINES})", *argv], cwd=REPO)
+    main_s = time.monotonic() - started
+    second.join()
+    engines_rc, matrix_rc = result.get("rcs", (1, 1))
     both_s = time.monotonic() - started
     print("\n== lane engines (tests/artifacts/lane-engines.log) ==", flush=True)
     sys.stdout.write(LOG.read_text(errors="replace"))
+    if matrix:
+        print("\n== version matrix (tests/artifacts/lane-matrix.log) ==", flush=True)
+        sys.stdout.write(MATRIX_LOG.read_text(errors="replace"))
     lanes = f"main exit {main_rc} after {main_s:.0f} s; engines exit {engines_rc}"
-    print(f"== lanes: {lanes}; both done after {both_s:.0f} s")
+    lanes += f"; version matrix exit {matrix_rc}" if matrix else ""
+    print(f"== lanes: {lanes}; all done after {both_s:.0f} s")
     for rc in (main_rc, engines_rc):
         if rc not in (0, NO_TESTS):
             return rc
-    return 0
+    return matrix_rc
 
 
 if __name__ == "__main__":
