@@ -20,7 +20,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import select
 from traitlets import List, Unicode
@@ -35,6 +35,9 @@ from workbench_spawner.ledger.store import AllocationStore, _aware, utcnow
 from workbench_spawner.policy.spawn_limits import SpawnLimits, derive_spawn_limits
 from workbench_spawner.rules.admission import image_refusal
 from workbench_spawner.rules.quota import Quota
+
+if TYPE_CHECKING:
+    from workbench_spawner.mixin import GPUSpawnerMixin
 
 log = logging.getLogger("workbench.policy")
 
@@ -195,10 +198,11 @@ class PolicySettings:
 def _redact(url: str) -> str:
     """The URL without its password: the row is readable by whoever reads the database."""
     from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:
+    except (ArgumentError, ValueError):  # not a URL SQLAlchemy reads: nothing to show
         return ""
 
 
@@ -352,7 +356,7 @@ def spawner_class_from(config) -> type:
     return JupyterHub.class_traits()["spawner_class"].validate(None, value)
 
 
-def spawner_gpu_class(config) -> type:
+def spawner_gpu_class(config: Config) -> type[GPUSpawnerMixin]:
     """The configured spawner class, checked to keep the backend contract (ValueError with sentences)."""
     from workbench_spawner.contract import contract_problems
     from workbench_spawner.policy.config import GPUPolicyConfig
@@ -368,37 +372,37 @@ def spawner_gpu_class(config) -> type:
         raise ValueError(
             f"c.JupyterHub.spawner_class = {cls.__name__} does not keep the backend contract: " + " ".join(problems)
         )
-    return cls
+    return cast("type[GPUSpawnerMixin]", cls)  # a GPU policy class that keeps the contract: a backend's spawner
 
 
-def image_choice_problem(config: Config, cls: type[Configurable]) -> str:
+def image_choice_problem(config: Config, spawner_class: type[Configurable]) -> str:
     """The sentence that stops the hub when ``offered_images`` is set for a backend that runs no picked image
     (local, slurm: the form would offer a choice the server then ignores); empty when all is well.
 
-    Read as ``cls`` would read it (its config sections and its bases'), without making a spawner."""
-    if getattr(cls, "runs_picked_images", True):
+    Read as ``spawner_class`` would read it (its config sections and its bases'), without making a spawner."""
+    if getattr(spawner_class, "runs_picked_images", True):
         return ""
 
     class Images(Configurable):
         offered_images = List(Unicode(), help="The spawner's offered_images, as it would read them.").tag(config=True)
 
         @classmethod
-        def section_names(cls_) -> list[str]:  # noqa: N805  (traitlets' classmethod, cls is the spawner class)
-            return cls.section_names()
+        def section_names(cls) -> list[str]:
+            return spawner_class.section_names()
 
     offered = quietly(Images, config).offered_images
     if not offered:
         return ""
-    backend = getattr(cls, "workbench_backend", "") or cls.__name__
-    refusal = image_refusal(backend, getattr(cls, "server_environment", "one Python environment"))
+    backend = getattr(spawner_class, "workbench_backend", "") or spawner_class.__name__
+    refusal = image_refusal(backend, getattr(spawner_class, "server_environment", "one Python environment"))
     return (
-        f"{cls.__name__}.offered_images (WORKBENCH_IMAGES) is set to {', '.join(offered)}, but "
+        f"{spawner_class.__name__}.offered_images (WORKBENCH_IMAGES) is set to {', '.join(offered)}, but "
         f"{refusal[0].lower()}{refusal[1:]} Remove it: "
         f"an image choice needs the docker or kubernetes backend."
     )
 
 
-def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
+def publish_policy_settings(config: Config, cls: type[GPUSpawnerMixin] | None = None) -> PolicySettings:
     """Resolve the configured spawner's settings and store them for the workbench service.
 
     Called by the hub's config file after every config file is loaded, so
@@ -412,23 +416,22 @@ def publish_policy_settings(config, cls: type | None = None) -> PolicySettings:
 
     from workbench_spawner.policy.config import GPUPolicyConfig
 
-    cls = cls or spawner_gpu_class(config)  # the hub config passes the class it checked already
-    problem = image_choice_problem(config, cls)
+    spawner_class = cls or spawner_gpu_class(config)  # the hub config passes the class it checked already
+    problem = image_choice_problem(config, spawner_class)
     if problem:
         raise ValueError(problem)
 
     class SpawnerPolicyConfig(GPUPolicyConfig):
         @classmethod
-        def section_names(cls_):  # noqa: N805  (traitlets' classmethod)
-            return cls.section_names()
+        def section_names(cls) -> list[str]:
+            return spawner_class.section_names()
 
     policy_config = quietly(SpawnerPolicyConfig, config)
-    settings = replace(
-        resolve_policy_settings(policy_config, backend=cls.workbench_backend), placement=cls.placement_mode
-    )
-    if cls.placement_mode == "engine":
+    backend, mode = spawner_class.workbench_backend, spawner_class.placement_mode
+    settings = replace(resolve_policy_settings(policy_config, backend=backend), placement=mode)
+    if mode == "engine":
         # An engine knows the cluster's GPUs (Slurm's node records), not this host.
-        settings = replace(settings, inventory=cls.engine_inventory(policy_config), node="")
+        settings = replace(settings, inventory=spawner_class.engine_inventory(policy_config), node="")
     unmatched = settings.unmatched_slot_keys() if settings.placement == "host" else []
     if unmatched:
         log.warning(

@@ -9,6 +9,7 @@ gets the default profile, never the last one used.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from traitlets import Dict, List, TraitError, observe, validate
@@ -51,18 +52,18 @@ class ServerSizing(Configurable):
         return proposal["value"]
 
     # Parsed once when configured, not on every form and spawn.
-    _parsed_profiles: list[ResourceProfile] = []
+    _parsed_profiles: tuple[ResourceProfile, ...] = ()
 
     @observe("resource_profiles")
     def _parse_resource_profiles(self, change):
-        self._parsed_profiles = parse_profiles(change["new"])
+        self._parsed_profiles = tuple(parse_profiles(change["new"]))
 
     # Whether the runtime holds a server to its cpu_limit/mem_limit (containers
     # do; a local process only sees them as CPU_LIMIT/MEM_LIMIT). The form says so.
     enforces_resource_limits = False
 
     @property
-    def gpu_profiles(self) -> list[ResourceProfile]:
+    def gpu_profiles(self) -> Sequence[ResourceProfile]:
         return self._parsed_profiles
 
     def __init__(self, *args, **kwargs):

@@ -10,7 +10,7 @@ stops the hub with a message instead of failing a student's spawn later.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -153,6 +153,6 @@ def profiles_from_text(text: str) -> list[dict[str, Any]]:
     return entries
 
 
-def pick_profile(profiles: list[ResourceProfile], slug: str | None) -> ResourceProfile | None:
+def pick_profile(profiles: Sequence[ResourceProfile], slug: str | None) -> ResourceProfile | None:
     """The profile a start asked for, else the default one; None when none are offered."""
     return next((p for p in profiles if p.slug == slug), None) or default_profile(profiles)

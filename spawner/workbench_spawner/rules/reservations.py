@@ -36,6 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, tzinfo
+from itertools import pairwise
 
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.rules.window import ReservationError, Window, utc
@@ -235,7 +236,7 @@ def check_feasible(
         points = sorted(
             {begin, finish, *(max(b, begin) for _, b, _ in overlapping), *(min(f, finish) for _, _, f in overlapping)}
         )
-        for a, b in zip(points, points[1:]):  # noqa: B905
+        for a, b in pairwise(points):
             present = [r for r, rb, rf in overlapping if rb < b and rf > a]
             by_model: Counter = Counter()
             for r in [new, *present]:

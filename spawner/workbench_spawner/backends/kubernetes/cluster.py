@@ -92,7 +92,7 @@ async def api_client():
         else:
             # KUBECONFIG as it is now: the client reads it once, at its import.
             await config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
-    except Exception as exc:  # the loaders raise ConfigException, FileNotFoundError, TypeError...
+    except Exception as exc:  # noqa: BLE001 - boundary: the loaders raise ConfigException, OSError, TypeError, YAML's errors...; each is the one sentence
         raise KubernetesUnavailableError(
             f"no Kubernetes API configured ({exc}); set KUBECONFIG or run the hub in the cluster"
         ) from None

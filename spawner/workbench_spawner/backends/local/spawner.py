@@ -10,6 +10,7 @@ where users do not trust each other.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -128,10 +129,8 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
                 f"reconcile: ended server process {pid} of {user}/{server}: it ran without a lease and its "
                 f"GPU(s) {', '.join(uuids)} are leased to another server",
             )
-            try:
+            with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
 
 def hub_servers(api_url: str) -> list[tuple[int, dict[str, str]]]:

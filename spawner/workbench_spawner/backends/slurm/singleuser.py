@@ -14,6 +14,7 @@ it leases anything.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import asdict, replace
@@ -34,9 +35,11 @@ def gpu_minors(uuids) -> dict[str, int]:
     from 0): the minor number is what ties NVML's GPUs to gres.conf's files."""
     try:
         import pynvml
-
+    except ImportError:  # no NVML here: the GPUs are named by Slurm's numbering alone
+        return {}
+    try:
         pynvml.nvmlInit()
-    except Exception:
+    except pynvml.NVMLError:
         return {}
     found = {}
     try:
@@ -44,13 +47,11 @@ def gpu_minors(uuids) -> dict[str, int]:
             try:
                 handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
                 found[uuid] = int(pynvml.nvmlDeviceGetMinorNumber(handle))
-            except Exception:
+            except pynvml.NVMLError:
                 continue
     finally:
-        try:
+        with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
-        except Exception:
-            pass
     return found
 
 
