@@ -34,7 +34,8 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from workbench_spawner.backend import HubContext, UnknownBackend, backend_extension
+from workbench_spawner.backend import HubContext, backend_extension
+from workbench_spawner.backend import UnknownBackendError as UnknownBackend
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
 from . import proxy_env
@@ -363,7 +364,8 @@ def update_fairness(mixin, env: Env) -> None:
 def servers_per_gpu(value: str) -> tuple[int, dict[str, int]]:
     """``WORKBENCH_SERVERS_PER_GPU``: ``4`` for every GPU, or ``1,T4-16GB=4,GPU-5f3c…=2``: a default
     (0 reads as 1) and the GPUs (a model, a MIG profile or one device's UUID) that differ from it."""
-    default, per_device = 1, {}
+    default = 1
+    per_device: dict[str, int] = {}
     for item in (part.strip() for part in value.split(",")):
         if "=" not in item:
             default = max(1, number({"WORKBENCH_SERVERS_PER_GPU": item}, "WORKBENCH_SERVERS_PER_GPU", "1", int))

@@ -10,6 +10,7 @@ backend's config once imported each other). Each takes the ``env`` mapping it is
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import overload
 
 Env = Mapping[str, str]
 
@@ -26,8 +27,12 @@ def text(env: Env, name: str, default: str = "") -> str:
     return str(env.get(name, default)).strip()
 
 
-def number(env: Env, name: str, default: str, kind: type = float) -> float | int:
-    """A non-negative number (``kind=int``: a whole one)."""
+@overload
+def number(env: Env, name: str, default: str, kind: type[int]) -> int: ...
+@overload
+def number(env: Env, name: str, default: str, kind: type[float] = float) -> float: ...
+def number(env: Env, name: str, default: str, kind: type[float] | type[int] = float) -> float | int:
+    """A non-negative number (``kind=int``: a whole one, typed int for the callers that need one)."""
     value_text = text(env, name, default)
     try:
         value = kind(value_text)

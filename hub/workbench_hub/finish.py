@@ -34,6 +34,7 @@ from traitlets.config import Config
 from . import class_start, configurer, home_page, xsrf_cookie
 
 if TYPE_CHECKING:
+    from workbench_spawner.mixin import GPUSpawnerMixin
     from workbench_spawner.policy.settings import PolicySettings
     from workbench_spawner.policy.spawn_limits import SpawnLimits
 
@@ -80,7 +81,8 @@ def finish_hub(
     spawner class; ``limits_hint`` follows a spawn-limit warning (where the
     caller's operator sets the limit). Ends the hub (status 2) on any problem.
     """
-    from workbench_spawner.backend import UnknownBackend, backend_extension
+    from workbench_spawner.backend import UnknownBackendError as UnknownBackend
+    from workbench_spawner.backend import backend_extension
     from workbench_spawner.policy.settings import publish_policy_settings, spawner_gpu_class
     from workbench_spawner.ssh_forwarding import ssh_forwarding_problems
 
@@ -88,7 +90,8 @@ def finish_hub(
     xsrf_cookie.secure_xsrf_cookie(c, final)
     try:
         # The spawner class decides (a site's subclass of a backend's spawner keeps every feature of it).
-        spawner_class = spawner_gpu_class(final)
+        # A class that passed the backend contract (spawner_gpu_class checks it) is a GPUSpawnerMixin.
+        spawner_class: type[GPUSpawnerMixin] = spawner_gpu_class(final)
         problem = class_problem(spawner_class) if class_problem else ""
         if problem:
             fail(problem)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 
-from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CollectorRegistry, CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
 from workbench_spawner.ledger.gpu_hours import gpu_hours_by_user
@@ -91,7 +91,7 @@ class FleetCollector:
         self.fleet = fleet
         self.users = None if users is None else list(users)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         fleet = self.fleet
         node = fleet.node
         gpu_labels = GPU_LABELS + (("simulated",) if fleet.simulated else ())
