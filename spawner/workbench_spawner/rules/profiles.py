@@ -125,7 +125,7 @@ def parse_profiles(raw: Iterable[Mapping[str, Any]]) -> list[ResourceProfile]:
     return profiles
 
 
-def default_profile(profiles: list[ResourceProfile]) -> ResourceProfile | None:
+def default_profile(profiles: Sequence[ResourceProfile]) -> ResourceProfile | None:
     return next((p for p in profiles if p.default), profiles[0] if profiles else None)
 
 
