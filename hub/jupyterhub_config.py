@@ -56,7 +56,7 @@ local_config = Path(env.get("WORKBENCH_LOCAL_CONFIG") or Path(__file__).with_nam
 if env.get("WORKBENCH_LOCAL_CONFIG") and not local_config.is_file():
     fail(f"WORKBENCH_LOCAL_CONFIG={local_config} is not a file")
 if local_config.exists():
-    load_subconfig(str(local_config))  # noqa: F821
+    load_subconfig(str(local_config))
 
 # -- after the local config: what is now final ------------------------------------------
 

@@ -350,7 +350,10 @@ def test_two_hubs_on_one_namespace_leave_each_others_pods_alone(k8s_cluster, sin
             # The second hub restarts: it reconciles only its own pods.
             second.stop()
             second.start()
-            listed = lambda: second.server("alice") is not None  # noqa: E731
+
+            def listed() -> bool:
+                return second.server("alice") is not None
+
             wait_until(listed, 120, "the restarted hub to list its server", second.log)
             time.sleep(3)  # a reconcile that wrongly deleted the first hub's pod would have by now
             assert {p["metadata"]["labels"]["workbench.hub"] for p in pods_of(namespace, "alice")} == set(both)

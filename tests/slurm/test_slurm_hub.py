@@ -189,11 +189,11 @@ def test_the_ledger_records_each_jobs_time_and_node(hub):
     assert not our_jobs()
     rows = ledger(hub)
     assert {r[0] for r in rows} == set(USERS[:6])
-    for user, uuid, node, started, ended, _reason in rows:  # noqa: B007
+    for _user, uuid, node, started, ended, _reason in rows:
         assert uuid.startswith(f"GPU-sim-{node}-")
         assert utc(started) < utc(ended)
     # The jobs just stopped: the ledger's time is Slurm's run time, give or take the start report.
-    for user, uuid, node, ref in running:  # noqa: B007
+    for user, uuid, node, _ref in running:
         slurm_start, slurm_end = times[user]
         ((_, _, _, started, ended, reason),) = [r for r in rows if r[0] == user and r[1] == uuid][-1:]
         # Stopped through the API with the hub's admin token (a service), never "job cancelled outside the hub".

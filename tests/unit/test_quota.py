@@ -102,7 +102,10 @@ def test_effective_many_applies_the_rule_to_every_user_in_one_query(store):
         "erin": ["nobody-set-this"],
     }
     statements = []
-    listener = lambda *args: statements.append(args[2])  # noqa: E731
+
+    def listener(*args) -> None:
+        statements.append(args[2])
+
     event.listen(store.read_engine, "before_cursor_execute", listener)
     try:
         many = book.effective_many(users, DEFAULT)

@@ -170,7 +170,7 @@ class Reclaimer:
             return source, readings, self.clock()
 
         results = await asyncio.gather(*(read(lease) for lease in live))
-        for lease, (source, readings, now) in zip(live, results):  # noqa: B905
+        for lease, (source, readings, now) in zip(live, results, strict=True):
             key = (lease.user, lease.server)
             quota = effective[lease.user].quota
             rule = rule_for(

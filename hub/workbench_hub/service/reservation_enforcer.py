@@ -61,7 +61,7 @@ class Preemption:
         now = clock()
         models = {d.uuid: d.model for d in self.fleet.inventory.devices}
         leases = self.fleet.store.leases()
-        held = {u for l in leases for u in l.gpu_uuids}  # noqa: E741
+        held = {uuid for lease in leases for uuid in lease.gpu_uuids}
         free = [d.uuid for d in self.fleet.inventory.devices if d.uuid not in held]
         due = []
         for res in self.book.reservations():
