@@ -38,7 +38,8 @@ from workbench_hub.service.utilization import HostReadings, ServerMonitorReading
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
-from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
+from workbench_spawner.placement.host import HostAllocator
+from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.admission import Refusal, admit

@@ -170,7 +170,7 @@ class BackendExtension:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
 
-class UnknownBackend(LookupError):
+class UnknownBackendError(LookupError):
     """No installed backend has this name; str(err) says which ones are."""
 
 
@@ -189,12 +189,12 @@ def installed_backends() -> dict[str, BackendExtension]:
 
 
 def backend_extension(name: str) -> BackendExtension:
-    """The installed backend ``name`` (as ``WORKBENCH_BACKEND`` says it), or UnknownBackend."""
+    """The installed backend ``name`` (as ``WORKBENCH_BACKEND`` says it), or UnknownBackendError."""
     backends = installed_backends()
     try:
         return backends[name]
     except KeyError:
-        raise UnknownBackend(
+        raise UnknownBackendError(
             f"WORKBENCH_BACKEND={name!r} is not an installed backend; use one of: {', '.join(backends)}"
         ) from None
 

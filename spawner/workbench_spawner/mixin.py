@@ -48,7 +48,7 @@ from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine_policy import EnginePolicy
-from workbench_spawner.placement.start_line import LineFull
+from workbench_spawner.placement.start_line import LineFullError as LineFull
 from workbench_spawner.policy.config import GPUPolicyConfig
 from workbench_spawner.policy.gpu_policy import GPUPolicy, shared_policy
 from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force, watch

@@ -33,7 +33,8 @@ from jupyterhub.spawner import SpawnException
 from workbench_spawner.contract import BackendContract, BackendContractError
 from workbench_spawner.ledger import reasons
 from workbench_spawner.placement.engine import EnginePlacement
-from workbench_spawner.placement.start_line import Slot, SlotTimeout, StartLine
+from workbench_spawner.placement.start_line import Slot, StartLine
+from workbench_spawner.placement.start_line import SlotTimeoutError as SlotTimeout
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
 from workbench_spawner.rules.reservations import gpus_text
 

@@ -24,7 +24,8 @@ from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPP
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
-from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
+from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
+from workbench_spawner.placement.host import Report, _nothing
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 

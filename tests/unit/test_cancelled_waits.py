@@ -163,7 +163,8 @@ def test_a_late_give_back_never_ends_the_lease_of_a_new_start(policy: GPUPolicy)
     store = policy.store
     first = store.allocate("ann", "", 1, ["GPU-sim-00-h100-80gb"])
     second = store.allocate("ann", "", 1, ["GPU-sim-00-h100-80gb"])  # a new start replaced it
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     assert policy.release("ann", "", reasons.START_CANCELLED, first.since) == ()
     assert [lease.since for lease in store.leases()] == [second.since]
     assert policy.release("ann", "", reasons.STOPPED, second.since) == ("GPU-sim-00-h100-80gb",)

@@ -153,15 +153,18 @@ async def test_an_engine_hub_refuses_a_drain_with_the_engines_command_and_stores
         message = error["message"]
         for words in ENGINE_WORDS[backend]:
             assert words in message, message
-        assert "nothing was drained" in message and "A MIG layout change needs all the node's GPUs idle" in message
+        assert "nothing was drained" in message
+        assert "A MIG layout change needs all the node's GPUs idle" in message
     # A name that is no GPU of this hub is refused as well, with the node left for the admin to fill in.
     code, error = await call("PUT", "api/drains/GPU-nope")
-    assert code == 409 and ("NodeName=<node>" in error["message"] or "cordon <node>" in error["message"])
+    assert code == 409
+    assert ("NodeName=<node>" in error["message"] or "cordon <node>" in error["message"])
     assert DrainBook(store).drained() == set()
     assert await call("GET", "api/drains") == (200, {"drains": []})
     call.caller["scopes"] = [handlers.READ_SCOPE]  # who may not drain is told so first
     code, error = await call("PUT", "api/drains/1")
-    assert code == 403 and error["message"].startswith("only hub admins may drain GPUs")
+    assert code == 403
+    assert error["message"].startswith("only hub admins may drain GPUs")
 
 
 @pytest.mark.parametrize("backend", ["slurm", "kubernetes"])
@@ -169,7 +172,8 @@ async def test_a_drain_stored_before_the_hub_moved_to_an_engine_can_still_be_lis
     DrainBook(store).drain([H200, H100], "stored on the docker backend")
     call = await serve(backend)
     code, listing = await call("GET", "api/drains")
-    assert code == 200 and [d["gpu_uuid"] for d in listing["drains"]] == [H200, H100]
+    assert code == 200
+    assert [d["gpu_uuid"] for d in listing["drains"]] == [H200, H100]
     assert await call("DELETE", f"api/drains/{H100}") == (204, None)
     assert await call("DELETE", "api/drains/0") == (204, None)  # the H200 by its index
     assert DrainBook(store).drained() == set()
@@ -182,7 +186,8 @@ async def test_the_cli_shows_the_refusal_and_exits_1_on_an_engine(serve, store, 
     base = ["--url", call.url, "--token", "t"]
     assert await asyncio.to_thread(main, [*base, "drain", "1", "--reason", "2x3g.71gb"]) == 1
     err = capsys.readouterr().err
-    assert "(409): this hub runs on Slurm" in err and f"scontrol update NodeName={NODE} State=DRAIN" in err
+    assert "(409): this hub runs on Slurm" in err
+    assert f"scontrol update NodeName={NODE} State=DRAIN" in err
     assert DrainBook(store).drained() == set()
     DrainBook(store).drain([H100])
     assert await asyncio.to_thread(main, [*base, "undrain", "1"]) == 0
@@ -201,7 +206,8 @@ async def test_the_page_of_an_engine_hub_offers_no_drain_but_says_where(serve, s
     code, listing = await call("GET", "api/gpus")
     rows = listing["gpus"] if isinstance(listing, dict) else listing
     h100 = next(g for g in rows if g["uuid"] == H100)
-    assert code == 200 and (h100["drained"], h100["free_slots"]) == (False, 1)
+    assert code == 200
+    assert (h100["drained"], h100["free_slots"]) == (False, 1)
 
 
 async def test_the_page_of_a_host_hub_still_offers_drain(serve, store):

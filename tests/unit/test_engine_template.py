@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflict, ReportMismatch
+from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflictError, ReportMismatch
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.engine_template import EngineTemplate
-from workbench_spawner.placement.host import NoGPUAvailable
+from workbench_spawner.placement.host import NoGPUAvailableError
 
 DEVICES = DeviceInventory(
     "toy", [GPUDevice(uuid=f"GPU-{i}", index=i, name="Toy GPU", memory_total_bytes=1, node="t1") for i in range(2)]
@@ -77,7 +77,7 @@ class Toy(EngineTemplate):
 
     def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
         if "GPU-x" in report["gpus"]:
-            raise ReportConflict("GPU-x is known elsewhere")
+            raise ReportConflictError("GPU-x is known elsewhere")
         self.learned.append(report["gpus"])
 
     def placed_words(self, node: str) -> str:
@@ -89,7 +89,7 @@ class Toy(EngineTemplate):
     def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
         return f"Toy gave {', '.join(uuids)}, still held by another server."
 
-    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
         return f"The toy job's report contradicts the hub: {problem}."
 
 
@@ -121,7 +121,7 @@ def test_a_job_that_ends_before_it_starts_ends_the_spawn_without_cancelling(stor
 
 def test_the_deadline_cancels_the_job_in_the_engines_vocabulary(store):
     toy = Toy(store, "pending")
-    with pytest.raises(NoGPUAvailable) as refused:
+    with pytest.raises(NoGPUAvailableError) as refused:
         place(toy, timeout=3.0)
     assert str(refused.value) == (
         "Toy did not start the toy job for 1 GPU within 3 seconds (busy); the toy job was cancelled. Try again "
@@ -142,7 +142,7 @@ def test_a_report_that_contradicts_the_engine_cancels_and_teaches_nothing(store)
 
 def test_a_report_that_contradicts_the_hub_cancels_with_the_engines_words(store):
     toy = Toy(store, "running")
-    with pytest.raises(NoGPUAvailable, match="contradicts the hub: GPU-x is known elsewhere"):
+    with pytest.raises(NoGPUAvailableError, match="contradicts the hub: GPU-x is known elsewhere"):
         place(toy, {"node": "t1", "gpus": ["GPU-x"]})
     assert len(toy.cancelled) == 1
     assert store.leases() == []
@@ -165,7 +165,7 @@ def test_a_server_that_never_reports_is_cancelled(store):
         finally:
             ticking.cancel()
 
-    with pytest.raises(NoGPUAvailable, match="never reported"):
+    with pytest.raises(NoGPUAvailableError, match="never reported"):
         asyncio.run(run())
     assert toy.cancelled == [("t-7", "no start report")]
 
@@ -173,7 +173,7 @@ def test_a_server_that_never_reports_is_cancelled(store):
 def test_gpus_the_ledger_still_holds_wait_the_release_grace_then_cancel(store):
     assert store.adopt("bob", "", ["GPU-1"], "toy:t-6", node="t1")
     toy = Toy(store, "running")
-    with pytest.raises(NoGPUAvailable, match="still held by another server"):
+    with pytest.raises(NoGPUAvailableError, match="still held by another server"):
         place(toy, {"node": "t1", "gpus": ["GPU-1"]})
     assert toy.now >= 10, "it waited the release grace"
     assert toy.cancelled == [("t-7", "its GPUs are leased to another server")]
@@ -189,7 +189,7 @@ def test_a_cpu_only_job_gets_no_lease(store):
 
 
 def test_no_job_means_nothing_to_place(store):
-    with pytest.raises(NoGPUAvailable, match="nothing to place"):
+    with pytest.raises(NoGPUAvailableError, match="nothing to place"):
         asyncio.run(Toy(store, "running").place("alice", "", 1, None, 5.0, job=None))
 
 

@@ -20,7 +20,8 @@ from workbench_spawner.backends.kubernetes import fleet
 from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailableError
 from workbench_spawner.backends.kubernetes.config import configure
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
-from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, ReportRefused, read_report
+from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, read_report
+from workbench_spawner.backends.kubernetes.report_api import ReportRefusedError as ReportRefused
 
 IMAGE = "registry.example.org/gpu-workbench/singleuser:1.0"
 OUTSIDE = {"WORKBENCH_IMAGE": IMAGE, "WORKBENCH_HUB_CONNECT_IP": "172.17.0.1"}

@@ -38,7 +38,7 @@ NODES = [
 
 
 @pytest.mark.parametrize(
-    "labels, model",
+    ("labels", "model"),
     [
         (H200, "H200-141GB"),  # 144384 MiB is 141 GiB
         ({GFD_PRODUCT: "Tesla-T4", GFD_MEMORY: "15360"}, "T4-15GB"),
@@ -90,7 +90,8 @@ def test_real_nodes_start_with_placeholders_named_by_their_labels():
     first = inventory.devices[0]
     assert (first.model, first.name, first.memory_total_bytes) == ("H200-141GB", "NVIDIA H200 on n1", 144384 << 20)
     assert not first.simulated
-    assert inventory.source == "kubernetes" and inventory.message == "3 GPU(s) on Kubernetes nodes n1 (2), n2 (1)"
+    assert inventory.source == "kubernetes"
+    assert inventory.message == "3 GPU(s) on Kubernetes nodes n1 (2), n2 (1)"
     assert placeholder_uuid("n1", 1) == "K8S-n1-gpu1"
 
 
@@ -100,7 +101,9 @@ def test_an_unlabelled_node_and_a_cluster_without_gpus():
         ("K8S-n9-gpu0", "GPU on n9", "", 0)
     ]
     none = cluster_inventory([KubeNode("cpu1", True, True, 0, 0)], "0")
-    assert none.devices == [] and none.source == "kubernetes" and none.message.endswith("nodes none")
+    assert none.devices == []
+    assert none.source == "kubernetes"
+    assert none.message.endswith("nodes none")
 
 
 # -- the UUIDs pods reported -----------------------------------------------------------------------------
@@ -109,7 +112,8 @@ def test_an_unlabelled_node_and_a_cluster_without_gpus():
 def test_reported_uuids_are_learned_once_and_named_everywhere(store):
     book = NodeUUIDs(store)
     real = cluster_inventory(NODES, "")
-    assert book.known() == {} and book.resolve(real) == real
+    assert book.known() == {}
+    assert book.resolve(real) == real
     book.accept("n1", ["GPU-b"], 2)
     book.accept("n1", ["GPU-b"], 2)  # the same report again changes nothing
     book.accept("n1", ["GPU-a", "GPU-b"], 2)  # a two-GPU pod names the other one
@@ -121,7 +125,7 @@ def test_reported_uuids_are_learned_once_and_named_everywhere(store):
 
 
 @pytest.mark.parametrize(
-    "node, uuids, capacity, words",
+    ("node", "uuids", "capacity", "words"),
     [
         ("n2", ["GPU-a"], 1, "a pod on n2 reported GPU GPU-a, which the hub knows on node n1"),
         ("n2", ["GPU-z", "GPU-b"], 2, "kubernetes-forget-node n1"),  # one of two known elsewhere: nothing learned
@@ -141,7 +145,9 @@ def test_an_admin_forgets_a_node_whose_gpus_were_replaced(store):
     book = NodeUUIDs(store)
     book.accept("n1", ["GPU-a", "GPU-b"], 2)
     book.accept("n2", ["GPU-c"], 1)
-    assert book.forget("n1") and not book.forget("n1") and not book.forget("n3")
+    assert book.forget("n1")
+    assert not book.forget("n1")
+    assert not book.forget("n3")
     assert book.known() == {"n2": ["GPU-c"]}
     assert [d.uuid for d in book.resolve(cluster_inventory(NODES, "")).devices] == [
         "K8S-n1-gpu0",
@@ -173,7 +179,7 @@ def container(limit=None, request=None, resource="nvidia.com/gpu") -> dict:
 
 
 @pytest.mark.parametrize(
-    "spec, gpus",
+    ("spec", "gpus"),
     [
         ({"containers": [container("2")]}, 2),
         ({"containers": [container(request="1")]}, 1),  # a request alone counts (the API copies limits to it)

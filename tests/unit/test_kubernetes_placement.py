@@ -28,7 +28,7 @@ from workbench_spawner.backends.kubernetes.placement import (
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.placement.host import NoGPUAvailable
+from workbench_spawner.placement.host import NoGPUAvailableError
 from workbench_spawner.rules.reservations import Reservation
 from workbench_spawner.rules.window import parse_window
 
@@ -197,7 +197,7 @@ async def test_past_the_queue_timeout_the_spawn_fails_with_the_schedulers_words(
     pod = Pod(clock, pending(), events=["0/3 nodes are available: 3 Insufficient nvidia.com/gpu."])
     waiting: list[int] = []
     pod.watch = lambda: waiting.append(here.waiting())
-    with pytest.raises(NoGPUAvailable) as failed:
+    with pytest.raises(NoGPUAvailableError) as failed:
         await place(here, pod, count=2, timeout=5)
     assert str(failed.value) == (
         "Kubernetes did not place the pod for 2 GPUs within 5 seconds (0/3 nodes are available: 3 Insufficient "
@@ -205,9 +205,11 @@ async def test_past_the_queue_timeout_the_spawn_fails_with_the_schedulers_words(
         "(0 GPUs)."
     )
     assert not isinstance(failed.value, PodEnded)
-    assert clock.now >= 5 and pod.looks <= 7  # it gave up at the deadline, not later
+    assert clock.now >= 5
+    assert pod.looks <= 7
     assert set(waiting) == {1}  # it was in the hub's line while it waited
-    assert here.waiting() == 0 and here.reservations.asking == {}  # nothing of it is left in the line
+    assert here.waiting() == 0
+    assert here.reservations.asking == {}
     assert store.leases() == []
 
 
@@ -216,13 +218,13 @@ async def test_the_deadline_the_template_set_wins_over_the_timeout(store):
     here = placement(store, clock)
     pod = Pod(clock, pending())
     job = pod.job()
-    with pytest.raises(NoGPUAvailable, match="within 300 seconds"):
+    with pytest.raises(NoGPUAvailableError, match="within 300 seconds"):
         await here.place("alice", "", 1, None, 300, job=replace(job, deadline=3.0))
     assert clock.now == 3  # the admission wait already used most of the queue timeout
 
 
 @pytest.mark.parametrize(
-    "states, words",
+    ("states", "words"),
     [
         ((pending(), None), "The pod wb/wb-1a2b3c4d-alice was deleted before the server started."),
         (
@@ -246,19 +248,20 @@ async def test_a_pod_that_ends_while_pending_ends_the_spawn_at_once(store, state
     with pytest.raises(PodEnded) as ended:
         await place(placement(store, clock), pod, timeout=30)
     assert str(ended.value) == words
-    assert clock.now < 30 and store.leases() == []
+    assert clock.now < 30
+    assert store.leases() == []
 
 
 async def test_a_pod_the_watch_never_shows_times_out_rather_than_ending(store):
     clock = Clock()
-    with pytest.raises(NoGPUAvailable, match="within 4 seconds \\(pending\\)") as failed:
+    with pytest.raises(NoGPUAvailableError, match="within 4 seconds \\(pending\\)") as failed:
         await place(placement(store, clock), Pod(clock, None), timeout=4)
     assert not isinstance(failed.value, PodEnded)
 
 
 @pytest.mark.parametrize("job", [None, EngineJob("wb/x"), PodJob("")])
 async def test_without_a_pod_there_is_nothing_to_place(store, job):
-    with pytest.raises(NoGPUAvailable, match="No pod was created"):
+    with pytest.raises(NoGPUAvailableError, match="No pod was created"):
         await placement(store, Clock()).place("alice", "", 1, None, 5, job=job)
 
 
@@ -266,7 +269,7 @@ async def test_without_a_pod_there_is_nothing_to_place(store, job):
 
 
 @pytest.mark.parametrize(
-    "count, report, inventory, words",
+    ("count", "report", "inventory", "words"),
     [
         (1, PodReport("n2", ("GPU-a",)), REAL, "it says it runs on 'n2', Kubernetes says 'n1'"),
         (1, PodReport("n1", ("GPU-a", "GPU-b")), REAL, "2 GPU(s) ['GPU-a', 'GPU-b'], but the pod asked for 1"),
@@ -279,25 +282,27 @@ async def test_without_a_pod_there_is_nothing_to_place(store, job):
 async def test_a_report_that_disagrees_with_the_pod_writes_no_lease(store, count, report, inventory, words):
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=report)
-    with pytest.raises(NoGPUAvailable) as refused:
+    with pytest.raises(NoGPUAvailableError) as refused:
         await place(placement(store, clock, inventory), pod, count=count)
     assert str(refused.value) == (
         f"The pod wb/wb-1a2b3c4d-alice on n1 reported GPUs the hub cannot accept: {words}; the pod was deleted. "
         "Tell a hub admin."
     )
-    assert store.leases() == [] and NodeUUIDs(store).known() == {}
+    assert store.leases() == []
+    assert NodeUUIDs(store).known() == {}
 
 
 async def test_a_simulated_pod_reporting_its_own_gpus_gets_them(store):
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=PodReport("n1", tuple(SIM_N1)))
     lease = await place(placement(store, clock, SIM), pod, count=2)
-    assert lease.gpu_uuids == tuple(SIM_N1) and lease.node == "n1"
+    assert lease.gpu_uuids == tuple(SIM_N1)
+    assert lease.node == "n1"
     assert NodeUUIDs(store).known() == {}  # simulated UUIDs are computed, never learned
 
 
 @pytest.mark.parametrize(
-    "known, report, words",
+    ("known", "report", "words"),
     [
         # every GPU of n1 has a name now: an unknown one is not n1's
         ({"n1": ["GPU-a", "GPU-b"]}, ("GPU-z",), "cannot accept: GPU-z is not a GPU of n1"),
@@ -312,16 +317,17 @@ async def test_a_report_that_contradicts_what_the_hub_learned_writes_no_lease(st
         NodeUUIDs(store).accept(node, uuids, 2)
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=PodReport("n1", report))
-    with pytest.raises(NoGPUAvailable, match=words):
+    with pytest.raises(NoGPUAvailableError, match=words):
         await place(placement(store, clock), pod, count=len(report))
-    assert store.leases() == [] and NodeUUIDs(store).known() == known
+    assert store.leases() == []
+    assert NodeUUIDs(store).known() == known
 
 
 async def test_gpus_leased_to_another_server_past_the_grace_write_no_second_lease(store):
     assert store.adopt("bob", "", ["GPU-b"], "k8s:wb/wb-1a2b3c4d-bob", node="n1")
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=PodReport("n1", ("GPU-b",)))
-    with pytest.raises(NoGPUAvailable, match="GPU-b on n1, which the workbench ledger still shows as held by another"):
+    with pytest.raises(NoGPUAvailableError, match="GPU-b on n1, which the workbench ledger still shows as held by another"):
         await place(placement(store, clock), pod)
     assert [(lease.user, lease.ref) for lease in store.leases()] == [("bob", "k8s:wb/wb-1a2b3c4d-bob")]
     assert any("waiting for its previous server to release it" in text for text in pod.said), pod.said
@@ -343,11 +349,12 @@ async def test_a_cpu_only_pod_gets_no_lease_and_names_no_gpu(store):
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=PodReport("n1", ("GPU-a",)))  # whatever it says
     assert await place(placement(store, clock), pod, count=0) is None
-    assert store.leases() == [] and NodeUUIDs(store).known() == {}
+    assert store.leases() == []
+    assert NodeUUIDs(store).known() == {}
 
 
 @pytest.mark.parametrize(
-    "state, words",
+    ("state", "words"),
     [
         (
             scheduled("n1", waiting="ErrImageNeverPull"),
@@ -368,23 +375,25 @@ async def test_a_pod_that_cannot_start_ends_the_spawn_with_kubernetes_reason(sto
     pod = Pod(clock, scheduled("n1"), scheduled("n1", waiting="ContainerCreating"), state)  # never reports
     with pytest.raises(PodEnded, match=words.replace("(", r"\(").replace(")", r"\)")):
         await place(placement(store, clock), pod)
-    assert clock.now < 5 and store.leases() == []
+    assert clock.now < 5
+    assert store.leases() == []
 
 
 async def test_a_pod_that_never_reports_fails_after_the_report_timeout(store):
     clock = Clock()
     pod = Pod(clock, scheduled("n1", waiting="ContainerCreating"))
-    with pytest.raises(NoGPUAvailable) as failed:
+    with pytest.raises(NoGPUAvailableError) as failed:
         await place(placement(store, clock), pod, timeout=60)
     assert str(failed.value).startswith(
         "The server in pod wb/wb-1a2b3c4d-alice on n1 did not report its GPUs within 5 seconds; the pod was deleted."
     )
     assert "can the pod reach the hub's API?" in str(failed.value)
-    assert 5 <= clock.now <= 8 and store.leases() == []
+    assert 5 <= clock.now <= 8
+    assert store.leases() == []
 
 
 @pytest.mark.parametrize(
-    "data, report",
+    ("data", "report"),
     [
         ({"node": "n1", "gpus": ["GPU-a"]}, PodReport("n1", ("GPU-a",))),
         ({"node": "n1", "gpus": []}, PodReport("n1", ())),
@@ -401,7 +410,7 @@ def test_what_a_pod_reported_is_read_or_ignored(data, report):
 
 
 @pytest.mark.parametrize(
-    "events, words",
+    ("events", "words"),
     [
         ([], ""),
         ([{"reason": "Scheduled", "message": "Successfully assigned"}], ""),
@@ -421,7 +430,8 @@ def test_the_schedulers_latest_words(events, words):
 
 def test_a_pod_starting_normally_has_no_trouble():
     assert container_trouble(scheduled("n1", waiting="ContainerCreating")) == ""
-    assert container_trouble(scheduled("n1")) == "" and container_trouble({}) == ""
+    assert container_trouble(scheduled("n1")) == ""
+    assert container_trouble({}) == ""
 
 
 # -- reservations: held back before a pod exists -------------------------------------------------------------
@@ -445,7 +455,7 @@ def ticking(clock: Clock, free: list[str]):
 
 
 @pytest.mark.parametrize(
-    "reserved, free, why",
+    ("reserved", "free", "why"),
     [
         (
             4,
@@ -460,14 +470,15 @@ async def test_a_non_member_waits_while_no_unreserved_gpu_is_free_then_gives_up(
     clock = Clock()
     here = placement(store, clock, free=ticking(clock, free))
     said: list[str] = []
-    with pytest.raises(NoGPUAvailable) as failed:
+    with pytest.raises(NoGPUAvailableError) as failed:
         await here.admit_to_queue("alice/", 1, None, ["other"], deadline=3, describe=said.append)
     assert said == [f"Waiting for 1 GPU outside reserved ones: {why}"]  # said once, not every look
     assert str(failed.value) == (
         f"No 1 GPU outside reserved ones came free in time ({why}); no pod was created. Try again later, ask for "
         "fewer GPUs, or start a CPU-only server (0 GPUs)."
     )
-    assert clock.now == 3 and here.reservations.asking == {}
+    assert clock.now == 3
+    assert here.reservations.asking == {}
 
 
 async def test_a_member_and_a_cpu_only_server_are_admitted_at_once_and_counted_until_scheduled(store):
@@ -485,7 +496,8 @@ async def test_a_member_and_a_cpu_only_server_are_admitted_at_once_and_counted_u
     job = pod.job()
     here.withdraw("alice/")
     lease = await here.place("stud", "", 2, None, 30, groups=["ml-course"], job=replace(job, admitted="stud/"))
-    assert seen[0] == {"ml-course": 2} and set(here.reservations.asking) == set()
+    assert seen[0] == {"ml-course": 2}
+    assert set(here.reservations.asking) == set()
     assert lease.groups == ("ml-course",)
 
 
@@ -498,7 +510,7 @@ async def test_an_unanswering_api_is_waited_for_and_named(store):
         raise KubernetesUnavailable("the API server did not answer (timeout)")
 
     said: list[str] = []
-    with pytest.raises(NoGPUAvailable, match="the Kubernetes API did not answer"):
+    with pytest.raises(NoGPUAvailableError, match="the Kubernetes API did not answer"):
         await placement(store, clock, free=down).admit_to_queue(
             "alice/", 1, None, ["other"], deadline=2, describe=said.append
         )
@@ -515,7 +527,7 @@ async def test_with_enough_free_gpus_beside_the_reservation_a_non_member_goes_at
     await here.admit_to_queue("alice/", 2, None, ["other"], deadline=0)
     assert "alice/" in here.reservations.asking
     # A second non-member must wait: alice's two admitted GPUs and the two kept leave nothing.
-    with pytest.raises(NoGPUAvailable, match="2 free in the cluster, but 2 of 4 GPUs reserved for ml-course"):
+    with pytest.raises(NoGPUAvailableError, match="2 free in the cluster, but 2 of 4 GPUs reserved for ml-course"):
         await here.admit_to_queue("bob/", 1, None, ["other"], deadline=2)
     here.withdraw("alice/")  # alice's pod could not be created after all
     await here.admit_to_queue("bob/", 1, None, ["other"], deadline=clock.now)

@@ -55,7 +55,7 @@ def reconcile(store, pods: list[dict]) -> tuple[list[tuple[str, str, str]], list
 
 
 @pytest.mark.parametrize(
-    "the_pod, action",
+    ("the_pod", "action"),
     [
         # its lease survived the restart: nothing to do
         (pod("held", user="dave", annotated="GPU-h"), None),
@@ -87,9 +87,11 @@ def test_reconcile_rule(store, the_pod, action):
 def test_a_running_annotated_pod_whose_gpus_are_free_is_adopted_as_it_was(store):
     the_pod = pod("wb-1a2b3c4d-carol-2dlab", user="Carol", server="lab", node="n2", gpus=2, annotated="GPU-c,GPU-d")
     actions, deleted = reconcile(store, [the_pod])
-    assert actions == [("wb-1a2b3c4d-carol-2dlab", "adopted", "")] and deleted == []
+    assert actions == [("wb-1a2b3c4d-carol-2dlab", "adopted", "")]
+    assert deleted == []
     lease = store.lease_of("Carol", "lab")  # the exact names from the annotations, not the label slugs
-    assert lease.gpu_uuids == ("GPU-c", "GPU-d") and lease.node == "n2"
+    assert lease.gpu_uuids == ("GPU-c", "GPU-d")
+    assert lease.node == "n2"
     assert lease.ref == "k8s:wb/wb-1a2b3c4d-carol-2dlab"
     assert lease.since == datetime(2026, 12, 8, 9, 0, 30, tzinfo=UTC)  # when the pod started, not now
 
@@ -97,7 +99,8 @@ def test_a_running_annotated_pod_whose_gpus_are_free_is_adopted_as_it_was(store)
 def test_a_lease_in_another_namespace_is_not_this_pods(store):
     store.adopt("dave", "", ["GPU-h"], "k8s:other/same-name", node="n1")
     actions, deleted = reconcile(store, [pod("same-name", annotated="GPU-c", namespace="wb")])
-    assert actions == [("same-name", "adopted", "")] and deleted == []
+    assert actions == [("same-name", "adopted", "")]
+    assert deleted == []
     assert store.lease_of("carol", "").ref == "k8s:wb/same-name"
     # and the pod of the lease's own namespace is left alone
     assert reconcile(store, [pod("same-name", user="dave", annotated="GPU-h", namespace="other")]) == ([], [])
@@ -128,4 +131,5 @@ def test_one_pass_over_many_pods_decides_each_once(store):
 def test_without_a_process_start_every_pod_is_an_orphan(store):
     deleted: list[str] = []
     actions = reconcile_pods([pod("new", node=None, created=AFTER)], [], store.adopt, deleted.append)
-    assert [(a.pod, a.what) for a in actions] == [("new", "deleted")] and deleted == ["new"]
+    assert [(a.pod, a.what) for a in actions] == [("new", "deleted")]
+    assert deleted == ["new"]

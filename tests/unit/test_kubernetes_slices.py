@@ -31,7 +31,7 @@ from workbench_spawner.backends.kubernetes.inventory import (
 from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
 from workbench_spawner.backends.kubernetes.pod_objects import gpu_limits
 from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.placement.host import NoGPUAvailable
+from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
 from workbench_spawner.rules.admission import AdmissionContext, Admitted, Refusal, admit
 from workbench_spawner.rules.quota import EffectiveQuota, Quota
 

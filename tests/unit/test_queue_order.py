@@ -13,7 +13,8 @@ from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable
+from workbench_spawner.placement.host import HostAllocator
+from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
 from workbench_spawner.policy.clock import hub_clock, set_test_clock
 from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
 from workbench_spawner.rules.window import ReservationError

@@ -174,7 +174,8 @@ def test_a_lease_replaced_by_a_new_start_while_the_pass_asked_is_kept(tmp_path, 
     policy._backend_hooks = policy._backend_hooks.__class__(alive, lambda: None, lambda held: None)
     assert policy.reconcile_now() == []
     kept = policy.store.lease_of("ann", "")
-    assert kept is not None and kept.gpu_uuids == (devices[1],), "the new start's lease stays"
+    assert kept is not None, "the new start's lease stays"
+    assert kept.gpu_uuids == (devices[1],), "the new start's lease stays"
     assert ReconcileBook(policy.store).counts()["lease_closed"] == 0
 
 
@@ -232,7 +233,8 @@ def test_the_loop_ends_with_its_policy(tmp_path, policies):
     before = {t for t in threading.enumerate() if t.name == "workbench-reconcile"}
     policy.reconcile(lambda held: True)
     loops = [t for t in threading.enumerate() if t.name == "workbench-reconcile" and t not in before]
-    assert len(loops) == 1 and loops[0].is_alive()
+    assert len(loops) == 1
+    assert loops[0].is_alive()
     policy.stop_reconciler()
     wait_until(lambda: not loops[0].is_alive(), 5, "the loop to end")
 
@@ -286,16 +288,20 @@ def test_a_server_starting_is_never_taken_for_an_orphan(fake_hub):
     world.running["fake:ann/"] = ("ann", "", (gpu0,))  # ...which runs, before its lease names it
     policy.starting.add(("ann", ""))
     policy.reconcile_now()
-    assert world.running and world.cancelled == [] and policy.store.lease_of("ann", "").ref == ""
+    assert world.running
+    assert world.cancelled == []
+    assert policy.store.lease_of("ann", "").ref == ""
     policy.starting.discard(("ann", ""))
     policy.store.set_ref("ann", "", "fake:ann/")  # start() returned
     policy.reconcile_now()
-    assert world.cancelled == [] and policy.store.lease_of("ann", "").gpu_uuids == (gpu0,)
+    assert world.cancelled == []
+    assert policy.store.lease_of("ann", "").gpu_uuids == (gpu0,)
     # An orphan on a GPU leased to another server is ended, one on free GPUs adopted; both counted.
     world.running["fake:old/"] = ("old", "", (gpu0,))
     world.running["fake:lost/"] = ("lost", "", (gpu1,))
     policy.reconcile_now()
-    assert world.cancelled == ["fake:old/"] and policy.store.lease_of("lost", "").ref == "fake:lost/"
+    assert world.cancelled == ["fake:old/"]
+    assert policy.store.lease_of("lost", "").ref == "fake:lost/"
     counts = ReconcileBook(policy.store).counts()
     assert (counts["server_stopped"], counts["server_adopted"]) == (1, 1)
 

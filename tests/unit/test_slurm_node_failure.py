@@ -61,7 +61,7 @@ def node(name: str, state: str = "IDLE", reason: str = "") -> SlurmNode:
 
 
 @pytest.mark.parametrize(
-    "state, reason, words",
+    ("state", "reason", "words"),
     [
         # Nodes that take jobs: their GPUs count as before.
         ("IDLE", "", None),
@@ -125,7 +125,8 @@ def test_sinfo_json_gives_the_state_flags_and_the_reason():
             }
         )
     )
-    assert dead.state == "DOWN+NOT_RESPONDING" and dead.reason == "Not responding"
+    assert dead.state == "DOWN+NOT_RESPONDING"
+    assert dead.reason == "Not responding"
     assert dead.unusable_because() == DOWN
 
 
@@ -153,7 +154,8 @@ def test_node_states_run_sinfo_once_per_max_age_and_keep_the_last_answer_when_sl
     assert sinfo.calls == 1
     now[0] = 5.0
     sinfo.nodes = [node("n1"), node("n2", "IDLE+DRAIN", "swap GPU")]
-    assert states.unusable() == {"n2": "drained (swap GPU)"} and sinfo.calls == 2
+    assert states.unusable() == {"n2": "drained (swap GPU)"}
+    assert sinfo.calls == 2
     # The controller does not answer: what it said last stands, and it is asked again only after retry_after.
     now[0] = 10.0
     sinfo.down = True
@@ -161,10 +163,12 @@ def test_node_states_run_sinfo_once_per_max_age_and_keep_the_last_answer_when_sl
         assert states.unusable() == {"n2": "drained (swap GPU)"}
         now[0] = 39.0
         assert states.unusable() == {"n2": "drained (swap GPU)"}
-    assert sinfo.calls == 3 and "could not be read" in caplog.text
+    assert sinfo.calls == 3
+    assert "could not be read" in caplog.text
     now[0] = 40.0
     sinfo.down = False
-    assert states.unusable() == {"n2": "drained (swap GPU)"} and sinfo.calls == 4
+    assert states.unusable() == {"n2": "drained (swap GPU)"}
+    assert sinfo.calls == 4
 
 
 def test_before_slurm_ever_answered_every_node_counts_as_usable():
@@ -199,7 +203,8 @@ def test_a_down_nodes_gpus_are_neither_free_nor_in_use_for_the_form_and_admissio
     assert gone == {d.uuid: f"node n1 is {DOWN}" for d in N1}
     assert all(s.free_slots == 0 for s in status if s.device.node == "n1")
     # Free: n2's other H100 and its three slices; the held one is in use, n1's are neither.
-    assert policy.free_count() == 1 and policy.free_count("1g.18gb") == 2
+    assert policy.free_count() == 1
+    assert policy.free_count("1g.18gb") == 2
     ctx = policy.admission_context("ann", "", [])
     assert ctx.free_by_model == {"H100-80GB": 1, "H200-141GB 1g.18gb": 2, "H200-141GB 3g.71gb": 1}
     assert free_text(status) == f"1 of 2 GPUs and 3 of 3 MIG slices free now; 2 more unavailable (node n1 is {DOWN})"
@@ -226,7 +231,7 @@ def test_with_every_node_up_the_status_is_as_before(slurm_store):
 
 
 @pytest.mark.parametrize(
-    "down, text",
+    ("down", "text"),
     [
         ({"n2": "node n2 is down"}, "2 of 2 GPUs free now; 5 more unavailable (node n2 is down)"),
         (
@@ -245,7 +250,7 @@ def test_the_free_line_counts_only_devices_a_server_could_get(down, text):
 
 
 @pytest.mark.parametrize(
-    "unavailable, text",
+    ("unavailable", "text"),
     [
         ({}, "Waiting for 1 GPU: all 4 GPUs that fit are in use (Slurm: Resources), next in line"),
         (
@@ -312,14 +317,15 @@ def test_the_fleet_rows_of_a_down_node_have_no_free_slot_and_say_its_state(monke
     slurm_fleet.annotate_slurm(rows)
     assert [(r["unavailable"], r["free_slots"]) for r in rows] == [(f"node n1 is {DOWN}", 0)] * 2 + [(None, 1)]
     assert rows[0]["slurm"]["node_state"] == "down+not_responding"
-    assert rows[0]["slurm"]["node_reason"] == "Not responding" and rows[2]["slurm"]["node_reason"] == ""
+    assert rows[0]["slurm"]["node_reason"] == "Not responding"
+    assert rows[2]["slurm"]["node_reason"] == ""
 
 
 # -- job states: the ledger's reasons ---------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "state, by_hub, reason",
+    ("state", "by_hub", "reason"),
     [
         ("NODE_FAIL", False, reasons.NODE_FAILED),
         ("NODE_FAIL wbnode1", False, reasons.NODE_FAILED),
@@ -343,7 +349,7 @@ def test_each_way_a_job_ends_has_its_ledger_reason(state, by_hub, reason):
 
 
 @pytest.mark.parametrize(
-    "job_status, state",
+    ("job_status", "state"),
     [
         ("NODE_FAIL wbnode1", "NODE_FAIL"),
         ("CANCELLED wbnode2", "CANCELLED"),
@@ -373,7 +379,7 @@ def polled(job_id: str, job_status: str, status: JobStatus) -> SimpleNamespace:
 
 
 @pytest.mark.parametrize(
-    "job_status, reason",
+    ("job_status", "reason"),
     [
         ("NODE_FAIL wbnode1", reasons.NODE_FAILED),
         ("OUT_OF_MEMORY wbnode1", reasons.OUT_OF_MEMORY),
@@ -386,7 +392,8 @@ def polled(job_id: str, job_status: str, status: JobStatus) -> SimpleNamespace:
 def test_the_poll_that_finds_the_job_gone_remembers_why_for_the_ledger(job_status, reason):
     spawner = polled("8101", job_status, JobStatus.NOTFOUND)
     assert asyncio.run(SlurmJobSpawner.poll(spawner)) == 1
-    assert spawner.job_id == "" and spawner.slurm_end[0] == "8101"  # cleared, yet remembered
+    assert spawner.job_id == ""
+    assert spawner.slurm_end[0] == "8101"
     assert why(asyncio.run(SlurmGPUSpawner.gpu_exit_reason(spawner))) == reason
 
 
@@ -428,7 +435,7 @@ def lease(ref: str) -> Lease:
 
 
 @pytest.mark.parametrize(
-    "ref, state, reason",
+    ("ref", "state", "reason"),
     [
         ("slurm:8201", "NODE_FAIL", reasons.NODE_FAILED),
         ("slurm:8201", "OUT_OF_MEMORY", reasons.OUT_OF_MEMORY),

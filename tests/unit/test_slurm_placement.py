@@ -17,11 +17,11 @@ from workbench_spawner.backends.slurm.inventory import MapConflict, NodeGPUMap, 
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
 from workbench_spawner.backends.slurm.placement import JobEnded, SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
-from workbench_spawner.backends.slurm.report_api import ReportRefused, read_report
+from workbench_spawner.backends.slurm.report_api import ReportRefusedError, read_report
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.placement.engine import EngineJob
-from workbench_spawner.placement.host import NoGPUAvailable
+from workbench_spawner.placement.host import NoGPUAvailableError
 from workbench_spawner.rules.queue_order import Waiting
 from workbench_spawner.rules.reservations import Reservation
 from workbench_spawner.rules.window import parse_window
@@ -95,7 +95,8 @@ def test_a_job_that_runs_and_reports_gets_a_lease_on_its_node(store):
     slurm = FakeSlurm([pending("7")], [running("7")])
     lease, events = place(slurm.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
     assert (lease.node, lease.gpu_uuids, lease.ref) == ("n1", ("GPU-b",), "slurm:7")
-    assert any("Slurm: Resources" in e for e in events) and not slurm.cancelled
+    assert any("Slurm: Resources" in e for e in events)
+    assert not slurm.cancelled
     # Learned only what Slurm gave the job: GPU 1 of n1 (a real job reports no other GPU).
     assert NodeGPUMap(store).known() == {
         "n1": [{"index": 1, "uuid": "GPU-b", "name": "NVIDIA H100", "memory_total_bytes": 80}]
@@ -105,12 +106,14 @@ def test_a_job_that_runs_and_reports_gets_a_lease_on_its_node(store):
 def test_a_cpu_only_job_runs_gets_no_lease_and_names_no_gpu(store):
     slurm = FakeSlurm([running("7", idx=())])
     lease, _ = place(slurm.placement(store), count=0, started=lambda: report("n1", ["GPU-a"], []))
-    assert lease is None and store.leases() == [] and not slurm.cancelled
+    assert lease is None
+    assert store.leases() == []
+    assert not slurm.cancelled
     assert NodeGPUMap(store).known() == {}  # a job without GPUs cannot name the node's GPUs
 
 
 @pytest.mark.parametrize(
-    "node_report, why",
+    ("node_report", "why"),
     [
         (lambda: report("n2", ["GPU-a", "GPU-b"], ["GPU-b"]), "another node"),  # reports from elsewhere
         (lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-a"]), "another index"),  # its UUID is not Slurm's index
@@ -119,18 +122,20 @@ def test_a_cpu_only_job_runs_gets_no_lease_and_names_no_gpu(store):
 )
 def test_a_report_that_disagrees_with_slurm_cancels_the_job_and_teaches_nothing(store, node_report, why):
     slurm = FakeSlurm([running("7")])
-    with pytest.raises(NoGPUAvailable, match="gres.conf disagree"):
+    with pytest.raises(NoGPUAvailableError, match=r"gres.conf disagree"):
         place(slurm.placement(store), started=node_report)
-    assert slurm.cancelled == ["7"] and store.leases() == [], why
+    assert slurm.cancelled == ["7"], why
+    assert store.leases() == [], why
     assert NodeGPUMap(store).known() == {}
 
 
 def test_gpus_leased_to_another_server_cancel_the_job(store):
     assert store.adopt("bob", "", ["GPU-b"], "slurm:6", node="n1")
     slurm = FakeSlurm([running("7")])
-    with pytest.raises(NoGPUAvailable, match="held by another server"):
+    with pytest.raises(NoGPUAvailableError, match="held by another server"):
         place(slurm.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
-    assert slurm.cancelled == ["7"] and [l.user for l in store.leases()] == ["bob"]  # noqa: E741
+    assert slurm.cancelled == ["7"]
+    assert [lease.user for lease in store.leases()] == ["bob"]
 
 
 def test_a_job_that_leaves_the_queue_before_it_runs_is_the_end_of_the_spawn(store):
@@ -142,20 +147,22 @@ def test_a_job_that_leaves_the_queue_before_it_runs_is_the_end_of_the_spawn(stor
 
 def test_a_hopeless_reason_cancels_at_once_and_a_drained_node_does_not(store):
     slurm = FakeSlurm([pending("7", "PartitionTimeLimit")])
-    with pytest.raises(NoGPUAvailable, match="cannot run this request"):
+    with pytest.raises(NoGPUAvailableError, match="cannot run this request"):
         place(slurm.placement(store))
     assert slurm.cancelled == ["7"]
     waits = FakeSlurm([pending("7", "ReqNodeNotAvail, UnavailableNodes:n2")], [running("7")])
     lease, events = place(waits.placement(store), started=lambda: report("n1", ["GPU-a", "GPU-b"], ["GPU-b"]))
-    assert lease.gpu_uuids == ("GPU-b",) and not waits.cancelled
+    assert lease.gpu_uuids == ("GPU-b",)
+    assert not waits.cancelled
     assert any("unavailable (down, drained or reserved)" in e for e in events)
 
 
 def test_the_queue_timeout_cancels_a_pending_job_and_says_so(store):
     slurm = FakeSlurm([pending("7")])
-    with pytest.raises(NoGPUAvailable, match="within 5 seconds .* the job was cancelled"):
+    with pytest.raises(NoGPUAvailableError, match=r"within 5 seconds .* the job was cancelled"):
         place(slurm.placement(store), timeout=5)
-    assert slurm.cancelled == ["7"] and slurm.now >= 5
+    assert slurm.cancelled == ["7"]
+    assert slurm.now >= 5
 
 
 def test_an_unanswering_controller_is_waited_for_then_times_out(store):
@@ -166,7 +173,7 @@ def test_an_unanswering_controller_is_waited_for_then_times_out(store):
     slurm = FakeSlurm([])
     placement = slurm.placement(store)
     placement.jobs = down
-    with pytest.raises(NoGPUAvailable, match="within 3 seconds"):
+    with pytest.raises(NoGPUAvailableError, match="within 3 seconds"):
         place(placement, timeout=3)
     assert slurm.cancelled == ["7"]
 
@@ -180,7 +187,7 @@ def test_a_job_that_never_reports_is_cancelled_with_its_log_named(store):
         slurm.now += 0.2
         return None
 
-    with pytest.raises(NoGPUAvailable, match="did not report back .* ~/workbench-slurm-7.log"):
+    with pytest.raises(NoGPUAvailableError, match=r"did not report back .* ~/workbench-slurm-7.log"):
         place(placement, started=never)
     assert slurm.cancelled == ["7"]
 
@@ -193,14 +200,15 @@ def test_real_gpus_are_learned_one_job_at_a_time_and_named_everywhere(store):
     book.accept(NodeReport("n1", ({"index": 1, "uuid": "GPU-bbbb", "name": "NVIDIA H100"},), ("GPU-bbbb",)))
     resolved = resolve(REAL, book.known())
     assert [d.uuid for d in resolved.devices] == ["SLURM-n1-gpu0", "GPU-bbbb", "SLURM-n2-gpu0", "SLURM-n2-gpu1"]
-    assert resolved.devices[1].name == "NVIDIA H100" and resolved.devices[1].node == "n1"
+    assert resolved.devices[1].name == "NVIDIA H100"
+    assert resolved.devices[1].node == "n1"
     book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-aaaa"]))  # the next job names GPU 0 too
     assert [e["uuid"] for e in book.known()["n1"]] == ["GPU-aaaa", "GPU-bbbb"]
     assert [d.uuid for d in resolve(REAL, book.known()).devices][:2] == ["GPU-aaaa", "GPU-bbbb"]
 
 
 @pytest.mark.parametrize(
-    "liar, words",
+    ("liar", "words"),
     [
         (report("n1", ["GPU-aaaa", "GPU-zzzz"], []), "but the hub knows it as GPU-bbbb"),  # renames n1's GPU 1
         (report("n2", ["GPU-aaaa", "GPU-cccc"], []), "which the hub knows as GPU 0 of node n1"),  # n1's GPU on n2
@@ -219,7 +227,8 @@ def test_a_report_that_contradicts_what_is_known_is_refused_and_changes_nothing(
 def test_an_admin_forgets_a_node_whose_gpus_were_swapped(store):
     book = NodeGPUMap(store)
     book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
-    assert book.forget("n1") and not book.forget("n1")
+    assert book.forget("n1")
+    assert not book.forget("n1")
     book.accept(report("n1", ["GPU-new0", "GPU-new1"], []))
     assert [e["uuid"] for e in book.known()["n1"]] == ["GPU-new0", "GPU-new1"]
 
@@ -228,15 +237,18 @@ def test_a_conflicting_report_at_start_cancels_the_job(store):
     NodeGPUMap(store).accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
     slurm = FakeSlurm([running("7")])
     liar = report("n1", ["GPU-aaaa", "GPU-zzzz"], ["GPU-zzzz"])  # agrees with Slurm's index 1, renames it
-    with pytest.raises(NoGPUAvailable, match="reported GPUs the hub cannot accept: .*knows it as GPU-bbbb"):
+    with pytest.raises(NoGPUAvailableError, match=r"reported GPUs the hub cannot accept: .*knows it as GPU-bbbb"):
         place(slurm.placement(store), started=lambda: liar)
-    assert slurm.cancelled == ["7"] and store.leases() == []
+    assert slurm.cancelled == ["7"]
+    assert store.leases() == []
     assert NodeGPUMap(store).known()["n1"][1]["uuid"] == "GPU-bbbb"
 
 
 def test_the_hub_id_is_made_once_and_kept(store):
     first = hub_id(store)
-    assert len(first) == 8 and int(first, 16) >= 0 and hub_id(store) == first
+    assert len(first) == 8
+    assert int(first, 16) >= 0
+    assert hub_id(store) == first
 
 
 # -- reconcile after a restart ----------------------------------------------------------------------
@@ -289,7 +301,9 @@ def test_reconcile_adopts_cancels_and_leaves_other_hubs_alone(store):
     ]
     assert cancelled == ["3", "4", "5"]
     carol = store.lease_of("carol", "")
-    assert carol.gpu_uuids == ("GPU-b",) and carol.node == "n1" and carol.ref == "slurm:2"
+    assert carol.gpu_uuids == ("GPU-b",)
+    assert carol.node == "n1"
+    assert carol.ref == "slurm:2"
     assert carol.since == datetime.fromtimestamp(1_700_000_000, UTC)
 
 
@@ -364,7 +378,8 @@ def test_a_non_member_waits_before_submitting_while_free_gpus_are_reserved(store
     book = SlurmReservations(store, lambda: REAL, UTC, lambda: now)
     one_busy = [SlurmNode("n1", "a", "MIXED", "h100", 2, gpus_used=(0,)), NODES[1]]
     ok, why = book.may_submit(["other"], 1, None, lambda: one_busy)
-    assert not ok and "3 free in the cluster, but 3 of 4 GPUs reserved for ml-course until 12:00" in why
+    assert not ok
+    assert "3 free in the cluster, but 3 of 4 GPUs reserved for ml-course until 12:00" in why
     assert book.may_submit(["ml-course"], 1, None, lambda: one_busy) == (True, "")
     assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")  # 4 free, 3 kept
     assert book.may_submit(["other"], 0, None, lambda: one_busy) == (True, "")  # CPU-only servers never wait
@@ -385,7 +400,8 @@ def test_requests_already_admitted_count_as_taking_free_gpus(store):
     assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
     book.asking["bob/"] = (frozenset({"other"}), 1, None)
     ok, why = book.may_submit(["other"], 1, None, lambda: NODES)
-    assert not ok and why.startswith("2 free in the cluster")
+    assert not ok
+    assert why.startswith("2 free in the cluster")
     # A member admitted before counts as the members' use: the reserve it fills is not held twice.
     book.asking = {"stud/": (frozenset({"ml-course"}), 1, None)}
     assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
@@ -403,7 +419,7 @@ def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
         return NODES
 
     placement.nodes = tick
-    with pytest.raises(NoGPUAvailable, match="nothing was submitted to Slurm"):
+    with pytest.raises(NoGPUAvailableError, match="nothing was submitted to Slurm"):
         asyncio.run(placement.admit_to_queue("alice/", 1, None, ["other"], deadline=3, describe=events.append))
     assert events == [
         "Waiting for 1 GPU outside reserved ones: 4 free in the cluster, but 4 of 4 GPUs "
@@ -415,7 +431,7 @@ def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
 
 
 @pytest.mark.parametrize(
-    "body, words",
+    ("body", "words"),
     [
         (
             {"exec_prefix": "", "batch_cancel_cmd": "touch /tmp/x"},
@@ -439,7 +455,7 @@ def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
     ],
 )
 def test_a_start_report_takes_port_and_gpu_report_only(body, words):
-    with pytest.raises(ReportRefused, match=words.replace("(", r"\(")):
+    with pytest.raises(ReportRefusedError, match=words.replace("(", r"\(")):
         read_report(body)
 
 

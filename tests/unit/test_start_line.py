@@ -8,7 +8,9 @@ import time
 import pytest
 
 from workbench_devices import discover_devices
-from workbench_spawner.placement.start_line import LineFull, SlotTimeout, StartLine
+from workbench_spawner.placement.start_line import LineFullError as LineFull
+from workbench_spawner.placement.start_line import SlotTimeoutError as SlotTimeout
+from workbench_spawner.placement.start_line import StartLine
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.policy.spawn_limits import derive_spawn_limits
 

@@ -11,7 +11,8 @@ import asyncio
 
 import pytest
 
-from workbench_spawner.placement.waitlist import WaitList, WaitTimeout
+from workbench_spawner.placement.waitlist import WaitList
+from workbench_spawner.placement.waitlist import WaitTimeoutError as WaitTimeout
 
 
 class Clock:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench_devices import GPUDevice
-from workbench_spawner.placement.host import NoGPUAvailable, Placement
+from workbench_spawner.placement.host import NoGPUAvailableError, Placement
 
 
 def _quiet(text: str) -> None:
@@ -65,7 +65,7 @@ class EnginePlacement(Placement):
         deadline: float,
         describe: Callable[[str], None] = _quiet,
     ) -> None:
-        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``."""
+        """Return once submitting leaves what open reservations keep; NoGPUAvailableError at ``deadline``."""
 
     @abstractmethod
     def withdraw(self, key: str) -> None:
@@ -82,15 +82,15 @@ class EnginePlacement(Placement):
         return {}
 
 
-class EngineJobEnded(NoGPUAvailable):
+class EngineJobEnded(NoGPUAvailableError):
     """The engine's job ended (cancelled, deleted, failed) before its server started."""
 
 
-class ReportMismatch(NoGPUAvailable):
+class ReportMismatch(NoGPUAvailableError):
     """A start report that disagrees with the engine's own record; str(err) is the user's sentence."""
 
 
-class ReportConflict(ValueError):
+class ReportConflictError(ValueError):
     """A start report that contradicts what the hub already knows of a node's GPUs; str(err) is for the admin."""
 
 

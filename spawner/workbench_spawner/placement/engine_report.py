@@ -20,7 +20,7 @@ from tornado import web
 from workbench_spawner.start_report import require_starting, token_spawner
 
 
-class ReportRefused(ValueError):
+class ReportRefusedError(ValueError):
     """A start report that is not accepted; str(err) is the sentence the server's start-up prints."""
 
 
@@ -28,7 +28,7 @@ def start_report_handler(
     accept: Callable[[Any], tuple[dict[str, Any], list[str]]], name: str, requires: str = ""
 ) -> type[APIHandler]:
     """A handler that sets on the starting spawner what ``accept(body)`` returns (attributes, and the field
-    names the answer lists), or answers 400 with ``ReportRefused``'s sentence. ``requires``: an attribute
+    names the answer lists), or answers 400 with ``ReportRefusedError``'s sentence. ``requires``: an attribute
     the spawner must have (a server of another backend takes no such report)."""
 
     class StartReport(APIHandler):
@@ -39,7 +39,7 @@ def start_report_handler(
                 raise web.HTTPError(400, "This server's backend takes no start report.")
             try:
                 attributes, fields = accept(self.get_json_body())
-            except ReportRefused as exc:
+            except ReportRefusedError as exc:
                 raise web.HTTPError(400, f"Start report refused: {exc}.") from None
             require_starting(spawner)
             for key, value in attributes.items():

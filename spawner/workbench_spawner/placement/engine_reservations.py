@@ -20,7 +20,7 @@ from datetime import UTC, datetime, tzinfo
 from workbench_devices import DeviceInventory
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.host import NoGPUAvailable, holdings
+from workbench_spawner.placement.host import NoGPUAvailableError, holdings
 from workbench_spawner.policy.clock import Clock, real_now
 from workbench_spawner.rules.reservations import (
     Holding,
@@ -111,9 +111,9 @@ async def wait_to_submit(
     The check and the admission it leads to are one step under ``admitting``: ten non-members who ask
     at the same second do not all see the same free GPUs. From then on the request counts as about to
     take GPUs (``reservations.asking[key]``) until the placement follows it or withdraws it. The user
-    sees why it waits; at ``deadline`` it is NoGPUAvailable, saying ``nothing_made`` ("no pod was
+    sees why it waits; at ``deadline`` it is NoGPUAvailableError, saying ``nothing_made`` ("no pod was
     created")."""
-    groups, count, model = request
+    _groups, count, model = request
     note = ""
     while True:
         async with admitting:
@@ -125,7 +125,7 @@ async def wait_to_submit(
             describe(f"Waiting for {gpus_text(count, model)} outside reserved ones: {why}")
             note = why
         if clock() >= deadline:
-            raise NoGPUAvailable(
+            raise NoGPUAvailableError(
                 f"No {gpus_text(count, model)} outside reserved ones came free in time ({why}); {nothing_made}. "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
             )

@@ -23,12 +23,12 @@ from workbench_spawner.placement.engine import (
     EngineJobEnded,
     EnginePlacement,
     Look,
-    ReportConflict,
+    ReportConflictError,
     ReportMismatch,
     _quiet,
 )
 from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
-from workbench_spawner.placement.host import NoGPUAvailable, Report, _nothing
+from workbench_spawner.placement.host import NoGPUAvailableError, Report, _nothing
 from workbench_spawner.rules.queue_order import Waiting
 from workbench_spawner.rules.reservations import gpus_text
 
@@ -45,7 +45,7 @@ class EngineTemplate(EnginePlacement):
     An engine implements: ``may_submit`` (the reservations' check, blocking), ``look`` (one poll of the
     engine: pending with its own words, placed on a node, ended), ``uuids`` (how a report maps to the
     leased UUIDs, ``ReportMismatch`` if it disagrees), ``learn_from`` (what the hub learns of the node,
-    ``ReportConflict`` if it contradicts what is known), and its words (``placed_words``, ``no_report_words``,
+    ``ReportConflictError`` if it contradicts what is known), and its words (``placed_words``, ``no_report_words``,
     ``held_words``, ``conflict_words``). It may override ``cancel`` (default: nothing; the spawner ends it),
     ``joining`` (its queue entry), ``kind`` (how the wait names the request), ``trouble`` (why a placed job
     cannot start), ``ended`` (whether it is gone, asked while the lease waits) and the vocabulary below.
@@ -103,7 +103,7 @@ class EngineTemplate(EnginePlacement):
 
     @abstractmethod
     def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
-        """Learn the node's UUIDs from a checked report (blocking); ReportConflict if it contradicts the hub."""
+        """Learn the node's UUIDs from a checked report (blocking); ReportConflictError if it contradicts the hub."""
 
     @abstractmethod
     def placed_words(self, node: str) -> str:
@@ -118,7 +118,7 @@ class EngineTemplate(EnginePlacement):
         """The sentence when the ledger still holds the GPUs the engine gave after ``release_grace``."""
 
     @abstractmethod
-    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
         """The sentence when the report contradicts what the hub knows of the node."""
 
     def unanswered(self, exc: Exception) -> str:
@@ -178,7 +178,7 @@ class EngineTemplate(EnginePlacement):
         deadline: float,
         describe: Callable[[str], None] = _quiet,
     ) -> None:
-        """Return once submitting leaves what open reservations keep; NoGPUAvailable at ``deadline``.
+        """Return once submitting leaves what open reservations keep; NoGPUAvailableError at ``deadline``.
 
         The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
         until ``place`` follows its job or ``withdraw(key)``."""
@@ -218,11 +218,11 @@ class EngineTemplate(EnginePlacement):
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
     ) -> Lease | None:
-        """The lease of the placed, reported ``job`` (None for 0 GPUs), or NoGPUAvailable (the job cancelled).
+        """The lease of the placed, reported ``job`` (None for 0 GPUs), or NoGPUAvailableError (the job cancelled).
 
         ``job.started`` is called in a worker thread and returns the server's start report once it came."""
         if job is None or not job.job_id or not self.accepts(job):
-            raise NoGPUAvailable(self.nothing_submitted)
+            raise NoGPUAvailableError(self.nothing_submitted)
         kind = self.kind(job, model)
         what = gpus_text(count, kind)
         deadline = self.clock() + timeout if job.deadline is None else job.deadline
@@ -247,13 +247,15 @@ class EngineTemplate(EnginePlacement):
         try:
             # Only now, checked against the engine's record, and only the job's node and GPUs.
             await asyncio.to_thread(self.learn_from, job, placed, started)
-        except ReportConflict as exc:
+        except ReportConflictError as exc:
             await self.cancel(job.job_id, "its GPU report contradicts what the hub knows of the node")
-            raise NoGPUAvailable(self.conflict_words(job, exc)) from None
+            raise NoGPUAvailableError(self.conflict_words(job, exc)) from None
         await self._adopt(job, user, server, uuids, placed.node, groups)
         lease = await asyncio.to_thread(self.store.lease_of, user, server)
         if lease is None:  # released under us (a stop raced the start)
-            raise NoGPUAvailable(f"The lease of {self.job_name(job.job_id)} was released while the server started.")
+            raise NoGPUAvailableError(
+                f"The lease of {self.job_name(job.job_id)} was released while the server started."
+            )
         return lease
 
     async def _until_placed(
@@ -272,7 +274,7 @@ class EngineTemplate(EnginePlacement):
                     raise self.Ended(look.ended)
                 if look.refused:
                     await self.cancel(job.job_id, look.refused_why or f"{self.engine} cannot run it")
-                    raise NoGPUAvailable(look.refused)
+                    raise NoGPUAvailableError(look.refused)
                 if look.node:
                     return look
                 detail = look.detail
@@ -282,7 +284,7 @@ class EngineTemplate(EnginePlacement):
                     last = look.text
             if self.clock() >= deadline:
                 await self.cancel(job.job_id, "queue timeout")
-                raise NoGPUAvailable(
+                raise NoGPUAvailableError(
                     f"{self.engine} did not {self.place_verb} {self.the_job} for {what} within {timeout:g} seconds "
                     f"({detail or 'pending'}); {self.job_gone}. Try again later, ask for fewer GPUs, or start a "
                     "CPU-only server (0 GPUs)."
@@ -308,7 +310,7 @@ class EngineTemplate(EnginePlacement):
                 raise self.Ended(trouble)
             await asyncio.sleep(min(self.report_poll, self.poll_interval))
         await self.cancel(job.job_id, "no start report")
-        raise NoGPUAvailable(self.no_report_words(job, node))
+        raise NoGPUAvailableError(self.no_report_words(job, node))
 
     async def _adopt(
         self, job: EngineJob, user: str, server: str, uuids: list[str], node: str, groups: Sequence[str]
@@ -328,7 +330,7 @@ class EngineTemplate(EnginePlacement):
         ):
             if self.clock() >= end:
                 await self.cancel(job.job_id, "its GPUs are leased to another server")
-                raise NoGPUAvailable(self.held_words(job, uuids, node))
+                raise NoGPUAvailableError(self.held_words(job, uuids, node))
             gone = await self.ended(job)
             if gone:
                 raise self.Ended(gone)

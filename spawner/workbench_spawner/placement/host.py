@@ -29,7 +29,7 @@ from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.reasons import START_CANCELLED
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeout
+from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeoutError
 from workbench_spawner.policy.clock import Clock, real_now
 from workbench_spawner.rules.gpu_hours import gpu_hours_used
 from workbench_spawner.rules.queue_order import REJOIN_MINUTES
@@ -61,7 +61,7 @@ def holdings(leases: Sequence[Lease]) -> list[Holding]:
     return [Holding(l.user, l.server, l.gpu_uuids, frozenset(l.groups), l.since) for l in leases]  # noqa: E741
 
 
-class NoGPUAvailable(Exception):
+class NoGPUAvailableError(Exception):
     """Nothing could be placed within the wait; str(err) is meant for the user."""
 
 
@@ -86,7 +86,7 @@ class Placement(ABC):
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
     ) -> Lease | None:
-        """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailable after ``timeout`` s.
+        """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailableError after ``timeout`` s.
 
         ``groups``: the user's JupyterHub groups (reservations let members in).
         ``job``: on an engine, the submitted job to follow (host placement has none)."""
@@ -352,9 +352,9 @@ class HostAllocator(Placement):
             return await self.waitlist.wait_for(
                 key, count, try_take, timeout, report, user=user, gpu_hours=hours, cls=cls
             )
-        except WaitTimeout:
+        except WaitTimeoutError:
             free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))
-            raise NoGPUAvailable(
+            raise NoGPUAvailableError(
                 f"No {gpus_text(count, model)} became free within {timeout:g} seconds "
                 f"({free} free now, {len(self.waitlist.waiting())} still waiting{note}). "
                 "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."

@@ -6,7 +6,7 @@ used on the hub's event loop only (no locks):
 * **In line**: every spawn from the moment ``start()`` begins until it holds
   a start slot (host placement) or its ``start()`` ends (engine placement),
   whatever it waits for: a GPU, the engine's queue, a start slot. ``join``
-  refuses past ``max_waiting`` (``LineFull``: the spawner answers 503 with
+  refuses past ``max_waiting`` (``LineFullError``: the spawner answers 503 with
   how many are waiting), so a hub under a storm says no in one sentence
   instead of JupyterHub's 429 "Too many users trying to log in right now".
 * **Starting**: servers this host is starting, from their GPUs to their
@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable
 
 
-class LineFull(Exception):
+class LineFullError(Exception):
     """``max_waiting`` spawns wait already."""
 
     def __init__(self, waiting: int):
@@ -45,7 +45,7 @@ class LineFull(Exception):
         self.waiting = waiting
 
 
-class SlotTimeout(Exception):
+class SlotTimeoutError(Exception):
     """No start slot came free before the deadline."""
 
 
@@ -77,9 +77,9 @@ class StartLine:
         return len(self._in_line)
 
     def join(self) -> object:
-        """A token for a spawn joining the line; ``LineFull`` past ``max_waiting``."""
+        """A token for a spawn joining the line; ``LineFullError`` past ``max_waiting``."""
         if len(self._in_line) >= self.max_waiting:
-            raise LineFull(len(self._in_line))
+            raise LineFullError(len(self._in_line))
         token = object()
         self._in_line.add(token)
         return token
@@ -103,7 +103,7 @@ class StartLine:
 
     async def start_slot(self, deadline: float, report: Callable[[int], None]) -> Slot:
         """A slot to start one server, first come, first served; ``report(n)`` tells the user how many
-        servers start ahead of theirs, whenever that changed. ``SlotTimeout`` at ``deadline``
+        servers start ahead of theirs, whenever that changed. ``SlotTimeoutError`` at ``deadline``
         (``time.monotonic()``)."""
         slot = Slot()
         if len(self._starting) < self.max_starting and not self._queue:
@@ -121,7 +121,7 @@ class StartLine:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     still = "server still starts" if ahead == 1 else "servers still start"
-                    raise SlotTimeout(f"{ahead} {still} ahead of this one")
+                    raise SlotTimeoutError(f"{ahead} {still} ahead of this one")
                 try:
                     async with asyncio.timeout(min(self.refresh, remaining)):
                         await asyncio.shield(slot.granted)

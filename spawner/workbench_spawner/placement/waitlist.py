@@ -49,6 +49,7 @@ own loop's thread, so ``notify`` hands each wake-up to the waiters' loop with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -62,7 +63,7 @@ T = TypeVar("T")
 Report = Callable[[int, str], None]
 
 
-class WaitTimeout(Exception):
+class WaitTimeoutError(Exception):
     """Nothing became free before the deadline."""
 
 
@@ -214,10 +215,8 @@ class WaitList(Generic[T]):
 
     @staticmethod
     def _call(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting on it any more
             loop.call_soon_threadsafe(callback)
-        except RuntimeError:  # that loop is closed: nobody is waiting on it any more
-            pass
 
     def _wake_heads(self, loop: asyncio.AbstractEventLoop, skip: int | None = None) -> None:
         """On ``loop``: wake its waiters that may try now (the head of each class), but ``skip``."""
@@ -280,7 +279,7 @@ class WaitList(Generic[T]):
 
         ``report(ahead, why)`` is called whenever the number ahead or the
         reason changes, and once when the ticket starts waiting. Raises
-        WaitTimeout after ``timeout`` seconds; a cancelled wait leaves the
+        WaitTimeoutError after ``timeout`` seconds; a cancelled wait leaves the
         list cleanly. Either way the key's first arrival is remembered for
         ``rejoin_minutes`` (the module docstring).
         """
@@ -317,7 +316,7 @@ class WaitList(Generic[T]):
                     now = self.clock()
                     remaining = deadline - now
                     if remaining <= 0:
-                        raise WaitTimeout(f"no GPU became free within {timeout:g} s")
+                        raise WaitTimeoutError(f"no GPU became free within {timeout:g} s")
                     pause = self.recheck_interval if self.may_try(ticket) else self.idle_recheck_interval
                     changes_at = self._current().valid_until - now  # the order changes by itself then
                     try:

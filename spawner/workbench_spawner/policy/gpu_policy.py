@@ -31,7 +31,8 @@ from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
-from workbench_spawner.placement.host import HostAllocator, NoGPUAvailable, Placement, Report, holdings
+from workbench_spawner.placement.host import HostAllocator, Placement, Report, holdings
+from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
 from workbench_spawner.placement.start_line import StartLine
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.inventory_refresh import (

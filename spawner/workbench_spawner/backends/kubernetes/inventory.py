@@ -37,7 +37,7 @@ from typing import Any
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
 from workbench_spawner.backends.kubernetes.cluster import KubeNode
 from workbench_spawner.ledger.node_book import NodeBook
-from workbench_spawner.placement.engine import ReportConflict
+from workbench_spawner.placement.engine import ReportConflictError
 
 NODE_UUIDS_KEY = "kubernetes-node-gpus"
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -168,7 +168,7 @@ def _memory_bytes(mib: str | None) -> int:
         return 0
 
 
-class UUIDConflict(ReportConflict):
+class UUIDConflict(ReportConflictError):
     """A report that contradicts what the hub knows; str(err) is for the admin."""
 
 

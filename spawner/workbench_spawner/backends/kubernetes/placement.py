@@ -35,7 +35,7 @@ from typing import Any
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes.inventory import is_placeholder
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflict, ReportMismatch
+from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflictError, ReportMismatch
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.rules.queue_order import Waiting
@@ -226,7 +226,7 @@ class KubernetesPlacement(EngineTemplate):
             "Try again in a minute; if it happens again, tell a hub admin."
         )
 
-    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
         return f"The pod {job.job_id} reported GPUs that contradict what the hub knows: {problem}; the pod was deleted."
 
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Any
 from traitlets.config import Config
 
 from workbench_spawner.placement.engine_extension import add_hub_route
-from workbench_spawner.placement.engine_report import ReportRefused, start_report_handler
+from workbench_spawner.placement.engine_report import ReportRefusedError, start_report_handler
 
-__all__ = ["MAX_GPUS", "ROUTE", "PodReportHandler", "ReportRefused", "install", "read_report"]
+__all__ = ["MAX_GPUS", "ROUTE", "PodReportHandler", "ReportRefusedError", "install", "read_report"]
 
 ROUTE = r"/api/workbench/start-report"
 MAX_GPUS = 64
@@ -27,19 +27,19 @@ MAX_TEXT = 256
 
 
 def read_report(body: Any) -> dict[str, Any]:
-    """The report as the spawner keeps it, or ReportRefused with the reason."""
+    """The report as the spawner keeps it, or ReportRefusedError with the reason."""
     if not isinstance(body, dict):
-        raise ReportRefused("the start report must be a JSON object with node and gpus")
+        raise ReportRefusedError("the start report must be a JSON object with node and gpus")
     unknown = sorted(str(k)[:40] for k in body if k not in ("node", "gpus"))
     if unknown:
-        raise ReportRefused(f"a start report carries only node and gpus; refused: {', '.join(unknown)}")
+        raise ReportRefusedError(f"a start report carries only node and gpus; refused: {', '.join(unknown)}")
     node, gpus = body.get("node"), body.get("gpus")
     if not isinstance(node, str) or not node or len(node) > MAX_TEXT:
-        raise ReportRefused("node must be the pod's node name (spec.nodeName)")
+        raise ReportRefusedError("node must be the pod's node name (spec.nodeName)")
     if not isinstance(gpus, list) or len(gpus) > MAX_GPUS:
-        raise ReportRefused(f"gpus must be a list of at most {MAX_GPUS} GPU UUIDs")
+        raise ReportRefusedError(f"gpus must be a list of at most {MAX_GPUS} GPU UUIDs")
     if not all(isinstance(g, str) and 0 < len(g) <= MAX_TEXT for g in gpus):
-        raise ReportRefused("each entry of gpus must be a GPU UUID (text)")
+        raise ReportRefusedError("each entry of gpus must be a GPU UUID (text)")
     return {"node": node, "gpus": list(gpus)}
 
 

@@ -31,7 +31,7 @@ from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
 from workbench_spawner.ledger.node_book import NodeBook
-from workbench_spawner.placement.engine import ReportConflict
+from workbench_spawner.placement.engine import ReportConflictError
 
 NODE_GPUS_KEY = "slurm-node-gpus"
 
@@ -94,7 +94,7 @@ def placeholder(node: str, index: int, kind: str) -> GPUDevice:
     )
 
 
-class MapConflict(ReportConflict):
+class MapConflict(ReportConflictError):
     """A node report that contradicts what the hub knows; str(err) is for the admin."""
 
 

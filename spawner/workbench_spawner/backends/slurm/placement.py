@@ -50,7 +50,7 @@ from workbench_spawner.backends.slurm.jobs import (
 from workbench_spawner.backends.slurm.node_states import NodeStates
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflict, ReportMismatch
+from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflictError, ReportMismatch
 from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 
@@ -225,7 +225,7 @@ class SlurmPlacement(EngineTemplate):
             "ledger shows as held by another server; the job was cancelled. Try again in a minute."
         )
 
-    def conflict_words(self, job: EngineJob, problem: ReportConflict) -> str:
+    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
         return (
             f"The server in Slurm job {job.job_id} reported GPUs the hub cannot accept: {problem}; "
             "the job was cancelled. Tell a hub admin."

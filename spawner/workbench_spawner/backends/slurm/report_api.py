@@ -21,9 +21,9 @@ from traitlets.config import Config
 
 from workbench_spawner.backends.slurm.jobs import NodeReport
 from workbench_spawner.placement.engine_extension import add_hub_route
-from workbench_spawner.placement.engine_report import ReportRefused, start_report_handler
+from workbench_spawner.placement.engine_report import ReportRefusedError, start_report_handler
 
-__all__ = ["ROUTE", "ReportRefused", "StartReportHandler", "install", "read_report"]
+__all__ = ["ROUTE", "ReportRefusedError", "StartReportHandler", "install", "read_report"]
 
 ROUTE = r"/api/batchspawner"
 ALLOWED_KEYS = ("port", "workbench_report")
@@ -43,28 +43,28 @@ def _short_texts(value: Any) -> bool:
 
 
 def read_report(body: Any) -> dict[str, Any]:
-    """The accepted fields of a start report, or ReportRefused with the reason."""
+    """The accepted fields of a start report, or ReportRefusedError with the reason."""
     if not isinstance(body, dict):
-        raise ReportRefused("the start report must be a JSON object with port and workbench_report")
+        raise ReportRefusedError("the start report must be a JSON object with port and workbench_report")
     unknown = sorted(str(k)[:40] for k in body if k not in ALLOWED_KEYS)
     if unknown:
-        raise ReportRefused(
+        raise ReportRefusedError(
             f"a start report may carry only {' and '.join(ALLOWED_KEYS)}; refused: {', '.join(unknown)}"
         )
     accepted: dict[str, Any] = {}
     if "port" in body:
         port = body["port"]
         if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ReportRefused(f"port must be a whole number from 1 to 65535, not {str(port)[:20]!r}")
+            raise ReportRefusedError(f"port must be a whole number from 1 to 65535, not {str(port)[:20]!r}")
         accepted["port"] = port
     if "workbench_report" in body:
         report = body["workbench_report"]
         if NodeReport.from_json(report) is None:
-            raise ReportRefused("workbench_report must be an object naming the node, its GPUs and the job's")
+            raise ReportRefusedError("workbench_report must be an object naming the node, its GPUs and the job's")
         if len(report.get("gpus") or []) > MAX_REPORTED_GPUS or len(report.get("job_gpus") or []) > MAX_REPORTED_GPUS:
-            raise ReportRefused(f"workbench_report lists more than {MAX_REPORTED_GPUS} GPUs")
+            raise ReportRefusedError(f"workbench_report lists more than {MAX_REPORTED_GPUS} GPUs")
         if not _short_texts(report):
-            raise ReportRefused(f"workbench_report has a text longer than {MAX_TEXT} characters")
+            raise ReportRefusedError(f"workbench_report has a text longer than {MAX_TEXT} characters")
         for gpu in report.get("gpus") or []:
             if not (
                 isinstance(gpu, dict)
@@ -72,14 +72,14 @@ def read_report(body: Any) -> dict[str, Any]:
                 and _whole(gpu.get("index"))
                 and _whole(gpu.get("memory_total_bytes", 0))
             ):
-                raise ReportRefused(
+                raise ReportRefusedError(
                     "each GPU in workbench_report needs a text uuid and whole-number index and memory_total_bytes"
                 )
         if not all(isinstance(u, str) for u in report.get("job_gpus") or []):
-            raise ReportRefused("job_gpus in workbench_report must be a list of UUIDs")
+            raise ReportRefusedError("job_gpus in workbench_report must be a list of UUIDs")
         accepted["workbench_report"] = report
     if not accepted:
-        raise ReportRefused("the start report carries neither port nor workbench_report")
+        raise ReportRefusedError("the start report carries neither port nor workbench_report")
     return accepted
 
 
