@@ -158,7 +158,7 @@ async def test_an_engine_hub_refuses_a_drain_with_the_engines_command_and_stores
     # A name that is no GPU of this hub is refused as well, with the node left for the admin to fill in.
     code, error = await call("PUT", "api/drains/GPU-nope")
     assert code == 409
-    assert ("NodeName=<node>" in error["message"] or "cordon <node>" in error["message"])
+    assert "NodeName=<node>" in error["message"] or "cordon <node>" in error["message"]
     assert DrainBook(store).drained() == set()
     assert await call("GET", "api/drains") == (200, {"drains": []})
     call.caller["scopes"] = [handlers.READ_SCOPE]  # who may not drain is told so first

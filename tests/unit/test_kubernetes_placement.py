@@ -327,7 +327,9 @@ async def test_gpus_leased_to_another_server_past_the_grace_write_no_second_leas
     assert store.adopt("bob", "", ["GPU-b"], "k8s:wb/wb-1a2b3c4d-bob", node="n1")
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), report=PodReport("n1", ("GPU-b",)))
-    with pytest.raises(NoGPUAvailableError, match="GPU-b on n1, which the workbench ledger still shows as held by another"):
+    with pytest.raises(
+        NoGPUAvailableError, match="GPU-b on n1, which the workbench ledger still shows as held by another"
+    ):
         await place(placement(store, clock), pod)
     assert [(lease.user, lease.ref) for lease in store.leases()] == [("bob", "k8s:wb/wb-1a2b3c4d-bob")]
     assert any("waiting for its previous server to release it" in text for text in pod.said), pod.said
