@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from typing import Any
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Connection, Engine, create_engine, event, text
 from sqlalchemy.orm import Session
 
 # The lease table (``store.LeaseRow``): its name is needed here to lock it.
 LEASES_TABLE = "gpu_leases"
 
 
-def make_engine(url: str, *, readonly: bool = False):
+def make_engine(url: str, *, readonly: bool = False) -> Engine:
     """An engine that is safe to share between threads and processes.
 
     ``readonly`` engines (SQLite) open deferred transactions: with WAL a
@@ -28,7 +29,7 @@ def make_engine(url: str, *, readonly: bool = False):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_conn, _record):
+        def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:  # DB-API objects: untyped
             # Let pysqlite leave transactions to us, so BEGIN IMMEDIATE is ours.
             dbapi_conn.isolation_level = None
             cur = dbapi_conn.cursor()
@@ -39,14 +40,14 @@ def make_engine(url: str, *, readonly: bool = False):
             cur.close()
 
         @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn):
+        def _sqlite_begin(conn: Connection) -> None:
             conn.exec_driver_sql("BEGIN" if readonly else "BEGIN IMMEDIATE")
 
         return engine
     return create_engine(url, pool_pre_ping=True)
 
 
-def _switch_to_wal(cursor, within: float = 30.0) -> None:
+def _switch_to_wal(cursor: Any, within: float = 30.0) -> None:
     """``PRAGMA journal_mode=WAL``, waiting while another connection holds the database: on a new file, two
     processes starting at once (the hub and the workbench service) both switch it, and SQLite answers the
     second "database is locked" at once, without its busy timeout. Once a file is in WAL mode it stays so,

@@ -23,18 +23,18 @@ HUB_ID_KEY = "hub-id"
 
 def hub_id(store: AllocationStore) -> str:
     """This hub's id (8 hex digits), made on first use; blocking: reads the database once per process."""
-    cached = getattr(store, "_workbench_hub_id", None)
+    cached: str | None = getattr(store, "_workbench_hub_id", None)
     if cached:
         return cached
     with store.reads()() as session:
         row = session.get(SettingsRow, HUB_ID_KEY)
-        value = json.loads(row.value) if row is not None else None
+        value: str | None = json.loads(row.value) if row is not None else None
     if value is None:
         with store.writes().begin() as session:
             row = session.get(SettingsRow, HUB_ID_KEY)
             if row is None:
                 row = SettingsRow(key=HUB_ID_KEY, value=json.dumps(secrets.token_hex(4)), updated=utcnow())
                 session.add(row)
-            value = json.loads(row.value)
+            value = str(json.loads(row.value))
     store._workbench_hub_id = value  # type: ignore[attr-defined]  # the id never changes for a store
     return value

@@ -130,7 +130,7 @@ class IdleBook:
             return bool(result.rowcount)
 
 
-def check_group_name(group) -> str:
+def check_group_name(group: object) -> str:
     if not isinstance(group, str) or not GROUP_PATTERN.match(group) or group.strip() != group:
         raise ExemptionError(
             "a group name is 1 to 255 characters, with no slash, control character or leading/trailing space"

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from workbench_devices import DeviceInventory
+from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, utcnow
-from workbench_spawner.policy.settings import SettingsRow
 
 
 class NodeBook(ABC):

@@ -37,12 +37,13 @@ every pass. ``kind`` is a short word naming the rule ("idle", "preempt").
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
 from typing import Any
 
-from sqlalchemy import DateTime, Integer, String, Text, bindparam, delete, select
+from sqlalchemy import DateTime, Integer, Row, String, Text, bindparam, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
@@ -100,7 +101,8 @@ class Notice:
         }
 
 
-def _notice(row: NoticeRow) -> Notice:
+def _notice(row: NoticeRow | Row[Any]) -> Notice:
+    """An ORM row or a plain one read by the same columns (``last_done``'s statement)."""
     return Notice(
         row.id,
         row.user,
@@ -129,7 +131,7 @@ _LAST_DONE_OF = _LAST_DONE.where(NoticeRow.server == bindparam("server"))
 class NoticeBook:
     """Notices in the allocation store's database; every call one transaction (call via asyncio.to_thread)."""
 
-    def __init__(self, store: AllocationStore, clock=utcnow):
+    def __init__(self, store: AllocationStore, clock: Callable[[], datetime] = utcnow) -> None:
         self._writes = store.writes()
         self._reads = store.reads()
         self._read_engine = store.read_engine

@@ -20,6 +20,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     Integer,
+    Row,
     String,
     Text,
     UniqueConstraint,
@@ -71,7 +72,8 @@ class SessionLimitRow(Base):
     recorded: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-def _row_to_quota(row: QuotaRow) -> Quota:
+def _row_to_quota(row: QuotaRow | Row[Any]) -> Quota:
+    """An ORM row or a plain one read by the same columns (``effective``'s statement)."""
     models = json.loads(row.allowed_models) if row.allowed_models is not None else None
     profiles = json.loads(row.allowed_profiles) if row.allowed_profiles is not None else None
     return Quota(

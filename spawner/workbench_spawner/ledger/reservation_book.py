@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any
 
-from sqlalchemy import Boolean, DateTime, Float, Integer, String, delete, select
+from sqlalchemy import Boolean, CursorResult, DateTime, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
@@ -162,4 +162,5 @@ class ReservationBook:
 
     def delete(self, rid: int) -> bool:
         with self.store.writes().begin() as session:
-            return session.execute(delete(ReservationRow).where(ReservationRow.id == rid)).rowcount > 0
+            result: CursorResult[Any] = session.execute(delete(ReservationRow).where(ReservationRow.id == rid))
+            return result.rowcount > 0
