@@ -271,7 +271,8 @@ def _slice_or_whole(request: SpawnRequest, ctx: AdmissionContext, source: str, a
     whole GPU or the hub has none: the allowed profile with the most free
     slices now (as a model is chosen for a quota that narrows models)."""
     quota = ctx.quota.quota
-    if request.gpu_profile is None:
+    profile = request.gpu_profile
+    if profile is None:
         if quota.allows_profile("") and ctx.inventory_size:
             return request
         allowed = [p for p in ctx.slices if quota.allows_profile(p)]
@@ -298,14 +299,14 @@ def _slice_or_whole(request: SpawnRequest, ctx: AdmissionContext, source: str, a
         def free(profile: str) -> int:
             return sum(ctx.free_by_model.get(f"{m} {profile}", 0) for m in ctx.slices[profile])
 
-        request = replace(request, gpu_profile=max(allowed, key=lambda p: (free(p), -allowed.index(p))))
-    profile = request.gpu_profile
+        profile = max(allowed, key=lambda p: (free(p), -allowed.index(p)))
+        request = replace(request, gpu_profile=profile)
     if not quota.allows_profile(profile):
-        allowed = quota.allowed_profiles
-        only = f"only MIG slices of {', '.join(allowed)}" if allowed else "no MIG slices"
+        listed = quota.allowed_profiles
+        only = f"only MIG slices of {', '.join(listed)}" if listed else "no MIG slices"
         return Refusal(
             f"Cannot start the server: {source} allows {only}, not {profile}. "
-            f"Ask for {'one of those' if allowed else 'whole GPUs'}, or {ask}.",
+            f"Ask for {'one of those' if listed else 'whole GPUs'}, or {ask}.",
             403,
             "quota",
         )

@@ -168,9 +168,10 @@ def judge(
     ]
     if missing:
         return Verdict(UNKNOWN, detail=f"no recent utilization reading for {', '.join(missing)}")
-    if any(t.idle_since is None for t in tracks):
+    idle_since = [t.idle_since for t in tracks if t.idle_since is not None]
+    if len(idle_since) < len(tracks):
         return Verdict(BUSY)
-    since = max(t.idle_since for t in tracks)  # type: ignore[type-var]
+    since = max(idle_since)
     idle_for = max(timedelta(0), now - since)
     stop_at = since + rule.limit
     if idle_for >= rule.limit:

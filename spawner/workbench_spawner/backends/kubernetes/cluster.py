@@ -148,7 +148,7 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
 
 def pod_slice_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     """MIG slices ``pod`` holds, by profile (every ``nvidia.com/mig-*`` resource its containers name)."""
-    names = set()
+    names: set[str] = set()
     for container in [
         *((pod.get("spec") or {}).get("containers") or []),
         *((pod.get("spec") or {}).get("initContainers") or []),

@@ -184,7 +184,7 @@ def safe_dir_name(name: str) -> str:
 
 def copy_missing(source: Path, target: Path) -> list[Path]:
     """Copy files from ``source`` that ``target`` lacks; never overwrite."""
-    copied = []
+    copied: list[Path] = []
     if not source.is_dir():
         return copied
     for path in sorted(source.rglob("*")):
