@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap
-from workbench_spawner.backends.slurm.jobs import NodeReport
+from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.ledger.store import AllocationStore
 
 from .conftest import shut_down, start_workbench_hub

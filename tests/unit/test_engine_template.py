@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from workbench_devices import DeviceInventory, GPUDevice
-from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflictError, ReportMismatch
+from workbench_spawner.placement.engine import (
+    EngineJob,
+    EngineJobEndedError,
+    Look,
+    ReportConflictError,
+    ReportMismatchError,
+)
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.placement.host import NoGPUAvailableError
@@ -25,7 +31,7 @@ DEVICES = DeviceInventory(
 )
 
 
-class ToyEnded(EngineJobEnded):
+class ToyEndedError(EngineJobEndedError):
     """The toy engine's job ended before its server started."""
 
 
@@ -36,7 +42,7 @@ class Toy(EngineTemplate):
     the_job = "the toy job"
     job_gone = "the toy job was cancelled"
     ref_prefix = "toy"
-    Ended = ToyEnded
+    Ended = ToyEndedError
 
     def __init__(self, store, *states: str, learned: list | None = None):
         self.now = 0.0
@@ -72,7 +78,7 @@ class Toy(EngineTemplate):
 
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
         if report["node"] != look.node or len(report["gpus"]) != count:
-            raise ReportMismatch(f"The toy job {job.job_id} reported {report}, the toy engine says otherwise.")
+            raise ReportMismatchError(f"The toy job {job.job_id} reported {report}, the toy engine says otherwise.")
         return list(report["gpus"])
 
     def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
@@ -112,7 +118,7 @@ def test_pending_then_running_then_reported_gives_a_lease(store):
 
 def test_a_job_that_ends_before_it_starts_ends_the_spawn_without_cancelling(store):
     toy = Toy(store, "pending", "gone")
-    with pytest.raises(ToyEnded, match="vanished"):
+    with pytest.raises(ToyEndedError, match="vanished"):
         place(toy)
     assert toy.cancelled == []
     assert store.leases() == []
@@ -133,7 +139,7 @@ def test_the_deadline_cancels_the_job_in_the_engines_vocabulary(store):
 
 def test_a_report_that_contradicts_the_engine_cancels_and_teaches_nothing(store):
     toy = Toy(store, "running")
-    with pytest.raises(ReportMismatch, match="the toy engine says otherwise"):
+    with pytest.raises(ReportMismatchError, match="the toy engine says otherwise"):
         place(toy, {"node": "t2", "gpus": ["GPU-1"]})
     assert [why for _, why in toy.cancelled] == ["its GPU report does not match the engine's record"]
     assert toy.learned == []
@@ -196,7 +202,8 @@ def test_no_job_means_nothing_to_place(store):
 def test_the_engine_policy_names_gpus_through_its_backends_book(store):
     """``EnginePolicy``: the inventory of the backend the settings name, resolved by that backend's book."""
     from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory
-    from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
+    from workbench_spawner.backends.slurm.node_report import NodeReport
+    from workbench_spawner.backends.slurm.records import SlurmNode
     from workbench_spawner.placement.engine_policy import EnginePolicy
     from workbench_spawner.policy.settings import PolicySettings
 

@@ -19,7 +19,7 @@ from workbench_spawner.backends.kubernetes.inventory import (
     GFD_MEMORY,
     GFD_PRODUCT,
     NodeUUIDs,
-    UUIDConflict,
+    UUIDConflictError,
     cluster_inventory,
     model_of,
     placeholder_uuid,
@@ -136,7 +136,7 @@ def test_reported_uuids_are_learned_once_and_named_everywhere(store):
 def test_a_report_that_contradicts_what_is_known_is_refused_and_changes_nothing(store, node, uuids, capacity, words):
     book = NodeUUIDs(store)
     book.accept("n1", ["GPU-a", "GPU-b"], 2)
-    with pytest.raises(UUIDConflict, match=words):
+    with pytest.raises(UUIDConflictError, match=words):
         book.accept(node, uuids, capacity)
     assert book.known() == {"n1": ["GPU-a", "GPU-b"]}
 

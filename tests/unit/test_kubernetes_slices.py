@@ -24,10 +24,10 @@ from workbench_spawner.backends.kubernetes.inventory import (
     GFD_MEMORY,
     GFD_PRODUCT,
     NodeUUIDs,
-    UUIDConflict,
     cluster_inventory,
     slice_placeholder,
 )
+from workbench_spawner.backends.kubernetes.inventory import UUIDConflictError as UUIDConflict
 from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
 from workbench_spawner.backends.kubernetes.pod_objects import gpu_limits
 from workbench_spawner.placement.engine_reservations import EngineReservations

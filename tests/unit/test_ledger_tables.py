@@ -44,16 +44,10 @@ def test_the_migrations_make_exactly_the_registered_tables(tmp_path):
     assert made == set(tables.metadata.tables)
 
 
-# Re-exports left for modules being edited elsewhere when the reads moved to the ledger (issue 38); remove with them.
-TEMPORARY_REEXPORTS = {"gpu_hours.py"}
-
-
 def test_the_rules_touch_no_database():
     """``rules/`` is pure rules, functions of their inputs: no SQLAlchemy, no ledger (which is the database)."""
     touching = []
     for path in sorted((SPAWNER / "rules").glob("*.py")):
-        if path.name in TEMPORARY_REEXPORTS:
-            continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             names = (
                 [a.name for a in node.names]

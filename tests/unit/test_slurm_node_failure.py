@@ -25,19 +25,12 @@ from workbench_spawner.backends.slurm import fleet as slurm_fleet
 from workbench_spawner.backends.slurm import jobs as slurm_jobs
 from workbench_spawner.backends.slurm import spawner as slurm_spawner
 from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, final_state
-from workbench_spawner.backends.slurm.jobs import (
-    NodeReport,
-    SlurmJob,
-    SlurmNode,
-    SlurmUnavailableError,
-    cancelled_by_hub,
-    end_reason,
-    node_unusable,
-    parse_sinfo_json,
-    pending_message,
-)
+from workbench_spawner.backends.slurm.job_states import end_reason, pending_message
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, cancelled_by_hub
+from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.node_states import NodeStates
 from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
+from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, node_unusable, parse_sinfo_json
 from workbench_spawner.backends.slurm.spawner import SlurmGPUSpawner
 from workbench_spawner.form.render import free_text, render_options_form
 from workbench_spawner.ledger import reasons

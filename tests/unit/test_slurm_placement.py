@@ -13,10 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, free_on_slurm, reprioritize
-from workbench_spawner.backends.slurm.inventory import MapConflict, NodeGPUMap, cluster_inventory, resolve
-from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmJob, SlurmNode, SlurmUnavailable
-from workbench_spawner.backends.slurm.placement import JobEnded, SlurmPlacement
+from workbench_spawner.backends.slurm.inventory import MapConflictError, NodeGPUMap, cluster_inventory, resolve
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError
+from workbench_spawner.backends.slurm.node_report import NodeReport
+from workbench_spawner.backends.slurm.placement import JobEndedError, SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
 from workbench_spawner.backends.slurm.report_api import ReportRefusedError, read_report
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
@@ -140,7 +142,7 @@ def test_gpus_leased_to_another_server_cancel_the_job(store):
 
 def test_a_job_that_leaves_the_queue_before_it_runs_is_the_end_of_the_spawn(store):
     slurm = FakeSlurm([pending("7")], [])
-    with pytest.raises(JobEnded, match="gone from the queue"):
+    with pytest.raises(JobEndedError, match="gone from the queue"):
         place(slurm.placement(store))
     assert slurm.cancelled == []
 
@@ -168,7 +170,7 @@ def test_the_queue_timeout_cancels_a_pending_job_and_says_so(store):
 def test_an_unanswering_controller_is_waited_for_then_times_out(store):
     def down():
         slurm.now += 1
-        raise SlurmUnavailable("squeue: Unable to contact slurm controller")
+        raise SlurmUnavailableError("squeue: Unable to contact slurm controller")
 
     slurm = FakeSlurm([])
     placement = slurm.placement(store)
@@ -219,7 +221,7 @@ def test_a_report_that_contradicts_what_is_known_is_refused_and_changes_nothing(
     book = NodeGPUMap(store)
     book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], []))
     before = book.known()
-    with pytest.raises(MapConflict, match=words):
+    with pytest.raises(MapConflictError, match=words):
         book.accept(liar)
     assert book.known() == before
 
@@ -259,7 +261,7 @@ def tagged(
 ) -> SlurmJob:
     from dataclasses import replace
 
-    from workbench_spawner.backends.slurm.jobs import job_tag
+    from workbench_spawner.backends.slurm.tags import job_tag
 
     return replace(
         job, comment=job_tag(user, "", hub), start_time=1_700_000_000, user=slurm_user or user, submit_time=submitted

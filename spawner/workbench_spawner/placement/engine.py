@@ -82,11 +82,11 @@ class EnginePlacement(Placement):
         return {}
 
 
-class EngineJobEnded(NoGPUAvailableError):
+class EngineJobEndedError(NoGPUAvailableError):
     """The engine's job ended (cancelled, deleted, failed) before its server started."""
 
 
-class ReportMismatch(NoGPUAvailableError):
+class ReportMismatchError(NoGPUAvailableError):
     """A start report that disagrees with the engine's own record; str(err) is the user's sentence."""
 
 

@@ -20,11 +20,11 @@ from workbench_devices import DeviceInventory
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import (
     EngineJob,
-    EngineJobEnded,
+    EngineJobEndedError,
     EnginePlacement,
     Look,
     ReportConflictError,
-    ReportMismatch,
+    ReportMismatchError,
     _quiet,
 )
 from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
@@ -44,7 +44,7 @@ class EngineTemplate(EnginePlacement):
 
     An engine implements: ``may_submit`` (the reservations' check, blocking), ``look`` (one poll of the
     engine: pending with its own words, placed on a node, ended), ``uuids`` (how a report maps to the
-    leased UUIDs, ``ReportMismatch`` if it disagrees), ``learn_from`` (what the hub learns of the node,
+    leased UUIDs, ``ReportMismatchError`` if it disagrees), ``learn_from`` (what the hub learns of the node,
     ``ReportConflictError`` if it contradicts what is known), and its words (``placed_words``, ``no_report_words``,
     ``held_words``, ``conflict_words``). It may override ``cancel`` (default: nothing; the spawner ends it),
     ``joining`` (its queue entry), ``kind`` (how the wait names the request), ``trouble`` (why a placed job
@@ -60,7 +60,7 @@ class EngineTemplate(EnginePlacement):
     ref_prefix = "engine"  # a lease's ref: "<prefix>:<job id>"
     unavailable_errors: tuple[type[Exception], ...] = ()  # the engine did not answer
     report_poll = 0.2  # seconds between looks for the start report (at most poll_interval)
-    Ended: type[EngineJobEnded] = EngineJobEnded
+    Ended: type[EngineJobEndedError] = EngineJobEndedError
 
     def __init__(
         self,
@@ -99,7 +99,7 @@ class EngineTemplate(EnginePlacement):
 
     @abstractmethod
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
-        """The leased UUIDs the ``report`` names, checked against the engine's record; ReportMismatch."""
+        """The leased UUIDs the ``report`` names, checked against the engine's record; ReportMismatchError."""
 
     @abstractmethod
     def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
@@ -241,7 +241,7 @@ class EngineTemplate(EnginePlacement):
             return None
         try:
             uuids = self.uuids(job, placed, started, count)
-        except ReportMismatch:
+        except ReportMismatchError:
             await self.cancel(job.job_id, "its GPU report does not match the engine's record")
             raise
         try:

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
+from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.reasons import START_CANCELLED
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeoutError
 from workbench_spawner.policy.clock import Clock, real_now
-from workbench_spawner.rules.gpu_hours import gpu_hours_used
 from workbench_spawner.rules.queue_order import REJOIN_MINUTES
 from workbench_spawner.rules.reservations import (
     Holding,

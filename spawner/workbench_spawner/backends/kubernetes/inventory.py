@@ -168,7 +168,7 @@ def _memory_bytes(mib: str | None) -> int:
         return 0
 
 
-class UUIDConflict(ReportConflictError):
+class UUIDConflictError(ReportConflictError):
     """A report that contradicts what the hub knows; str(err) is for the admin."""
 
 
@@ -178,7 +178,7 @@ class NodeUUIDs(NodeBook):
     key = NODE_UUIDS_KEY
 
     def accept(self, node: str, uuids: Iterable[str], capacity: int, profile: str = "") -> None:
-        """Learn ``uuids`` on ``node`` (slices of ``profile`` if given); UUIDConflict if one is known
+        """Learn ``uuids`` on ``node`` (slices of ``profile`` if given); UUIDConflictError if one is known
         elsewhere or the node would exceed ``capacity`` (of that profile)."""
         uuids = list(uuids)
         where = node
@@ -189,7 +189,7 @@ class NodeUUIDs(NodeBook):
                 elsewhere = next((n for n, rows in known.items() if uuid in rows and n != node), None)
                 if elsewhere:
                     other = elsewhere.partition("/")[0]
-                    raise UUIDConflict(
+                    raise UUIDConflictError(
                         f"a pod on {where} reported GPU {uuid}, which the hub knows on node {elsewhere}; if GPUs "
                         f"moved, an admin runs `workbench kubernetes-forget-node {other}`"
                     )
@@ -199,7 +199,7 @@ class NodeUUIDs(NodeBook):
                 return False
             if len(here) + len(new) > capacity:
                 what = f"{profile} MIG slices" if profile else "GPUs"
-                raise UUIDConflict(
+                raise UUIDConflictError(
                     f"pods on {where} reported {len(here) + len(new)} different {what}, but the node has {capacity}; "
                     f"if its GPUs were replaced, an admin runs `workbench kubernetes-forget-node {where}`"
                 )

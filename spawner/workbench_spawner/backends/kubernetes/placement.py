@@ -35,7 +35,13 @@ from typing import Any
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes.inventory import is_placeholder
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflictError, ReportMismatch
+from workbench_spawner.placement.engine import (
+    EngineJob,
+    EngineJobEndedError,
+    Look,
+    ReportConflictError,
+    ReportMismatchError,
+)
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.rules.queue_order import Waiting
@@ -81,7 +87,7 @@ class PodReport:
         return cls(data["node"], tuple(gpus))
 
 
-class PodEnded(EngineJobEnded):
+class PodEndedError(EngineJobEndedError):
     """The pod ended or was deleted before its server started."""
 
 
@@ -120,7 +126,7 @@ class KubernetesPlacement(EngineTemplate):
     ref_prefix = "k8s"
     unavailable_errors = (RuntimeError,)  # KubernetesUnavailable
     report_poll = 0.05
-    Ended = PodEnded
+    Ended = PodEndedError
 
     def __init__(
         self,
@@ -232,7 +238,7 @@ class KubernetesPlacement(EngineTemplate):
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
         problem = self._check(report, look.node, count, getattr(job, "profile", ""))
         if problem:
-            raise ReportMismatch(
+            raise ReportMismatchError(
                 f"The pod {job.job_id} on {look.node} reported GPUs the hub cannot accept: {problem}; the pod was "
                 "deleted. Tell a hub admin."
             )

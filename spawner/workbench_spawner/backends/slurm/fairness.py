@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.backends.slurm.jobs import SlurmJob, SlurmNode
+from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.rules.queue_order import Waiting, order

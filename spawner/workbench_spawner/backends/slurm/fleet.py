@@ -13,8 +13,8 @@ of seconds so a busy page does not hammer slurmctld.
 
 from __future__ import annotations
 
-from workbench_spawner.backends.slurm.jobs import SlurmNode
 from workbench_spawner.backends.slurm.node_states import NodeStates
+from workbench_spawner.backends.slurm.records import SlurmNode
 
 _states = NodeStates(max_age=2.0)
 

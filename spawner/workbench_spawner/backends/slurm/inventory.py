@@ -29,7 +29,8 @@ from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
 from workbench_devices.mig import is_profile_name
-from workbench_spawner.backends.slurm.jobs import NodeReport, SlurmNode
+from workbench_spawner.backends.slurm.node_report import NodeReport
+from workbench_spawner.backends.slurm.records import SlurmNode
 from workbench_spawner.ledger.node_book import NodeBook
 from workbench_spawner.placement.engine import ReportConflictError
 
@@ -94,7 +95,7 @@ def placeholder(node: str, index: int, kind: str) -> GPUDevice:
     )
 
 
-class MapConflict(ReportConflictError):
+class MapConflictError(ReportConflictError):
     """A node report that contradicts what the hub knows; str(err) is for the admin."""
 
 
@@ -121,7 +122,7 @@ class NodeGPUMap(NodeBook):
     key = NODE_GPUS_KEY
 
     def accept(self, report: NodeReport) -> None:
-        """Learn the GPUs a job reported on its node; MapConflict if they contradict what is known.
+        """Learn the GPUs a job reported on its node; MapConflictError if they contradict what is known.
 
         Called only for a report that agrees with Slurm's own job record (the
         job's node, the indices Slurm gave it), so a job can name only the GPUs
@@ -139,14 +140,14 @@ class NodeGPUMap(NodeBook):
             for entry in entries:
                 old = here.get(entry["index"])
                 if old is not None and old["uuid"] != entry["uuid"]:
-                    raise MapConflict(
+                    raise MapConflictError(
                         f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, but the hub knows it "
                         f"as {old['uuid']}; if the node's GPUs were changed, an admin runs "
                         f"`workbench slurm-forget-node {report.node}`"
                     )
                 place = where.get(entry["uuid"])
                 if place is not None and place != (report.node, entry["index"]):
-                    raise MapConflict(
+                    raise MapConflictError(
                         f"node {report.node} reported GPU {entry['index']} as {entry['uuid']}, which the "
                         f"hub knows as GPU {place[1]} of node {place[0]}"
                     )

@@ -21,7 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from workbench_spawner.backends.slurm.jobs import SlurmNode, SlurmUnavailable, list_nodes
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, list_nodes
+from workbench_spawner.backends.slurm.records import SlurmNode
 
 log = logging.getLogger("workbench.slurm")
 
@@ -51,7 +52,7 @@ class NodeStates:
                 try:
                     self._nodes = {n.name: n for n in self.read()}
                     wait = self.max_age
-                except SlurmUnavailable as exc:
+                except SlurmUnavailableError as exc:
                     log.warning("Slurm's node records could not be read (kept what it said before): %s", exc)
                     wait = self.retry_after
                 self._next_read = self.clock() + wait  # from the answer: a slow sinfo does not run back to back

@@ -34,23 +34,20 @@ from typing import Any
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_devices.mig import is_profile_name
 from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
-from workbench_spawner.backends.slurm.jobs import (
-    NodeReport,
-    SlurmJob,
-    SlurmNode,
-    SlurmUnavailable,
-    cancel,
-    is_hopeless,
-    list_jobs,
-    list_nodes,
-    pending_message,
-    queue_position,
-    set_priority,
-)
+from workbench_spawner.backends.slurm.job_states import is_hopeless, pending_message, queue_position
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, cancel, list_jobs, list_nodes, set_priority
+from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.node_states import NodeStates
+from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.engine import EngineJob, EngineJobEnded, Look, ReportConflictError, ReportMismatch
+from workbench_spawner.placement.engine import (
+    EngineJob,
+    EngineJobEndedError,
+    Look,
+    ReportConflictError,
+    ReportMismatchError,
+)
 from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 
@@ -71,7 +68,7 @@ class SlurmEngineJob(EngineJob):
     kind: str | None = None
 
 
-class JobEnded(EngineJobEnded):
+class JobEndedError(EngineJobEndedError):
     """The job left Slurm's queue before it ran (cancelled outside the hub, failed at once)."""
 
 
@@ -87,9 +84,9 @@ class SlurmPlacement(EngineTemplate):
     nothing_made = "nothing was submitted to Slurm"
     nothing_submitted = "The Slurm job was not submitted, so there is nothing to place."
     ref_prefix = "slurm"
-    unavailable_errors = (SlurmUnavailable,)
+    unavailable_errors = (SlurmUnavailableError,)
     report_poll = 0.2
-    Ended = JobEnded
+    Ended = JobEndedError
 
     def __init__(
         self,
@@ -163,7 +160,7 @@ class SlurmPlacement(EngineTemplate):
         log.info("Cancelling Slurm job %s: %s", job_id, why)
         try:
             await asyncio.to_thread(self.cancel_job, job_id)
-        except SlurmUnavailable as exc:
+        except SlurmUnavailableError as exc:
             log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
     def unanswered(self, exc: Exception) -> str:
@@ -234,7 +231,7 @@ class SlurmPlacement(EngineTemplate):
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
         uuids = self._uuids(look.record, report, count)
         if not uuids:
-            raise ReportMismatch(
+            raise ReportMismatchError(
                 f"Slurm gave job {job.job_id} GPU indices {list(look.record.gpu_indices)} on {look.node}, but the "
                 f"job reported {list(report.job_gpus) if report else 'nothing'}; the job was cancelled. "
                 "Tell a hub admin: the node's GPU list and gres.conf disagree."
@@ -257,7 +254,7 @@ class SlurmPlacement(EngineTemplate):
         for job_id, priority in changes:
             try:
                 await asyncio.to_thread(self.set_job_priority, job_id, priority)
-            except SlurmUnavailable as exc:
+            except SlurmUnavailableError as exc:
                 log.warning("Could not set the priority of Slurm job %s: %s", job_id, exc)
                 new.pop(job_id, None)
         log.info("Fair share: Slurm priorities of pending jobs now %s", new)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.backends.slurm.jobs import SlurmJob
+from workbench_spawner.backends.slurm.records import SlurmJob
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine_reconcile import Action, Orphan, ReconcileWords, reconcile_walk
 

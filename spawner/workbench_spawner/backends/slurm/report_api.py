@@ -19,7 +19,7 @@ from typing import Any
 from jupyterhub import apihandlers
 from traitlets.config import Config
 
-from workbench_spawner.backends.slurm.jobs import NodeReport
+from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.placement.engine_extension import add_hub_route
 from workbench_spawner.placement.engine_report import ReportRefusedError, start_report_handler
 

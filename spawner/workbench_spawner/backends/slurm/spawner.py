@@ -61,6 +61,7 @@ from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending
+from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -68,7 +69,6 @@ from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.settings import PolicySettings
-from workbench_spawner.rules.gpu_hours import gpu_hours_used
 
 
 class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
