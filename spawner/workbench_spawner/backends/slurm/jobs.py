@@ -7,13 +7,10 @@ first (``note_hub_cancel``), so a job that ends CANCELLED is told apart from
 one an admin or the user cancelled. What we say to sbatch is in
 ``sbatch.py``.
 
-Slurm's records and their rules were split out of this module by concern:
-``tags.py`` (the job's tag), ``records.py`` (``squeue``/``sinfo`` parsing),
-``job_states.py`` (a job's state in words) and ``node_report.py`` (the job's
-start report). Their names are re-exported below for the modules that still
-import them from here (``placement.py``, ``reconcile.py``, ``inventory.py``,
-``fleet.py``, ``fairness.py``, ``node_states.py``, ``report_api.py`` and
-tests); new code imports them from their own module.
+Slurm's records and their rules live in their own modules, imported from
+there: ``tags.py`` (the job's tag), ``records.py`` (``squeue``/``sinfo``
+parsing), ``job_states.py`` (a job's state in words) and ``node_report.py``
+(the job's start report).
 """
 
 from __future__ import annotations
@@ -23,68 +20,24 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from workbench_spawner.backends.slurm.job_states import (
-    HOPELESS_REASONS,
-    REASON_WORDS,
-    end_reason,
-    is_hopeless,
-    pending_message,
-    queue_position,
-    unavailable_note,
-)
-from workbench_spawner.backends.slurm.node_report import NodeReport
-from workbench_spawner.backends.slurm.records import (
-    SlurmJob,
-    SlurmNode,
-    node_unusable,
-    parse_gres,
-    parse_index_list,
-    parse_sinfo_json,
-    parse_squeue_json,
-)
-from workbench_spawner.backends.slurm.tags import TAG_PREFIX, job_tag, parse_tag, parse_tag_with_hub
+from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, parse_sinfo_json, parse_squeue_json
 
 __all__ = [
-    "HOPELESS_REASONS",
-    "REASON_WORDS",
-    "TAG_PREFIX",
-    "NodeReport",
-    "SlurmJob",
-    "SlurmNode",
-    "SlurmUnavailable",
     "SlurmUnavailableError",
     "cancel",
     "cancel_tagged",
     "cancelled_by_hub",
-    "end_reason",
-    "is_hopeless",
-    "job_tag",
     "list_jobs",
     "list_nodes",
-    "node_unusable",
     "note_hub_cancel",
-    "parse_gres",
-    "parse_index_list",
-    "parse_sinfo_json",
-    "parse_squeue_json",
-    "parse_tag",
-    "parse_tag_with_hub",
     "partitions",
-    "pending_message",
-    "queue_position",
     "run_slurm",
     "set_priority",
-    "unavailable_note",
 ]
 
 
 class SlurmUnavailableError(RuntimeError):
     """Slurm's controller did not answer; str(err) says why."""
-
-
-# TEMPORARY: the old name, for the modules still being reworked by issue 38's engine template (placement.py,
-# node_states.py); they move to SlurmUnavailableError and this goes.
-SlurmUnavailable = SlurmUnavailableError
 
 
 def run_slurm(args: list[str], timeout: float = 20) -> str:
