@@ -160,7 +160,7 @@ class GPUPolicy(Reconciler):
         slots = self.settings.slots()
         devices = self.devices if inventory is None else inventory.devices
         waiting = self.layout_held_back()  # a GPU whose layout change waits takes no new server either
-        unusable = self.placement.unusable(devices) if engine else {}
+        unusable = self.placement.unusable(devices) if isinstance(self.placement, EnginePlacement) else {}
         return [
             GPUStatus(
                 d,
@@ -271,8 +271,10 @@ class GPUPolicy(Reconciler):
     ) -> Lease:
         """Host placement; ``exclusive``: only devices a server holds alone (admission's ``shared_gpus``,
         which only host placement honours: an engine placement is never asked)."""
-        only = {"exclusive": True} if exclusive else {}
-        return await self.placement.place(user, server, count, model, timeout, report, groups=groups, **only)
+        placement = self.placement
+        if not isinstance(placement, HostAllocator):  # an engine's placement follows the job it was given
+            raise TypeError(f"GPUPolicy.place is host placement; this hub's placement is {type(placement).__name__}")
+        return await placement.place(user, server, count, model, timeout, report, groups=groups, exclusive=exclusive)
 
     def release(
         self, user: str, server: str, reason: str, since: datetime | None = None, message: str = ""

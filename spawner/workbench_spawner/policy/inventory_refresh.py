@@ -259,8 +259,8 @@ def merge_layouts(
     by_index = any(d.mig and not d.parent_uuid for d in (*old.devices, *new.devices))
     before: dict[str, list[GPUDevice]] = {}
     after: dict[str, list[GPUDevice]] = {}
-    for devices, groups in ((old.devices, before), (new.devices, after)):
-        for device in devices:
+    for listed, groups in ((old.devices, before), (new.devices, after)):
+        for device in listed:
             groups.setdefault(gpu_key(device, by_index), []).append(device)
     owner = {d.uuid: gpu_key(d, by_index) for d in (*old.devices, *new.devices)}
     for device in (*old.devices, *new.devices):
@@ -344,6 +344,8 @@ def watch(policy: GPUPolicy, static_gpus: list[dict], simulated_gpus: str, every
     when nobody spawns), and at most as often when the policy is asked for (``refresh_inventory``) and on
     every try of a request waiting in line (its host allocator's). A layout change left waiting by an
     earlier hub process is cleared: this one starts from the inventory it just read."""
+    from workbench_spawner.placement.host import HostAllocator
+
     refresh = InventoryRefresh(
         lambda: policy.inventory_read,
         lambda: discover_inventory(static_gpus, simulated_gpus, fresh=True),
@@ -351,7 +353,9 @@ def watch(policy: GPUPolicy, static_gpus: list[dict], simulated_gpus: str, every
         every,
         settle=policy.settle_layout,
     )
-    policy.refresh_inventory = policy.placement.refresh_inventory = refresh
+    policy.refresh_inventory = refresh
+    if isinstance(policy.placement, HostAllocator):  # a request waiting in line re-reads on each try
+        policy.placement.refresh_inventory = refresh
     store_layout_waiting(policy.store, [])
     refresh.start()
     return refresh

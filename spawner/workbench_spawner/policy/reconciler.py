@@ -17,17 +17,43 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING
 
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.reconcile_book import LEASE_CLOSED, ReconcileBook
 from workbench_spawner.ledger.store import Lease, utcnow
 
+if TYPE_CHECKING:
+    from workbench_devices import DeviceInventory
+    from workbench_spawner.ledger.store import AllocationStore
+    from workbench_spawner.policy.settings import PolicySettings
+
 log = logging.getLogger("workbench.policy")
 
 
 class Reconciler:
     """The reconciler's half of ``GPUPolicy``."""
+
+    if TYPE_CHECKING:  # what GPUPolicy holds, which the reconciler reads (GPUPolicy derives from this class)
+        settings: PolicySettings
+        store: AllocationStore
+        starting: set[tuple[str, str]]
+        stopping: set[tuple[str, str]]
+
+        @property
+        def inventory(self) -> DeviceInventory: ...
+
+        def end_server(
+            self,
+            user: str,
+            server: str,
+            ending: Ending,
+            *,
+            since: datetime | None = None,
+            started: datetime | None = None,
+        ) -> tuple[str, ...]: ...
 
     def _init_reconciler(self) -> None:
         self._reconciled = False
@@ -46,7 +72,7 @@ class Reconciler:
         self,
         is_alive: Callable[[Lease], bool | None],
         orphans: Callable[[], None] = lambda: None,
-        gone_reason: Callable[[Lease], str | None] | None = None,
+        gone_reason: Callable[[Lease], Ending | str | None] | None = None,
     ) -> list[Lease]:
         """The reconciler's first pass, then its loop: once per hub process (later calls return [] at once).
 

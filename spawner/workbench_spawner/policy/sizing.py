@@ -9,8 +9,10 @@ gets the default profile, never the last one used.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from traitlets import Dict, List, TraitError, observe, validate
 from traitlets.config import Configurable
@@ -27,6 +29,13 @@ class ServerSizing(Configurable):
     Not a Spawner itself (it spawns nothing); it goes before Spawner in the
     bases, so ``cpu_limit``/``mem_limit`` are the spawner's own traits.
     """
+
+    if TYPE_CHECKING:  # the Spawner's, which this base reads (it comes before Spawner in GPUSpawnerMixin's bases)
+        log: logging.Logger
+        user: Any
+        name: str
+        cpu_limit: float | None
+        mem_limit: int | None
 
     resource_profiles = List(
         Dict(),
