@@ -12,12 +12,18 @@ Each backend's handler then takes exactly the fields it knows.
 from __future__ import annotations
 
 import hmac
+from typing import TYPE_CHECKING
 
 from tornado import web
 
+if TYPE_CHECKING:
+    from jupyterhub.apihandlers.base import APIHandler
+    from jupyterhub.spawner import Spawner
 
-def token_spawner(handler: web.RequestHandler):
-    """The spawner whose API token ``handler``'s request presents; else an HTTPError 403."""
+
+def token_spawner(handler: APIHandler) -> Spawner:
+    """The spawner whose API token ``handler``'s request (a JupyterHub API handler's) presents; else an
+    HTTPError 403."""
     token = handler.get_auth_token() or ""
     spawners = getattr(handler.current_user, "spawners", None) or {}  # a service's token has none
     spawner = next(
@@ -32,7 +38,7 @@ def token_spawner(handler: web.RequestHandler):
     return spawner
 
 
-def require_starting(spawner) -> None:
+def require_starting(spawner: Spawner) -> None:
     """HTTPError 409 unless ``spawner`` is starting: a report never changes a running server.
 
     Checked after the report's own shape, so a malformed report is a 400 whatever the server's state."""

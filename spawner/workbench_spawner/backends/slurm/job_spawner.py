@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import TYPE_CHECKING
 
 from batchspawner import JobStatus, SlurmSpawner
 from traitlets import default
@@ -37,8 +38,11 @@ class SlurmJobSpawner(SlurmSpawner):
     # (job id, the state it ended in: NODE_FAIL, CANCELLED, ...; "" when squeue no longer knew the job),
     # set by the poll that found the job gone, before clear_state() forgets the id.
     slurm_end: tuple[str, str] = ("", "")
-    # "user" or "user:server" in log lines: the GPU mixin's (``SlurmGPUSpawner``), not JupyterHub's private _log_name.
-    server_label: str
+    if TYPE_CHECKING:
+        # "user" or "user:server" in log lines: the GPU mixin's (``SlurmGPUSpawner``), not JupyterHub's private
+        # _log_name.
+        @property
+        def server_label(self) -> str: ...
 
     @default("batch_query_cmd")
     def _default_batch_query_cmd(self) -> str:

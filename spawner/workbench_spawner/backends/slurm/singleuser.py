@@ -17,17 +17,20 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, replace
 from runpy import run_path
 from shutil import which
+from typing import Any, cast
 from urllib.parse import urlparse, urlunparse
 
+from workbench_devices import DeviceInventory, GPUDevice
 from workbench_spawner.backends.slurm.gres_map import devices_by_index, gres_devices, mig_minors
 
 MIG_MINORS = "/proc/driver/nvidia-caps/mig-minors"  # the driver's capability minor of each GPU instance
 
 
-def gpu_minors(uuids) -> dict[str, int]:
+def gpu_minors(uuids: Iterable[str]) -> dict[str, int]:
     """Each NVML GPU's minor number (its ``/dev/nvidiaN``), by UUID; a GPU NVML cannot tell is left out.
 
     Slurm's GRES index is the place of a device file in gres.conf, not NVML's
@@ -63,12 +66,18 @@ def _read(path: str) -> str:
         return ""
 
 
-def gres_conf_path(env) -> str:
+def gres_conf_path(env: Mapping[str, str]) -> str:
     """gres.conf is always beside slurm.conf (``SLURM_CONF``, else Debian's /etc/slurm)."""
     return os.path.join(os.path.dirname(env.get("SLURM_CONF") or "/etc/slurm/slurm.conf"), "gres.conf")
 
 
-def slurm_devices(inventory, node: str = "", env=None, read=_read, minors_of=gpu_minors) -> list:
+def slurm_devices(
+    inventory: DeviceInventory,
+    node: str = "",
+    env: Mapping[str, str] | None = None,
+    read: Callable[[str], str] = _read,
+    minors_of: Callable[[list[str]], dict[str, int]] = gpu_minors,
+) -> list[GPUDevice]:
     """This node's GPUs and MIG slices, each under its Slurm GRES index.
 
     Simulated nodes list their devices in gres.conf's order (whole GPUs,
@@ -91,12 +100,16 @@ def slurm_devices(inventory, node: str = "", env=None, read=_read, minors_of=gpu
     minors = minors_of(sorted(uuids))
     gres = gres_devices(read(gres_conf_path(env)), node)
     if gres is not None:
-        by_index = devices_by_index(gres, mig_minors(read(MIG_MINORS)), inventory.devices, minors.get)
+        # The devices it was given, by Slurm's index (gres_map types them as object).
+        by_index = cast(
+            "dict[int, GPUDevice]",
+            devices_by_index(gres, mig_minors(read(MIG_MINORS)), inventory.devices, minors.get),
+        )
         return [replace(d, index=i) for i, d in sorted(by_index.items())]
     return [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
 
 
-def node_report(env: dict[str, str]) -> dict:
+def node_report(env: MutableMapping[str, str]) -> dict[str, Any]:
     """This job's node and GPUs, as the hub's ``NodeReport`` reads them.
 
     Only the job's own GPUs are reported, under Slurm's index: the hub learns
@@ -148,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.update(slice_environment(report))
     port = random_port()
     auth = HubAuth()
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if auth.certfile and auth.keyfile:
         kwargs["cert"] = (auth.certfile, auth.keyfile)
     if auth.client_ca:

@@ -40,12 +40,11 @@ import time
 from dataclasses import asdict, replace
 
 from jupyterhub.spawner import SpawnException
-from traitlets import Dict, default
+from traitlets import Instance, default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm.batch_script import BATCH_SCRIPT, SlurmBatchScript, refuse_computed_options
 from workbench_spawner.backends.slurm.ending import job_ending
-from workbench_spawner.backends.slurm.fairness import SlurmReservations
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, placeholder_uuid
 from workbench_spawner.backends.slurm.jobs import (
     SlurmUnavailableError,
@@ -67,6 +66,7 @@ from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPP
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine_reservations import EngineReservations as SlurmReservations
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.settings import PolicySettings
 
@@ -78,9 +78,9 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
     placement_mode = "engine"
     server_environment = "the cluster's Python environment (the batch job's)"
 
-    workbench_report = Dict(
+    workbench_report = Instance(
+        dict,
         allow_none=True,
-        default_value=None,
         help="""
         Set by the job's start-up through ``/hub/api/batchspawner`` (never
         configure it): the node's GPUs and the job's UUIDs.
