@@ -20,7 +20,7 @@ docs/backends.md describes each member for a backend's author.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import SpawnRequest
@@ -36,7 +36,8 @@ def contract_member(*modes: Mode) -> Callable[[Callable], Callable]:
     """Mark a declaration of the mixin as a member that backends of ``modes`` must implement."""
 
     def mark(function: Callable) -> Callable:
-        target = function.__func__ if isinstance(function, classmethod) else function
+        # A plain function object: the mark is an attribute of its own (read back in ``contract_members``).
+        target: Any = function.__func__ if isinstance(function, classmethod) else function
         target.__contract_modes__ = modes
         return function
 

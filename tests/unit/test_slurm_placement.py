@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from workbench_spawner.backends.slurm.fairness import SlurmReservations, free_on_slurm, reprioritize
+from workbench_spawner.backends.slurm.fairness import free_on_slurm, reprioritize
 from workbench_spawner.backends.slurm.inventory import MapConflictError, NodeGPUMap, cluster_inventory, resolve
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError
 from workbench_spawner.backends.slurm.node_report import NodeReport
@@ -23,6 +23,7 @@ from workbench_spawner.backends.slurm.report_api import ReportRefusedError, read
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailableError
 from workbench_spawner.rules.queue_order import Waiting
 from workbench_spawner.rules.reservations import Reservation
@@ -374,46 +375,51 @@ def reserve(store, group: str, gpus: int, window: str, grace: float = 15.0) -> N
     )
 
 
+def on_slurm(nodes: list[SlurmNode]):
+    """What the Slurm placement hands the reservation check as free: the GPUs sinfo shows unallocated."""
+    return lambda inventory: free_on_slurm(inventory, nodes, None)
+
+
 def test_a_non_member_waits_before_submitting_while_free_gpus_are_reserved(store):
     reserve(store, "ml-course", 3, "2026-12-08 10:00-12:00")
     now = datetime(2026, 12, 8, 10, 5, tzinfo=UTC)
-    book = SlurmReservations(store, lambda: REAL, UTC, lambda: now)
+    book = EngineReservations(store, lambda: REAL, UTC, lambda: now)
     one_busy = [SlurmNode("n1", "a", "MIXED", "h100", 2, gpus_used=(0,)), NODES[1]]
-    ok, why = book.may_submit(["other"], 1, None, lambda: one_busy)
+    ok, why = book.may_submit(["other"], 1, None, on_slurm(one_busy))
     assert not ok
     assert "3 free in the cluster, but 3 of 4 GPUs reserved for ml-course until 12:00" in why
-    assert book.may_submit(["ml-course"], 1, None, lambda: one_busy) == (True, "")
-    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")  # 4 free, 3 kept
-    assert book.may_submit(["other"], 0, None, lambda: one_busy) == (True, "")  # CPU-only servers never wait
+    assert book.may_submit(["ml-course"], 1, None, on_slurm(one_busy)) == (True, "")
+    assert book.may_submit(["other"], 1, None, on_slurm(NODES)) == (True, "")  # 4 free, 3 kept
+    assert book.may_submit(["other"], 0, None, on_slurm(one_busy)) == (True, "")  # CPU-only servers never wait
     # After the grace period, unasked reserved GPUs go to everyone.
-    later = SlurmReservations(store, lambda: REAL, UTC, lambda: now + timedelta(minutes=20))
-    assert later.may_submit(["other"], 1, None, lambda: one_busy) == (True, "")
+    later = EngineReservations(store, lambda: REAL, UTC, lambda: now + timedelta(minutes=20))
+    assert later.may_submit(["other"], 1, None, on_slurm(one_busy)) == (True, "")
     later.asking["job-9"] = (frozenset({"ml-course"}), 3, None)  # unless members are waiting in Slurm's queue
-    assert later.may_submit(["other"], 1, None, lambda: one_busy)[0] is False
+    assert later.may_submit(["other"], 1, None, on_slurm(one_busy))[0] is False
 
 
 def test_requests_already_admitted_count_as_taking_free_gpus(store):
     reserve(store, "ml-course", 2, "2026-12-08 10:00-12:00")
     now = datetime(2026, 12, 8, 10, 5, tzinfo=UTC)
-    book = SlurmReservations(store, lambda: REAL, UTC, lambda: now)
+    book = EngineReservations(store, lambda: REAL, UTC, lambda: now)
     # 4 free, 2 kept: two non-members may go, but not at once if the first was admitted and not running.
-    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
+    assert book.may_submit(["other"], 1, None, on_slurm(NODES)) == (True, "")
     book.asking["alice/"] = (frozenset({"other"}), 1, None)
-    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
+    assert book.may_submit(["other"], 1, None, on_slurm(NODES)) == (True, "")
     book.asking["bob/"] = (frozenset({"other"}), 1, None)
-    ok, why = book.may_submit(["other"], 1, None, lambda: NODES)
+    ok, why = book.may_submit(["other"], 1, None, on_slurm(NODES))
     assert not ok
     assert why.startswith("2 free in the cluster")
     # A member admitted before counts as the members' use: the reserve it fills is not held twice.
     book.asking = {"stud/": (frozenset({"ml-course"}), 1, None)}
-    assert book.may_submit(["other"], 1, None, lambda: NODES) == (True, "")
+    assert book.may_submit(["other"], 1, None, on_slurm(NODES)) == (True, "")
 
 
 def test_admit_to_queue_waits_then_gives_up_with_the_reservation_named(store):
     reserve(store, "ml-course", 4, "2026-12-08 10:00-12:00")
     now = datetime(2026, 12, 8, 10, 5, tzinfo=UTC)
     slurm = FakeSlurm([])
-    placement = slurm.placement(store, reservations=SlurmReservations(store, lambda: REAL, UTC, lambda: now))
+    placement = slurm.placement(store, reservations=EngineReservations(store, lambda: REAL, UTC, lambda: now))
     events: list[str] = []
 
     def tick():

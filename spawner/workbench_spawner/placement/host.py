@@ -208,7 +208,7 @@ class HostAllocator(Placement):
         return self.reservations.open_at(self.clock(), self.tz or UTC)
 
     @staticmethod
-    def wait_class(model: str | None, groups: Sequence[str], active: Sequence[Reservation]) -> Hashable:
+    def wait_class(model: str | None, groups: Collection[str], active: Sequence[Reservation]) -> Hashable:
         """A waiting request's class (waitlist.py): its model and the open reservations it may use."""
         return (model, frozenset(r.id for r in active if is_member(r, groups)))
 

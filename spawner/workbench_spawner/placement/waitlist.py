@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import threading
 import time
@@ -60,7 +61,8 @@ from typing import Generic, TypeVar
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, REJOIN_MINUTES, Waiting, explain_all, sort_key
 
 T = TypeVar("T")
-Report = Callable[[int, str], None]
+# ``report(ahead, why)``, or ``report(ahead)`` in fifo order (one-argument reporters of old): see ``wait_for``.
+Report = Callable[..., None]
 
 
 class WaitTimeoutError(Exception):
@@ -211,10 +213,10 @@ class WaitList(Generic[T]):
             self._version += 1
             loops = {loop for loop, _ in self._wakers.values()}
         for loop in loops:
-            self._call(loop, lambda loop=loop: self._wake_heads(loop))
+            self._call(loop, functools.partial(self._wake_heads, loop))
 
     @staticmethod
-    def _call(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    def _call(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
         with contextlib.suppress(RuntimeError):  # that loop is closed: nobody is waiting on it any more
             loop.call_soon_threadsafe(callback)
 
@@ -234,9 +236,9 @@ class WaitList(Generic[T]):
             later = every - self._poke_pending
             self._poke_pending |= later
         for loop in every:
-            self._call(loop, lambda loop=loop: self._wake_heads(loop))
+            self._call(loop, functools.partial(self._wake_heads, loop))
         for loop in later:
-            self._call(loop, lambda loop=loop: loop.call_later(self.place_refresh, self._wake_all, loop))
+            self._call(loop, functools.partial(loop.call_later, self.place_refresh, self._wake_all, loop))
 
     def _wake_all(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._wakers_lock:
@@ -306,7 +308,7 @@ class WaitList(Generic[T]):
                             ticket.failed_gen = generation
                             self._changed()
                             # Those behind of another class may try now (not this one again: it just did).
-                            self._call(loop, lambda: self._wake_heads(loop, skip=id(ticket)))
+                            self._call(loop, functools.partial(self._wake_heads, loop, skip=id(ticket)))
                     ahead = self.position(ticket)
                     why = self.why(ticket)
                     if (ahead, why) != last_reported:

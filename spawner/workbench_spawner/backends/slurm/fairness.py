@@ -24,12 +24,11 @@ decides:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
 from workbench_spawner.form.options import device_matches
-from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.rules.queue_order import Waiting, order
 
 
@@ -73,13 +72,3 @@ def reprioritize(
             if here[item.key].priority != priority:
                 changes.append((item.key, priority))
     return changes
-
-
-class SlurmReservations(EngineReservations):
-    """The reservation check before ``sbatch``, with Slurm's node records as what is free."""
-
-    def may_submit(  # type: ignore[override]
-        self, groups: Sequence[str], count: int, model: str | None, nodes: Callable[[], list[SlurmNode]]
-    ) -> tuple[bool, str]:
-        """(True, "") when this request leaves what open reservations keep; else (False, why). Blocking."""
-        return super().may_submit(groups, count, model, lambda inventory: free_on_slurm(inventory, nodes(), None))

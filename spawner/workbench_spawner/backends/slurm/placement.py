@@ -33,7 +33,7 @@ from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_devices.mig import is_profile_name
-from workbench_spawner.backends.slurm.fairness import SlurmReservations, reprioritize
+from workbench_spawner.backends.slurm.fairness import free_on_slurm, reprioritize
 from workbench_spawner.backends.slurm.job_states import is_hopeless, pending_message, queue_position
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, cancel, list_jobs, list_nodes, set_priority
 from workbench_spawner.backends.slurm.node_report import NodeReport
@@ -48,6 +48,7 @@ from workbench_spawner.placement.engine import (
     ReportConflictError,
     ReportMismatchError,
 )
+from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.engine_template import EngineTemplate
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 
@@ -100,7 +101,7 @@ class SlurmPlacement(EngineTemplate):
         nodes: Callable[[], list[SlurmNode]] = list_nodes,
         queue_order: str = "fifo",
         aging_minutes: float = DEFAULT_AGING_MINUTES,
-        reservations: SlurmReservations | None = None,
+        reservations: EngineReservations | None = None,
         gpu_hours: Callable[[str], float] = lambda user: 0.0,
         set_job_priority: Callable[[str, int], None] = set_priority,
         learn: Callable[[NodeReport], None] = lambda report: None,
@@ -111,7 +112,7 @@ class SlurmPlacement(EngineTemplate):
         super().__init__(
             store,
             inventory,
-            reservations or SlurmReservations(store, inventory),
+            reservations or EngineReservations(store, inventory),
             poll_interval,
             report_timeout,
             clock,
@@ -170,7 +171,10 @@ class SlurmPlacement(EngineTemplate):
         return f"Slurm job {job_id}"
 
     def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
-        return self.reservations.may_submit(groups, count, model, self.nodes)
+        # What is free is what Slurm has not allocated on nodes that take jobs (sinfo), not the ledger's view.
+        return self.reservations.may_submit(
+            groups, count, model, lambda inventory: free_on_slurm(inventory, self.nodes(), None)
+        )
 
     def kind(self, job: EngineJob, model: str | None) -> str | None:
         return getattr(job, "kind", None) or model
