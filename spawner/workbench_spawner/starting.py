@@ -39,13 +39,32 @@ from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
 from workbench_spawner.rules.reservations import gpus_text
 
 if TYPE_CHECKING:
+    # JupyterHub's Spawner, whose state these paths read (``user``, ``name``, ``pending``...) and whose
+    # ``start`` the host path calls; JupyterHub ships no type information, so it is Any to the checker.
+    from jupyterhub.spawner import Spawner as _SpawnerState
+
     from workbench_spawner.form.options import SpawnRequest
     from workbench_spawner.form.progress import SpawnEvents
     from workbench_spawner.ledger.store import Lease
+else:
+    _SpawnerState = object
 
 
-class ServerStarts(BackendContract):
+class ServerStarts(BackendContract, _SpawnerState):
     """The host and engine start paths of ``GPUSpawnerMixin.start``, on the spawner's own state."""
+
+    if TYPE_CHECKING:  # GPUSpawnerMixin's (it derives from this class), which these paths read
+        gpu_queue_timeout: float
+
+        @property
+        def gpu_policy(self) -> GPUPolicy: ...
+
+        @property
+        def server_label(self) -> str: ...
+
+        async def _policy(self) -> GPUPolicy: ...
+
+        def _release(self, reason: str) -> None: ...
 
     # The spawner's state these paths read and write (set in GPUSpawnerMixin.__init__).
     gpu_request: SpawnRequest
