@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import pytest
 
 from workbench_devices import DeviceInventory
-from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailable
+from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailableError
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
 from workbench_spawner.backends.kubernetes.placement import (
     KubernetesPlacement,
@@ -509,7 +509,7 @@ async def test_an_unanswering_api_is_waited_for_and_named(store):
 
     def down(inventory):
         clock.now += 1
-        raise KubernetesUnavailable("the API server did not answer (timeout)")
+        raise KubernetesUnavailableError("the API server did not answer (timeout)")
 
     said: list[str] = []
     with pytest.raises(NoGPUAvailableError, match="the Kubernetes API did not answer"):

@@ -19,7 +19,7 @@ import time
 
 from traitlets.config import Config
 
-from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailable, list_nodes
+from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailableError, list_nodes
 from workbench_spawner.placement.engine_fleet import add_node_parsers, forget_node_handler, run_node_cli
 
 log = logging.getLogger("workbench.service")
@@ -40,7 +40,7 @@ def kube_nodes(max_age: float = 2.0, resource: str = RESOURCE) -> dict[str, Kube
             return _cache
         try:
             _cache = {n.name: n for n in list_nodes(resource)}
-        except KubernetesUnavailable as exc:
+        except KubernetesUnavailableError as exc:
             log.warning("The cluster's nodes could not be read for the fleet view: %s", exc)
             _cache = None
         _cached_at = time.monotonic()

@@ -124,7 +124,7 @@ class KubernetesPlacement(EngineTemplate):
     nothing_made = "no pod was created"
     nothing_submitted = "No pod was created, so there is nothing to place."
     ref_prefix = "k8s"
-    unavailable_errors = (RuntimeError,)  # KubernetesUnavailable
+    unavailable_errors = (RuntimeError,)  # KubernetesUnavailableError
     report_poll = 0.05
     Ended = PodEndedError
 
