@@ -20,7 +20,7 @@ import asyncio
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jupyterhub.spawner import SpawnException
 from jupyterhub.utils import maybe_future
@@ -93,8 +93,10 @@ def _added(site: Any, named: dict[str, dict]) -> list | dict:
 def pod_traits(site: Mapping[str, Any], shape: PodShape) -> dict[str, Any]:
     """KubeSpawner's trait values for this start: the site's (``site``, by trait name) with the workbench's part."""
     home = {"name": "workbench-home", "persistentVolumeClaim": {"claimName": _literal(shape.pvc_name)}}
-    volumes = {"workbench-home": home}
-    mounts = {"workbench-home": {"name": "workbench-home", "mountPath": _literal(shape.home_mount_path)}}
+    volumes: dict[str, dict[str, Any]] = {"workbench-home": home}
+    mounts: dict[str, dict[str, Any]] = {
+        "workbench-home": {"name": "workbench-home", "mountPath": _literal(shape.home_mount_path)}
+    }
     if shape.datasets_claim:
         claim = {"claimName": _literal(shape.datasets_claim), "readOnly": True}
         volumes["workbench-datasets"] = {"name": "workbench-datasets", "persistentVolumeClaim": claim}
@@ -174,8 +176,23 @@ def locked_down(site_hook: Callable | None) -> Callable:
 _policies_kept: set[str] = set()
 
 
-class WorkbenchPod(KubernetesTraits):
+if TYPE_CHECKING:
+    # What WorkbenchPod goes in front of, for the checker (KubeSpawner ships no type information: Any to it).
+    from kubespawner import KubeSpawner as _KubeSpawnerBase
+
+    from workbench_spawner.form.options import SpawnRequest
+else:
+    _KubeSpawnerBase = object
+
+
+class WorkbenchPod(KubernetesTraits, _KubeSpawnerBase):
     """The workbench's part of a user pod; needs KubeSpawner after it in the bases and the GPU policy's request."""
+
+    if TYPE_CHECKING:  # the GPU mixin's (before this class in KubernetesGPUSpawner's bases), read here
+        gpu_request: SpawnRequest
+
+        @property
+        def server_label(self) -> str: ...
 
     home_mount_path = Unicode(
         "/home/jovyan",
@@ -228,7 +245,9 @@ class WorkbenchPod(KubernetesTraits):
         """Create or update the namespace's policy for this hub's pods, once per hub process and content."""
         from kubernetes_asyncio.client import NetworkingV1Api
 
-        manifest = network_policy(self.namespace, hub, self.hub_ingress_cidrs)
+        # A plain manifest: kubernetes_asyncio serialises a dict as it does its V1NetworkPolicy model (its
+        # annotations name only the model).
+        manifest: Any = network_policy(self.namespace, hub, self.hub_ingress_cidrs)
         key = repr(manifest)
         if key in _policies_kept:
             return

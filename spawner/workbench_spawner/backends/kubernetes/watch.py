@@ -44,9 +44,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from workbench_spawner.backends.kubernetes.cluster import KubernetesUnavailableError
+
+if TYPE_CHECKING:
+    # What the two mixins go in front of, for the checker: KubeSpawner's reflector and its spawner (KubeSpawner
+    # ships no type information, so their members are Any to it).
+    from kubespawner import KubeSpawner as _SpawnerBase
+    from kubespawner.reflector import ResourceReflector as _ReflectorBase
+else:
+    _ReflectorBase = _SpawnerBase = object
 
 log = logging.getLogger("workbench.kubernetes")
 
@@ -61,11 +69,13 @@ KICK_WAIT = 5.0
 PROBE_TIMEOUT = 5
 
 
-class KeptWatch:
+class KeptWatch(_ReflectorBase):
     """A mixin for KubeSpawner's reflector classes (``kept(PodReflector)``): a watch that gave up is restarted.
 
     Needs a ``ResourceReflector`` after it in the bases. ``on_recovered`` is
     called (on the event loop) each time the watch is back after having given up."""
+
+    first_load_future: asyncio.Future[Any]  # ResourceReflector's; replaced here when its first list failed
 
     def __init__(self, *args: Any, on_failure: Callable[[], None] | None = None, **kwargs: Any) -> None:
         # KubeSpawner's own on_failure (with enable_user_namespaces) halts the hub; ours restarts the watch.
@@ -207,7 +217,7 @@ def kept(reflector_class: type) -> type:
     return _kept_classes[reflector_class]
 
 
-class KeptWatches:
+class KeptWatches(_SpawnerBase):
     """The spawner's side (a mixin in front of KubeSpawner): its reflectors are kept, its poll remembers the pod.
 
     ``watch_recovered`` is what a reflector calls when its watch is back
