@@ -40,11 +40,6 @@ class KubernetesUnavailableError(RuntimeError):
     """The API server could not be reached or refused the request; str(err) says why."""
 
 
-# TEMPORARY: the old name, for the module still being reworked by issue 38's engine template (fleet.py); it
-# moves to KubernetesUnavailableError and this goes.
-KubernetesUnavailable = KubernetesUnavailableError
-
-
 @dataclass(frozen=True)
 class SliceCount:
     """One MIG profile on one node: what the device plugin advertises and what pods request of it."""
