@@ -210,7 +210,7 @@ class GPUPolicy(Reconciler):
         if leases is None:
             leases = self.store.leases()
         devices = self.devices if inventory is None else inventory.devices
-        held_elsewhere = sum(len(l.gpu_uuids) for l in leases if l.user == user and l.server != server)  # noqa: E741
+        held_elsewhere = sum(len(held.gpu_uuids) for held in leases if held.user == user and held.server != server)
         if status is None:
             status = self.status(leases=leases, inventory=inventory)
         free_by_model: dict[str, int] = {}  # whole GPUs by model, slices by kind ("H200-141GB 1g.18gb")

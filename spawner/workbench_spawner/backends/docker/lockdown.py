@@ -165,15 +165,19 @@ def _binds(value: Any) -> Iterator[tuple[str, bool]]:
             yield parts[0], len(parts) > 2 and "ro" in parts[2].split(",")
 
 
+def _either(mount: Mapping[str, Any], *keys: str) -> Any:
+    """The value of the first of ``keys`` that ``mount`` has (DockerSpawner's spelling, then the API's)."""
+    return next((mount[k] for k in keys if k in mount), None)
+
+
 def _mounts(value: Any) -> Iterator[tuple[str, str, bool]]:
     """(type, source, read-only) of each mount, in DockerSpawner's or the API's spelling."""
     for mount in value or []:
         if isinstance(mount, Mapping):
-            get = lambda *keys: next((mount[k] for k in keys if k in mount), None)  # noqa: B023, E731
             yield (
-                str(get("type", "Type") or "volume"),
-                str(get("source", "Source") or ""),
-                bool(get("read_only", "ReadOnly")),
+                str(_either(mount, "type", "Type") or "volume"),
+                str(_either(mount, "source", "Source") or ""),
+                bool(_either(mount, "read_only", "ReadOnly")),
             )
 
 

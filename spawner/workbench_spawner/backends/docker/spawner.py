@@ -392,7 +392,7 @@ class DockerGPUSpawner(ContainerEnding, TenantIsolation, GPUSpawnerMixin, Docker
             return
         if self.network_isolation and self.hub_container:
             self.rejoin_networks(client, containers)
-        leased = {(l.user, l.server) for l in store.leases()}  # noqa: E741
+        leased = {(lease.user, lease.server) for lease in store.leases()}
         for container in containers:
             labels = container.labels
             key = (labels.get(LABEL_USER, ""), labels.get(LABEL_SERVER, ""))
