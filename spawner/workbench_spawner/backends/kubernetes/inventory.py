@@ -168,6 +168,27 @@ def _memory_bytes(mib: str | None) -> int:
         return 0
 
 
+def resolve(inventory: DeviceInventory, known: Mapping[str, Sequence[str]]) -> DeviceInventory:
+    """The inventory with each node's placeholders replaced, in order, by the UUIDs its pods reported."""
+    if inventory.source != "kubernetes" or not known:
+        return inventory
+    devices = []
+    for device in inventory.devices:
+        if device.mig:
+            names = known.get(slice_key(device.node, device.profile)) or []
+            if device.uuid == slice_placeholder(device.node, device.profile, device.index) and device.index < len(
+                names
+            ):
+                device = replace(device, uuid=names[device.index])
+            devices.append(device)
+            continue
+        names = known.get(device.node) or []
+        if device.uuid == placeholder_uuid(device.node, device.index) and device.index < len(names):
+            device = replace(device, uuid=names[device.index])
+        devices.append(device)
+    return DeviceInventory(inventory.source, devices, inventory.message)
+
+
 class UUIDConflictError(ReportConflictError):
     """A report that contradicts what the hub knows; str(err) is for the admin."""
 
@@ -208,27 +229,4 @@ class NodeUUIDs(NodeBook):
 
         self.update(learn)
 
-    @staticmethod
-    def resolve_with(inventory: DeviceInventory, known: dict[str, Any]) -> DeviceInventory:
-        return resolve(inventory, known)
-
-
-def resolve(inventory: DeviceInventory, known: Mapping[str, Sequence[str]]) -> DeviceInventory:
-    """The inventory with each node's placeholders replaced, in order, by the UUIDs its pods reported."""
-    if inventory.source != "kubernetes" or not known:
-        return inventory
-    devices = []
-    for device in inventory.devices:
-        if device.mig:
-            names = known.get(slice_key(device.node, device.profile)) or []
-            if device.uuid == slice_placeholder(device.node, device.profile, device.index) and device.index < len(
-                names
-            ):
-                device = replace(device, uuid=names[device.index])
-            devices.append(device)
-            continue
-        names = known.get(device.node) or []
-        if device.uuid == placeholder_uuid(device.node, device.index) and device.index < len(names):
-            device = replace(device, uuid=names[device.index])
-        devices.append(device)
-    return DeviceInventory(inventory.source, devices, inventory.message)
+    resolve_with = staticmethod(resolve)

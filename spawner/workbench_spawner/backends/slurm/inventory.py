@@ -95,6 +95,29 @@ def placeholder(node: str, index: int, kind: str) -> GPUDevice:
     )
 
 
+def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:
+    """The inventory with every reported GPU under its real UUID, name and memory."""
+    if inventory.source != "slurm" or not known:
+        return inventory
+    by_place = {(node, int(e["index"])): e for node, rows in known.items() for e in rows}
+    devices = []
+    for device in inventory.devices:
+        entry = by_place.get((device.node, device.index))
+        if entry is None:
+            devices.append(device)
+            continue
+        learned = replace(
+            device,
+            uuid=entry["uuid"],
+            name=entry.get("name") or device.name,
+            memory_total_bytes=int(entry.get("memory_total_bytes") or 0),
+        )
+        if device.mig and entry.get("profile") == device.profile:  # the slice's GPU, as the job saw it
+            learned = replace(learned, parent_uuid=entry.get("parent_uuid", ""), model=entry.get("model", ""))
+        devices.append(learned)
+    return replace(inventory, devices=devices)
+
+
 class MapConflictError(ReportConflictError):
     """A node report that contradicts what the hub knows; str(err) is for the admin."""
 
@@ -160,29 +183,4 @@ class NodeGPUMap(NodeBook):
 
         self.update(learn)
 
-    @staticmethod
-    def resolve_with(inventory: DeviceInventory, known: dict[str, Any]) -> DeviceInventory:
-        return resolve(inventory, known)
-
-
-def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:
-    """The inventory with every reported GPU under its real UUID, name and memory."""
-    if inventory.source != "slurm" or not known:
-        return inventory
-    by_place = {(node, int(e["index"])): e for node, rows in known.items() for e in rows}
-    devices = []
-    for device in inventory.devices:
-        entry = by_place.get((device.node, device.index))
-        if entry is None:
-            devices.append(device)
-            continue
-        learned = replace(
-            device,
-            uuid=entry["uuid"],
-            name=entry.get("name") or device.name,
-            memory_total_bytes=int(entry.get("memory_total_bytes") or 0),
-        )
-        if device.mig and entry.get("profile") == device.profile:  # the slice's GPU, as the job saw it
-            learned = replace(learned, parent_uuid=entry.get("parent_uuid", ""), model=entry.get("model", ""))
-        devices.append(learned)
-    return replace(inventory, devices=devices)
+    resolve_with = staticmethod(resolve)
