@@ -29,6 +29,7 @@ from collections.abc import Iterable
 
 from traitlets import List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
+from traitlets.utils.bunch import Bunch
 
 from workbench_spawner.config_sections import quietly
 
@@ -141,7 +142,7 @@ class SSHForwarding(Configurable):
             raise TraitError(str(exc)) from None
 
     @validate("ssh_permit_open")
-    def _check_ssh_permit_open(self, proposal) -> list[str]:
+    def _check_ssh_permit_open(self, proposal: Bunch) -> list[str]:
         try:
             return check_entries(proposal["value"], "ssh_permit_open")
         except PermitOpenError as exc:

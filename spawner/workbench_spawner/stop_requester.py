@@ -44,7 +44,8 @@ def _requester() -> object | None:
         handler = frame.f_locals.get("self")
         if isinstance(handler, RequestHandler):
             try:
-                return handler.current_user
+                user: object | None = handler.current_user
+                return user
             except Exception:  # noqa: BLE001 - JupyterHub's handler, read from a caller's frame: any failure is unknown
                 return None
         frame = frame.f_back

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench_devices import GPUDevice
 
 KNOWN_OPTIONS = ("gpus", "gpu_model", "gpu_profile", "image", "profile")
 
@@ -37,7 +40,7 @@ class SpawnRequest:
         return self.gpu_model
 
 
-def device_matches(device, kind: str | None) -> bool:
+def device_matches(device: GPUDevice, kind: str | None) -> bool:
     """Whether ``device`` (a ``GPUDevice``) is what a request of ``kind`` (``SpawnRequest.kind``) asks for.
 
     No kind or a model asks for whole GPUs (a slice is never handed out as a GPU);
@@ -45,7 +48,7 @@ def device_matches(device, kind: str | None) -> bool:
     if kind is None:
         return not device.mig
     if not device.mig:
-        return device.model == kind
+        return bool(device.model == kind)
     return kind in (device.profile, device.kind)
 
 

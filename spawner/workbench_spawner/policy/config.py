@@ -14,6 +14,7 @@ import os
 import socket
 
 from traitlets import Bool, Dict, Enum, Float, Integer, List, TraitError, Unicode, default, validate
+from traitlets.utils.bunch import Bunch
 
 from workbench_spawner.policy.idle_config import IdlePolicyConfig
 
@@ -89,7 +90,7 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
     ).tag(config=True)
 
     @default("simulated_gpus")
-    def _default_simulated_gpus(self):
+    def _default_simulated_gpus(self) -> str:
         return os.environ.get("WORKBENCH_SIMULATED_GPUS", "")
 
     static_gpus = List(
@@ -180,16 +181,17 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
     ).tag(config=True)
 
     @validate("servers_per_device")
-    def _check_servers_per_device(self, proposal):
+    def _check_servers_per_device(self, proposal: Bunch) -> dict[str, int]:
+        value: dict[str, int] = proposal["value"]
         seen: dict[str, str] = {}
-        for key in proposal["value"]:
+        for key in value:
             if key.lower() in seen:
                 raise TraitError(
                     f"servers_per_device names {seen[key.lower()]!r} and {key!r}, the same GPUs whatever the "
                     "case: keep one"
                 )
             seen[key.lower()] = key
-        return proposal["value"]
+        return value
 
     gpu_queue_timeout = Float(
         300.0,
@@ -305,14 +307,15 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
         return os.environ.get("WORKBENCH_TIME_ZONE") or default_time_zone()
 
     @validate("gpu_time_zone")
-    def _check_gpu_time_zone(self, proposal):
+    def _check_gpu_time_zone(self, proposal: Bunch) -> str:
         from workbench_spawner.policy.clock import ClockError, zone
 
+        value: str = proposal["value"]
         try:
-            zone(proposal["value"])
+            zone(value)
         except ClockError as exc:
             raise TraitError(str(exc)) from None
-        return proposal["value"]
+        return value
 
     gpu_test_clock_file = Unicode(
         help="""
@@ -350,14 +353,15 @@ class GPUPolicyConfig(IdlePolicyConfig):  # idle-GPU traits: idle_config.py
     ).tag(config=True)
 
     @validate("dcgm_exporter_urls")
-    def _check_dcgm_exporter_urls(self, proposal):
+    def _check_dcgm_exporter_urls(self, proposal: Bunch) -> list[str]:
         from urllib.parse import urlparse
 
-        for url in proposal["value"]:
+        urls: list[str] = proposal["value"]
+        for url in urls:
             parsed = urlparse(url)
             if parsed.scheme not in ("http", "https") or not parsed.hostname:
                 raise TraitError(
                     f"dcgm_exporter_urls: {url[:80]!r} is not an http(s) URL; write it like "
                     "http://gpu-node-1:9400/metrics"
                 )
-        return proposal["value"]
+        return urls

@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice
 from workbench_spawner.form.options import device_matches
@@ -195,7 +196,7 @@ class GPUPolicy(Reconciler):
         leases: Sequence[Lease] | None = None,
         status: Sequence[GPUStatus] | None = None,
         inventory: DeviceInventory | None = None,
-        **rules,
+        **rules: Any,
     ) -> AdmissionContext:
         """Everything admission looks at for one spawn, read in one go.
 

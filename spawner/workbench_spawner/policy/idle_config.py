@@ -13,6 +13,7 @@ import os
 from traitlets import Float, Unicode, default, validate
 from traitlets.config import Configurable
 from traitlets.traitlets import TraitError
+from traitlets.utils.bunch import Bunch
 
 from workbench_spawner.rules.idle import DEFAULT_THRESHOLD, DEFAULT_WARN_MINUTES, MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 
@@ -36,8 +37,8 @@ class IdlePolicyConfig(Configurable):
     ).tag(config=True)
 
     @validate("gpu_idle_minutes")
-    def _check_idle_minutes(self, proposal):
-        value = proposal["value"]
+    def _check_idle_minutes(self, proposal: Bunch) -> float:
+        value: float = proposal["value"]
         if value and not MIN_IDLE_MINUTES <= value <= MAX_IDLE_MINUTES:
             raise TraitError(
                 f"gpu_idle_minutes must be 0 (off) or between {MIN_IDLE_MINUTES:g} and "

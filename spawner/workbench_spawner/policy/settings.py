@@ -38,6 +38,7 @@ from workbench_spawner.rules.quota import Quota
 
 if TYPE_CHECKING:
     from workbench_spawner.mixin import GPUSpawnerMixin
+    from workbench_spawner.policy.config import GPUPolicyConfig
 
 log = logging.getLogger("workbench.policy")
 
@@ -298,7 +299,7 @@ def discover_inventory(static_gpus: list[dict], simulated_gpus: str, fresh: bool
     return inventory
 
 
-def _instance_id(entry: int, value) -> int | None:
+def _instance_id(entry: int, value: object) -> int | None:
     """A static slice's ``gpu_instance_id`` (DCGM's ``GPU_I_ID``), if given; ValueError with a sentence if it is
     not a whole number (raised past the caller's catch-all, which words index and memory errors)."""
     if value is None or value == "":
@@ -316,7 +317,7 @@ class _StaticEntryError(ValueError):
     """A static_gpus entry's error already worded for the operator."""
 
 
-def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettings:
+def resolve_policy_settings(spawner: GPUPolicyConfig, backend: str | None = None) -> PolicySettings:
     """The effective settings from a GPU spawner's traits (or a GPUPolicyConfig's)."""
     return PolicySettings(
         db_url=spawner.gpu_db_url,
@@ -345,7 +346,7 @@ def resolve_policy_settings(spawner, backend: str | None = None) -> PolicySettin
     )
 
 
-def spawner_class_from(config) -> type:
+def spawner_class_from(config: Config) -> type:
     """The class ``c.JupyterHub.spawner_class`` names (entry-point name, import string or class)."""
     from jupyterhub.app import JupyterHub
 
@@ -353,7 +354,8 @@ def spawner_class_from(config) -> type:
     if isinstance(value, type):
         return value
     # JupyterHub's own EntryPointType resolves "gpu-local" and "module.Class" alike.
-    return JupyterHub.class_traits()["spawner_class"].validate(None, value)
+    cls: type = JupyterHub.class_traits()["spawner_class"].validate(None, value)
+    return cls
 
 
 def spawner_gpu_class(config: Config) -> type[GPUSpawnerMixin]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from traitlets import Dict, List, TraitError, observe, validate
 from traitlets.config import Configurable
+from traitlets.utils.bunch import Bunch
 
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending
@@ -53,18 +54,19 @@ class ServerSizing(Configurable):
     ).tag(config=True)
 
     @validate("resource_profiles")
-    def _check_resource_profiles(self, proposal):
+    def _check_resource_profiles(self, proposal: Bunch) -> list[dict[str, Any]]:
+        value: list[dict[str, Any]] = proposal["value"]
         try:
-            parse_profiles(proposal["value"])
+            parse_profiles(value)
         except ProfileError as exc:
             raise TraitError(str(exc)) from exc
-        return proposal["value"]
+        return value
 
     # Parsed once when configured, not on every form and spawn.
     _parsed_profiles: tuple[ResourceProfile, ...] = ()
 
     @observe("resource_profiles")
-    def _parse_resource_profiles(self, change):
+    def _parse_resource_profiles(self, change: Bunch) -> None:
         self._parsed_profiles = tuple(parse_profiles(change["new"]))
 
     # Whether the runtime holds a server to its cpu_limit/mem_limit (containers
@@ -75,7 +77,7 @@ class ServerSizing(Configurable):
     def gpu_profiles(self) -> Sequence[ResourceProfile]:
         return self._parsed_profiles
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # What the configuration says, so that a profile picked for one start
         # does not stick to the next start without one.
