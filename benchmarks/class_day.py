@@ -10,7 +10,7 @@ trace, ``class_day_lab.py`` plays it:
 * **placement and the wait list**: ``GPUPolicy.place`` -> ``HostAllocator.place`` on a real GPU
   database (SQLite on tmpfs): the ``WaitList`` (fifo, or fair share with its 30-minute aging
   bound; the first arrival kept across retries), classes under reservations, the queue timeout
-  (``WORKBENCH_QUEUE_TIMEOUT``, 300 s: ``NoGPUAvailable``), the reservation filter inside
+  (``WORKBENCH_QUEUE_TIMEOUT``, 300 s: ``NoGPUAvailableError``), the reservation filter inside
   ``AllocationStore.allocate``; a stop releases as the spawner does (the ledger reason from
   ``NoticeBook.announced``). The wait list re-checks every 30 s instead of 2 s
   (``gpu_queue_recheck_interval``): every release in the lab wakes the line at once, so the

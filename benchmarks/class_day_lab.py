@@ -38,8 +38,7 @@ from workbench_hub.service.utilization import HostReadings, ServerMonitorReading
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, UsageRow
-from workbench_spawner.placement.host import HostAllocator
-from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailableError
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.admission import Refusal, admit
@@ -316,7 +315,7 @@ class Lab:
             try:
                 kind = verdict.request.kind  # None: whole GPUs; "1g.18gb": a slice (the spawner's request.kind)
                 lease = await self.policy.place(p.name, "", 1, kind, QUEUE_TIMEOUT, groups=p.groups)
-            except NoGPUAvailable:
+            except NoGPUAvailableError:
                 self.result.refusals += 1
                 del self.in_line[p.name]  # not in line during the pause before trying again
                 await asyncio.sleep(self.retry[p.name].uniform(0.5, 3.0) * 60.0)

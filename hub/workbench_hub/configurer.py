@@ -34,8 +34,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from workbench_spawner.backend import HubContext, backend_extension
-from workbench_spawner.backend import UnknownBackendError as UnknownBackend
+from workbench_spawner.backend import HubContext, UnknownBackendError, backend_extension
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
 from . import proxy_env
@@ -439,7 +438,7 @@ def update_spawner(
     backend = text(env, "WORKBENCH_BACKEND", "local").lower()
     try:
         extension = backend_extension(backend)
-    except UnknownBackend as exc:
+    except UnknownBackendError as exc:
         raise ConfigError(str(exc)) from None
     lookups = {"docker_bridge": docker_bridge} if docker_bridge is not None else {}
     extension.configure(c, env, HubContext(data, repo, Path(sys.executable).parent, lookups))

@@ -81,8 +81,7 @@ def finish_hub(
     spawner class; ``limits_hint`` follows a spawn-limit warning (where the
     caller's operator sets the limit). Ends the hub (status 2) on any problem.
     """
-    from workbench_spawner.backend import UnknownBackendError as UnknownBackend
-    from workbench_spawner.backend import backend_extension
+    from workbench_spawner.backend import UnknownBackendError, backend_extension
     from workbench_spawner.policy.settings import publish_policy_settings, spawner_gpu_class
     from workbench_spawner.ssh_forwarding import ssh_forwarding_problems
 
@@ -96,7 +95,7 @@ def finish_hub(
         if problem:
             fail(problem)
         extension = backend_extension(spawner_class.workbench_backend)
-    except (ValueError, UnknownBackend) as exc:
+    except (ValueError, UnknownBackendError) as exc:
         fail(str(exc))
     # Where SSH forwards may lead (WORKBENCH_SSH_PERMIT_OPEN), read as the spawner class will read it; then the
     # backend's own checks (docker: the containers' lock-down).

@@ -48,7 +48,7 @@ from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine_policy import EnginePolicy
-from workbench_spawner.placement.start_line import LineFullError as LineFull
+from workbench_spawner.placement.start_line import LineFullError
 from workbench_spawner.policy.config import GPUPolicyConfig
 from workbench_spawner.policy.gpu_policy import GPUPolicy, shared_policy
 from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force, watch
@@ -300,7 +300,7 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
             policy = await self._policy()
             try:
                 in_line = policy.start_line.join()  # a place in line, or a 503 past max_waiting_spawns
-            except LineFull as exc:
+            except LineFullError as exc:
                 raise SpawnException(str(exc), reason="line_full", status_code=503) from None
             policy.starting.add(key)  # the reconciler leaves a spawn in flight alone
             # Starting again: the spawn page's "why your server stopped" has been read.

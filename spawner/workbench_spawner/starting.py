@@ -33,9 +33,8 @@ from jupyterhub.spawner import SpawnException
 from workbench_spawner.contract import BackendContract, BackendContractError
 from workbench_spawner.ledger import reasons
 from workbench_spawner.placement.engine import EnginePlacement
-from workbench_spawner.placement.start_line import Slot, StartLine
-from workbench_spawner.placement.start_line import SlotTimeoutError as SlotTimeout
-from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
+from workbench_spawner.placement.start_line import Slot, SlotTimeoutError, StartLine
+from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailableError
 from workbench_spawner.rules.reservations import gpus_text
 
 if TYPE_CHECKING:
@@ -95,7 +94,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                 groups=groups,
                 exclusive=request.exclusive,
             )
-        except NoGPUAvailable as exc:
+        except NoGPUAvailableError as exc:
             raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
         self._gpu_events.add(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)
         return lease
@@ -151,7 +150,7 @@ class ServerStarts(BackendContract, _SpawnerState):
 
         try:
             return await line.start_slot(max(deadline, time.monotonic() + self.http_timeout), report)
-        except SlotTimeout as exc:
+        except SlotTimeoutError as exc:
             raise SpawnException(
                 f"The host is still busy starting other servers ({exc}). Please try again in a few minutes.",
                 reason="start_line",
@@ -200,7 +199,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                         job, deadline=deadline, admitted=key, describe=lambda text: self._gpu_events.add(text, 20)
                     ),
                 )
-            except NoGPUAvailable as exc:
+            except NoGPUAvailableError as exc:
                 self.clear_state()
                 raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
             self.gpu_uuids = list(lease.gpu_uuids) if lease else []

@@ -24,8 +24,7 @@ from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPP
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
-from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
-from workbench_spawner.placement.host import Report, _nothing
+from workbench_spawner.placement.host import NoGPUAvailableError, Report, _nothing
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 
@@ -159,7 +158,7 @@ class FakeEnginePlacement(EnginePlacement):
         job: EngineJob | None = None,
     ) -> Lease | None:
         if job is None:
-            raise NoGPUAvailable("nothing was submitted")
+            raise NoGPUAvailableError("nothing was submitted")
         self.withdraw(job.admitted)
         deadline = job.deadline if job.deadline is not None else self.clock() + timeout
         while True:
@@ -173,7 +172,7 @@ class FakeEnginePlacement(EnginePlacement):
                 return await asyncio.to_thread(self.store.lease_of, user, server)
             job.describe(f"The engine keeps job {job.job_id} pending: Resources")
             if self.clock() >= deadline:
-                raise NoGPUAvailable(f"The engine did not start job {job.job_id} in time; it was cancelled.")
+                raise NoGPUAvailableError(f"The engine did not start job {job.job_id} in time; it was cancelled.")
             await asyncio.sleep(self.poll)
 
 

@@ -27,7 +27,7 @@ from workbench_hub.service.handlers import _jinja
 from workbench_spawner.ledger.drain_book import AmbiguousGPUError, DrainBook, UnknownGPUError, resolve_gpu
 from workbench_spawner.ledger.migrations import HEAD, current, downgrade, upgrade
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
+from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailableError
 from workbench_spawner.policy.settings import PolicySettings, store_policy_settings
 from workbench_spawner.rules.quota import Quota
 
@@ -117,7 +117,7 @@ async def test_a_drained_gpu_is_never_leased_while_the_others_are(store):
     assert drained not in {u for lease in leases for u in lease.gpu_uuids}
     assert policy.placement.free_count() == 0
     assert policy.free_count() == 0
-    with pytest.raises(NoGPUAvailable, match=r"\(0 free now"):
+    with pytest.raises(NoGPUAvailableError, match=r"\(0 free now"):
         await policy.place("c", "", 1, None, 0.3)
     DrainBook(store).undrain([drained])
     assert (await policy.place("c", "", 1, None, 1)).gpu_uuids == (drained,)
@@ -131,7 +131,7 @@ async def test_a_request_waiting_in_line_is_not_given_a_gpu_drained_after_it_joi
     assert policy.placement.waiting() == 1
     DrainBook(store).drain([H100], "new layout")
     policy.release("holder", "", "stopped")
-    with pytest.raises(NoGPUAvailable):
+    with pytest.raises(NoGPUAvailableError):
         await waiter
     assert [lease.user for lease in store.leases()] == []
     DrainBook(store).undrain([H100])
@@ -143,7 +143,7 @@ async def test_draining_a_gpu_drains_its_slices_and_a_slice_alone_only_itself(st
     book = DrainBook(store)
     book.drain([resolve_gpu("0", policy.devices).gpu_uuid])  # the H200 by its index: all seven slices
     assert book.drained() == {H200}
-    with pytest.raises(NoGPUAvailable):
+    with pytest.raises(NoGPUAvailableError):
         await policy.place("student", "", 1, "1g.18gb", 0.2)
     assert (await policy.place("research", "", 1, None, 1)).gpu_uuids == (H100,)  # the whole GPU is not drained
     status = {s.device.uuid: s for s in policy.status()}

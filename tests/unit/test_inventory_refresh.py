@@ -491,7 +491,7 @@ def place(policy, user: str, kind: str | None, timeout: float = 0.2):
 
 
 def test_the_policy_keeps_a_held_gpu_closed_adopts_the_rest_and_the_held_one_after_its_servers_stop(tmp_path):
-    from workbench_spawner.policy.gpu_policy import NoGPUAvailable
+    from workbench_spawner.policy.gpu_policy import NoGPUAvailableError
 
     policy, store = policy_on(tmp_path, "2xH200-141GB:mig=7x1g.18gb")
     for user in ("ann", "ben", "cat"):
@@ -509,7 +509,7 @@ def test_the_policy_keeps_a_held_gpu_closed_adopts_the_rest_and_the_held_one_aft
     assert [d.uuid for d in stored.inventory.devices] == [d.uuid for d in policy.devices]
     # GPU 0's four free slices go to nobody; GPU 1's new slices do.
     assert [s.free_slots for s in policy.status()] == [0] * 7 + [1, 1]
-    with pytest.raises(NoGPUAvailable):
+    with pytest.raises(NoGPUAvailableError):
         place(policy, "dan", "H200-141GB 1g.18gb")
     assert place(policy, "dan", "H200-141GB 3g.71gb").gpu_uuids == (s1(0, "3g.71gb"),)
 

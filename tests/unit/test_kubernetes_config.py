@@ -20,8 +20,7 @@ from workbench_spawner.backends.kubernetes import fleet
 from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailableError
 from workbench_spawner.backends.kubernetes.config import configure
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
-from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, read_report
-from workbench_spawner.backends.kubernetes.report_api import ReportRefusedError as ReportRefused
+from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, ReportRefusedError, read_report
 
 IMAGE = "registry.example.org/gpu-workbench/singleuser:1.0"
 OUTSIDE = {"WORKBENCH_IMAGE": IMAGE, "WORKBENCH_HUB_CONNECT_IP": "172.17.0.1"}
@@ -288,7 +287,7 @@ def test_a_good_start_report_is_taken_as_it_is(body):
     ],
 )
 def test_a_start_report_is_refused_with_the_reason(body, words):
-    with pytest.raises(ReportRefused) as refused:
+    with pytest.raises(ReportRefusedError) as refused:
         read_report(body)
     assert str(refused.value) == words
 

@@ -24,14 +24,14 @@ from workbench_spawner.backends.kubernetes.inventory import (
     GFD_MEMORY,
     GFD_PRODUCT,
     NodeUUIDs,
+    UUIDConflictError,
     cluster_inventory,
     slice_placeholder,
 )
-from workbench_spawner.backends.kubernetes.inventory import UUIDConflictError as UUIDConflict
 from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement, PodJob, PodReport
 from workbench_spawner.backends.kubernetes.pod_objects import gpu_limits
 from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
+from workbench_spawner.placement.host import NoGPUAvailableError
 from workbench_spawner.rules.admission import AdmissionContext, Admitted, Refusal, admit
 from workbench_spawner.rules.quota import EffectiveQuota, Quota
 
@@ -173,9 +173,9 @@ def test_reported_mig_uuids_are_learned_per_profile_checked_and_forgotten_with_t
     assert "K8S-n1-mig-1g.18gb-1" in resolved
     assert slice_placeholder("n1", "3g.71gb", 0) in resolved
     assert resolved["GPU-whole"].mig is False  # a whole GPU's name never lands on a slice, nor the reverse
-    with pytest.raises(UUIDConflict, match=re.escape("3 different 1g.18gb MIG slices, but the node has 2")):
+    with pytest.raises(UUIDConflictError, match=re.escape("3 different 1g.18gb MIG slices, but the node has 2")):
         book.accept("n1", ["MIG-bbb", "MIG-ccc"], 2, "1g.18gb")
-    with pytest.raises(UUIDConflict, match=re.escape("MIG-aaa, which the hub knows on node n1/mig-1g.18gb")):
+    with pytest.raises(UUIDConflictError, match=re.escape("MIG-aaa, which the hub knows on node n1/mig-1g.18gb")):
         book.accept("n1", ["MIG-aaa"], 1, "3g.71gb")
     assert book.forget("n1") is True
     assert book.known() == {}
@@ -269,7 +269,7 @@ def test_a_simulated_slice_is_leased_by_its_mig_uuid_and_charged_by_its_share(st
 )
 def test_a_report_that_names_anything_but_a_slice_of_the_profile_is_refused(store, reported, words):
     inventory = cluster_inventory([SLICED], SPEC)
-    with pytest.raises(NoGPUAvailable, match=words):
+    with pytest.raises(NoGPUAvailableError, match=words):
         asyncio.run(place(slice_placement(store, inventory, []), job(PodReport("n1", (reported,)))))
     assert store.leases() == []
 
@@ -283,7 +283,7 @@ def test_a_real_nodes_slice_is_learned_under_its_profile_and_must_be_a_mig_uuid(
     assert lease.gpu_uuids == (real_uuid,)
     assert lease.shares == pytest.approx((1 / 7,))
     store.release("alice", "")
-    with pytest.raises(NoGPUAvailable, match="is not a MIG UUID"):
+    with pytest.raises(NoGPUAvailableError, match="is not a MIG UUID"):
         asyncio.run(place(slice_placement(store, inventory, []), job(PodReport("n1", ("GPU-0000",)))))
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailable
+from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailableError
 from workbench_spawner.policy.settings import PolicySettings
 
 
@@ -49,7 +49,7 @@ async def test_waiters_are_served_in_arrival_order(tmp_path):
 async def test_wait_times_out_with_a_readable_message(tmp_path):
     policy = make_policy(tmp_path, "1", recheck=0.05)
     await policy.place("holder", "", 1, None, 1)
-    with pytest.raises(NoGPUAvailable, match=r"No 1 GPU became free within 0.3 seconds .*CPU-only"):
+    with pytest.raises(NoGPUAvailableError, match=r"No 1 GPU became free within 0.3 seconds .*CPU-only"):
         await policy.place("late", "", 1, None, 0.3)
     assert policy.placement.waitlist.waiting() == [], "a timed-out spawn leaves the line"
 
@@ -85,7 +85,7 @@ async def test_model_choice_only_gets_that_model(tmp_path):
     assert policy.models() == ["A100-40GB", "H100-80GB"]
     lease = await policy.place("alice", "", 2, "A100-40GB", 1)
     assert all("a100" in uuid for uuid in lease.gpu_uuids)
-    with pytest.raises(NoGPUAvailable):
+    with pytest.raises(NoGPUAvailableError):
         await policy.place("bob", "", 1, "A100-40GB", 0)
     assert policy.free_count() == 1
     assert policy.free_count("H100-80GB") == 1
@@ -109,5 +109,5 @@ async def test_reconcile_after_restart_releases_only_dead_servers(tmp_path):
     # The freed GPU goes to a newcomer; the kept ones are never handed out twice.
     lease = await restarted.place("new", "", 1, None, 0)
     assert set(lease.gpu_uuids).isdisjoint(kept["alive"] + kept["unknown"])
-    with pytest.raises(NoGPUAvailable):
+    with pytest.raises(NoGPUAvailableError):
         await restarted.place("more", "", 1, None, 0)

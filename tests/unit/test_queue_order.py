@@ -13,8 +13,7 @@ from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_hub.service.openapi import BodyError, load_document, validate_body
 from workbench_spawner.ledger.reservation_book import ReservationBook, reservation_from_body
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.host import HostAllocator
-from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailableError
 from workbench_spawner.policy.clock import hub_clock, set_test_clock
 from workbench_spawner.rules.queue_order import QueueOrderError, Waiting, explain, order, parse_queue_order
 from workbench_spawner.rules.window import ReservationError
@@ -130,7 +129,7 @@ def test_after_the_grace_period_unasked_gpus_are_released(allocator):
     reserve_for_class(alloc, store, clock_file, 4, {"": 4}, grace_minutes=5)
     set_test_clock(clock_file, datetime(2026, 12, 8, 10, 1, tzinfo=BERLIN))
     assert run_debug(lambda: _try(alloc, "out")) is None
-    with pytest.raises(NoGPUAvailable, match="4 of 4 GPUs reserved for ml-course until 12:00"):
+    with pytest.raises(NoGPUAvailableError, match="4 of 4 GPUs reserved for ml-course until 12:00"):
         run_debug(lambda: alloc.place("out", "", 1, None, 0.2))
     set_test_clock(clock_file, datetime(2026, 12, 8, 10, 6, tzinfo=BERLIN))
     assert run_debug(lambda: _try(alloc, "out")) is not None
@@ -139,7 +138,7 @@ def test_after_the_grace_period_unasked_gpus_are_released(allocator):
 async def _try(alloc, user):
     try:
         return await alloc.place(user, "", 1, None, 0.2)
-    except NoGPUAvailable:
+    except NoGPUAvailableError:
         return None
 
 
@@ -316,7 +315,7 @@ def test_after_the_grace_period_a_refusal_names_what_is_held_not_what_was_reserv
     async def main():
         await alloc.place("stud", "", 1, None, 1, groups=("ml-course",))
         await alloc.place("out1", "", 3, None, 1)
-        with pytest.raises(NoGPUAvailable) as refused:
+        with pytest.raises(NoGPUAvailableError) as refused:
             await alloc.place("out2", "", 1, None, 0.2)
         return str(refused.value)
 

@@ -8,9 +8,7 @@ import time
 import pytest
 
 from workbench_devices import discover_devices
-from workbench_spawner.placement.start_line import LineFullError as LineFull
-from workbench_spawner.placement.start_line import SlotTimeoutError as SlotTimeout
-from workbench_spawner.placement.start_line import StartLine
+from workbench_spawner.placement.start_line import LineFullError, SlotTimeoutError, StartLine
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.policy.spawn_limits import derive_spawn_limits
 
@@ -66,7 +64,7 @@ def test_settings_count_each_share_of_a_time_sliced_gpu_and_each_slice():
 def test_the_line_refuses_past_max_waiting_and_counts_who_left():
     line = StartLine(max_waiting=2, max_starting=1)
     first, second = line.join(), line.join()
-    with pytest.raises(LineFull, match="2 students are already waiting"):
+    with pytest.raises(LineFullError, match="2 students are already waiting"):
         line.join()
     line.leave(first)
     line.leave(first)  # twice is harmless
@@ -124,7 +122,7 @@ async def test_a_cancelled_wait_leaves_and_a_slot_handed_over_as_it_is_cancelled
 async def test_no_slot_before_the_deadline_is_a_timeout_and_leaves_the_line():
     line = StartLine(max_waiting=10, max_starting=1, refresh=0.02)
     await line.start_slot(time.monotonic() + 5, lambda n: None)
-    with pytest.raises(SlotTimeout, match="1 server still starts ahead"):
+    with pytest.raises(SlotTimeoutError, match="1 server still starts ahead"):
         await line.start_slot(time.monotonic() + 0.1, lambda n: None)
     assert line.waiting_to_start == 0
 

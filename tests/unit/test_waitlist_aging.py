@@ -11,8 +11,7 @@ import asyncio
 
 import pytest
 
-from workbench_spawner.placement.waitlist import WaitList
-from workbench_spawner.placement.waitlist import WaitTimeoutError as WaitTimeout
+from workbench_spawner.placement.waitlist import WaitList, WaitTimeoutError
 
 
 class Clock:
@@ -54,7 +53,7 @@ class Line:
         async def one() -> str:
             try:
                 return await self.wl.wait_for(f"{user}/", 1, take, timeout, report, user=user, gpu_hours=hours)
-            except WaitTimeout:
+            except WaitTimeoutError:
                 return "refused"
 
         task = asyncio.create_task(one())

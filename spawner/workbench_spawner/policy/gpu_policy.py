@@ -32,8 +32,7 @@ from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EnginePlacement
-from workbench_spawner.placement.host import HostAllocator, Placement, Report, holdings
-from workbench_spawner.placement.host import NoGPUAvailableError as NoGPUAvailable
+from workbench_spawner.placement.host import HostAllocator, NoGPUAvailableError, Placement, Report, holdings
 from workbench_spawner.placement.start_line import StartLine
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.inventory_refresh import (
@@ -49,7 +48,7 @@ from workbench_spawner.rules.reservations import reserved_now
 
 log = logging.getLogger("workbench.policy")
 
-__all__ = ["GPUPolicy", "GPUStatus", "NoGPUAvailable", "shared_policy"]
+__all__ = ["GPUPolicy", "GPUStatus", "NoGPUAvailableError", "shared_policy"]
 
 
 @dataclass

@@ -27,6 +27,8 @@ import shlex
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from workbench_devices import GPUDevice
+
 CAP_FILE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$")
 GPU_FILE = re.compile(r"^/dev/nvidia(\d+)$")
 MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)/(?:ci\d+/)?access\s+(\d+)$")  # a GPU or compute instance
@@ -115,20 +117,20 @@ def mig_minors(text: str) -> dict[int, tuple[int, int]]:
 def devices_by_index(
     gres: Sequence[GresDevice],
     minors: dict[int, tuple[int, int]],
-    devices: Iterable,
+    devices: Iterable[GPUDevice],
     minor_of: Callable[[str], int | None],
-) -> dict[int, object]:
+) -> dict[int, GPUDevice]:
     """Slurm's index -> this node's ``GPUDevice`` (a whole GPU by its ``/dev/nvidiaN``, a slice by the GPU
     instance its capability file opens). An index whose device cannot be told is left out: the job then
     reports fewer GPUs than Slurm gave it, and the hub refuses to lease a guess."""
     devices = list(devices)
     whole = {minor_of(d.uuid): d for d in devices if not d.mig}
-    slices = {}
+    slices: dict[tuple[int, int], GPUDevice] = {}
     for d in devices:
         parent = minor_of(d.parent_uuid) if d.mig and d.parent_uuid else None
         if parent is not None and d.gpu_instance_id is not None:
             slices[(parent, int(d.gpu_instance_id))] = d
-    found: dict[int, object] = {}
+    found: dict[int, GPUDevice] = {}
     for index, entry in enumerate(gres):
         caps = [int(m[1]) for f in entry.files if (m := CAP_FILE.match(f))]
         if caps:

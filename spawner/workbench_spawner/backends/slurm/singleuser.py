@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from dataclasses import asdict, replace
 from runpy import run_path
 from shutil import which
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from workbench_devices import DeviceInventory, GPUDevice
@@ -100,11 +100,8 @@ def slurm_devices(
     minors = minors_of(sorted(uuids))
     gres = gres_devices(read(gres_conf_path(env)), node)
     if gres is not None:
-        # The devices it was given, by Slurm's index (gres_map types them as object).
-        by_index = cast(
-            "dict[int, GPUDevice]",
-            devices_by_index(gres, mig_minors(read(MIG_MINORS)), inventory.devices, minors.get),
-        )
+        # The devices it was given, by Slurm's index.
+        by_index = devices_by_index(gres, mig_minors(read(MIG_MINORS)), inventory.devices, minors.get)
         return [replace(d, index=i) for i, d in sorted(by_index.items())]
     return [replace(d, index=minors.get(d.uuid, d.index)) for d in inventory.devices if not d.mig]
 

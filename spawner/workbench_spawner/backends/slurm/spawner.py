@@ -66,7 +66,7 @@ from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPP
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
-from workbench_spawner.placement.engine_reservations import EngineReservations as SlurmReservations
+from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.settings import PolicySettings
 
@@ -126,7 +126,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         def inventory() -> DeviceInventory:
             return NodeGPUMap(store).resolve(settings.inventory)
 
-        reservations = SlurmReservations(
+        reservations = EngineReservations(
             store, inventory, zone(settings.time_zone), hub_clock(settings.test_clock_file)
         )
         real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
