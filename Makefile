@@ -82,8 +82,9 @@ $(LOWEST)/.installed $(NEWEST)/.installed: .venv-%/.installed: requirements/%.tx
 	touch $@
 
 # ruff (lint + format) on the Python tree, mypy on the product packages (pyproject.toml's [tool.mypy]), eslint +
-# prettier on the GPU monitor's TypeScript; fails on any finding.
-lint: $(VENV)/.devtools $(MONITOR)/node_modules/.yarn-state.yml
+# prettier on the GPU monitor's TypeScript; fails on any finding. mypy reads the installed dependencies (SQLAlchemy,
+# kubernetes_asyncio, ...) and our own packages, so lint needs the whole .venv ($(STAMP)), not only the tools.
+lint: $(STAMP) $(VENV)/.devtools $(MONITOR)/node_modules/.yarn-state.yml
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
