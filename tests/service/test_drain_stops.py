@@ -26,6 +26,7 @@ from workbench_hub.service.drain_stops import (
     drained_holdings,
     warn_holders,
 )
+from workbench_hub.service.hub_client import HubUnavailableError
 from workbench_hub.service.stopping import UNREACHABLE, Stopper
 from workbench_spawner.ledger.drain_book import DrainBook
 from workbench_spawner.ledger.notices import NoticeBook
@@ -253,7 +254,7 @@ async def test_a_stop_the_hub_refused_is_asked_again_only_after_a_while(store):
     class Refusing(FakeHub):
         async def stop_server(self, user, server):
             self.stopped.append((user, server))
-            raise RuntimeError("503")
+            raise HubUnavailableError("the hub's API answered DELETE with 503")
 
     hub = Refusing()
     clock = Clock(NOW + timedelta(minutes=2))

@@ -6,6 +6,7 @@ import time
 from urllib.parse import quote
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.integration
 
@@ -198,11 +199,16 @@ def test_quotas_are_enforced_at_spawn_and_changes_never_kill_running_work(hub):
     allocations = hub.service("GET", "api/allocations").json()["allocations"]
     assert [(a["user"], a["node"]) for a in allocations] == [("bob", node)]
     metrics = hub.service("GET", "metrics").text
-    assert 'DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-sim-02-a100-40gb"' in metrics
-    assert f'Hostname="{node}"' in metrics
-    assert 'user="bob"' in metrics
-    assert "DCGM_FI_DEV_FB_USED" in metrics
-    assert "DCGM_FI_DEV_FB_FREE" in metrics
+    # Read as Prometheus reads it: a sample's labels, in whatever order the exposition writes them.
+    samples = [s for family in text_string_to_metric_families(metrics) for s in family.samples]
+    util = [s.labels for s in samples if s.name == "DCGM_FI_DEV_GPU_UTIL" and s.labels.get("gpu") == "2"]
+    assert len(util) == 1, util
+    assert util[0]["UUID"] == "GPU-sim-02-a100-40gb", util
+    assert util[0]["Hostname"] == node, util
+    assert util[0]["user"] == "bob", util
+    names = {s.name for s in samples}
+    assert "DCGM_FI_DEV_FB_USED" in names
+    assert "DCGM_FI_DEV_FB_FREE" in names
 
     # Lowering bob's quota does not touch his running server.
     assert hub.service("PUT", "api/quotas/groups/ml-course", json={"max_gpus": 0}).status_code == 200

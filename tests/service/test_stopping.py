@@ -22,6 +22,7 @@ from tornado.testing import bind_unused_port
 
 from tests.conftest import free_port
 from workbench_hub.service.gpu_reclaim import idle_cause
+from workbench_hub.service.hub_client import HubUnavailableError
 from workbench_hub.service.session_limits import session_cause, session_reason, stop_overlong_servers
 from workbench_hub.service.stopping import (
     NOT_REACHED,
@@ -242,7 +243,7 @@ async def test_a_stop_the_hub_refuses_is_said_but_not_counted(store, monitor):
 
     class Refusing(FakeHub):
         async def stop_server(self, user, server):
-            raise RuntimeError("503")
+            raise HubUnavailableError("the hub's API answered DELETE with 503")
 
     done = await stop_idle(stopper(store, Refusing(), monitor.proxy_url))
     assert not done.stopped
