@@ -1,7 +1,8 @@
 """The engine placement template driven by a tiny made-up engine: what a third engine has to write.
 
 ``Toy`` is an engine whose queue is a list of scripted states: it implements only the template's hooks
-(one look at its queue, how a report maps to UUIDs, what the hub learns, cancelling, its own words).
+(one look at its queue, what is free in it, how a report maps to UUIDs, what the hub learns, cancelling)
+and its words.
 The template does the rest: the hub's line, the wait's words, the deadline, the report's check, the
 lease and its release grace, and cancelling on every failure.
 """
@@ -9,7 +10,6 @@ lease and its release grace, and cancelling on every failure.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ from workbench_spawner.placement.engine import (
     ReportMismatchError,
 )
 from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.placement.engine_template import EngineTemplate
+from workbench_spawner.placement.engine_template import EngineTemplate, EngineWords
 from workbench_spawner.placement.host import NoGPUAvailableError
 
 DEVICES = DeviceInventory(
@@ -38,9 +38,17 @@ class ToyEndedError(EngineJobEndedError):
 class Toy(EngineTemplate):
     """A made-up engine: each look takes the next scripted state ("pending", "running", "gone") and a second passes."""
 
-    engine = "Toy"
-    the_job = "the toy job"
-    job_gone = "the toy job was cancelled"
+    words = EngineWords(
+        engine="Toy",
+        the_job="the toy job",
+        job_noun="toy job",
+        job_gone="the toy job was cancelled",
+        answerer="the toy engine",
+        placed="Toy placed the job on {node}",
+        no_report="The toy job {job} never reported.",
+        held="Toy gave {uuids}, still held by another server.",
+        conflict="The toy job's report contradicts the hub: {problem}.",
+    )
     ref_prefix = "toy"
     Ended = ToyEndedError
 
@@ -61,8 +69,8 @@ class Toy(EngineTemplate):
 
     # -- the hooks: everything a third engine writes -----------------------------------------------
 
-    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
-        return True, ""
+    def free_gpus(self, inventory: DeviceInventory) -> list[str]:
+        return [device.uuid for device in inventory.devices]
 
     async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
         self.now += 1
@@ -85,18 +93,6 @@ class Toy(EngineTemplate):
         if "GPU-x" in report["gpus"]:
             raise ReportConflictError("GPU-x is known elsewhere")
         self.learned.append(report["gpus"])
-
-    def placed_words(self, node: str) -> str:
-        return f"Toy placed the job on {node}"
-
-    def no_report_words(self, job: EngineJob, node: str) -> str:
-        return f"The toy job {job.job_id} never reported."
-
-    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
-        return f"Toy gave {', '.join(uuids)}, still held by another server."
-
-    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
-        return f"The toy job's report contradicts the hub: {problem}."
 
 
 def place(toy: Toy, report=None, count=1, timeout=5.0):

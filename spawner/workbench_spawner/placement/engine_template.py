@@ -14,6 +14,7 @@ import asyncio
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from workbench_devices import DeviceInventory
@@ -33,6 +34,29 @@ from workbench_spawner.rules.queue_order import Waiting
 from workbench_spawner.rules.reservations import gpus_text
 
 
+@dataclass(frozen=True)
+class EngineWords:
+    """An engine's own words, from which the template builds every sentence the user reads.
+
+    ``placed``, ``no_report``, ``held`` and ``conflict`` are ``str.format`` templates: the engine writes
+    the whole sentence (so each reads naturally), the template fills in ``{job}`` (the job's id),
+    ``{node}``, ``{uuids}`` (comma-separated), ``{timeout}`` (``report_timeout``), ``{grace}``
+    (``release_grace``) and ``{problem}`` (what the report contradicts)."""
+
+    engine: str  # as a person names it: "Slurm", "Kubernetes"
+    the_job: str  # "the job", "the pod"
+    job_noun: str  # what names a job before its id: "Slurm job" 7, "pod" wb/wb-alice
+    job_gone: str  # what the hub did with it on failure: "the job was cancelled", "the pod was deleted"
+    answerer: str  # who did not answer: "Slurm's controller", "the Kubernetes API"
+    placed: str  # progress once placed: "Slurm started the job on {node}; waiting for the server to report its GPUs"
+    no_report: str  # the server did not report within ``report_timeout``
+    held: str  # the ledger still holds the GPUs the engine gave after ``release_grace``
+    conflict: str  # the report contradicts what the hub knows of the node
+    place_verb: str = "start"  # "Slurm did not *start* the job ...", "Kubernetes did not *place* the pod ..."
+    nothing_made: str = "nothing was submitted"  # admission refused: "no pod was created"
+    nothing_submitted: str = "Nothing was submitted, so there is nothing to place."
+
+
 class EngineTemplate(EnginePlacement):
     """The whole engine placement; an engine supplies only its hooks and words.
 
@@ -42,21 +66,17 @@ class EngineTemplate(EnginePlacement):
     start report, checks it against the engine's record, learns the node's UUIDs, writes the lease (waiting
     out the moment the ledger lags the engine, ``release_grace``) and cancels the job on every failure.
 
-    An engine implements: ``may_submit`` (the reservations' check, blocking), ``look`` (one poll of the
-    engine: pending with its own words, placed on a node, ended), ``uuids`` (how a report maps to the
-    leased UUIDs, ``ReportMismatchError`` if it disagrees), ``learn_from`` (what the hub learns of the node,
-    ``ReportConflictError`` if it contradicts what is known), and its words (``placed_words``, ``no_report_words``,
-    ``held_words``, ``conflict_words``). It may override ``cancel`` (default: nothing; the spawner ends it),
-    ``joining`` (its queue entry), ``kind`` (how the wait names the request), ``trouble`` (why a placed job
-    cannot start), ``ended`` (whether it is gone, asked while the lease waits) and the vocabulary below.
+    An engine implements: ``free_gpus`` (what is free in the engine, for the reservations' check; blocking),
+    ``look`` (one poll of the engine: pending with its own words, placed on a node, ended), ``uuids`` (how a
+    report maps to the leased UUIDs, ``ReportMismatchError`` if it disagrees), ``learn_from`` (what the hub
+    learns of the node, ``ReportConflictError`` if it contradicts what is known), and its ``words``. It may
+    override ``cancel`` (default: nothing; the spawner ends it), ``joining`` (its queue entry), ``kind`` (how
+    the wait names the request), ``holds_reserved``, ``trouble`` (why a placed job cannot start), ``ended``
+    (whether it is gone, asked while the lease waits) and the settings below.
     """
 
-    engine = "The engine"  # as a person names it: "Slurm", "Kubernetes"
-    the_job = "the job"  # "the pod"
-    job_gone = "the job was cancelled"  # what the hub did with it on failure: "the pod was deleted"
-    place_verb = "start"  # "Slurm did not *start* the job ...", "Kubernetes did not *place* the pod ..."
-    nothing_made = "nothing was submitted"  # admission refused: "no pod was created"
-    nothing_submitted = "Nothing was submitted, so there is nothing to place."
+    words: EngineWords
+    Job: type[EngineJob] = EngineJob  # the jobs it follows (a Kubernetes placement follows pods only)
     ref_prefix = "engine"  # a lease's ref: "<prefix>:<job id>"
     unavailable_errors: tuple[type[Exception], ...] = ()  # the engine did not answer
     report_poll = 0.2  # seconds between looks for the start report (at most poll_interval)
@@ -88,9 +108,9 @@ class EngineTemplate(EnginePlacement):
     # -- the hooks ---------------------------------------------------------------------------------
 
     @abstractmethod
-    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
-        """Whether submitting leaves what open reservations keep, and why not (blocking; may raise
-        one of ``unavailable_errors``)."""
+    def free_gpus(self, inventory: DeviceInventory) -> list[str]:
+        """The UUIDs of ``inventory`` the engine has free now, as the reservations' check counts them (blocking;
+        may raise one of ``unavailable_errors``)."""
 
     @abstractmethod
     async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
@@ -104,34 +124,6 @@ class EngineTemplate(EnginePlacement):
     @abstractmethod
     def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
         """Learn the node's UUIDs from a checked report (blocking); ReportConflictError if it contradicts the hub."""
-
-    @abstractmethod
-    def placed_words(self, node: str) -> str:
-        """Progress once placed: "Slurm started the job on n1; waiting for the server to report its GPUs"."""
-
-    @abstractmethod
-    def no_report_words(self, job: EngineJob, node: str) -> str:
-        """The sentence when the server did not report within ``report_timeout``."""
-
-    @abstractmethod
-    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
-        """The sentence when the ledger still holds the GPUs the engine gave after ``release_grace``."""
-
-    @abstractmethod
-    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
-        """The sentence when the report contradicts what the hub knows of the node."""
-
-    def unanswered(self, exc: Exception) -> str:
-        """Why admission waits when the engine did not answer ("Slurm's controller did not answer (...)")."""
-        return f"{self.engine} did not answer ({exc})"
-
-    def job_name(self, job_id: str) -> str:
-        """The job as a sentence names it: "Slurm job 7", "pod wb/wb-alice"."""
-        return f"{self.the_job.removeprefix('the ')} {job_id}"
-
-    def accepts(self, job: EngineJob) -> bool:
-        """Whether ``job`` is one of this engine's (a Kubernetes placement follows pods only)."""
-        return True
 
     async def cancel(self, job_id: str, why: str) -> None:
         """End the job the engine holds (the placement failed). By default nothing: the spawner ends it."""
@@ -161,6 +153,31 @@ class EngineTemplate(EnginePlacement):
             return ""
         return look.ended
 
+    # -- sentences in the engine's words ----------------------------------------------------------
+
+    def unanswered(self, exc: Exception) -> str:
+        """Why admission waits when the engine did not answer ("Slurm's controller did not answer (...)")."""
+        return f"{self.words.answerer} did not answer ({exc})"
+
+    def job_name(self, job_id: str) -> str:
+        """The job as a sentence names it: "Slurm job 7", "pod wb/wb-alice"."""
+        return f"{self.words.job_noun} {job_id}"
+
+    def ended_before_start(self, job_id: str, how: str) -> str:
+        """The sentence when the job ended before its server started: "The Slurm job 7 ended ... (FAILED)."."""
+        return f"The {self.job_name(job_id)} ended before the server started ({how})."
+
+    def _say(self, sentence: str, job: EngineJob, node: str, uuids: Sequence[str] = (), problem: Any = "") -> str:
+        """One of the engine's sentence templates (``EngineWords``) filled in for ``job``."""
+        return sentence.format(
+            job=job.job_id,
+            node=node,
+            uuids=", ".join(uuids),
+            timeout=self.report_timeout,
+            grace=self.release_grace,
+            problem=problem,
+        )
+
     # -- the template ------------------------------------------------------------------------------
 
     def waiting(self) -> int:
@@ -185,7 +202,7 @@ class EngineTemplate(EnginePlacement):
 
         def check() -> tuple[bool, str]:
             try:
-                return self.may_submit(groups, count, model)
+                return self.reservations.may_submit(groups, count, model, self.free_gpus)
             except self.unavailable_errors as exc:
                 return False, self.unanswered(exc)
 
@@ -200,7 +217,7 @@ class EngineTemplate(EnginePlacement):
             self.clock,
             self.poll_interval,
             describe,
-            self.nothing_made,
+            self.words.nothing_made,
         )
 
     def withdraw(self, key: str) -> None:
@@ -221,8 +238,8 @@ class EngineTemplate(EnginePlacement):
         """The lease of the placed, reported ``job`` (None for 0 GPUs), or NoGPUAvailableError (the job cancelled).
 
         ``job.started`` is called in a worker thread and returns the server's start report once it came."""
-        if job is None or not job.job_id or not self.accepts(job):
-            raise NoGPUAvailableError(self.nothing_submitted)
+        if not isinstance(job, self.Job) or not job.job_id:
+            raise NoGPUAvailableError(self.words.nothing_submitted)
         kind = self.kind(job, model)
         what = gpus_text(count, kind)
         deadline = self.clock() + timeout if job.deadline is None else job.deadline
@@ -235,7 +252,7 @@ class EngineTemplate(EnginePlacement):
         finally:
             self._pending.pop(job.job_id, None)
             self.reservations.asking.pop(job.job_id, None)
-        job.describe(self.placed_words(placed.node))
+        job.describe(self._say(self.words.placed, job, placed.node))
         started = await self._until_reported(job, placed.node)
         if not count:
             return None
@@ -249,7 +266,7 @@ class EngineTemplate(EnginePlacement):
             await asyncio.to_thread(self.learn_from, job, placed, started)
         except ReportConflictError as exc:
             await self.cancel(job.job_id, "its GPU report contradicts what the hub knows of the node")
-            raise NoGPUAvailableError(self.conflict_words(job, exc)) from None
+            raise NoGPUAvailableError(self._say(self.words.conflict, job, placed.node, problem=exc)) from None
         await self._adopt(job, user, server, uuids, placed.node, groups)
         lease = await asyncio.to_thread(self.store.lease_of, user, server)
         if lease is None:  # released under us (a stop raced the start)
@@ -263,17 +280,18 @@ class EngineTemplate(EnginePlacement):
     ) -> Look:
         last = detail = ""
         memo: dict[str, Any] = {}
+        words = self.words
         while True:
             try:
                 look = await self.look(job, what, kind, memo)
             except self.unavailable_errors as exc:
-                job.describe(f"Waiting for {self.unanswered(exc).replace(' did not answer', ' to answer')}")
+                job.describe(f"Waiting for {self.words.answerer} to answer ({exc})")
                 look = None
             if look is not None:
                 if look.ended:  # nothing left to cancel
                     raise self.Ended(look.ended)
                 if look.refused:
-                    await self.cancel(job.job_id, look.refused_why or f"{self.engine} cannot run it")
+                    await self.cancel(job.job_id, look.refused_why or f"{words.engine} cannot run it")
                     raise NoGPUAvailableError(look.refused)
                 if look.node:
                     return look
@@ -285,8 +303,8 @@ class EngineTemplate(EnginePlacement):
             if self.clock() >= deadline:
                 await self.cancel(job.job_id, "queue timeout")
                 raise NoGPUAvailableError(
-                    f"{self.engine} did not {self.place_verb} {self.the_job} for {what} within {timeout:g} seconds "
-                    f"({detail or 'pending'}); {self.job_gone}. Try again later, ask for fewer GPUs, or start a "
+                    f"{words.engine} did not {words.place_verb} {words.the_job} for {what} within {timeout:g} seconds "
+                    f"({detail or 'pending'}); {words.job_gone}. Try again later, ask for fewer GPUs, or start a "
                     "CPU-only server (0 GPUs)."
                 )
             await asyncio.sleep(self.poll_interval)
@@ -310,7 +328,7 @@ class EngineTemplate(EnginePlacement):
                 raise self.Ended(trouble)
             await asyncio.sleep(min(self.report_poll, self.poll_interval))
         await self.cancel(job.job_id, "no start report")
-        raise NoGPUAvailableError(self.no_report_words(job, node))
+        raise NoGPUAvailableError(self._say(self.words.no_report, job, node))
 
     async def _adopt(
         self, job: EngineJob, user: str, server: str, uuids: list[str], node: str, groups: Sequence[str]
@@ -330,14 +348,14 @@ class EngineTemplate(EnginePlacement):
         ):
             if self.clock() >= end:
                 await self.cancel(job.job_id, "its GPUs are leased to another server")
-                raise NoGPUAvailableError(self.held_words(job, uuids, node))
+                raise NoGPUAvailableError(self._say(self.words.held, job, node, uuids))
             gone = await self.ended(job)
             if gone:
                 raise self.Ended(gone)
             if not told:
                 job.describe(
-                    f"{self.engine} gave {self.the_job} {', '.join(uuids)}; waiting for its previous server to "
-                    "release it"
+                    f"{self.words.engine} gave {self.words.the_job} {', '.join(uuids)}; waiting for its previous "
+                    "server to release it"
                 )
                 told = True
             await asyncio.sleep(self.poll_interval)

@@ -39,11 +39,10 @@ from workbench_spawner.placement.engine import (
     EngineJob,
     EngineJobEndedError,
     Look,
-    ReportConflictError,
     ReportMismatchError,
 )
 from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.placement.engine_template import EngineTemplate
+from workbench_spawner.placement.engine_template import EngineTemplate, EngineWords
 from workbench_spawner.rules.queue_order import Waiting
 
 log = logging.getLogger("workbench.kubernetes")
@@ -117,12 +116,24 @@ class KubernetesPlacement(EngineTemplate):
     """Leases for pods the scheduler placed; the wait is the scheduler's queue (``EngineTemplate``'s hooks)."""
 
     pins_slices = True  # a gpu_profile request asks for the device plugin's nvidia.com/mig-<profile>
-    engine = "Kubernetes"
-    the_job = "the pod"
-    job_gone = "the pod was deleted"
-    place_verb = "place"
-    nothing_made = "no pod was created"
-    nothing_submitted = "No pod was created, so there is nothing to place."
+    words = EngineWords(
+        engine="Kubernetes",
+        the_job="the pod",
+        job_noun="pod",
+        job_gone="the pod was deleted",
+        answerer="the Kubernetes API",
+        placed="Kubernetes scheduled the pod on {node}; waiting for it to report its GPUs",
+        no_report="The server in pod {job} on {node} did not report its GPUs within {timeout:g} seconds; the pod was "
+        "deleted. Is the image the workbench's (its start-up reports), and can the pod reach the hub's API?",
+        held="Kubernetes gave the pod GPUs {uuids} on {node}, which the workbench ledger still shows as held by "
+        "another server after {grace:g} seconds; the pod was deleted. Try again in a minute; if it happens again, "
+        "tell a hub admin.",
+        conflict="The pod {job} reported GPUs that contradict what the hub knows: {problem}; the pod was deleted.",
+        place_verb="place",
+        nothing_made="no pod was created",
+        nothing_submitted="No pod was created, so there is nothing to place.",
+    )
+    Job = PodJob
     ref_prefix = "k8s"
     unavailable_errors = (RuntimeError,)  # KubernetesUnavailableError
     report_poll = 0.05
@@ -143,7 +154,7 @@ class KubernetesPlacement(EngineTemplate):
         learn_slices: Callable[[str, Sequence[str], str], None] = lambda node, uuids, profile: None,
     ):
         super().__init__(store, inventory, reservations, poll_interval, report_timeout, clock, release_grace)
-        self.free_gpus = free_gpus
+        self._free_gpus = free_gpus
         self.learn = learn
         self.learn_slices = learn_slices
         self._total_gpus = total_gpus
@@ -151,14 +162,8 @@ class KubernetesPlacement(EngineTemplate):
     def total_gpus(self) -> int:
         return self._total_gpus() if self._total_gpus else len(self.inventory().devices)
 
-    def unanswered(self, exc: Exception) -> str:
-        return f"the Kubernetes API did not answer ({exc})"
-
-    def job_name(self, job_id: str) -> str:
-        return f"pod {job_id}"
-
-    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
-        return self.reservations.may_submit(groups, count, model, self.free_gpus)
+    def free_gpus(self, inventory: DeviceInventory) -> list[str]:
+        return self._free_gpus(inventory)
 
     def kind(self, job: EngineJob, model: str | None) -> str | None:
         profile = getattr(job, "profile", "")
@@ -166,9 +171,6 @@ class KubernetesPlacement(EngineTemplate):
 
     def holds_reserved(self, job: EngineJob) -> bool:
         return not getattr(job, "profile", "")  # open reservations hold whole GPUs
-
-    def accepts(self, job: EngineJob) -> bool:
-        return isinstance(job, PodJob)
 
     async def joining(self, job: EngineJob, user: str) -> Waiting:
         return Waiting(key=job.job_id, user=user, joined=getattr(job, "submitted", 0.0) or self.clock())
@@ -181,8 +183,8 @@ class KubernetesPlacement(EngineTemplate):
             status = pod.get("status") or {}
             deleted = (pod.get("metadata") or {}).get("deletionTimestamp")
             if deleted or status.get("phase") in ("Succeeded", "Failed"):
-                how = "deleted" if deleted else status.get("phase")
-                return Look(ended=f"The pod {job.job_id} ended before the server started ({how}).")
+                how = "deleted" if deleted else str(status.get("phase"))
+                return Look(ended=self.ended_before_start(job.job_id, how))
             node = (pod.get("spec") or {}).get("nodeName")
             if node:
                 return Look(node=str(node), record=pod)
@@ -214,26 +216,6 @@ class KubernetesPlacement(EngineTemplate):
         if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
             return f"The pod {job.job_id} was deleted before the server started."
         return ""
-
-    def placed_words(self, node: str) -> str:
-        return f"Kubernetes scheduled the pod on {node}; waiting for it to report its GPUs"
-
-    def no_report_words(self, job: EngineJob, node: str) -> str:
-        return (
-            f"The server in pod {job.job_id} on {node} did not report its GPUs within {self.report_timeout:g} "
-            "seconds; the pod was deleted. Is the image the workbench's (its start-up reports), and can the pod "
-            "reach the hub's API?"
-        )
-
-    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
-        return (
-            f"Kubernetes gave the pod GPUs {', '.join(uuids)} on {node}, which the workbench ledger still "
-            f"shows as held by another server after {self.release_grace:g} seconds; the pod was deleted. "
-            "Try again in a minute; if it happens again, tell a hub admin."
-        )
-
-    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
-        return f"The pod {job.job_id} reported GPUs that contradict what the hub knows: {problem}; the pod was deleted."
 
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
         problem = self._check(report, look.node, count, getattr(job, "profile", ""))

@@ -45,16 +45,13 @@ from workbench_spawner.placement.engine import (
     EngineJob,
     EngineJobEndedError,
     Look,
-    ReportConflictError,
     ReportMismatchError,
 )
 from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.placement.engine_template import EngineTemplate
+from workbench_spawner.placement.engine_template import EngineTemplate, EngineWords
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 
 log = logging.getLogger("workbench.slurm")
-
-LOG_FILE = "~/workbench-slurm-{job_id}.log"  # the batch script's --output (backends.slurm.sbatch)
 
 
 @dataclass(frozen=True)
@@ -78,12 +75,23 @@ class SlurmPlacement(EngineTemplate):
 
     # A slice is a GRES of its profile's type (``gpu:1g.18gb:1``); the job's report maps its index to the MIG UUID.
     pins_slices = True
-    engine = "Slurm"
-    the_job = "the job"
-    job_gone = "the job was cancelled"
-    place_verb = "start"
-    nothing_made = "nothing was submitted to Slurm"
-    nothing_submitted = "The Slurm job was not submitted, so there is nothing to place."
+    words = EngineWords(
+        engine="Slurm",
+        the_job="the job",
+        job_noun="Slurm job",
+        job_gone="the job was cancelled",
+        answerer="Slurm's controller",
+        placed="Slurm started the job on {node}; waiting for the server to report its GPUs",
+        # The log is the batch script's --output (backends.slurm.sbatch).
+        no_report="The server in Slurm job {job} on {node} did not report back within {timeout:g} seconds; the job "
+        "was cancelled. Its log is ~/workbench-slurm-{job}.log.",
+        held="Slurm placed job {job} on GPUs {uuids} of {node}, which the workbench ledger shows as held by another "
+        "server; the job was cancelled. Try again in a minute.",
+        conflict="The server in Slurm job {job} reported GPUs the hub cannot accept: {problem}; the job was "
+        "cancelled. Tell a hub admin.",
+        nothing_made="nothing was submitted to Slurm",
+        nothing_submitted="The Slurm job was not submitted, so there is nothing to place.",
+    )
     ref_prefix = "slurm"
     unavailable_errors = (SlurmUnavailableError,)
     report_poll = 0.2
@@ -164,17 +172,9 @@ class SlurmPlacement(EngineTemplate):
         except SlurmUnavailableError as exc:
             log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
 
-    def unanswered(self, exc: Exception) -> str:
-        return f"Slurm's controller did not answer ({exc})"
-
-    def job_name(self, job_id: str) -> str:
-        return f"Slurm job {job_id}"
-
-    def may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
+    def free_gpus(self, inventory: DeviceInventory) -> list[str]:
         # What is free is what Slurm has not allocated on nodes that take jobs (sinfo), not the ledger's view.
-        return self.reservations.may_submit(
-            groups, count, model, lambda inventory: free_on_slurm(inventory, self.nodes(), None)
-        )
+        return free_on_slurm(inventory, self.nodes(), None)
 
     def kind(self, job: EngineJob, model: str | None) -> str | None:
         return getattr(job, "kind", None) or model
@@ -188,7 +188,7 @@ class SlurmPlacement(EngineTemplate):
         found = next((j for j in jobs if j.job_id == job.job_id), None)
         if found is None or not (found.pending or found.running):
             state = found.state if found else "gone from the queue"
-            return Look(ended=f"The Slurm job {job.job_id} ended before the server started ({state}).")
+            return Look(ended=self.ended_before_start(job.job_id, state))
         if found.running:
             return Look(node=found.node, record=found)
         if is_hopeless(found.reason):
@@ -209,28 +209,6 @@ class SlurmPlacement(EngineTemplate):
         usable = self.total_gpus(kind) - sum(n for n, _why in unavailable.values())
         text = pending_message(found, ahead, usable, what, noun, unavailable) + self._why(job.job_id)
         return Look(text=text, report=(ahead,), detail=text)
-
-    def placed_words(self, node: str) -> str:
-        return f"Slurm started the job on {node}; waiting for the server to report its GPUs"
-
-    def no_report_words(self, job: EngineJob, node: str) -> str:
-        return (
-            f"The server in Slurm job {job.job_id} on {node} did not report back within "
-            f"{self.report_timeout:g} seconds; the job was cancelled. Its log is "
-            f"{LOG_FILE.format(job_id=job.job_id)}."
-        )
-
-    def held_words(self, job: EngineJob, uuids: Sequence[str], node: str) -> str:
-        return (
-            f"Slurm placed job {job.job_id} on GPUs {', '.join(uuids)} of {node}, which the workbench "
-            "ledger shows as held by another server; the job was cancelled. Try again in a minute."
-        )
-
-    def conflict_words(self, job: EngineJob, problem: ReportConflictError) -> str:
-        return (
-            f"The server in Slurm job {job.job_id} reported GPUs the hub cannot accept: {problem}; "
-            "the job was cancelled. Tell a hub admin."
-        )
 
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
         uuids = self._uuids(look.record, report, count)
