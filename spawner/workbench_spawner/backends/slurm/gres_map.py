@@ -28,11 +28,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from workbench_devices import GPUDevice
+from workbench_spawner.backends.slurm.records import expand_ranges
 
 CAP_FILE = re.compile(r"^/dev/nvidia-caps/nvidia-cap(\d+)$")
 GPU_FILE = re.compile(r"^/dev/nvidia(\d+)$")
 MIG_MINOR = re.compile(r"^gpu(\d+)/gi(\d+)/(?:ci\d+/)?access\s+(\d+)$")  # a GPU or compute instance
 BRACKETS = re.compile(r"^(?P<head>[^\[]*)\[(?P<body>[^\]]+)\](?P<tail>.*)$")
+OUTSIDE_BRACKETS = re.compile(r",(?![^\[]*\])")  # a comma not inside [...]
 
 
 @dataclass(frozen=True)
@@ -48,30 +50,13 @@ def expand(pattern: str) -> list[str]:
     found = BRACKETS.match(pattern)
     if not found:
         return [pattern]
-    head, body, tail = found["head"], found["body"], found["tail"]
-    names: list[str] = []
-    for part in body.split(","):
-        low, _, high = part.partition("-")
-        if not high:
-            names.append(f"{head}{low}")
-            continue
-        width = len(low) if low.startswith("0") else 0
-        names.extend(f"{head}{n:0{width}d}" for n in range(int(low), int(high) + 1))
-    return [name for item in names for name in expand(item + tail)]
+    head, tail = found["head"], found["tail"]
+    return [name for item in expand_ranges(found["body"]) for name in expand(f"{head}{item}{tail}")]
 
 
 def _names(value: str) -> list[str]:
     """A comma list whose items may hold ranges (a comma inside brackets belongs to the range)."""
-    items, depth, current = [], 0, ""
-    for char in value:
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    items.append(current)
-    return [name for item in items if item for name in expand(item)]
+    return [name for item in OUTSIDE_BRACKETS.split(value) if item for name in expand(item)]
 
 
 def gres_devices(text: str, node: str) -> list[GresDevice] | None:
@@ -84,10 +69,7 @@ def gres_devices(text: str, node: str) -> list[GresDevice] | None:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
-        fields = {}
-        for word in shlex.split(line):
-            key, _, value = word.partition("=")
-            fields[key.lower()] = value
+        fields = {key.lower(): value for key, _, value in (word.partition("=") for word in shlex.split(line))}
         if "nodename" in fields and node not in _names(fields["nodename"]):
             continue
         if fields.get("name", "").lower() != "gpu":

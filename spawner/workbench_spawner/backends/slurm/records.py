@@ -26,16 +26,25 @@ from workbench_spawner.backends.slurm.tags import parse_tag, parse_tag_with_hub
 _GRES = re.compile(r"^gpu(?::(?P<type>[^:(]+))?(?::(?P<count>\d+))?(?:\((?:IDX:)?(?P<idx>[^)]*)\))?$")
 
 
+def expand_ranges(text: str) -> list[str]:
+    """Slurm's range list: ``0-1,3`` -> ``0 1 3``; ``01-02,07`` -> ``01 02 07`` (zero padding kept).
+
+    The one reader of Slurm's ranges: GRES indices here, node names and device
+    files in gres.conf (``gres_map.expand``)."""
+    out: list[str] = []
+    for part in text.split(","):
+        low, _, high = part.strip().partition("-")
+        if not high:
+            out.append(low)
+            continue
+        width = len(low) if low.startswith("0") else 0
+        out.extend(f"{n:0{width}d}" for n in range(int(low), int(high) + 1))
+    return out
+
+
 def parse_index_list(text: str) -> list[int]:
     """``0-1,3`` -> [0, 1, 3]; ``N/A`` or empty -> []."""
-    out: list[int] = []
-    for part in (text or "").split(","):
-        part = part.strip()
-        if not part or part.upper() == "N/A":
-            continue
-        lo, _, hi = part.partition("-")
-        out.extend(range(int(lo), int(hi or lo) + 1))
-    return out
+    return [int(n) for n in expand_ranges(text or "") if n and n.upper() != "N/A"]
 
 
 def parse_gres(entries: str | Iterable[str] | None) -> list[tuple[str, int, list[int]]]:
@@ -129,9 +138,7 @@ def parse_squeue_json(text: str) -> list[SlurmJob]:
         state = job.get("job_state", "")
         if isinstance(state, list):  # later Slurm: a list of flags
             state = state[0] if state else ""
-        indices: list[int] = []
-        for _kind, _count, idx in parse_gres(job.get("gres_detail") or []):
-            indices.extend(idx)
+        indices = [i for _kind, _count, idx in parse_gres(job.get("gres_detail") or []) for i in idx]
         jobs.append(
             SlurmJob(
                 job_id=str(job.get("job_id", "")),
@@ -251,9 +258,7 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
         if not name:
             continue
         declared = parse_gres(node.get("gres") or "")
-        used: list[int] = []
-        for _kind, _count, idx in parse_gres(node.get("gres_used") or ""):
-            used.extend(idx)
+        used = [i for _kind, _count, idx in parse_gres(node.get("gres_used") or "") for i in idx]
         state = node.get("state", "")
         if isinstance(state, list):
             state = "+".join(state)
