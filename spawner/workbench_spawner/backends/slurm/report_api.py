@@ -21,14 +21,48 @@ from traitlets.config import Config
 
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.placement.engine_extension import add_hub_route
-from workbench_spawner.placement.engine_report import ReportRefusedError, start_report_handler
+from workbench_spawner.placement.engine_report import (
+    MAX_GPUS,
+    MAX_TEXT,
+    ReportRefusedError,
+    report_fields,
+    start_report_handler,
+)
 
-__all__ = ["ROUTE", "ReportRefusedError", "StartReportHandler", "install", "read_report"]
+__all__ = ["ROUTE", "StartReportHandler", "install", "read_report"]
 
 ROUTE = r"/api/batchspawner"
-ALLOWED_KEYS = ("port", "workbench_report")
-MAX_REPORTED_GPUS = 64
-MAX_TEXT = 256
+
+
+def read_report(body: Any) -> dict[str, Any]:
+    """The accepted fields of a start report, or ReportRefusedError with the reason."""
+    accepted = dict(report_fields(body, ("port", "workbench_report")))
+    if not accepted:
+        raise ReportRefusedError("the start report carries neither port nor workbench_report")
+    if "port" in accepted and not (_whole(port := accepted["port"]) and 1 <= port <= 65535):
+        raise ReportRefusedError(f"port must be a whole number from 1 to 65535, not {str(port)[:20]!r}")
+    if "workbench_report" in accepted:
+        report = accepted["workbench_report"]
+        if NodeReport.from_json(report) is None:
+            raise ReportRefusedError("workbench_report must be an object naming the node, its GPUs and the job's")
+        gpus, job_gpus = report.get("gpus") or [], report.get("job_gpus") or []
+        if len(gpus) > MAX_GPUS or len(job_gpus) > MAX_GPUS:
+            raise ReportRefusedError(f"workbench_report lists more than {MAX_GPUS} GPUs")
+        if not _short_texts(report):
+            raise ReportRefusedError(f"workbench_report has a text longer than {MAX_TEXT} characters")
+        for gpu in gpus:
+            if not (
+                isinstance(gpu, dict)
+                and isinstance(gpu.get("uuid"), str)
+                and _whole(gpu.get("index"))
+                and _whole(gpu.get("memory_total_bytes", 0))
+            ):
+                raise ReportRefusedError(
+                    "each GPU in workbench_report needs a text uuid and whole-number index and memory_total_bytes"
+                )
+        if not all(isinstance(u, str) for u in job_gpus):
+            raise ReportRefusedError("job_gpus in workbench_report must be a list of UUIDs")
+    return accepted
 
 
 def _short_texts(value: Any) -> bool:
@@ -42,58 +76,12 @@ def _short_texts(value: Any) -> bool:
     return True
 
 
-def read_report(body: Any) -> dict[str, Any]:
-    """The accepted fields of a start report, or ReportRefusedError with the reason."""
-    if not isinstance(body, dict):
-        raise ReportRefusedError("the start report must be a JSON object with port and workbench_report")
-    unknown = sorted(str(k)[:40] for k in body if k not in ALLOWED_KEYS)
-    if unknown:
-        raise ReportRefusedError(
-            f"a start report may carry only {' and '.join(ALLOWED_KEYS)}; refused: {', '.join(unknown)}"
-        )
-    accepted: dict[str, Any] = {}
-    if "port" in body:
-        port = body["port"]
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            raise ReportRefusedError(f"port must be a whole number from 1 to 65535, not {str(port)[:20]!r}")
-        accepted["port"] = port
-    if "workbench_report" in body:
-        report = body["workbench_report"]
-        if NodeReport.from_json(report) is None:
-            raise ReportRefusedError("workbench_report must be an object naming the node, its GPUs and the job's")
-        if len(report.get("gpus") or []) > MAX_REPORTED_GPUS or len(report.get("job_gpus") or []) > MAX_REPORTED_GPUS:
-            raise ReportRefusedError(f"workbench_report lists more than {MAX_REPORTED_GPUS} GPUs")
-        if not _short_texts(report):
-            raise ReportRefusedError(f"workbench_report has a text longer than {MAX_TEXT} characters")
-        for gpu in report.get("gpus") or []:
-            if not (
-                isinstance(gpu, dict)
-                and isinstance(gpu.get("uuid"), str)
-                and _whole(gpu.get("index"))
-                and _whole(gpu.get("memory_total_bytes", 0))
-            ):
-                raise ReportRefusedError(
-                    "each GPU in workbench_report needs a text uuid and whole-number index and memory_total_bytes"
-                )
-        if not all(isinstance(u, str) for u in report.get("job_gpus") or []):
-            raise ReportRefusedError("job_gpus in workbench_report must be a list of UUIDs")
-        accepted["workbench_report"] = report
-    if not accepted:
-        raise ReportRefusedError("the start report carries neither port nor workbench_report")
-    return accepted
-
-
 def _whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _accept(body: Any) -> tuple[dict[str, Any], list[str]]:
-    accepted = read_report(body)
-    return accepted, sorted(accepted)
-
-
 # Takes a job's port and GPU report for the spawner whose API token it presents.
-StartReportHandler = start_report_handler(_accept, "StartReportHandler")
+StartReportHandler = start_report_handler("StartReportHandler", read_report)
 
 
 def install(c: Config) -> None:
