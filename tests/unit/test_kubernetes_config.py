@@ -16,11 +16,13 @@ from workbench_hub import configurer
 from workbench_hub.env_values import ConfigError
 from workbench_hub.service.openapi import load_document, load_fragment
 from workbench_spawner.backend import HubContext, installed_backends
+from workbench_spawner.backends.kubernetes import extension as kubernetes_extension
 from workbench_spawner.backends.kubernetes import fleet
 from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUnavailableError
 from workbench_spawner.backends.kubernetes.config import configure
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
-from workbench_spawner.backends.kubernetes.report_api import MAX_GPUS, ROUTE, ReportRefusedError, read_report
+from workbench_spawner.backends.kubernetes.report_api import ROUTE, read_report
+from workbench_spawner.placement.engine_report import MAX_GPUS, ReportRefusedError
 
 IMAGE = "registry.example.org/gpu-workbench/singleuser:1.0"
 OUTSIDE = {"WORKBENCH_IMAGE": IMAGE, "WORKBENCH_HUB_CONNECT_IP": "172.17.0.1"}
@@ -302,8 +304,9 @@ NODES = {
 }
 
 
-def test_node_rows_list_gpu_nodes_and_what_pods_reported():
-    rows = fleet.node_rows(NODES, {"n1": ["GPU-a"], "cpu2": ["GPU-x"]})
+def test_node_rows_list_gpu_nodes_and_what_pods_reported(monkeypatch):
+    monkeypatch.setattr(fleet, "kube_nodes", lambda: NODES)
+    rows = fleet.node_rows({"n1": ["GPU-a"], "cpu2": ["GPU-x"]})
     assert rows == [
         {
             "node": "cpu2",
@@ -333,7 +336,8 @@ def test_node_rows_list_gpu_nodes_and_what_pods_reported():
             "reported_uuids": [],
         },
     ]
-    assert fleet.node_rows(None, {"n1": ["GPU-a"]}) == []
+    monkeypatch.setattr(fleet, "kube_nodes", lambda: None)
+    assert fleet.node_rows({"n1": ["GPU-a"]}) is None  # the route's 503
 
 
 def gpu_row(node: str, held: bool) -> dict:
@@ -374,20 +378,25 @@ def test_node_reads_are_cached_briefly_and_a_silent_api_is_none(monkeypatch):
         calls.append(resource)
         return list(NODES.values())
 
-    monkeypatch.setattr(fleet, "_cache", None)
-    monkeypatch.setattr(fleet, "_cached_at", 0.0)
+    now = [1000.0]
+    monkeypatch.setattr(fleet.kube_nodes, "clock", lambda: now[0])
+    monkeypatch.setattr(fleet.kube_nodes, "_next_read", None)  # nothing read yet
     monkeypatch.setattr(fleet, "list_nodes", listing)
     assert set(fleet.kube_nodes()) == set(NODES)
     assert fleet.kube_nodes() is fleet.kube_nodes()
     assert calls == ["nvidia.com/gpu"]  # a busy admin page asks the API once
-    assert fleet.kube_nodes(max_age=0) is not None
+    now[0] += 2.0
+    assert fleet.kube_nodes() is not None
     assert len(calls) == 2
 
     def down(resource):
         raise KubernetesUnavailableError("the API server did not answer (timeout)")
 
     monkeypatch.setattr(fleet, "list_nodes", down)
-    assert fleet.kube_nodes(max_age=0) is None
+    now[0] += 2.0
+    assert fleet.kube_nodes() is None  # not the last answer: the route says the API is silent
+    monkeypatch.setattr(fleet, "list_nodes", listing)
+    assert set(fleet.kube_nodes()) == set(NODES)  # asked again at once, not after two seconds
 
 
 # -- the extension: registered, and each hook wired ---------------------------------------------------------
@@ -454,22 +463,23 @@ def test_the_service_routes_and_the_openapi_fragment_agree(monkeypatch):
             node = node[part]
     assert set(fragment["paths"]) == {"/api/kubernetes/nodes", "/api/kubernetes/nodes/{name}"}
     node = document["paths"]["/api/kubernetes/nodes/{name}"]["parameters"][0]["schema"]
-    assert node["maxLength"] == fleet.MAX_NODE  # the fragment's bound is the handler's
+    assert node["maxLength"] == kubernetes_extension.nodes.max_node  # the fragment's bound is the handler's
     schemas = document["components"]["schemas"]
-    row = fleet.node_rows(NODES, {})[0]
+    monkeypatch.setattr(fleet, "kube_nodes", lambda: NODES)
+    row = fleet.node_rows({})[0]
     assert set(schemas["KubernetesNode"]["required"]) == set(row) == set(schemas["KubernetesNode"]["properties"])
     assert document["components"]["schemas"]["GPU"]["properties"]["kubernetes"] == {
         "$ref": "#/components/schemas/KubernetesGPUState"
     }
-    monkeypatch.setattr(fleet, "kube_nodes", lambda: NODES)
     annotated = [gpu_row("n1", True)]
     fleet.annotate_kubernetes(annotated)
     state = schemas["KubernetesGPUState"]
     assert set(state["required"]) == set(state["properties"]) == set(annotated[0]["kubernetes"])
 
 
-def test_the_cli_lists_nodes_and_forgets_one():
+def test_the_cli_lists_nodes_and_forgets_one(monkeypatch):
     extension = installed_backends()["kubernetes"]
+    monkeypatch.setattr(fleet, "kube_nodes", lambda: NODES)
     assert extension.cli.names == ("kubernetes-nodes", "kubernetes-forget-node")
     parser = argparse.ArgumentParser()
     extension.cli.add_parsers(parser.add_subparsers(dest="area"))
@@ -477,7 +487,7 @@ def test_the_cli_lists_nodes_and_forgets_one():
 
     def call(url, token, method, path):
         calls.append((method, path))
-        return {"nodes": fleet.node_rows(NODES, {"n1": ["GPU-a"]})}
+        return {"nodes": fleet.node_rows({"n1": ["GPU-a"]})}
 
     args = parser.parse_args(["kubernetes-nodes"])
     args.url, args.token = "http://hub/services/workbench/", "t"
