@@ -14,16 +14,17 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from workbench_spawner.backends.slurm.fairness import free_on_slurm, reprioritize
-from workbench_spawner.backends.slurm.inventory import MapConflictError, NodeGPUMap, cluster_inventory, resolve
+from workbench_spawner.backends.slurm.inventory import MapConflictError, NodeGPUMap, cluster_inventory
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import JobEndedError, SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
-from workbench_spawner.backends.slurm.report_api import ReportRefusedError, read_report
+from workbench_spawner.backends.slurm.report_api import read_report
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine_report import ReportRefusedError
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailableError
 from workbench_spawner.rules.queue_order import Waiting
@@ -202,13 +203,13 @@ def test_a_job_that_never_reports_is_cancelled_with_its_log_named(store):
 def test_real_gpus_are_learned_one_job_at_a_time_and_named_everywhere(store):
     book = NodeGPUMap(store)
     book.accept(NodeReport("n1", ({"index": 1, "uuid": "GPU-bbbb", "name": "NVIDIA H100"},), ("GPU-bbbb",)))
-    resolved = resolve(REAL, book.known())
+    resolved = NodeGPUMap.resolve_with(REAL, book.known())
     assert [d.uuid for d in resolved.devices] == ["SLURM-n1-gpu0", "GPU-bbbb", "SLURM-n2-gpu0", "SLURM-n2-gpu1"]
     assert resolved.devices[1].name == "NVIDIA H100"
     assert resolved.devices[1].node == "n1"
     book.accept(report("n1", ["GPU-aaaa", "GPU-bbbb"], ["GPU-aaaa"]))  # the next job names GPU 0 too
     assert [e["uuid"] for e in book.known()["n1"]] == ["GPU-aaaa", "GPU-bbbb"]
-    assert [d.uuid for d in resolve(REAL, book.known()).devices][:2] == ["GPU-aaaa", "GPU-bbbb"]
+    assert [d.uuid for d in NodeGPUMap.resolve_with(REAL, book.known()).devices][:2] == ["GPU-aaaa", "GPU-bbbb"]
 
 
 @pytest.mark.parametrize(
@@ -293,7 +294,7 @@ def test_reconcile_adopts_cancels_and_leaves_other_hubs_alone(store):
         cancelled.append,
         submitted_before=1_750_000_000,
     )
-    assert [(a.job_id, a.what) for a in actions] == [
+    assert [(a.ident, a.what) for a in actions] == [
         ("2", "adopted"),
         ("3", "cancelled"),
         ("4", "cancelled"),
