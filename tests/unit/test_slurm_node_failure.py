@@ -24,8 +24,9 @@ from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm import fleet as slurm_fleet
 from workbench_spawner.backends.slurm import jobs as slurm_jobs
 from workbench_spawner.backends.slurm import spawner as slurm_spawner
+from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.backends.slurm.job_spawner import SlurmJobSpawner, final_state
-from workbench_spawner.backends.slurm.job_states import end_reason, pending_message
+from workbench_spawner.backends.slurm.job_states import pending_message
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, cancelled_by_hub
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.node_states import NodeStates
@@ -327,18 +328,21 @@ def test_the_fleet_rows_of_a_down_node_have_no_free_slot_and_say_its_state(monke
         ("PREEMPTED", False, reasons.EVICTED),
         ("CANCELLED", False, reasons.JOB_CANCELLED),
         ("cancelled", False, reasons.JOB_CANCELLED),
+        ("CANCELLED by 0", False, reasons.JOB_CANCELLED),
         ("CANCELLED", True, reasons.STOPPED),  # the hub's own stop is never "cancelled outside the hub"
         ("NODE_FAIL", True, reasons.NODE_FAILED),  # the node died before the hub's cancel reached it
-        ("TIMEOUT", False, None),  # the session's time limit: the server exited
-        ("DEADLINE", False, None),
-        ("COMPLETED", False, None),
-        ("FAILED", False, None),
-        ("REQUEUED", False, None),
+        ("TIMEOUT", False, reasons.JOB_TIMED_OUT),  # the session's time limit
+        ("DEADLINE", False, reasons.JOB_TIMED_OUT),
+        ("COMPLETED", False, reasons.SERVER_EXITED),
+        ("FAILED", False, reasons.SERVER_EXITED),
+        ("REQUEUED", False, reasons.SERVER_EXITED),
+        ("RUNNING", False, None),  # not an end
         ("", False, None),
     ],
 )
 def test_each_way_a_job_ends_has_its_ledger_reason(state, by_hub, reason):
-    assert end_reason(state, by_hub) == reason
+    ending = job_ending("42", state, by_hub)
+    assert (ending.reason if ending else None) == reason
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,10 @@
 """Why a Slurm job that ran a server ended, as the student's sentence (``ledger.endings``).
 
-``job_states.end_reason`` maps Slurm's final job state to the ledger's word
+``job_ending`` maps Slurm's final job state to the ledger's reason
 (NODE_FAIL is "node failed", a CANCELLED job this hub did not cancel "job
-cancelled outside the hub"); ``job_ending`` adds what the student needs to
-read: the node's name and why Slurm marked it down ("Not responding"), the
-job's id and its time limit. Both the spawner's poll (the squeue line it saw
+cancelled outside the hub") with what the student needs to read: the
+node's name and why Slurm marked it down ("Not responding"), the job's id
+and its time limit. Both the spawner's poll (the squeue line it saw
 last, ``%T %l %B``) and the reconciler (the job list) use it.
 
 =================================  ===============================================================
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workbench_spawner.backends.slurm.job_states import end_reason
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending
 
@@ -44,17 +43,15 @@ def job_ending(
     state = words[0].upper()
     node = words[-1] if len(words) > 1 and words[-1] not in _NO_NODE and ":" not in words[-1] else ""
     limit = next((w for w in words[1:] if ":" in w or w == "UNLIMITED"), "")
-    reason = end_reason(state, hub_cancelled)
-    if reason == reasons.NODE_FAILED:
+    if state in ("NODE_FAIL", "BOOT_FAIL"):  # BOOT_FAIL: the node failed to boot for the job
         return endings.node_failed(node, node_why(node) if node else "", "Slurm" if node else "")
-    if reason == reasons.OUT_OF_MEMORY:
+    if state == "OUT_OF_MEMORY":
         return endings.out_of_memory()
-    if reason == reasons.EVICTED:
+    if state == "PREEMPTED":
         return endings.evicted("a job of higher priority took its resources", engine="Slurm")
-    if reason == reasons.JOB_CANCELLED:
-        return endings.job_cancelled(job_id)
-    if reason is not None:
-        return endings.for_reason(reason)
+    if state == "CANCELLED":
+        # A job this hub cancelled (``cancelled_by_hub``) was stopped through the hub, never "cancelled outside".
+        return endings.stopped_by_hub() if hub_cancelled else endings.job_cancelled(job_id)
     if state in ("TIMEOUT", "DEADLINE"):
         return endings.job_timed_out(job_id, "" if limit == "UNLIMITED" else limit)
     if state == "FAILED":

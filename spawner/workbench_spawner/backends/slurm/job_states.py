@@ -1,10 +1,9 @@
-"""What a job's state means to the person waiting for it: a pending job's reason and place, an ended job's why.
+"""What a pending job's state means to the person waiting for it: Slurm's reason in words, and its place.
 
-Slurm's words (``Resources``, ``ReqNodeNotAvail``, ``NODE_FAIL``) are for
-admins; the spawn page and the ledger say them in a student's words. Pure
-rules over ``SlurmJob`` records (``records.py``): the placement's wait
-sentence, whether waiting can help at all, and the ledger's reason for an
-ended job (``ending.py`` adds the detail).
+Slurm's words (``Resources``, ``ReqNodeNotAvail``) are for admins; the
+spawn page says them in a student's words. Pure rules over ``SlurmJob``
+records (``records.py``): the placement's wait sentence and whether waiting
+can help at all. An ended job's state in words is ``ending.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import re
 from collections.abc import Mapping, Sequence
 
 from workbench_spawner.backends.slurm.records import SlurmJob
-from workbench_spawner.ledger import reasons
 
 # Slurm's pending reasons, in words a student understands. {what} is the request.
 REASON_WORDS = {
@@ -101,29 +99,4 @@ def unavailable_note(unavailable: Mapping[str, tuple[int, str]], noun: str = "GP
 
 
 def is_hopeless(reason: str) -> bool:
-    return any(reason.startswith(r) for r in HOPELESS_REASONS)
-
-
-# A job's final state (squeue's %T, ``job_state``) -> why its server ended, in the ledger's words. Not
-# here, so None (the server exited): COMPLETED, FAILED (the server's process ended with an error),
-# TIMEOUT and DEADLINE (its time limit, the session length the hub set, ran out).
-_END_REASONS = {
-    "NODE_FAIL": reasons.NODE_FAILED,
-    "BOOT_FAIL": reasons.NODE_FAILED,  # the node failed to boot for the job: a node failure
-    "OUT_OF_MEMORY": reasons.OUT_OF_MEMORY,
-    "PREEMPTED": reasons.EVICTED,
-    "CANCELLED": reasons.JOB_CANCELLED,
-}
-
-
-def end_reason(state: str, hub_cancelled: bool = False) -> str | None:
-    """Why a job that left the running states ended, in the ledger's words (``ledger.reasons``); None
-    where Slurm's state says nothing beyond "the server exited".
-
-    ``hub_cancelled``: this hub cancelled the job (``cancelled_by_hub``): a CANCELLED job was then
-    stopped through the hub, never "cancelled outside the hub". ``state`` may carry more words
-    (``CANCELLED by 0``, ``NODE_FAIL wbnode1``): the first one counts."""
-    word = (state or "").strip().split(" ", 1)[0].upper()
-    if word == "CANCELLED" and hub_cancelled:
-        return reasons.STOPPED
-    return _END_REASONS.get(word)
+    return reason.startswith(HOPELESS_REASONS)
