@@ -15,8 +15,8 @@ from sqlalchemy import select
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.docker.ending import container_ending
-from workbench_spawner.backends.kubernetes.cluster import ready_condition_text
-from workbench_spawner.backends.kubernetes.ending import NodeState, memory_quantity, pod_ending
+from workbench_spawner.backends.kubernetes.cluster import NodeState, quantity, ready_condition_text
+from workbench_spawner.backends.kubernetes.ending import pod_ending
 from workbench_spawner.backends.slurm.ending import job_ending
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending, gib, log_tail
@@ -167,7 +167,7 @@ def test_a_running_pod_that_says_nothing_has_no_ending_of_its_own():
      ("lots", None), (None, None)],
 )  # fmt: skip
 def test_memory_quantities(value, expected):
-    assert memory_quantity(value) == expected
+    assert quantity(value) == expected
 
 
 def test_a_not_ready_node_is_described_by_its_ready_condition():

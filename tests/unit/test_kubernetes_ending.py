@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, pod_end_reason
+from workbench_spawner.backends.kubernetes.cluster import NodeState
+from workbench_spawner.backends.kubernetes.ending import needs_node, pod_end_reason
 from workbench_spawner.ledger import reasons
 
 

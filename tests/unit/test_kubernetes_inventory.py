@@ -23,7 +23,6 @@ from workbench_spawner.backends.kubernetes.inventory import (
     cluster_inventory,
     model_of,
     placeholder_uuid,
-    resolve,
 )
 
 H200 = {GFD_PRODUCT: "NVIDIA-H200", GFD_MEMORY: "144384"}
@@ -161,8 +160,8 @@ def test_an_admin_forgets_a_node_whose_gpus_were_replaced(store):
 def test_only_the_kubernetes_inventory_is_resolved():
     known = {"n1": ["GPU-a", "GPU-b", "GPU-extra"], "gone": ["GPU-x"]}
     simulated = cluster_inventory(NODES, "2")
-    assert resolve(simulated, known) == simulated  # the hub computes simulated UUIDs itself
-    real = resolve(cluster_inventory(NODES, ""), known)
+    assert NodeUUIDs.resolve_with(simulated, known) == simulated  # the hub computes simulated UUIDs itself
+    real = NodeUUIDs.resolve_with(cluster_inventory(NODES, ""), known)
     assert [d.uuid for d in real.devices] == ["GPU-a", "GPU-b", "K8S-n2-gpu0"]
 
 
@@ -188,6 +187,10 @@ def container(limit=None, request=None, resource="nvidia.com/gpu") -> dict:
         ({"containers": [container()]}, 0),
         ({"containers": [container("1", resource="nvidia.com/mig-1g.18gb")]}, 0),  # another resource
         ({"containers": [container("500m")]}, 0),  # not a whole device
+        (
+            {"containers": [container("1k")]},
+            1000,
+        ),  # a quantity in the API's canonical form (one rule, cluster.quantity)
         ({}, 0),
     ],
 )

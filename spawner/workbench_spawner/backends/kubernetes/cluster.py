@@ -15,13 +15,14 @@ it: in a pod, the service account; elsewhere ``KUBECONFIG`` or
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, TypeVar
-
-from workbench_spawner.backends.kubernetes.ending import NodeState
 
 T = TypeVar("T")
 
@@ -38,6 +39,15 @@ def mig_resource(profile: str) -> str:
 
 class KubernetesUnavailableError(RuntimeError):
     """The API server could not be reached or refused the request; str(err) says why."""
+
+
+class NodeState(Enum):
+    """A pod's node as the API says now; UNKNOWN when it was not asked (or did not answer)."""
+
+    READY = "ready"
+    NOT_READY = "not ready"
+    GONE = "gone"
+    UNKNOWN = "unknown"
 
 
 @dataclass(frozen=True)
@@ -118,12 +128,27 @@ def blocking(call: Callable[[Any], Awaitable[T]], timeout: float = 30.0) -> T:
         return pool.submit(asyncio.run, run()).result()
 
 
-def _quantity(value: object) -> int:
-    """A whole-device quantity ("2") as an int; anything else 0."""
+# Kubernetes' quantity suffixes (decimal and binary) up to tera: GPU counts, slices and memory limits.
+_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_QUANTITY = re.compile(r"^([0-9.]+)(|k|M|G|T|Ki|Mi|Gi|Ti)$")
+
+
+def quantity(value: object) -> int | None:
+    """A Kubernetes quantity as a whole number ("2", "16Gi" in bytes, "512M"); None if it is not one.
+
+    kubernetes_asyncio has no parser (the synchronous client's ``parse_quantity`` is not a dependency)."""
+    match = _QUANTITY.match(str(value or "").strip())
+    if not match:
+        return None
     try:
-        return int(str(value))
-    except (TypeError, ValueError):
-        return 0
+        return int(float(match.group(1)) * _UNITS[match.group(2)])
+    except ValueError:  # "1.2.3"
+        return None
+
+
+def _count(value: object) -> int:
+    """A device count (a GPU or slice resource's quantity); 0 when there is none."""
+    return quantity(value) or 0
 
 
 def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
@@ -134,7 +159,7 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
         resources = container.get("resources") or {}
         limits = resources.get("limits") or {}
         requests = resources.get("requests") or {}
-        return _quantity(limits.get(resource, requests.get(resource, 0)))
+        return _count(limits.get(resource, requests.get(resource, 0)))
 
     main = sum(asked(c) for c in spec.get("containers") or [])
     init = max((asked(c) for c in spec.get("initContainers") or []), default=0)
@@ -143,18 +168,15 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
 
 def pod_slice_requests(pod: Mapping[str, Any]) -> dict[str, int]:
     """MIG slices ``pod`` holds, by profile (every ``nvidia.com/mig-*`` resource its containers name)."""
-    names: set[str] = set()
-    for container in [
-        *((pod.get("spec") or {}).get("containers") or []),
-        *((pod.get("spec") or {}).get("initContainers") or []),
-    ]:
-        resources = container.get("resources") or {}
-        names.update(
-            k
-            for k in [*(resources.get("limits") or {}), *(resources.get("requests") or {})]
-            if k.startswith(MIG_PREFIX)
-        )
-    counts = {name[len(MIG_PREFIX) :]: pod_gpu_request(pod, name) for name in sorted(names)}
+    spec = pod.get("spec") or {}
+    names = {
+        name
+        for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]
+        for part in ("limits", "requests")
+        for name in ((container.get("resources") or {}).get(part) or {})
+        if name.startswith(MIG_PREFIX)
+    }
+    counts = {name.removeprefix(MIG_PREFIX): pod_gpu_request(pod, name) for name in sorted(names)}
     return {profile: n for profile, n in counts.items() if n}
 
 
@@ -164,10 +186,10 @@ def node_slices(status: Mapping[str, Any], requested: Mapping[str, int]) -> dict
     allocatable = status.get("allocatable") or {}
     slices = {}
     for name in sorted(capacity):
-        if name.startswith(MIG_PREFIX) and _quantity(capacity[name]):
-            profile = name[len(MIG_PREFIX) :]
+        if name.startswith(MIG_PREFIX) and _count(capacity[name]):
+            profile = name.removeprefix(MIG_PREFIX)
             slices[profile] = SliceCount(
-                _quantity(capacity[name]), _quantity(allocatable.get(name, 0)), requested.get(profile, 0)
+                _count(capacity[name]), _count(allocatable.get(name, 0)), requested.get(profile, 0)
             )
     return slices
 
@@ -183,8 +205,8 @@ def node_from_api(
         name=str(metadata.get("name", "")),
         ready=conditions.get("Ready") == "True",
         schedulable=not (node.get("spec") or {}).get("unschedulable", False),
-        gpu_capacity=_quantity((status.get("capacity") or {}).get(resource, 0)),
-        gpu_allocatable=_quantity((status.get("allocatable") or {}).get(resource, 0)),
+        gpu_capacity=_count((status.get("capacity") or {}).get(resource, 0)),
+        gpu_allocatable=_count((status.get("allocatable") or {}).get(resource, 0)),
         gpus_requested=requested,
         labels=dict(metadata.get("labels") or {}),
         slices=node_slices(status, slices_requested or {}),
@@ -206,12 +228,15 @@ def nodes_with_requests(nodes: list[dict], pods: list[dict], resource: str) -> l
     return [node_from_api(n, resource, requested.get(m, 0), slices.get(m)) for n, m in zip(nodes, names, strict=True)]
 
 
-async def _items(api, method: str, **kwargs) -> list[dict]:
-    """A list call's items as plain dicts (the API's own field names)."""
-    reply = await getattr(api, method)(_preload_content=False, **kwargs)
-    import json
+async def _plain(api, method: str, *args: Any, **kwargs: Any) -> dict:
+    """A read call's answer as a plain dict (the API's own field names, not the client's models)."""
+    reply = await getattr(api, method)(*args, _preload_content=False, **kwargs)
+    return json.loads(await reply.read())
 
-    return json.loads(await reply.read()).get("items") or []
+
+async def _items(api, method: str, **kwargs: Any) -> list[dict]:
+    """A list call's items as plain dicts."""
+    return (await _plain(api, method, **kwargs)).get("items") or []
 
 
 def list_nodes(resource: str) -> list[KubeNode]:
@@ -230,11 +255,6 @@ def list_pods(namespace: str, label_selector: str) -> list[dict]:
     return blocking(lambda api: _items(api, "list_namespaced_pod", namespace=namespace, label_selector=label_selector))
 
 
-def node_state(name: str) -> NodeState:
-    """Whether node ``name`` is Ready, not Ready or gone (blocking); UNKNOWN when the API did not answer."""
-    return node_condition(name)[0]
-
-
 def node_condition(name: str) -> tuple[NodeState, str]:
     """Node ``name``'s state and its Ready condition in words ("Ready=Unknown: Kubelet stopped posting node
     status.", "" when Ready or unknown), for a student's "the node failed" (blocking)."""
@@ -243,14 +263,11 @@ def node_condition(name: str) -> tuple[NodeState, str]:
         from kubernetes_asyncio.client.exceptions import ApiException
 
         try:
-            reply = await api.read_node(name, _preload_content=False)
+            node = await _plain(api, "read_node", name)
         except ApiException as exc:
             if exc.status == 404:
                 return NodeState.GONE, "the node is gone from the cluster"
             raise
-        import json
-
-        node = json.loads(await reply.read())
         if node_from_api(node, "").ready:
             return NodeState.READY, ""
         return NodeState.NOT_READY, ready_condition_text(node)

@@ -40,23 +40,12 @@ recorded by the stop itself (the GPU mixin), and the reconciler is told
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from enum import Enum
 from typing import Any
 
+from workbench_spawner.backends.kubernetes.cluster import NodeState, quantity
 from workbench_spawner.ledger import endings, reasons
 from workbench_spawner.ledger.endings import Ending
-
-
-class NodeState(Enum):
-    """The pod's node as the API says now; UNKNOWN when it was not asked (or did not answer)."""
-
-    READY = "ready"
-    NOT_READY = "not ready"
-    GONE = "gone"
-    UNKNOWN = "unknown"
-
 
 # DisruptionTarget condition reasons (Kubernetes 1.26+), by what they mean for the ledger.
 _DISRUPTED_BY_NODE = {"DeletionByTaintManager", "DeletionByPodGC"}
@@ -103,12 +92,16 @@ def pod_end_reason(pod: Mapping[str, Any] | None, gone: bool, node: NodeState = 
             return said
     if node is NodeState.GONE:
         return reasons.NODE_FAILED
-    deleting = bool(pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"))
-    if deleting and node is NodeState.NOT_READY:
+    if _deleting(pod) and node is NodeState.NOT_READY:
         return reasons.NODE_FAILED
-    if gone or deleting:
+    if gone or _deleting(pod):
         return reasons.POD_DELETED
     return None
+
+
+def _deleting(pod: Mapping[str, Any] | None) -> bool:
+    """Whether the pod is being deleted (it has a ``deletionTimestamp``)."""
+    return bool(((pod or {}).get("metadata") or {}).get("deletionTimestamp"))
 
 
 def node_name(pod: Mapping[str, Any] | None) -> str:
@@ -120,7 +113,7 @@ def needs_node(pod: Mapping[str, Any] | None, gone: bool) -> bool:
     """Whether the table would look at the node (so a caller asks the API only then)."""
     if pod is not None and status_reason(pod):
         return False
-    return gone or bool(pod is not None and (pod.get("metadata") or {}).get("deletionTimestamp"))
+    return gone or _deleting(pod)
 
 
 def pod_ending(
@@ -155,52 +148,33 @@ def _disruption_message(status: Mapping[str, Any]) -> str:
     return ""
 
 
-def _terminated(pod: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+def _terminated(pod: Mapping[str, Any] | None) -> list[tuple[str, Mapping[str, Any]]]:
+    """(container name, how it terminated) for each container that did: its current state, else its last."""
     out = []
     for container in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        for key in ("state", "lastState"):
-            terminated = (container.get(key) or {}).get("terminated")
-            if terminated:
-                out.append(terminated)
+        terminated = (container.get("state") or {}).get("terminated") or (container.get("lastState") or {}).get(
+            "terminated"
+        )
+        if terminated:
+            out.append((str(container.get("name")), terminated))
     return out
 
 
 def exit_code(pod: Mapping[str, Any] | None) -> int | None:
-    """The exit code of the pod's first terminated container (its current state before its last one)."""
-    for terminated in _terminated(pod):
+    """The exit code of the pod's first terminated container."""
+    for _, terminated in _terminated(pod):
         if isinstance(terminated.get("exitCode"), int):
             return int(terminated["exitCode"])
     return None
 
 
-_UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_QUANTITY = re.compile(r"^([0-9.]+)(|k|M|G|T|Ki|Mi|Gi|Ti)$")
-
-
-def memory_quantity(value: object) -> int | None:
-    """A Kubernetes memory quantity ("17179869184", "16Gi", "512M") in bytes; None if it is not one."""
-    match = _QUANTITY.match(str(value or "").strip())
-    if not match:
-        return None
-    try:
-        return int(float(match.group(1)) * _UNITS[match.group(2)])
-    except ValueError:
-        return None
-
-
 def memory_limit(pod: Mapping[str, Any] | None) -> int | None:
     """The memory limit of the pod's container that was killed (else its first with a limit), in bytes."""
-    spec_containers = ((pod or {}).get("spec") or {}).get("containers") or []
     limits = {
-        c.get("name"): memory_quantity(((c.get("resources") or {}).get("limits") or {}).get("memory"))
-        for c in spec_containers
+        str(c.get("name")): quantity(((c.get("resources") or {}).get("limits") or {}).get("memory"))
+        for c in ((pod or {}).get("spec") or {}).get("containers") or []
     }
-    for container in ((pod or {}).get("status") or {}).get("containerStatuses") or []:
-        terminated = (
-            (container.get("state") or {}).get("terminated")
-            or (container.get("lastState") or {}).get("terminated")
-            or {}
-        )
-        if terminated.get("reason") == "OOMKilled" and limits.get(container.get("name")):
-            return limits[container.get("name")]
+    for name, terminated in _terminated(pod):
+        if terminated.get("reason") == "OOMKilled" and limits.get(name):
+            return limits[name]
     return next((v for v in limits.values() if v), None)

@@ -16,7 +16,8 @@ import time
 from typing import Any
 
 from workbench_spawner.backends.kubernetes import cluster
-from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, node_name, pod_ending
+from workbench_spawner.backends.kubernetes.cluster import NodeState
+from workbench_spawner.backends.kubernetes.ending import needs_node, node_name, pod_ending
 from workbench_spawner.backends.kubernetes.manifests import LABEL_HUB
 from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.ledger.endings import Ending
