@@ -48,17 +48,12 @@ def queue_position(jobs: Sequence[SlurmJob], job_id: str) -> int:
     mine = next((j for j in jobs if j.job_id == job_id), None)
     if mine is None:
         return 0
-    ahead = [
-        j
-        for j in jobs
-        if j.pending
-        and j.job_id != job_id
-        and j.gpus_requested
-        and j.partition == mine.partition
-        and (j.priority, -j.submit_time, -int(j.job_id or 0))
-        > (mine.priority, -mine.submit_time, -int(mine.job_id or 0))
-    ]
-    return len(ahead)
+
+    def rank(job: SlurmJob) -> tuple[int, int, int]:  # Slurm starts the highest priority first, then the oldest
+        return (job.priority, -job.submit_time, -int(job.job_id or 0))
+
+    rivals = (j for j in jobs if j.pending and j.gpus_requested and j.partition == mine.partition)
+    return sum(1 for j in rivals if rank(j) > rank(mine))  # never itself: no job ranks above itself
 
 
 def pending_message(

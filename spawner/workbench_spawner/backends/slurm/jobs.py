@@ -6,11 +6,6 @@ parsed by ``records.py``; a controller that does not answer is
 first (``note_hub_cancel``), so a job that ends CANCELLED is told apart from
 one an admin or the user cancelled. What we say to sbatch is in
 ``sbatch.py``.
-
-Slurm's records and their rules live in their own modules, imported from
-there: ``tags.py`` (the job's tag), ``records.py`` (``squeue``/``sinfo``
-parsing), ``job_states.py`` (a job's state in words) and ``node_report.py``
-(the job's start report).
 """
 
 from __future__ import annotations
@@ -18,22 +13,8 @@ from __future__ import annotations
 import subprocess
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
 
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, parse_sinfo_json, parse_squeue_json
-
-__all__ = [
-    "SlurmUnavailableError",
-    "cancel",
-    "cancel_tagged",
-    "cancelled_by_hub",
-    "list_jobs",
-    "list_nodes",
-    "note_hub_cancel",
-    "partitions",
-    "run_slurm",
-    "set_priority",
-]
 
 
 class SlurmUnavailableError(RuntimeError):
@@ -92,17 +73,13 @@ def cancel(job_id: str) -> None:
     run_slurm(["scancel", str(job_id)])
 
 
-def cancel_tagged(tag: str, user: str, jobs: Sequence[SlurmJob] | None = None) -> list[str]:
+def cancel_tagged(tag: str, user: str) -> list[str]:
     """Cancel every pending or running job of ``user`` whose comment is ``tag``; their ids.
 
     For a spawn abandoned while ``sbatch`` still ran: the job may exist though
     the hub never learned its id. Only the user's own jobs: anyone can write
     a comment."""
-    found = [
-        j.job_id
-        for j in (list_jobs() if jobs is None else jobs)
-        if j.comment.strip() == tag and j.user == user and (j.pending or j.running)
-    ]
+    found = [j.job_id for j in list_jobs() if j.comment.strip() == tag and j.user == user and (j.pending or j.running)]
     for job_id in found:
         cancel(job_id)
     return found

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections import Counter
 
 from workbench_spawner.backends.slurm.tags import job_tag
 
@@ -54,10 +55,7 @@ def whole_gpu_type(inventory) -> str | None:
     devices = inventory.devices
     if not any(d.mig for d in devices):
         return None
-    counts: dict[str, int] = {}
-    for d in devices:
-        if not d.mig and d.model:
-            counts[d.model.lower()] = counts.get(d.model.lower(), 0) + 1
+    counts = Counter(d.model.lower() for d in devices if not d.mig and d.model)
     return max(counts, key=lambda m: (counts[m], m)) if counts else None
 
 
