@@ -60,10 +60,7 @@ def parse_gres(entries: str | Iterable[str] | None) -> list[tuple[str, int, list
         entries = re.findall(r"[^,(]+(?:\([^)]*\))?", entries)
     out = []
     for raw in entries:
-        text = raw.strip()
-        if not text.startswith("gpu"):
-            continue
-        m = _GRES.match(text)
+        m = _GRES.match(raw.strip())
         if not m:
             continue
         kind = m.group("type") or ""
@@ -259,12 +256,9 @@ def parse_sinfo_json(text: str) -> list[SlurmNode]:
             continue
         declared = parse_gres(node.get("gres") or "")
         used = [i for _kind, _count, idx in parse_gres(node.get("gres_used") or "") for i in idx]
-        state = node.get("state", "")
-        if isinstance(state, list):
-            state = "+".join(state)
-        flags = node.get("state_flags") or []
-        if flags:
-            state = "+".join([str(state), *map(str, flags)])
+        # The base state and its flags as one text, "IDLE+DRAIN" (later Slurm writes the state as a list).
+        base = node.get("state", "")
+        state = "+".join(map(str, [*(base if isinstance(base, list) else [base]), *(node.get("state_flags") or [])]))
         prev = seen.get(name)
         parts = tuple(sorted({*(prev.partitions if prev else ()), *(node.get("partitions") or [])}))
         seen[name] = SlurmNode(
