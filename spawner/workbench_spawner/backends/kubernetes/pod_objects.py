@@ -101,29 +101,22 @@ def pod_traits(site: Mapping[str, Any], shape: PodShape) -> dict[str, Any]:
         claim = {"claimName": _literal(shape.datasets_claim), "readOnly": True}
         volumes["workbench-datasets"] = {"name": "workbench-datasets", "persistentVolumeClaim": claim}
         mounts["workbench-datasets"] = {"name": "workbench-datasets", "mountPath": "/datasets", "readOnly": True}
-    pod_config = dict(site.get("extra_pod_config") or {})
-    if shape.session_hours:
-        pod_config["activeDeadlineSeconds"] = int(shape.session_hours * 3600)
-    return {
-        "extra_resource_limits": {
-            **(site.get("extra_resource_limits") or {}),
-            **gpu_limits(shape.gpus, shape.gpu_profile, shape.gpu_resource),
-        },
-        "node_selector": {**(site.get("node_selector") or {}), **(shape.model_selector or {})},
+    # The dict traits: the site's entries, then ours (ours win: the GPUs, the labels reconcile reads, ...).
+    ours: dict[str, Mapping[str, Any]] = {
+        "extra_resource_limits": gpu_limits(shape.gpus, shape.gpu_profile, shape.gpu_resource),
+        "node_selector": shape.model_selector or {},
         "extra_labels": {
-            **(site.get("extra_labels") or {}),
             LABEL_HUB: shape.hub,
             LABEL_USER: safe_slug(shape.user, max_length=48),
             LABEL_SERVER: safe_slug(shape.server or "default", max_length=48),
         },
-        "extra_annotations": {
-            **(site.get("extra_annotations") or {}),
-            LABEL_USER: _literal(shape.user),
-            LABEL_SERVER: _literal(shape.server),
-        },
+        "extra_annotations": {LABEL_USER: _literal(shape.user), LABEL_SERVER: _literal(shape.server)},
+        "extra_pod_config": {"activeDeadlineSeconds": int(shape.session_hours * 3600)} if shape.session_hours else {},
+    }
+    return {
+        **{name: {**(site.get(name) or {}), **part} for name, part in ours.items()},
         "volumes": _added(site.get("volumes"), volumes),
         "volume_mounts": _added(site.get("volume_mounts"), mounts),
-        "extra_pod_config": pod_config,
         "image": shape.image or site.get("image") or "",
     }
 
@@ -234,12 +227,7 @@ class WorkbenchPod(KubernetesTraits, _KubeSpawnerBase):
         try:
             return await asyncio.to_thread(cluster.list_nodes, self.gpu_resource_name)
         except cluster.KubernetesUnavailableError as exc:
-            raise SpawnException(
-                f"Cannot start the server: the Kubernetes API did not answer ({exc}); nothing was created. Try "
-                "again in a minute.",
-                reason="kubernetes_unavailable",
-                status_code=503,
-            ) from None
+            raise start_refusal(exc) from None
 
     async def _ensure_network_policy(self, hub: str) -> None:
         """Create or update the namespace's policy for this hub's pods, once per hub process and content."""
