@@ -25,6 +25,8 @@ class NodeReport:
     def from_json(cls, data: Mapping[str, Any] | None) -> NodeReport | None:
         if not isinstance(data, Mapping) or not data.get("node"):
             return None
+        if not all(isinstance(data.get(name) or [], list) for name in ("gpus", "job_gpus")):
+            return None
         gpus = tuple(dict(g) for g in data.get("gpus") or [] if isinstance(g, Mapping) and "uuid" in g)
         return cls(str(data["node"]), gpus, tuple(str(u) for u in data.get("job_gpus") or []))
 
