@@ -41,6 +41,7 @@ reflector's public ``on_failure``, ``start()``, ``stop()`` and ``watch_task``.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -83,7 +84,6 @@ class KeptWatch(_ReflectorBase):
         self.on_failure = self._gave_up
         self.on_recovered: Callable[[], None] = lambda: None
         self.gave_up_at: float | None = None  # monotonic, while the watch is down
-        self.recoveries = 0
         self._keeper: asyncio.Task | None = None
         self._wake = asyncio.Event()
         self._last_attempt = 0.0
@@ -166,7 +166,6 @@ class KeptWatch(_ReflectorBase):
             return False
         down = time.monotonic() - (self.gave_up_at or time.monotonic())
         self.gave_up_at = None
-        self.recoveries += 1
         self.log.warning("The %s watch is back after %.0f s without it; the hub's view is whole again", self.kind, down)
         try:
             self.on_recovered()
@@ -203,18 +202,12 @@ class KeptWatch(_ReflectorBase):
         await super().stop()
 
 
-_kept_classes: dict[type, type] = {}
-
-
+@functools.cache
 def kept(reflector_class: type) -> type:
     """``reflector_class`` (KubeSpawner's ``PodReflector``, ``EventReflector``) with ``KeptWatch`` in front, once."""
     if issubclass(reflector_class, KeptWatch):
         return reflector_class
-    if reflector_class not in _kept_classes:
-        _kept_classes[reflector_class] = type(
-            f"Kept{reflector_class.__name__}", (KeptWatch, reflector_class), {"__module__": __name__}
-        )
-    return _kept_classes[reflector_class]
+    return type(f"Kept{reflector_class.__name__}", (KeptWatch, reflector_class), {"__module__": __name__})
 
 
 class KeptWatches(_SpawnerBase):
