@@ -34,10 +34,12 @@ class EngineJob:
 
     ``job_id``: the engine's id (Slurm's job id, a pod's name). ``started``
     (called in a worker thread) returns the server's start report once it
-    arrived (the node and the GPU UUIDs it sees), else None. The template
-    fills in ``deadline`` (the queue timeout's end, on the placement's
-    clock), ``admitted`` (the key ``admit_to_queue`` registered) and
-    ``describe`` (progress events for the user).
+    arrived (the node and the GPU UUIDs it sees), else None. ``submitted``:
+    when the engine took it, on the placement's clock (the hub's line orders
+    by it; 0: when placement first follows it). The template fills in
+    ``deadline`` (the queue timeout's end, on the placement's clock),
+    ``admitted`` (the key ``admit_to_queue`` registered) and ``describe``
+    (progress events for the user).
     """
 
     job_id: str
@@ -45,6 +47,7 @@ class EngineJob:
     describe: Callable[[str], None] = _quiet
     deadline: float | None = None
     admitted: str = ""
+    submitted: float = 0.0
 
 
 class EnginePlacement(Placement):

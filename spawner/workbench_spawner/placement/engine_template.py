@@ -131,7 +131,7 @@ class EngineTemplate(EnginePlacement):
 
     async def joining(self, job: EngineJob, user: str) -> Waiting:
         """The job's entry in the hub's line (fair share reads the user's GPU-hours here)."""
-        return Waiting(key=job.job_id, user=user, joined=self.clock())
+        return Waiting(key=job.job_id, user=user, joined=job.submitted or self.clock())
 
     def kind(self, job: EngineJob, model: str | None) -> str | None:
         """What the wait names the request by (a model, a MIG profile), as ``gpus_text`` takes it."""

@@ -43,7 +43,6 @@ from workbench_spawner.placement.engine import (
 )
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.engine_template import EngineTemplate, EngineWords
-from workbench_spawner.rules.queue_order import Waiting
 
 log = logging.getLogger("workbench.kubernetes")
 
@@ -65,7 +64,6 @@ class PodJob(EngineJob):
 
     pod: Callable[[], Mapping[str, Any] | None] = _none
     events: Callable[[], list[dict]] = _no_events
-    submitted: float = 0.0
     profile: str = ""
 
 
@@ -171,9 +169,6 @@ class KubernetesPlacement(EngineTemplate):
 
     def holds_reserved(self, job: EngineJob) -> bool:
         return not getattr(job, "profile", "")  # open reservations hold whole GPUs
-
-    async def joining(self, job: EngineJob, user: str) -> Waiting:
-        return Waiting(key=job.job_id, user=user, joined=getattr(job, "submitted", 0.0) or self.clock())
 
     async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
         assert isinstance(job, PodJob)
