@@ -40,9 +40,7 @@ def free_on_slurm(inventory: DeviceInventory, nodes: Sequence[SlurmNode], model:
     free = []
     for device in inventory.devices:
         node = by_name.get(device.node)
-        if node is None or not node.usable or device.index in node.gpus_used:
-            continue
-        if device_matches(device, model):
+        if node is not None and node.usable and device.index not in node.gpus_used and device_matches(device, model):
             free.append(device.uuid)
     return free
 
