@@ -3,8 +3,8 @@
 Pure functions over Slurm's own output (Slurm 22.05 field names; the later
 ``{"set": true, "number": n}`` numbers read too), so the rules have table
 tests and the spawner, the placement and the service read Slurm one way. The
-commands that fetch the output are in ``jobs.py``; what a pending or ended
-job's state means, in ``job_states.py``.
+commands that fetch the output are in ``jobs.py``; what a pending job's
+state means, in ``job_states.py``; an ended one's, in ``ending.py``.
 
 Why these sources: GPU indices come from Slurm's job detail (``gres_detail``,
 the same ``gpu:type:N(IDX:0-1)`` that ``scontrol show job -d`` prints), never
