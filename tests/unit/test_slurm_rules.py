@@ -15,6 +15,7 @@ from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.records import (
     SlurmJob,
     SlurmNode,
+    expand_ranges,
     parse_gres,
     parse_index_list,
     parse_sinfo_json,
@@ -37,6 +38,20 @@ from workbench_spawner.backends.slurm.tags import job_tag, parse_tag, parse_tag_
 )
 def test_index_lists(text, expected):
     assert parse_index_list(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("3", ["3"]),
+        ("0-2,7", ["0", "1", "2", "7"]),
+        ("01-03,07", ["01", "02", "03", "07"]),  # node names keep their zero padding
+        ("08-10", ["08", "09", "10"]),
+        ("a,b", ["a", "b"]),
+    ],
+)
+def test_slurm_range_lists(text, expected):
+    assert expand_ranges(text) == expected
 
 
 @pytest.mark.parametrize(
