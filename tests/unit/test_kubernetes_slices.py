@@ -337,10 +337,11 @@ def test_a_running_slice_pod_without_a_lease_is_adopted_not_left_as_cpu_only(sto
     assert lease.shares == pytest.approx((1 / 7,))
 
 
-def test_the_nodes_route_lists_learned_mig_uuids_with_their_node():
+def test_the_nodes_route_lists_learned_mig_uuids_with_their_node(monkeypatch):
     from workbench_spawner.backends.kubernetes.fleet import node_rows
 
+    monkeypatch.setattr("workbench_spawner.backends.kubernetes.fleet.kube_nodes", lambda: {"n1": SLICED})
     known = {"n1": ["GPU-a"], "n1/mig-1g.18gb": ["MIG-b"], "n1/mig-3g.71gb": ["MIG-c"]}
-    (row,) = node_rows({"n1": SLICED}, known)
+    (row,) = node_rows(known)
     assert row["node"] == "n1"
     assert row["reported_uuids"] == ["GPU-a", "MIG-b", "MIG-c"]

@@ -66,9 +66,9 @@ GROUP_LENGTH = int(re.search(r"\{1,(\d+)\}\$$", GROUP_PATTERN.pattern).group(1))
 
 
 def _slurm_max_node() -> int:
-    from workbench_spawner.backends.slurm.service_routes import MAX_NODE
+    from workbench_spawner.backends.slurm.extension import nodes
 
-    return MAX_NODE
+    return nodes.max_node
 
 
 # (pointer, the code's value, where the code keeps it)
@@ -115,7 +115,7 @@ BOUNDS = [
         column_length(IdleExemptionRow, "group"),
         "gpu_idle_exemptions.group",
     ),
-    (SLURM_NODE + "/maxLength", _slurm_max_node(), "backends.slurm.service_routes.MAX_NODE"),
+    (SLURM_NODE + "/maxLength", _slurm_max_node(), "backends.slurm.extension.nodes.max_node"),
 ]
 # Numbers of the request schemas and parameters with no constant in the code (each says why).
 NO_CONSTANT = {

@@ -5,30 +5,21 @@ hub: a start-report route on the hub's API, a node-UUID book that names the
 fleet's GPUs by what jobs reported, a fleet annotation, ``api/<engine>/nodes``
 routes with their CLI, and how its engine closes a node. ``engine_extension``
 builds the extension from the dotted names of those hooks, imported only
-when called (listing the installed backends stays cheap).
+when called (listing the installed backends stays cheap), and the node routes
+and CLI from the engine's declaration of them (``engine_fleet.EngineNodes``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib import import_module
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from traitlets.config import Config, LazyConfigValue
 
-from workbench_spawner.backend import BackendExtension, CLICommands, Env, HubContext, NodeDrain
-
-
-def lazy(target: str) -> Callable[..., Any]:
-    """``"package.module:name"`` as a function that imports the module on its first call and calls ``name``."""
-    module, _, name = target.partition(":")
-
-    def call(*args: Any) -> Any:
-        return getattr(import_module(module), name)(*args)
-
-    call.__qualname__ = call.__name__ = name
-    return call
+from workbench_spawner.backend import BackendExtension, Env, HubContext, NodeDrain
+from workbench_spawner.placement.engine_fleet import EngineNodes, lazy, node_cli, node_routes
 
 
 def add_hub_route(c: Config, route: str, handler: type) -> None:
@@ -53,23 +44,19 @@ def engine_extension(
     summary: str,
     configure: Callable[[Config, Env, HubContext], None],
     setup_hub: str,
-    book: str,
+    nodes: EngineNodes,
     annotate_fleet: str,
-    service_routes: str,
-    cli_names: tuple[str, ...],
-    add_parsers: str,
-    run_cli: str,
     node_drain: NodeDrain,
     openapi: Path | None = None,
     check: str = "",
 ) -> BackendExtension:
     """An engine backend's extension from its hooks' dotted names (``"module:function"``).
 
-    ``setup_hub(c)`` adds the start-report route (``add_hub_route``); ``book`` is the node-UUID book class
-    (``ledger.node_book.NodeBook``) whose ``resolve`` names the fleet's GPUs; ``annotate_fleet(rows)`` adds
-    the engine's view of each GPU row; ``service_routes(prefix)`` and the CLI's ``add_parsers(top)`` /
-    ``run_cli(args, call)`` are the engine's node routes; ``check(config)`` an optional config check."""
-    book_class = lazy(book)
+    ``setup_hub(c)`` adds the start-report route (``add_hub_route``); ``nodes`` declares the node routes and
+    CLI (``engine_fleet.EngineNodes``), and its book's ``resolve`` names the fleet's GPUs;
+    ``annotate_fleet(rows)`` adds the engine's view of each GPU row; ``check(config)`` an optional config
+    check."""
+    book_class = lazy(nodes.book)
 
     def resolve_inventory(store: Any, inventory: Any) -> Any:
         return book_class(store).resolve(inventory)
@@ -81,11 +68,11 @@ def engine_extension(
         summary=summary,
         configure=configure,
         setup_hub=lazy(setup_hub),
-        service_routes=lazy(service_routes),
+        service_routes=partial(node_routes, nodes),
         openapi=openapi,
         resolve_inventory=resolve_inventory,
         annotate_fleet=lazy(annotate_fleet),
-        cli=CLICommands(names=cli_names, add_parsers=lazy(add_parsers), run=lazy(run_cli)),
+        cli=node_cli(nodes),
         node_drain=node_drain,
         **extra,
     )

@@ -3,8 +3,10 @@
 What it adds beyond its spawner: its ``WORKBENCH_*`` configuration; the pod's
 start report on the hub's API (``report_api``, through ``c.JupyterHub.extra_handlers``); the lock-down check of the
 final config at hub start; the fleet view's inventory under the UUIDs pods
-reported and each GPU's node as Kubernetes sees it (``fleet``);
-``workbench kubernetes-nodes`` and ``workbench kubernetes-forget-node``.
+reported and each GPU's node as Kubernetes sees it (``fleet``); the service's
+``api/kubernetes/nodes`` routes, ``workbench kubernetes-nodes`` and
+``workbench kubernetes-forget-node`` (``nodes``: each node's GPUs and the UUIDs
+its pods reported, and forgetting those after a node's GPUs were replaced).
 Built by ``placement.engine_extension.engine_extension``, as every engine's is.
 """
 
@@ -15,8 +17,28 @@ from pathlib import Path
 from workbench_spawner.backend import NodeDrain
 from workbench_spawner.backends.kubernetes.config import configure
 from workbench_spawner.placement.engine_extension import engine_extension
+from workbench_spawner.placement.engine_fleet import EngineNodes
 
 HERE = "workbench_spawner.backends.kubernetes"
+
+nodes = EngineNodes(
+    prefix="kubernetes",
+    engine="Kubernetes",
+    book=f"{HERE}.inventory:NodeUUIDs",
+    rows=f"{HERE}.fleet:node_rows",
+    max_node=253,  # a node name is a DNS subdomain
+    unknown="the hub knows no GPU UUIDs of a node named {node}; `workbench kubernetes-nodes` lists the nodes",
+    forgot="The hub forgot the GPU UUIDs of {node}; the next pod there names them again.",
+    lines=lambda n: [
+        f"{n['node']}: {n['gpus_requested']}/{n['gpu_allocatable']} GPU(s) requested"
+        f"{'' if n['ready'] and n['schedulable'] else ' (not schedulable)'}; reported: "
+        f"{', '.join(n['reported_uuids']) or 'none yet'}"
+    ],
+    none="no node advertises GPUs",
+    nodes_help="Kubernetes: each node's GPUs and the UUIDs its pods reported",
+    forget_help="Kubernetes: forget a node's GPU UUIDs after replacing them",
+    node_help="the node name, as kubectl get nodes prints it",
+)
 
 extension = engine_extension(
     name="kubernetes",
@@ -26,12 +48,8 @@ extension = engine_extension(
     configure=configure,
     check=f"{HERE}.fleet:check_config",
     setup_hub=f"{HERE}.report_api:install",
-    book=f"{HERE}.inventory:NodeUUIDs",
+    nodes=nodes,
     annotate_fleet=f"{HERE}.fleet:annotate_kubernetes",
-    service_routes=f"{HERE}.fleet:kubernetes_routes",
-    cli_names=("kubernetes-nodes", "kubernetes-forget-node"),
-    add_parsers=f"{HERE}.fleet:add_parsers",
-    run_cli=f"{HERE}.fleet:run_cli",
     openapi=Path(__file__).with_name("openapi.yaml"),
     node_drain=NodeDrain(
         engine="Kubernetes",

@@ -8,20 +8,21 @@ A GPU on a node Slurm starts no job on (down, drained, failing, not
 responding: ``SlurmNode.unusable_because``) has no free slot and says why,
 with the node's state and reason, as the spawn form does. Read from the
 service's own process (the hub host has Slurm's clients), cached for a couple
-of seconds so a busy page does not hammer slurmctld.
+of seconds so a busy page does not hammer slurmctld. ``GET api/slurm/nodes``
+lists the GPUs jobs reported per node (``node_rows``).
 """
 
 from __future__ import annotations
 
 from workbench_spawner.backends.slurm.node_states import NodeStates
-from workbench_spawner.backends.slurm.records import SlurmNode
 
-_states = NodeStates(max_age=2.0)
+# Slurm's node records by name (None: the controller has not answered yet).
+slurm_nodes = NodeStates(max_age=2.0).nodes
 
 
-def slurm_nodes() -> dict[str, SlurmNode] | None:
-    """Slurm's node records by name (None: the controller has not answered yet)."""
-    return _states.nodes()
+def node_rows(known: dict[str, list[dict]]) -> list[dict]:
+    """``GET api/slurm/nodes``: each node and the GPUs (index, UUID, name) jobs reported there."""
+    return [{"node": node, "gpus": gpus} for node, gpus in sorted(known.items())]
 
 
 def annotate_slurm(gpus: list[dict]) -> None:
