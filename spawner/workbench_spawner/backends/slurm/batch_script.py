@@ -95,26 +95,6 @@ class SlurmBatchScript(SlurmTraits, SlurmJobSpawner):
     def _default_req_env_bin(self):
         return shlex.quote(os.path.join(self.slurm_env_prefix, "bin"))
 
-    def sbatch_lines(self, session_hours: float | None, hub: str = "", whole_type: str | None = None) -> list[str]:
-        """The job's sbatch options; ``whole_type``: the GRES type of a whole-GPU request (``whole_gpu_type``)."""
-        request = self.gpu_request
-        return sbatch_options(
-            user=self.user.name,
-            server=self.name,
-            gpus=request.gpus,
-            model=request.gpu_model,
-            profile=request.gpu_profile,
-            whole_type=whole_type,
-            cpus=self.cpu_limit or 1,
-            mem_bytes=self.mem_limit,
-            session_hours=session_hours,
-            partition=self.slurm_partition_choice or self.slurm_partition,
-            account=self.slurm_account,
-            qos=self.slurm_qos,
-            extra=self.slurm_extra_options,
-            hub=hub,
-        )
-
     async def submit_batch_script(self) -> str:
         """batchspawner's submit, with this start's ``#SBATCH`` lines computed first.
 
@@ -125,5 +105,21 @@ class SlurmBatchScript(SlurmTraits, SlurmJobSpawner):
         hours, hub, whole = await asyncio.to_thread(
             lambda: (self.gpu_session_hours(), self.hub_id(), whole_gpu_type(self.engine_inventory()))
         )
-        self.req_sbatch_lines = self.sbatch_lines(hours, hub, whole)
+        request = self.gpu_request
+        self.req_sbatch_lines = sbatch_options(
+            user=self.user.name,
+            server=self.name,
+            gpus=request.gpus,
+            model=request.gpu_model,
+            profile=request.gpu_profile,
+            whole_type=whole,  # the GRES type of a whole-GPU request on a cluster with slices
+            cpus=self.cpu_limit or 1,
+            mem_bytes=self.mem_limit,
+            session_hours=hours,
+            partition=self.slurm_partition_choice or self.slurm_partition,
+            account=self.slurm_account,
+            qos=self.slurm_qos,
+            extra=self.slurm_extra_options,
+            hub=hub,
+        )
         return await super().submit_batch_script()
