@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 import pytest
 
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
-from workbench_spawner.backends.kubernetes.reconcile import Action, reconcile_pods
+from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
+from workbench_spawner.placement.engine_reconcile import Action
 
 HUB_STARTED = datetime(2026, 12, 8, 10, 0, tzinfo=UTC).timestamp()
 BEFORE = "2026-12-08T09:00:00Z"
@@ -51,7 +52,7 @@ def pod(
 def reconcile(store, pods: list[dict]) -> tuple[list[tuple[str, str, str]], list[str]]:
     deleted: list[str] = []
     actions = reconcile_pods(pods, store.leases(), store.adopt, deleted.append, HUB_STARTED)
-    return [(a.pod, a.what, a.why) for a in actions], deleted
+    return [(a.ident, a.what, a.why) for a in actions], deleted
 
 
 @pytest.mark.parametrize(
@@ -131,5 +132,5 @@ def test_one_pass_over_many_pods_decides_each_once(store):
 def test_without_a_process_start_every_pod_is_an_orphan(store):
     deleted: list[str] = []
     actions = reconcile_pods([pod("new", node=None, created=AFTER)], [], store.adopt, deleted.append)
-    assert [(a.pod, a.what) for a in actions] == [("new", "deleted")]
+    assert [(a.ident, a.what) for a in actions] == [("new", "deleted")]
     assert deleted == ["new"]

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
-from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory, resolve
+from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, parse_sinfo_json, parse_squeue_json
@@ -135,7 +135,7 @@ def test_a_real_nodes_slices_wait_for_a_report_then_take_the_mig_uuid_and_its_gp
 def test_a_report_of_a_whole_gpu_at_a_slices_index_does_not_make_it_a_slice_of_another_gpu():
     inventory = DeviceInventory("slurm", [cluster_inventory([NODE], "").devices[2]])
     entry = {"index": 2, "uuid": "GPU-x", "name": "H100", "memory_total_bytes": 1}
-    (device,) = resolve(inventory, {"wbnode2": [entry]}).devices
+    (device,) = NodeGPUMap.resolve_with(inventory, {"wbnode2": [entry]}).devices
     assert (device.uuid, device.profile, device.parent_uuid) == ("GPU-x", "1g.18gb", "")
 
 
@@ -256,7 +256,7 @@ def test_reservations_count_free_whole_gpus_only_never_a_free_slice():
 
 
 def test_a_slice_job_adopted_after_a_hub_restart_is_charged_its_share(tmp_path):
-    from workbench_spawner.backends.slurm.reconcile import adopter
+    from workbench_spawner.placement.engine_reconcile import adopter
 
     store = AllocationStore(f"sqlite:///{tmp_path / 'wb.sqlite'}")
     try:

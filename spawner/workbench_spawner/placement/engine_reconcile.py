@@ -23,22 +23,19 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from workbench_devices import DeviceInventory
+from workbench_spawner.ledger.store import AllocationStore
+
+Adopt = Callable[[str, str, list[str], str, datetime | None, str], bool]  # AllocationStore.adopt's first six
+
 
 @dataclass(frozen=True)
 class Action:
     """What reconcile did with one job: "adopted", the engine's word for ending it (with why) or "left"."""
 
-    ident: str
+    ident: str  # the engine's name of the job: a Slurm job id, a pod's name
     what: str
     why: str = ""
-
-    @property
-    def job_id(self) -> str:
-        return self.ident
-
-    @property
-    def pod(self) -> str:
-        return self.ident
 
 
 @dataclass(frozen=True)
@@ -70,9 +67,20 @@ class ReconcileWords:
     held_why: str = "its GPUs are leased to another server"
 
 
+def adopter(store: AllocationStore, inventory: DeviceInventory) -> Adopt:
+    """``store.adopt`` recording each device's share of a GPU: an adopted MIG slice is charged as a slice
+    (a ``1g`` slice-hour is 1/7 of a GPU-hour), as it was before the hub restarted."""
+    shares = {d.uuid: d.share for d in inventory.devices}
+
+    def adopt(user: str, server: str, uuids: list[str], ref: str, since: datetime | None, node: str) -> bool:
+        return store.adopt(user, server, uuids, ref, since, node, shares=shares)
+
+    return adopt
+
+
 def reconcile_walk(
     orphans: Iterable[Orphan | None],
-    adopt: Callable[[str, str, list[str], str, datetime | None, str], bool],
+    adopt: Adopt,
     end: Callable[[str], None],
     words: ReconcileWords,
     log: logging.Logger,

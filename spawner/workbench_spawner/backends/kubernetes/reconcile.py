@@ -29,25 +29,15 @@ from typing import Any
 from workbench_spawner.backends.kubernetes.cluster import ENDED_PHASES, pod_gpu_request, pod_slice_requests
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_SERVER, LABEL_USER
 from workbench_spawner.ledger.store import Lease
-from workbench_spawner.placement.engine_reconcile import Action, Orphan, ReconcileWords, reconcile_walk
-
-__all__ = ["Action", "reconcile_pods"]
+from workbench_spawner.placement.engine_reconcile import Action, Adopt, Orphan, ReconcileWords, reconcile_walk
 
 log = logging.getLogger("workbench.kubernetes")
 
 
-def _created(pod: Mapping[str, Any]) -> float:
-    stamp = (pod.get("metadata") or {}).get("creationTimestamp") or ""
+def _when(stamp: str | None) -> datetime | None:
+    """An API timestamp ("2024-05-01T09:00:00Z") as a UTC datetime; None if absent or unreadable."""
     try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def _started(pod: Mapping[str, Any]) -> datetime | None:
-    stamp = (pod.get("status") or {}).get("startTime") or ""
-    try:
-        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).astimezone(UTC)
+        return datetime.fromisoformat(stamp or "").astimezone(UTC)
     except ValueError:
         return None
 
@@ -64,7 +54,7 @@ WORDS = ReconcileWords(
 def reconcile_pods(
     pods: Sequence[Mapping[str, Any]],
     leases: Iterable[Lease],
-    adopt: Callable[..., bool],
+    adopt: Adopt,
     delete: Callable[[str], None],
     created_before: float | None = None,
     resource: str = "nvidia.com/gpu",
@@ -84,7 +74,8 @@ def _orphan(pod: Mapping[str, Any], leased: set[str], created_before: float | No
     server = annotations.get(LABEL_SERVER, "")
     if ref in leased or metadata.get("deletionTimestamp"):
         return None
-    if created_before is not None and _created(pod) >= created_before:
+    created = _when(metadata.get("creationTimestamp"))
+    if created_before is not None and created is not None and created.timestamp() >= created_before:
         return Orphan(name, user, server, left="created by this hub process")
     if (pod.get("status") or {}).get("phase") in ENDED_PHASES:
         return None
@@ -98,4 +89,5 @@ def _orphan(pod: Mapping[str, Any], leased: set[str], created_before: float | No
     uuids: list[str | None] = [u for u in (annotations.get(ANNOTATION_GPUS) or "").split(",") if u]
     if len(uuids) != wanted:  # the hub stopped between the lease and the annotation
         uuids = [None] * wanted
-    return Orphan(name, user, server, ref, str(node), _started(pod), uuids=uuids)
+    since = _when((pod.get("status") or {}).get("startTime"))
+    return Orphan(name, user, server, ref, str(node), since, uuids=uuids)

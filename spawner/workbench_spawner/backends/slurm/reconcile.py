@@ -31,27 +31,11 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
-from workbench_devices import DeviceInventory
 from workbench_spawner.backends.slurm.records import SlurmJob
-from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.placement.engine_reconcile import Action, Orphan, ReconcileWords, reconcile_walk
-
-__all__ = ["Action", "adopter", "reconcile_jobs"]
+from workbench_spawner.ledger.store import Lease
+from workbench_spawner.placement.engine_reconcile import Action, Adopt, Orphan, ReconcileWords, reconcile_walk
 
 log = logging.getLogger("workbench.slurm")
-
-
-def adopter(
-    store: AllocationStore, inventory: DeviceInventory
-) -> Callable[[str, str, list[str], str, datetime | None, str], bool]:
-    """``store.adopt`` recording each device's share of a GPU: an adopted MIG slice is charged as a slice
-    (a ``1g`` slice-hour is 1/7 of a GPU-hour), as it was before the hub restarted."""
-    shares = {d.uuid: d.share for d in inventory.devices}
-
-    def adopt(user: str, server: str, uuids: list[str], ref: str, since: datetime | None, node: str) -> bool:
-        return store.adopt(user, server, uuids, ref, since, node, shares=shares)
-
-    return adopt
 
 
 def reconcile_jobs(
@@ -59,7 +43,7 @@ def reconcile_jobs(
     leases: Iterable[Lease],
     hub: str,
     uuid_at: Callable[[str, int], str | None],
-    adopt: Callable[[str, str, list[str], str, datetime | None, str], bool],
+    adopt: Adopt,
     cancel: Callable[[str], None],
     submitted_before: float | None = None,
 ) -> list[Action]:
