@@ -11,6 +11,7 @@ remembered here by uid and deleted by the next pass.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -45,7 +46,7 @@ def lease_pod_key(lease: Lease) -> str:
 def pod_of(lease: Lease, hub: str) -> dict | None:
     """The pod a ``k8s:`` lease names, as the API lists it now (None: no such pod of this hub); blocking, and
     KubernetesUnavailableError when the API server cannot say."""
-    namespace, _, name = lease.ref[4:].partition("/")
+    namespace, _, name = lease_pod_key(lease).partition("/")
     pods = recent_pods(namespace, f"{LABEL_HUB}={hub}")
     return next((p for p in pods if p["metadata"]["name"] == name), None)
 
@@ -53,9 +54,10 @@ def pod_of(lease: Lease, hub: str) -> dict | None:
 def lease_alive(lease: Lease, hub: str) -> bool | None:
     """Whether the lease's pod runs. None, unknown, while the API server does not answer and while the hub
     itself is deleting the pod (its stop records why it ended)."""
-    if not lease.ref.startswith("k8s:"):
+    key = lease_pod_key(lease)
+    if not key:
         return False
-    if lease.ref[4:] in hub_deleting:
+    if key in hub_deleting:
         return None
     try:
         pod = pod_of(lease, hub)
@@ -95,11 +97,7 @@ def reconcile_orphans(policy: GPUPolicy, namespace: str, hub: str, log: logging.
         except cluster.KubernetesUnavailableError as exc:
             log.warning("Could not delete pod %s: %s", name, exc)
 
-    shares = policy.shares()  # an adopted slice is charged by its share, as when it started
-
-    def adopt(*args) -> bool:
-        return store.adopt(*args, shares=shares)
-
+    adopt = functools.partial(store.adopt, shares=policy.shares())  # a slice is charged by its share, as it started
     actions = reconcile_pods(pods, store.leases(), adopt, delete, PROCESS_STARTED)
     fixes = {"adopted": SERVER_ADOPTED, "deleted": SERVER_STOPPED}  # counted on /metrics; each was logged
     policy.count_fixes([action.what for action in actions], fixes)

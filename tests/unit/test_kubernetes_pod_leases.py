@@ -1,0 +1,75 @@
+"""The reconciler's view of a lease's pod (backends/kubernetes/pod_leases.py), with the API's pod list stubbed."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from workbench_spawner.backends.kubernetes import cluster, pod_leases
+from workbench_spawner.backends.kubernetes.manifests import LABEL_HUB
+from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger.store import Lease
+
+HUB = "1a2b3c4d"
+
+
+def lease(ref: str) -> Lease:
+    return Lease("alice", "", ("GPU-a",), datetime(2026, 1, 1, tzinfo=UTC), ref=ref, node="n1")
+
+
+def pod(name: str, phase: str = "Running", deleting: bool = False) -> dict:
+    metadata = {"name": name, "labels": {LABEL_HUB: HUB}, **({"deletionTimestamp": "now"} if deleting else {})}
+    return {"metadata": metadata, "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+
+
+@pytest.fixture
+def pods(monkeypatch):
+    """The pods the API lists (``None``: the API server does not answer); each test a fresh cache."""
+    listed: dict[str, list[dict] | None] = {"pods": []}
+
+    def list_pods(namespace: str, selector: str) -> list[dict]:
+        assert (namespace, selector) == ("ns", f"{LABEL_HUB}={HUB}")  # only this hub's pods, ever
+        if listed["pods"] is None:
+            raise cluster.KubernetesUnavailableError("the API server did not answer (timeout)")
+        return listed["pods"]
+
+    monkeypatch.setattr(cluster, "list_pods", list_pods)
+    monkeypatch.setattr(pod_leases, "_pods_cache", {})
+    monkeypatch.setattr(pod_leases, "hub_deleting", set())
+    return listed
+
+
+@pytest.mark.parametrize(
+    ("ref", "listed", "alive"),
+    [
+        ("k8s:ns/jupyter-alice", [pod("jupyter-alice")], True),
+        ("k8s:ns/jupyter-alice", [pod("jupyter-alice", "Pending")], False),
+        ("k8s:ns/jupyter-alice", [pod("jupyter-alice", deleting=True)], False),
+        ("k8s:ns/jupyter-alice", [pod("jupyter-bob")], False),
+        ("k8s:ns/jupyter-alice", None, None),  # the API server cannot say
+        ("pid:123", [pod("jupyter-alice")], False),  # not a pod's lease
+        ("k8s:ns", [pod("jupyter-alice")], False),  # no pod named
+    ],
+)
+def test_whether_a_leases_pod_runs(pods, ref, listed, alive):
+    pods["pods"] = listed
+    assert pod_leases.lease_alive(lease(ref), HUB) is alive
+
+
+def test_a_pod_the_hub_is_deleting_is_neither_alive_nor_gone(pods):
+    pods["pods"] = [pod("jupyter-alice")]
+    pod_leases.hub_deleting.add("ns/jupyter-alice")
+    assert pod_leases.lease_alive(lease("k8s:ns/jupyter-alice"), HUB) is None
+
+
+def test_why_a_leases_pod_is_gone(pods, monkeypatch):
+    monkeypatch.setattr(cluster, "node_condition", lambda name: (cluster.NodeState.READY, ""))
+    pods["pods"] = [pod("jupyter-alice", deleting=True)]
+    ending = pod_leases.lease_gone_reason(lease("k8s:ns/jupyter-alice"), HUB)
+    assert ending is not None
+    assert ending.reason == reasons.POD_DELETED
+    pods["pods"] = None
+    pod_leases._pods_cache.clear()
+    assert pod_leases.lease_gone_reason(lease("k8s:ns/jupyter-alice"), HUB) is None  # the API cannot say
+    assert pod_leases.lease_gone_reason(lease("pid:123"), HUB) is None
