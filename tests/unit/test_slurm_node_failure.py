@@ -427,6 +427,11 @@ def test_a_cancel_by_the_hub_is_noted_before_scancel_runs(monkeypatch):
     assert why(asyncio.run(SlurmGPUSpawner.gpu_exit_reason(spawner))) == reasons.STOPPED
 
 
+def reconciler() -> SlurmGPUSpawner:
+    """A spawner as the reconciler asks it about a lease: no user, no server, only the class's rules."""
+    return SlurmGPUSpawner.__new__(SlurmGPUSpawner)
+
+
 def lease(ref: str) -> Lease:
     return Lease("ann", "", ("GPU-1",), datetime(2026, 12, 6, tzinfo=UTC), ref, "wbnode1")
 
@@ -446,17 +451,17 @@ def lease(ref: str) -> Lease:
 )
 def test_the_reconciler_reads_why_from_slurms_job_list(monkeypatch, ref, state, reason):
     monkeypatch.setattr(slurm_spawner, "recent_jobs", lambda: [SlurmJob("8201", state, "None", "wbnode1")])
-    assert why(SlurmGPUSpawner.gpu_lease_gone_reason(None, lease(ref))) == reason
+    assert why(reconciler().gpu_lease_gone_reason(lease(ref))) == reason
 
 
 def test_the_reconciler_says_stopped_for_a_job_the_hub_cancelled_and_nothing_when_slurm_is_away(monkeypatch):
     monkeypatch.setattr(slurm_jobs, "run_slurm", lambda args, timeout=20: "")
     slurm_jobs.cancel("8202")
     monkeypatch.setattr(slurm_spawner, "recent_jobs", lambda: [SlurmJob("8202", "CANCELLED")])
-    assert why(SlurmGPUSpawner.gpu_lease_gone_reason(None, lease("slurm:8202"))) == reasons.STOPPED
+    assert why(reconciler().gpu_lease_gone_reason(lease("slurm:8202"))) == reasons.STOPPED
 
     def away():
         raise SlurmUnavailableError("squeue: Unable to contact slurm controller")
 
     monkeypatch.setattr(slurm_spawner, "recent_jobs", away)
-    assert SlurmGPUSpawner.gpu_lease_gone_reason(None, lease("slurm:8202")) is None
+    assert reconciler().gpu_lease_gone_reason(lease("slurm:8202")) is None

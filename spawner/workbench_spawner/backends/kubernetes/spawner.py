@@ -52,7 +52,6 @@ from urllib.parse import urlparse
 from jupyterhub.spawner import SpawnException
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubespawner import KubeSpawner
-from traitlets import Any as AnyTrait
 from traitlets import default
 
 from workbench_devices import DeviceInventory
@@ -72,29 +71,21 @@ from workbench_spawner.backends.kubernetes.watch import KeptWatches
 from workbench_spawner.form.options import SpawnRequest
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.mixin import GPUSpawnerMixin
-from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.placement.engine_spawner import EngineSpawner, engine_reservations, inventory_once
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 
 
-class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawner):
-    """KubeSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
+class KubernetesGPUSpawner(EngineSpawner, KeptWatches, WorkbenchPod, KubeSpawner):
+    """KubeSpawner with GPU Workbench's admission, ledger and fleet view (engine placement).
+
+    ``workbench_report``: set by the pod's start-up through ``/hub/api/workbench/start-report``, the node and
+    the GPU UUIDs the pod was given."""
 
     workbench_backend = "kubernetes"
-    placement_mode = "engine"
+    lease_ref_prefix = "k8s"
     runs_picked_images = True
     enforces_resource_limits = True  # the pod's limits: the kubelet's cgroups hold it to them
-
-    workbench_report = AnyTrait(
-        None,
-        allow_none=True,
-        help="""
-        Set by the pod's start-up through ``/hub/api/workbench/start-report``
-        (never configure it): the node and the GPU UUIDs the pod was given.
-        """,
-    )
 
     # -- the lock-down and the image's user, as defaults a site may tighten -------------------
 
@@ -162,19 +153,19 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
     def engine_inventory(self) -> DeviceInventory:
         """The cluster's GPUs from the nodes' device-plugin counts, read once per hub process (blocking).
 
-        ``self`` may be a bare config object with the policy's traits. Nodes
-        added later are seen after a hub restart; the fleet view reads them live."""
+        ``self`` may be a bare config object with the policy's traits."""
         traits = self if isinstance(self, KubernetesTraits) else _backend_traits(self.config)
-        key = (self.simulated_gpus, traits.gpu_resource_name)
-        if key not in _inventories:
-            try:
-                nodes = cluster.list_nodes(traits.gpu_resource_name)
-            except cluster.KubernetesUnavailableError as exc:
-                return DeviceInventory("none", [], f"Kubernetes did not answer: {exc}")
-            _inventories[key] = cluster_inventory(
-                nodes, self.simulated_gpus, traits.gpu_product_label, traits.gpu_memory_label
-            )
-        return _inventories[key]
+        return inventory_once(
+            ("kubernetes", self.simulated_gpus, traits.gpu_resource_name),
+            lambda: cluster_inventory(
+                cluster.list_nodes(traits.gpu_resource_name),
+                self.simulated_gpus,
+                traits.gpu_product_label,
+                traits.gpu_memory_label,
+            ),
+            cluster.KubernetesUnavailableError,
+            "Kubernetes",
+        )
 
     def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> KubernetesPlacement:
         def inventory() -> DeviceInventory:
@@ -191,7 +182,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
                 free.extend(mine[: node.gpus_free])
             return free
 
-        real = settings.inventory.source == "kubernetes"
+        real = self.learns_node_uuids(settings)
         capacity: dict[str, int] = {}  # whole GPUs by node, slices by slice_key(node, profile)
         for device in settings.inventory.devices:
             where = slice_key(device.node, device.profile) if device.mig else device.node
@@ -199,7 +190,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         return KubernetesPlacement(
             store,
             inventory,
-            EngineReservations(store, inventory, zone(settings.time_zone), hub_clock(settings.test_clock_file)),
+            engine_reservations(settings, store, inventory),
             free_gpus,
             self.k8s_poll_interval,
             self.k8s_report_timeout,
@@ -314,8 +305,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
         url = await self._pod_start
         if lease:
             await self._annotate(ANNOTATION_GPUS, ",".join(lease.gpu_uuids))
-        node = lease.node if lease else (PodReport.from_json(self.workbench_report) or PodReport("", ())).node
-        self._gpu_events.add(f"Running on {node or 'its node'} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
+        self.announce_running(lease, PodReport.from_json(self.workbench_report))
         parsed = urlparse(url)
         return parsed.hostname or "", parsed.port or self.port
 
@@ -385,7 +375,7 @@ class KubernetesGPUSpawner(GPUSpawnerMixin, KeptWatches, WorkbenchPod, KubeSpawn
     # -- after a hub restart -------------------------------------------------------------------
 
     def gpu_lease_ref(self) -> str:
-        return f"k8s:{self.namespace}/{self.pod_name}" if self._hub else ""
+        return f"{self.lease_ref_prefix}:{self.namespace}/{self.pod_name}" if self._hub else ""
 
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
         """Whether the lease's pod runs (blocking); None while the API server does not answer (``pod_leases``)."""
@@ -422,6 +412,5 @@ def _backend_traits(config) -> KubernetesTraits:
     return Reader(config=config)
 
 
-_inventories: dict[tuple[str, str], DeviceInventory] = {}
 # Every Kubernetes policy of this process, woken when a watch comes back (``watch_recovered``).
 _policies: weakref.WeakSet[GPUPolicy] = weakref.WeakSet()

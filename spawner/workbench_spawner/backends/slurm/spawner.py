@@ -37,10 +37,12 @@ import asyncio
 import os
 import pwd
 import time
+from collections.abc import Hashable
 from dataclasses import asdict, replace
+from typing import Any
 
 from jupyterhub.spawner import SpawnException
-from traitlets import Instance, default
+from traitlets import default
 
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm.batch_script import BATCH_SCRIPT, SlurmBatchScript, refuse_computed_options
@@ -56,36 +58,34 @@ from workbench_spawner.backends.slurm.jobs import (
 )
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
-from workbench_spawner.backends.slurm.reconcile import adopter, reconcile_jobs
+from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.records import SlurmJob
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.gpu_hours import gpu_hours_used
-from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
-from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob
-from workbench_spawner.placement.engine_reservations import EngineReservations
-from workbench_spawner.policy.clock import hub_clock, zone
+from workbench_spawner.placement.engine_reconcile import adopter
+from workbench_spawner.placement.engine_spawner import (
+    EngineSpawner,
+    engine_reservations,
+    inventory_once,
+    read_recently,
+)
 from workbench_spawner.policy.settings import PolicySettings
 
 
-class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
-    """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view (engine placement)."""
+class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
+    """batchspawner's SlurmSpawner with GPU Workbench's admission, ledger and fleet view (engine placement).
+
+    ``workbench_report``: set by the job's start-up through ``/hub/api/batchspawner``, the node's GPUs and the
+    job's UUIDs."""
 
     workbench_backend = "slurm"
-    placement_mode = "engine"
+    lease_ref_prefix = "slurm"
     server_environment = "the cluster's Python environment (the batch job's)"
-
-    workbench_report = Instance(
-        dict,
-        allow_none=True,
-        help="""
-        Set by the job's start-up through ``/hub/api/batchspawner`` (never
-        configure it): the node's GPUs and the job's UUIDs.
-        """,
-    )
 
     @default("batch_script")
     def _default_batch_script(self):
@@ -111,34 +111,27 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         """The cluster's GPUs from Slurm's node records, read once per hub process (blocking).
 
         ``self`` may be a bare config object with the policy's traits (the
-        hub publishes its settings before any spawner exists). Nodes added to
-        the cluster later are seen after a hub restart."""
-        key = self.simulated_gpus
-        if key not in _inventories:
-            try:
-                nodes = [n for n in list_nodes() if n.gpu_count]
-            except SlurmUnavailableError as exc:
-                return DeviceInventory("none", [], f"Slurm did not answer: {exc}")
-            _inventories[key] = cluster_inventory(nodes, self.simulated_gpus)
-        return _inventories[key]
+        hub publishes its settings before any spawner exists)."""
+        return inventory_once(
+            ("slurm", self.simulated_gpus),
+            lambda: cluster_inventory([n for n in list_nodes() if n.gpu_count], self.simulated_gpus),
+            SlurmUnavailableError,
+            "Slurm",
+        )
 
     def engine_placement(self, settings: PolicySettings, store: AllocationStore) -> SlurmPlacement:
         def inventory() -> DeviceInventory:
             return NodeGPUMap(store).resolve(settings.inventory)
 
-        reservations = EngineReservations(
-            store, inventory, zone(settings.time_zone), hub_clock(settings.test_clock_file)
-        )
-        real = settings.inventory.source == "slurm"  # simulated nodes: the hub knows their UUIDs itself
         return SlurmPlacement(
             store,
             inventory,
             self.slurm_poll_interval,
             queue_order=settings.queue_order,
             aging_minutes=settings.queue_aging_minutes,
-            reservations=reservations,
+            reservations=engine_reservations(settings, store, inventory),
             gpu_hours=lambda user: gpu_hours_used(store, user),
-            learn=NodeGPUMap(store).accept if real else lambda report: None,
+            learn=NodeGPUMap(store).accept if self.learns_node_uuids(settings) else lambda report: None,
             devices=lambda: settings.inventory.devices,
         )
 
@@ -229,9 +222,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         return SlurmEngineJob(job_id=self.job_id, started=started, kind=self.gpu_request.kind)
 
     async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
-        report = NodeReport.from_json(self.workbench_report)
-        self._job_node = lease.node if lease else (report.node if report else "")
-        self._gpu_events.add(f"Running on {self._job_node} with {', '.join(self.gpu_uuids) or 'no GPU'}", 90)
+        self._job_node = self.announce_running(lease, NodeReport.from_json(self.workbench_report))
         while not self.port:
             await asyncio.sleep(0.1)
         self.ip = await asyncio.to_thread(self._node_address, self._job_node)
@@ -263,16 +254,16 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         return nodes.get(node) or node or self.state_gethost()
 
     def gpu_lease_ref(self) -> str:
-        return f"slurm:{self.job_id}" if self.job_id else ""
+        return f"{self.lease_ref_prefix}:{self.job_id}" if self.job_id else ""
 
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
-        if not lease.ref.startswith("slurm:"):
+        job_id = self.lease_job(lease)
+        if not job_id:
             return False
         try:
-            jobs = {j.job_id: j for j in recent_jobs()}
+            job = next((j for j in recent_jobs() if j.job_id == job_id), None)
         except SlurmUnavailableError:
             return None
-        job = jobs.get(lease.ref.split(":", 1)[1])
         return bool(job and job.running)
 
     async def gpu_exit_reason(self) -> Ending | None:
@@ -288,9 +279,9 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
     def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
         """The same rule for the reconciler, from Slurm's job list (blocking; squeue keeps an ended job
         ``MinJobAge`` seconds, after that nobody can tell and the answer is None)."""
-        if not lease.ref.startswith("slurm:"):
+        job_id = self.lease_job(lease)
+        if not job_id:
             return None
-        job_id = lease.ref.split(":", 1)[1]
         try:
             job = next((j for j in recent_jobs() if j.job_id == job_id), None)
         except SlurmUnavailableError:
@@ -310,7 +301,8 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         except SlurmUnavailableError as exc:
             self.log.warning("Cannot list Slurm jobs to reconcile GPU leases: %s", exc)
             return
-        store = self.gpu_policy_store()
+        # Inside reconcile too, where asking for the policy returns at once (policy.reconcile).
+        store = self.gpu_policy.store
         inventory = NodeGPUMap(store).resolve(self.engine_inventory())
         by_place = {(d.node, d.index): d.uuid for d in inventory.devices if d.uuid != placeholder_uuid(d.node, d.index)}
 
@@ -323,7 +315,7 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         actions = reconcile_jobs(
             jobs,
             store.leases(),
-            hub_id(store),
+            self.hub_id(),
             lambda node, index: by_place.get((node, index)),
             adopter(store, inventory),
             cancel_quietly,
@@ -331,10 +323,6 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         )
         fixes = {"adopted": SERVER_ADOPTED, "cancelled": SERVER_STOPPED}  # counted on /metrics; each was logged
         self.gpu_policy.count_fixes([action.what for action in actions], fixes)
-
-    def gpu_policy_store(self) -> AllocationStore:
-        # Called from inside reconcile too, where asking for the policy returns at once (policy.reconcile).
-        return self.gpu_policy.store
 
     def load_state(self, state):
         super().load_state(state)
@@ -347,20 +335,14 @@ class SlurmGPUSpawner(GPUSpawnerMixin, SlurmBatchScript):
         return state
 
 
-_inventories: dict[str, DeviceInventory] = {}
 # Jobs submitted after this are this process's own spawns, never orphans of an earlier hub.
 PROCESS_STARTED = time.time()
-_jobs_cache: tuple[float, list] = (0.0, [])
+_jobs_cache: dict[Hashable, tuple[float, Any]] = {}
 
 
-def recent_jobs(max_age: float = 2.0) -> list:
+def recent_jobs(max_age: float = 2.0) -> list[SlurmJob]:
     """Slurm's job list, read at most every ``max_age`` s (reconcile asks once per lease)."""
-    global _jobs_cache
-    at, jobs = _jobs_cache
-    if time.monotonic() - at > max_age:
-        jobs = list_jobs()
-        _jobs_cache = (time.monotonic(), jobs)
-    return jobs
+    return read_recently(_jobs_cache, "jobs", list_jobs, max_age)
 
 
 def _node_down_because(node: str) -> str:
