@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -215,17 +216,15 @@ def node_from_api(
 
 def nodes_with_requests(nodes: list[dict], pods: list[dict], resource: str) -> list[KubeNode]:
     """Every node with what the scheduled, not ended pods on it request of ``resource``."""
-    requested: dict[str, int] = {}
-    slices: dict[str, dict[str, int]] = {}
+    requested: Counter[str] = Counter()
+    slices: defaultdict[str, Counter[str]] = defaultdict(Counter)
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
         if node and (pod.get("status") or {}).get("phase") not in ENDED_PHASES:
-            requested[node] = requested.get(node, 0) + pod_gpu_request(pod, resource)
-            held = slices.setdefault(node, {})
-            for profile, count in pod_slice_requests(pod).items():
-                held[profile] = held.get(profile, 0) + count
+            requested[node] += pod_gpu_request(pod, resource)
+            slices[node].update(pod_slice_requests(pod))
     names = [(n.get("metadata") or {}).get("name", "") for n in nodes]
-    return [node_from_api(n, resource, requested.get(m, 0), slices.get(m)) for n, m in zip(nodes, names, strict=True)]
+    return [node_from_api(n, resource, requested[m], slices.get(m)) for n, m in zip(nodes, names, strict=True)]
 
 
 async def _plain(api, method: str, *args: Any, **kwargs: Any) -> dict:
