@@ -86,13 +86,9 @@ def pod_end_reason(pod: Mapping[str, Any] | None, gone: bool, node: NodeState = 
 
     ``pod``: its last known state (None: never seen); ``gone``: it no longer
     exists in the API; ``node``: its node now (``node_name`` says which)."""
-    if pod is not None:
-        said = status_reason(pod)
-        if said:
-            return said
-    if node is NodeState.GONE:
-        return reasons.NODE_FAILED
-    if _deleting(pod) and node is NodeState.NOT_READY:
+    if said := status_reason(pod or {}):
+        return said
+    if node is NodeState.GONE or (_deleting(pod) and node is NodeState.NOT_READY):
         return reasons.NODE_FAILED
     if gone or _deleting(pod):
         return reasons.POD_DELETED
@@ -111,9 +107,7 @@ def node_name(pod: Mapping[str, Any] | None) -> str:
 
 def needs_node(pod: Mapping[str, Any] | None, gone: bool) -> bool:
     """Whether the table would look at the node (so a caller asks the API only then)."""
-    if pod is not None and status_reason(pod):
-        return False
-    return gone or _deleting(pod)
+    return not status_reason(pod or {}) and (gone or _deleting(pod))
 
 
 def pod_ending(
