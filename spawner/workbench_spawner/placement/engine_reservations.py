@@ -5,28 +5,27 @@ an engine places, the workbench still decides one thing: when to submit. A
 user who is not in a group with an open reservation may submit only while the
 engine's free GPUs cover what the reservations still keep for their members
 after this request (``gpus_user_may_take``, the host allocator's rule: grace
-period, members' demand). Until then the spawn waits in the hub, says why,
-and counts against the queue timeout; nothing waits in the engine meanwhile,
-so the engine cannot hand a member's GPU to it. Members submit at once. Each
-backend says what "free" means in its engine (``free_gpus``).
+period, members' demand). Until then the spawn waits in the hub
+(``EngineTemplate.admit_to_queue``), says why, and counts against the queue
+timeout; nothing waits in the engine meanwhile, so the engine cannot hand a
+member's GPU to it. Members submit at once. Each backend says what "free"
+means in its engine (``free_gpus``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, tzinfo
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore
-from workbench_spawner.placement.host import NoGPUAvailableError, holdings
+from workbench_spawner.placement.host import holdings
 from workbench_spawner.policy.clock import Clock, real_now
 from workbench_spawner.rules.reservations import (
     Holding,
     Reservation,
     demand_by_group,
-    gpus_text,
     gpus_user_may_take,
     is_member,
     reserved_now,
@@ -92,41 +91,3 @@ class EngineReservations:
             return True, ""
         kept = "; ".join(reserved_now(others, now, self.tz, inventory.count_by_model()))
         return False, f"{len(free)} free in the cluster, but {kept}"
-
-
-async def wait_to_submit(
-    reservations: EngineReservations,
-    admitting: asyncio.Lock,
-    key: str,
-    request: tuple[frozenset[str], int, str | None],
-    deadline: float,
-    check: Callable[[], tuple[bool, str]],
-    clock: Callable[[], float],
-    poll_interval: float,
-    describe: Callable[[str], None],
-    nothing_made: str,
-) -> None:
-    """An engine placement's ``admit_to_queue``: return once ``check()`` (blocking) lets the request go.
-
-    The check and the admission it leads to are one step under ``admitting``: ten non-members who ask
-    at the same second do not all see the same free GPUs. From then on the request counts as about to
-    take GPUs (``reservations.asking[key]``) until the placement follows it or withdraws it. The user
-    sees why it waits; at ``deadline`` it is NoGPUAvailableError, saying ``nothing_made`` ("no pod was
-    created")."""
-    _groups, count, model = request
-    note = ""
-    while True:
-        async with admitting:
-            ok, why = await asyncio.to_thread(check)
-            if ok:
-                reservations.asking[key] = request
-                return
-        if why != note:
-            describe(f"Waiting for {gpus_text(count, model)} outside reserved ones: {why}")
-            note = why
-        if clock() >= deadline:
-            raise NoGPUAvailableError(
-                f"No {gpus_text(count, model)} outside reserved ones came free in time ({why}); {nothing_made}. "
-                "Try again later, ask for fewer GPUs, or start a CPU-only server (0 GPUs)."
-            )
-        await asyncio.sleep(poll_interval)

@@ -28,7 +28,7 @@ from workbench_spawner.placement.engine import (
     ReportMismatchError,
     _quiet,
 )
-from workbench_spawner.placement.engine_reservations import EngineReservations, wait_to_submit
+from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailableError, Report, _nothing
 from workbench_spawner.rules.queue_order import Waiting
 from workbench_spawner.rules.reservations import gpus_text
@@ -197,28 +197,33 @@ class EngineTemplate(EnginePlacement):
     ) -> None:
         """Return once submitting leaves what open reservations keep; NoGPUAvailableError at ``deadline``.
 
-        The admitted request counts as about to take GPUs (``reservations.asking[key]``) from then on,
-        until ``place`` follows its job or ``withdraw(key)``."""
+        The check and the admission it leads to are one step (``_admitting``). From then on the request counts
+        as about to take GPUs (``reservations.asking[key]``) until ``place`` follows its job or ``withdraw(key)``.
+        The user sees why it waits."""
+        note = ""
+        while True:
+            async with self._admitting:
+                ok, why = await asyncio.to_thread(self._may_submit, groups, count, model)
+                if ok:
+                    self.reservations.asking[key] = (frozenset(groups), count, model)
+                    return
+            if why != note:
+                describe(f"Waiting for {gpus_text(count, model)} outside reserved ones: {why}")
+                note = why
+            if self.clock() >= deadline:
+                raise NoGPUAvailableError(
+                    f"No {gpus_text(count, model)} outside reserved ones came free in time ({why}); "
+                    f"{self.words.nothing_made}. Try again later, ask for fewer GPUs, or start a CPU-only server "
+                    "(0 GPUs)."
+                )
+            await asyncio.sleep(self.poll_interval)
 
-        def check() -> tuple[bool, str]:
-            try:
-                return self.reservations.may_submit(groups, count, model, self.free_gpus)
-            except self.unavailable_errors as exc:
-                return False, self.unanswered(exc)
-
-        request = (frozenset(groups), count, model)
-        await wait_to_submit(
-            self.reservations,
-            self._admitting,
-            key,
-            request,
-            deadline,
-            check,
-            self.clock,
-            self.poll_interval,
-            describe,
-            self.words.nothing_made,
-        )
+    def _may_submit(self, groups: Sequence[str], count: int, model: str | None) -> tuple[bool, str]:
+        """The reservations' check with what the engine has free (blocking); an engine that did not answer says so."""
+        try:
+            return self.reservations.may_submit(groups, count, model, self.free_gpus)
+        except self.unavailable_errors as exc:
+            return False, self.unanswered(exc)
 
     def withdraw(self, key: str) -> None:
         """The admitted request ``key`` is not going to the engine's queue after all (the submission failed)."""
