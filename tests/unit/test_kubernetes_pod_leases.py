@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
+from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.kubernetes import cluster, pod_leases
-from workbench_spawner.backends.kubernetes.manifests import LABEL_HUB
+from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.store import Lease
 
@@ -73,3 +76,36 @@ def test_why_a_leases_pod_is_gone(pods, monkeypatch):
     pod_leases._pods_cache.clear()
     assert pod_leases.lease_gone_reason(lease("k8s:ns/jupyter-alice"), HUB) is None  # the API cannot say
     assert pod_leases.lease_gone_reason(lease("pid:123"), HUB) is None
+
+
+def test_reconcile_deletes_the_pods_whose_stop_failed_and_adopts_a_slice_pod_by_its_share(pods, store, monkeypatch):
+    inventory = DeviceInventory("simulated", parse_simulated_spec("1xH200-141GB:mig=1x1g.18gb", "n1"))
+    (mig,) = [d.uuid for d in inventory.devices if d.mig]
+    orphan = pod("wb-1a2b3c4d-carol")
+    orphan["metadata"].update(
+        creationTimestamp="2026-01-01T09:00:00Z",  # before this hub process: an earlier hub's spawn
+        annotations={LABEL_USER: "carol", LABEL_SERVER: "", ANNOTATION_GPUS: mig},
+    )
+    orphan["spec"]["containers"] = [{"resources": {"limits": {"nvidia.com/mig-1g.18gb": "1"}}}]
+    pods["pods"] = [orphan]
+    deleted = []
+    monkeypatch.setattr(cluster, "delete_pod", lambda *args, **kwargs: deleted.append((args, kwargs)))
+    monkeypatch.setattr(pod_leases, "left_pods", {"ns/wb-1a2b3c4d-bob": "uid-1"})
+    fixes: list[str] = []
+    policy = SimpleNamespace(
+        store=store,
+        inventory=inventory,
+        record_fix=lambda kind, line: fixes.append(line),
+        count_fixes=lambda whats, kinds: fixes.extend(whats),
+    )
+
+    pod_leases.reconcile_orphans(policy, "ns", HUB, logging.getLogger("test"))
+
+    assert deleted == [(("ns", "wb-1a2b3c4d-bob", 0), {"uid": "uid-1"})]  # by uid: never a newer pod of the name
+    assert pod_leases.left_pods == {}
+    (lease,) = store.leases()
+    assert (lease.user, lease.gpu_uuids, lease.shares) == ("carol", (mig,), pytest.approx((1 / 7,)))
+    assert fixes == [
+        "reconcile: deleted pod ns/wb-1a2b3c4d-bob, whose stop failed while the Kubernetes API did not answer",
+        "adopted",
+    ]

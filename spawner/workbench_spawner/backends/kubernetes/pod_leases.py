@@ -11,7 +11,6 @@ remembered here by uid and deleted by the next pass.
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
 from typing import Any
@@ -24,6 +23,7 @@ from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
+from workbench_spawner.placement.engine_reconcile import adopter
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 # Pods created after this are this process's own spawns, never orphans of an earlier hub.
@@ -97,8 +97,7 @@ def reconcile_orphans(policy: GPUPolicy, namespace: str, hub: str, log: logging.
         except cluster.KubernetesUnavailableError as exc:
             log.warning("Could not delete pod %s: %s", name, exc)
 
-    adopt = functools.partial(store.adopt, shares=policy.shares())  # a slice is charged by its share, as it started
-    actions = reconcile_pods(pods, store.leases(), adopt, delete, PROCESS_STARTED)
+    actions = reconcile_pods(pods, store.leases(), adopter(store, policy.inventory), delete, PROCESS_STARTED)
     fixes = {"adopted": SERVER_ADOPTED, "deleted": SERVER_STOPPED}  # counted on /metrics; each was logged
     policy.count_fixes([action.what for action in actions], fixes)
 
