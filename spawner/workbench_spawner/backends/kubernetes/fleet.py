@@ -75,27 +75,23 @@ def node_rows(known: dict[str, list[str]]) -> list[dict] | None:
     nodes = kube_nodes()
     if nodes is None:
         return None
-    rows = []
     # MIG UUIDs are learned per node and profile ("<node>/mig-<profile>"): listed with their node.
     by_node: dict[str, list[str]] = {}
     for key, uuids in known.items():
         by_node.setdefault(key.partition("/")[0], []).extend(uuids)
-    known = by_node
-    for name, node in sorted(nodes.items()):
-        if not node.gpu_capacity and not node.slices and name not in known:
-            continue
-        rows.append(
-            {
-                "node": name,
-                "ready": node.ready,
-                "schedulable": node.schedulable,
-                "gpu_capacity": node.gpu_capacity,
-                "gpu_allocatable": node.gpu_allocatable,
-                "gpus_requested": node.gpus_requested,
-                "reported_uuids": known.get(name, []),
-            }
-        )
-    return rows
+    return [
+        {
+            "node": name,
+            "ready": node.ready,
+            "schedulable": node.schedulable,
+            "gpu_capacity": node.gpu_capacity,
+            "gpu_allocatable": node.gpu_allocatable,
+            "gpus_requested": node.gpus_requested,
+            "reported_uuids": by_node.get(name, []),
+        }
+        for name, node in sorted(nodes.items())
+        if node.gpu_capacity or node.slices or name in by_node
+    ]
 
 
 def check_config(config: Config) -> list[str]:
