@@ -38,6 +38,7 @@ from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
 from workbench_spawner.backends.kubernetes.cluster import KubeNode
 from workbench_spawner.ledger.node_book import NodeBook
 from workbench_spawner.placement.engine import ReportConflictError
+from workbench_spawner.placement.engine_inventory import is_simulated, node_devices, summarized
 
 NODE_UUIDS_KEY = "kubernetes-node-gpus"
 GFD_PRODUCT = "nvidia.com/gpu.product"
@@ -77,10 +78,7 @@ def model_of(labels: Mapping[str, str], product_label: str = GFD_PRODUCT, memory
     # (80 GiB) is H100-80GB, NVIDIA-A100-SXM4-40GB is A100-40GB, NVIDIA-H200 (141 GiB) is H200-141GB.
     words = [w for w in re.split(r"[\s-]+", product) if w.upper() not in VENDOR_WORDS]
     short = (words[0] if words else product).upper()
-    try:
-        mib = int(labels.get(memory_label) or 0)
-    except ValueError:
-        mib = 0
+    mib = _mib(labels.get(memory_label))
     return f"{short}-{round(mib / 1024)}GB" if mib else short
 
 
@@ -91,38 +89,31 @@ def cluster_inventory(
     memory_label: str = GFD_MEMORY,
 ) -> DeviceInventory:
     """One device per GPU the nodes' device plugins advertise (capacity, so a drained GPU still shows)."""
-    simulated = simulated_spec.strip() not in ("", "0")
-    devices: list[GPUDevice] = []
-    for node in nodes:
-        if not node.gpu_capacity and not node.slices:
-            continue
-        spec = parse_simulated_spec(simulated_spec, node.name) if simulated else []
-        known = [d for d in spec if not d.mig]
-        model = model_of(node.labels, product_label, memory_label)
-        devices.extend(_slices(node, [d for d in spec if d.mig], model, product_label))
-        for index in range(node.gpu_capacity):
-            if index < len(known):
-                devices.append(replace(known[index], index=index, node=node.name))
-                continue
-            devices.append(
-                GPUDevice(
-                    uuid=placeholder_uuid(node.name, index),
-                    index=index,
-                    name=f"{(node.labels.get(product_label) or 'GPU').replace('-', ' ')} on {node.name}",
-                    memory_total_bytes=_memory_bytes(node.labels.get(memory_label)),
-                    model=model,
-                    node=node.name,
-                )
-            )
+    simulated = is_simulated(simulated_spec)
     with_gpus = [n for n in nodes if n.gpu_capacity or n.slices]
-    names = ", ".join(f"{n.name} ({_counted(n)})" for n in with_gpus) or "none"
-    label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
-    source = "simulated" if simulated else "kubernetes"
-    whole = sum(1 for d in devices if not d.mig)
-    cut = f" and {len(devices) - whole} MIG slice(s)" if whole < len(devices) else ""
+    devices: list[GPUDevice] = []
+    for node in with_gpus:
+        spec = parse_simulated_spec(simulated_spec, node.name) if simulated else []
+        model = model_of(node.labels, product_label, memory_label)
+        product = (node.labels.get(product_label) or "GPU").replace("-", " ")
+        devices.extend(_slices(node, [d for d in spec if d.mig], model, product))
+        memory = _mib(node.labels.get(memory_label)) * 1024 * 1024
+        placeholders = [
+            GPUDevice(
+                uuid=placeholder_uuid(node.name, index),
+                index=index,
+                name=f"{product} on {node.name}",
+                memory_total_bytes=memory,
+                model=model,
+                node=node.name,
+            )
+            for index in range(node.gpu_capacity)
+        ]
+        devices.extend(node_devices(node.name, [d for d in spec if not d.mig], placeholders))
     # Whole GPUs first, by node, then the slices: the order the form and the fleet list them in.
     devices.sort(key=lambda d: d.mig)
-    return DeviceInventory(source, devices, f"{whole} {label}{cut} on Kubernetes nodes {names}")
+    names = ", ".join(f"{n.name} ({_counted(n)})" for n in with_gpus) or "none"
+    return summarized("kubernetes", "Kubernetes", simulated, devices, names, slices_apart=True)
 
 
 def _counted(node: KubeNode) -> str:
@@ -130,8 +121,9 @@ def _counted(node: KubeNode) -> str:
     return f"{node.gpu_capacity}, {slices}" if slices else str(node.gpu_capacity)
 
 
-def _slices(node: KubeNode, simulated: Sequence[GPUDevice], model: str, product_label: str) -> list[GPUDevice]:
-    """One device per MIG slice the node advertises: the spec's on a simulated node, else placeholders."""
+def _slices(node: KubeNode, simulated: Sequence[GPUDevice], model: str, product: str) -> list[GPUDevice]:
+    """One device per MIG slice the node advertises: the spec's on a simulated node (each keeps its GPU's
+    index, as NVML numbers a slice), else placeholders numbered by their place among the profile's slices."""
     devices = []
     for profile, count in node.slices.items():
         spec = [d for d in simulated if d.profile == profile]
@@ -139,7 +131,6 @@ def _slices(node: KubeNode, simulated: Sequence[GPUDevice], model: str, product_
             if place < len(spec):
                 devices.append(replace(spec[place], node=node.name))
                 continue
-            product = (node.labels.get(product_label) or "GPU").replace("-", " ")
             devices.append(
                 GPUDevice(
                     uuid=slice_placeholder(node.name, profile, place),
@@ -161,32 +152,12 @@ def _profile_bytes(profile: str) -> int:
     return int(digits) * 10**9 if digits.isdigit() else 0
 
 
-def _memory_bytes(mib: str | None) -> int:
+def _mib(label: str | None) -> int:
+    """GFD's memory label (MiB); 0 where it is missing or unreadable."""
     try:
-        return int(mib or 0) * 1024 * 1024
+        return int(label or 0)
     except ValueError:
         return 0
-
-
-def resolve(inventory: DeviceInventory, known: Mapping[str, Sequence[str]]) -> DeviceInventory:
-    """The inventory with each node's placeholders replaced, in order, by the UUIDs its pods reported."""
-    if inventory.source != "kubernetes" or not known:
-        return inventory
-    devices = []
-    for device in inventory.devices:
-        if device.mig:
-            names = known.get(slice_key(device.node, device.profile)) or []
-            if device.uuid == slice_placeholder(device.node, device.profile, device.index) and device.index < len(
-                names
-            ):
-                device = replace(device, uuid=names[device.index])
-            devices.append(device)
-            continue
-        names = known.get(device.node) or []
-        if device.uuid == placeholder_uuid(device.node, device.index) and device.index < len(names):
-            device = replace(device, uuid=names[device.index])
-        devices.append(device)
-    return DeviceInventory(inventory.source, devices, inventory.message)
 
 
 class UUIDConflictError(ReportConflictError):
@@ -197,6 +168,17 @@ class NodeUUIDs(NodeBook):
     """Per node, the UUIDs pods reported there (``NodeBook``; MIG slices under ``slice_key``)."""
 
     key = NODE_UUIDS_KEY
+    engine = "kubernetes"
+
+    @staticmethod
+    def places(known: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+        """A key's UUIDs take its places in the order pods reported them."""
+        return {(key, i): {"uuid": uuid} for key, uuids in known.items() for i, uuid in enumerate(uuids)}
+
+    @staticmethod
+    def place_key(device: GPUDevice) -> str:
+        """A slice's UUIDs are kept per node and profile (``slice_key``), a whole GPU's per node."""
+        return slice_key(device.node, device.profile) if device.mig else device.node
 
     def accept(self, node: str, uuids: Iterable[str], capacity: int, profile: str = "") -> None:
         """Learn ``uuids`` on ``node`` (slices of ``profile`` if given); UUIDConflictError if one is known
@@ -206,9 +188,10 @@ class NodeUUIDs(NodeBook):
         node = slice_key(node, profile) if profile else node
 
         def learn(known: dict[str, Any]) -> bool:
+            owners = self.owners(known)
             for uuid in uuids:
-                elsewhere = next((n for n, rows in known.items() if uuid in rows and n != node), None)
-                if elsewhere:
+                if uuid in owners and owners[uuid][0] != node:
+                    elsewhere = owners[uuid][0]
                     other = elsewhere.partition("/")[0]
                     raise UUIDConflictError(
                         f"a pod on {where} reported GPU {uuid}, which the hub knows on node {elsewhere}; if GPUs "
@@ -228,5 +211,3 @@ class NodeUUIDs(NodeBook):
             return True
 
         self.update(learn)
-
-    resolve_with = staticmethod(resolve)

@@ -23,8 +23,6 @@ An admin who swaps a node's GPUs clears that node's entry
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice, parse_simulated_spec
@@ -33,6 +31,7 @@ from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.records import SlurmNode
 from workbench_spawner.ledger.node_book import NodeBook
 from workbench_spawner.placement.engine import ReportConflictError
+from workbench_spawner.placement.engine_inventory import is_simulated, node_devices, summarized
 
 NODE_GPUS_KEY = "slurm-node-gpus"
 
@@ -56,28 +55,22 @@ def cluster_inventory(nodes: list[SlurmNode], simulated_spec: str) -> DeviceInve
     would put the wrong UUID in leases: such a spec gives no inventory and
     says why.
     """
-    simulated = simulated_spec.strip() not in ("", "0")
+    simulated = is_simulated(simulated_spec)
     devices: list[GPUDevice] = []
     for node in nodes:
         known = parse_simulated_spec(simulated_spec, node.name) if simulated else []
-        for index, kind in enumerate(node.gres_types()):
-            if index < len(known):
-                device = known[index]
-                if is_profile_name(kind) != device.mig or (device.mig and device.profile != kind):
-                    what = f"a {device.profile} slice" if device.mig else f"a whole {device.model}"
-                    return DeviceInventory(
-                        "none",
-                        [],
-                        f"WORKBENCH_SIMULATED_GPUS lists {what} as GPU {index} of {node.name}, where Slurm has "
-                        f"GRES type {kind or '(none)'}; list the simulated devices in gres.conf's order",
-                    )
-                devices.append(replace(device, index=index, node=node.name))
-            else:
-                devices.append(placeholder(node.name, index, kind))
-    source = "simulated" if simulated else "slurm"
-    names = ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes)
-    label = "simulated GPU(s), readings made up" if simulated else "GPU(s)"
-    return DeviceInventory(source, devices, f"{len(devices)} {label} on Slurm nodes {names}")
+        kinds = node.gres_types()
+        for index, (kind, device) in enumerate(zip(kinds, known, strict=False)):
+            if is_profile_name(kind) != device.mig or (device.mig and device.profile != kind):
+                what = f"a {device.profile} slice" if device.mig else f"a whole {device.model}"
+                return DeviceInventory(
+                    "none",
+                    [],
+                    f"WORKBENCH_SIMULATED_GPUS lists {what} as GPU {index} of {node.name}, where Slurm has "
+                    f"GRES type {kind or '(none)'}; list the simulated devices in gres.conf's order",
+                )
+        devices += node_devices(node.name, known, [placeholder(node.name, i, kind) for i, kind in enumerate(kinds)])
+    return summarized("slurm", "Slurm", simulated, devices, ", ".join(f"{n.name} ({n.gpu_count})" for n in nodes))
 
 
 def placeholder(node: str, index: int, kind: str) -> GPUDevice:
@@ -93,29 +86,6 @@ def placeholder(node: str, index: int, kind: str) -> GPUDevice:
         mig=slice_,
         profile=kind if slice_ else "",
     )
-
-
-def resolve(inventory: DeviceInventory, known: Mapping[str, Iterable[dict]]) -> DeviceInventory:
-    """The inventory with every reported GPU under its real UUID, name and memory."""
-    if inventory.source != "slurm" or not known:
-        return inventory
-    by_place = {(node, int(e["index"])): e for node, rows in known.items() for e in rows}
-    devices = []
-    for device in inventory.devices:
-        entry = by_place.get((device.node, device.index))
-        if entry is None:
-            devices.append(device)
-            continue
-        learned = replace(
-            device,
-            uuid=entry["uuid"],
-            name=entry.get("name") or device.name,
-            memory_total_bytes=int(entry.get("memory_total_bytes") or 0),
-        )
-        if device.mig and entry.get("profile") == device.profile:  # the slice's GPU, as the job saw it
-            learned = replace(learned, parent_uuid=entry.get("parent_uuid", ""), model=entry.get("model", ""))
-        devices.append(learned)
-    return replace(inventory, devices=devices)
 
 
 class MapConflictError(ReportConflictError):
@@ -143,6 +113,11 @@ class NodeGPUMap(NodeBook):
     """Per node, index -> the GPU a job reported there (``NodeBook``)."""
 
     key = NODE_GPUS_KEY
+    engine = "slurm"
+
+    @staticmethod
+    def places(known: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+        return {(node, int(e["index"])): e for node, rows in known.items() for e in rows}
 
     def accept(self, report: NodeReport) -> None:
         """Learn the GPUs a job reported on its node; MapConflictError if they contradict what is known.
@@ -158,7 +133,7 @@ class NodeGPUMap(NodeBook):
 
         def learn(known: dict[str, Any]) -> bool:
             here = {e["index"]: e for e in known.get(report.node, [])}
-            where = {e["uuid"]: (node, e["index"]) for node, rows in known.items() for e in rows}
+            where = self.owners(known)
             new = []
             for entry in entries:
                 old = here.get(entry["index"])
@@ -182,5 +157,3 @@ class NodeGPUMap(NodeBook):
             return True
 
         self.update(learn)
-
-    resolve_with = staticmethod(resolve)
