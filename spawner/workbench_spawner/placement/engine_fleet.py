@@ -44,7 +44,7 @@ def lazy(target: str) -> Callable[..., Any]:
 
 
 class Recent(Generic[T]):
-    """A slow blocking read (an engine's node list), answered from memory for ``max_age`` seconds.
+    """A slow blocking read (an engine's node or job list), answered from memory for ``max_age`` seconds.
 
     One caller reads at a time; the others wait for its answer instead of asking the engine too. The age
     counts from the answer, so a slow read does not run back to back. A read that raises one of
