@@ -19,6 +19,7 @@ from traitlets.config import Config
 
 from workbench_hub.env_values import ConfigError, Env, comma_list, flag, number, text
 from workbench_spawner.backend import HubContext
+from workbench_spawner.image_config import configure_images
 
 
 def _node_selector(env: Env) -> dict[str, str]:
@@ -60,17 +61,13 @@ def _cidrs(env: Env, name: str, default: list[str]) -> list[str]:
 def configure(c: Config, env: Env, hub: HubContext) -> None:
     """``WORKBENCH_BACKEND=kubernetes``: the image, namespace, storage, GPU labels, and where pods reach the hub."""
     c.JupyterHub.spawner_class = "gpu-kubernetes"
-    image = text(env, "WORKBENCH_IMAGE")
-    if not image:
-        raise ConfigError(
-            "the kubernetes backend needs WORKBENCH_IMAGE, the single-user image the nodes can pull "
-            "(e.g. registry.example.org/gpu-workbench/singleuser:1.0)"
-        )
     spawner = c.KubernetesGPUSpawner
-    spawner.image = image
-    offered = comma_list(env, "WORKBENCH_IMAGES")
-    if offered:
-        spawner.offered_images = offered
+    configure_images(
+        spawner,
+        env,
+        "kubernetes",
+        "the single-user image the nodes can pull (e.g. registry.example.org/gpu-workbench/singleuser:1.0)",
+    )
     namespace = text(env, "WORKBENCH_K8S_NAMESPACE")
     if namespace:
         spawner.namespace = namespace

@@ -17,9 +17,7 @@ from traitlets.config import Config
 
 from workbench_hub.env_values import ConfigError, Env, comma_list, number, text
 from workbench_spawner.backend import HubContext
-from workbench_spawner.rules.admission import image_refusal
-
-_IMAGE_REFUSAL = image_refusal("slurm", "the cluster's Python environment (the batch job's)")
+from workbench_spawner.image_config import refuse_images
 
 
 def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
@@ -51,7 +49,5 @@ def update_slurm(c: Config, env: Env, bin_dir: Path) -> None:
 
 def configure(c: Config, env: Env, hub: HubContext) -> None:
     """``WORKBENCH_BACKEND=slurm``."""
-    if text(env, "WORKBENCH_IMAGES"):
-        # A form would offer images the server then ignores: refused, as admission refuses an ``image`` option.
-        raise ConfigError(f"WORKBENCH_IMAGES is set, but {_IMAGE_REFUSAL[0].lower()}{_IMAGE_REFUSAL[1:]} Unset it.")
+    refuse_images(env, "slurm", "the cluster's Python environment (the batch job's)")
     update_slurm(c, env, hub.bin_dir)

@@ -1,0 +1,102 @@
+"""The spawner side both engines share (``placement/engine_spawner.py``): the lease's ref read back, the progress
+line, the inventory read once per process and the job list read at most every few seconds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from workbench_devices import DeviceInventory
+from workbench_spawner.backends.kubernetes.spawner import KubernetesGPUSpawner
+from workbench_spawner.backends.slurm.spawner import SlurmGPUSpawner
+from workbench_spawner.form.progress import SpawnEvents
+from workbench_spawner.ledger.store import Lease
+from workbench_spawner.placement import engine_spawner
+from workbench_spawner.placement.engine_spawner import EngineSpawner, inventory_once, read_recently
+
+
+def lease(ref: str, node: str = "wbnode1") -> Lease:
+    return Lease("ann", "", ("GPU-1",), datetime(2026, 12, 6, tzinfo=UTC), ref, node)
+
+
+def bare(cls: type[EngineSpawner]) -> EngineSpawner:
+    """A spawner with its class's rules and nothing else (no user, no server)."""
+    return cls.__new__(cls)
+
+
+@pytest.mark.parametrize(
+    ("cls", "ref", "job"),
+    [
+        (SlurmGPUSpawner, "slurm:8201", "8201"),
+        (SlurmGPUSpawner, "k8s:ns/wb-1-ann", ""),  # another engine's lease
+        (SlurmGPUSpawner, "pid:42", ""),
+        (SlurmGPUSpawner, "slurm", ""),
+        (KubernetesGPUSpawner, "k8s:ns/wb-1-ann", "ns/wb-1-ann"),
+        (KubernetesGPUSpawner, "slurm:8201", ""),
+        (KubernetesGPUSpawner, "", ""),
+    ],
+)
+def test_a_lease_is_read_back_only_by_the_engine_that_wrote_it(cls, ref, job):
+    assert bare(cls).lease_job(lease(ref)) == job
+
+
+@pytest.mark.parametrize(("cls", "placed"), [(SlurmGPUSpawner, "slurm"), (KubernetesGPUSpawner, "kubernetes")])
+def test_both_engines_are_engine_placed_and_keep_a_start_report(cls, placed):
+    assert cls.placement_mode == "engine"
+    assert cls.workbench_backend == placed
+    assert "workbench_report" in cls.class_trait_names()
+    assert bare(cls).workbench_report is None  # until the server's start-up reports
+
+
+class Report:
+    node = "wbnode2"
+
+
+@pytest.mark.parametrize(
+    ("with_lease", "report", "node", "line"),
+    [
+        (True, None, "wbnode1", "Running on wbnode1 with GPU-1"),
+        (False, Report(), "wbnode2", "Running on wbnode2 with no GPU"),
+        (False, None, "", "Running on its node with no GPU"),
+    ],
+)
+def test_the_progress_page_says_where_the_server_runs(with_lease, report, node, line):
+    spawner = bare(SlurmGPUSpawner)
+    spawner._gpu_events = SpawnEvents()
+    spawner.gpu_uuids = ["GPU-1"] if with_lease else []
+    assert spawner.announce_running(lease("slurm:1") if with_lease else None, report) == node
+    assert [e["message"] for e in spawner._gpu_events._events] == [line]
+
+
+def test_the_inventory_is_read_once_and_an_engine_away_is_asked_again(monkeypatch):
+    monkeypatch.setattr(engine_spawner, "_inventories", {})
+    reads: list[str] = []
+
+    def away() -> DeviceInventory:
+        reads.append("away")
+        raise OSError("connection refused")
+
+    def found() -> DeviceInventory:
+        reads.append("found")
+        return DeviceInventory("toy", [], "0 GPU(s)")
+
+    assert inventory_once(("toy",), away, OSError, "Toy") == DeviceInventory(
+        "none", [], "Toy did not answer: connection refused"
+    )
+    assert inventory_once(("toy",), found, OSError, "Toy").source == "toy"
+    assert inventory_once(("toy",), away, OSError, "Toy").source == "toy"
+    assert reads == ["away", "found"]
+
+
+def test_a_listing_is_read_again_only_once_it_is_older_than_max_age(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr(engine_spawner.time, "monotonic", lambda: now[0])
+    cache: dict = {}
+    reads = iter(range(10))
+    assert read_recently(cache, "jobs", lambda: next(reads), 2.0) == 0
+    now[0] += 1.5
+    assert read_recently(cache, "jobs", lambda: next(reads), 2.0) == 0
+    now[0] += 1.0
+    assert read_recently(cache, "jobs", lambda: next(reads), 2.0) == 1
+    assert read_recently(cache, "pods", lambda: next(reads), 2.0) == 2  # each key its own listing
