@@ -107,8 +107,7 @@ class KeptWatch(_ReflectorBase):
 
     def _gave_up(self) -> None:
         """``on_failure``: KubeSpawner's watch loop ends right after this; keep the view and start the keeper."""
-        if self.gave_up_at is None:
-            self.gave_up_at = time.monotonic()
+        self.gave_up_at = self.gave_up_at or time.monotonic()
         self.log.warning(
             "The %s watch gave up (the Kubernetes API server did not answer for about a minute); the hub keeps "
             "its last view and restarts the watch as soon as the API server answers (tries after 1 s, then "
@@ -116,11 +115,14 @@ class KeptWatch(_ReflectorBase):
             self.kind,
             BACKOFF_MAX,
         )
-        self._ensure_keeper()
+        if not self._stopping:
+            self._ensure_keeper()
 
-    def _ensure_keeper(self) -> None:
-        if (self._keeper is None or self._keeper.done()) and not self._stopping:
+    def _ensure_keeper(self) -> asyncio.Task:
+        """The keeper task, started unless it runs."""
+        if self._keeper is None or self._keeper.done():
             self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"keep-{self.kind}-watch")
+        return self._keeper
 
     async def _keep(self) -> None:
         """Try to restart the watch with backoff until it runs again or the reflector is stopped."""
@@ -134,9 +136,7 @@ class KeptWatch(_ReflectorBase):
             gap = MIN_ATTEMPT_GAP - (time.monotonic() - self._last_attempt)
             if gap > 0:
                 await asyncio.sleep(gap)
-            if self._stopping:
-                return
-            if await self._attempt():
+            if self._stopping or await self._attempt():
                 return
 
     async def _attempt(self) -> bool:
@@ -186,13 +186,9 @@ class KeptWatch(_ReflectorBase):
             await asyncio.wait([task])
         if self.watching:
             return
-        if self.gave_up_at is None:
-            self.gave_up_at = time.monotonic()
-        self._ensure_keeper()
+        self.gave_up_at = self.gave_up_at or time.monotonic()
         self._wake.set()
-        keeper = self._keeper
-        if keeper is not None:
-            await asyncio.wait([keeper], timeout=wait)
+        await asyncio.wait([self._ensure_keeper()], timeout=wait)
 
     async def stop(self) -> None:
         """Stop the keeper too: a reflector that was stopped on purpose stays stopped."""
