@@ -211,10 +211,13 @@ class SlurmPlacement(EngineTemplate):
         return Look(text=text, report=(ahead,), detail=text)
 
     def uuids(self, job: EngineJob, look: Look, report: Any, count: int) -> list[str]:
-        uuids = self._uuids(look.record, report, count)
-        if not uuids:
+        """The job's GPU UUIDs, when Slurm's indices on its node and the job's ``NodeReport`` agree."""
+        given = look.record.gpu_indices
+        agree = report is not None and report.node == look.node and len(given) == count
+        uuids = report.uuids_for(given) if agree else []
+        if not uuids or sorted(uuids) != sorted(report.job_gpus):
             raise ReportMismatchError(
-                f"Slurm gave job {job.job_id} GPU indices {list(look.record.gpu_indices)} on {look.node}, but the "
+                f"Slurm gave job {job.job_id} GPU indices {list(given)} on {look.node}, but the "
                 f"job reported {list(report.job_gpus) if report else 'nothing'}; the job was cancelled. "
                 "Tell a hub admin: the node's GPU list and gres.conf disagree."
             )
@@ -251,15 +254,3 @@ class SlurmPlacement(EngineTemplate):
         ordered = order(list(self._pending.values()), self.queue_order, now, self.aging_minutes)
         why = explain(mine, ordered, self.queue_order, now, self.aging_minutes)
         return f"; {why}" if why else ""
-
-    @staticmethod
-    def _uuids(job: SlurmJob, node_report: NodeReport | None, count: int) -> list[str]:
-        """The job's GPU UUIDs, when Slurm's indices and the job's report agree (else [])."""
-        if not count:
-            return []
-        if node_report is None or node_report.node != job.node or len(job.gpu_indices) != count:
-            return []
-        uuids = node_report.uuids_for(job.gpu_indices)
-        if not uuids or sorted(uuids) != sorted(node_report.job_gpus):
-            return []
-        return uuids
