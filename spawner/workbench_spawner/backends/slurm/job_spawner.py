@@ -44,6 +44,9 @@ class SlurmJobSpawner(SlurmSpawner):
         @property
         def server_label(self) -> str: ...
 
+        # This hub's id, in every job's tag: the GPU mixin's too (the GPU database).
+        def hub_id(self) -> str: ...
+
     @default("batch_query_cmd")
     def _default_batch_query_cmd(self) -> str:
         # batchspawner's query without ``-t all`` lists nothing for a job that ended, so its final state
@@ -53,9 +56,6 @@ class SlurmJobSpawner(SlurmSpawner):
 
     def slurm_tag(self) -> str:
         return job_tag(self.user.name, self.name, self.hub_id())
-
-    def hub_id(self) -> str:
-        return ""
 
     async def poll(self):
         status = await self.query_job_status()
