@@ -188,6 +188,7 @@ def container(limit=None, request=None, resource="nvidia.com/gpu") -> dict:
         ({"containers": [container("1", resource="nvidia.com/mig-1g.18gb")]}, 0),  # another resource
         ({"containers": [container("500m")]}, 0),  # not a whole device
         ({"containers": [container("1k")]}, 1000),  # the API's canonical form of 1000 (cluster.quantity)
+        ({"containers": [container("1.2.3")]}, 0),  # not a quantity
         ({}, 0),
     ],
 )

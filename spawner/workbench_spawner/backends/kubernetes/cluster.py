@@ -131,7 +131,7 @@ def blocking(call: Callable[[Any], Awaitable[T]], timeout: float = 30.0) -> T:
 
 # Kubernetes' quantity suffixes (decimal and binary) up to tera: GPU counts, slices and memory limits.
 _UNITS = {"": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-_QUANTITY = re.compile(r"^([0-9.]+)(|k|M|G|T|Ki|Mi|Gi|Ti)$")
+_QUANTITY = re.compile(r"^([0-9]+\.?[0-9]*|\.[0-9]+)(|k|M|G|T|Ki|Mi|Gi|Ti)$")
 
 
 def quantity(value: object) -> int | None:
@@ -139,17 +139,7 @@ def quantity(value: object) -> int | None:
 
     kubernetes_asyncio has no parser (the synchronous client's ``parse_quantity`` is not a dependency)."""
     match = _QUANTITY.match(str(value or "").strip())
-    if not match:
-        return None
-    try:
-        return int(float(match.group(1)) * _UNITS[match.group(2)])
-    except ValueError:  # "1.2.3"
-        return None
-
-
-def _count(value: object) -> int:
-    """A device count (a GPU or slice resource's quantity); 0 when there is none."""
-    return quantity(value) or 0
+    return int(float(match.group(1)) * _UNITS[match.group(2)]) if match else None
 
 
 def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
@@ -160,7 +150,7 @@ def pod_gpu_request(pod: Mapping[str, Any], resource: str) -> int:
         resources = container.get("resources") or {}
         limits = resources.get("limits") or {}
         requests = resources.get("requests") or {}
-        return _count(limits.get(resource, requests.get(resource, 0)))
+        return quantity(limits.get(resource, requests.get(resource))) or 0
 
     main = sum(asked(c) for c in spec.get("containers") or [])
     init = max((asked(c) for c in spec.get("initContainers") or []), default=0)
@@ -187,11 +177,10 @@ def node_slices(status: Mapping[str, Any], requested: Mapping[str, int]) -> dict
     allocatable = status.get("allocatable") or {}
     slices = {}
     for name in sorted(capacity):
-        if name.startswith(MIG_PREFIX) and _count(capacity[name]):
+        count = quantity(capacity[name]) if name.startswith(MIG_PREFIX) else None
+        if count:
             profile = name.removeprefix(MIG_PREFIX)
-            slices[profile] = SliceCount(
-                _count(capacity[name]), _count(allocatable.get(name, 0)), requested.get(profile, 0)
-            )
+            slices[profile] = SliceCount(count, quantity(allocatable.get(name)) or 0, requested.get(profile, 0))
     return slices
 
 
@@ -206,8 +195,8 @@ def node_from_api(
         name=str(metadata.get("name", "")),
         ready=conditions.get("Ready") == "True",
         schedulable=not (node.get("spec") or {}).get("unschedulable", False),
-        gpu_capacity=_count((status.get("capacity") or {}).get(resource, 0)),
-        gpu_allocatable=_count((status.get("allocatable") or {}).get(resource, 0)),
+        gpu_capacity=quantity((status.get("capacity") or {}).get(resource)) or 0,
+        gpu_allocatable=quantity((status.get("allocatable") or {}).get(resource)) or 0,
         gpus_requested=requested,
         labels=dict(metadata.get("labels") or {}),
         slices=node_slices(status, slices_requested or {}),
