@@ -60,6 +60,15 @@ def test_whether_a_leases_pod_runs(pods, ref, listed, alive):
     assert pod_leases.lease_alive(lease(ref), HUB) is alive
 
 
+def test_one_listing_answers_every_lease_of_a_reconcile_pass(pods, monkeypatch):
+    calls = []
+    listed = cluster.list_pods
+    monkeypatch.setattr(cluster, "list_pods", lambda *args: calls.append(args) or listed(*args))
+    pods["pods"] = [pod("jupyter-alice")]
+    alive = [pod_leases.lease_alive(lease(f"k8s:ns/{name}"), HUB) for name in ("jupyter-alice", "jupyter-bob")]
+    assert (alive, len(calls)) == ([True, False], 1)
+
+
 def test_a_pod_the_hub_is_deleting_is_neither_alive_nor_gone(pods):
     pods["pods"] = [pod("jupyter-alice")]
     pod_leases.hub_deleting.add("ns/jupyter-alice")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from workbench_spawner.backends.kubernetes import cluster
@@ -24,6 +25,7 @@ from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.placement.engine_reconcile import adopter
+from workbench_spawner.placement.engine_spawner import read_recently
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 # Pods created after this are this process's own spawns, never orphans of an earlier hub.
@@ -33,7 +35,7 @@ PROCESS_STARTED = time.time()
 hub_deleting: set[str] = set()
 # "namespace/pod" -> uid of pods whose stop failed (the API server was away): deleted by the next reconcile pass.
 left_pods: dict[str, str] = {}
-_pods_cache: dict[tuple[str, str], tuple[float, list[dict[str, Any]]]] = {}
+_pods_cache: dict[Hashable, tuple[float, Any]] = {}
 
 
 def lease_pod_key(lease: Lease) -> str:
@@ -123,8 +125,4 @@ def delete_left_pods(log: logging.Logger) -> list[str]:
 
 def recent_pods(namespace: str, selector: str, max_age: float = 2.0) -> list[dict[str, Any]]:
     """This hub's pods, read at most every ``max_age`` s (reconcile asks once per lease)."""
-    at, pods = _pods_cache.get((namespace, selector), (0.0, []))
-    if time.monotonic() - at > max_age:
-        pods = cluster.list_pods(namespace, selector)
-        _pods_cache[(namespace, selector)] = (time.monotonic(), pods)
-    return pods
+    return read_recently(_pods_cache, (namespace, selector), lambda: cluster.list_pods(namespace, selector), max_age)
