@@ -31,10 +31,6 @@ DEVICES = DeviceInventory(
 )
 
 
-class ToyEndedError(EngineJobEndedError):
-    """The toy engine's job ended before its server started."""
-
-
 class Toy(EngineTemplate):
     """A made-up engine: each look takes the next scripted state ("pending", "running", "gone") and a second passes."""
 
@@ -50,7 +46,6 @@ class Toy(EngineTemplate):
         conflict="The toy job's report contradicts the hub: {problem}.",
     )
     ref_prefix = "toy"
-    Ended = ToyEndedError
 
     def __init__(self, store, *states: str, learned: list | None = None):
         self.now = 0.0
@@ -114,7 +109,7 @@ def test_pending_then_running_then_reported_gives_a_lease(store):
 
 def test_a_job_that_ends_before_it_starts_ends_the_spawn_without_cancelling(store):
     toy = Toy(store, "pending", "gone")
-    with pytest.raises(ToyEndedError, match="vanished"):
+    with pytest.raises(EngineJobEndedError, match="vanished"):
         place(toy)
     assert toy.cancelled == []
     assert store.leases() == []

@@ -19,14 +19,13 @@ from workbench_spawner.backends.kubernetes.cluster import KubeNode, KubernetesUn
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory
 from workbench_spawner.backends.kubernetes.placement import (
     KubernetesPlacement,
-    PodEndedError,
     PodJob,
     PodReport,
     container_trouble,
     scheduler_words,
 )
 from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine import EngineJob, EngineJobEndedError
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailableError
 from workbench_spawner.rules.reservations import Reservation
@@ -204,7 +203,7 @@ async def test_past_the_queue_timeout_the_spawn_fails_with_the_schedulers_words(
         "nvidia.com/gpu); the pod was deleted. Try again later, ask for fewer GPUs, or start a CPU-only server "
         "(0 GPUs)."
     )
-    assert not isinstance(failed.value, PodEndedError)
+    assert not isinstance(failed.value, EngineJobEndedError)
     assert clock.now >= 5
     assert pod.looks <= 7
     assert set(waiting) == {1}  # it was in the hub's line while it waited
@@ -245,7 +244,7 @@ async def test_the_deadline_the_template_set_wins_over_the_timeout(store):
 async def test_a_pod_that_ends_while_pending_ends_the_spawn_at_once(store, states, words):
     clock = Clock()
     pod = Pod(clock, *states)
-    with pytest.raises(PodEndedError) as ended:
+    with pytest.raises(EngineJobEndedError) as ended:
         await place(placement(store, clock), pod, timeout=30)
     assert str(ended.value) == words
     assert clock.now < 30
@@ -256,7 +255,7 @@ async def test_a_pod_the_watch_never_shows_times_out_rather_than_ending(store):
     clock = Clock()
     with pytest.raises(NoGPUAvailableError, match="within 4 seconds \\(pending\\)") as failed:
         await place(placement(store, clock), Pod(clock, None), timeout=4)
-    assert not isinstance(failed.value, PodEndedError)
+    assert not isinstance(failed.value, EngineJobEndedError)
 
 
 @pytest.mark.parametrize("job", [None, EngineJob("wb/x"), PodJob("")])
@@ -375,7 +374,7 @@ async def test_a_cpu_only_pod_gets_no_lease_and_names_no_gpu(store):
 async def test_a_pod_that_cannot_start_ends_the_spawn_with_kubernetes_reason(store, state, words):
     clock = Clock()
     pod = Pod(clock, scheduled("n1"), scheduled("n1", waiting="ContainerCreating"), state)  # never reports
-    with pytest.raises(PodEndedError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(EngineJobEndedError, match=words.replace("(", r"\(").replace(")", r"\)")):
         await place(placement(store, clock), pod)
     assert clock.now < 5
     assert store.leases() == []

@@ -17,13 +17,13 @@ from workbench_spawner.backends.slurm.fairness import free_on_slurm, reprioritiz
 from workbench_spawner.backends.slurm.inventory import MapConflictError, NodeGPUMap, cluster_inventory
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError
 from workbench_spawner.backends.slurm.node_report import NodeReport
-from workbench_spawner.backends.slurm.placement import JobEndedError, SlurmPlacement
+from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
 from workbench_spawner.backends.slurm.report_api import read_report
 from workbench_spawner.ledger.hub_identity import hub_id
 from workbench_spawner.ledger.reservation_book import ReservationBook
-from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine import EngineJob, EngineJobEndedError
 from workbench_spawner.placement.engine_report import ReportRefusedError
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.placement.host import NoGPUAvailableError
@@ -145,7 +145,7 @@ def test_gpus_leased_to_another_server_cancel_the_job(store):
 
 def test_a_job_that_leaves_the_queue_before_it_runs_is_the_end_of_the_spawn(store):
     slurm = FakeSlurm([pending("7")], [])
-    with pytest.raises(JobEndedError, match="gone from the queue"):
+    with pytest.raises(EngineJobEndedError, match="gone from the queue"):
         place(slurm.placement(store))
     assert slurm.cancelled == []
 

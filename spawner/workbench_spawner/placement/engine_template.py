@@ -80,7 +80,6 @@ class EngineTemplate(EnginePlacement):
     ref_prefix = "engine"  # a lease's ref: "<prefix>:<job id>"
     unavailable_errors: tuple[type[Exception], ...] = ()  # the engine did not answer
     report_poll = 0.2  # seconds between looks for the start report (at most poll_interval)
-    Ended: type[EngineJobEndedError] = EngineJobEndedError
 
     def __init__(
         self,
@@ -294,7 +293,7 @@ class EngineTemplate(EnginePlacement):
                 look = None
             if look is not None:
                 if look.ended:  # nothing left to cancel
-                    raise self.Ended(look.ended)
+                    raise EngineJobEndedError(look.ended)
                 if look.refused:
                     await self.cancel(job.job_id, look.refused_why or f"{words.engine} cannot run it")
                     raise NoGPUAvailableError(look.refused)
@@ -330,7 +329,7 @@ class EngineTemplate(EnginePlacement):
             trouble = self.trouble(job, node)
             if trouble:
                 await self.cancel(job.job_id, "its server cannot start")
-                raise self.Ended(trouble)
+                raise EngineJobEndedError(trouble)
             await asyncio.sleep(min(self.report_poll, self.poll_interval))
         await self.cancel(job.job_id, "no start report")
         raise NoGPUAvailableError(self._say(self.words.no_report, job, node))
@@ -356,7 +355,7 @@ class EngineTemplate(EnginePlacement):
                 raise NoGPUAvailableError(self._say(self.words.held, job, node, uuids))
             gone = await self.ended(job)
             if gone:
-                raise self.Ended(gone)
+                raise EngineJobEndedError(gone)
             if not told:
                 job.describe(
                     f"{self.words.engine} gave {self.words.the_job} {', '.join(uuids)}; waiting for its previous "

@@ -37,7 +37,6 @@ from workbench_spawner.backends.kubernetes.inventory import is_placeholder
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine import (
     EngineJob,
-    EngineJobEndedError,
     Look,
     ReportMismatchError,
 )
@@ -82,10 +81,6 @@ class PodReport:
         if not isinstance(gpus, list) or not all(isinstance(g, str) and g for g in gpus):
             return None
         return cls(data["node"], tuple(gpus))
-
-
-class PodEndedError(EngineJobEndedError):
-    """The pod ended or was deleted before its server started."""
 
 
 def scheduler_words(events: Sequence[Mapping[str, Any]]) -> str:
@@ -135,7 +130,6 @@ class KubernetesPlacement(EngineTemplate):
     ref_prefix = "k8s"
     unavailable_errors = (RuntimeError,)  # KubernetesUnavailableError
     report_poll = 0.05
-    Ended = PodEndedError
 
     def __init__(
         self,

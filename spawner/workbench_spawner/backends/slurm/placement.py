@@ -43,7 +43,6 @@ from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine import (
     EngineJob,
-    EngineJobEndedError,
     Look,
     ReportMismatchError,
 )
@@ -64,10 +63,6 @@ class SlurmEngineJob(EngineJob):
     each slice's share of a GPU."""
 
     kind: str | None = None
-
-
-class JobEndedError(EngineJobEndedError):
-    """The job left Slurm's queue before it ran (cancelled outside the hub, failed at once)."""
 
 
 class SlurmPlacement(EngineTemplate):
@@ -95,7 +90,6 @@ class SlurmPlacement(EngineTemplate):
     ref_prefix = "slurm"
     unavailable_errors = (SlurmUnavailableError,)
     report_poll = 0.2
-    Ended = JobEndedError
 
     def __init__(
         self,
