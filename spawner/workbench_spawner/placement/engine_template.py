@@ -154,10 +154,6 @@ class EngineTemplate(EnginePlacement):
 
     # -- sentences in the engine's words ----------------------------------------------------------
 
-    def unanswered(self, exc: Exception) -> str:
-        """Why admission waits when the engine did not answer ("Slurm's controller did not answer (...)")."""
-        return f"{self.words.answerer} did not answer ({exc})"
-
     def job_name(self, job_id: str) -> str:
         """The job as a sentence names it: "Slurm job 7", "pod wb/wb-alice"."""
         return f"{self.words.job_noun} {job_id}"
@@ -222,7 +218,7 @@ class EngineTemplate(EnginePlacement):
         try:
             return self.reservations.may_submit(groups, count, model, self.free_gpus)
         except self.unavailable_errors as exc:
-            return False, self.unanswered(exc)
+            return False, f"{self.words.answerer} did not answer ({exc})"
 
     def withdraw(self, key: str) -> None:
         """The admitted request ``key`` is not going to the engine's queue after all (the submission failed)."""
@@ -289,7 +285,7 @@ class EngineTemplate(EnginePlacement):
             try:
                 look = await self.look(job, what, kind, memo)
             except self.unavailable_errors as exc:
-                job.describe(f"Waiting for {self.words.answerer} to answer ({exc})")
+                job.describe(f"Waiting for {words.answerer} to answer ({exc})")
                 look = None
             if look is not None:
                 if look.ended:  # nothing left to cancel
