@@ -41,11 +41,12 @@ class Toy(EngineTemplate):
         job_gone="the toy job was cancelled",
         answerer="the toy engine",
         placed="Toy placed the job on {node}",
-        no_report="The toy job {job} never reported.",
-        held="Toy gave {uuids}, still held by another server.",
+        no_report="The toy job {job} on {node} never reported within {timeout:g} seconds.",
+        held="Toy gave {uuids} of {node}, still held by another server after {grace:g} seconds.",
         conflict="The toy job's report contradicts the hub: {problem}.",
     )
     ref_prefix = "toy"
+    unavailable_errors = (TimeoutError,)
 
     def __init__(self, store, *states: str, learned: list | None = None):
         self.now = 0.0
@@ -70,6 +71,8 @@ class Toy(EngineTemplate):
     async def look(self, job: EngineJob, what: str, kind: str | None, memo: dict[str, Any]) -> Look:
         self.now += 1
         state = self.states.pop(0) if len(self.states) > 1 else self.states[0]
+        if state == "silent":
+            raise TimeoutError("no reply")
         if state == "gone":
             return Look(ended=f"The toy job {job.job_id} vanished.")
         if state == "running":
@@ -105,6 +108,13 @@ def test_pending_then_running_then_reported_gives_a_lease(store):
     assert toy.learned == [["GPU-1"]]
     assert toy.cancelled == []
     assert toy.waiting() == 0
+
+
+def test_an_engine_that_does_not_answer_is_waited_for_in_its_words(store):
+    toy = Toy(store, "silent", "pending", "running")
+    lease, said = place(toy, {"node": "t1", "gpus": ["GPU-1"]})
+    assert lease.gpu_uuids == ("GPU-1",)
+    assert said[0] == "Waiting for the toy engine to answer (no reply)"
 
 
 def test_a_job_that_ends_before_it_starts_ends_the_spawn_without_cancelling(store):
@@ -162,7 +172,7 @@ def test_a_server_that_never_reports_is_cancelled(store):
         finally:
             ticking.cancel()
 
-    with pytest.raises(NoGPUAvailableError, match="never reported"):
+    with pytest.raises(NoGPUAvailableError, match=r"^The toy job t-7 on t1 never reported within 5 seconds\.$"):
         asyncio.run(run())
     assert toy.cancelled == [("t-7", "no start report")]
 
@@ -170,8 +180,9 @@ def test_a_server_that_never_reports_is_cancelled(store):
 def test_gpus_the_ledger_still_holds_wait_the_release_grace_then_cancel(store):
     assert store.adopt("bob", "", ["GPU-1"], "toy:t-6", node="t1")
     toy = Toy(store, "running")
-    with pytest.raises(NoGPUAvailableError, match="still held by another server"):
+    with pytest.raises(NoGPUAvailableError) as held:
         place(toy, {"node": "t1", "gpus": ["GPU-1"]})
+    assert str(held.value) == "Toy gave GPU-1 of t1, still held by another server after 10 seconds."
     assert toy.now >= 10, "it waited the release grace"
     assert toy.cancelled == [("t-7", "its GPUs are leased to another server")]
     assert [lease.user for lease in store.leases()] == ["bob"]
