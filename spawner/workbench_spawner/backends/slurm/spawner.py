@@ -67,6 +67,7 @@ from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine_inventory import is_simulated
 from workbench_spawner.placement.engine_reconcile import adopter
 from workbench_spawner.placement.engine_spawner import (
     EngineSpawner,
@@ -240,7 +241,7 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
         job record and then against what the hub learned of the node
         (``SlurmPlacement.place``, ``NodeGPUMap``).
         """
-        if self.simulated_gpus.strip() in ("", "0"):
+        if not is_simulated(self.simulated_gpus):
             return report
         known = parse_simulated_spec(self.simulated_gpus, report.node)
         # Listed in Slurm's index order (``cluster_inventory``): a slice's index is its place in the list.
