@@ -11,7 +11,8 @@ can name them) is the engine's reading; the rule is shared:
 * still **pending**: the spawn that waited for it is gone with the old hub
   process, so it is ended (a job nobody waits for must not take GPUs);
 * **placed** on GPUs the hub can name, that nobody else holds: adopted, a lease
-  is written with the job's node and start time;
+  is written with the job's node and start time (``adopter``: charged by each
+  device's share of a GPU, as before the restart);
 * **placed** otherwise (GPUs never recorded, or leased to another server):
   ended, because the ledger could not count it.
 """
