@@ -313,7 +313,8 @@ def test_the_fleet_counts_pods_outside_the_workbench_per_profile(monkeypatch):
 
 def test_a_running_slice_pod_without_a_lease_is_adopted_not_left_as_cpu_only(store):
     from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_SERVER, LABEL_USER
-    from workbench_spawner.backends.kubernetes.reconcile import Action, reconcile_pods
+    from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
+    from workbench_spawner.placement.engine_reconcile import Action
 
     mig = "MIG-sim-n1-02-h200-141gb-0-1g.18gb"
     orphan = {
