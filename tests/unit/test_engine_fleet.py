@@ -97,6 +97,10 @@ def test_an_error_the_engine_does_not_name_as_unavailable_reaches_the_caller():
     with pytest.raises(ValueError, match="bad answer"):
         recent()
     assert recent() == {"n1": 1}  # nothing was remembered of the failed read
+    listing = Recent(Engine(UnansweredError("timeout"), {"n1": 1}), max_age=2.0)  # no error named: each reaches it
+    with pytest.raises(UnansweredError):
+        listing()
+    assert listing() == {"n1": 1}
 
 
 # -- api/<engine>/nodes through the service ----------------------------------------------------------------

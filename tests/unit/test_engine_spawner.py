@@ -1,5 +1,5 @@
 """The spawner side both engines share (``placement/engine_spawner.py``): the lease's ref read back, the progress
-line, the inventory read once per process and the job list read at most every few seconds."""
+line and the inventory read once per process."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from workbench_spawner.backends.slurm.spawner import SlurmGPUSpawner
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.placement import engine_spawner
-from workbench_spawner.placement.engine_spawner import EngineSpawner, inventory_once, read_recently
+from workbench_spawner.placement.engine_spawner import EngineSpawner, inventory_once
 
 
 def lease(ref: str, node: str = "wbnode1") -> Lease:
@@ -87,16 +87,3 @@ def test_the_inventory_is_read_once_and_an_engine_away_is_asked_again(monkeypatc
     assert inventory_once(("toy",), found, OSError, "Toy").source == "toy"
     assert inventory_once(("toy",), away, OSError, "Toy").source == "toy"
     assert reads == ["away", "found"]
-
-
-def test_a_listing_is_read_again_only_once_it_is_older_than_max_age(monkeypatch):
-    now = [100.0]
-    monkeypatch.setattr(engine_spawner.time, "monotonic", lambda: now[0])
-    cache: dict = {}
-    reads = iter(range(10))
-    assert read_recently(cache, "jobs", lambda: next(reads), 2.0) == 0
-    now[0] += 1.5
-    assert read_recently(cache, "jobs", lambda: next(reads), 2.0) == 0
-    now[0] += 1.0
-    assert read_recently(cache, "jobs", lambda: next(reads), 2.0) == 1
-    assert read_recently(cache, "pods", lambda: next(reads), 2.0) == 2  # each key its own listing

@@ -69,6 +69,13 @@ def test_one_listing_answers_every_lease_of_a_reconcile_pass(pods, monkeypatch):
     assert (alive, len(calls)) == ([True, False], 1)
 
 
+def test_each_namespace_and_selector_is_a_listing_of_its_own(monkeypatch):
+    monkeypatch.setattr(cluster, "list_pods", lambda namespace, selector: [pod(f"{namespace}/{selector}")])
+    monkeypatch.setattr(pod_leases, "_pods_cache", {})
+    keys = [("ns", "a=1"), ("ns", "a=2"), ("other", "a=1")]
+    assert [pod_leases.recent_pods(*key)[0]["metadata"]["name"] for key in keys] == ["ns/a=1", "ns/a=2", "other/a=1"]
+
+
 def test_a_pod_the_hub_is_deleting_is_neither_alive_nor_gone(pods):
     pods["pods"] = [pod("jupyter-alice")]
     pod_leases.hub_deleting.add("ns/jupyter-alice")

@@ -6,17 +6,17 @@ around its engine is here, once: the start report it keeps, how a lease names
 the engine's job (``<prefix>:<job id>``) and reads it back, the hub's
 reservations as the engine's placement measures them, whether the engine's
 reports teach the hub its nodes' UUIDs, the "Running on" line of the progress
-page, and the engine's listings read once per hub process (its GPUs) or at
-most every few seconds (its jobs, for the reconciler's per-lease questions).
+page, and the engine's GPUs read once per hub process (an engine's job list,
+read at most every few seconds for the reconciler's per-lease questions, is an
+``engine_fleet.Recent``).
 The engine keeps what differs: how it reads its nodes, submits, reads a job's
 state and cancels, and its own words.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Hashable
-from typing import Any, ClassVar, Protocol, TypeVar
+from typing import ClassVar, Protocol
 
 from traitlets import Instance
 
@@ -26,8 +26,6 @@ from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine_reservations import EngineReservations
 from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.settings import PolicySettings
-
-T = TypeVar("T")
 
 
 class NodeNamed(Protocol):
@@ -100,13 +98,3 @@ def inventory_once(
         except unavailable as exc:
             return DeviceInventory("none", [], f"{engine} did not answer: {exc}")
     return _inventories[key]
-
-
-def read_recently(cache: dict[Hashable, tuple[float, Any]], key: Hashable, read: Callable[[], T], max_age: float) -> T:
-    """``read()``'s answer, kept in ``cache`` under ``key`` and read again only once it is older than ``max_age``
-    seconds: the reconciler asks the engine about each lease in turn, and one listing answers them all."""
-    at, value = cache.get(key, (float("-inf"), None))
-    if time.monotonic() - at > max_age:
-        value = read()
-        cache[key] = (time.monotonic(), value)
-    return value

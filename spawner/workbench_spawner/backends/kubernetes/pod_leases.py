@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable
 from typing import Any
 
 from workbench_spawner.backends.kubernetes import cluster
@@ -24,8 +23,8 @@ from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
+from workbench_spawner.placement.engine_fleet import Recent
 from workbench_spawner.placement.engine_reconcile import adopter
-from workbench_spawner.placement.engine_spawner import read_recently
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 
 # Pods created after this are this process's own spawns, never orphans of an earlier hub.
@@ -35,7 +34,8 @@ PROCESS_STARTED = time.time()
 hub_deleting: set[str] = set()
 # "namespace/pod" -> uid of pods whose stop failed (the API server was away): deleted by the next reconcile pass.
 left_pods: dict[str, str] = {}
-_pods_cache: dict[Hashable, tuple[float, Any]] = {}
+# (namespace, selector) -> that listing of pods, read at most every 2 s (reconcile asks once per lease).
+_pods_cache: dict[tuple[str, str], Recent[list[dict[str, Any]]]] = {}
 
 
 def lease_pod_key(lease: Lease) -> str:
@@ -123,6 +123,8 @@ def delete_left_pods(log: logging.Logger) -> list[str]:
     return done
 
 
-def recent_pods(namespace: str, selector: str, max_age: float = 2.0) -> list[dict[str, Any]]:
-    """This hub's pods, read at most every ``max_age`` s (reconcile asks once per lease)."""
-    return read_recently(_pods_cache, (namespace, selector), lambda: cluster.list_pods(namespace, selector), max_age)
+def recent_pods(namespace: str, selector: str) -> list[dict[str, Any]]:
+    """The pods ``selector`` picks in ``namespace``, read at most every 2 s; KubernetesUnavailableError reaches
+    the caller."""
+    listing = Recent(lambda: cluster.list_pods(namespace, selector), max_age=2.0)
+    return _pods_cache.setdefault((namespace, selector), listing)() or []

@@ -17,18 +17,19 @@ every render of the form.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, list_nodes
 from workbench_spawner.backends.slurm.records import SlurmNode
+from workbench_spawner.placement.engine_fleet import Recent
 
 log = logging.getLogger("workbench.slurm")
 
 
-class NodeStates:
-    """Slurm's node records, cached; ``unusable()`` names the nodes that take no job now (blocking)."""
+class NodeStates(Recent[dict[str, SlurmNode]]):
+    """Slurm's node records by name, cached (``nodes()``: None until Slurm first answered); ``unusable()``
+    names the nodes that take no job now (blocking)."""
 
     def __init__(
         self,
@@ -37,26 +38,20 @@ class NodeStates:
         clock: Callable[[], float] = time.monotonic,
         retry_after: float = 30.0,
     ):
-        self.read = nodes
-        self.max_age = max_age
-        self.retry_after = retry_after
-        self.clock = clock
-        self._nodes: dict[str, SlurmNode] | None = None
-        self._next_read: float | None = None
-        self._lock = threading.Lock()
+        super().__init__(
+            lambda: {n.name: n for n in nodes()},
+            max_age,
+            unavailable=SlurmUnavailableError,
+            warning="Slurm's node records could not be read (kept what it said before): %s",
+            keep=True,
+            retry_after=retry_after,
+            clock=clock,
+            logger=log,
+        )
 
     def nodes(self) -> dict[str, SlurmNode] | None:
         """Every node by name as Slurm last told (None: Slurm has not answered yet). Blocking."""
-        with self._lock:
-            if self._next_read is None or self.clock() >= self._next_read:
-                try:
-                    self._nodes = {n.name: n for n in self.read()}
-                    wait = self.max_age
-                except SlurmUnavailableError as exc:
-                    log.warning("Slurm's node records could not be read (kept what it said before): %s", exc)
-                    wait = self.retry_after
-                self._next_read = self.clock() + wait  # from the answer: a slow sinfo does not run back to back
-            return self._nodes
+        return self()
 
     def unusable(self) -> dict[str, str]:
         """Node name -> why Slurm starts no new job there ("down, not responding (Not responding)")."""

@@ -37,9 +37,7 @@ import asyncio
 import os
 import pwd
 import time
-from collections.abc import Hashable
 from dataclasses import asdict, replace
-from typing import Any
 
 from jupyterhub.spawner import SpawnException
 from traitlets import default
@@ -67,14 +65,10 @@ from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob
+from workbench_spawner.placement.engine_fleet import Recent
 from workbench_spawner.placement.engine_inventory import is_simulated
 from workbench_spawner.placement.engine_reconcile import adopter
-from workbench_spawner.placement.engine_spawner import (
-    EngineSpawner,
-    engine_reservations,
-    inventory_once,
-    read_recently,
-)
+from workbench_spawner.placement.engine_spawner import EngineSpawner, engine_reservations, inventory_once
 from workbench_spawner.policy.settings import PolicySettings
 
 
@@ -262,7 +256,7 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
         if not job_id:
             return False
         try:
-            job = next((j for j in recent_jobs() if j.job_id == job_id), None)
+            job = _recent_job(job_id)
         except SlurmUnavailableError:
             return None
         return bool(job and job.running)
@@ -284,7 +278,7 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
         if not job_id:
             return None
         try:
-            job = next((j for j in recent_jobs() if j.job_id == job_id), None)
+            job = _recent_job(job_id)
         except SlurmUnavailableError:
             return None
         if job is None or job.pending or job.running:
@@ -338,12 +332,13 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
 
 # Jobs submitted after this are this process's own spawns, never orphans of an earlier hub.
 PROCESS_STARTED = time.time()
-_jobs_cache: dict[Hashable, tuple[float, Any]] = {}
+# Slurm's job list, read at most every 2 s (reconcile asks once per lease); SlurmUnavailableError reaches the caller.
+recent_jobs = Recent(list_jobs, max_age=2.0)
 
 
-def recent_jobs(max_age: float = 2.0) -> list[SlurmJob]:
-    """Slurm's job list, read at most every ``max_age`` s (reconcile asks once per lease)."""
-    return read_recently(_jobs_cache, "jobs", list_jobs, max_age)
+def _recent_job(job_id: str) -> SlurmJob | None:
+    """Job ``job_id`` in Slurm's recent job list (None: Slurm no longer lists it). Blocking."""
+    return next((j for j in recent_jobs() or () if j.job_id == job_id), None)
 
 
 def _node_down_because(node: str) -> str:
