@@ -56,7 +56,8 @@ from traitlets import default
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes import cluster, pod_leases
-from workbench_spawner.backends.kubernetes.ending import NodeState, needs_node, node_name, pod_ending
+from workbench_spawner.backends.kubernetes.cluster import NodeState
+from workbench_spawner.backends.kubernetes.ending import needs_node, node_name, pod_ending
 from workbench_spawner.backends.kubernetes.inventory import NodeUUIDs, cluster_inventory, slice_key
 from workbench_spawner.backends.kubernetes.manifests import (
     ANNOTATION_GPUS,
