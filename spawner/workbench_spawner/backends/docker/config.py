@@ -17,9 +17,10 @@ import socket
 
 from traitlets.config import Config
 
-from workbench_hub.env_values import ConfigError, Env, comma_list, number, text
+from workbench_hub.env_values import ConfigError, Env, number, text
 from workbench_spawner.backend import HubContext
 from workbench_spawner.backends.docker.tenancy import subnets_problem
+from workbench_spawner.image_config import configure_images
 
 
 def bridge_gateway() -> str:
@@ -42,16 +43,8 @@ def configure(c: Config, env: Env, hub: HubContext) -> None:
     """``WORKBENCH_BACKEND=docker``: the image, the network, limits, and where containers reach the hub."""
     docker_bridge = hub.lookups.get("docker_bridge", bridge_gateway)
     c.JupyterHub.spawner_class = "gpu-docker"
-    image = text(env, "WORKBENCH_IMAGE")
-    if not image:
-        raise ConfigError(
-            "the docker backend needs WORKBENCH_IMAGE, the single-user image (e.g. gpu-workbench/singleuser:latest)"
-        )
     spawner = c.DockerGPUSpawner
-    spawner.image = image
-    offered = comma_list(env, "WORKBENCH_IMAGES")
-    if offered:
-        spawner.offered_images = offered
+    configure_images(spawner, env, "docker", "the single-user image (e.g. gpu-workbench/singleuser:latest)")
     hub_ip = env.get("WORKBENCH_HUB_IP")
     connect_ip = env.get("WORKBENCH_HUB_CONNECT_IP")
     network = text(env, "WORKBENCH_DOCKER_NETWORK")
