@@ -31,7 +31,7 @@ from traitlets import List, TraitError, Unicode, default, validate
 from traitlets.config import Config, Configurable
 from traitlets.utils.bunch import Bunch
 
-from workbench_spawner.config_sections import quietly
+from workbench_spawner.config_sections import read_as
 
 #: the operator's variable, and the name the hub gives the value in the servers' environment
 ENV = "WORKBENCH_SSH_PERMIT_OPEN"
@@ -158,14 +158,9 @@ def ssh_forwarding_problems(config: Config, spawner_class: type[Configurable]) -
 
     Read as ``spawner_class`` would read it (its config sections and its bases'), without making a
     spawner (a spawner needs a user), so the hub stops at start instead of failing every spawn."""
-
-    class Resolved(SSHForwarding):
-        @classmethod
-        def section_names(cls) -> list[str]:
-            return spawner_class.section_names()
-
     try:
-        _permit_open = quietly(Resolved, config).ssh_permit_open  # a dynamic default is read, and checked, on access
+        # A dynamic default is read, and checked, on access.
+        _permit_open = read_as(SSHForwarding, spawner_class, config).ssh_permit_open
     except TraitError as exc:
         return [str(exc)]
     return []

@@ -29,7 +29,7 @@ from traitlets.config import Config, Configurable
 from workbench_devices import DeviceInventory, DeviceSpecError, GPUDevice, discover_devices
 from workbench_devices.inventory import counted
 from workbench_devices.mig import is_profile_name, profiles_of
-from workbench_spawner.config_sections import quietly
+from workbench_spawner.config_sections import read_as
 from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, _aware, utcnow
 from workbench_spawner.policy.spawn_limits import SpawnLimits, derive_spawn_limits
@@ -388,11 +388,7 @@ def image_choice_problem(config: Config, spawner_class: type[Configurable]) -> s
     class Images(Configurable):
         offered_images = List(Unicode(), help="The spawner's offered_images, as it would read them.").tag(config=True)
 
-        @classmethod
-        def section_names(cls) -> list[str]:
-            return spawner_class.section_names()
-
-    offered = quietly(Images, config).offered_images
+    offered = read_as(Images, spawner_class, config).offered_images
     if not offered:
         return ""
     backend = getattr(spawner_class, "workbench_backend", "") or spawner_class.__name__
@@ -423,12 +419,7 @@ def publish_policy_settings(config: Config, cls: type[GPUSpawnerMixin] | None = 
     if problem:
         raise ValueError(problem)
 
-    class SpawnerPolicyConfig(GPUPolicyConfig):
-        @classmethod
-        def section_names(cls) -> list[str]:
-            return spawner_class.section_names()
-
-    policy_config = quietly(SpawnerPolicyConfig, config)
+    policy_config = read_as(GPUPolicyConfig, spawner_class, config)
     backend, mode = spawner_class.workbench_backend, spawner_class.placement_mode
     settings = replace(resolve_policy_settings(policy_config, backend=backend), placement=mode)
     if mode == "engine":

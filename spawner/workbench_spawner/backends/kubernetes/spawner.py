@@ -69,6 +69,7 @@ from workbench_spawner.backends.kubernetes.placement import KubernetesPlacement,
 from workbench_spawner.backends.kubernetes.pod_objects import PodShape, WorkbenchPod, start_refusal
 from workbench_spawner.backends.kubernetes.traits import KubernetesTraits
 from workbench_spawner.backends.kubernetes.watch import KeptWatches
+from workbench_spawner.config_sections import read_as
 from workbench_spawner.form.options import SpawnRequest
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.store import AllocationStore, Lease
@@ -404,13 +405,7 @@ class KubernetesGPUSpawner(EngineSpawner, KeptWatches, WorkbenchPod, KubeSpawner
 
 def _backend_traits(config) -> KubernetesTraits:
     """This backend's settings read from ``config`` as the spawner reads them (its class's sections)."""
-
-    class Reader(KubernetesTraits):
-        @classmethod
-        def section_names(cls):
-            return KubernetesGPUSpawner.section_names()
-
-    return Reader(config=config)
+    return read_as(KubernetesTraits, KubernetesGPUSpawner, config)
 
 
 # Every Kubernetes policy of this process, woken when a watch comes back (``watch_recovered``).
