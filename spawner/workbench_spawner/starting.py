@@ -70,6 +70,8 @@ class ServerStarts(BackendContract, _SpawnerState):
     gpu_uuids: list[str]
     _gpu_events: SpawnEvents
     _gpu_cleanups: set[asyncio.Future]
+    if TYPE_CHECKING:  # an engine's start report (EngineSpawner's trait), forgotten before each submission
+        workbench_report: dict | None
 
     async def _acquire(self, request: SpawnRequest) -> Lease:
         policy = await self._policy()
@@ -184,6 +186,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                     )
                 job = None
                 try:
+                    self.workbench_report = None  # a report of an earlier job is not this one's
                     job = await self.engine_submit()
                 finally:
                     if job is None:

@@ -4,16 +4,20 @@ line and the inventory read once per process."""
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from types import SimpleNamespace
 
 import pytest
 
+from tests.unit.fake_backends import FakeEngineSpawner
 from workbench_devices import DeviceInventory
 from workbench_spawner.backends.kubernetes.spawner import KubernetesGPUSpawner
 from workbench_spawner.backends.slurm.spawner import SlurmGPUSpawner
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.placement import engine_spawner
+from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.engine_spawner import EngineSpawner, inventory_once
+from workbench_spawner.policy.gpu_policy import _policies
 
 
 def lease(ref: str, node: str = "wbnode1") -> Lease:
@@ -47,6 +51,36 @@ def test_both_engines_are_engine_placed_and_keep_a_start_report(cls, placed):
     assert cls.workbench_backend == placed
     assert "workbench_report" in cls.class_trait_names()
     assert bare(cls).workbench_report is None  # until the server's start-up reports
+
+
+class Submitting(FakeEngineSpawner):
+    """The reference engine backend, noting the start report it holds when it is asked to submit."""
+
+    held_at_submission: list[dict | None]
+
+    async def engine_submit(self) -> EngineJob:
+        self.held_at_submission.append(self.workbench_report)
+        return await super().engine_submit()
+
+
+async def test_a_report_of_an_earlier_job_is_forgotten_before_the_engine_submits(tmp_path):
+    _policies.clear()
+    spawner = Submitting(
+        user=SimpleNamespace(name="ann", url="/user/ann/", escaped_name="ann", groups=[]),
+        hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
+        orm_spawner=SimpleNamespace(name="", server=None),
+        gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+        simulated_gpus="2",
+    )
+    spawner.held_at_submission = []
+    spawner.workbench_report = {"node": "wbnode1", "gpus": []}  # the last job's, read back after a restart
+    try:
+        await spawner._apply_gpu_options({"gpus": 1})
+        await spawner.start()
+        assert spawner.held_at_submission == [None]
+        await spawner.stop()
+    finally:
+        _policies.clear()
 
 
 class Report:

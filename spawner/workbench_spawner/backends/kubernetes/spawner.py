@@ -250,7 +250,6 @@ class KubernetesGPUSpawner(EngineSpawner, KeptWatches, WorkbenchPod, KubeSpawner
         self.image = request.image or self._site_pod["image"]
 
     async def engine_submit(self) -> PodJob:
-        self.workbench_report = None
         request = self.gpu_request
         hub, hours = await asyncio.to_thread(lambda: (self.hub_id(), self.gpu_session_hours()))
         self._name_pod_and_home(hub)

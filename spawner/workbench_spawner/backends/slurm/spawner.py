@@ -188,7 +188,6 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def engine_submit(self) -> EngineJob:
-        self.workbench_report = None
         self.ip = self.traits()["ip"].default_value
         self.port = 0
         if self.server:
