@@ -24,6 +24,7 @@ from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPP
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.placement.engine import EngineJob, EnginePlacement
+from workbench_spawner.placement.engine_spawner import EngineSpawner
 from workbench_spawner.placement.host import NoGPUAvailableError, Report, _nothing
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
@@ -176,11 +177,12 @@ class FakeEnginePlacement(EnginePlacement):
             await asyncio.sleep(self.poll)
 
 
-class FakeEngineSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
-    """Engine placement: the policy admits, the fake engine places and the lease is learned back."""
+class FakeEngineSpawner(WorldReconcile, EngineSpawner, FakeRuntime):
+    """Engine placement (``EngineSpawner``, as the real engines): the policy admits, the fake engine places and the
+    lease is learned back."""
 
     workbench_backend = "fake-engine"
-    placement_mode = "engine"
+    lease_ref_prefix = "engine"
     _ids = itertools.count(1)
 
     def engine_inventory(self) -> DeviceInventory:
@@ -215,7 +217,7 @@ class FakeEngineSpawner(WorldReconcile, GPUSpawnerMixin, FakeRuntime):
         self.job_id = ""
 
     def gpu_lease_ref(self) -> str:
-        return f"engine:{self.job_id}" if getattr(self, "job_id", "") else ""
+        return f"{self.lease_ref_prefix}:{self.job_id}" if getattr(self, "job_id", "") else ""
 
     def runtime_key(self) -> str:
         return self.gpu_lease_ref()
