@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from types import SimpleNamespace
+from typing import TypeVar
 
 import pytest
 
@@ -18,6 +19,8 @@ from workbench_spawner.placement import engine_spawner
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.engine_spawner import EngineSpawner, inventory_once
 from workbench_spawner.policy.gpu_policy import _policies
+
+Made = TypeVar("Made", bound=EngineSpawner)
 
 
 def lease(ref: str, node: str = "wbnode1") -> Lease:
@@ -63,15 +66,19 @@ class Submitting(FakeEngineSpawner):
         return await super().engine_submit()
 
 
-async def test_a_report_of_an_earlier_job_is_forgotten_before_the_engine_submits(tmp_path):
-    _policies.clear()
-    spawner = Submitting(
+def made(cls: type[Made], **traits) -> Made:
+    """A spawner of ``cls`` for ann's default server, as the hub makes one."""
+    return cls(
         user=SimpleNamespace(name="ann", url="/user/ann/", escaped_name="ann", groups=[]),
         hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
         orm_spawner=SimpleNamespace(name="", server=None),
-        gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
-        simulated_gpus="2",
+        **traits,
     )
+
+
+async def test_a_report_of_an_earlier_job_is_forgotten_before_the_engine_submits(tmp_path):
+    _policies.clear()
+    spawner = made(Submitting, gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}", simulated_gpus="2")
     spawner.held_at_submission = []
     spawner.workbench_report = {"node": "wbnode1", "gpus": []}  # the last job's, read back after a restart
     try:
@@ -81,6 +88,17 @@ async def test_a_report_of_an_earlier_job_is_forgotten_before_the_engine_submits
         await spawner.stop()
     finally:
         _policies.clear()
+
+
+def test_a_stopped_slurm_server_saves_no_state_so_a_restarted_hub_does_not_think_it_ran():
+    spawner = made(SlurmGPUSpawner)
+    spawner.job_id, spawner._job_node = "8201", "wbnode1"
+    assert spawner.get_state() == {"job_id": "8201", "slurm_node": "wbnode1"}
+    spawner.clear_state()  # the hub's stop: clear_state, then the state it saves
+    assert spawner.get_state() == {}
+    restarted = made(SlurmGPUSpawner)
+    restarted.load_state(spawner.get_state())
+    assert restarted._gpu_running is False
 
 
 class Report:

@@ -328,6 +328,12 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
             state["slurm_node"] = self._job_node
         return state
 
+    def clear_state(self):
+        """Forget the job's node with the job: a stopped server's saved state is empty (``load_state`` reads a
+        state with anything in it as a server that was running)."""
+        super().clear_state()
+        self._job_node = ""
+
 
 # Jobs submitted after this are this process's own spawns, never orphans of an earlier hub.
 PROCESS_STARTED = time.time()
