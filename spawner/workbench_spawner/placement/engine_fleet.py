@@ -7,8 +7,9 @@ says of each node; when a node's GPUs are replaced an admin forgets it
 (``DELETE api/<engine>/nodes/{node}``, or ``workbench <engine>-forget-node NODE``)
 and the next job there names them again. An engine declares its book, its words
 and how it lists its nodes (``EngineNodes``); ``node_routes`` and ``node_cli``
-build the rest. ``Recent`` keeps an engine's node list for a couple of seconds,
-so a busy admin page or spawn form does not hammer the engine's controller.
+build the rest. ``Recent`` keeps an engine's node or job list for a couple of
+seconds, so a busy admin page, spawn form or reconcile pass does not hammer the
+engine's controller.
 """
 
 from __future__ import annotations
