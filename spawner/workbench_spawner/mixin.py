@@ -437,9 +437,12 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         # load_state runs on the hub's event loop and must not query the database.
         self.gpu_uuids = [str(u) for u in state.get("gpu_uuids") or []]
         self._lease_unchecked = True
-        # A server the hub knew running before a restart (a stopped one's state is empty): its end is explained.
-        self._gpu_running = bool(state)
-        started = getattr(getattr(self, "orm_spawner", None), "started", None)
+        # A server the hub knew running before a restart: its end is explained. JupyterHub keeps a running
+        # server's row (orm_spawner.server) and drops a stopped one's; a non-empty state alone says nothing,
+        # since KubeSpawner saves its pod's name even for a stopped server.
+        orm = getattr(self, "orm_spawner", None)
+        self._gpu_running = orm.server is not None if orm is not None else bool(state)
+        started = getattr(orm, "started", None)
         if started is not None and self._gpu_started_at is None:
             self._gpu_started_at = started if started.tzinfo else started.replace(tzinfo=UTC)
 

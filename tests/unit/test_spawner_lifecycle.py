@@ -153,6 +153,15 @@ async def test_restored_spawner_reads_its_gpus_from_the_store(make_spawner):
     assert restored.gpu_uuids == ["GPU-sim-00-h100-80gb"]
 
 
+@pytest.mark.parametrize(("server", "ran"), [(None, False), (SimpleNamespace(ip="10.0.0.7", port=8888), True)])
+def test_after_a_restart_a_server_counts_as_run_only_if_the_hub_kept_its_server_row(make_spawner, server, ran):
+    # KubeSpawner saves its pod's name even for a stopped server: a non-empty state is no sign that it ran.
+    restored = make_spawner()
+    restored.orm_spawner.server = server
+    restored.load_state({"pod_name": "jupyter-alice", "namespace": "workbench"})
+    assert restored._gpu_running is ran
+
+
 def test_start_timeout_leaves_room_for_the_queue_and_the_start_line(make_spawner):
     # The queue timeout, then a start slot for up to http_timeout, then the backend's start.
     assert make_spawner(gpu_queue_timeout=600).http_timeout == 120
