@@ -118,7 +118,9 @@ def placement(
         poll_interval=0.01,
         report_timeout=5.0,
         clock=clock,
-        learn=(lambda node, uuids: book.accept(node, uuids, capacity[node])) if real else (lambda node, uuids: None),
+        learn=(lambda node, uuids, profile: book.accept(node, uuids, capacity[node]))
+        if real
+        else (lambda node, uuids, profile: None),
     )
 
 

@@ -215,7 +215,7 @@ def slice_placement(store, inventory, learned: list) -> KubernetesPlacement:
     def current():
         return book.resolve(inventory)
 
-    def learn_slices(node, uuids, profile):
+    def learn(node, uuids, profile):
         learned.append((node, tuple(uuids), profile))
         book.accept(node, uuids, 2, profile)
 
@@ -226,8 +226,7 @@ def slice_placement(store, inventory, learned: list) -> KubernetesPlacement:
         lambda inventory: [],
         poll_interval=0.01,
         report_timeout=2.0,
-        learn=lambda node, uuids: pytest.fail("a slice report was learned as whole GPUs"),
-        learn_slices=learn_slices,
+        learn=learn,
     )
 
 
@@ -238,7 +237,7 @@ def job(report: PodReport, profile: str = "1g.18gb", look=lambda: None) -> PodJo
         look()
         return pod
 
-    return PodJob("wb/wb-1-alice", started=lambda: report, pod=watch, profile=profile)
+    return PodJob("wb/wb-1-alice", started=lambda: report, pod=watch, profile=profile, kind=profile)
 
 
 async def place(placement: KubernetesPlacement, pod_job: PodJob):

@@ -30,12 +30,13 @@ from workbench_spawner.backends.slurm.job_states import pending_message
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError, cancelled_by_hub
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.node_states import NodeStates
-from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
+from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, node_unusable, parse_sinfo_json
 from workbench_spawner.backends.slurm.spawner import SlurmGPUSpawner
 from workbench_spawner.form.render import free_text, render_options_form
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.store import AllocationStore, Lease
+from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.policy.gpu_policy import GPUPolicy, GPUStatus
 from workbench_spawner.policy.settings import PolicySettings
 from workbench_spawner.rules.quota import Quota
@@ -290,7 +291,7 @@ def test_a_job_waiting_while_a_node_is_down_is_told_only_the_gpus_that_could_run
     assert placement.unusable(INVENTORY.devices) == {d.uuid: f"node n1 is {DOWN}" for d in N1}
     gpus = tuple({"index": d.index, "uuid": d.uuid} for d in N2)
     events: list[str] = []
-    job = SlurmEngineJob("9", started=lambda: NodeReport("n2", gpus, (N2[1].uuid,)), describe=events.append)
+    job = EngineJob("9", started=lambda: NodeReport("n2", gpus, (N2[1].uuid,)), describe=events.append)
     lease = asyncio.run(placement.place("ann", "", 1, None, 30.0, job=job))
     assert lease.gpu_uuids == (N2[1].uuid,)
     assert (

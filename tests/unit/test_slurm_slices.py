@@ -15,11 +15,12 @@ import pytest
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.backends.slurm.inventory import NodeGPUMap, cluster_inventory
 from workbench_spawner.backends.slurm.node_report import NodeReport
-from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
+from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode, parse_sinfo_json, parse_squeue_json
 from workbench_spawner.backends.slurm.sbatch import gres_for, sbatch_options, whole_gpu_type
 from workbench_spawner.backends.slurm.singleuser import node_report, slice_environment
 from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.placement.engine import EngineJob
 
 SPEC = "2xH100-80GB,1xH200-141GB:mig=2x1g.18gb+1x3g.71gb"
 GRES = "gpu:h100-80gb:2,gpu:1g.18gb:2,gpu:3g.71gb:1"
@@ -217,7 +218,7 @@ def test_a_slice_job_waits_among_its_profiles_slices_and_its_lease_is_charged_it
         assert placement.pins_slices
         gpus = tuple({"index": d.index, "uuid": d.uuid, "mig": d.mig} for d in inventory.devices if d.node == "wbnode2")
         events: list[str] = []
-        job = SlurmEngineJob(
+        job = EngineJob(
             "9", started=lambda: NodeReport("wbnode2", gpus, (mig(1),)), describe=events.append, kind="1g.18gb"
         )
         lease = asyncio.run(placement.place("ann", "", 1, None, 30.0, job=job))

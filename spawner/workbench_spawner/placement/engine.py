@@ -36,7 +36,11 @@ class EngineJob:
     (called in a worker thread) returns the server's start report once it
     arrived (the node and the GPU UUIDs it sees), else None. ``submitted``:
     when the engine took it, on the placement's clock (the hub's line orders
-    by it; 0: when placement first follows it). The template fills in
+    by it; 0: when placement first follows it). ``kind``: the request's
+    ``SpawnRequest.kind`` (a model, a MIG profile, or ``"<model> <profile>"``;
+    None: what ``place`` is given, a whole-GPU model or any GPU), so a slice
+    request waits as "1 1g.18gb slice" among that profile's slices and its
+    lease is charged by each slice's share of a GPU. The template fills in
     ``deadline`` (the queue timeout's end, on the placement's clock),
     ``admitted`` (the key ``admit_to_queue`` registered) and ``describe``
     (progress events for the user).
@@ -48,6 +52,7 @@ class EngineJob:
     deadline: float | None = None
     admitted: str = ""
     submitted: float = 0.0
+    kind: str | None = None
 
 
 class EnginePlacement(Placement):

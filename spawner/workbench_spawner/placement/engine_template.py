@@ -70,9 +70,9 @@ class EngineTemplate(EnginePlacement):
     ``look`` (one poll of the engine: pending with its own words, placed on a node, ended), ``uuids`` (how a
     report maps to the leased UUIDs, ``ReportMismatchError`` if it disagrees), ``learn_from`` (what the hub
     learns of the node, ``ReportConflictError`` if it contradicts what is known), and its ``words``. It may
-    override ``cancel`` (default: nothing; the spawner ends it), ``joining`` (its queue entry), ``kind`` (how
-    the wait names the request), ``holds_reserved``, ``trouble`` (why a placed job cannot start), ``ended``
-    (whether it is gone, asked while the lease waits) and the settings below.
+    override ``cancel`` (default: nothing; the spawner ends it), ``joining`` (its queue entry), ``holds_reserved``,
+    ``trouble`` (why a placed job cannot start), ``ended`` (whether it is gone, asked while the lease waits) and
+    the settings below.
     """
 
     words: EngineWords
@@ -131,10 +131,6 @@ class EngineTemplate(EnginePlacement):
     async def joining(self, job: EngineJob, user: str) -> Waiting:
         """The job's entry in the hub's line (fair share reads the user's GPU-hours here)."""
         return Waiting(key=job.job_id, user=user, joined=job.submitted or self.clock())
-
-    def kind(self, job: EngineJob, model: str | None) -> str | None:
-        """What the wait names the request by (a model, a MIG profile), as ``gpus_text`` takes it."""
-        return model
 
     def holds_reserved(self, job: EngineJob) -> bool:
         """Whether the pending job counts against what open reservations keep (whole GPUs do)."""
@@ -240,7 +236,7 @@ class EngineTemplate(EnginePlacement):
         ``job.started`` is called in a worker thread and returns the server's start report once it came."""
         if not isinstance(job, self.Job) or not job.job_id:
             raise NoGPUAvailableError(self.words.nothing_submitted)
-        kind = self.kind(job, model)
+        kind = job.kind or model  # what the wait names the request by, as ``gpus_text`` takes it
         what = gpus_text(count, kind)
         deadline = self.clock() + timeout if job.deadline is None else job.deadline
         self._pending[job.job_id] = await self.joining(job, user)

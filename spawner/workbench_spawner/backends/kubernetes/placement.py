@@ -140,26 +140,16 @@ class KubernetesPlacement(EngineTemplate):
         poll_interval: float = 1.0,
         report_timeout: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
-        learn: Callable[[str, Sequence[str]], None] = lambda node, uuids: None,
-        total_gpus: Callable[[], int] | None = None,
+        learn: Callable[[str, Sequence[str], str], None] = lambda node, uuids, profile: None,
         release_grace: float = 60.0,
-        learn_slices: Callable[[str, Sequence[str], str], None] = lambda node, uuids, profile: None,
     ):
         super().__init__(store, inventory, reservations, poll_interval, report_timeout, clock, release_grace)
         self._free_gpus = free_gpus
+        # What the hub learns from a checked report: (node, UUIDs, the MIG profile of its slices, "" for whole GPUs).
         self.learn = learn
-        self.learn_slices = learn_slices
-        self._total_gpus = total_gpus
-
-    def total_gpus(self) -> int:
-        return self._total_gpus() if self._total_gpus else len(self.inventory().devices)
 
     def free_gpus(self, inventory: DeviceInventory) -> list[str]:
         return self._free_gpus(inventory)
-
-    def kind(self, job: EngineJob, model: str | None) -> str | None:
-        profile = getattr(job, "profile", "")
-        return f"{model} {profile}" if model and profile else profile or model
 
     def holds_reserved(self, job: EngineJob) -> bool:
         return not getattr(job, "profile", "")  # open reservations hold whole GPUs
@@ -216,11 +206,7 @@ class KubernetesPlacement(EngineTemplate):
         return list(report.gpus)
 
     def learn_from(self, job: EngineJob, look: Look, report: Any) -> None:
-        profile = getattr(job, "profile", "")
-        if profile:
-            self.learn_slices(look.node, report.gpus, profile)
-        else:
-            self.learn(look.node, report.gpus)
+        self.learn(look.node, report.gpus, getattr(job, "profile", ""))
 
     def _check(self, pod_report: PodReport, node: str, count: int, profile: str = "") -> str:
         """Why a report cannot be taken ("" when it can): node, count, duplicates, and names on that node

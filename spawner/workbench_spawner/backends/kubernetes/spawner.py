@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import time
 import weakref
+from collections.abc import Sequence
 from urllib.parse import urlparse
 
 from jupyterhub.spawner import SpawnException
@@ -189,6 +190,14 @@ class KubernetesGPUSpawner(EngineSpawner, KeptWatches, WorkbenchPod, KubeSpawner
         for device in settings.inventory.devices:
             where = slice_key(device.node, device.profile) if device.mig else device.node
             capacity[where] = capacity.get(where, 0) + 1
+
+        def learn(node: str, uuids: Sequence[str], profile: str) -> None:
+            """Whole GPUs (``profile`` "") or slices of ``profile`` on ``node``, held to what the node has."""
+            if real:
+                NodeUUIDs(store).accept(
+                    node, uuids, capacity.get(slice_key(node, profile) if profile else node, 0), profile
+                )
+
         return KubernetesPlacement(
             store,
             inventory,
@@ -196,17 +205,7 @@ class KubernetesGPUSpawner(EngineSpawner, KeptWatches, WorkbenchPod, KubeSpawner
             free_gpus,
             self.k8s_poll_interval,
             self.k8s_report_timeout,
-            learn=(lambda node, uuids: NodeUUIDs(store).accept(node, uuids, capacity.get(node, 0)))
-            if real
-            else (lambda node, uuids: None),
-            total_gpus=lambda: len(settings.inventory.devices),
-            learn_slices=(
-                lambda node, uuids, profile: NodeUUIDs(store).accept(
-                    node, uuids, capacity.get(slice_key(node, profile), 0), profile
-                )
-            )
-            if real
-            else (lambda node, uuids, profile: None),
+            learn=learn,
         )
 
     def build_policy(self, settings: PolicySettings) -> GPUPolicy:
@@ -298,6 +297,7 @@ class KubernetesGPUSpawner(EngineSpawner, KeptWatches, WorkbenchPod, KubeSpawner
             events=lambda: self.events,
             submitted=submitted,
             profile=(request.gpu_profile or "") if request.gpus else "",
+            kind=request.kind,
         )
 
     async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:

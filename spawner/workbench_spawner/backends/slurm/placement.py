@@ -28,7 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from workbench_devices import DeviceInventory, GPUDevice
@@ -51,18 +51,6 @@ from workbench_spawner.placement.engine_template import EngineTemplate, EngineWo
 from workbench_spawner.rules.queue_order import DEFAULT_AGING_MINUTES, Waiting, explain, order
 
 log = logging.getLogger("workbench.slurm")
-
-
-@dataclass(frozen=True)
-class SlurmEngineJob(EngineJob):
-    """A submitted job with what it asked for: the mixin hands placement a whole-GPU ``model`` only.
-
-    ``kind``: the request's ``SpawnRequest.kind`` (a model, a MIG profile, or
-    ``"<model> <profile>"``; None: any whole GPU), so a slice request waits as
-    "1 1g.18gb slice" among that profile's slices and its lease is charged by
-    each slice's share of a GPU."""
-
-    kind: str | None = None
 
 
 class SlurmPlacement(EngineTemplate):
@@ -169,9 +157,6 @@ class SlurmPlacement(EngineTemplate):
     def free_gpus(self, inventory: DeviceInventory) -> list[str]:
         # What is free is what Slurm has not allocated on nodes that take jobs (sinfo), not the ledger's view.
         return free_on_slurm(inventory, self.nodes(), None)
-
-    def kind(self, job: EngineJob, model: str | None) -> str | None:
-        return getattr(job, "kind", None) or model
 
     async def joining(self, job: EngineJob, user: str) -> Waiting:
         hours = await asyncio.to_thread(self.gpu_hours, user) if self.queue_order == "fair-share" else 0.0

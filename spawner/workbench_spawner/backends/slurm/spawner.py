@@ -55,7 +55,7 @@ from workbench_spawner.backends.slurm.jobs import (
     partitions,
 )
 from workbench_spawner.backends.slurm.node_report import NodeReport
-from workbench_spawner.backends.slurm.placement import SlurmEngineJob, SlurmPlacement
+from workbench_spawner.backends.slurm.placement import SlurmPlacement
 from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
 from workbench_spawner.backends.slurm.records import SlurmJob
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure
@@ -213,7 +213,7 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
             report = NodeReport.from_json(self.workbench_report)
             return self._trusted(report) if report else None
 
-        return SlurmEngineJob(job_id=self.job_id, started=started, kind=self.gpu_request.kind)
+        return EngineJob(job_id=self.job_id, started=started, kind=self.gpu_request.kind)
 
     async def engine_connect(self, lease: Lease | None) -> tuple[str, int]:
         self._job_node = self.announce_running(lease, NodeReport.from_json(self.workbench_report))
