@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from workbench_spawner.backends.kubernetes.cluster import KubernetesUnavailableError
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_HUB, LABEL_SERVER, LABEL_USER
-from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
+from workbench_spawner.backends.kubernetes.reconcile import WORDS, reconcile_pods
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.placement.engine_reconcile import Action
 
 HUB_STARTED = datetime(2026, 12, 8, 10, 0, tzinfo=UTC).timestamp()
@@ -134,3 +136,19 @@ def test_without_a_process_start_every_pod_is_an_orphan(store):
     actions = reconcile_pods([pod("new", node=None, created=AFTER)], [], store.adopt, deleted.append)
     assert [(a.ident, a.what) for a in actions] == [("new", "deleted")]
     assert deleted == ["new"]
+
+
+def test_a_pod_the_api_server_does_not_delete_is_logged_and_the_next_one_is_still_deleted(store, caplog):
+    deleted: list[str] = []
+
+    def delete(name: str) -> None:
+        if name == "first":
+            raise KubernetesUnavailableError("connection refused")
+        deleted.append(name)
+
+    pods = [pod("first", node=None), pod("second", node=None)]
+    actions = reconcile_pods(pods, [], store.adopt, delete, HUB_STARTED)
+    assert [(a.ident, a.what) for a in actions] == [("first", "deleted"), ("second", "deleted")]
+    assert deleted == ["second"]
+    assert "Could not delete pod first: connection refused" in caplog.text
+    assert WORDS.fixes == {"adopted": SERVER_ADOPTED, "deleted": SERVER_STOPPED}

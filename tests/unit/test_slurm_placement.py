@@ -18,10 +18,11 @@ from workbench_spawner.backends.slurm.inventory import MapConflictError, NodeGPU
 from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import SlurmPlacement
-from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.reconcile import WORDS, reconcile_jobs
 from workbench_spawner.backends.slurm.records import SlurmJob, SlurmNode
 from workbench_spawner.backends.slurm.report_api import read_report
 from workbench_spawner.ledger.hub_identity import hub_id
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.placement.engine import EngineJob, EngineJobEndedError
 from workbench_spawner.placement.engine_report import ReportRefusedError
@@ -309,6 +310,22 @@ def test_reconcile_adopts_cancels_and_leaves_other_hubs_alone(store):
     assert carol.node == "n1"
     assert carol.ref == "slurm:2"
     assert carol.since == datetime.fromtimestamp(1_700_000_000, UTC)
+
+
+def test_reconcile_logs_a_job_slurm_does_not_cancel_and_goes_on(store, caplog):
+    cancelled: list[str] = []
+
+    def cancel(job_id: str) -> None:
+        if job_id == "3":
+            raise SlurmUnavailableError("scancel timed out")
+        cancelled.append(job_id)
+
+    jobs = [tagged(pending("3"), "dave"), tagged(pending("4"), "erin")]
+    actions = reconcile_jobs(jobs, [], "0a1b2c3d", lambda n, i: None, store.adopt, cancel)
+    assert [(a.ident, a.what) for a in actions] == [("3", "cancelled"), ("4", "cancelled")]
+    assert cancelled == ["4"]
+    assert "Could not cancel Slurm job 3: scancel timed out" in caplog.text
+    assert WORDS.fixes == {"adopted": SERVER_ADOPTED, "cancelled": SERVER_STOPPED}
 
 
 # -- fairness on Slurm --------------------------------------------------------------------------------

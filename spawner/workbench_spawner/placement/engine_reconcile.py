@@ -15,6 +15,10 @@ can name them) is the engine's reading; the rule is shared:
   device's share of a GPU, as before the restart);
 * **placed** otherwise (GPUs never recorded, or leased to another server):
   ended, because the ledger could not count it.
+
+Ending a job the engine does not answer for is logged and the walk goes on
+(the next pass tries again); the reconciler counts each adopted and each
+ended job on /metrics (``ReconcileWords.fixes``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from workbench_devices import DeviceInventory
+from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore
 
 Adopt = Callable[[str, str, list[str], str, datetime | None, str], bool]  # AllocationStore.adopt's first six
@@ -63,9 +68,15 @@ class ReconcileWords:
     noun: str  # "pod", "Slurm job"
     ended: str  # Action.what for a job the rule ends: "deleted", "cancelled"
     end_verb: str  # in the log: "Deleting", "Cancelling"
+    end_failed: str  # in the log when the engine did not answer: "Could not delete pod"
     pending_why: str  # "not scheduled, no spawn waiting"
     unknown_why: str  # "its GPUs were never recorded"
     held_why: str = "its GPUs are leased to another server"
+
+    @property
+    def fixes(self) -> dict[str, str]:
+        """The reconciler's fix kinds (``GPUPolicy.count_fixes``) of the actions: adopted, or ended by the rule."""
+        return {"adopted": SERVER_ADOPTED, self.ended: SERVER_STOPPED}
 
 
 def adopter(store: AllocationStore, inventory: DeviceInventory) -> Adopt:
@@ -85,10 +96,18 @@ def reconcile_walk(
     end: Callable[[str], None],
     words: ReconcileWords,
     log: logging.Logger,
+    unavailable: type[Exception] | tuple[type[Exception], ...] = (),
 ) -> list[Action]:
     """Apply the rule above to the engine's reading of its jobs (None: nothing to do); every decision is
-    logged and returned. ``end(ident)`` cancels or deletes a job; ``adopt`` is ``AllocationStore.adopt``'s
-    first six arguments."""
+    logged and returned. ``end(ident)`` cancels or deletes a job (``unavailable``: the errors it raises when
+    the engine does not answer, logged); ``adopt`` is ``AllocationStore.adopt``'s first six arguments."""
+
+    def end_quietly(ident: str) -> None:
+        try:
+            end(ident)
+        except unavailable as exc:
+            log.warning("%s %s: %s", words.end_failed, ident, exc)
+
     actions = []
     for job in orphans:
         if job is None:
@@ -105,7 +124,7 @@ def reconcile_walk(
                 job.user,
                 job.server,
             )
-            end(job.ident)
+            end_quietly(job.ident)
             actions.append(Action(job.ident, words.ended, words.pending_why))
             continue
         known = [u for u in job.uuids if u]
@@ -124,6 +143,6 @@ def reconcile_walk(
             continue
         why = words.held_why if named else words.unknown_why
         log.warning("%s %s %s of %s/%s: %s", words.end_verb, words.noun, job.ident, job.user, job.server, why)
-        end(job.ident)
+        end_quietly(job.ident)
         actions.append(Action(job.ident, words.ended, why))
     return actions

@@ -19,9 +19,9 @@ from workbench_spawner.backends.kubernetes import cluster
 from workbench_spawner.backends.kubernetes.cluster import NodeState
 from workbench_spawner.backends.kubernetes.ending import needs_node, node_name, pod_ending
 from workbench_spawner.backends.kubernetes.manifests import LABEL_HUB
-from workbench_spawner.backends.kubernetes.reconcile import reconcile_pods
+from workbench_spawner.backends.kubernetes.reconcile import WORDS, reconcile_pods
 from workbench_spawner.ledger.endings import Ending
-from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
+from workbench_spawner.ledger.reconcile_book import SERVER_STOPPED
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.placement.engine_fleet import Recent
 from workbench_spawner.placement.engine_reconcile import adopter
@@ -92,16 +92,14 @@ def reconcile_orphans(policy: GPUPolicy, namespace: str, hub: str, log: logging.
     except cluster.KubernetesUnavailableError as exc:
         log.warning("Cannot list pods to reconcile GPU leases: %s", exc)
         return
-
-    def delete(name: str) -> None:
-        try:
-            cluster.delete_pod(namespace, name, 0)
-        except cluster.KubernetesUnavailableError as exc:
-            log.warning("Could not delete pod %s: %s", name, exc)
-
-    actions = reconcile_pods(pods, store.leases(), adopter(store, policy.inventory), delete, PROCESS_STARTED)
-    fixes = {"adopted": SERVER_ADOPTED, "deleted": SERVER_STOPPED}  # counted on /metrics; each was logged
-    policy.count_fixes([action.what for action in actions], fixes)
+    actions = reconcile_pods(
+        pods,
+        store.leases(),
+        adopter(store, policy.inventory),
+        lambda name: cluster.delete_pod(namespace, name, 0),
+        PROCESS_STARTED,
+    )
+    policy.count_fixes([action.what for action in actions], WORDS.fixes)  # counted on /metrics; each was logged
 
 
 def delete_left_pods(log: logging.Logger) -> list[str]:

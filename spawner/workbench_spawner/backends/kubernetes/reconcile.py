@@ -26,7 +26,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from workbench_spawner.backends.kubernetes.cluster import ENDED_PHASES, pod_gpu_request, pod_slice_requests
+from workbench_spawner.backends.kubernetes.cluster import (
+    ENDED_PHASES,
+    KubernetesUnavailableError,
+    pod_gpu_request,
+    pod_slice_requests,
+)
 from workbench_spawner.backends.kubernetes.manifests import ANNOTATION_GPUS, LABEL_SERVER, LABEL_USER
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.placement.engine_reconcile import Action, Adopt, Orphan, ReconcileWords, reconcile_walk
@@ -46,6 +51,7 @@ WORDS = ReconcileWords(
     noun="pod",
     ended="deleted",
     end_verb="Deleting",
+    end_failed="Could not delete pod",
     pending_why="not scheduled, no spawn waiting",
     unknown_why="its GPUs were never recorded",
 )
@@ -61,7 +67,8 @@ def reconcile_pods(
 ) -> list[Action]:
     """Apply the rule above to this hub's ``pods`` (dicts as the API gives them); every decision is returned."""
     leased = {lease.ref for lease in leases}
-    return reconcile_walk((_orphan(p, leased, created_before, resource) for p in pods), adopt, delete, WORDS, log)
+    orphans = (_orphan(p, leased, created_before, resource) for p in pods)
+    return reconcile_walk(orphans, adopt, delete, WORDS, log, KubernetesUnavailableError)
 
 
 def _orphan(pod: Mapping[str, Any], leased: set[str], created_before: float | None, resource: str) -> Orphan | None:

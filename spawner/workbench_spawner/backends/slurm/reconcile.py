@@ -31,6 +31,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 
+from workbench_spawner.backends.slurm.jobs import SlurmUnavailableError
 from workbench_spawner.backends.slurm.records import SlurmJob
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.placement.engine_reconcile import Action, Adopt, Orphan, ReconcileWords, reconcile_walk
@@ -54,13 +55,14 @@ def reconcile_jobs(
     ``sbatch --comment=workbench:...``): left alone, never charged to the user it names."""
     leased = {(lease.user, lease.server) for lease in leases}
     orphans = (_orphan(job, leased, hub, uuid_at, submitted_before) for job in jobs)
-    return reconcile_walk(orphans, adopt, cancel, WORDS, log)
+    return reconcile_walk(orphans, adopt, cancel, WORDS, log, SlurmUnavailableError)
 
 
 WORDS = ReconcileWords(
     noun="Slurm job",
     ended="cancelled",
     end_verb="Cancelling",
+    end_failed="Could not cancel Slurm job",
     pending_why="pending with no spawn waiting",
     unknown_why="its GPUs are unknown to the hub",
 )

@@ -56,13 +56,12 @@ from workbench_spawner.backends.slurm.jobs import (
 )
 from workbench_spawner.backends.slurm.node_report import NodeReport
 from workbench_spawner.backends.slurm.placement import SlurmPlacement
-from workbench_spawner.backends.slurm.reconcile import reconcile_jobs
+from workbench_spawner.backends.slurm.reconcile import WORDS, reconcile_jobs
 from workbench_spawner.backends.slurm.records import SlurmJob
 from workbench_spawner.backends.slurm.sbatch import sbatch_failure
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending
 from workbench_spawner.ledger.gpu_hours import gpu_hours_used
-from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import EngineJob
 from workbench_spawner.placement.engine_fleet import Recent
@@ -299,24 +298,16 @@ class SlurmGPUSpawner(EngineSpawner, SlurmBatchScript):
         store = self.gpu_policy.store
         inventory = NodeGPUMap(store).resolve(self.engine_inventory())
         by_place = {(d.node, d.index): d.uuid for d in inventory.devices if d.uuid != placeholder_uuid(d.node, d.index)}
-
-        def cancel_quietly(job_id: str) -> None:
-            try:
-                cancel(job_id)
-            except SlurmUnavailableError as exc:
-                self.log.warning("Could not cancel Slurm job %s: %s", job_id, exc)
-
         actions = reconcile_jobs(
             jobs,
             store.leases(),
             self.hub_id(),
             lambda node, index: by_place.get((node, index)),
             adopter(store, inventory),
-            cancel_quietly,
+            cancel,
             submitted_before=PROCESS_STARTED,
         )
-        fixes = {"adopted": SERVER_ADOPTED, "cancelled": SERVER_STOPPED}  # counted on /metrics; each was logged
-        self.gpu_policy.count_fixes([action.what for action in actions], fixes)
+        self.gpu_policy.count_fixes([action.what for action in actions], WORDS.fixes)  # on /metrics; each was logged
 
     def load_state(self, state):
         super().load_state(state)
