@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -31,3 +32,20 @@ def store(db_url: str) -> Iterator[AllocationStore]:
     s = AllocationStore(db_url)
     yield s
     s.dispose()
+
+
+@pytest.fixture
+def listen() -> Iterator[Callable[[Any], int]]:
+    """``listen(app)``: a tornado app served on a free loopback port (returned), stopped after the test."""
+    from tests.unit.test_quota_service import _free_port
+
+    servers = []
+
+    def start(app: Any) -> int:
+        port = _free_port()
+        servers.append(app.listen(port, "127.0.0.1"))
+        return port
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -17,7 +17,7 @@ from tornado.httpclient import AsyncHTTPClient
 from tests.service.openapi_check import check
 from tests.unit.fake_backends import FakeEngineSpawner
 from tests.unit.test_drain import H100, H200, MIXED, SLICES
-from tests.unit.test_quota_service import PREFIX, FakeHub, _free_port, service_document
+from tests.unit.test_quota_service import PREFIX, FakeHub, service_document
 from tests.unit.test_settings import config
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_hub.service import handlers
@@ -102,7 +102,7 @@ class PageHub(FakeHub):
 
 
 @pytest.fixture
-async def serve(store, monkeypatch):
+async def serve(store, monkeypatch, listen):
     """``await serve(backend, placement)``: a service on settings so published; ``call`` and ``page`` reach it."""
     from workbench_spawner.backends.kubernetes import fleet as kube_fleet
     from workbench_spawner.backends.slurm import fleet as slurm_fleet
@@ -111,14 +111,12 @@ async def serve(store, monkeypatch):
     monkeypatch.setattr(kube_fleet, "kube_nodes", lambda *a, **k: None)
     caller = {"kind": "user", "name": "admin", "scopes": [handlers.ADMIN_SCOPE]}
     monkeypatch.setattr(handlers.WorkbenchHandler, "get_current_user", lambda self: caller)
-    servers = []
     doc = service_document()
     client = AsyncHTTPClient()
 
     async def start(backend: str, placement: str = "engine"):
         store_policy_settings(store, engine_settings(store.url, backend, placement))
-        port = _free_port()
-        servers.append(make_app(Fleet(store, refresh_seconds=0), PageHub(), PREFIX).listen(port, "127.0.0.1"))
+        port = listen(make_app(Fleet(store, refresh_seconds=0), PageHub(), PREFIX))
 
         async def call(method: str, path: str, body=None) -> tuple[int, dict | None]:
             data = "" if method == "PUT" and body is None else (None if body is None else json.dumps(body))
@@ -137,11 +135,7 @@ async def serve(store, monkeypatch):
         call.caller = caller  # type: ignore[attr-defined]
         return call
 
-    try:
-        yield start
-    finally:
-        for server in servers:
-            server.stop()
+    return start
 
 
 @pytest.mark.parametrize("backend", ["slurm", "kubernetes"])

@@ -14,7 +14,7 @@ import pytest
 from tornado.httpclient import AsyncHTTPClient
 
 from tests.service.openapi_check import check
-from tests.unit.test_quota_service import PREFIX, FakeHub, _free_port, settings_for
+from tests.unit.test_quota_service import PREFIX, FakeHub, settings_for
 from workbench_hub.service import handlers
 from workbench_hub.service.app import make_app
 from workbench_hub.service.fleet import Fleet
@@ -112,12 +112,11 @@ BOOKS = {"slurm": NodeGPUMap, "kubernetes": NodeUUIDs}
 
 
 @pytest.fixture
-async def serve(store, monkeypatch):
+async def serve(store, monkeypatch, listen):
     """``await serve(backend)``: the service of a hub on that backend, with ``call`` reaching it."""
     monkeypatch.setattr(kube_fleet, "kube_nodes", lambda: NODES)
     caller = {"kind": "user", "name": "admin", "scopes": [handlers.ADMIN_SCOPE]}
     monkeypatch.setattr(handlers.WorkbenchHandler, "get_current_user", lambda self: caller)
-    servers = []
     client = AsyncHTTPClient()
 
     async def start(backend: str):
@@ -125,8 +124,7 @@ async def serve(store, monkeypatch):
         BOOKS[backend](store).update(lambda known: known.update(KNOWN[backend]) is None)
         app = make_app(Fleet(store, refresh_seconds=0), FakeHub(), PREFIX, backend=backend)
         doc = app.settings["openapi"]
-        port = _free_port()
-        servers.append(app.listen(port, "127.0.0.1"))
+        port = listen(app)
 
         async def call(method: str, path: str) -> tuple[int, dict | None]:
             r = await client.fetch(f"http://127.0.0.1:{port}{PREFIX}{path}", method=method, raise_error=False)
@@ -136,11 +134,7 @@ async def serve(store, monkeypatch):
         call.caller = caller  # type: ignore[attr-defined]
         return call
 
-    try:
-        yield start
-    finally:
-        for server in servers:
-            server.stop()
+    return start
 
 
 async def test_slurm_lists_the_gpus_jobs_reported_per_node(serve):
