@@ -4,12 +4,14 @@ The script comes from the ``batch_script`` template and the ``req_*`` traits
 (batchspawner's public extension points); these are the scripts the
 workbench submitted before it stopped overriding batchspawner's private
 ``_get_batch_script``, byte for byte, for a whole-GPU, a slice, a whole GPU
-on a cluster with slices, and a CPU-only request.
+on a cluster with slices, and a CPU-only request; but for the command line,
+whose words are now shell-quoted (an environment prefix with a space broke it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import shlex
 from types import SimpleNamespace
 
 import pytest
@@ -39,7 +41,7 @@ set -euo pipefail
 export PATH='/opt/work bench/bin':$PATH
 trap 'echo SIGTERM received' TERM
 
-/opt/work bench/bin/workbench-slurm-singleuser jupyterhub-singleuser
+'/opt/work bench/bin/workbench-slurm-singleuser' jupyterhub-singleuser
 """
 LIMITS = """#SBATCH --cpus-per-task=4
 #SBATCH --mem=8192M
@@ -119,3 +121,16 @@ def test_an_option_cannot_replace_the_sbatch_lines_the_hub_computes():
     assert caught.value.status_code == 400
     assert "'sbatch_lines' is set by the hub" in str(caught.value)
     assert asyncio.run(s.check_options({"gpus": 1})) == {"gpus": 1}
+
+
+def test_the_command_line_keeps_each_word_whole_whatever_it_holds():
+    # batchspawner joins the words as they are: "/opt/work bench/..." ran "/opt/work" before.
+    s = spawner(SpawnRequest(gpus=0), None)
+    s.args = ["--ServerApp.tornado_settings={'x': 1}", "--notebook-dir=/home/ann/my work"]
+    words = shlex.split(submitted(s).splitlines()[-1])  # the last line: the command
+    assert words == [
+        "/opt/work bench/bin/workbench-slurm-singleuser",
+        "jupyterhub-singleuser",
+        "--ServerApp.tornado_settings={'x': 1}",
+        "--notebook-dir=/home/ann/my work",
+    ]

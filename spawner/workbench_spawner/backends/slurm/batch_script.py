@@ -95,6 +95,14 @@ class SlurmBatchScript(SlurmTraits, SlurmJobSpawner):
     def _default_req_env_bin(self):
         return shlex.quote(os.path.join(self.slurm_env_prefix, "bin"))
 
+    def cmd_formatted_for_batch(self) -> str:
+        """The script's ``cmd`` line, each word shell-quoted.
+
+        batchspawner joins the words with spaces as they are, so a ``slurm_env_prefix`` with a space
+        (``/opt/work bench``) split the single-user command in two and no job could start. Words of plain
+        characters are left as they were (``shlex.quote``)."""
+        return shlex.join([self.batchspawner_singleuser_cmd, *self.cmd, *self.get_args()])
+
     async def submit_batch_script(self) -> str:
         """batchspawner's submit, with this start's ``#SBATCH`` lines computed first.
 
