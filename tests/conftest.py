@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import pwd
+import random
 import secrets
 import shutil
 import signal
@@ -105,10 +106,28 @@ def let_users_reach(*paths: Path) -> None:
                 parent.chmod(mode | stat.S_IXOTH)
 
 
+# Ports the tests' hubs, proxies and services listen on: below the kernel's ephemeral range (32768-60999 here),
+# where every outgoing connection takes its source port, and below Kubernetes' NodePort range (30000-32767).
+# A port-0 bind handed out an ephemeral port that an outgoing connection of the other lane could take before
+# the hub bound it ("Address already in use" at the hub's start).
+TEST_PORTS = range(20000, 30000)
+_handed_out: set[int] = set()  # never the same port twice in one test process (one hub asks for several)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback TCP port no one listens on now, picked at random from ``TEST_PORTS``."""
+    for _ in range(200):
+        port = random.choice(TEST_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port in {TEST_PORTS.start}-{TEST_PORTS.stop - 1} after 200 tries")
 
 
 class Hub:
