@@ -433,13 +433,10 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
 
     def load_state(self, state):
         super().load_state(state)
-        # Checked against the ledger on the first poll, in a worker thread:
-        # load_state runs on the hub's event loop and must not query the database.
+        # Checked against the ledger on the first poll, in a worker thread (load_state runs on the hub's loop).
         self.gpu_uuids = [str(u) for u in state.get("gpu_uuids") or []]
         self._lease_unchecked = True
-        # A server the hub knew running before a restart: its end is explained. JupyterHub keeps a running
-        # server's row (orm_spawner.server) and drops a stopped one's; a non-empty state alone says nothing,
-        # since KubeSpawner saves its pod's name even for a stopped server.
+        # It ran before a restart if JupyterHub kept its server row (KubeSpawner saves state even when stopped).
         orm = getattr(self, "orm_spawner", None)
         self._gpu_running = orm.server is not None if orm is not None else bool(state)
         started = getattr(orm, "started", None)
