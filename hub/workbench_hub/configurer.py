@@ -70,6 +70,19 @@ def update_hub(c: Config, env: Env, data: Path, repo: Path) -> None:
     # Servers outlive the hub: a hub restart (upgrade, config change) must not
     # kill anyone's training run. The hub re-attaches to them on start.
     c.JupyterHub.cleanup_servers = False
+    update_named_servers(c, env)
+
+
+def update_named_servers(c: Config, env: Env) -> None:
+    """JupyterHub's named servers (a GPU server for training beside a CPU server for writing), off by default.
+
+    ``WORKBENCH_NAMED_SERVERS=N`` lets each user keep up to N named servers besides the default one
+    (JupyterHub's ``named_server_limit_per_user``, which counts named servers only); 0 or unset leaves them
+    off. Every server of a user counts against the same GPU quota (``ledger.lease_limits``)."""
+    limit = number(env, "WORKBENCH_NAMED_SERVERS", "0", int)
+    if limit:
+        c.JupyterHub.allow_named_servers = True
+        c.JupyterHub.named_server_limit_per_user = limit
 
 
 AUTHENTICATORS = ("native", "pam")

@@ -97,7 +97,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                 exclusive=request.exclusive,
             )
         except NoGPUAvailableError as exc:
-            raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
+            raise SpawnException(str(exc), reason=exc.reason, status_code=exc.status) from None
         self._gpu_events.add(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)
         return lease
 
@@ -204,7 +204,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                 )
             except NoGPUAvailableError as exc:
                 self.clear_state()
-                raise SpawnException(str(exc), reason="no_gpu", status_code=503) from None
+                raise SpawnException(str(exc), reason=exc.reason, status_code=exc.status) from None
             self.gpu_uuids = list(lease.gpu_uuids) if lease else []
             if lease:
                 self._gpu_events.add(

@@ -79,6 +79,8 @@ PAM = {"WORKBENCH_AUTHENTICATOR": "pam", "WORKBENCH_ADMIN_USERS": "ada"}
         ({"WORKBENCH_DATA_DIR": str(DATA)}, "ConfigurableHTTPProxy.pid_file", f"{DATA}/jupyterhub-proxy.pid"),
         ({}, "JupyterHub.db_url", f"sqlite:///{REPO}/data/jupyterhub.sqlite"),
         ({}, "JupyterHub.cleanup_servers", False),
+        ({"WORKBENCH_NAMED_SERVERS": "3"}, "JupyterHub.allow_named_servers", True),
+        ({"WORKBENCH_NAMED_SERVERS": " 3 "}, "JupyterHub.named_server_limit_per_user", 3),
         # who can log in
         ({}, "JupyterHub.authenticator_class", "workbench_hub.auth.WorkbenchAuthenticator"),
         ({}, "Authenticator.admin_users", {"admin"}),
@@ -156,6 +158,8 @@ def test_profiles_arrive_as_entries_that_were_checked():
         ({}, "GPUSpawnerMixin.resource_profiles"),
         ({}, "JupyterHub.hub_connect_ip"),
         ({}, "DockerGPUSpawner.image"),
+        ({}, "JupyterHub.allow_named_servers"),  # off by default: JupyterHub's own default
+        ({"WORKBENCH_NAMED_SERVERS": "0"}, "JupyterHub.allow_named_servers"),
     ],
 )
 def test_unset_variables_leave_the_traits_defaults(env, unset):
@@ -268,6 +272,7 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
         ({"WORKBENCH_MAX_WAITING": "0"}, "WORKBENCH_MAX_WAITING must be at least 1: it is how many spawns may wait"),
         ({"WORKBENCH_MAX_WAITING": "lots"}, "WORKBENCH_MAX_WAITING must be a non-negative whole number, not 'lots'"),
         ({"WORKBENCH_MAX_STARTING": "-2"}, "WORKBENCH_MAX_STARTING must be a non-negative whole number, not '-2'"),
+        ({"WORKBENCH_NAMED_SERVERS": "two"}, "WORKBENCH_NAMED_SERVERS must be a non-negative whole number, not 'two'"),
         (
             {"WORKBENCH_INVENTORY_REFRESH_SECONDS": "soon"},
             "WORKBENCH_INVENTORY_REFRESH_SECONDS must be a non-negative number, not 'soon'",

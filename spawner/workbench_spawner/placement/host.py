@@ -62,7 +62,14 @@ def holdings(leases: Sequence[Lease]) -> list[Holding]:
 
 
 class NoGPUAvailableError(Exception):
-    """Nothing could be placed within the wait; str(err) is meant for the user."""
+    """Nothing could be placed within the wait; str(err) is meant for the user.
+
+    ``status`` and ``reason`` are what the spawn's ``SpawnException`` carries (JupyterHub's answer to the
+    REST API and the spawn page); a subclass that refuses for another cause (a quota met where the lease is
+    written) says its own."""
+
+    status: int = 503
+    reason: str = "no_gpu"
 
 
 class Placement(ABC):
