@@ -8,6 +8,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import event
 from tornado.httpclient import AsyncHTTPClient
 
 from tests.service.openapi_check import check
@@ -47,7 +48,10 @@ def fill(store: AllocationStore) -> None:
 
 def test_hours_by_reason_kind_add_up_to_the_total(store):
     fill(store)
-    by_reason = gpu_hours_by_reason(store)
+    # One "now" for both reads: bob's lease is still held, so its hours grow between two calls that each
+    # took their own clock (a clean-clone CI on a loaded machine once read 3.00000052 against 3.00000405).
+    now = utcnow()
+    by_reason = gpu_hours_by_reason(store, now)
     assert by_reason["ann"] == {
         reasons.STOPPED_BY_USER: pytest.approx(3.0),
         "reclaimed": pytest.approx(2.0),
@@ -55,10 +59,34 @@ def test_hours_by_reason_kind_add_up_to_the_total(store):
     }
     assert set(by_reason["bob"]) == {"unknown", HELD_NOW}
     assert by_reason["bob"]["unknown"] == pytest.approx(3.0)
-    totals = gpu_hours_by_user(store)
+    totals = gpu_hours_by_user(store, now)
     for user, kinds in by_reason.items():
-        assert sum(kinds.values()) == pytest.approx(totals[user])
-    assert gpu_hours_by_reason(store, user="bob").keys() == {"bob"}
+        assert sum(kinds.values()) == totals[user]  # the same rows and the same clock: equal, not close
+    assert gpu_hours_by_reason(store, now, user="bob").keys() == {"bob"}
+
+
+def test_a_lease_released_while_the_hours_are_read_counts_once(store):
+    """The ledger's rows and the leases held now are read from one snapshot: a release that commits between
+    the two reads moves the lease into the ledger after the ledger was read, and two separate reads then
+    counted it nowhere (a total that dips while a student stops a server)."""
+    start = utcnow() - timedelta(hours=2)
+    store.adopt("cid", "", ["GPU-a"], ref="", since=start)
+    now = utcnow()
+    released: list[tuple[str, ...] | None] = []
+
+    @event.listens_for(store.read_engine, "after_cursor_execute")
+    def release_between_reads(conn, cursor, statement, parameters, context, executemany):
+        # On PostgreSQL the store reads and writes through one engine: the release's own statements come here too.
+        if statement.lstrip().upper().startswith("SELECT") and "gpu_usage" in statement and not released:
+            released.append(None)
+            released[0] = store.release("cid", "", reasons.STOPPED_BY_USER)
+
+    try:
+        hours = gpu_hours_by_user(store, now, user="cid")
+    finally:
+        event.remove(store.read_engine, "after_cursor_execute", release_between_reads)
+    assert released == [("GPU-a",)]  # the release really happened between the two reads
+    assert hours["cid"] == pytest.approx(2.0, abs=1e-3)
 
 
 async def test_the_usage_api_answers_by_reason_and_the_cli_prints_it(live_service, store, capsys):
