@@ -40,11 +40,11 @@ from traitlets import Float, Integer, List, Unicode, default
 from workbench_spawner.contract import Mode, require_contract
 from workbench_spawner.form.options import SpawnRequest, options_from_form
 from workbench_spawner.form.progress import SpawnEvents
-from workbench_spawner.form.render import render_options_form
+from workbench_spawner.form.spawn_page import spawn_page
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.hub_identity import hub_id
-from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
+from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.placement.engine_policy import EnginePolicy
@@ -236,39 +236,8 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
     # -- options ----------------------------------------------------------------
 
     async def _render_options_form(self, spawner=None) -> str:
-        # Everything the form shows, read in ONE worker-thread hop (the default executor's few threads also
-        # run every spawn's database work: at a class start each hop waits in that queue), each table once:
-        # the leases feed the free counts, what the user holds, the GPU-hours and the reservation lines alike.
-        def snapshot():
-            policy = self.gpu_policy
-            inventory = policy.inventory  # a backend may read it from the database (Slurm's reported UUIDs)
-            leases = policy.store.leases()
-            status = policy.status(leases=leases, inventory=inventory)
-            return (
-                policy,
-                inventory,
-                self.gpu_admission_context(policy, leases=leases, status=status, inventory=inventory),
-                status,
-                policy.held_by_user(self.user.name, leases=leases),
-                # What the open reservations keep, in words ("8 of 16 GPUs reserved for ml-course until 12:00").
-                self.gpu_reserved_now(policy, leases=leases, inventory=inventory),
-                NoticeBook(policy.store).last_done(self.user.name, self.name),
-            )
-
-        policy, inventory, ctx, status, held, reserved, stopped = await asyncio.to_thread(snapshot)
-        # Why the last server stopped (GPU idle, a reservation), above the form.
-        return render_stop_notice(stopped) + render_options_form(
-            user=self.user.name,
-            ctx=ctx,
-            status=status,
-            source=inventory.source,
-            message=inventory.message,
-            shared=policy.shared,
-            profiles=self.gpu_profiles,
-            limits_enforced=self.enforces_resource_limits,
-            held=held,
-            reserved=reserved,
-        )
+        # Every read in one worker-thread hop; the form says which server it starts (form/spawn_page.py).
+        return await spawn_page(self)
 
     async def _apply_gpu_options(self, user_options: dict) -> None:
         user_options = await self.check_options(dict(user_options or {}))

@@ -212,7 +212,7 @@ def test_a_down_nodes_gpus_are_neither_free_nor_in_use_for_the_form_and_admissio
         shared=False,
         profiles=(),
         limits_enforced=False,
-        held=1,
+        held={"": 1},
     )
     assert page.count(f"unavailable: node n1 is {DOWN}") == 2
     assert "yours" in page  # bob's GPU on n2 reads as before

@@ -1,17 +1,20 @@
 """The spawn form: what a user may ask for now, rendered from one snapshot.
 
 The form shows the same numbers admission will check (``AdmissionContext``)
-and the GPUs' state, both read in a worker thread by the caller, so rendering
-is a pure function of data and never touches the database.
+and the GPUs' state, both read in a worker thread by the caller
+(``spawn_page.py``), so rendering is a pure function of data and never
+touches the database. Where a student may have several servers it says
+which one it starts and which holds each of their GPUs (``servers.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
+from workbench_spawner.form.servers import gpu_state, held_sentence, names_servers, starting_sentence
 from workbench_spawner.policy.gpu_policy import GPUStatus
 from workbench_spawner.rules.admission import AdmissionContext
 from workbench_spawner.rules.profiles import ResourceProfile, default_profile
@@ -31,13 +34,19 @@ def render_options_form(
     shared: bool,
     profiles: Sequence[ResourceProfile],
     limits_enforced: bool,
-    held: int,
+    held: Mapping[str, int],
     reserved: Sequence[str] = (),
+    server: str = "",
+    named_servers: bool = False,
 ) -> str:
+    """The form for ``user``'s server ``server`` ("" the default one). ``held``: the devices each of the user's
+    servers holds now (``servers.held_by_server``); ``named_servers``: whether the hub lets users have several
+    servers, so the form says which one it starts."""
     quota = ctx.quota.quota
     allowed = ctx.allowed_now()
+    naming = names_servers(server, held)
     return _jinja.get_template("options_form.html").render(
-        gpus=status,
+        gpus=[(s, gpu_state(s, user, naming)) for s in status],
         source=source,
         message=message,
         allowed=allowed,
@@ -52,8 +61,8 @@ def render_options_form(
         profiles=list(profiles),
         default_profile=default_profile(list(profiles)),
         limits_enforced=limits_enforced,
-        user=user,
-        held=held,
+        starting=starting_sentence(server) if named_servers or server else "",
+        held_text=held_sentence(held, naming),
         hours_used=ctx.gpu_hours_used,
         hours_budget=quota.gpu_hours_per_week,
         allowed_models=quota.allowed_models,
