@@ -44,6 +44,7 @@ from workbench_spawner.form.spawn_page import spawn_page
 from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.endings import Ending, as_ending
 from workbench_spawner.ledger.hub_identity import hub_id
+from workbench_spawner.ledger.lease_limits import LeaseLimits
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.store import AllocationStore
@@ -245,6 +246,7 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         verdict = admit(user_options, ctx)
         if isinstance(verdict, Refusal):
             raise SpawnException(verdict.message, reason=verdict.reason, status_code=verdict.status)
+        self.gpu_limits = LeaseLimits.of(ctx.quota, ctx.contact)  # checked again where the lease is written
         # The session limit in force now; the workbench service stops servers
         # that run longer. A later quota change does not touch this server.
         await asyncio.to_thread(

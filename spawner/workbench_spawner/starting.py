@@ -32,6 +32,7 @@ from jupyterhub.spawner import SpawnException
 
 from workbench_spawner.contract import BackendContract, BackendContractError
 from workbench_spawner.ledger import reasons
+from workbench_spawner.ledger.lease_limits import LeaseLimits
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.start_line import Slot, SlotTimeoutError, StartLine
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailableError
@@ -72,6 +73,21 @@ class ServerStarts(BackendContract, _SpawnerState):
     _gpu_cleanups: set[asyncio.Future]
     if TYPE_CHECKING:  # an engine's start report (EngineSpawner's trait), forgotten before each submission
         workbench_report: dict | None
+    # The user's quota as admission read it for this start (``_apply_gpu_options``): the lease is checked
+    # against it again where it is written, so two spawns of one user at once cannot both pass.
+    gpu_limits: LeaseLimits | None = None
+
+    async def _lease_limits(self, policy: GPUPolicy, groups: tuple[str, ...]) -> LeaseLimits:
+        """The limits admission read for this start; read now for a start that skipped admission (a test
+        calling ``start`` itself), so no lease of a start is ever written unchecked."""
+        if self.gpu_limits is not None:
+            return self.gpu_limits
+
+        def read() -> LeaseLimits:
+            quota = policy.quotas.effective(self.user.name, list(groups), policy.settings.default_quota)
+            return LeaseLimits.of(quota, policy.settings.quota_contact)
+
+        return await asyncio.to_thread(read)
 
     async def _acquire(self, request: SpawnRequest) -> Lease:
         policy = await self._policy()
@@ -95,6 +111,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                 report,
                 groups=groups,
                 exclusive=request.exclusive,
+                limits=await self._lease_limits(policy, groups),
             )
         except NoGPUAvailableError as exc:
             raise SpawnException(str(exc), reason=exc.reason, status_code=exc.status) from None
@@ -201,6 +218,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                     job=replace(
                         job, deadline=deadline, admitted=key, describe=lambda text: self._gpu_events.add(text, 20)
                     ),
+                    limits=await self._lease_limits(policy, groups),
                 )
             except NoGPUAvailableError as exc:
                 self.clear_state()

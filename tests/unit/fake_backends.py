@@ -12,6 +12,7 @@ that run without a lease (orphans after a hub restart).
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from jupyterhub.spawner import Spawner
 
 from workbench_devices import DeviceInventory, discover_devices
+from workbench_spawner.ledger.lease_limits import LeaseLimits
 from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPPED
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
@@ -157,6 +159,7 @@ class FakeEnginePlacement(EnginePlacement):
         report: Report = _nothing,
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
+        limits: LeaseLimits | None = None,
     ) -> Lease | None:
         if job is None:
             raise NoGPUAvailableError("nothing was submitted")
@@ -167,9 +170,10 @@ class FakeEnginePlacement(EnginePlacement):
             free = [d.uuid for d in self.inventory.devices if d.uuid not in held and model in (None, d.model)]
             if not count:
                 return None
-            if len(free) >= count and await asyncio.to_thread(
+            adopt = functools.partial(
                 self.store.adopt, user, server, free[:count], f"engine:{job.job_id}", None, "node-1", tuple(groups)
-            ):
+            )
+            if len(free) >= count and await asyncio.to_thread(adopt, limits=limits):
                 return await asyncio.to_thread(self.store.lease_of, user, server)
             job.describe(f"The engine keeps job {job.job_id} pending: Resources")
             if self.clock() >= deadline:

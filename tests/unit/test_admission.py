@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from workbench_spawner.rules.admission import AdmissionContext, Admitted, Refusal, admit
-from workbench_spawner.rules.quota import EffectiveQuota, Quota
+from workbench_spawner.rules.quota import EffectiveQuota, Quota, ServerHolding
 
 MODELS = ("A100-40GB", "H100-80GB")
 ASK = "ask the course staff to raise your GPU quota"
@@ -120,16 +120,41 @@ REFUSALS = [
         {"gpus": 1},
         403,
         "quota",
-        f"Cannot start the server: you asked for 1 GPU(s), but your own GPU quota allows 0 at once. "
+        f"Cannot start the server: you asked for 1 GPU, but your own GPU quota allows 0 at once. "
         f"Ask for fewer, or {ASK}.",
     ),
     (
-        ctx(Quota(2), "group", "ml-course", held_elsewhere=1),
+        ctx(Quota(2), "group", "ml-course", others=(ServerHolding("r1", 1, ("H100-80GB",)),)),
         {"gpus": 2},
         403,
         "quota",
-        "Cannot start the server: you asked for 2 GPU(s), but the GPU quota of group ml-course allows 2 at once "
-        f"and your other servers hold 1. Ask for fewer, or {ASK}.",
+        "Cannot start the server: you asked for 2 GPUs, but the GPU quota of group ml-course allows 2 at once "
+        f"and your other server r1 holds 1 (H100-80GB). Stop r1 first, ask for fewer, or {ASK}.",
+    ),
+    (
+        ctx(Quota(1), others=(ServerHolding("", 1, ("A100-40GB",)),)),
+        {"gpus": 1},
+        403,
+        "quota",
+        "Cannot start the server: you asked for 1 GPU, but the default quota allows 1 at once and your default "
+        f"server holds 1 (A100-40GB). Stop your default server first, ask for fewer, or {ASK}.",
+    ),
+    (
+        ctx(Quota(3), "user", others=(ServerHolding("big", 2, ("H100-80GB",)), ServerHolding("", 1))),
+        {"gpus": 1},
+        403,
+        "quota",
+        "Cannot start the server: you asked for 1 GPU, but your own GPU quota allows 3 at once and your other "
+        "servers hold 3 (big: 2 H100-80GB; your default server: 1). Stop big or your default server first, "
+        f"ask for fewer, or {ASK}.",
+    ),
+    (
+        ctx(Quota(2), "user", others=(ServerHolding("big", 1), ServerHolding("small", 1))),
+        {"gpus": 2},
+        403,
+        "quota",
+        "Cannot start the server: you asked for 2 GPUs, but your own GPU quota allows 2 at once and your other "
+        f"servers hold 2 (big: 1; small: 1). Stop big and small first, ask for fewer, or {ASK}.",
     ),
     (
         ctx(Quota(1, allowed_models=("A100-40GB",)), "user"),
@@ -205,5 +230,7 @@ def test_the_model_with_most_free_gpus_is_chosen_among_the_allowed():
     [(0, 0, None, 2), (1, 0, None, 1), (3, 0, None, 0), (0, 9.9, 10, 2), (0, 10, 10, 0)],
 )
 def test_allowed_now(held, used, budget, expected):
-    context = ctx(Quota(2, gpu_hours_per_week=budget), held_elsewhere=held, gpu_hours_used=used)
+    others = (ServerHolding("r1", held),) if held else ()
+    context = ctx(Quota(2, gpu_hours_per_week=budget), others=others, gpu_hours_used=used)
+    assert context.held_elsewhere == held
     assert context.allowed_now() == expected

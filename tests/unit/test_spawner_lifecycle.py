@@ -119,7 +119,10 @@ async def test_quota_counts_gpus_held_by_other_servers(make_spawner):
     with pytest.raises(SpawnException) as err:
         await second._apply_gpu_options({"gpus": 2})
     assert err.value.status_code == 403
-    assert "allows 2 at once and your other servers hold 1" in err.value.message
+    assert err.value.message == (
+        "Cannot start the server: you asked for 2 GPUs, but the default quota allows 2 at once and your other "
+        "server one holds 1 (H100-80GB). Stop one first, ask for fewer, or ask a hub admin to raise your GPU quota."
+    )
     await second._apply_gpu_options({"gpus": 1})
 
 

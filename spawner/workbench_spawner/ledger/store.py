@@ -18,6 +18,11 @@ a whole GPU; a MIG slice's ``g / 7``, from the inventory's
 ``GPUDevice.share``), and the ledger row copies it when the lease ends:
 GPU-hours charge share x hours, and a later MIG layout change does not
 rewrite history.
+
+A lease for a start may carry its user's **limits** (``ledger.lease_limits``):
+``allocate`` and ``adopt`` then check the quota inside their write
+transaction, from the leases it reads, so two spawns of one user at once
+cannot both pass it; a refusal rolls the transaction back.
 """
 
 from __future__ import annotations
@@ -42,7 +47,9 @@ from sqlalchemy import (
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from workbench_spawner.ledger import lease_limits
 from workbench_spawner.ledger.connection import LEASES_TABLE, lock_leases, make_engine
+from workbench_spawner.ledger.lease_limits import LeaseLimits
 from workbench_spawner.ledger.reasons import REPLACED
 
 
@@ -174,6 +181,7 @@ class AllocationStore:
         choose: Callable[[list[str], list[Lease]], list[str]] | None = None,
         *,
         shares: Mapping[str, float] | None = None,
+        limits: LeaseLimits | None = None,
     ) -> Lease | None:
         """Give ``user``/``server`` ``count`` distinct GPUs from ``candidates``.
 
@@ -186,6 +194,9 @@ class AllocationStore:
         a reservation keeps. ``slots_per_gpu`` may differ per device (uuid ->
         servers; missing: 1). ``shares`` (uuid -> share of a GPU; missing:
         1.0) is recorded with each device: the inventory's ``GPUDevice.share``.
+        ``limits``: the user's quota for a start (``lease_limits.check``),
+        checked before any device is looked for: over it, ``QuotaExceededError``
+        and nothing changes, even where no GPU is free.
         """
         if count < 1:
             raise ValueError("count must be at least 1")
@@ -193,6 +204,8 @@ class AllocationStore:
             try:
                 with self._sessions.begin() as session:
                     lock_leases(session)
+                    if limits is not None:
+                        self._check(session, limits, user, server, count)
                     self._delete_lease(session, user, server, reason=REPLACED)
                     taken: dict[str, set[int]] = {}
                     for row in session.scalars(select(LeaseRow)):
@@ -246,11 +259,19 @@ class AllocationStore:
         groups: Sequence[str] = (),
         *,
         shares: Mapping[str, float] | None = None,
+        limits: LeaseLimits | None = None,
     ) -> bool:
         """Record a lease for GPUs placed outside this store: a server found
         running without one (after a lost database row), or a job an engine
         such as Slurm placed. Refused, with no change, if any of its GPUs is
-        held by someone else now. ``groups`` and ``shares`` as in ``allocate``."""
+        held by someone else now. ``groups`` and ``shares`` as in ``allocate``.
+
+        ``limits``: the user's quota, for the lease of a start (an engine's
+        job): over it, ``QuotaExceededError`` and nothing changes. A server
+        that already runs (reconcile, restore) is adopted without limits: it
+        is a fact, not a request. The GPUs are checked first: a lease the
+        ledger has not released yet (``False``, the caller waits) is not a
+        quota matter."""
         recorded = {uuid: share_of(shares, uuid) for uuid in gpu_uuids}
         try:
             with self._sessions.begin() as session:
@@ -258,6 +279,8 @@ class AllocationStore:
                 taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
                 if taken & set(gpu_uuids):
                     return False
+                if limits is not None:
+                    self._check(session, limits, user, server, len(gpu_uuids))
                 for uuid in gpu_uuids:
                     session.add(
                         LeaseRow(
@@ -292,6 +315,17 @@ class AllocationStore:
         with self._sessions.begin() as session:
             for row in session.scalars(select(LeaseRow).where(LeaseRow.user == user, LeaseRow.server == server)):
                 row.ref = ref
+
+    def _check(self, session: Session, limits: LeaseLimits, user: str, server: str, count: int) -> None:
+        """``lease_limits.check`` from the leases this write transaction reads (after ``lock_leases``)."""
+        leases = _group(session.execute(select(*_LEASE_COLUMNS).order_by(LeaseRow.id)))
+
+        def hours_used() -> float:
+            from workbench_spawner.ledger.gpu_hours import gpu_hours_used  # it reads this module's rows
+
+            return gpu_hours_used(self, user, leases=leases)
+
+        lease_limits.check(limits, user, server, count, leases, hours_used)
 
     def _delete_lease(
         self,

@@ -14,10 +14,11 @@ import asyncio
 import time
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from workbench_devices import DeviceInventory
+from workbench_spawner.ledger.lease_limits import LeaseLimits, QuotaExceededError
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.engine import (
     EngineJob,
@@ -230,13 +231,17 @@ class EngineTemplate(EnginePlacement):
         report: Report = _nothing,
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
+        limits: LeaseLimits | None = None,
     ) -> Lease | None:
         """The lease of the placed, reported ``job`` (None for 0 GPUs), or NoGPUAvailableError (the job cancelled).
 
-        ``job.started`` is called in a worker thread and returns the server's start report once it came."""
+        ``job.started`` is called in a worker thread and returns the server's start report once it came.
+        ``limits``: the user's quota, checked where the lease is written (``_adopt``)."""
         if not isinstance(job, self.Job) or not job.job_id:
             raise NoGPUAvailableError(self.words.nothing_submitted)
         kind = job.kind or model  # what the wait names the request by, as ``gpus_text`` takes it
+        if limits is not None:  # a refusal over quota counts what was asked for: GPUs or slices
+            limits = replace(limits, kind=kind)
         what = gpus_text(count, kind)
         deadline = self.clock() + timeout if job.deadline is None else job.deadline
         self._pending[job.job_id] = await self.joining(job, user)
@@ -263,7 +268,7 @@ class EngineTemplate(EnginePlacement):
         except ReportConflictError as exc:
             await self.cancel(job.job_id, "its GPU report contradicts what the hub knows of the node")
             raise NoGPUAvailableError(self._say(self.words.conflict, job, placed.node, problem=exc)) from None
-        await self._adopt(job, user, server, uuids, placed.node, groups)
+        await self._adopt(job, user, server, uuids, placed.node, groups, limits)
         lease = await asyncio.to_thread(self.store.lease_of, user, server)
         if lease is None:  # released under us (a stop raced the start)
             raise NoGPUAvailableError(
@@ -327,21 +332,43 @@ class EngineTemplate(EnginePlacement):
         raise NoGPUAvailableError(self._say(self.words.no_report, job, node))
 
     async def _adopt(
-        self, job: EngineJob, user: str, server: str, uuids: list[str], node: str, groups: Sequence[str]
+        self,
+        job: EngineJob,
+        user: str,
+        server: str,
+        uuids: list[str],
+        node: str,
+        groups: Sequence[str],
+        limits: LeaseLimits | None = None,
     ) -> None:
         """Write the lease; while another server's lease still names these GPUs, wait for its release.
 
         An engine gives a GPU away as soon as the job that held it is gone, and the hub releases that
         job's lease when its stop (or poll) sees it gone: for a moment the ledger lags the engine. Only a
         lease that stays past ``release_grace`` is a real conflict (the ledger names GPUs the engine gave
-        to someone else): then the job is cancelled."""
+        to someone else): then the job is cancelled.
+
+        ``limits``: the user's quota, checked in the transaction that writes the lease. Two spawns of one
+        user that passed admission together may both be placed by the engine; the second to write its lease
+        is refused: its job is cancelled and the student reads the sentence naming the server that holds
+        the quota (``QuotaExceededError``, a 403; the spawner's failed start releases and cancels too)."""
         end = self.clock() + self.release_grace
         told = False
-        shares = await asyncio.to_thread(self._shares, uuids)
+        shares, kinds = await asyncio.to_thread(lambda: (self._shares(uuids), self._kinds()))
+        if limits is not None:  # the sentence names what the user's other servers hold
+            limits = replace(limits, kinds=kinds)
         ref = f"{self.ref_prefix}:{job.job_id}"
-        while not await asyncio.to_thread(
-            lambda: self.store.adopt(user, server, uuids, ref, None, node, tuple(groups), shares=shares)
-        ):
+
+        def adopt() -> bool:
+            return self.store.adopt(user, server, uuids, ref, None, node, tuple(groups), shares=shares, limits=limits)
+
+        while True:
+            try:
+                if await asyncio.to_thread(adopt):
+                    return
+            except QuotaExceededError:
+                await self.cancel(job.job_id, "its user is over their GPU quota")
+                raise
             if self.clock() >= end:
                 await self.cancel(job.job_id, "its GPUs are leased to another server")
                 raise NoGPUAvailableError(self._say(self.words.held, job, node, uuids))
@@ -355,6 +382,10 @@ class EngineTemplate(EnginePlacement):
                 )
                 told = True
             await asyncio.sleep(self.poll_interval)
+
+    def _kinds(self) -> dict[str, str]:
+        """What each device of the inventory is ("H100-80GB", "H200-141GB 1g.18gb"), for a refusal's words."""
+        return {d.uuid: d.kind for d in self.inventory().devices}
 
     def _shares(self, uuids: Sequence[str]) -> dict[str, float]:
         """Each leased device's share of a GPU (a ``1g`` slice 1/7): what GPU-hours charge (reads the database)."""

@@ -5,7 +5,8 @@ in the GPU database picks free GPUs, and a first-come, first-served wait list
 holds the rest (``HostAllocator``, for the local and docker backends), in
 the order ``queue_order`` says (first come, first served, or fair share),
 and reservations are enforced inside the allocating transaction: a
-non-member gets only GPUs that leave what a reservation keeps. On an
+non-member gets only GPUs that leave what a reservation keeps, and so is the
+user's quota (``ledger.lease_limits``: a spawn over it ends at once). On an
 engine such as Slurm the engine places, and the backend learns the node and
 GPUs back; its queue is the wait. Both end in the same place: a ``Lease`` in
 the ledger (``AllocationStore``), which the fleet view, metrics, GPU-hours
@@ -20,6 +21,7 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, tzinfo
 from typing import TYPE_CHECKING
 
@@ -27,11 +29,13 @@ from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import device_matches
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.gpu_hours import gpu_hours_used
+from workbench_spawner.ledger.lease_limits import LeaseLimits
 from workbench_spawner.ledger.reasons import START_CANCELLED
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.placement.waitlist import Ticket, WaitList, WaitTimeoutError
 from workbench_spawner.policy.clock import Clock, real_now
+from workbench_spawner.rules.admission import NoGPUAvailableError as NoGPUAvailableError
 from workbench_spawner.rules.queue_order import REJOIN_MINUTES
 from workbench_spawner.rules.reservations import (
     Holding,
@@ -61,17 +65,6 @@ def holdings(leases: Sequence[Lease]) -> list[Holding]:
     return [Holding(l.user, l.server, l.gpu_uuids, frozenset(l.groups), l.since) for l in leases]  # noqa: E741
 
 
-class NoGPUAvailableError(Exception):
-    """Nothing could be placed within the wait; str(err) is meant for the user.
-
-    ``status`` and ``reason`` are what the spawn's ``SpawnException`` carries (JupyterHub's answer to the
-    REST API and the spawn page); a subclass that refuses for another cause (a quota met where the lease is
-    written) says its own."""
-
-    status: int = 503
-    reason: str = "no_gpu"
-
-
 class Placement(ABC):
     """Turns an admitted request into a lease in the ledger, waiting if it must."""
 
@@ -92,11 +85,13 @@ class Placement(ABC):
         report: Report = _nothing,
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
+        limits: LeaseLimits | None = None,
     ) -> Lease | None:
         """A lease of ``count`` GPUs (of ``model``), or NoGPUAvailableError after ``timeout`` s.
 
         ``groups``: the user's JupyterHub groups (reservations let members in).
-        ``job``: on an engine, the submitted job to follow (host placement has none)."""
+        ``job``: on an engine, the submitted job to follow (host placement has none).
+        ``limits``: the user's quota, checked where the lease is written (``QuotaExceededError``, a 403)."""
 
     def release(
         self, user: str, server: str, reason: str, since: datetime | None = None, message: str = ""
@@ -310,12 +305,20 @@ class HostAllocator(Placement):
         report: Report = _nothing,
         groups: Sequence[str] = (),
         job: EngineJob | None = None,
+        limits: LeaseLimits | None = None,
         exclusive: bool = False,
     ) -> Lease:
+        """As ``Placement.place``. A quota refusal (``QuotaExceededError``) in any try, the first or one
+        while waiting in line, ends the spawn at once with its 403 sentence instead of waiting on: what
+        holds the quota is the user's own other server, so a wait would keep a place in line for the whole
+        queue timeout for a GPU it may not take, and only the student can decide which server to stop.
+        The wait list lets the exception through and the ticket leaves the line (``WaitList.wait_for``)."""
         if job is not None:
             raise ValueError("the host allocator places GPUs itself: it follows no engine job")
         groups = tuple(groups)
         key = f"{user}/{server}"
+        if limits is not None:  # the sentence counts what was asked for and names what the others hold
+            limits = replace(limits, kind=model, kinds=self.models)
 
         def take() -> tuple[Lease | None, list[Reservation]]:
             self.refresh_inventory()
@@ -330,6 +333,7 @@ class HostAllocator(Placement):
                 groups=groups,
                 choose=self.choose(groups, count, active),
                 shares=self.shares,
+                limits=limits,
             ), active
 
         def join() -> tuple[float, list[Reservation]]:

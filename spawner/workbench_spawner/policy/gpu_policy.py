@@ -27,6 +27,7 @@ from workbench_spawner.ledger import endings
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.endings import SILENT, Ending
 from workbench_spawner.ledger.gpu_hours import gpu_hours_used
+from workbench_spawner.ledger.lease_limits import LeaseLimits, others_holding
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
@@ -210,7 +211,8 @@ class GPUPolicy(Reconciler):
         if leases is None:
             leases = self.store.leases()
         devices = self.devices if inventory is None else inventory.devices
-        held_elsewhere = sum(len(held.gpu_uuids) for held in leases if held.user == user and held.server != server)
+        # What each other server of the user holds, named in a refusal over quota as the lease's check names it.
+        others = others_holding(leases, user, server, {d.uuid: d.kind for d in devices})
         if status is None:
             status = self.status(leases=leases, inventory=inventory)
         free_by_model: dict[str, int] = {}  # whole GPUs by model, slices by kind ("H200-141GB 1g.18gb")
@@ -224,7 +226,7 @@ class GPUPolicy(Reconciler):
             slices=self.settings.slices(),
             pins_slices=self.placement.pins_slices,
             sharing=self.sharing(),
-            held_elsewhere=held_elsewhere,
+            others=others,
             gpu_hours_used=gpu_hours_used(self.store, user, leases=leases),
             free_by_model=free_by_model,
             cpu_servers_allowed=self.settings.cpu_servers_allowed,
@@ -268,13 +270,17 @@ class GPUPolicy(Reconciler):
         report: Report = lambda ahead, why="": None,
         groups: tuple[str, ...] = (),
         exclusive: bool = False,
+        limits: LeaseLimits | None = None,
     ) -> Lease:
         """Host placement; ``exclusive``: only devices a server holds alone (admission's ``shared_gpus``,
-        which only host placement honours: an engine placement is never asked)."""
+        which only host placement honours: an engine placement is never asked). ``limits``: the user's
+        quota, checked where the lease is written (``ledger.lease_limits``); over it, a 403 at once."""
         placement = self.placement
         if not isinstance(placement, HostAllocator):  # an engine's placement follows the job it was given
             raise TypeError(f"GPUPolicy.place is host placement; this hub's placement is {type(placement).__name__}")
-        return await placement.place(user, server, count, model, timeout, report, groups=groups, exclusive=exclusive)
+        return await placement.place(
+            user, server, count, model, timeout, report, groups=groups, exclusive=exclusive, limits=limits
+        )
 
     def release(
         self, user: str, server: str, reason: str, since: datetime | None = None, message: str = ""

@@ -4,10 +4,14 @@ Admission is apart from placement so that every backend asks the same
 question the same way, before anything is started or submitted: on one host
 our allocator then places the GPUs, on Slurm the engine does. Everything the
 rules need is gathered first (``AdmissionContext``: the effective quota, what
-the user holds elsewhere, GPU-hours used, the inventory) by code that may
+the user's other servers hold, GPU-hours used, the inventory) by code that may
 touch the database in a worker thread; ``admit`` itself is a plain function,
 so a table test can list every refusal the product makes with its words and
 HTTP status.
+
+Admission counts what the user holds when it looks, so two spawns of one user
+at once both pass it; the quota is enforced again where the lease is written
+(``ledger.lease_limits``), with the same sentences (``rules.quota``).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 from workbench_devices.mig import profile_size
 from workbench_spawner.form.options import OptionError, SpawnRequest, device_matches, parse_options
-from workbench_spawner.rules.quota import EffectiveQuota
+from workbench_spawner.rules.quota import EffectiveQuota, ServerHolding, budget_spent, over_max_gpus
 from workbench_spawner.rules.reservations import gpus_text
 
 
@@ -29,6 +33,19 @@ class Refusal:
     message: str
     status: int = 400
     reason: str = "bad_options"  # "bad_options" | "quota"
+
+
+class NoGPUAvailableError(Exception):
+    """A spawn admitted but refused at placement; str(err) is meant for the user.
+
+    Nothing could be placed within the wait (503), or the lease met its limits where it is written
+    (``ledger.lease_limits.QuotaExceededError``, 403). ``status`` and ``reason`` are what the spawn's
+    ``SpawnException`` carries (JupyterHub's answer to the REST API and the spawn page); a subclass that
+    refuses for another cause says its own. Defined with admission's refusal, below both the ledger and
+    placement, so the ledger can raise it without importing placement (``placement.host`` re-exports it)."""
+
+    status: int = 503
+    reason: str = "no_gpu"
 
 
 @dataclass(frozen=True)
@@ -54,7 +71,8 @@ class AdmissionContext:
     quota: EffectiveQuota
     inventory_size: int
     inventory_models: Sequence[str] = ()
-    held_elsewhere: int = 0
+    # What each of the user's other servers holds now (by name, for the refusal's sentence).
+    others: Sequence[ServerHolding] = ()
     gpu_hours_used: float = 0.0
     free_by_model: Mapping[str, int] = field(default_factory=dict)
     default_gpus: int = 1
@@ -70,6 +88,11 @@ class AdmissionContext:
     # Every device with how many servers may hold it (``PolicySettings.slots_for``), given only where
     # the hub time-slices some device and places GPUs itself; empty: no device is shared.
     sharing: Sequence[tuple[Any, int]] = ()
+
+    @property
+    def held_elsewhere(self) -> int:
+        """Devices the user's other servers hold now."""
+        return sum(o.devices for o in self.others)
 
     @property
     def budget_spent(self) -> bool:
@@ -160,21 +183,11 @@ def _admit(options: Mapping[str, Any] | None, ctx: AdmissionContext) -> Admitted
             "quota",
         )
     budget = quota.gpu_hours_per_week
-    if request.gpus and ctx.budget_spent:
-        return Refusal(
-            f"Cannot start the server: {source} allows {budget:g} GPU-hours per week and you "
-            f"used {ctx.gpu_hours_used:.1f} in the last 7 days. Start a CPU-only server (0 GPUs), wait until "
-            f"older use leaves the 7-day window, or {ask}.",
-            403,
-            "quota",
-        )
+    if request.gpus and budget is not None and ctx.budget_spent:
+        return Refusal(budget_spent(source, budget, ctx.gpu_hours_used, ctx.contact), 403, "quota")
     if request.gpus > allowed:
-        held = quota.max_gpus - allowed if quota.max_gpus > allowed else 0
         return Refusal(
-            f"Cannot start the server: you asked for {request.gpus} {'slice' if request.gpu_profile else 'GPU'}(s), "
-            f"but {source} allows "
-            f"{quota.max_gpus} at once{f' and your other servers hold {held}' if held else ''}. "
-            f"Ask for fewer, or {ask}.",
+            over_max_gpus(request.gpus, bool(request.gpu_profile), source, quota.max_gpus, ctx.others, ctx.contact),
             403,
             "quota",
         )

@@ -37,6 +37,12 @@ Quotas live in the allocation store's database (table ``gpu_quotas``, kept by
 workbench service see the same numbers; this module is the rules alone (no
 I/O), as all of ``rules/``. Changes apply to the next spawn: nothing here
 stops a running server.
+
+The sentences that refuse a spawn over its quota are built here
+(``over_max_gpus``, ``budget_spent``), once: admission (before anything
+starts) and the check where the lease is written (``ledger.lease_limits``,
+which catches two spawns of one user that passed admission together) refuse
+in the same words, naming the user's other servers that hold the quota.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,3 +251,76 @@ def effective_quota(own: Quota | None, group_quotas: Mapping[str, Quota], defaul
         name, quota = max(best, key=lambda item: item[1].generosity())
         return EffectiveQuota(quota, "group", name)
     return EffectiveQuota(default, "default")
+
+
+@dataclass(frozen=True)
+class ServerHolding:
+    """What one of a user's other servers holds now, as a refusal over quota names it."""
+
+    server: str  # JupyterHub's server name; "" is the default server
+    devices: int  # devices held: a whole GPU, a MIG slice and a time-sliced share each count 1
+    kinds: tuple[str, ...] = ()  # what they are ("H100-80GB", "H200-141GB 1g.18gb"), once each, in order
+
+    @property
+    def name(self) -> str:
+        """The server as a sentence names it: "r1", or "your default server"."""
+        return self.server or "your default server"
+
+    @property
+    def what(self) -> str:
+        """ "1 (H100-80GB)": how many devices, and which kinds where known."""
+        return f"{self.devices} ({', '.join(self.kinds)})" if self.kinds else str(self.devices)
+
+    @property
+    def listed(self) -> str:
+        """ "big: 2 H100-80GB": the server, how many devices and which kinds, as a list of several names it."""
+        return f"{self.name}: {' '.join([str(self.devices), ' and '.join(self.kinds)]).strip()}"
+
+
+def _counted(count: int, slices: bool) -> str:
+    noun = "slice" if slices else "GPU"
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _either(names: Sequence[str], word: str) -> str:
+    """ "r1", "r1 or r2", "r1, r2 or your default server" (``word``: "or", "and")."""
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} {word} {names[-1]}"
+
+
+def over_max_gpus(
+    asked: int, slices: bool, source: str, max_gpus: int, others: Sequence[ServerHolding], contact: str
+) -> str:
+    """The refusal of a spawn that would hold more devices at once than ``max_gpus`` allows.
+
+    ``asked``: the devices this spawn asks for (``slices``: MIG slices); ``source``: the quota's words
+    (``EffectiveQuota.describe``); ``others``: what the user's other servers hold now. The sentence names
+    those servers, and which of them to stop where stopping one would make room: the student decides which
+    of their servers gives way, so both checks say the same (admission, ``ledger.lease_limits``)."""
+    held = sum(o.devices for o in others if o.devices)
+    holding = [o for o in others if o.devices]
+    if not holding:
+        where = ""
+    elif len(holding) == 1:
+        one = holding[0]
+        where = f" and your {'other server ' + one.server if one.server else 'default server'} holds {one.what}"
+    else:
+        where = f" and your other servers hold {held} ({'; '.join(o.listed for o in holding)})"
+    advice = ""
+    need = held + asked - max_gpus  # devices to free for this spawn to fit
+    if holding and asked <= max_gpus:
+        enough = [o.name for o in holding if o.devices >= need]
+        advice = f"Stop {_either(enough, 'or') if enough else _either([o.name for o in holding], 'and')} first, "
+    ask = f"ask {contact} to raise your GPU quota"
+    return (
+        f"Cannot start the server: you asked for {_counted(asked, slices)}, but {source} allows {max_gpus} at once"
+        f"{where}. {advice + 'ask for fewer, or ' if advice else 'Ask for fewer, or '}{ask}."
+    )
+
+
+def budget_spent(source: str, budget: float, used: float, contact: str) -> str:
+    """The refusal of a GPU server once the week's GPU-hours (``budget``) are spent (``used``)."""
+    return (
+        f"Cannot start the server: {source} allows {budget:g} GPU-hours per week and you used {used:.1f} in the "
+        "last 7 days. Start a CPU-only server (0 GPUs), wait until older use leaves the 7-day window, or "
+        f"ask {contact} to raise your GPU quota."
+    )
