@@ -28,6 +28,11 @@ class SpawnEvents:
         self._events.append(event)
         self._added.set()
 
+    def latest(self) -> str:
+        """The newest event's words ("" before any): the hub's home page says so of a server still starting
+        (an engine's queue in its own words)."""
+        return self._events[-1]["message"] if self._events else ""
+
     async def stream(self, starting: Callable[[], bool]) -> AsyncIterator[dict]:
         """Every event so far and to come, until ``starting()`` turns False."""
         seen = 0
