@@ -34,6 +34,7 @@ from tornado import web
 
 from workbench_hub.service.openapi import load_document, load_fragment
 from workbench_spawner.backend import extension_of, openapi_fragments
+from workbench_spawner.ledger.migrations import UnusableDatabaseError
 from workbench_spawner.ledger.store import AllocationStore
 
 from . import handlers as h
@@ -161,6 +162,10 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
     lifetime = Lifetime(parent, early)
     try:
         store = AllocationStore(args.db_url)
+    except UnusableDatabaseError as exc:
+        # A database from a newer release, one that cannot be migrated or opened: the hub's words (finish.fail).
+        print(f"\nGPU Workbench: {exc}\n", file=sys.stderr, flush=True)
+        return 2
     except Exception as exc:  # noqa: BLE001 - boundary: any failure to open the database ends the service with one line
         log.error("cannot open the GPU database %s: %s", args.db_url.split("@")[-1], exc)
         return 1

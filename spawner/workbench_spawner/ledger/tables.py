@@ -16,11 +16,22 @@ from workbench_spawner.ledger import (
     notices,  # workbench_notices (0003)
     quota_book,  # gpu_quotas, gpu_session_limits (0001, 0003, 0005, 0006)
     reconcile_book,  # workbench_reconcile_fixes (0007)
+    release_book,  # workbench_releases (0009)
     reservation_book,  # gpu_reservations (0004)
     settings_table,  # workbench_settings (0002)
     store,  # gpu_leases, gpu_usage (0001)
 )
 from workbench_spawner.ledger.store import Base
 
-MODULES = (drain_book, idle_book, notices, quota_book, reconcile_book, reservation_book, settings_table, store)
+MODULES = (
+    drain_book,
+    idle_book,
+    notices,
+    quota_book,
+    reconcile_book,
+    release_book,
+    reservation_book,
+    settings_table,
+    store,
+)
 metadata = Base.metadata

@@ -10,7 +10,17 @@ To write a new revision after changing a table (from the repository root)::
     alembic -c spawner/workbench_spawner/ledger/migrations/alembic.ini revision -m "what changed"
 
 and fill in ``upgrade``/``downgrade`` by hand (autogenerate works too:
-``--autogenerate`` with ``WORKBENCH_DB_URL`` pointing at a current database).
+``--autogenerate`` with ``WORKBENCH_DB_URL`` pointing at a current database),
+and move ``HEAD`` on.
+
+A database this release cannot use is refused with one sentence for the
+operator (``UnusableDatabaseError``; the hub's config and the workbench
+service print it as ``GPU Workbench: ...`` and stop): one from a newer
+release, at a revision this one does not know (after a downgrade without
+restoring the backup), named by the release recorded in it
+(``ledger/release_book.py``); one whose migration fails; one that cannot be
+opened at all. Every upgrade is one transaction, so a refused or failed
+migration leaves the database as it was.
 """
 
 from __future__ import annotations
@@ -24,11 +34,19 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+
+from workbench_spawner.ledger.release_book import record_release, release_at
+from workbench_spawner.release import version
 
 HERE = Path(__file__).resolve().parent
-HEAD = "0008"
+HEAD = "0009"
+# Where an operator reads how to go back (README links it).
+GOING_BACK = "docs/upgrading.md, Going back"
 
 # Alembic's command API is not thread-safe: ``command.upgrade`` installs the running
 # environment in module globals (``alembic.context``, ``alembic.op``), so two upgrades in
@@ -67,22 +85,101 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
         yield connection
 
 
+class UnusableDatabaseError(ValueError):
+    """A GPU database this release cannot use; its text is one sentence for the operator (what, and what to do).
+
+    A ``ValueError``, as a bad setting is: the hub's config ends with it as with any
+    other value it cannot run with (``finish.finish_hub`` prints ``GPU Workbench: ...``
+    and exits with status 2), and so does the workbench service."""
+
+
+def _first_line(exc: BaseException) -> str:
+    """The database's own words for ``exc`` (its driver's message), on one line and short."""
+    text = str(exc.orig if isinstance(exc, DBAPIError) and exc.orig is not None else exc)
+    line = next((part.strip() for part in text.splitlines() if part.strip()), type(exc).__name__)
+    return line if len(line) <= 200 else line[:197] + "..."
+
+
+def known_revisions() -> set[str]:
+    """Every schema revision this release has a migration for."""
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
+
+
+def too_new(where: str, revision: str, made_by: str | None) -> UnusableDatabaseError:
+    """The sentence for a database at ``revision``, which this release does not know."""
+    ours = version()
+    if made_by:
+        return UnusableDatabaseError(
+            f"the GPU database {where} was last migrated by GPU Workbench {made_by} (schema revision {revision}), "
+            f"a newer release than this one ({ours}, which knows revisions up to {HEAD}), so this release cannot use "
+            f"it: to go back to {ours}, restore the backup taken before the upgrade and start {ours} again "
+            f"({GOING_BACK}), or run GPU Workbench {made_by} or newer"
+        )
+    return UnusableDatabaseError(
+        f"the GPU database {where} is at schema revision {revision}, which GPU Workbench {ours} does not know "
+        f"(it knows revisions up to {HEAD}) and no release is recorded in it: it was made by a newer release, or it "
+        f"is another program's database (check WORKBENCH_DB_URL); to go back to {ours}, restore the backup taken "
+        f"before the upgrade ({GOING_BACK})"
+    )
+
+
+def migration_failed(where: str, found: str | None, exc: BaseException) -> UnusableDatabaseError:
+    """The sentence for a migration that failed: the database is left as it was (one transaction)."""
+    return UnusableDatabaseError(
+        f"the GPU database {where} could not be migrated from schema revision {found or '(none)'} to {HEAD} "
+        f"by GPU Workbench {version()} ({_first_line(exc)}); the migration was undone, so the database is as it "
+        f"was: restore the backup taken before the upgrade and start the release that made it ({GOING_BACK})"
+    )
+
+
+def cannot_open(where: str, exc: BaseException) -> UnusableDatabaseError:
+    """The sentence for a database that cannot be reached or read at all (nothing was migrated)."""
+    return UnusableDatabaseError(
+        f"cannot open the GPU database {where} ({_first_line(exc)}): check WORKBENCH_DB_URL (the hub's "
+        f"gpu_db_url), that the file's directory can be written or the database server answers"
+    )
+
+
+def _refuse_unknown(connection: Connection, where: str) -> str | None:
+    """The database's revision; raises ``UnusableDatabaseError`` when this release does not know it."""
+    found = MigrationContext.configure(connection).get_current_heads()
+    unknown = sorted(set(found) - known_revisions())
+    if unknown:
+        raise too_new(where, unknown[0], release_at(connection, unknown[0]))
+    return found[0] if found else None
+
+
 def upgrade(engine: Engine, revision: str = "head", retries: int = 5) -> None:
     """Run ``alembic upgrade head`` on ``engine``; safe when several stores start at once,
-    in threads of one process or in several processes (see ``_migrating``)."""
+    in threads of one process or in several processes (see ``_migrating``).
+
+    Refuses (``UnusableDatabaseError``) a database at a revision this release does not
+    know, one whose migration fails and one that cannot be opened. Upgraded to the head,
+    the database records this release (``release_book``), in the same transaction."""
+    where = engine.url.render_as_string(hide_password=True)
     for attempt in range(retries):
+        opened, found = False, None
         try:
             with _migrating(engine) as connection:
+                opened = True
+                found = _refuse_unknown(connection, where)
                 config = alembic_config()
                 config.attributes["connection"] = connection
                 command.upgrade(config, revision)
+                if revision == "head":
+                    record_release(connection, version(), HEAD)
             return
-        except (OperationalError, IntegrityError, ProgrammingError):
+        except (OperationalError, IntegrityError, ProgrammingError) as exc:
             # A database without advisory locks that another process migrated at the same
             # moment, or one that was busy past SQLite's busy_timeout: look again.
             if attempt == retries - 1:
-                raise
+                raise (migration_failed(where, found, exc) if opened else cannot_open(where, exc)) from exc
             time.sleep(0.2 * (attempt + 1))
+        except DBAPIError as exc:
+            # Not a race: a file that is not a database, a server that refused us.
+            raise (migration_failed(where, found, exc) if opened else cannot_open(where, exc)) from exc
+        except CommandError as exc:
+            raise migration_failed(where, found, exc) from exc
 
 
 def downgrade(engine: Engine, revision: str) -> None:
@@ -94,7 +191,5 @@ def downgrade(engine: Engine, revision: str) -> None:
 
 
 def current(engine: Engine) -> str | None:
-    from alembic.runtime.migration import MigrationContext
-
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
