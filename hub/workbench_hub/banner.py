@@ -1,4 +1,4 @@
-"""The lines the hub prints at start: where it is, which GPUs, where state lives, how to begin."""
+"""The lines the hub prints at start: where it is, which release, which GPUs, where state lives, how to begin."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from traitlets.config import Config
 
 from workbench_hub.accounts import Reach
 from workbench_hub.transport import Transport
+from workbench_spawner.release import version
 
 SHOWN_NAMES = 5  # a class of 30 is named by its first few
 
@@ -98,6 +99,7 @@ def banner(
             "",
             "=" * 72,
             f"GPU Workbench ({backend} backend) at {address}/",
+            f"Version: {version()} (before an upgrade: workbench backup; docs/upgrading.md)",
             gpu_line,
             *([f"Class start: {class_start}"] if class_start else []),
             *transport_lines,

@@ -27,6 +27,8 @@ Examples::
     workbench drains                    # drained GPUs and who still runs there; undrain GPU
     workbench slurm-nodes               # Slurm: the GPUs jobs reported per node
     workbench slurm-forget-node gpu07   # Slurm: after replacing a node's GPUs
+    workbench backup /srv/backups/wb-2026-12-07   # the hub's databases, cookie secret, local config
+    workbench --version                 # this release (CHANGELOG.md)
 
 It has no database URL of its own: every command goes through the service,
 which uses the GPU database the hub passes it (``WORKBENCH_DB_URL`` in its environment, the hub's
@@ -40,9 +42,14 @@ prints it). A reservation the hub cannot meet (more GPUs than it has, an
 overlap the inventory cannot cover, a malformed window, an unknown group or
 model) is refused with the service's sentence and nothing is stored.
 
-Exit codes: 0 done, 1 the service refused (the message says why), 2 bad
-command line or the service could not be reached (``drain``/``undrain``: also
-a GPU the hub does not have, or one not drained).
+``backup`` needs no service and no token: it reads the hub's data directory
+and databases directly, also while the hub runs (``backup.py``;
+docs/upgrading.md).
+
+Exit codes: 0 done, 1 the service refused (the message says why; ``backup``:
+a database could not be copied), 2 bad command line or the service could not
+be reached (``drain``/``undrain``: also a GPU the hub does not have, or one
+not drained; ``backup``: no data directory, an existing or unwritable target).
 """
 
 from __future__ import annotations
@@ -56,7 +63,9 @@ import urllib.request
 from urllib.parse import quote
 
 from workbench_spawner.backend import installed_backends
+from workbench_spawner.release import version
 
+from .backup import add_backup_parser, run_backup
 from .drain_cli import AREAS as DRAIN_AREAS
 from .drain_cli import add_drain_parsers, run_drain
 from .idle_cli import add_idle_parser, run_idle
@@ -114,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a hub API token with custom:workbench:admin (default $WORKBENCH_ADMIN_TOKEN)",
     )
     parser.add_argument("--json", action="store_true", help="print the service's JSON answer")
+    parser.add_argument("--version", action="version", version=f"workbench (GPU Workbench) {version()}")
     top = parser.add_subparsers(dest="area", required=True)
     quota = top.add_parser("quota", help="GPU quotas of users and groups").add_subparsers(dest="action", required=True)
     for action, kind in (("set", "user"), ("set-group", "group")):
@@ -207,6 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("--group", help="only this hub group's members (needs custom:workbench:read)")
     add_idle_parser(top)
     add_drain_parsers(top)
+    add_backup_parser(top)
     for backend in installed_backends().values():
         if backend.cli:
             backend.cli.add_parsers(top)
@@ -341,6 +352,8 @@ def run_usage(args) -> tuple[object, str]:
 
 
 def run(args) -> tuple[object, str]:
+    if args.area == "backup":
+        return run_backup(args, CLIError)
     if args.area == "usage":
         return run_usage(args)
     if args.area == "idle":
