@@ -77,6 +77,12 @@ def chart_config(chart: Chart) -> Config:
     for key, role in (chart.get_config("hub.loadRoles") or {}).items():
         c.JupyterHub.load_roles.append({"name": key, **role})
     c.JupyterHub.template_paths = chart.get_config("hub.templatePaths") or []
+    for trait, key in (
+        ("allow_named_servers", "allowNamedServers"),
+        ("named_server_limit_per_user", "namedServerLimitPerUser"),
+    ):
+        if chart.get_config(f"hub.{key}") is not None:  # the chart's set_config_if_not_none
+            setattr(c.JupyterHub, trait, chart.get_config(f"hub.{key}"))
     if chart.get_config("singleuser.defaultUrl"):
         c.Spawner.default_url = chart.get_config("singleuser.defaultUrl")
     return c
@@ -206,6 +212,7 @@ def test_the_service_reaches_user_servers_through_the_proxys_service(env, change
         ({}, {"hub": {"loadRoles": {"workbench-service": {"scopes": []}}}}, "hub.loadRoles names workbench-service"),
         ({"WORKBENCH_PROFILES": "small:x:2G"}, {}, "WORKBENCH_PROFILES"),
         ({"WORKBENCH_GPU_IDLE_MINUTES": "99999"}, {}, "WORKBENCH_GPU_IDLE_MINUTES"),
+        ({"WORKBENCH_NAMED_SERVERS": "two"}, {}, "WORKBENCH_NAMED_SERVERS must be a non-negative whole number"),
     ],
 )
 def test_what_the_glue_refuses_with_a_sentence(env, changes, says):
@@ -271,6 +278,23 @@ def test_what_the_glue_refuses_with_a_sentence(env, changes, says):
             ),
         ),
         ({}, {"singleuser": {"defaultUrl": "/tree"}}, lambda c, data: c.Spawner.default_url == "/tree"),
+        # named servers: off as shipped; the chart's own values, or WORKBENCH_NAMED_SERVERS over them
+        ({}, {}, lambda c, data: c.JupyterHub.allow_named_servers is False),
+        (
+            {},
+            {"hub": {"allowNamedServers": True, "namedServerLimitPerUser": 2}},
+            lambda c, data: (c.JupyterHub.allow_named_servers, c.JupyterHub.named_server_limit_per_user) == (True, 2),
+        ),
+        (
+            {"WORKBENCH_NAMED_SERVERS": "3"},
+            {"hub": {"allowNamedServers": True, "namedServerLimitPerUser": 2}},
+            lambda c, data: (c.JupyterHub.allow_named_servers, c.JupyterHub.named_server_limit_per_user) == (True, 3),
+        ),
+        (
+            {"WORKBENCH_NAMED_SERVERS": "3"},
+            {},
+            lambda c, data: (c.JupyterHub.allow_named_servers, c.JupyterHub.named_server_limit_per_user) == (True, 3),
+        ),
         (
             {"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_METRICS_TOKEN": "b" * 32},
             {},

@@ -33,7 +33,10 @@ metrics tokens (``update_services``) and the GPU policy's settings
   makes none of its own (``workbench_network_policy = False``);
 * the spawn form replaces KubeSpawner's ``profile_list``, which must stay empty;
 * the backend mounts each user's home volume itself, so the chart's
-  ``singleuser.storage.type`` must be ``none``.
+  ``singleuser.storage.type`` must be ``none``;
+* named servers are the chart's own ``hub.allowNamedServers`` and
+  ``hub.namedServerLimitPerUser``, or ``WORKBENCH_NAMED_SERVERS=N`` in
+  ``hub.extraEnv`` as on a host, which wins over them.
 
 ``finish_hub`` (last, after any entry of the site's own that sorts between
 the two) ends as ``hub/jupyterhub_config.py`` does, with the same function
@@ -148,6 +151,9 @@ def update_z2jh(c: Config, env: Env, get_config: GetConfig, get_name: GetName, h
     update_chart_auth(c, env, get_config)
     update_chart_services(c, env, get_config, get_name, hub_pid)
     update_chart_spawner(c, env, get_config, data)
+    # WORKBENCH_NAMED_SERVERS=N as on a host, over the chart's hub.allowNamedServers/namedServerLimitPerUser
+    # (its jupyterhub_config.py set them already); unset or 0 leaves the chart's values as they are.
+    configurer.update_named_servers(c, env)
     return data
 
 
