@@ -6,6 +6,8 @@ JupyterHub chart's last ``hub.extraConfig`` entry
 the final config (every file, with the command line's options on top):
 
 * the ``_xsrf`` cookie gets the session cookies' ``Secure`` rule (``xsrf_cookie.py``);
+* who shuts the hub down through its API is noted for the servers it stops
+  (``workbench_spawner/stop_requester.py``);
 * the spawner class must keep the backend contract, and the caller may refuse
   it for more (the chart runs only the Kubernetes backend's);
 * the backend's own checks (its ``workbench.backends`` extension: the hub never
@@ -84,9 +86,12 @@ def finish_hub(
     from workbench_spawner.backend import UnknownBackendError, backend_extension
     from workbench_spawner.policy.settings import publish_policy_settings, spawner_gpu_class
     from workbench_spawner.ssh_forwarding import ssh_forwarding_problems
+    from workbench_spawner.stop_requester import note_shutdown_requests
 
     # The _xsrf cookie gets the session cookies' Secure rule (JupyterHub leaves it out; xsrf_cookie.py).
     xsrf_cookie.secure_xsrf_cookie(c, final)
+    # Who shuts the hub down through its API is told to the students whose servers it stops (stop_requester.py).
+    note_shutdown_requests(c)
     try:
         # The spawner class decides (a site's subclass of a backend's spawner keeps every feature of it).
         # A class that passed the backend contract (spawner_gpu_class checks it) is a GPUSpawnerMixin.

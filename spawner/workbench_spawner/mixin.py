@@ -337,7 +337,7 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
             status = await self._restore_lease()
         # A backend's stop() may poll to see the server end: that stop releases, with its own reason.
         if status is not None and held and not self._gpu_starting and self._gpu_stopping is None:
-            code = status if isinstance(status, int) and not isinstance(status, bool) else None
+            code = status if type(status) is int and status else None  # 0: JupyterHub's poll for "unknown"
             why = as_ending(await self.gpu_exit_reason(), endings.server_exited(code))
             await asyncio.to_thread(self._end, why)
         return status

@@ -61,22 +61,21 @@ def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
     for user in ("ann", "ben", "cat", "dan"):
         hub.wait_stopped(user, timeout=120)
     wait_until(lambda: len(hub.usage_reasons()) == 4, 30, "four ledger rows", hub.log)
-    # dan's end is seen first by JupyterHub's poll (the hub waited on the process: SIGKILL, -9) or by the
-    # reconciler's pass (the process is gone; no exit code to read), whichever looks first.
+    # dan's process is the hub's child: its poll reads the exit code (the reconciler, should it look first,
+    # leaves a dead child to that poll).
     killed = "killed by SIGKILL, exit code -9"
-    ended = hub.usage_reasons()
-    assert ended.pop("dan") in ([reasons.SERVER_EXITED], [f"{reasons.SERVER_EXITED}: {killed}"])
-    assert ended == {
+    assert hub.usage_reasons() == {
         "ann": [reasons.STOPPED_BY_USER],
         "ben": [f"{reasons.STOPPED_BY_ADMIN}: admin"],
         "cat": [f"{reasons.STOPPED_BY_SERVICE}: workbench-admin"],
+        "dan": [f"{reasons.SERVER_EXITED}: {killed}"],
     }
     # Each student reads why on the spawn page (and the home page) until the next start.
     said = {
         "ann": "You stopped this server.",
         "ben": "An admin (admin) stopped this server.",
         "cat": "The hub service workbench-admin stopped this server.",
-        "dan": "This server exited on its own" + (f" ({killed})." if "SIGKILL" in hub.stop_box("dan") else "."),
+        "dan": f"This server exited on its own ({killed}).",
     }
     assert {user: hub.stop_box(user) for user in said} == said
     pages = hub.admin_pages()
@@ -99,3 +98,80 @@ def test_a_server_the_idle_culler_stops_is_recorded_as_culled(running_hub):
     wait_until(lambda: hub.usage_reasons(), 30, "the ledger row", hub.log)
     assert hub.usage_reasons() == {"eve": [f"{reasons.STOPPED_BY_CULLER}: 30 seconds"]}
     assert hub.stop_box("eve") == "The hub's idle culler stopped this server after 30 seconds without activity."
+
+
+def test_a_killed_server_the_hub_re_attached_to_is_not_given_an_exit_code(running_hub):
+    """The hub restarts (Ctrl-C, start again) and re-attaches to eli's server: it is no longer the process's
+    parent, and no exit code can be read when the process is killed. JupyterHub's poll answers 0 for it, which
+    was told as "exit code 0". fay's server, started by the restarted hub, still gets its signal told."""
+    # JupyterHub's poll every 3 s, so that it (not only the reconciler's pass) sees eli's end.
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"}, ["--Spawner.poll_interval=3"])
+    hub.create_users("eli", "fay")
+    assert hub.spawn("eli", gpus=1).status_code in (201, 202)
+    eli = int(hub.wait_ready("eli", timeout=180)["state"]["pid"])
+    hub.stop()
+    hub.start()
+    assert int(hub.wait_ready("eli", timeout=60)["state"]["pid"]) == eli, "eli's server was not re-attached"
+    assert hub.spawn("fay", gpus=1).status_code in (201, 202)
+    fay = int(hub.wait_ready("fay", timeout=180)["state"]["pid"])
+    assert sorted(hub.leases()) == ["eli", "fay"]
+
+    for pid in (eli, fay):
+        os.kill(pid, signal.SIGKILL)
+    for user in ("eli", "fay"):
+        hub.wait_stopped(user, timeout=120)
+    wait_until(lambda: len(hub.usage_reasons()) == 2, 60, "two ledger rows", hub.log)
+    assert hub.usage_reasons() == {
+        "eli": [f"{reasons.SERVER_EXITED}: exit code unknown"],
+        "fay": [f"{reasons.SERVER_EXITED}: killed by SIGKILL, exit code -9"],
+    }
+    assert hub.leases() == {}
+    said = {
+        "eli": "This server's process ended. The hub re-attached to it after a restart, so its exit code is unknown.",
+        "fay": "This server exited on its own (killed by SIGKILL, exit code -9).",
+    }
+    assert {user: hub.stop_box(user) for user in said} == said
+    pages = hub.admin_pages()
+    for user, sentence in said.items():
+        r = pages.get(f"{hub.url}/hub/spawn/{user}", timeout=30)
+        assert r.status_code == 200, (user, r.text[-2000:])
+        page = html.unescape(r.text)
+        assert sentence in page, (user, r.text[-2000:])
+        assert "exit code 0" not in page
+
+
+def test_a_hub_shut_down_through_its_api_tells_who_asked(running_hub):
+    """``POST /hub/api/shutdown`` with ``servers: true`` stops every server after its request: each student
+    reads which admin shut the hub down, not only that the hub stopped (JupyterHub's clean-up has no request)."""
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "2"})
+    hub.create_users("gus", "hal", "admin")  # admin: WORKBENCH_ADMIN_USERS' default
+    for user in ("gus", "hal"):
+        assert hub.spawn(user, gpus=1).status_code in (201, 202)
+    for user in ("gus", "hal"):
+        hub.wait_ready(user, timeout=180)
+    r = hub.api("POST", "/users/admin/tokens", json={"note": "tests", "expires_in": 3600, "scopes": ["shutdown"]})
+    assert r.status_code == 201, r.text
+    r = requests.post(
+        f"{hub.url}/hub/api/shutdown",
+        headers={"Authorization": f"token {r.json()['token']}"},
+        json={"servers": True},
+        timeout=30,
+    )
+    assert r.status_code == 202, r.text
+    assert hub.proc is not None
+    hub.proc.wait(90)
+    hub.proc = None
+    assert hub.server_pids() == [], "the shutdown left a server running"
+    assert hub.leases() == {}
+    asked = "An admin (admin) shut the hub down and stopped its servers."
+    assert hub.usage_reasons() == {
+        user: [f"{reasons.STOPPED_BY_ADMIN}: admin, hub shutdown"] for user in ("gus", "hal")
+    }
+    assert {user: hub.stop_box(user) for user in ("gus", "hal")} == {"gus": asked, "hal": asked}
+    # Started again, the hub shows it on each student's spawn page.
+    hub.start()
+    pages = hub.admin_pages()
+    for user in ("gus", "hal"):
+        r = pages.get(f"{hub.url}/hub/spawn/{user}", timeout=30)
+        assert r.status_code == 200, (user, r.text[-2000:])
+        assert asked in html.unescape(r.text), (user, r.text[-2000:])

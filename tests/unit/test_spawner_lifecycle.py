@@ -112,6 +112,15 @@ async def test_poll_that_finds_the_server_dead_releases(make_spawner):
     assert held(spawner) == {}
 
 
+async def test_a_poll_that_answers_0_tells_no_exit_code(make_spawner):
+    # JupyterHub's Spawner.poll: "exit status (0 if unknown)". A backend that knows better says so itself.
+    spawner = make_spawner()
+    await start(spawner, {"gpus": 1})
+    spawner.alive = False
+    assert await spawner.poll() == 0
+    assert [row.reason for row in spawner.gpu_policy.store.usage()] == ["server exited"]
+
+
 async def test_quota_counts_gpus_held_by_other_servers(make_spawner):
     first = make_spawner(name="one", default_max_gpus=2)
     await start(first, {"gpus": 1})

@@ -101,8 +101,22 @@ def stopped_by_service(name: str = "") -> Ending:
     return Ending(reasons.STOPPED_BY_SERVICE, f"{who} stopped this server.", detail=name)
 
 
-def stopped_by_hub() -> Ending:
-    """A stop nobody on record asked for: the hub shutting down its servers, or a direct call."""
+def stopped_by_hub(admin: str = "", service: str = "") -> Ending:
+    """The hub stopped the server as it shut down. ``admin`` or ``service``: who shut it down through the hub's
+    API (``POST /hub/api/shutdown`` with ``servers``), as the API said (``stop_requester.py``); neither: a stop
+    nobody on record asked for (Ctrl-C or a signal to the hub, a direct call)."""
+    if admin:
+        return Ending(
+            reasons.STOPPED_BY_ADMIN,
+            f"An admin ({admin}) shut the hub down and stopped its servers.",
+            detail=f"{admin}, hub shutdown",
+        )
+    if service:
+        return Ending(
+            reasons.STOPPED_BY_SERVICE,
+            f"The hub service {service} shut the hub down and stopped its servers.",
+            detail=f"{service}, hub shutdown",
+        )
     return Ending(reasons.STOPPED, "The hub stopped this server (it was shutting down or restarting).")
 
 
@@ -118,6 +132,17 @@ def server_exited(exit_code: int | None = None, log: str = "") -> Ending:
         f"This server exited on its own{f' ({code})' if code else ''}.",
         detail=code,
         hint=f"The last lines of its log:\n{tail}" if tail else "",
+    )
+
+
+def server_exited_after_restart() -> Ending:
+    """The server's process ended and nobody read how: the hub re-attached to it after a restart, so the hub is
+    not its parent, and on Linux only a process's parent reads its exit code. JupyterHub's own poll answers 0
+    for such a server ("0 if unknown", ``Spawner.poll``): taking that 0 for an exit code would make one up."""
+    return Ending(
+        reasons.SERVER_EXITED,
+        "This server's process ended. The hub re-attached to it after a restart, so its exit code is unknown.",
+        detail="exit code unknown",
     )
 
 

@@ -92,12 +92,24 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
         if not lease.ref.startswith("pid:"):
             return False  # the start never finished before the hub went away
-        return pid_runs_jupyter(int(lease.ref[4:]))
+        pid = int(lease.ref[4:])
+        if exit_unread(pid):
+            return None  # a server this hub started ended: its poll reads the exit code, then ends the lease
+        return pid_runs_jupyter(pid)
 
     def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
-        """A server process that is gone ended on its own (crashed, killed): what poll would have said. A lease
-        that never named its process (the start did not finish) has no reason to give."""
-        return endings.server_exited() if lease.ref.startswith("pid:") else None
+        """A server process that is gone without this hub process having read its end (a server it started
+        is kept until its poll reads the exit code, ``gpu_lease_alive``) was started before a restart: its exit
+        code is unknown. A lease that never named its process (the start did not finish) has no reason to give."""
+        return endings.server_exited_after_restart() if lease.ref.startswith("pid:") else None
+
+    async def gpu_exit_reason(self) -> Ending | None:
+        """The exit code of a process this hub process started, as its poll read it (``proc``). A server the
+        hub re-attached to after a restart has no process handle: JupyterHub's poll then answers 0, its
+        "unknown", and the ending says the code is unknown rather than take that 0 for one."""
+        if self.proc is None:
+            return endings.server_exited_after_restart()
+        return endings.server_exited(self.proc.returncode)
 
     def gpu_reconcile_orphans(self) -> None:
         """Adopt or end this hub's server processes that hold GPUs and have no lease.
@@ -159,6 +171,17 @@ def hub_servers(api_url: str) -> list[tuple[int, dict[str, str]]]:
 def pid_runs_jupyter(pid: int) -> bool:
     """True if ``pid`` is alive and is a Jupyter server, not a recycled pid."""
     return jupyter_parent(pid) is not None
+
+
+def exit_unread(pid: int) -> bool:
+    """True if ``pid`` is a child of this process that ended and was not reaped yet: its exit code waits for
+    the poll of the spawner that started it (``Popen.poll``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state, parent = f.read().rsplit(b")", 1)[1].split()[:2]
+    except (OSError, ValueError):
+        return False
+    return state == b"Z" and int(parent) == os.getpid()
 
 
 def jupyter_parent(pid: int) -> int | None:

@@ -1,0 +1,109 @@
+"""The local backend says only what it knows of how a server's process ended.
+
+A process the hub process started is its child: its poll reads the exit code (a SIGKILL is -9). A server
+the hub re-attached to after a restart is not: no exit code can be read for it, and JupyterHub's poll
+answers 0 ("unknown", ``Spawner.poll``). That 0 was told as "This server exited on its own (exit code 0)";
+here the student and the ledger hear that the code is unknown. The reconciler, which may look first,
+leaves a dead child's end to the poll that can read its code, and says the same as the poll otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from workbench_spawner.backends.local.spawner import LocalGPUSpawner, exit_unread
+from workbench_spawner.ledger.notices import NoticeBook
+from workbench_spawner.policy.gpu_policy import _policies
+
+GPU = "GPU-sim-00-h100-80gb"
+REATTACHED = "This server's process ended. The hub re-attached to it after a restart, so its exit code is unknown."
+
+
+@pytest.fixture
+def local_spawner(tmp_path):
+    _policies.clear()
+
+    def make(user: str) -> LocalGPUSpawner:
+        return LocalGPUSpawner(
+            user=SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user),
+            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
+            orm_spawner=SimpleNamespace(name="", server=None),
+            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+            simulated_gpus="1",
+            home_dir_template=str(tmp_path / "homes" / "{username}"),
+        )
+
+    yield make
+    _policies.clear()
+
+
+def told(spawner: LocalGPUSpawner) -> tuple[list[str], str | None]:
+    """The ledger's reasons for ``spawner``'s user and the stop box's sentence."""
+    store = spawner.gpu_policy.store
+    notice = NoticeBook(store).last_done(spawner.user.name, "")
+    return [row.reason for row in store.usage(user=spawner.user.name)], notice.message if notice else None
+
+
+async def until(check, within: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + within
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not settled in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_a_server_this_hub_started_and_that_was_killed_is_told_with_its_signal(local_spawner):
+    spawner = local_spawner("ann")
+    policy = spawner.gpu_policy
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    spawner.proc, spawner.pid, spawner.gpu_uuids, spawner._gpu_running = proc, proc.pid, [GPU], True
+    assert policy.store.adopt("ann", "", [GPU], f"pid:{proc.pid}")
+    (lease,) = policy.store.leases()
+    os.kill(proc.pid, signal.SIGKILL)
+    await until(lambda: exit_unread(proc.pid))
+    # The reconciler looking now leaves the end to the poll, which can read the exit code.
+    assert spawner.gpu_lease_alive(lease) is None
+    assert await spawner.poll() == -9
+    assert told(spawner) == (
+        ["server exited: killed by SIGKILL, exit code -9"],
+        "This server exited on its own (killed by SIGKILL, exit code -9).",
+    )
+    assert not exit_unread(proc.pid)
+    assert policy.store.leases() == []
+
+
+async def test_a_server_reattached_after_a_restart_that_ended_has_no_exit_code(local_spawner):
+    # A process this hub process did not start and that is gone now (started and ended elsewhere).
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    spawner = local_spawner("ann")
+    policy = spawner.gpu_policy
+    assert policy.store.adopt("ann", "", [GPU], f"pid:{gone.pid}")
+    (lease,) = policy.store.leases()
+    spawner.orm_spawner.server = object()  # JupyterHub kept its server row: it ran before the restart
+    spawner.load_state({"pid": gone.pid, "gpu_uuids": [GPU]})  # what the hub does after its restart
+    assert spawner.proc is None
+    # JupyterHub's poll has no process handle: 0, its "unknown", which is not told as an exit code.
+    assert await spawner.poll() == 0
+    assert told(spawner) == (["server exited: exit code unknown"], REATTACHED)
+    assert policy.store.leases() == []
+    # The reconciler, had it looked first, says the same.
+    assert spawner.gpu_lease_alive(lease) is False
+    assert spawner.gpu_lease_gone_reason(lease).message == REATTACHED
+
+
+def test_only_an_unreaped_child_of_this_process_has_its_exit_code_waiting():
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not exit_unread(running.pid)  # alive
+        assert not exit_unread(os.getppid())  # not a child of this process
+    finally:
+        running.kill()
+        running.wait()
+    assert not exit_unread(running.pid)  # reaped: gone
