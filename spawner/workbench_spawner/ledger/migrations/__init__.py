@@ -38,7 +38,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError, ProgrammingError, SQLAlchemyError
 
 from workbench_spawner.ledger.release_book import record_release, release_at
 from workbench_spawner.release import version
@@ -127,8 +127,9 @@ def migration_failed(where: str, found: str | None, exc: BaseException) -> Unusa
     """The sentence for a migration that failed: the database is left as it was (one transaction)."""
     return UnusableDatabaseError(
         f"the GPU database {where} could not be migrated from schema revision {found or '(none)'} to {HEAD} "
-        f"by GPU Workbench {version()} ({_first_line(exc)}); the migration was undone, so the database is as it "
-        f"was: restore the backup taken before the upgrade and start the release that made it ({GOING_BACK})"
+        f"by GPU Workbench {version()} ({_first_line(exc)}); the migration was undone and the database is as it "
+        f"was: start the release that made it again, or restore the backup taken before the upgrade ({GOING_BACK}), "
+        "and report the error"
     )
 
 
@@ -175,11 +176,11 @@ def upgrade(engine: Engine, revision: str = "head", retries: int = 5) -> None:
             if attempt == retries - 1:
                 raise (migration_failed(where, found, exc) if opened else cannot_open(where, exc)) from exc
             time.sleep(0.2 * (attempt + 1))
-        except DBAPIError as exc:
-            # Not a race: a file that is not a database, a server that refused us.
+        except (SQLAlchemyError, CommandError) as exc:
+            # Not a race: a file that is not a database, a server that refused us, a migration that met a
+            # schema it cannot change (a table missing, a view in the way): the operator's sentence, the
+            # cause chained for a debugger.
             raise (migration_failed(where, found, exc) if opened else cannot_open(where, exc)) from exc
-        except CommandError as exc:
-            raise migration_failed(where, found, exc) from exc
 
 
 def downgrade(engine: Engine, revision: str) -> None:
