@@ -12,6 +12,7 @@ that run without a lease (orphans after a hub restart).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import itertools
 import time
@@ -165,6 +166,8 @@ class FakeEnginePlacement(EnginePlacement):
             raise NoGPUAvailableError("nothing was submitted")
         self.withdraw(job.admitted)
         deadline = job.deadline if job.deadline is not None else self.clock() + timeout
+        if limits is not None:  # as the engine template: a refusal names what the other servers hold
+            limits = dataclasses.replace(limits, kind=model, kinds={d.uuid: d.kind for d in self.inventory.devices})
         while True:
             held = {u for lease in self.store.leases() for u in lease.gpu_uuids}
             free = [d.uuid for d in self.inventory.devices if d.uuid not in held and model in (None, d.model)]

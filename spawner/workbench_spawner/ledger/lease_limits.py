@@ -74,7 +74,7 @@ def others_holding(
     for lease in leases:
         if lease.user != user or lease.server == server or not lease.gpu_uuids:
             continue
-        named = dict.fromkeys(kinds[uuid] for uuid in lease.gpu_uuids if uuid in kinds)
+        named = dict.fromkeys(kinds[uuid] for uuid in lease.gpu_uuids if kinds.get(uuid))
         held.append(ServerHolding(lease.server, len(lease.gpu_uuids), tuple(named)))
     return tuple(held)
 

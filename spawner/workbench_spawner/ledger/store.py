@@ -380,6 +380,12 @@ class AllocationStore:
         leases = _group(rows)
         return leases[0] if leases else None
 
+    def leases_of(self, user: str) -> list[Lease]:
+        """Every lease ``user`` holds now, over all their servers (``lease_limits``' early look; indexed)."""
+        with self._reads() as session:
+            rows = list(session.execute(select(*_LEASE_COLUMNS).where(LeaseRow.user == user).order_by(LeaseRow.id)))
+        return _group(rows)
+
     def holders(self) -> dict[str, list[tuple[str, str]]]:
         """GPU UUID -> [(user, server), ...] for every held slot."""
         result: dict[str, list[tuple[str, str]]] = {}

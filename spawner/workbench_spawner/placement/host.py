@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from workbench_devices import DeviceInventory
 from workbench_spawner.form.options import device_matches
+from workbench_spawner.ledger import lease_limits
 from workbench_spawner.ledger.drain_book import DrainBook, is_drained
 from workbench_spawner.ledger.gpu_hours import gpu_hours_used
 from workbench_spawner.ledger.lease_limits import LeaseLimits
@@ -308,11 +309,14 @@ class HostAllocator(Placement):
         limits: LeaseLimits | None = None,
         exclusive: bool = False,
     ) -> Lease:
-        """As ``Placement.place``. A quota refusal (``QuotaExceededError``) in any try, the first or one
-        while waiting in line, ends the spawn at once with its 403 sentence instead of waiting on: what
-        holds the quota is the user's own other server, so a wait would keep a place in line for the whole
-        queue timeout for a GPU it may not take, and only the student can decide which server to stop.
-        The wait list lets the exception through and the ticket leaves the line (``WaitList.wait_for``)."""
+        """As ``Placement.place``. A quota refusal (``QuotaExceededError``) ends the spawn at once with its
+        403 sentence instead of a wait: what holds the quota is the user's own other server, so a wait would
+        keep a place in line for the whole queue timeout for a GPU it may not take, and only the student
+        can decide which server to stop. The quota is looked at when the spawn joins the line (a request
+        behind others may not try for a long while), again when this allocator gives one of the user's
+        other spawns a GPU while it waits (``WaitList.ask_recheck``), and, the check that counts, in the
+        transaction of every try (``AllocationStore.allocate``). The wait list lets the exception through
+        and the ticket leaves the line (``WaitList.wait_for``)."""
         if job is not None:
             raise ValueError("the host allocator places GPUs itself: it follows no engine job")
         groups = tuple(groups)
@@ -336,7 +340,14 @@ class HostAllocator(Placement):
                 limits=limits,
             ), active
 
+        def within_limits() -> None:
+            # An early look from a read (the leases the user holds now); the write transaction's check decides.
+            if limits is not None:
+                mine = self.store.leases_of(user)
+                lease_limits.check(limits, user, server, count, mine, lambda: gpu_hours_used(self.store, user))
+
         def join() -> tuple[float, list[Reservation]]:
+            within_limits()
             hours = gpu_hours_used(self.store, user) if self.queue_order == "fair-share" else 0.0
             return hours, self.active_reservations()
 
@@ -350,6 +361,8 @@ class HostAllocator(Placement):
                 taking.add_done_callback(lambda done: self._give_back(done, user, server))
                 raise
             self._saw_open(active, read)
+            if lease is not None and limits is not None:  # the user's other spawns in line may be over quota now
+                self.waitlist.ask_recheck(lambda ticket: ticket.user == user and ticket.key != key)
             return lease
 
         read = next(self._reads)
@@ -361,7 +374,15 @@ class HostAllocator(Placement):
         self._requests[key] = (model, frozenset(groups))
         try:
             return await self.waitlist.wait_for(
-                key, count, try_take, timeout, report, user=user, gpu_hours=hours, cls=cls
+                key,
+                count,
+                try_take,
+                timeout,
+                report,
+                user=user,
+                gpu_hours=hours,
+                cls=cls,
+                recheck=lambda: asyncio.to_thread(within_limits),
             )
         except WaitTimeoutError:
             free, note = await asyncio.to_thread(lambda: (self.free_count(model), self.reserved_note(groups)))

@@ -34,6 +34,13 @@ deadline, and every ``idle_recheck_interval`` as a safety net. The order,
 who may try and every reason are computed once per change of the line and
 shared by all waiters.
 
+**Looking again.** A waiter that may not try yet can still learn that it
+never will: host placement gives a user's other spawn a GPU, and this one
+is now over the user's quota (``ledger.lease_limits``). ``ask_recheck``
+marks such tickets and wakes them; each runs its ``recheck`` once, and an
+exception from it ends that wait (the ticket leaves the line as on a
+timeout). An exception from ``try_take`` ends the wait the same way.
+
 **Cancelling.** A wait that is cancelled (JupyterHub's DELETE of a pending
 spawn, the hub shutting down) leaves the line at once and never takes a
 GPU afterwards. Its pause is ``asyncio.timeout``, not ``asyncio.wait_for``:
@@ -80,6 +87,8 @@ class Ticket:
     cls: Hashable = ()
     # The release generation its last fruitless try saw (-1: none yet).
     failed_gen: int = -1
+    # Asked to run its ``recheck`` at its next wake-up (``WaitList.ask_recheck``).
+    recheck_asked: bool = False
 
     def as_waiting(self) -> Waiting:
         return Waiting(self.key, self.user or self.key, self.joined, self.gpu_hours)
@@ -247,6 +256,18 @@ class WaitList(Generic[T]):
         for event in events:
             event.set()
 
+    def ask_recheck(self, which: Callable[[Ticket], bool]) -> int:
+        """Have the waiting tickets ``which`` picks run their ``recheck`` now (see "Looking again"); call it on
+        the loop's thread. Returns how many were asked."""
+        asked = [t for t in self._tickets if which(t)]
+        for t in asked:
+            t.recheck_asked = True
+        with self._wakers_lock:
+            events = [self._wakers[id(t)] for t in asked if id(t) in self._wakers]
+        for loop, event in events:
+            self._call(loop, event.set)
+        return len(asked)
+
     def _join(self, ticket: Ticket) -> None:
         now = self.clock()
         window = self.rejoin_minutes * 60.0
@@ -276,6 +297,7 @@ class WaitList(Generic[T]):
         user: str = "",
         gpu_hours: float = 0.0,
         cls: Hashable = (),
+        recheck: Callable[[], Awaitable[object]] | None = None,
     ) -> T:
         """Take GPUs via ``try_take`` when this ticket may try (``may_try``) and it succeeds.
 
@@ -283,7 +305,9 @@ class WaitList(Generic[T]):
         reason changes, and once when the ticket starts waiting. Raises
         WaitTimeoutError after ``timeout`` seconds; a cancelled wait leaves the
         list cleanly. Either way the key's first arrival is remembered for
-        ``rejoin_minutes`` (the module docstring).
+        ``rejoin_minutes`` (the module docstring). ``recheck``: run when
+        ``ask_recheck`` picks this ticket; what it raises, like what
+        ``try_take`` raises, ends the wait and leaves the line.
         """
         ticket = Ticket(key, count, self.clock(), user=user, gpu_hours=gpu_hours, cls=cls)
         loop = asyncio.get_running_loop()
@@ -298,6 +322,10 @@ class WaitList(Generic[T]):
                 with self._wakers_lock:
                     self._wakers[id(ticket)] = (loop, event)
                 try:
+                    if ticket.recheck_asked:
+                        ticket.recheck_asked = False
+                        if recheck is not None:
+                            await recheck()
                     if self.may_try(ticket):
                         generation = self._generation
                         result = await try_take()
