@@ -308,16 +308,26 @@ class Fleet:
             held[lease.user] = held.get(lease.user, 0) + len(lease.gpu_uuids)
         return held
 
+    def held_by_server(self) -> dict[str, dict[str, int]]:
+        """User -> server -> devices it holds now (JupyterHub's server name; "" the default server)."""
+        held: dict[str, dict[str, int]] = {}
+        for lease in self.store.leases():
+            servers = held.setdefault(lease.user, {})
+            servers[lease.server] = servers.get(lease.server, 0) + len(lease.gpu_uuids)
+        return held
+
     def user_summaries(
         self,
         users: Iterable[Mapping],
         hours: Mapping[str, float],
         held: Mapping[str, int],
         by_reason: Mapping[str, Mapping[str, float]] | None = None,
+        servers: Mapping[str, Mapping[str, dict]] | None = None,
     ) -> list[dict]:
         """One row per hub user model (name, groups): effective quota, held GPUs, GPU-hours, and with
         ``by_reason`` (``gpu_hours_by_reason``) those GPU-hours by why their leases ended, so an admin
-        tells time ended by the user's Stop from time lost to crashes, reclaims or failed nodes.
+        tells time ended by the user's Stop from time lost to crashes, reclaims or failed nodes; with
+        ``servers`` (``server_usage``) the same per server of the user, named servers and the default one.
 
         The quotas of all of them come from one query (``QuotaBook.effective_many``).
         """
@@ -335,5 +345,26 @@ class Fleet:
             if by_reason is not None:
                 kinds = by_reason.get(u["name"]) or {}
                 row["gpu_hours_week_by_reason"] = {kind: round(kinds[kind], 4) for kind in sorted(kinds)}
+            if servers is not None:
+                row["servers"] = dict(servers.get(u["name"]) or {})
             rows.append(row)
         return rows
+
+
+def server_usage(
+    split: Mapping[str, Mapping[tuple[str, str], float]], held: Mapping[str, Mapping[str, int]]
+) -> dict[str, dict[str, dict]]:
+    """User -> server -> ``{"gpu_hours_week", "held_gpus"}`` for every server of a user that held GPUs in the
+    window or holds some now (``split``: ``gpu_hours_split``; ``held``: ``Fleet.held_by_server``), sorted by
+    name, the default server ("") first: api/usage's split of a user's GPU-hours by server."""
+    result: dict[str, dict[str, dict]] = {}
+    for user in split.keys() | held.keys():
+        hours: dict[str, float] = {}
+        for (server, _kind), value in (split.get(user) or {}).items():
+            hours[server] = hours.get(server, 0.0) + value
+        names = sorted(hours.keys() | (held.get(user) or {}).keys())
+        result[user] = {
+            name: {"gpu_hours_week": round(hours.get(name, 0.0), 4), "held_gpus": (held.get(user) or {}).get(name, 0)}
+            for name in names
+        }
+    return result

@@ -1,11 +1,15 @@
-"""``GET api/usage``: GPU-hours of the last 7 days per user, by why leases ended, and how servers ended.
+"""``GET api/usage``: GPU-hours of the last 7 days per user, by why leases ended and by server, and how servers ended.
 
 Anyone with ``custom:workbench:read`` reads every user's usage, one user's
 (``?user=alice``) or one hub group's members' (``?group=ml-course``); any
 other hub user reads only their own. Besides each user's GPU-hours (in all
 and by reason kind, ``gpu_hours_by_reason``), the answer counts the ends of
 servers in the window by reason kind (``ends.ends_by_reason``), for the
-same users: ``"ends_by_reason": {"out of memory": 12, "reclaimed": 7}``.
+same users: ``"ends_by_reason": {"out of memory": 12, "reclaimed": 7}``. A user
+with several servers (JupyterHub's named servers) has their GPU-hours and held
+GPUs per server too (``"servers": {"": {...}, "big": {...}}``); the splits by
+reason and by server come from one read of the ledger, so both add up to the
+user's total.
 A user or group the hub does not know is a 404 with a sentence.
 """
 
@@ -15,8 +19,9 @@ import asyncio
 import json
 
 from workbench_hub.service.ends import ends_by_reason
+from workbench_hub.service.fleet import server_usage
 from workbench_hub.service.handlers import READ_SCOPE, APIHandler, _check_name, unknown_user
-from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_by_reason
+from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_split
 from workbench_spawner.ledger.store import utcnow
 
 
@@ -60,10 +65,17 @@ class UsageHandler(APIHandler):
         names = None if wanted is None and group is None else {m["name"] for m in models}
 
         def summarise():
-            # One read of the ledger for the hours: the total is the sum of the hours by reason.
-            by_reason = gpu_hours_by_reason(fleet.store, now, user=wanted)
-            hours = {name: sum(kinds.values()) for name, kinds in by_reason.items()}
-            users = fleet.user_summaries(models, hours, fleet.held_by_user(), by_reason)
+            # One read of the ledger for the hours: the total is the sum of the hours by reason, and by server.
+            split = gpu_hours_split(fleet.store, now, user=wanted)
+            by_reason: dict[str, dict[str, float]] = {}
+            for name, parts in split.items():
+                kinds = by_reason.setdefault(name, {})
+                for (_server, kind), value in parts.items():
+                    kinds[kind] = kinds.get(kind, 0.0) + value
+            hours = {name: sum(parts.values()) for name, parts in split.items()}
+            held = fleet.held_by_server()
+            held_total = {name: sum(servers.values()) for name, servers in held.items()}
+            users = fleet.user_summaries(models, hours, held_total, by_reason, server_usage(split, held))
             return users, ends_by_reason(fleet.store, now - WEEK, names)
 
         users, ends = await asyncio.to_thread(summarise)

@@ -49,7 +49,7 @@ def gpu_hours_by_user(
     where the caller read them already for the rest of its answer (held GPUs beside hours).
     """
     seconds: dict[str, float] = {}
-    for name, _kind, value in _seconds_in_window(store, now, window, user, leases):
+    for name, _server, _kind, value in _seconds_in_window(store, now, window, user, leases):
         seconds[name] = seconds.get(name, 0.0) + value
     return {name: value / 3600.0 for name, value in seconds.items()}
 
@@ -67,10 +67,23 @@ def gpu_hours_by_reason(
     how much GPU time ended by a user's Stop, a crash, the idle culler or a node that failed. Each user's
     kinds add up to their ``gpu_hours_by_user`` for the same ``now`` (``leases`` as there)."""
     seconds: dict[str, dict[str, float]] = {}
-    for name, kind, value in _seconds_in_window(store, now, window, user, leases):
+    for name, _server, kind, value in _seconds_in_window(store, now, window, user, leases):
         kinds = seconds.setdefault(name, {})
         kinds[kind] = kinds.get(kind, 0.0) + value
     return {name: {kind: value / 3600.0 for kind, value in kinds.items()} for name, kinds in seconds.items()}
+
+
+def gpu_hours_split(
+    store: AllocationStore, now: datetime | None = None, window: timedelta = WEEK, user: str | None = None
+) -> dict[str, dict[tuple[str, str], float]]:
+    """The same GPU-hours per user, split by server (JupyterHub's server name, "" the default one) and by
+    reason kind at once: ``api/usage`` sums its split by reason and its split by server from this one read,
+    so a student's GPU server and CPU server add up to the total they are charged, whatever ends meanwhile."""
+    seconds: dict[str, dict[tuple[str, str], float]] = {}
+    for name, server, kind, value in _seconds_in_window(store, now, window, user):
+        parts = seconds.setdefault(name, {})
+        parts[(server, kind)] = parts.get((server, kind), 0.0) + value
+    return {name: {part: value / 3600.0 for part, value in parts.items()} for name, parts in seconds.items()}
 
 
 def _seconds_in_window(
@@ -79,8 +92,8 @@ def _seconds_in_window(
     window: timedelta,
     user: str | None,
     leases: Sequence[Lease] | None = None,
-) -> Iterator[tuple[str, str, float]]:
-    """(user, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window.
+) -> Iterator[tuple[str, str, str, float]]:
+    """(user, server, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window.
 
     ``leases``: the leases held now, read already by the caller (the spawn form reads them once per
     render); left out, read here, in the same transaction as the ledger's rows (``_read_window``). The
@@ -94,13 +107,13 @@ def _seconds_in_window(
         end = min(_aware(row.ended), now)
         if end > start:
             share = row.share if row.share is not None else 1.0
-            yield row.user, reason_kind(row.reason), share * (end - start).total_seconds()
+            yield row.user, row.server or "", reason_kind(row.reason), share * (end - start).total_seconds()
     for lease in leases:
         if user is not None and lease.user != user:
             continue
         start = max(lease.since, cutoff)
         if now > start:
-            yield lease.user, HELD_NOW, lease.gpu_share * (now - start).total_seconds()
+            yield lease.user, lease.server, HELD_NOW, lease.gpu_share * (now - start).total_seconds()
 
 
 def _read_window(
@@ -115,7 +128,7 @@ def _read_window(
     sees one state: SQLite's deferred transaction (WAL) keeps the snapshot of its first read; PostgreSQL
     needs REPEATABLE READ for that (at READ COMMITTED each statement sees the newest commit).
 
-    The ledger's rows come as plain rows of the five columns GPU-hours need, as ``store.usage`` selects
+    The ledger's rows come as plain rows of the six columns GPU-hours need, as ``store.usage`` selects
     them but without tracked ORM objects (the spawn form and every spawn ask: statements built once)."""
     query, params = (_USAGE, {"cutoff": cutoff}) if user is None else (_USAGE_OF, {"cutoff": cutoff, "user": user})
     with store.read_engine.connect() as conn:
@@ -130,7 +143,7 @@ def _read_window(
 
 # The ledger's rows in a window (``_usage_in_window``), and one user's.
 _USAGE = (
-    select(UsageRow.user, UsageRow.reason, UsageRow.started, UsageRow.ended, UsageRow.share)
+    select(UsageRow.user, UsageRow.server, UsageRow.reason, UsageRow.started, UsageRow.ended, UsageRow.share)
     .where(UsageRow.ended >= bindparam("cutoff"))
     .order_by(UsageRow.id)
 )
@@ -150,6 +163,6 @@ def gpu_hours_used(
     """``user``'s GPU-hours in the rolling window ending ``now`` (``leases``: the leases held now, if the
     caller read them already)."""
     seconds = 0.0
-    for _name, _kind, value in _seconds_in_window(store, now, window, user, leases):
+    for _name, _server, _kind, value in _seconds_in_window(store, now, window, user, leases):
         seconds += value
     return seconds / 3600.0
