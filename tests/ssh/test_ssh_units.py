@@ -317,9 +317,34 @@ def test_the_page_info_uses_the_hubs_base_url_once(tmp_path):
     assert info["alias"] == "workbench-example.org-alice"
 
 
+def test_a_named_servers_page_gives_the_entry_for_that_server(tmp_path):
+    """The SSH page of alice's server big (``/user/alice/big/workbench/ssh``): its own websocket, a Host alias
+    that names the server, and a token scope for that server only."""
+    env = {"JUPYTERHUB_USER": "alice", "JUPYTERHUB_SERVER_NAME": "big", "JUPYTERHUB_BASE_URL": "/"}
+    info = handlers.ssh_info("https://hub.example.org", "/user/alice/big/", env, str(tmp_path))
+    assert info["websocket_url"] == "wss://hub.example.org/user/alice/big/sshd/"
+    assert info["alias"] == "workbench-hub.example.org-alice+big"
+    assert info["token_scope"] == "access:servers!server=alice/big"
+    assert info["proxy_script_url"] == "/user/alice/big/workbench/ssh/workbench-ssh-proxy.py"
+    assert info["ssh_config"].splitlines()[:4] == [
+        "Host workbench-hub.example.org-alice+big",
+        f"    User {info['login_user']}",
+        "    HostKeyAlias workbench-hub.example.org-alice+big",
+        "    ProxyCommand python3 ~/.ssh/workbench-ssh-proxy.py --token-file ~/.ssh/workbench-token "
+        "wss://hub.example.org/user/alice/big/sshd/",
+    ]
+    default = handlers.ssh_info("https://hub.example.org", "/user/alice/", {"JUPYTERHUB_USER": "alice"}, str(tmp_path))
+    assert (default["alias"], default["token_scope"]) == (
+        "workbench-hub.example.org-alice",
+        "access:servers!server=alice/",
+    )
+
+
 def test_the_config_entry_names_alias_user_proxy_and_token_source():
     alias = client_config.host_alias("hub.example.org:443", "a@b", "gpu")
-    assert alias == "workbench-hub.example.org-a-b-gpu"
+    assert alias == "workbench-hub.example.org-a-b+gpu"
+    assert client_config.host_alias("hub.example.org", "a@b") == "workbench-hub.example.org-a-b"
+    assert client_config.host_alias("hub", "alice-big") != client_config.host_alias("hub", "alice", "big")
     text = client_config.ssh_config(alias, "jovyan", "wss://hub.example.org/user/a%40b/gpu/sshd/", "env")
     assert text.splitlines()[:4] == [
         f"Host {alias}",
@@ -338,7 +363,15 @@ def test_the_config_entry_names_alias_user_proxy_and_token_source():
         client_config.proxy_command("wss://h/u/", "argv")
 
 
-def test_ssh_runs_the_proxy_command_with_the_url_intact(tmp_path):
+@pytest.mark.parametrize(
+    ("alias", "url"),
+    [
+        ("wb-alias", "wss://hub.example.org/user/a%40b/sshd/"),
+        # a named server's alias, as the page of a@b's server big gives it
+        (client_config.host_alias("hub.example.org", "a@b", "big"), "wss://hub.example.org/user/a%40b/big/sshd/"),
+    ],
+)
+def test_ssh_runs_the_proxy_command_with_the_url_intact(tmp_path, alias, url):
     """ssh expands %-tokens and the shell expands ~ in the ProxyCommand: with a stand-in
     ``python3`` that records its arguments, the proxy gets the escaped URL and real paths."""
     if shutil.which("ssh") is None:
@@ -350,9 +383,9 @@ def test_ssh_runs_the_proxy_command_with_the_url_intact(tmp_path):
     (bin_dir / "python3").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {record}\n')
     (bin_dir / "python3").chmod(0o755)
     cfg = tmp_path / "config"
-    cfg.write_text(client_config.ssh_config("wb-alias", "jovyan", "wss://hub.example.org/user/a%40b/sshd/", "file"))
+    cfg.write_text(client_config.ssh_config(alias, "jovyan", url, "file"))
     subprocess.run(
-        ["ssh", "-F", str(cfg), "-o", "BatchMode=yes", "wb-alias", "true"],
+        ["ssh", "-F", str(cfg), "-o", "BatchMode=yes", alias, "true"],
         capture_output=True,
         timeout=30,
         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
@@ -361,7 +394,7 @@ def test_ssh_runs_the_proxy_command_with_the_url_intact(tmp_path):
         f"{tmp_path}/.ssh/workbench-ssh-proxy.py",
         "--token-file",
         f"{tmp_path}/.ssh/workbench-token",
-        "wss://hub.example.org/user/a%40b/sshd/",
+        url,
     ]
 
 

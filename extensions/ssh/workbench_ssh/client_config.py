@@ -9,9 +9,9 @@ process list (``ps``), which is why the entry no longer uses websocat (it takes
 the ``Authorization`` header only as an argument).
 
 ``HostKeyAlias`` keeps one known_hosts entry per server (every user's server
-sits behind the same hub host name), and ``ServerAliveInterval`` keeps an idle
-session moving bytes, which is what marks the server active for the idle
-culler.
+sits behind the same hub host name; a named server's alias ends in
+``+<server>``), and ``ServerAliveInterval`` keeps an idle session moving
+bytes, which is what marks the server active for the idle culler.
 """
 
 from __future__ import annotations
@@ -32,9 +32,18 @@ class PublicURLError(ValueError):
 
 
 def host_alias(hub_host: str, user: str, server_name: str = "") -> str:
+    """``workbench-<hub>-<user>`` for the default server, ``workbench-<hub>-<user>+<server>`` for a named one.
+
+    Each part keeps letters, digits, ``.``, ``_`` and ``-`` (anything else becomes ``-``), so ``+`` only ever
+    joins a user to a server: alice's server ``big`` never shares its alias (and its known_hosts entry, the
+    ``HostKeyAlias``) with a user named ``alice-big``."""
     host = re.sub(r"[^A-Za-z0-9.-]", "-", hub_host.split(":")[0]) or "hub"
-    name = f"{user}-{server_name}" if server_name else user
-    return re.sub(r"[^A-Za-z0-9._-]", "-", f"workbench-{host}-{name}")
+    name = _alias_part(user) + (f"+{_alias_part(server_name)}" if server_name else "")
+    return f"workbench-{host}-{name}"
+
+
+def _alias_part(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "-", text)
 
 
 def _slashed(path: str) -> str:
