@@ -15,7 +15,10 @@ here:
 
 Both give everything back when the start fails, times out or is cancelled (a
 cancel's clean-up runs in the background, ``_in_background``, because
-JupyterHub gives a cancelled spawn one second). Kept apart from the mixin's
+JupyterHub gives a cancelled spawn one second). A cancel that lands as
+``start()`` returns is lost by JupyterHub's own wait for it on Python 3.11;
+``start_polling``, which JupyterHub calls next in the spawn's task, gives it
+again (``lost_cancel.py``). Kept apart from the mixin's
 traits, options and stop so that each file reads as one job; nothing here is
 a backend's to override (``contract_problems`` refuses a backend that
 overrides ``_acquire``).
@@ -33,6 +36,7 @@ from jupyterhub.spawner import SpawnException
 from workbench_spawner.contract import BackendContract, BackendContractError
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.lease_limits import LeaseLimits
+from workbench_spawner.lost_cancel import give_lost_cancel_again
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.start_line import Slot, SlotTimeoutError, StartLine
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailableError
@@ -250,6 +254,12 @@ class ServerStarts(BackendContract, _SpawnerState):
             await asyncio.to_thread(
                 self.gpu_policy.release, lease.user, lease.server, reasons.START_CANCELLED, lease.since
             )
+
+    def start_polling(self) -> None:
+        """JupyterHub's poll of a started server begins; called by ``User.spawn`` in the spawn's own task right
+        after ``start()`` returned: a cancel its wait for ``start()`` let through is given again there."""
+        super().start_polling()
+        give_lost_cancel_again(self.server_label, self.log)
 
     def _in_background(self, work) -> None:
         """Run a clean-up after the current task is cancelled: ``work`` is a coroutine function, or a blocking

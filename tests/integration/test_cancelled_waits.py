@@ -4,14 +4,20 @@ Before the fix, with 92 in line, 17-20 DELETEs answered 500 ("pending spawn") an
 spawns stayed in the GPU line: when GPUs came free they started servers the hub no longer tracked,
 each holding a lease. Here: 8 simulated GPUs held by 8 running servers, 100 more students waiting,
 all 100 cancelled at the same moment; then the 8 stop, and nobody from the cancelled line starts.
+
+Then the one cancel that still failed: sent as a GPU came free, just as its spawn's server process was
+launched (about 30 ms after), it answered 500 ("pending spawn") a second later and the server started
+anyway with its lease. Its moment is made to come every time (late_cancel_config.py).
 """
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
+import requests
 
 from tests.conftest import wait_until
 
@@ -72,3 +78,43 @@ def test_a_hundred_cancelled_waits_leave_the_line_at_once_and_never_start(runnin
     assert hub.leases() == {}, "a lease outlived its server"
     assert hub.server_pids() == [], "a server process runs that the hub does not track"
     assert "RuntimeError" not in hub.log(), "JupyterHub called a cancelled spawn stuck ('... pending spawn')"
+
+
+LATE_CANCEL_CONFIG = Path(__file__).with_name("late_cancel_config.py")
+
+
+def test_a_cancel_that_lands_as_the_server_process_starts_stops_it_and_answers_2xx(running_hub):
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_LOCAL_CONFIG": str(LATE_CANCEL_CONFIG)})
+    hub.create_users("holder", "late")
+    assert hub.spawn("holder", gpus=1).status_code in (201, 202)
+    hub.wait_ready("holder", timeout=180)
+    assert hub.spawn("late", gpus=1).status_code == 202
+    wait_until(
+        lambda: "next in line" in " ".join(hub.progress_messages("late", until="next in line", timeout=5)),
+        60,
+        "late to wait in line for the GPU",
+        log=hub.log,
+    )
+
+    # The GPU comes free: late's spawn gets it and starts (held until the DELETE arrives).
+    assert hub.api("DELETE", "/users/holder/server").status_code in (202, 204)
+    wait_until(lambda: "late-cancel test: the start holds" in hub.log(), 120, "late's start with its GPU", hub.log)
+    assert list(hub.leases()) == ["late"]
+
+    # The student cancels; the cancel lands as the server's start() returns, its process launched.
+    r = requests.delete(
+        f"{hub.url}/hub/api/users/late/server",
+        headers={"Authorization": f"token {hub.user_token('late')}"},
+        timeout=60,
+    )
+    assert r.status_code in (202, 204), f"the cancel answered {r.status_code}: {r.text[:300]}"
+    assert "cancelled as its start() returned" in hub.log(), "the cancel did not land as the start returned"
+    wait_until(lambda: hub.server("late") is None, 60, "late's server to be gone", hub.log)
+    assert hub.leases() == {}, "the cancelled start kept its GPU"
+    wait_until(lambda: hub.server_pids() == [], 30, "no server process left", hub.log)
+    assert hub.stop_box("late") == "You stopped this server."
+    # Past the time the server would have taken to answer: nothing started after all.
+    time.sleep(8)
+    assert hub.server("late") is None
+    assert hub.server_pids() == []
+    assert "RuntimeError" not in hub.log(), "JupyterHub called the cancelled spawn stuck ('... pending spawn')"

@@ -3,17 +3,24 @@
 * a release wakes only the head(s) that may try, not the whole line;
 * many waits cancelled while GPUs come free all end cancelled: none is served after its cancel;
 * an allocation still running in a worker thread when its wait is cancelled is given back;
+* a cancel that lands as start() returns, which JupyterHub's own wait for start() lets through on
+  Python 3.11 (its asyncio.wait_for), is given again and ends the spawn (lost_cancel.py);
 * who asked for a stop, as a ledger reason (stop_requester), and how usage groups reasons.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import pytest
+from jupyterhub.user import User
 
+from tests.unit.fake_backends import FakeHostSpawner
 from workbench_devices import DeviceInventory, parse_simulated_spec
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.store import AllocationStore
@@ -168,6 +175,80 @@ def test_a_late_give_back_never_ends_the_lease_of_a_new_start(policy: GPUPolicy)
     assert policy.release("ann", "", reasons.START_CANCELLED, first.since) == ()
     assert [lease.since for lease in store.leases()] == [second.since]
     assert policy.release("ann", "", reasons.STOPPED, second.since) == ("GPU-sim-00-h100-80gb",)
+
+
+@pytest.fixture
+def host_spawner(tmp_path):
+    from workbench_spawner.policy.gpu_policy import _policies
+
+    _policies.clear()
+    spawner = FakeHostSpawner(
+        user=SimpleNamespace(name="ann", url="/user/ann/", escaped_name="ann"),
+        hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
+        orm_spawner=SimpleNamespace(name="", server=None),
+        gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+        simulated_gpus="1",
+    )
+    yield spawner
+    spawner.stop_polling()
+    _policies.clear()
+
+
+async def spawn_as_jupyterhub(spawner, started: Callable[[asyncio.Task], None], past_the_wait: list[bool]) -> None:
+    """JupyterHub's ``User.spawn`` (6.1, user.py) around ``start()``: its task waits for the start with
+    ``asyncio.wait_for(f, timeout=start_timeout)``, calls ``spawner.start_polling()``, then waits for the server
+    to answer (``_wait_up``: here it never does). ``started(f)`` gets the start's task."""
+    await spawner._apply_gpu_options({"gpus": 1})
+    f = asyncio.ensure_future(spawner.start())
+    started(f)
+    await asyncio.wait_for(f, timeout=60)
+    past_the_wait.append(True)
+    spawner.start_polling()
+    await asyncio.sleep(3600)
+
+
+def test_jupyterhub_polls_a_started_server_in_the_spawns_task_right_after_its_wait_for_start():
+    # What give_lost_cancel_again relies on: User.spawn waits for start() and calls start_polling() next, in
+    # its own task (the lines between await nothing once start() succeeded), before it waits for the server.
+    source = inspect.getsource(User.spawn)
+    wait = source.index("await asyncio.wait_for(f, timeout=spawner.start_timeout)")
+    polling = source.index("spawner.start_polling()")
+    answer = source.index("await self._wait_up(spawner)")
+    assert wait < polling < answer
+
+
+async def test_a_cancel_that_lands_as_start_returns_ends_the_spawn(host_spawner):
+    """A DELETE of the pending spawn cancels the spawn's task just after start() finished (its process
+    launched): JupyterHub's wait_for let that cancel through and the spawn went on to a running server."""
+    past_the_wait: list[bool] = []
+    spawn: asyncio.Task | None = None
+
+    def cancel_as_it_returns(start_task: asyncio.Task) -> None:
+        start_task.add_done_callback(lambda _: spawn.cancel() if spawn is not None else None)
+
+    spawn = asyncio.ensure_future(spawn_as_jupyterhub(host_spawner, cancel_as_it_returns, past_the_wait))
+    done, _ = await asyncio.wait({spawn}, timeout=10)
+    assert spawn in done, "the cancelled spawn went on to wait for its server"
+    assert spawn.cancelled()
+    if sys.version_info < (3, 12):
+        assert past_the_wait == [True], "Python 3.11's wait_for kept the cancel this time: the test proves nothing"
+    # The DELETE then stops what was launched: the server and its GPU.
+    assert host_spawner.alive
+    assert host_spawner.gpu_policy.store.leases() != []
+    await host_spawner.stop()
+    assert not host_spawner.alive
+    assert host_spawner.gpu_policy.store.leases() == []
+
+
+async def test_a_spawn_nobody_cancelled_goes_on_to_wait_for_its_server(host_spawner):
+    past_the_wait: list[bool] = []
+    spawn = asyncio.ensure_future(spawn_as_jupyterhub(host_spawner, lambda f: None, past_the_wait))
+    await asyncio.sleep(0.5)
+    assert past_the_wait == [True]
+    assert not spawn.done()
+    spawn.cancel()
+    await asyncio.wait({spawn})
+    await host_spawner.stop()
 
 
 USER = SimpleNamespace(kind="user", name="ann")
