@@ -284,7 +284,7 @@ def test_the_hub_home_page_shows_each_server_and_says_why_until_the_next_start(r
     assert home_rows(page) == {
         "": ("", "stopped Your server was stopped at 14:00: session limit of 4 hours reached. Your files are kept.")
     }
-    assert 'class="container workbench-home-servers"' in page
+    assert 'class="container mb-4 workbench-home-servers"' in page
     assert page.index("workbench-stopped") < page.index('id="start"'), "above the Start button"
     # The login page (no user) renders as before.
     assert requests.get(f"{hub.url}/hub/login", timeout=30).status_code == 200
