@@ -107,10 +107,11 @@ def describe_gpus(lease: Lease | None, devices: Mapping[str, GPUDevice], engine:
 
 
 def asked_for(spawner: Any) -> str:
-    """What a starting server asked for, before it holds anything: "asks for 2 GPUs", "CPU only"."""
+    """What a starting server asked for, before it holds anything: "asks for 2 GPUs", "none (CPU only)"."""
     request = getattr(spawner, "gpu_request", None)
-    count = getattr(request, "gpus", 0)
-    return f"asks for {gpus_text(count, request.kind)}" if count else "none (CPU only)"
+    if request is None or not request.gpus:
+        return "none (CPU only)"
+    return f"asks for {gpus_text(request.gpus, request.kind)}"
 
 
 def place_in_line(policy: Any, user: str, server: str) -> str:
