@@ -27,11 +27,11 @@ from traitlets.config import Config
 
 from tests.conftest import hub_form, native_sign_up, wait_until
 from workbench_devices import DeviceInventory, parse_simulated_spec
-from workbench_hub.home_page import TEMPLATES, VARIABLE, ServerTable, update_home_page
+from workbench_hub.home_page import TEMPLATES, VARIABLE, ServerTable, describe_gpus, update_home_page
 from workbench_spawner.form.options import SpawnRequest
 from workbench_spawner.form.progress import SpawnEvents
 from workbench_spawner.ledger.notices import NoticeBook, render_stop_notice
-from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.ledger.store import AllocationStore, Lease, utcnow
 from workbench_spawner.policy.gpu_policy import GPUPolicy
 from workbench_spawner.policy.settings import PolicySettings
 
@@ -134,6 +134,16 @@ def test_each_server_shows_its_gpus_and_state(store):
     assert table["small"] == ("small", "/user/alice/small/", "none (CPU only)", False, "running")
     assert table["<i>x</i>"][4] == "stopping"
     assert table["quiet"] == ("quiet", "", "", False, "not running"), "a server row JupyterHub has not loaded"
+
+
+def test_an_engines_lease_names_its_node_and_an_unknown_device_its_uuid(store):
+    policy = make_policy(store)
+    devices = {d.uuid: d for d in policy.devices}
+    [first] = [d for d in policy.devices if d.index == 0]
+    lease = Lease("alice", "big", (first.uuid, "GPU-gone"), utcnow(), node="wbnode1")
+    assert describe_gpus(lease, devices, engine=True) == ("H100-80GB (GPU 0), GPU-gone on wbnode1", True)
+    assert describe_gpus(lease, devices, engine=False) == ("H100-80GB (GPU 0), GPU-gone", True)
+    assert describe_gpus(None, devices, engine=True) == ("none (CPU only)", False)
 
 
 def test_a_server_waiting_in_line_shows_its_place(store):
