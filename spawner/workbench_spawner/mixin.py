@@ -335,6 +335,7 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         status = await super().poll()
         if status is None and self._lease_unchecked:
             status = await self._restore_lease()
+            held = held and status is None  # a server it stopped has had its end told there
         # A backend's stop() may poll to see the server end: that stop releases, with its own reason.
         if status is not None and held and not self._gpu_starting and self._gpu_stopping is None:
             code = status if type(status) is int and status else None  # 0: JupyterHub's poll for "unknown"
@@ -359,8 +360,13 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
             self.name or "(default)",
             ", ".join(saved),
         )
-        self.gpu_uuids = []
-        await super().stop(now=True)
+        ending = endings.gpus_leased_elsewhere(saved)
+        self.gpu_uuids, self._gpu_stopping = [], ending  # the stop's own polls leave its end to this one
+        try:
+            await super().stop(now=True)
+        finally:
+            self._gpu_stopping = None
+        await asyncio.to_thread(self._end, ending)
         return 1
 
     def _release(self, reason: str) -> None:

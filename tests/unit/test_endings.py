@@ -49,6 +49,8 @@ GiB = 1 << 30
         (endings.server_exited(), reasons.SERVER_EXITED, "server exited", "This server exited on its own."),
         (endings.server_exited_after_restart(), reasons.SERVER_EXITED, "server exited: exit code unknown",
          "This server's process ended. The hub re-attached to it after a restart, so its exit code is unknown."),
+        (endings.gpus_leased_elsewhere(["GPU-1"]), reasons.STOPPED, "stopped: GPUs leased to another server",
+         "The hub stopped this server after a restart: its GPUs (GPU-1) are leased to another server now."),
         (endings.stopped_by_hub(admin="ada"), reasons.STOPPED_BY_ADMIN, "stopped by an admin: ada, hub shutdown",
          "An admin (ada) shut the hub down and stopped its servers."),
         (endings.stopped_by_hub(service="ops"), reasons.STOPPED_BY_SERVICE, "stopped by a service: ops, hub shutdown",

@@ -8,6 +8,7 @@ from jupyterhub.spawner import SpawnException
 from sqlalchemy import text
 
 from tests.unit.fake_backends import FakeHostSpawner, FakeRuntime, FakeWorld
+from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.policy.gpu_policy import _policies
 
 
@@ -360,6 +361,10 @@ async def test_a_running_server_whose_gpus_went_to_someone_else_is_stopped(make_
     assert await restored.poll() == 1
     assert restored.alive is False, "the server was stopped"
     assert held(restored) == {"bob": ("GPU-sim-00-h100-80gb",)}, "bob keeps his GPU"
+    # Told as the hub's stop, not as an exit (the 1 is only JupyterHub's "not running").
+    assert NoticeBook(store).last_done("alice", "").message == (
+        "The hub stopped this server after a restart: its GPUs (GPU-sim-00-h100-80gb) are leased to another server now."
+    )
 
 
 async def test_the_reconciler_leaves_a_stopping_servers_lease_to_the_stop(make_spawner, monkeypatch):

@@ -224,6 +224,19 @@ def layout_changed() -> Ending:
     )
 
 
+def gpus_leased_elsewhere(gpus: list[str]) -> Ending:
+    """After a restart the hub found this server running on GPUs the ledger holds for another server (its own
+    lease row was lost: a restored or wiped GPU database), and stopped it: a device a live server uses is never
+    shared. The server's process did not exit on its own, and no exit code of it is known."""
+    which = f" ({', '.join(gpus)})" if gpus else ""
+    return Ending(
+        reasons.STOPPED,
+        f"The hub stopped this server after a restart: its GPUs{which} are leased to another server now.",
+        detail="GPUs leased to another server",
+        hint="Your files are kept; start it again to get a free GPU.",
+    )
+
+
 def server_gone() -> Ending:
     return Ending(reasons.SERVER_GONE, "This server was no longer running when the hub checked on it.")
 
