@@ -1,10 +1,11 @@
 """An upgrade keeps every row: GPU databases made by older releases, opened by this one.
 
-The fixtures (``tests/fixtures/releases/<day>.sql``) were made by the
-releases of 2026-12-04 and 2026-12-06 themselves: their own migrations on a
-new SQLite file and a row in every table written by their own books
+The fixtures (``tests/fixtures/releases/<day>.sql`` for SQLite,
+``<day>.postgresql.sql`` for PostgreSQL) were made by the releases of
+2026-12-04 and 2026-12-06 themselves: their own migrations on a new database
+and a row in every table written by their own books
 (``make_release_db.py`` says how, and remakes them from git history; this
-test needs no history). Each test loads one into a new file, reads every row
+test needs no history). Each test loads one into a new database, reads every row
 with plain SQL, opens it with this release's ``AllocationStore`` (which
 migrates it), and checks that every row is still there with its values, that
 the columns added since hold their documented defaults, and that this
@@ -18,12 +19,15 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, inspect, text
+from sqlalchemy.pool import NullPool
 
+from tests.postgres.server import fresh_database
 from workbench_spawner.ledger.drain_book import DrainBook
 from workbench_spawner.ledger.gpu_hours import gpu_hours_by_user
 from workbench_spawner.ledger.hub_identity import hub_id
@@ -48,36 +52,50 @@ GPUS = [f"GPU-sim-0{i}-h100-80gb" for i in range(4)]
 SLICE = "MIG-sim-04-h200-141gb-1g.18gb-0"
 
 
+def fixture(day: str, engine: str) -> Path:
+    return FIXTURES / (f"{day}.sql" if engine == "sqlite" else f"{day}.{engine}.sql")
+
+
 def load(day: str, tmp_path: Path) -> Path:
-    """The fixture of ``day`` as a new SQLite file (a copy: the fixture itself is never opened for writing)."""
+    """The SQLite fixture of ``day`` as a new file (a copy: the fixture itself is never opened for writing)."""
     path = tmp_path / f"gpu-{day}.sqlite"
     connection = sqlite3.connect(path)
     try:
-        connection.executescript((FIXTURES / f"{day}.sql").read_text(encoding="utf-8"))
+        connection.executescript(fixture(day, "sqlite").read_text(encoding="utf-8"))
     finally:
         connection.close()
     return path
 
 
-def every_row(path: Path) -> dict[str, list[dict]]:
-    """Every table's rows as column -> value, in a stable order, read with plain SQL."""
-    connection = sqlite3.connect(path)
-    connection.row_factory = sqlite3.Row
+def run_script(url: str, script: str) -> None:
+    """A pg_dump's plain SQL on the database at ``url``, as one script on a connection of its own
+    (the dump empties ``search_path`` for its session)."""
+    engine = create_engine(url, poolclass=NullPool)
     try:
-        tables = [
-            name
-            for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
-            if not name.startswith("sqlite_")
-        ]
-        return {
-            table: sorted(
-                (dict(row) for row in connection.execute(f'SELECT * FROM "{table}"')),
-                key=lambda row: repr(sorted(row.items())),
-            )
-            for table in tables
-        }
+        connection = engine.raw_connection()
+        try:
+            connection.cursor().execute(script)
+            connection.commit()
+        finally:
+            connection.close()
     finally:
-        connection.close()
+        engine.dispose()
+
+
+def every_row(url: str) -> dict[str, list[dict]]:
+    """Every table's rows as column -> value, in a stable order, read with plain SQL."""
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as connection:
+            return {
+                table: sorted(
+                    (dict(row) for row in connection.execute(text(f'SELECT * FROM "{table}"')).mappings()),
+                    key=lambda row: repr(sorted(row.items())),
+                )
+                for table in sorted(inspect(connection).get_table_names())
+            }
+    finally:
+        engine.dispose()
 
 
 @pytest.fixture(params=sorted(RELEASES))
@@ -85,23 +103,37 @@ def release(request) -> str:
     return request.param
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def old_database(request, release: str, tmp_path: Path) -> Iterator[str]:
+    """The URL of a new database holding the fixture of ``release`` on each engine."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{load(release, tmp_path)}"
+        return
+    with fresh_database() as url:
+        run_script(url, fixture(release, "postgresql").read_text(encoding="utf-8"))
+        yield url
+
+
 @pytest.fixture
-def upgraded(release: str, tmp_path: Path):
-    """(rows before, rows after, the store) for the fixture of ``release``, opened by this release."""
-    path = load(release, tmp_path)
-    before = every_row(path)
-    store = AllocationStore(f"sqlite:///{path}")
+def upgraded(old_database: str):
+    """(rows before, rows after, the store) for a release's database, opened by this release."""
+    before = every_row(old_database)
+    store = AllocationStore(old_database)
     try:
-        yield before, every_row(path), store
+        yield before, every_row(old_database), store
     finally:
         store.dispose()
 
 
-def test_the_fixtures_are_the_releases_own(release, tmp_path):
+@pytest.mark.parametrize("engine", ["sqlite", "postgresql"])
+def test_the_fixtures_are_the_releases_own(release, engine):
     """Each fixture is at the revision its release left, with a row in every table that release had."""
-    header = (FIXTURES / f"{release}.sql").read_text(encoding="utf-8").splitlines()[0]
+    header = fixture(release, engine).read_text(encoding="utf-8").splitlines()[0]
     assert re.fullmatch(rf"-- The GPU database of the release of {release}: commit [0-9a-f]{{40}}", header)
-    rows = every_row(load(release, tmp_path))
+
+
+def test_the_fixtures_hold_a_row_in_every_table(release, old_database):
+    rows = every_row(old_database)
     assert rows.pop("alembic_version") == [{"version_num": RELEASES[release]}]
     assert [table for table, found in rows.items() if not found] == []
     assert "gpu_drains" in rows if release >= "2026-12-05" else "gpu_drains" not in rows
@@ -272,10 +304,10 @@ def test_the_published_settings_and_the_hub_id_are_read(upgraded, release):
 
 def test_the_fixture_is_never_written(release, tmp_path):
     """The test works on copies: the fixture files stay as their release made them."""
-    before = (FIXTURES / f"{release}.sql").read_bytes()
+    before = fixture(release, "sqlite").read_bytes()
     path = load(release, tmp_path)
     AllocationStore(f"sqlite:///{path}").dispose()
-    assert (FIXTURES / f"{release}.sql").read_bytes() == before
+    assert fixture(release, "sqlite").read_bytes() == before
     engine = create_engine(f"sqlite:///{path}")
     try:
         assert current(engine) == HEAD
