@@ -61,8 +61,8 @@ def test_each_way_a_server_ends_is_recorded_with_its_reason(running_hub):
     for user in ("ann", "ben", "cat", "dan"):
         hub.wait_stopped(user, timeout=120)
     wait_until(lambda: len(hub.usage_reasons()) == 4, 30, "four ledger rows", hub.log)
-    # dan's process is the hub's child: its poll reads the exit code (the reconciler, should it look first,
-    # leaves a dead child to that poll).
+    # dan's process is the hub's child: its poll reads the exit code (and so does the reconciler, should it
+    # look first, leaving the process for the poll to reap).
     killed = "killed by SIGKILL, exit code -9"
     assert hub.usage_reasons() == {
         "ann": [reasons.STOPPED_BY_USER],

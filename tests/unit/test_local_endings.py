@@ -4,7 +4,7 @@ A process the hub process started is its child: its poll reads the exit code (a 
 the hub re-attached to after a restart is not: no exit code can be read for it, and JupyterHub's poll
 answers 0 ("unknown", ``Spawner.poll``). That 0 was told as "This server exited on its own (exit code 0)";
 here the student and the ledger hear that the code is unknown. The reconciler, which may look first,
-leaves a dead child's end to the poll that can read its code, and says the same as the poll otherwise.
+says what the poll would: it reads a dead child's code without reaping it (the poll still reads it).
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from workbench_spawner.backends.local.spawner import LocalGPUSpawner, exit_unread
+from workbench_spawner.backends.local.spawner import LocalGPUSpawner, exit_status
 from workbench_spawner.ledger.notices import NoticeBook
 from workbench_spawner.policy.gpu_policy import _policies
 
@@ -66,15 +67,14 @@ async def test_a_server_this_hub_started_and_that_was_killed_is_told_with_its_si
     assert policy.store.adopt("ann", "", [GPU], f"pid:{proc.pid}")
     (lease,) = policy.store.leases()
     os.kill(proc.pid, signal.SIGKILL)
-    await until(lambda: exit_unread(proc.pid))
-    # The reconciler looking now leaves the end to the poll, which can read the exit code.
-    assert spawner.gpu_lease_alive(lease) is None
+    await until(lambda: exit_status(proc.pid) is not None)
+    killed = "This server exited on its own (killed by SIGKILL, exit code -9)."
+    # The reconciler looking now sees it gone and reads its code, leaving it for the poll to reap.
+    assert spawner.gpu_lease_alive(lease) is False
+    assert spawner.gpu_lease_gone_reason(lease).message == killed
     assert await spawner.poll() == -9
-    assert told(spawner) == (
-        ["server exited: killed by SIGKILL, exit code -9"],
-        "This server exited on its own (killed by SIGKILL, exit code -9).",
-    )
-    assert not exit_unread(proc.pid)
+    assert told(spawner) == (["server exited: killed by SIGKILL, exit code -9"], killed)
+    assert exit_status(proc.pid) is None  # reaped by the poll
     assert policy.store.leases() == []
 
 
@@ -98,12 +98,19 @@ async def test_a_server_reattached_after_a_restart_that_ended_has_no_exit_code(l
     assert spawner.gpu_lease_gone_reason(lease).message == REATTACHED
 
 
-def test_only_an_unreaped_child_of_this_process_has_its_exit_code_waiting():
+def test_the_exit_code_of_an_ended_child_is_read_and_left_for_its_poll():
+    exits = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        assert not exit_unread(running.pid)  # alive
-        assert not exit_unread(os.getppid())  # not a child of this process
+        assert exit_status(running.pid) is None  # alive
+        assert exit_status(os.getppid()) is None  # not a child of this process: only its parent reads its code
+        deadline = time.monotonic() + 10
+        while exit_status(exits.pid) is None:
+            assert time.monotonic() < deadline, "the child did not end"
+            time.sleep(0.02)
+        assert exit_status(exits.pid) == 3  # read twice: not reaped
+        assert exits.wait(5) == 3  # and its Popen reads it too
+        assert exit_status(exits.pid) is None  # reaped: gone
     finally:
         running.kill()
         running.wait()
-    assert not exit_unread(running.pid)  # reaped: gone

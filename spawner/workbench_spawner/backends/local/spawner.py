@@ -92,16 +92,16 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
     def gpu_lease_alive(self, lease: Lease) -> bool | None:
         if not lease.ref.startswith("pid:"):
             return False  # the start never finished before the hub went away
-        pid = int(lease.ref[4:])
-        if exit_unread(pid):
-            return None  # a server this hub started ended: its poll reads the exit code, then ends the lease
-        return pid_runs_jupyter(pid)
+        return pid_runs_jupyter(int(lease.ref[4:]))
 
     def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
-        """A server process that is gone without this hub process having read its end (a server it started
-        is kept until its poll reads the exit code, ``gpu_lease_alive``) was started before a restart: its exit
-        code is unknown. A lease that never named its process (the start did not finish) has no reason to give."""
-        return endings.server_exited_after_restart() if lease.ref.startswith("pid:") else None
+        """What the poll says: a server this hub process started ended with the exit code read from its
+        process (left for the poll to reap, ``exit_status``); any other was started before a restart, and its
+        exit code is unknown. A lease that never named its process (the start did not finish) has no reason."""
+        if not lease.ref.startswith("pid:"):
+            return None
+        code = exit_status(int(lease.ref[4:]))
+        return endings.server_exited_after_restart() if code is None else endings.server_exited(code)
 
     async def gpu_exit_reason(self) -> Ending | None:
         """The exit code of a process this hub process started, as its poll read it (``proc``). A server the
@@ -173,15 +173,18 @@ def pid_runs_jupyter(pid: int) -> bool:
     return jupyter_parent(pid) is not None
 
 
-def exit_unread(pid: int) -> bool:
-    """True if ``pid`` is a child of this process that ended and was not reaped yet: its exit code waits for
-    the poll of the spawner that started it (``Popen.poll``)."""
+def exit_status(pid: int) -> int | None:
+    """The exit code of ``pid`` if it is a child of this process that ended and was not reaped yet, as
+    ``Popen.returncode`` says it (minus the signal that killed it); None for a running process or one this
+    process did not start (only a parent reads an exit code). Read with ``WNOWAIT``: the process stays
+    unreaped, so the poll of the spawner that started it reads the same code."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state, parent = f.read().rsplit(b")", 1)[1].split()[:2]
-    except (OSError, ValueError):
-        return False
-    return state == b"Z" and int(parent) == os.getpid()
+        ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # not this process's child, or reaped already
+        return None
+    if ended is None:  # still running
+        return None
+    return ended.si_status if ended.si_code == os.CLD_EXITED else -ended.si_status
 
 
 def jupyter_parent(pid: int) -> int | None:
