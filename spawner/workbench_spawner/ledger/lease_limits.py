@@ -89,8 +89,8 @@ def refusal(
 ) -> str | None:
     """Why a new lease of ``count`` devices for ``user``/``server`` may not be written, or None.
 
-    ``leases``: every lease held now, as the writing transaction read them (the server's own lease, which
-    the new one replaces, is not counted); ``hours_used()``: the user's GPU-hours in the last 7 days from
+    ``leases``: the leases held now, as the writing transaction read them; only ``user``'s count (the store
+    reads no others), and not the server's own, which the new one replaces; ``hours_used()``: the user's GPU-hours in the last 7 days from
     the same read, asked only where the quota has a budget. The budget first, then the count, as admission
     checks them."""
     budget = limits.gpu_hours_per_week

@@ -208,8 +208,9 @@ class AllocationStore:
                         self._check(session, limits, user, server, count)
                     self._delete_lease(session, user, server, reason=REPLACED)
                     taken: dict[str, set[int]] = {}
-                    for row in session.scalars(select(LeaseRow)):
-                        taken.setdefault(row.gpu_uuid, set()).add(row.slot)
+                    # Plain rows, not ORM objects: every placement reads every lease here, under the lock.
+                    for uuid, slot in session.execute(select(LeaseRow.gpu_uuid, LeaseRow.slot)):
+                        taken.setdefault(uuid, set()).add(slot)
                     order = {uuid: i for i, uuid in enumerate(candidates)}
 
                     def slots(uuid: str) -> int:
@@ -221,7 +222,7 @@ class AllocationStore:
                     # Least-shared GPUs first, then inventory order.
                     free.sort(key=lambda u: (len(taken.get(u, ())), order[u]))
                     if choose is not None:
-                        free = choose(free, _group(session.scalars(select(LeaseRow).order_by(LeaseRow.id))))
+                        free = choose(free, _group(session.execute(select(*_LEASE_COLUMNS).order_by(LeaseRow.id))))
                         if len(free) < count:
                             return None
                     now = utcnow()
@@ -276,7 +277,7 @@ class AllocationStore:
         try:
             with self._sessions.begin() as session:
                 lock_leases(session)
-                taken = {row.gpu_uuid for row in session.scalars(select(LeaseRow))}
+                taken = set(session.scalars(select(LeaseRow.gpu_uuid)))
                 if taken & set(gpu_uuids):
                     return False
                 if limits is not None:
@@ -317,8 +318,11 @@ class AllocationStore:
                 row.ref = ref
 
     def _check(self, session: Session, limits: LeaseLimits, user: str, server: str, count: int) -> None:
-        """``lease_limits.check`` from the leases this write transaction reads (after ``lock_leases``)."""
-        leases = _group(session.execute(select(*_LEASE_COLUMNS).order_by(LeaseRow.id)))
+        """``lease_limits.check`` from the leases this write transaction reads (after ``lock_leases``): only the
+        user's own (``gpu_leases.user`` is indexed), all a quota counts, so the check's cost does not grow with
+        everyone else's leases (``benchmarks/quota_check.py``)."""
+        mine = select(*_LEASE_COLUMNS).where(LeaseRow.user == user).order_by(LeaseRow.id)
+        leases = _group(session.execute(mine))
 
         def hours_used() -> float:
             from workbench_spawner.ledger.gpu_hours import gpu_hours_used  # it reads this module's rows
