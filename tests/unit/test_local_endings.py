@@ -63,7 +63,7 @@ async def test_a_server_this_hub_started_and_that_was_killed_is_told_with_its_si
     spawner = local_spawner("ann")
     policy = spawner.gpu_policy
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
-    spawner.proc, spawner.pid, spawner.gpu_uuids, spawner._gpu_running = proc, proc.pid, [GPU], True
+    spawner.proc, spawner.pid, spawner.gpu_uuids, spawner._gpu_running = proc, proc.pid, [GPU], True  # as start()
     assert policy.store.adopt("ann", "", [GPU], f"pid:{proc.pid}")
     (lease,) = policy.store.leases()
     os.kill(proc.pid, signal.SIGKILL)
@@ -76,6 +76,8 @@ async def test_a_server_this_hub_started_and_that_was_killed_is_told_with_its_si
     assert told(spawner) == (["server exited: killed by SIGKILL, exit code -9"], killed)
     assert exit_status(proc.pid) is None  # reaped by the poll
     assert policy.store.leases() == []
+    # Were its lease still open now, the reconciler would not call it a server from before a restart.
+    assert spawner.gpu_lease_gone_reason(lease).message == "This server exited on its own."
 
 
 async def test_a_server_reattached_after_a_restart_that_ended_has_no_exit_code(local_spawner):

@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 from jupyterhub.spawner import SimpleLocalProcessSpawner
-from traitlets import Unicode, default
+from traitlets import Unicode, default, observe
 
 from workbench_spawner import slugs
 from workbench_spawner.ledger import endings
@@ -26,6 +26,9 @@ from workbench_spawner.ledger.reconcile_book import SERVER_ADOPTED, SERVER_STOPP
 from workbench_spawner.ledger.store import Lease
 from workbench_spawner.mixin import GPUSpawnerMixin
 from workbench_spawner.policy.config import default_data_dir
+
+# The server processes this hub process launched, by pid: their exit codes are this process's to read.
+_launched_here: set[int] = set()
 
 
 class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
@@ -95,13 +98,22 @@ class LocalGPUSpawner(GPUSpawnerMixin, SimpleLocalProcessSpawner):
         return pid_runs_jupyter(int(lease.ref[4:]))
 
     def gpu_lease_gone_reason(self, lease: Lease) -> Ending | None:
-        """What the poll says: a server this hub process started ended with the exit code read from its
-        process (left for the poll to reap, ``exit_status``); any other was started before a restart, and its
-        exit code is unknown. A lease that never named its process (the start did not finish) has no reason."""
+        """What the poll says: a server this hub process launched ended with the exit code read from its
+        process (left for the poll to reap, ``exit_status``), or with none once its poll reaped it (that poll
+        tells the code); any other was started before a restart, and its exit code is unknown. A lease that
+        never named its process (the start did not finish) has no reason to give."""
         if not lease.ref.startswith("pid:"):
             return None
-        code = exit_status(int(lease.ref[4:]))
-        return endings.server_exited_after_restart() if code is None else endings.server_exited(code)
+        pid = int(lease.ref[4:])
+        code = exit_status(pid)
+        if code is not None:
+            return endings.server_exited(code)
+        return endings.server_exited() if pid in _launched_here else endings.server_exited_after_restart()
+
+    @observe("proc")
+    def _note_launch(self, change) -> None:
+        if change.new is not None:
+            _launched_here.add(change.new.pid)
 
     async def gpu_exit_reason(self) -> Ending | None:
         """The exit code of a process this hub process started, as its poll read it (``proc``). A server the
