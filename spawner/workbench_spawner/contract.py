@@ -143,7 +143,7 @@ class BackendContract:
         """Why the server ended on its own, as an ``Ending`` (``ledger.endings``): the ledger's reason and
         the sentence its student reads, from the engine's facts (``endings.out_of_memory(limit)``,
         ``node_failed(node, why)``, ``pod_deleted()``, ``server_exited(code, log)``...). None: the
-        server exited (with the exit code the poll returned).
+        server exited (with the exit code the poll returned; a 0 is JupyterHub's "unknown", told as none).
 
         Called by ``poll`` right after the backend's own poll found the server
         gone, before its lease is released; a backend remembers what its poll
