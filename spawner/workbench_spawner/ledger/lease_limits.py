@@ -90,9 +90,9 @@ def refusal(
     """Why a new lease of ``count`` devices for ``user``/``server`` may not be written, or None.
 
     ``leases``: the leases held now, as the writing transaction read them; only ``user``'s count (the store
-    reads no others), and not the server's own, which the new one replaces; ``hours_used()``: the user's GPU-hours in the last 7 days from
-    the same read, asked only where the quota has a budget. The budget first, then the count, as admission
-    checks them."""
+    reads no others), and not the server's own, which the new one replaces. ``hours_used()``: the user's
+    GPU-hours in the last 7 days with those leases, asked only where the quota has a budget. The budget
+    first, then the count, as admission checks them."""
     budget = limits.gpu_hours_per_week
     if budget is not None:
         used = hours_used()
