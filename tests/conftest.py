@@ -441,6 +441,24 @@ def docker_engine_use(exclusive: bool):
             fcntl.flock(gate, fcntl.LOCK_UN)
 
 
+@pytest.fixture
+def thread_hops(monkeypatch) -> list:
+    """The functions handed to ``asyncio.to_thread`` from now on, in order: a test counts the worker-thread
+    hops of one render (each hop waits in the default executor's queue, which every spawn's database work
+    shares at a class start). Clear it after a warm-up call to count only what follows."""
+    import asyncio
+
+    hops: list = []
+    to_thread = asyncio.to_thread
+
+    async def counted(func, /, *args, **kwargs):
+        hops.append(func)
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counted)
+    return hops
+
+
 @pytest.fixture(autouse=True)
 def _pods_keep_the_docker_engine(request):
     """A Kubernetes test holds the Docker Engine shared for its length (its pods run there), so the other

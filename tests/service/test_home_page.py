@@ -215,19 +215,11 @@ def test_a_database_that_fails_leaves_the_home_page_whole(tmp_path, caplog):
     assert "could not be read" in caplog.text
 
 
-def test_one_worker_thread_hop_per_render(store, monkeypatch):
+def test_one_worker_thread_hop_per_render(store, thread_hops):
     policy = make_policy(store)
     servers = {"": GPUServer(policy, ready=True), "big": GPUServer(policy)}
-    hops = []
-    to_thread = asyncio.to_thread
-
-    async def counted(func, /, *args, **kwargs):
-        hops.append(func)
-        return await to_thread(func, *args, **kwargs)
-
-    monkeypatch.setattr(asyncio, "to_thread", counted)
     rows_of(ServerTable(store.url), user(named=("big", "small"), servers=servers))
-    assert len(hops) == 1
+    assert len(thread_hops) == 1
 
 
 def test_our_home_html_extends_jupyterhubs(store):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -49,3 +50,27 @@ def listen() -> Iterator[Callable[[Any], int]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def local_spawner(tmp_path) -> Iterator[Callable[[str], Any]]:
+    """``local_spawner(user)``: a local-backend GPU spawner of ``user`` on one simulated GPU, outside a hub
+    (a GPU database in ``tmp_path``, homes under ``tmp_path/homes``); the process-wide policies are forgotten
+    before and after."""
+    from workbench_spawner.backends.local.spawner import LocalGPUSpawner
+    from workbench_spawner.policy.gpu_policy import _policies
+
+    _policies.clear()
+
+    def make(user: str) -> LocalGPUSpawner:
+        return LocalGPUSpawner(
+            user=SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user),
+            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
+            orm_spawner=SimpleNamespace(name="", server=None),
+            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
+            simulated_gpus="1",
+            home_dir_template=str(tmp_path / "homes" / "{username}"),
+        )
+
+    yield make
+    _policies.clear()

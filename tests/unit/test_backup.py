@@ -96,6 +96,18 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
+def assert_gpu_rows(url: str) -> None:
+    """The GPU database at ``url`` (a backup's copy or its restore) holds what the tests wrote, read by this
+    release: alice's quota of 2, her lease of GPU-0, bob's ended lease."""
+    store = AllocationStore(url)
+    try:
+        assert QuotaBook(store).get("user", "alice").quota.max_gpus == 2
+        assert [(lease.user, lease.gpu_uuids) for lease in store.leases()] == [("alice", ("GPU-0",))]
+        assert [(row.user, row.reason) for row in store.usage()] == [("bob", "stopped")]
+    finally:
+        store.dispose()
+
+
 def test_a_backup_holds_both_databases_the_secret_the_config_and_a_manifest(data_dir, local_config, tmp_path):
     target = tmp_path / "backups" / "before-upgrade"
     target.parent.mkdir()
@@ -128,13 +140,7 @@ def test_a_backup_holds_both_databases_the_secret_the_config_and_a_manifest(data
     assert authorized == 1
 
     # The GPU database's copy, read by this release: the quota, the lease, the ledger.
-    store = AllocationStore(f"sqlite:///{target / 'workbench.sqlite'}")
-    try:
-        assert QuotaBook(store).get("user", "alice").quota.max_gpus == 2
-        assert [(lease.user, lease.gpu_uuids) for lease in store.leases()] == [("alice", ("GPU-0",))]
-        assert [(row.user, row.reason) for row in store.usage()] == [("bob", "stopped")]
-    finally:
-        store.dispose()
+    assert_gpu_rows(f"sqlite:///{target / 'workbench.sqlite'}")
 
     on_disk = json.loads((target / "manifest.json").read_text())
     assert on_disk == manifest
@@ -307,13 +313,7 @@ def test_a_postgresql_gpu_database_is_dumped_and_restores(data_dir, tmp_path):
             check=False,
         )
         assert done.returncode == 0, done.stderr
-        store = AllocationStore(restored_url)
-        try:
-            assert QuotaBook(store).get("user", "alice").quota.max_gpus == 2
-            assert [(lease.user, lease.gpu_uuids) for lease in store.leases()] == [("alice", ("GPU-0",))]
-            assert [(row.user, row.reason) for row in store.usage()] == [("bob", "stopped")]
-        finally:
-            store.dispose()
+        assert_gpu_rows(restored_url)
         engine = create_engine(restored_url)
         try:
             with engine.connect() as connection:

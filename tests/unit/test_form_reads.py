@@ -8,7 +8,6 @@ and notices), and the ledger, the quotas and the notices are read by the user's 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -186,20 +185,13 @@ async def test_the_statements_per_render_do_not_grow_with_users_leases_or_ledger
     assert counts[0] == counts[1], f"statements per render: {counts[0]} at 10 users, {counts[1]} at 1,000"
 
 
-async def test_one_worker_thread_hop_per_render(make_spawner, monkeypatch):
+async def test_one_worker_thread_hop_per_render(make_spawner, thread_hops):
     spawner = make_spawner()
     fill(spawner, 10, 2)
     await spawner._render_options_form()  # the policy is built and reconciled once per hub process
-    hops = []
-    to_thread = asyncio.to_thread
-
-    async def counted(func, /, *args, **kwargs):
-        hops.append(func)
-        return await to_thread(func, *args, **kwargs)
-
-    monkeypatch.setattr(asyncio, "to_thread", counted)
+    thread_hops.clear()
     await spawner._render_options_form()
-    assert len(hops) == 1
+    assert len(thread_hops) == 1
 
 
 async def test_the_form_shows_what_separate_reads_show(make_spawner):

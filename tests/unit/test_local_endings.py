@@ -15,34 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
-
-import pytest
 
 from workbench_spawner.backends.local.spawner import LocalGPUSpawner, exit_status
 from workbench_spawner.ledger.notices import NoticeBook
-from workbench_spawner.policy.gpu_policy import _policies
 
 GPU = "GPU-sim-00-h100-80gb"
 REATTACHED = "This server's process ended. The hub re-attached to it after a restart, so its exit code is unknown."
-
-
-@pytest.fixture
-def local_spawner(tmp_path):
-    _policies.clear()
-
-    def make(user: str) -> LocalGPUSpawner:
-        return LocalGPUSpawner(
-            user=SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user),
-            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
-            orm_spawner=SimpleNamespace(name="", server=None),
-            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
-            simulated_gpus="1",
-            home_dir_template=str(tmp_path / "homes" / "{username}"),
-        )
-
-    yield make
-    _policies.clear()
 
 
 def told(spawner: LocalGPUSpawner) -> tuple[list[str], str | None]:

@@ -11,14 +11,12 @@ from __future__ import annotations
 import random
 import re
 import string
-from types import SimpleNamespace
 
 import pytest
 from dockerspawner import DockerSpawner
 
 from workbench_spawner import slugs
-from workbench_spawner.backends.local.spawner import LocalGPUSpawner, safe_dir_name
-from workbench_spawner.policy.gpu_policy import _policies
+from workbench_spawner.backends.local.spawner import safe_dir_name
 
 HOSTILE = [
     # the collisions of the first version
@@ -284,24 +282,6 @@ def test_two_users_of_a_shared_old_home_get_different_homes(tmp_path):
     for pair in [("müller", "m-fc-ller"), ("a~b-c", "a-7e-b-c")]:
         paths = {slugs.home_dir(template, n).path for n in pair}
         assert len(paths) == 2
-
-
-@pytest.fixture
-def local_spawner(tmp_path):
-    _policies.clear()
-
-    def make(user: str) -> LocalGPUSpawner:
-        return LocalGPUSpawner(
-            user=SimpleNamespace(name=user, url=f"/user/{user}/", escaped_name=user),
-            hub=SimpleNamespace(public_host="", api_url="http://127.0.0.1:8081/hub/api", base_url="/hub/"),
-            orm_spawner=SimpleNamespace(name="", server=None),
-            gpu_db_url=f"sqlite:///{tmp_path / 'wb.sqlite'}",
-            simulated_gpus="1",
-            home_dir_template=str(tmp_path / "homes" / "{username}"),
-        )
-
-    yield make
-    _policies.clear()
 
 
 def test_local_spawner_home_dir(local_spawner, tmp_path, caplog):
