@@ -136,8 +136,7 @@ def server_state(spawner: Any, policy: Any, user: str, server: str) -> str:
     if pending != "spawn":
         return "running" if getattr(spawner, "ready", False) else "starting"
     if getattr(spawner, "placement_mode", "") == "engine":
-        events = getattr(spawner, "_gpu_events", None)  # the spawn page's progress events (form/progress.py)
-        words = events.latest() if events is not None else ""
+        words = spawner.gpu_start_words() if hasattr(spawner, "gpu_start_words") else ""
         return f"waiting for the engine: {words}" if words else "starting"
     return place_in_line(policy, user, server) or "starting"
 

@@ -373,6 +373,11 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         self.gpu_policy.release(self.user.name, self.name, reason)
         self.gpu_uuids = []
 
+    def gpu_start_words(self) -> str:
+        """The newest words of this server's start (its spawn page's progress: an engine's queue in the engine's
+        own words), "" before any: the hub's home page shows them for a server still starting."""
+        return self._gpu_events.latest()
+
     async def progress(self):
         async for event in self._gpu_events.stream(lambda: self._gpu_starting):
             yield event

@@ -95,6 +95,9 @@ class GPUServer:
     def gpu_policy(self) -> GPUPolicy:
         return self._policy
 
+    def gpu_start_words(self) -> str:
+        return self._gpu_events.latest()
+
 
 def user(name="alice", named=(), servers=None, allow_named=True):
     """A JupyterHub ``User`` stand-in: its server rows (``orm_spawners``), the spawners loaded, its URLs."""
