@@ -334,7 +334,14 @@ def _usage_line(u: dict) -> str:
     kinds = u.get("gpu_hours_week_by_reason") or {}
     parts = [f"{hours:g} {kind}" for kind, hours in sorted(kinds.items(), key=lambda item: (-item[1], item[0]))]
     detail = f": {', '.join(parts)}" if parts else ""
-    return f"{u['name']}: {u['gpu_hours_week']:g} GPU-hours, {u['held_gpus']} GPU(s) held now{detail}"
+    line = f"{u['name']}: {u['gpu_hours_week']:g} GPU-hours, {u['held_gpus']} GPU(s) held now{detail}"
+    servers = u.get("servers") or {}
+    if any(servers):  # a named server among them: say which server used what (the default one alone says nothing new)
+        line += "\n  by server: " + "; ".join(
+            f"{name or 'default server'} {part['gpu_hours_week']:g} GPU-hours, {part['held_gpus']} held now"
+            for name, part in sorted(servers.items())
+        )
+    return line
 
 
 def run_usage(args) -> tuple[object, str]:

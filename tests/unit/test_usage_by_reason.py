@@ -108,3 +108,15 @@ async def test_the_usage_api_answers_by_reason_and_the_cli_prints_it(live_servic
     assert "GPU-hours from " in out
     assert "by why the leases ended" in out
     assert "ann: 6 GPU-hours, 0 GPU(s) held now: 3 stopped by the user, 2 reclaimed, 1 out of memory" in out
+
+
+def test_the_cli_names_each_server_where_a_student_has_named_ones():
+    from workbench_hub.cli import _usage_line
+
+    row = {"name": "ann", "gpu_hours_week": 12.5, "held_gpus": 1, "gpu_hours_week_by_reason": {HELD_NOW: 12.5}}
+    alone = _usage_line({**row, "servers": {"": {"gpu_hours_week": 12.5, "held_gpus": 1}}})
+    assert alone == "ann: 12.5 GPU-hours, 1 GPU(s) held now: 12.5 held now"
+    split = {"": {"gpu_hours_week": 0.5, "held_gpus": 0}, "big": {"gpu_hours_week": 12.0, "held_gpus": 1}}
+    assert _usage_line({**row, "servers": split}).splitlines()[1] == (
+        "  by server: default server 0.5 GPU-hours, 0 held now; big 12 GPU-hours, 1 held now"
+    )
