@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timedelta
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import Connection, bindparam, select
 
 from workbench_spawner.ledger.reasons import reason_kind
 from workbench_spawner.ledger.store import (
@@ -92,6 +92,7 @@ def _seconds_in_window(
     window: timedelta,
     user: str | None,
     leases: Sequence[Lease] | None = None,
+    within: Connection | None = None,
 ) -> Iterator[tuple[str, str, str, float]]:
     """(user, server, reason kind, GPU-seconds) of every ledger row and held lease that overlaps the window.
 
@@ -101,7 +102,7 @@ def _seconds_in_window(
     (``gpu_usage.user`` is indexed)."""
     now = now or utcnow()
     cutoff = now - window
-    rows, leases = _read_window(store, cutoff, user, leases)
+    rows, leases = _read_window(store, cutoff, user, leases, within)
     for row in rows:
         start = max(_aware(row.started), cutoff)
         end = min(_aware(row.ended), now)
@@ -117,7 +118,11 @@ def _seconds_in_window(
 
 
 def _read_window(
-    store: AllocationStore, cutoff: datetime, user: str | None, leases: Sequence[Lease] | None
+    store: AllocationStore,
+    cutoff: datetime,
+    user: str | None,
+    leases: Sequence[Lease] | None,
+    within: Connection | None = None,
 ) -> tuple[list, Sequence[Lease]]:
     """The ledger rows that ended at or after ``cutoff`` (of ``user``, if given), and the leases held now
     unless the caller read them already, from ONE snapshot of the database.
@@ -131,6 +136,9 @@ def _read_window(
     The ledger's rows come as plain rows of the six columns GPU-hours need, as ``store.usage`` selects
     them but without tracked ORM objects (the spawn form and every spawn ask: statements built once)."""
     query, params = (_USAGE, {"cutoff": cutoff}) if user is None else (_USAGE_OF, {"cutoff": cutoff, "user": user})
+    if within is not None:  # the caller's open transaction is the snapshot
+        rows = list(within.execute(query, params))
+        return rows, _group(within.execute(_LEASES)) if leases is None else leases
     with store.read_engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             conn = conn.execution_options(isolation_level="REPEATABLE READ")
@@ -159,10 +167,14 @@ def gpu_hours_used(
     window: timedelta = WEEK,
     *,
     leases: Sequence[Lease] | None = None,
+    within: Connection | None = None,
 ) -> float:
     """``user``'s GPU-hours in the rolling window ending ``now`` (``leases``: the leases held now, if the
-    caller read them already)."""
+    caller read them already). ``within``: the connection of a transaction the caller has open, whose
+    snapshot the ledger is read in: the quota check reads the leases and the ledger inside the transaction
+    that writes a lease (``AllocationStore._check``), so a release committed meanwhile is seen in both or
+    in neither."""
     seconds = 0.0
-    for _name, _server, _kind, value in _seconds_in_window(store, now, window, user, leases):
+    for _name, _server, _kind, value in _seconds_in_window(store, now, window, user, leases, within):
         seconds += value
     return seconds / 3600.0

@@ -327,7 +327,7 @@ class AllocationStore:
         def hours_used() -> float:
             from workbench_spawner.ledger.gpu_hours import gpu_hours_used  # it reads this module's rows
 
-            return gpu_hours_used(self, user, leases=leases)
+            return gpu_hours_used(self, user, leases=leases, within=session.connection())
 
         lease_limits.check(limits, user, server, count, leases, hours_used)
 
