@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -210,9 +211,14 @@ class Hub:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def kill_everything(self) -> None:
-        for user in self.api("GET", "/users").json() if self.proc else []:
-            for name in user.get("servers", {}):
-                self.api("DELETE", f"/users/{user['name']}/servers/{name}" if name else f"/users/{user['name']}/server")
+        paths = [
+            f"/users/{user['name']}/servers/{name}" if name else f"/users/{user['name']}/server"
+            for user in (self.api("GET", "/users").json() if self.proc else [])
+            for name in user.get("servers", {})
+        ]
+        # A few at a time: one by one, a class of 300 servers took two and a half minutes of teardown.
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(lambda path: self.api("DELETE", path), paths))
         self.stop()
         for pid in self.server_pids():
             with suppress(ProcessLookupError):
