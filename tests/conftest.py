@@ -29,6 +29,28 @@ from pathlib import Path
 import pytest
 import requests
 
+from workbench_spawner.policy import gpu_policy as _gpu_policy
+
+
+class _StoppingPolicies(dict):
+    """The process-wide policies (``gpu_policy._policies``), whose ``clear()`` (what tests call to forget them)
+    also ends each one's reconciler thread. A forgotten policy's thread otherwise went on after its test, on a
+    database the test had dropped, logging a traceback each pass; on Python 3.11 formatting a traceback runs
+    ``ast.parse`` (the carets), whose recursion-depth check is one state per interpreter, so a test parsing
+    source in the main thread meanwhile failed with "SystemError: AST constructor recursion depth mismatch"
+    (the clean-clone CI's test_ledger_tables under the newest dependencies)."""
+
+    def clear(self) -> None:
+        for policy in list(self.values()):
+            stop = getattr(policy, "stop_reconciler", None)  # a test may store a stand-in
+            if stop is not None:
+                stop()
+        super().clear()
+
+
+# Before any test module imports ``_policies`` by name (this file is imported first).
+_gpu_policy._policies = _StoppingPolicies(_gpu_policy._policies)
+
 REPO = Path(__file__).resolve().parent.parent
 ARTIFACTS = REPO / "tests" / "artifacts"
 STRICT = os.environ.get("WORKBENCH_STRICT_TESTS") == "1" or os.environ.get("CI") == "true"

@@ -243,8 +243,12 @@ async def test_a_cancel_that_lands_as_start_returns_ends_the_spawn(host_spawner)
 async def test_a_spawn_nobody_cancelled_goes_on_to_wait_for_its_server(host_spawner):
     past_the_wait: list[bool] = []
     spawn = asyncio.ensure_future(spawn_as_jupyterhub(host_spawner, lambda f: None, past_the_wait))
-    await asyncio.sleep(0.5)
+    # Until the start returned (a fixed half second was too short on a loaded CI machine), however long that takes.
+    deadline = time.monotonic() + 60
+    while not past_the_wait and not spawn.done() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
     assert past_the_wait == [True]
+    await asyncio.sleep(0.2)  # start_polling ran, and the spawn went on to wait for its server
     assert not spawn.done()
     spawn.cancel()
     await asyncio.wait({spawn})
