@@ -50,6 +50,7 @@ from markupsafe import Markup
 from traitlets.config import Config
 
 from workbench_devices import GPUDevice
+from workbench_spawner.form.servers import server_label
 from workbench_spawner.ledger.notices import Notice, NoticeBook, render_stop_notice
 from workbench_spawner.ledger.store import AllocationStore, Lease
 from workbench_spawner.rules.reservations import gpus_text
@@ -58,7 +59,6 @@ log = logging.getLogger("workbench.hub")
 
 TEMPLATES = Path(__file__).parent / "templates"
 VARIABLE = "workbench_servers"
-DEFAULT_SERVER = "default server"
 
 
 @dataclass(frozen=True)
@@ -166,7 +166,7 @@ class ServerTable:
         knows the inventory in force and the wait list; None: the leases and notices only."""
         policy = source.gpu_policy if source is not None else None
         store = policy.store if policy is not None else self.store
-        leases = {lease.server: lease for lease in store.leases() if lease.user == user}
+        leases = {lease.server: lease for lease in store.leases_of(user)}
         book = NoticeBook(store)
         notices = {name: book.last_done(user, name) for name in stopped}
         devices = {d.uuid: d for d in policy.inventory.devices} if policy is not None else {}
@@ -203,7 +203,7 @@ class ServerPanel:
         rows = []
         for name in names:
             spawner = spawners[name]
-            label = name or DEFAULT_SERVER
+            label = server_label(name)
             if name in active:
                 lease = reads.leases.get(name)
                 state = server_state(spawner, reads.policy, user.name, name)

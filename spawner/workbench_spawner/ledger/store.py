@@ -38,6 +38,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     Integer,
+    Select,
     String,
     Text,
     UniqueConstraint,
@@ -321,8 +322,7 @@ class AllocationStore:
         """``lease_limits.check`` from the leases this write transaction reads (after ``lock_leases``): only the
         user's own (``gpu_leases.user`` is indexed), all a quota counts, so the check's cost does not grow with
         everyone else's leases (``benchmarks/quota_check.py``)."""
-        mine = select(*_LEASE_COLUMNS).where(LeaseRow.user == user).order_by(LeaseRow.id)
-        leases = _group(session.execute(mine))
+        leases = _group(session.execute(_leases_of(user)))
 
         def hours_used() -> float:
             from workbench_spawner.ledger.gpu_hours import gpu_hours_used  # it reads this module's rows
@@ -387,7 +387,7 @@ class AllocationStore:
     def leases_of(self, user: str) -> list[Lease]:
         """Every lease ``user`` holds now, over all their servers (``lease_limits``' early look; indexed)."""
         with self._reads() as session:
-            rows = list(session.execute(select(*_LEASE_COLUMNS).where(LeaseRow.user == user).order_by(LeaseRow.id)))
+            rows = list(session.execute(_leases_of(user)))
         return _group(rows)
 
     def holders(self) -> dict[str, list[tuple[str, str]]]:
@@ -423,6 +423,12 @@ _LEASE_COLUMNS = (
     LeaseRow.groups,
     LeaseRow.share,
 )
+
+
+def _leases_of(user: str) -> Select:
+    """The lease rows of ``user``, in row order (``gpu_leases.user`` is indexed): the quota's check inside a
+    writing transaction and ``leases_of`` read the same."""
+    return select(*_LEASE_COLUMNS).where(LeaseRow.user == user).order_by(LeaseRow.id)
 
 
 @functools.lru_cache(maxsize=1024)
