@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench_hub import accounts, banner, configurer, finish, hub_db, transport
+from workbench_hub import accounts, banner, configurer, finish, hub_db, subdomains, transport
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # provided by JupyterHub when it loads this file (a builtin in ruff's settings)
@@ -47,6 +47,9 @@ try:
     configurer.update_auth(c, env)
     # Managed services end with this process (workbench_hub/parent_guard.py).
     configurer.update_services(c, env, hub_pid=os.getpid())
+    # Users' servers on their own origins (WORKBENCH_SUBDOMAIN_HOST): host routing, the services' aliases, no
+    # login on a user's host (workbench_hub/subdomains.py).
+    subdomains.update_subdomains(c, env)
     backend = configurer.update_spawner(c, env, data_dir, REPO)
 except ConfigError as exc:
     fail(str(exc))

@@ -17,6 +17,8 @@ def public_address(c: Config, transport: Transport | None = None) -> str:
     """Where a browser opens the hub: the public URL, else the certificate's name, else this machine."""
     if "public_url" in c.JupyterHub and c.JupyterHub.public_url:
         return c.JupyterHub.public_url.rstrip("/")
+    if "subdomain_host" in c.JupyterHub and c.JupyterHub.subdomain_host:  # the hub's own host (users' are below it)
+        return c.JupyterHub.subdomain_host.rstrip("/")
     scheme, _, bind = c.JupyterHub.bind_url.partition("://")
     ip, _, public_port = bind.rstrip("/").rpartition(":")
     host = ip.strip("[]")

@@ -158,3 +158,16 @@ def check_certificate(
 def hsts(max_age: int) -> str:
     """The Strict-Transport-Security value: this host only (no includeSubDomains, no preload)."""
     return f"max-age={max_age}"
+
+
+def covers(names: tuple[str, ...] | list[str], host: str) -> bool:
+    """Does a certificate with these subjectAltNames serve ``host``? A ``*.`` name covers one label
+    (``*.hub.example.edu`` covers ``bob.hub.example.edu``, not ``hub.example.edu`` nor ``a.b.hub.example.edu``),
+    as browsers match them (RFC 6125)."""
+    host = host.lower().rstrip(".")
+    for name in (n.lower().rstrip(".") for n in names):
+        if name == host:
+            return True
+        if name.startswith("*.") and "." in host and host.split(".", 1)[1] == name[2:]:
+            return True
+    return False

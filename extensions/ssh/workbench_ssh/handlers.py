@@ -21,6 +21,7 @@ import os
 import pwd
 import subprocess
 from importlib.resources import files
+from urllib.parse import urlsplit
 
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
@@ -40,9 +41,16 @@ def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str)
     server_name = environ.get("JUPYTERHUB_SERVER_NAME", "")
     hub_base = environ.get("JUPYTERHUB_BASE_URL", "/")
     origin = client_config.public_origin(public_url, hub_base)
+    server_origin = _own_origin(environ)
+    if server_origin:
+        # Users on their own subdomains (WORKBENCH_SUBDOMAIN_HOST): the proxy routes this server's websocket on
+        # its own host only, while the alias and the token page name the hub, where the login is.
+        url = client_config.websocket_url(server_origin, base_url, hub_base)
+        origin = urlsplit(environ["JUPYTERHUB_PUBLIC_HUB_URL"])._replace(path="", query="", fragment="").geturl()
+    else:
+        url = client_config.websocket_url(public_url, base_url, hub_base)
     host = origin.split("://", 1)[1]
     alias = client_config.host_alias(host, hub_user, server_name)
-    url = client_config.websocket_url(public_url, base_url, hub_base)
     login = pwd.getpwuid(os.getuid()).pw_name  # the account, not $USER
     return {
         "alias": alias,
@@ -60,6 +68,16 @@ def ssh_info(public_url: str, base_url: str, environ: dict[str, str], home: str)
         "ssh_config_env": client_config.ssh_config(alias, login, url, "env"),
         "keys": keys.listed_keys(home),
     }
+
+
+def _own_origin(environ: dict[str, str]) -> str:
+    """This server's own origin when it is not the hub's (JupyterHub's public URLs of the two differ in host:
+    users' servers on subdomains), else empty."""
+    server = urlsplit(environ.get("JUPYTERHUB_PUBLIC_URL", ""))
+    hub = urlsplit(environ.get("JUPYTERHUB_PUBLIC_HUB_URL", ""))
+    if server.scheme in ("http", "https") and server.netloc and hub.netloc and server.netloc != hub.netloc:
+        return f"{server.scheme}://{server.netloc}"
+    return ""
 
 
 class _SSHMixin(JupyterHandler):

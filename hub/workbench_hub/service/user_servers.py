@@ -15,13 +15,18 @@ this (``hub/workbench_hub/configurer.py``). Three calls:
 A proxy on HTTPS at a loopback address is reached without checking its
 certificate (it names the public host, not 127.0.0.1); the traffic never
 leaves this machine. Anything else is checked as usual.
+
+With users on their own subdomains (``WORKBENCH_SUBDOMAIN_HOST``) the hub
+gives a server's URL as ``https://bob.hub.example.edu/user/bob/`` and the proxy
+routes by host name: the call still goes to the proxy's address, with that
+host in its ``Host`` header (``workbench_hub/subdomains.py``).
 """
 
 from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import quote, urlparse
+from urllib.parse import quote, urlparse, urlsplit
 
 from tornado.httpclient import AsyncHTTPClient, HTTPClientError, HTTPRequest
 
@@ -46,14 +51,19 @@ class UserServers:
         self._check_cert = not (parsed.scheme == "https" and (parsed.hostname or "") in LOOPBACK)
 
     def url(self, server_path: str, api: str) -> str:
-        path = server_path.strip("/")
+        path = urlsplit(server_path).path.strip("/")
         return self.proxy_url + "/" + (path + "/" if path else "") + api.lstrip("/")
 
     async def call(self, method: str, server_path: str, api: str, body: Any = None) -> Any:
         request = HTTPRequest(
             self.url(server_path, api),
             method=method,
-            headers={"Authorization": f"token {self.token}", "Content-Type": "application/json"},
+            headers={
+                "Authorization": f"token {self.token}",
+                "Content-Type": "application/json",
+                # a full URL (users on subdomains): the proxy routes by this host
+                **({"Host": host} if (host := urlsplit(server_path).netloc) else {}),
+            },
             body=None if body is None else json.dumps(body),
             request_timeout=self.timeout,
             follow_redirects=False,

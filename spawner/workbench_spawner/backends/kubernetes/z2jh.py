@@ -63,7 +63,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from workbench_hub import configurer, finish
+from workbench_hub import configurer, finish, subdomains
 from workbench_hub.env_values import ConfigError, Env, text
 from workbench_hub.finish import fail
 
@@ -154,7 +154,27 @@ def update_z2jh(c: Config, env: Env, get_config: GetConfig, get_name: GetName, h
     # WORKBENCH_NAMED_SERVERS=N as on a host, over the chart's hub.allowNamedServers/namedServerLimitPerUser
     # (its jupyterhub_config.py set them already); unset or 0 leaves the chart's values as they are.
     configurer.update_named_servers(c, env)
+    update_chart_subdomains(c, env, get_config)
     return data
+
+
+def update_chart_subdomains(c: Config, env: Env, get_config: GetConfig) -> None:
+    """Users' servers on their own subdomains (``WORKBENCH_SUBDOMAIN_HOST`` in ``hub.extraEnv``, or the chart's
+    ``hub.config.JupyterHub.subdomain_host``), as on a host (``workbench_hub/subdomains.py``).
+
+    The chart's proxy pod is not started by the hub, so it routes by host only
+    with ``--host-routing`` in ``proxy.chp.extraCommandLineFlags``; without it
+    every user server would answer with the hub's 404. TLS is the chart's
+    (``proxy.https``), so the scheme is not compared with it here.
+    """
+    subdomains.update_subdomains(c, env, scheme=None)
+    if "subdomain_host" in c.JupyterHub and c.JupyterHub.subdomain_host:
+        flags = [str(flag) for flag in get_config("proxy.chp.extraCommandLineFlags", None) or []]
+        if "--host-routing" not in flags:
+            raise ConfigError(
+                f"users' servers are on subdomains of {c.JupyterHub.subdomain_host} but the chart's proxy pod does "
+                "not route by host: add --host-routing to proxy.chp.extraCommandLineFlags"
+            )
 
 
 def data_dir(env: Env, get_config: GetConfig) -> Path:
