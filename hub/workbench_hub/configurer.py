@@ -39,6 +39,7 @@ from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profi
 
 from . import proxy_env
 from .env_values import ConfigError, Env, comma_list, flag, number, port, text
+from .service.scopes import ADMIN_SCOPE, READ_SCOPE, SCOPE_DESCRIPTIONS, SELF_SCOPE
 
 # The launcher that ends a managed service when the hub process dies
 # (workbench_hub/parent_guard.py explains why it is needed).
@@ -255,22 +256,18 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
             }
         )
 
-    # The workbench service: GPU quotas, the fleet view and Prometheus metrics
-    # at /services/workbench/ (hub/workbench_hub/service). It checks the
-    # custom scopes below itself on every request: custom:workbench:admin
-    # reads and changes quotas, custom:workbench:read only reads; any user may
-    # read their own usage. It reads the policy's settings from the GPU
-    # database, so it gets no WORKBENCH_* environment.
+    # The workbench service: GPU quotas, the fleet view, My GPUs and Prometheus
+    # metrics at /services/workbench/ (hub/workbench_hub/service). It checks
+    # the custom scopes below itself on every request (service/scopes.py):
+    # custom:workbench:admin reads and changes quotas, custom:workbench:read
+    # reads everyone's data, custom:workbench:self a user's own (quota,
+    # GPU-hours, servers, past stops). It reads the policy's settings from the
+    # GPU database, so it gets no WORKBENCH_* environment.
     service_port = number(env, "WORKBENCH_SERVICE_PORT", "10101", int)
     session_check = number(env, "WORKBENCH_SESSION_CHECK_SECONDS", "60")
     # Idle-GPU reclaim and notice delivery (service/gpu_reclaim.py); the proxy is how it reaches user servers.
     idle_check = number(env, "WORKBENCH_GPU_IDLE_CHECK_SECONDS", "30")
-    c.JupyterHub.custom_scopes = {
-        "custom:workbench:admin": {"description": "Read and change GPU quotas; see every GPU, lease and user's usage"},
-        "custom:workbench:read": {
-            "description": "See every GPU, lease, quota and user's usage on the workbench service"
-        },
-    }
+    c.JupyterHub.custom_scopes = {scope: {"description": text} for scope, text in SCOPE_DESCRIPTIONS.items()}
     c.JupyterHub.services.append(
         {
             "name": "workbench",
@@ -290,7 +287,18 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
                 hub_pid,
             ),
             "oauth_no_confirm": True,
-            "oauth_client_allowed_scopes": ["custom:workbench:admin", "custom:workbench:read"],
+            # What a browser login to the service may carry: each user's OAuth token gets those of these
+            # they hold (a student: custom:workbench:self, so My GPUs opens; an admin: all three).
+            "oauth_client_allowed_scopes": [ADMIN_SCOPE, READ_SCOPE, SELF_SCOPE],
+        }
+    )
+    # JupyterHub's default role of every user, plus the workbench's: their own data on the service and the
+    # right to open it in the browser (without access:services the hub's OAuth refuses a student the service).
+    c.JupyterHub.load_roles.append(
+        {
+            "name": "user",
+            "description": "Every user: their own servers and tokens, and their own GPUs on the workbench service",
+            "scopes": ["self", SELF_SCOPE, "access:services!service=workbench"],
         }
     )
     c.JupyterHub.load_roles.append(

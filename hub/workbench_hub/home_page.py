@@ -98,12 +98,15 @@ def describe_gpus(lease: Lease | None, devices: Mapping[str, GPUDevice], engine:
             words.append(uuid)
             continue
         simulated = simulated or device.simulated
-        model = device.model or device.name
-        words.append(
-            f"{device.profile} slice of {model} (GPU {device.index})" if device.mig else f"{model} (GPU {device.index})"
-        )
+        words.append(gpu_words(device))
     on = f" on {lease.node}" if engine and lease.node else ""
     return ", ".join(words) + on, simulated
+
+
+def gpu_words(device: GPUDevice) -> str:
+    """One device as the home page and My GPUs name it: "H100-80GB (GPU 0)", "1g.18gb slice of H200-141GB (GPU 0)"."""
+    model = device.model or device.name
+    return f"{device.profile} slice of {model} (GPU {device.index})" if device.mig else f"{model} (GPU {device.index})"
 
 
 def asked_for(spawner: Any) -> str:

@@ -140,7 +140,7 @@ def test_missing_or_wrong_auth_is_403(hub):
     assert "/hub/api/oauth2/authorize" in r.headers["Location"]
 
 
-def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
+def test_a_student_cannot_change_or_list_but_reads_own_usage_and_quota(hub):
     student = hub.student
     before = quota_of(hub, "users", "carol")
     for method, path in [
@@ -151,9 +151,15 @@ def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
         r = hub.service(method, path, token=student, json={"max_gpus": 4} if method == "PUT" else None)
         assert r.status_code == 403, r.text
         assert "only hub admins may change quotas" in r.json()["message"]
-    for path in ("api/gpus", "api/allocations", "api/quotas", "api/quotas/users/carol", "metrics"):
-        assert hub.service("GET", path, token=student).status_code == 403
+    for path in ("api/gpus", "api/allocations", "api/quotas", "api/quotas/users/alice", "metrics"):
+        r = hub.service("GET", path, token=student)
+        assert r.status_code == 403, (path, r.text)
+        assert "custom:workbench:read" in r.json()["message"]
     assert quota_of(hub, "users", "carol") == before
+    # Their own quota, with custom:workbench:self (the hub's user role).
+    own_quota = hub.service("GET", "api/quotas/users/carol", token=student)
+    assert own_quota.status_code == 200, own_quota.text
+    assert own_quota.json()["effective"]["origin"] == "default"
     own = hub.service("GET", "api/usage", token=student)
     assert own.status_code == 200
     assert [u["name"] for u in own.json()["users"]] == ["carol"]
@@ -161,10 +167,10 @@ def test_a_student_cannot_change_or_list_but_reads_own_usage(hub):
     other = hub.service("GET", "api/usage?user=alice", token=student)
     assert other.status_code == 403
     assert "only your own usage" in other.json()["message"]
-    # The page says no, escaped, without leaking anything.
+    # The front page is their My GPUs, escaped, without anyone else's data.
     page = hub.service("GET", "", token=student)
-    assert page.status_code == 403
-    assert "Not allowed" in page.text
+    assert page.status_code == 200
+    assert 'id="my-quota"' in page.text
     assert "alice" not in page.text
 
 

@@ -383,17 +383,17 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
 @pytest.mark.parametrize(
     ("env", "services", "roles"),
     [
-        ({}, ["idle-culler", "workbench"], ["idle-culler", "workbench-service", "workbench-admins"]),
-        ({"WORKBENCH_CULL_IDLE_SECONDS": "0"}, ["workbench"], ["workbench-service", "workbench-admins"]),
+        ({}, ["idle-culler", "workbench"], ["idle-culler", "user", "workbench-service", "workbench-admins"]),
+        ({"WORKBENCH_CULL_IDLE_SECONDS": "0"}, ["workbench"], ["user", "workbench-service", "workbench-admins"]),
         (
             {"WORKBENCH_ADMIN_TOKEN": "a" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
             ["workbench-admin", "workbench"],
-            ["workbench-automation", "workbench-service", "workbench-admins"],
+            ["workbench-automation", "user", "workbench-service", "workbench-admins"],
         ),
         (
             {"WORKBENCH_METRICS_TOKEN": "m" * 32, "WORKBENCH_CULL_IDLE_SECONDS": "0"},
             ["workbench", "workbench-metrics"],
-            ["workbench-service", "workbench-admins", "workbench-metrics"],
+            ["user", "workbench-service", "workbench-admins", "workbench-metrics"],
         ),
     ],
 )
@@ -415,8 +415,28 @@ def test_tokens_and_admin_roles():
     assert admins["users"] == ["ada", "zoe"]
     assert admins["services"] == ["workbench-admin"]
     assert role(c, "workbench-metrics")["scopes"] == ["custom:workbench:read", "access:services!service=workbench"]
-    assert set(c.JupyterHub.custom_scopes) == {"custom:workbench:admin", "custom:workbench:read"}
+    assert set(c.JupyterHub.custom_scopes) == {
+        "custom:workbench:admin",
+        "custom:workbench:read",
+        "custom:workbench:self",
+    }
     assert role(build({}), "workbench-admins")["services"] == []
+
+
+def test_every_user_may_open_the_service_and_read_their_own_gpus():
+    """The hub's default user role, redefined: JupyterHub's own scope (self) plus the workbench's self scope and
+    the right to open the service, which the service's OAuth client may then grant a student's browser."""
+    c = build({})
+    assert role(c, "user")["scopes"] == ["self", "custom:workbench:self", "access:services!service=workbench"]
+    assert "users" not in role(c, "user"), "the role of every user: JupyterHub gives it to each"
+    assert c.JupyterHub.custom_scopes["custom:workbench:self"]["description"] == (
+        "See your own GPU quota, GPU-hours, servers and past stops on the workbench service"
+    )
+    assert service(c, "workbench")["oauth_client_allowed_scopes"] == [
+        "custom:workbench:admin",
+        "custom:workbench:read",
+        "custom:workbench:self",
+    ]
 
 
 def test_the_idle_culler_runs_behind_the_guard_with_the_timeout():

@@ -11,6 +11,7 @@ import asyncio
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
+from importlib.resources import files
 
 import pytest
 import sqlalchemy as sa
@@ -314,10 +315,14 @@ def test_the_admin_page_offers_drain_and_undrain():
     assert f'data-gpu="{H200}" data-drained="true">Undrain GPU</button>' in html  # a slice's row: its whole GPU
     assert f'data-gpu="{H100}" data-drained="false">Drain</button>' in html
     assert '<span class="wb-drain-state">draining: no new servers</span>' in html
-    assert 'api("DELETE", path) : api("PUT", path, body)' in html
+    assert '<script src="/services/workbench/static/fleet.js"></script>' in html
+    script = (files("workbench_hub.service") / "static" / "fleet.js").read_text()
+    assert 'if (drained) { api("DELETE", path).then(done).catch(failed); return; }' in script
+    assert "if (!ask(drainSentence(button.dataset.label, gpu, body.stop_servers_in_minutes, data.gpus)))" in script
     assert 'id="drain-stop-minutes"' in html
-    assert "body.stop_servers_in_minutes = Number(minutes.value)" in html
-    assert 'wb-drain-button" data-gpu' not in render(False)  # only admins drain
+    assert "body.stop_servers_in_minutes = Number(minutes.value)" in script
+    assert 'data-label="GPU 0 (m) with all its slices"' in html
+    assert 'wb-drain-button"' not in render(False)  # only admins drain
     assert 'id="drain-stop-minutes"' not in render(False)
 
 

@@ -284,7 +284,7 @@ def test_the_yaml_ships_with_the_package():
 
 # -- routes and the document, both ways --------------------------------------------------------------
 
-NOT_API = ("oauth_callback", "api/.*")
+NOT_API = ("oauth_callback", "static/(.*)", "api/.*")
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from importlib.resources import files
 
 import jsonschema
 import pytest
@@ -351,8 +352,11 @@ def test_the_admin_page_shows_and_edits_the_kind_parts():
     assert "any; MIG slices: none</td>" in html
     assert 'id="quota-whole-gpus"' in html
     assert "MIG profiles (comma list; empty: any)" in html
-    assert 'whole_gpus: document.getElementById("quota-whole-gpus").checked' in html
-    assert 'allowed_profiles: profiles === "" ? null' in html
+    # The editor's code is the page's script file (the CSP runs no inline script).
+    assert '<script src="/services/workbench/static/fleet.js"></script>' in html
+    script = (files("workbench_hub.service") / "static" / "fleet.js").read_text()
+    assert 'whole_gpus: document.getElementById("quota-whole-gpus").checked' in script
+    assert 'allowed_profiles: profiles === "" ? null' in script
     assert "<td>any; no time-sliced GPUs</td>" in html
     assert html.count("no time-sliced GPUs</td>") == 1
-    assert 'shared_gpus: document.getElementById("quota-shared-gpus").checked' in html
+    assert 'shared_gpus: document.getElementById("quota-shared-gpus").checked' in script

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib.resources import files
 from types import SimpleNamespace
 
 from tests.unit.fake_backends import FakeEnginePlacement, FakeEngineSpawner
@@ -130,7 +131,8 @@ def test_the_fleet_page_says_which_servers_have_no_idle_rule_and_why():
     )
     assert html.count("no reading (MIG slice): no idle rule</span>") == 1
     assert html.count("no reading: no idle rule</span>") == 1
-    assert '(g.mig ? "no reading (MIG slice" + (g.no_reading_reason ? ": " + g.no_reading_reason : "") +' in html
+    script = (files("workbench_hub.service") / "static" / "fleet.js").read_text()  # the page's live refresh
+    assert '(g.mig ? "no reading (MIG slice" + (g.no_reading_reason ? ": " + g.no_reading_reason : "") +' in script
 
 
 # -- an engine: reservations hold whole GPUs, so a request for slices never waits for them ---------------------

@@ -26,16 +26,20 @@ stored there at start, never re-derived here. One job per module:
 * ``fleet``: the stored settings, leases, live readings, quota summaries;
 * ``hub_client``: the hub REST calls (users, groups, stopping a server);
 * ``session_limits``: stopping servers past their session length;
-* ``handlers``: the page and the REST API; ``openapi.yaml``: their one
-  document (``openapi``: loads it, merges the backend's fragment, checks
-  request bodies against it);
+* ``handlers``: the REST API; ``page_handlers``: the fleet page and My
+  GPUs (``my_gpus``: a user's own quota, GPU-hours, servers and stops, and
+  ``api/me``); ``openapi.yaml``: their one document (``openapi``: loads it,
+  merges the backend's fragment, checks request bodies against it);
+* ``headers``: the security headers of every answer; ``access_log``: log
+  lines with the tokens in URLs hidden;
 * ``metrics``: Prometheus text.
 
 Who may do what is decided here, on every request, from the caller's hub
-scopes: ``custom:workbench:admin`` reads and writes everything,
-``custom:workbench:read`` reads everything, and any hub user may read their
-own usage. It shares the workbench database with the spawner, so a quota
-saved here applies to the next spawn; running servers are never touched by a
-quota change. The one thing it stops is a server that outlives the session
+scopes (``scopes``): ``custom:workbench:admin`` reads and writes everything,
+``custom:workbench:read`` reads everything, and ``custom:workbench:self``,
+which the hub's ``user`` role gives every user, a user's own data. It
+shares the workbench database with the spawner, so a quota saved here
+applies to the next spawn; running servers are never touched by a quota
+change. The one thing it stops is a server that outlives the session
 length its quota had when it started (``max_session_hours``).
 """

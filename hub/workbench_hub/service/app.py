@@ -27,9 +27,9 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from urllib.parse import urlparse
 
-from jupyterhub.services.auth import HubOAuthCallbackHandler
 from tornado import web
 
 from workbench_hub.service.openapi import load_document, load_fragment
@@ -38,14 +38,18 @@ from workbench_spawner.ledger.migrations import UnusableDatabaseError
 from workbench_spawner.ledger.store import AllocationStore
 
 from . import handlers as h
+from . import page_handlers as pages
 from . import reservation_handlers as rh
+from .access_log import log_request
 from .drain_handlers import drain_routes
 from .drain_stops import DrainStops
 from .fleet import Fleet
 from .gpu_reclaim import make_reclaimer
+from .headers import SecurityHeaders
 from .hub_client import HubClient
 from .idle_handlers import idle_routes
 from .lifetime import CannotListenError, Lifetime, listen
+from .my_gpus import MyGPUsHandler
 from .session_limits import stop_overlong_servers
 from .stopping import make_stopper
 from .usage_handlers import UsageHandler
@@ -54,6 +58,7 @@ from .user_servers import UserServers
 log = logging.getLogger("workbench.service")
 
 MAX_BODY = 64 * 1024
+STATIC = Path(__file__).parent / "static"
 
 
 def make_app(
@@ -63,13 +68,21 @@ def make_app(
     hub_prefix: str = "/hub/",
     backend: str = "",
 ) -> web.Application:
-    """The service's routes; ``backend`` (the hub passes ``--backend``) adds that backend's own routes."""
+    """The service's routes; ``backend`` (the hub passes ``--backend``) adds that backend's own routes.
+
+    Every answer gets the security headers (``headers.SecurityHeaders``, a transform: pages, API, errors, the
+    OAuth callback, static files, 404s); every log line names a request with its secrets scrubbed
+    (``access_log``); the pages' scripts are files under ``static/`` (the CSP runs no inline script).
+    """
     prefix = "/" + prefix.strip("/") + "/"
     extension = extension_of(backend)
     name = r"([^/]+)"
     routes = [
-        (prefix, h.PageHandler),
-        (prefix + "oauth_callback", HubOAuthCallbackHandler),
+        (prefix, pages.PageHandler),
+        (prefix + "me", pages.MyPageHandler),
+        (prefix + "oauth_callback", h.OAuthCallbackHandler),
+        (prefix + "static/(.*)", pages.StaticHandler, {"path": str(STATIC)}),
+        (prefix + "api/me", MyGPUsHandler),
         (prefix + "api/gpus", h.GPUsHandler),
         (prefix + "api/allocations", h.AllocationsHandler),
         (prefix + "api/quotas", h.QuotaListHandler),
@@ -87,7 +100,7 @@ def make_app(
     ]
     # The API document (api/openapi.json; request bodies are checked against it): openapi.yaml + the backend's part.
     openapi = load_document([load_fragment(path) for path in openapi_fragments([backend])])
-    return web.Application(
+    app = web.Application(
         routes,
         fleet=fleet,
         hub=hub,
@@ -97,7 +110,13 @@ def make_app(
         backends=(backend,) if extension else (),
         cookie_secret=os.urandom(32),
         xsrf_cookies=False,
+        # HubOAuth's _xsrf cookie (the token the pages send back): sent on the service's own requests only.
+        xsrf_cookie_kwargs={"samesite": "Lax"},
+        default_handler_class=pages.NotFoundPageHandler,
+        log_function=log_request,
     )
+    app.add_transform(SecurityHeaders)
+    return app
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -5,8 +5,9 @@ with why it ended (``ledger.reasons``) and, where the spawner recorded it,
 the sentence the student was told (``message``). One *end* is one server's
 lease: the rows of the same user, server, start and end.
 
-* ``recent_stops(store)``: the newest ends (50), newest first, each with its
-  GPUs, node, reason and sentence (the reason where no sentence was kept);
+* ``recent_stops(store, users=None)``: the newest ends (50), newest first,
+  each with its GPUs, node, reason and sentence (the reason where no sentence
+  was kept): everyone's on the fleet page, one user's on My GPUs;
 * ``ends_by_reason(store, since, users)``: how many ends each reason kind
   (``reasons.reason_kind``: "reclaimed: GPU idle 30 min" is "reclaimed")
   counted since ``since``, for some users or all, so an admin reads "12
@@ -67,11 +68,14 @@ def _rows_newest_first(
         last = (rows[-1].ended, rows[-1].id)
 
 
-def recent_stops(store: AllocationStore, limit: int = RECENT) -> list[dict]:
-    """The newest ``limit`` ends: ``{"ended", "user", "server", "gpus", "gpu_uuids", "node", "reason",
-    "kind", "message"}``; ``message`` is the sentence the student was told, else the reason."""
+def recent_stops(store: AllocationStore, limit: int = RECENT, users: Collection[str] | None = None) -> list[dict]:
+    """The newest ``limit`` ends (``users``: only theirs, for My GPUs): ``{"ended", "user", "server", "gpus",
+    "gpu_uuids", "node", "reason", "kind", "message"}``; ``message`` is the sentence the student was told,
+    else the reason."""
     ends: dict[tuple, dict] = {}
-    for row in _rows_newest_first(store):
+    if users is not None and not users:
+        return []
+    for row in _rows_newest_first(store, users=users):
         key = _key(row)
         end = ends.get(key)
         if end is None:

@@ -1,10 +1,13 @@
-"""The workbench service's HTTP handlers: the admin page and the REST API under /services/workbench/.
+"""The workbench service's HTTP handlers: the base classes and the REST API under /services/workbench/.
 
 Every handler identifies the caller through the hub (``HubOAuthenticated``:
 an API token, or the browser's cookie with an ``X-XSRFToken`` header for
-changes) and decides from the caller's scopes itself: ``custom:workbench:admin``
-reads and changes everything, ``custom:workbench:read`` reads everything,
-any hub user reads their own usage. Every answer of the API is JSON, errors
+changes) and decides from the caller's scopes itself, per request
+(``scopes.py``): ``custom:workbench:admin`` reads and changes everything,
+``custom:workbench:read`` reads everything, ``custom:workbench:self`` (every
+user's, through the hub's ``user`` role) a user's own quota and usage. The
+pages are in ``page_handlers.py``, the caller's own GPUs in ``my_gpus.py``.
+Every answer of the API is JSON, errors
 included (``{"status": 4xx, "message": "..."}``, one sentence saying what to
 do); each is described in ``api/openapi.json`` (``openapi.yaml``), and every
 JSON request body is checked against its schema there before a handler reads
@@ -18,28 +21,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 from pathlib import Path
 from typing import Any, NoReturn
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
-from jupyterhub.services.auth import HubOAuthenticated
+from jupyterhub.services.auth import HubOAuth, HubOAuthCallbackHandler, HubOAuthenticated
 from tornado import web
-from tornado.escape import xhtml_escape
+from traitlets import default
 
-from workbench_hub.service.ends import ends_by_reason, recent_stops
+from workbench_hub.service import scopes
+from workbench_hub.service.access_log import ScrubbedRequestLog
 from workbench_hub.service.fleet import Fleet, SettingsMissingError
 from workbench_hub.service.hub_client import HubClient, HubUnavailableError
 from workbench_hub.service.metrics import render_metrics
 from workbench_hub.service.openapi import BodyError, validate_body, with_server
-from workbench_spawner.backend import node_drain_of
-from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_by_user
-from workbench_spawner.ledger.store import utcnow
+from workbench_hub.service.scopes import ADMIN_SCOPE
+from workbench_hub.service.scopes import READ_SCOPE as READ_SCOPE  # read from here by the tests
 from workbench_spawner.rules.quota import QuotaError, quota_from_body
 
 log = logging.getLogger("workbench.service")
 
-ADMIN_SCOPE = "custom:workbench:admin"
-READ_SCOPE = "custom:workbench:read"
 MAX_NAME = 255
 # How long a request waits for the hub to publish its settings before a 503.
 SETTINGS_WAIT_SECONDS = 2.0
@@ -63,15 +65,31 @@ def unknown_user(name: str) -> str:
     )
 
 
-class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
-    """Identifies the caller through the hub; every handler checks scopes itself."""
+class WorkbenchOAuth(HubOAuth):
+    """HubOAuth whose cookies (the login's token and the OAuth state) say ``SameSite=Lax`` explicitly: a page
+    of another site may link to the service (a top-level GET, which reads and changes nothing), but its
+    forms, frames and scripts' requests carry no login. ``JUPYTERHUB_COOKIE_OPTIONS`` may say otherwise."""
+
+    @default("cookie_options")
+    def _default_cookie_options(self):
+        options = os.environ.get("JUPYTERHUB_COOKIE_OPTIONS")
+        return {"samesite": "Lax", **(json.loads(options) if options else {})}
+
+
+class WorkbenchHandler(HubOAuthenticated, ScrubbedRequestLog, web.RequestHandler):
+    """Identifies the caller through the hub; every handler checks scopes itself.
+
+    HubOAuthenticated comes first: ScrubbedRequestLog is a RequestHandler, and before it, RequestHandler's own
+    get_login_url would come before HubAuthenticated's in the method order."""
 
     needs_settings = True
+    hub_auth_class = WorkbenchOAuth
 
     @property
     def hub_scopes(self):
-        # Any identified hub user or service gets past HubAuthenticated;
-        # the handlers below decide with the custom scopes.
+        # Any identified hub user or service gets past HubAuthenticated, so that a caller without the
+        # scope an operation needs reads a sentence naming it (HubAuthenticated's own refusal is a bare 403);
+        # each handler decides per request, with the scopes the caller's token holds (scopes.py).
         return None
 
     @property
@@ -98,13 +116,18 @@ class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
         return self.get_current_user()
 
     def scopes(self) -> set[str]:
-        return set((self.caller or {}).get("scopes") or [])
+        return scopes.scopes_of(self.caller)
 
     def is_admin(self) -> bool:
-        return ADMIN_SCOPE in self.scopes()
+        return scopes.is_admin(self.caller)
 
     def can_read(self) -> bool:
-        return bool({ADMIN_SCOPE, READ_SCOPE} & self.scopes())
+        """Everyone's data: custom:workbench:read or :admin."""
+        return scopes.reads_everyone(self.caller)
+
+    def reads_own(self) -> bool:
+        """A hub user's own data: custom:workbench:self for them, or a scope that reads everyone's."""
+        return scopes.reads_own(self.caller)
 
     def caller_name(self) -> str:
         caller = self.caller or {}
@@ -136,9 +159,9 @@ class WorkbenchHandler(HubOAuthenticated, web.RequestHandler):
 
 class APIHandler(WorkbenchHandler):
     def set_default_headers(self):
+        # The security headers (nosniff, CSP, ...) are added to every answer by headers.SecurityHeaders.
         self.set_header("Content-Type", "application/json; charset=utf-8")
         self.set_header("Cache-Control", "no-store")
-        self.set_header("X-Content-Type-Options", "nosniff")
 
     # XSRF: token requests need none; a cookie request that changes something
     # must carry X-XSRFToken, checked by HubOAuth while it identifies the
@@ -182,8 +205,16 @@ class APIHandler(WorkbenchHandler):
     async def require_read(self) -> None:
         self.require_caller()
         if not self.can_read():
-            self.fail(403, f"this needs the {READ_SCOPE} or {ADMIN_SCOPE} scope; ask a hub admin")
+            self.fail(403, scopes.everyone_refusal())
         await self.wait_for_settings()
+
+    def require_own(self, what: str) -> dict:
+        """The caller, a hub user who may read ``what`` (their own data: "your own GPU usage"); else a 403
+        naming the scope it lacks."""
+        caller = self.require_caller()
+        if not self.reads_own():
+            self.fail(403, scopes.own_data_refusal(caller, what))
+        return caller
 
     async def require_admin(self, what: str = "change quotas") -> None:
         self.require_caller()
@@ -284,7 +315,12 @@ class QuotaHandler(APIHandler):
         return result
 
     async def get(self, name: str):
-        await self.require_read()
+        caller = self.require_caller()
+        if self.kind == "user" and not self.can_read() and name == caller.get("name"):
+            self.require_own("reading your own GPU quota")  # custom:workbench:self is enough for oneself
+            await self.wait_for_settings()
+        else:
+            await self.require_read()
         model = await self._target(name)
         self.send(await self._view(name, model))
 
@@ -340,76 +376,7 @@ class NotFoundHandler(APIHandler):
         self.fail(404, "no such endpoint; see api/openapi.json")
 
 
-class PageHandler(WorkbenchHandler):
-    def write_error(self, status_code: int, **kwargs):
-        exc = kwargs.get("exc_info", (None, None, None))[1]
-        status_code = self.error_status(status_code, exc)
-        self.set_status(status_code)
-        text = str(exc) if isinstance(exc, UNAVAILABLE) else self._reason
-        self.set_header("Content-Type", "text/html; charset=utf-8")
-        self.finish(f"<!doctype html><title>GPU Workbench</title><p>{xhtml_escape(text)}</p>")
+class OAuthCallbackHandler(ScrubbedRequestLog, HubOAuthCallbackHandler):
+    """The end of the hub's OAuth login; its log lines hide the one-time ``code`` and the ``state``."""
 
-    @web.authenticated
-    async def get(self):
-        if not self.can_read():
-            self.set_status(403)
-            self.finish(
-                _jinja.get_template("forbidden.html").render(
-                    name=(self.caller or {}).get("name", ""), scope=ADMIN_SCOPE, hub_prefix=self.settings["hub_prefix"]
-                )
-            )
-            return
-        await self.wait_for_settings()
-        fleet = self.fleet
-        users = await self.hub.users()
-        groups = await self.hub.groups()
-        now = utcnow()
-
-        def gather():
-            stored_groups = {q.name: q for q in fleet.book.all("group")}
-            hours = gpu_hours_by_user(fleet.store, now)
-            return (
-                fleet.user_summaries(users, hours, fleet.held_by_user()),
-                stored_groups,
-                fleet.gpus(),
-                fleet.layout_waiting(),
-                recent_stops(fleet.store),
-                ends_by_reason(fleet.store, now - WEEK),
-            )
-
-        summaries, stored_groups, gpus, layout_waiting, stops, ends_week = await asyncio.to_thread(gather)
-        # Where an engine places servers a workbench drain stops nothing: no Drain button, a line saying where.
-        settings = fleet.settings
-        drain_elsewhere = node_drain_of(settings.backend).line() if settings.placement == "engine" else ""
-        group_rows = [
-            {
-                "name": g["name"],
-                "users": g.get("users") or [],
-                "quota": stored_groups[g["name"]].quota.to_json() if g["name"] in stored_groups else None,
-            }
-            for g in groups
-        ]
-        self.set_header("Cache-Control", "no-store")
-        self.finish(
-            _jinja.get_template("admin.html").render(
-                prefix=self.settings["prefix"],
-                hub_prefix=self.settings["hub_prefix"],
-                static=self.settings["hub_prefix"] + "static/",
-                caller=self.caller,
-                admin=self.is_admin(),
-                inventory=fleet.inventory,
-                node=fleet.node,
-                simulated=fleet.simulated,
-                gpus=gpus,
-                layout_waiting=layout_waiting,
-                users=summaries,
-                groups=group_rows,
-                default=fleet.default.to_json(),
-                models=fleet.models(),
-                drain_elsewhere=drain_elsewhere,
-                stops=stops,
-                ends_week=ends_week,
-                xsrf=self.xsrf_token.decode() if isinstance(self.xsrf_token, bytes) else self.xsrf_token,
-                now=now,
-            )
-        )
+    hub_auth_class = WorkbenchOAuth

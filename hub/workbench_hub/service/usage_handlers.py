@@ -2,7 +2,9 @@
 
 Anyone with ``custom:workbench:read`` reads every user's usage, one user's
 (``?user=alice``) or one hub group's members' (``?group=ml-course``); any
-other hub user reads only their own. Besides each user's GPU-hours (in all
+other hub user reads only their own, with ``custom:workbench:self`` (every
+user's through the hub's ``user`` role; a token narrowed to less is refused
+with a sentence naming it). Besides each user's GPU-hours (in all
 and by reason kind, ``gpu_hours_by_reason``), the answer counts the ends of
 servers in the window by reason kind (``ends.ends_by_reason``), for the
 same users: ``"ends_by_reason": {"out of memory": 12, "reclaimed": 7}``. A user
@@ -20,7 +22,8 @@ import json
 
 from workbench_hub.service.ends import ends_by_reason
 from workbench_hub.service.fleet import server_usage
-from workbench_hub.service.handlers import READ_SCOPE, APIHandler, _check_name, unknown_user
+from workbench_hub.service.handlers import APIHandler, _check_name, unknown_user
+from workbench_hub.service.scopes import READ_SCOPE
 from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_split
 from workbench_spawner.ledger.store import utcnow
 
@@ -36,7 +39,8 @@ class UsageHandler(APIHandler):
             if group is not None:
                 self.fail(403, f"reading a group's usage needs the {READ_SCOPE} scope; ask a hub admin")
             if wanted is not None and wanted != caller["name"]:
-                self.fail(403, "you may read only your own usage")
+                self.fail(403, f"you may read only your own usage; everyone's needs the {READ_SCOPE} scope")
+            self.require_own("reading your own GPU usage")
             wanted = caller["name"]
         if wanted is not None and group is not None:
             self.fail(400, "ask for one user (?user=) or one group (?group=), not both")
