@@ -1,6 +1,7 @@
 """No token or password of a real run reaches a log (issue 46, item 4).
 
-A real run of the local backend, as a class uses it: the admin signs up and logs in with a password,
+A real run of the local backend, as a class uses it: the admin logs in with a password (the account
+``WORKBENCH_ADMIN_PASSWORD`` made at start, or signed up where the hub does not make it),
 a student signs up, is authorized, mistypes the password once and logs in; the admin's browser opens
 the workbench service and the student's browser their server (the hub's OAuth both times); a user
 token is made through the hub's API, and spawns and stops the student's server; the hub's API, the
@@ -8,8 +9,8 @@ service's API and the user server are called with ``?token=`` (the student's tok
 ``WORKBENCH_ADMIN_TOKEN``), which JupyterHub 6 ignores but every access log sees.
 
 Then every log the run wrote is read for every secret it used (each password, the tokens, the
-login and session cookies, the OAuth codes the browsers carried, and the tokens the hub gave its
-service, its proxy and the user server): none may be there, as is or URL-encoded. The logs are
+login cookies of the hub, the service and the user server, the OAuth codes the browsers carried, and
+the tokens the hub gave its services, its proxy and the user server): none may be there, as is or URL-encoded. The logs are
 found, not listed: every file an open descriptor of any process of the run pointed at while all of
 them ran (the hub, its proxy, its services, the user server; their stdout and stderr among them),
 and every file under the data dir. The test prints which files it read, and fails if a process
@@ -29,6 +30,7 @@ import pytest
 import requests
 
 from tests.conftest import hub_form, process_env
+from tests.integration.hub_state import sign_ups
 from tests.integration.sign_ups import admin_session, authorized_student, log_in
 from tests.integration.test_hub_killed import service_processes
 from tests.service.conftest import WorkbenchHub, shut_down, start_workbench_hub
@@ -142,7 +144,10 @@ def found_in(files: set[Path], used: dict[str, str]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory):
-    hub = start_workbench_hub(tmp_path_factory.mktemp("hub") / "hub", {"WORKBENCH_SIMULATED_GPUS": "2"})
+    hub = start_workbench_hub(
+        tmp_path_factory.mktemp("hub") / "hub",
+        {"WORKBENCH_SIMULATED_GPUS": "2", "WORKBENCH_ADMIN_PASSWORD": ADMIN_PASSWORD},
+    )
     try:
         yield hub
     finally:
@@ -153,11 +158,13 @@ def test_no_token_or_password_of_a_real_run_is_in_any_log(hub, capsys):
     url = hub.url
     used: dict[str, str] = {
         "WORKBENCH_ADMIN_TOKEN": hub.token,
-        "the admin's password": ADMIN_PASSWORD,
+        "the admin's password (WORKBENCH_ADMIN_PASSWORD)": ADMIN_PASSWORD,
         "the student's password": STUDENT_PASSWORD,
         "a mistyped password": WRONG_PASSWORD,
     }
-    admin = admin_session(hub, ADMIN_PASSWORD)
+    # WORKBENCH_ADMIN_PASSWORD: the admin's account made at start where the hub does that, else signed up.
+    made = "admin" in sign_ups(hub)
+    admin = log_in(hub, "admin", ADMIN_PASSWORD) if made else admin_session(hub, ADMIN_PASSWORD)
     authorized_student(admin, hub, STUDENT, STUDENT_PASSWORD)
     wrong = hub_form(requests.Session(), url, "/hub/login", {"username": STUDENT, "password": WRONG_PASSWORD})
     assert wrong.status_code != 302, "a wrong password logged in"
