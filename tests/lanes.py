@@ -32,11 +32,15 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from pathlib import Path
+from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[1]
 LOG = REPO / "tests" / "artifacts" / "lane-engines.log"
 MATRIX_LOG = REPO / "tests" / "artifacts" / "lane-matrix.log"
+# Each lane's JUnit report: the seconds every test took (setup, call and teardown), summed per module below.
+JUNIT = str(REPO / "tests" / "artifacts" / "junit-{lane}.xml")
 MATRIX = ["make", "--no-print-directory", "test-lowest", "test-newest", "PYTEST_ARGS=-q -p no:cacheprovider"]
 ENGINES = "slurm or kubernetes or second_lane"
 NO_TESTS = 5
@@ -45,7 +49,12 @@ NO_TESTS = 5
 def _engines_then_matrix(pytest: list[str], argv: list[str], matrix: bool) -> tuple[int, int]:
     """The engines lane, then (when ``matrix``) the version matrix in the same slot: both exit statuses."""
     with open(LOG, "w") as log:
-        engines_rc = subprocess.call([*pytest, "-m", ENGINES, *argv], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        engines_rc = subprocess.call(
+            [*pytest, "-m", ENGINES, f"--junitxml={JUNIT.format(lane='engines')}", *argv],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     if not matrix:
         return engines_rc, 0
     with open(MATRIX_LOG, "w") as log:
@@ -53,6 +62,27 @@ def _engines_then_matrix(pytest: list[str], argv: list[str], matrix: bool) -> tu
         matrix_rc = subprocess.call(MATRIX, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
         log.write(f"== version matrix exit {matrix_rc} after {time.monotonic() - started:.0f} s\n")
     return engines_rc, matrix_rc
+
+
+def _module(classname: str) -> str:
+    """``tests.unit.test_x`` of a JUnit classname ``tests.unit.test_x`` or ``tests.unit.test_x.TestCase``."""
+    parts = classname.split(".")
+    modules = [i for i, part in enumerate(parts) if part.startswith("test_")]
+    return ".".join(parts[: modules[-1] + 1]) if modules else classname or "?"
+
+
+def module_seconds(lane: str, top: int = 25) -> str:
+    """The lane's slowest test modules by the seconds their tests took (JUnit ``time``, fixtures included):
+    where a lane's time goes, so the lanes can be balanced and slow suites split from CI's own log."""
+    try:
+        cases = ElementTree.parse(JUNIT.format(lane=lane)).iter("testcase")
+    except (OSError, ElementTree.ParseError) as exc:
+        return f"== lane {lane}: no JUnit report ({exc})"
+    seconds: Counter[str] = Counter()
+    for case in cases:
+        seconds[_module(case.get("classname", ""))] += float(case.get("time") or 0)
+    rows = [f"{s:8.0f} s  {module}" for module, s in seconds.most_common(top)]
+    return f"== lane {lane}: {sum(seconds.values()):.0f} s in tests, slowest modules:\n" + "\n".join(rows)
 
 
 def main(argv: list[str]) -> int:
@@ -64,7 +94,9 @@ def main(argv: list[str]) -> int:
     result: dict[str, tuple[int, int]] = {}
     second = threading.Thread(target=lambda: result.update(rcs=_engines_then_matrix(pytest, argv, matrix)))
     second.start()
-    main_rc = subprocess.call([*pytest, "-m", f"not ({ENGINES})", *argv], cwd=REPO)
+    main_rc = subprocess.call(
+        [*pytest, "-m", f"not ({ENGINES})", f"--junitxml={JUNIT.format(lane='main')}", *argv], cwd=REPO
+    )
     main_s = time.monotonic() - started
     second.join()
     engines_rc, matrix_rc = result.get("rcs", (1, 1))
@@ -74,6 +106,8 @@ def main(argv: list[str]) -> int:
     if matrix:
         print("\n== version matrix (tests/artifacts/lane-matrix.log) ==", flush=True)
         sys.stdout.write(MATRIX_LOG.read_text(errors="replace"))
+    for lane in ("main", "engines"):
+        print(module_seconds(lane), flush=True)
     lanes = f"main exit {main_rc} after {main_s:.0f} s; engines exit {engines_rc}"
     lanes += f"; version matrix exit {matrix_rc}" if matrix else ""
     print(f"== lanes: {lanes}; all done after {both_s:.0f} s")
