@@ -22,7 +22,7 @@ import os
 import sys
 from pathlib import Path
 
-from workbench_hub import accounts, banner, configurer, finish, hub_db, subdomains, transport
+from workbench_hub import accounts, banner, configurer, finish, first_admin, hub_db, subdomains, transport
 from workbench_hub.configurer import ConfigError
 
 c = get_config()  # provided by JupyterHub when it loads this file (a builtin in ruff's settings)
@@ -71,6 +71,9 @@ try:
     served = transport.check_transport(final, env)
 except ConfigError as exc:
     fail(str(exc))
+# Where other machines reach the hub, its admins need accounts before anyone can sign up under their names: the
+# authenticator makes them from WORKBENCH_ADMIN_PASSWORD at start, or stops the hub (workbench_hub/first_admin.py).
+first_admin.guard_first_admin(c, final, env)
 
 # The _xsrf cookie's Secure rule, the spawner class's contract, the backend's checks and hub additions (by its
 # workbench.backends entry point, never by import), the policy's settings published, the home page and the spawn

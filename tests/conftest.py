@@ -93,6 +93,16 @@ def native_sign_up(session: requests.Session, url: str, name: str, password: str
     return r.text
 
 
+def sign_up_decision(session: requests.Session, url: str, name: str, action: str) -> requests.Response:
+    """An admin's Authorize, Unauthorize or Discard button on ``/hub/authorize`` (``action``: ``authorize``,
+    ``unauthorize`` or ``discard``): a POST with the page's ``_xsrf``, as the browser sends it (not followed)."""
+    session.get(f"{url}/hub/authorize", timeout=30)
+    # the hub's own _xsrf (path /hub/): a session that also opened a service or a server holds theirs too
+    xsrf = next((c.value or "" for c in session.cookies if c.name == "_xsrf" and c.path.startswith("/hub")), "")
+    path, data = (f"/hub/discard/{name}", {}) if action == "discard" else (f"/hub/authorize/{name}", {"action": action})
+    return session.post(f"{url}{path}", data={**data, "_xsrf": xsrf}, allow_redirects=False, timeout=30)
+
+
 def write_utilization(path: Path, table: dict) -> None:
     """Script the simulated GPU source's utilization (``WORKBENCH_SIMULATED_UTILIZATION``): UUID or "*" ->
     percent, None for no reading. Written atomically: the source never reads half a file."""

@@ -1,5 +1,6 @@
-"""NativeAuthenticator, made to work on JupyterHub 6, with authorized sign-ups known to the hub
-and bcrypt kept off the hub's event loop.
+"""NativeAuthenticator, made to work on JupyterHub 6, with authorized sign-ups known to the hub,
+bcrypt kept off the hub's event loop, no state change on GET, a lock-out that says when to try
+again, and the first admin's account made at start where others reach the hub.
 
 NativeAuthenticator 1.3.0 (the newest release) predates JupyterHub 6, whose
 handlers no longer carry a ``statsd`` client: its login handler then fails
@@ -27,6 +28,16 @@ NativeAuthenticator's; only the bcrypt call moves, the database stays on
 the loop. A class logging in at once used to stall the whole hub for as
 long as all its checks took (200 logins: 55 s); now they queue in the pool.
 
+Authorizing, taking back and discarding sign-ups, and the self-approval
+e-mail's confirmation, are POSTs with ``_xsrf`` (``sign_up_approval.py``):
+NativeAuthenticator did them on GET, which any other site could make an
+admin's browser send. After ``allowed_failed_logins`` failures a name is
+refused without a password check until ``seconds_before_next_try`` has
+passed, and the login page says how long that is (``lockout.py``: on by
+default). Where other machines reach the hub, the admins' accounts are made
+at start from ``WORKBENCH_ADMIN_PASSWORD``, or the hub does not start
+(``first_admin.py``).
+
 Drop the JupyterHub 6 part when a NativeAuthenticator release supports
 JupyterHub 6.
 """
@@ -38,10 +49,10 @@ import re
 from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 
-from jupyterhub.utils import maybe_future
 from nativeauthenticator import NativeAuthenticator
 from nativeauthenticator.handlers import ChangePasswordAdminHandler as NativeChangePasswordAdminHandler
 from nativeauthenticator.handlers import ChangePasswordHandler as NativeChangePasswordHandler
+from nativeauthenticator.handlers import DiscardHandler as NativeDiscardHandler
 from nativeauthenticator.handlers import EmailAuthorizationHandler as NativeEmailAuthorizationHandler
 from nativeauthenticator.handlers import LoginHandler as NativeLoginHandler
 from nativeauthenticator.handlers import SignUpHandler as NativeSignUpHandler
@@ -50,8 +61,16 @@ from nativeauthenticator.handlers import admin_users_scope
 from nativeauthenticator.orm import UserInfo
 from sqlalchemy.exc import SQLAlchemyError
 from tornado import web
+from traitlets import Unicode
 
-from workbench_hub import password_checks
+from workbench_hub import first_admin, lockout, password_checks
+from workbench_hub.sign_up_approval import (
+    DiscardHandler,
+    EmailAuthorizationHandler,
+    ToggleAuthorizationHandler,
+    is_authorized,
+    make_hub_user,
+)
 
 # A password and its bcrypt hash, made in the pool by the handler now serving a request (a sign-up
 # or a password change); NativeAuthenticator's create_user/change_password, called by that handler,
@@ -91,8 +110,12 @@ class LoginHandler(NativeLoginHandler):
     async def post(self):
         # NativeAuthenticator's LoginHandler.post, without its statsd timer (gone in JupyterHub 6) and
         # with its second password check (to say "not authorized yet") in the pool, made only where
-        # that message could be the answer (an existing sign-up that is not authorized).
+        # that message could be the answer (an existing sign-up that is not authorized) and never
+        # while the name is locked out (it would check passwords past the lock-out); a locked-out name
+        # reads when it may try again.
         data = {arg: self.get_argument(arg, strip=False) for arg in self.request.arguments}
+        if "username" not in data or "password" not in data:
+            raise web.HTTPError(400, "A login needs a username and a password.")
         user = await self.login_user(data)
         if user:
             # register current user for subsequent requests to user (e.g. logging the request)
@@ -102,7 +125,10 @@ class LoginHandler(NativeLoginHandler):
         error = "Invalid username or password."
         username = data["username"]
         info = self.authenticator.get_user(username)
-        if (
+        locked_for = self.authenticator.lockout_seconds_left(self.authenticator.normalize_username(username))
+        if locked_for:
+            error = lockout.locked_out_sentence(username, locked_for)
+        elif (
             info is not None
             and not info.is_authorized
             and await password_checks.check_password(data["password"], info.password)
@@ -110,20 +136,6 @@ class LoginHandler(NativeLoginHandler):
             error = f"User {username} has not been authorized by an administrator yet."
         html = await self._render(login_error=error, username=username)
         self.finish(html)
-
-
-async def make_hub_user(handler, name: str) -> None:
-    """Create the hub user of an authorized sign-up, as the hub's own user API does."""
-    if handler.find_user(name) is not None:
-        return
-    user = handler.user_from_username(name)  # creates the orm.User, with the default roles
-    await maybe_future(handler.authenticator.add_user(user))
-    handler.log.info("Authorized sign-up %s is now a hub user (quotas can be set before the first login)", name)
-
-
-def _authorized(db, name: str) -> bool:
-    info = UserInfo.find(db, name)
-    return bool(info is not None and info.is_authorized)
 
 
 class SignUpHandler(NativeSignUpHandler):
@@ -147,7 +159,7 @@ class SignUpHandler(NativeSignUpHandler):
             await super().post()
         # Authorized at once (an admin's own sign-up, or open sign-up): a hub user now.
         name = authenticator.normalize_username(name)
-        if name and _authorized(self.db, name):
+        if name and is_authorized(self.db, name):
             await make_hub_user(self, name)
 
 
@@ -215,44 +227,46 @@ class ChangePasswordAdminHandler(NativeChangePasswordAdminHandler):
             await super().post(user_name)
 
 
-class ToggleAuthorizationHandler(NativeToggleAuthorizationHandler):
-    @admin_users_scope
-    async def get(self, slug):
-        if UserInfo.find(self.db, slug) is None:
-            raise web.HTTPError(404, f"no sign-up named {slug!r}")
-        info = UserInfo.change_authorization(self.db, slug)
-        if info.is_authorized:
-            await make_hub_user(self, info.username)
-        self.redirect(self.hub.base_url + "authorize#" + slug)
-
-
-class EmailAuthorizationHandler(NativeEmailAuthorizationHandler):
-    async def get(self, slug):
-        await super().get(slug)
-        try:
-            name = self.validate_slug(slug, self.authenticator.secret_key)["username"]
-        except (ValueError, KeyError, TypeError):
-            return
-        if _authorized(self.db, name):
-            await make_hub_user(self, name)
-
-
 REPLACED = {
     NativeLoginHandler: LoginHandler,
     NativeSignUpHandler: SignUpHandler,
     NativeChangePasswordHandler: ChangePasswordHandler,
     NativeChangePasswordAdminHandler: ChangePasswordAdminHandler,
     NativeToggleAuthorizationHandler: ToggleAuthorizationHandler,
+    NativeDiscardHandler: DiscardHandler,
     NativeEmailAuthorizationHandler: EmailAuthorizationHandler,
 }
 
 
 class WorkbenchAuthenticator(NativeAuthenticator):
     """NativeAuthenticator with a login page that runs on JupyterHub 6, whose authorized
-    sign-ups are hub users at once, and whose bcrypt work runs off the event loop."""
+    sign-ups are hub users at once, whose bcrypt work runs off the event loop, whose state
+    changes are POSTs, and whose admins have accounts before anyone else can sign up."""
 
     # JupyterHub's Authenticator trait, declared for the type checker (nativeauthenticator has no types).
     allowed_users: set[str]
+
+    admin_password = Unicode(
+        "",
+        help="""The password of the admins' accounts made at start (``WORKBENCH_ADMIN_PASSWORD``).
+
+        Each name in ``admin_users`` that has no account when the hub starts gets one,
+        authorized, with this password; accounts that exist are not changed. It must pass
+        the password rules (``minimum_password_length``, ``check_common_password``), or the
+        hub does not start. Empty: no accounts are made (admins sign up, authorized at once).
+        """,
+    ).tag(config=True)
+
+    reached_from = Unicode(
+        "",
+        help="""Where other machines reach this hub, in words (set by the hub's config, e.g.
+        "the proxy's address 0.0.0.0"); empty when only this machine does.
+
+        When set, the hub does not start while an admin in ``admin_users`` has no account and
+        ``admin_password`` is empty: otherwise whoever signed up first under an admin's name
+        would own the hub (workbench_hub/first_admin.py).
+        """,
+    ).tag(config=True)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -274,6 +288,29 @@ class WorkbenchAuthenticator(NativeAuthenticator):
 
     def get_handlers(self, app):
         return [(path, REPLACED.get(handler, handler)) for path, handler in super().get_handlers(app)]
+
+    def check_allow_config(self):
+        """JupyterHub's start-time check of the authenticator's config (``init_users``), then the
+        admins' accounts: made from ``admin_password``, or the hub stops where others reach it."""
+        super().check_allow_config()
+        try:
+            first_admin.set_up_admins(self)
+        except first_admin.FirstAdminError as exc:
+            from workbench_hub.finish import fail
+
+            fail(str(exc))
+
+    def lockout_seconds_left(self, username: str) -> float:
+        """How long the (normalized) name is still locked out; 0 when it may try (or lock-out is off)."""
+        attempts = self.login_attempts.get(username)
+        if not self.allowed_failed_logins or not attempts or attempts["count"] < self.allowed_failed_logins:
+            return 0.0
+        return lockout.seconds_left(attempts["time"], self.seconds_before_next_try)
+
+    def is_blocked(self, username):
+        """NativeAuthenticator's rule (``allowed_failed_logins`` failures, then ``seconds_before_next_try``),
+        counting the whole time since the last failure (its own check dropped whole days)."""
+        return self.lockout_seconds_left(username) > 0
 
     @asynccontextmanager
     async def _one_check_at_a_time(self, username: str):
@@ -301,7 +338,14 @@ class WorkbenchAuthenticator(NativeAuthenticator):
             user = self.get_user(username)
             if not user:
                 return None
-            if self.allowed_failed_logins and self.is_blocked(username):
+            locked_for = self.lockout_seconds_left(username)
+            if locked_for:
+                self.log.warning(
+                    "Login refused for %s without a password check: locked out after %s failed logins, for %s more",
+                    username,
+                    self.allowed_failed_logins,
+                    lockout.duration(locked_for),
+                )
                 return None
             # Everything is evaluated, as NativeAuthenticator does; the row is read before the wait.
             validations = [user.is_authorized]

@@ -98,8 +98,16 @@ def update_auth(c: Config, env: Env) -> None:
     hub user's Unix account; ``WORKBENCH_PAM_GROUPS`` limits it to members of
     those Unix groups. LDAP and other authenticators go in the local config
     file (docs/slurm.md).
+
+    With NativeAuthenticator: a name is locked out after
+    ``WORKBENCH_LOGIN_ATTEMPTS`` failed logins for
+    ``WORKBENCH_LOGIN_LOCKOUT_SECONDS`` (``lockout.py``), and
+    ``WORKBENCH_ADMIN_PASSWORD`` gives the admins without an account one at
+    start (``first_admin.py``).
     """
     import nativeauthenticator
+
+    from . import lockout
 
     c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "admin"))
     kind = text(env, "WORKBENCH_AUTHENTICATOR", "native").lower() or "native"
@@ -128,12 +136,22 @@ def update_auth(c: Config, env: Env) -> None:
             "WORKBENCH_AUTHENTICATOR=pam or unset WORKBENCH_PAM_GROUPS"
         )
     c.JupyterHub.authenticator_class = "workbench_hub.auth.WorkbenchAuthenticator"
-    c.JupyterHub.template_paths = [str(Path(nativeauthenticator.__file__).parent / "templates")]
+    # Our authorization page (buttons that POST, sign_up_approval.py) ahead of NativeAuthenticator's pages.
+    c.JupyterHub.template_paths = [
+        str(Path(__file__).with_name("auth_templates")),
+        str(Path(nativeauthenticator.__file__).parent / "templates"),
+    ]
     # NativeAuthenticator itself refuses sign-ups an admin has not authorized;
     # every authorized account may use the hub.
     c.Authenticator.allow_all = True
     c.NativeAuthenticator.minimum_password_length = 8
     c.NativeAuthenticator.check_common_password = True
+    # Lock-out after failed logins, on by default (lockout.py).
+    lockout.update_lockout(c, env)
+    # The admins' accounts made at start (first_admin.py); read raw: a password's spaces are its own.
+    password = env.get("WORKBENCH_ADMIN_PASSWORD", "")
+    if password.strip():
+        c.WorkbenchAuthenticator.admin_password = password
 
 
 def _token_service(c: Config, env: Env, variable: str, name: str, role: dict) -> bool:

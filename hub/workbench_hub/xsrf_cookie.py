@@ -1,4 +1,5 @@
-"""The hub's ``_xsrf`` cookie is ``Secure`` exactly when its session cookies are.
+"""The hub's ``_xsrf`` cookie is ``Secure`` exactly when its session cookies are, and every cookie of
+the hub says ``SameSite=Lax``.
 
 JupyterHub 6.1 decides ``Secure`` for its session cookies on each request
 (``BaseHandler._set_cookie``): always when ``public_url`` is ``https://``,
@@ -32,6 +33,21 @@ and merges into ``tornado_settings`` (HSTS headers stay). What JupyterHub
 would have put there is kept: ``cookie_options`` when no
 ``xsrf_cookie_kwargs`` were given (JupyterHub sets ``path`` itself); an
 operator's own ``secure`` in ``xsrf_cookie_kwargs`` wins.
+
+``SameSite=Lax`` goes on the session cookies (``cookie_options``, which
+JupyterHub's ``_set_cookie`` applies to ``jupyterhub-session-id`` and
+``jupyterhub-hub-login``) and on ``_xsrf``; JupyterHub sets no ``SameSite``.
+Browsers then send them on top-level navigations (a link from the course
+page to the hub still finds the student logged in) but not on a form another
+site submits, a frame or a ``fetch``. Chromium treats a cookie without
+``SameSite`` as ``Lax`` too, but for its first two minutes also sends it
+on another site's top-level POST ("Lax+POST"); an explicit ``Lax`` has no
+such window, and Firefox and Safari do not default to ``Lax`` at all.
+``Strict`` would log the student out of every link that comes from
+elsewhere (an e-mail, the LMS): each would land on the login page. An
+operator's own ``samesite`` in ``cookie_options`` or
+``xsrf_cookie_kwargs`` wins. (The user servers' cookies get the same in
+``images/singleuser/jupyter_server_config.py``.)
 """
 
 from __future__ import annotations
@@ -43,6 +59,9 @@ from urllib.parse import urlparse
 from tornado.httputil import HTTPServerRequest
 from tornado.web import GZipContentEncoding, OutputTransform
 from traitlets.config import Config
+
+# Every cookie the hub sets, unless the operator's settings say otherwise.
+SAME_SITE = "Lax"
 
 _request_is_https: ContextVar[bool] = ContextVar("workbench_request_is_https", default=False)
 
@@ -85,7 +104,8 @@ def _https_public_url(final: Config) -> bool:
 
 
 def secure_xsrf_cookie(c: Config, final: Config) -> None:
-    """Give ``_xsrf`` the session cookies' ``Secure`` rule, in ``c.JupyterHub.tornado_settings``.
+    """Give ``_xsrf`` the session cookies' ``Secure`` rule, and all of them ``SameSite=Lax``, in
+    ``c.JupyterHub.tornado_settings``.
 
     ``final`` is the final config (environment, local file, command line);
     ``c`` is the config file's, where the result goes.
@@ -94,9 +114,13 @@ def secure_xsrf_cookie(c: Config, final: Config) -> None:
     settings: dict[str, Any] = dict(hub.tornado_settings) if "tornado_settings" in hub else {}
     always = bool(hub.ssl_cert if "ssl_cert" in hub else "") or _https_public_url(final)
     secure = True if always else WHEN_HTTPS
+    cookie_options = dict(settings.get("cookie_options") or {})
     # JupyterHub: "user xsrf_cookie_kwargs works as override", else cookie_options are copied.
-    xsrf = dict(settings.get("xsrf_cookie_kwargs") or settings.get("cookie_options") or {})
+    xsrf = dict(settings.get("xsrf_cookie_kwargs") or cookie_options)
     xsrf.setdefault("secure", secure)
+    for options in (cookie_options, xsrf):
+        options.setdefault("samesite", SAME_SITE)
+    settings["cookie_options"] = cookie_options
     settings["xsrf_cookie_kwargs"] = xsrf
     if xsrf["secure"] is WHEN_HTTPS:
         transforms = settings.get("transforms")

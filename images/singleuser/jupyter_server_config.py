@@ -20,6 +20,7 @@
 # tests/integration/test_no_outbound.py starts a real server with no route out and checks all of this.
 
 import importlib.util as _importlib_util
+import json as _json
 import logging as _logging
 import os as _os
 import signal as _signal
@@ -61,6 +62,20 @@ if _importlib_util.find_spec("workbench_gpu_monitor") is not None and not _os.en
 
     c.ServerApp.kernel_manager_class = "workbench_gpu_monitor.kernel_grace.GracefulKernelManager"
     c.GracefulKernelManager.stop_grace_seconds = _grace_from_env(_os.environ, _logging.getLogger("ServerApp"))
+
+# Every cookie this server sets says SameSite=Lax (issue 46), as the hub's do (workbench_hub/xsrf_cookie.py):
+# JupyterHub's login cookie for this server (jupyterhub-user-NAME) and its OAuth state cookie (HubOAuth's
+# cookie_options; JUPYTERHUB_COOKIE_OPTIONS, when a spawner sets it, is read first and wins), and the server's
+# _xsrf (tornado's xsrf_cookie_kwargs, on the server's own prefix as jupyter_server puts it when none are given).
+# A browser then sends them on a top-level link into the server but not on another site's form, frame or fetch.
+_cookie_options = dict(_json.loads(_os.environ.get("JUPYTERHUB_COOKIE_OPTIONS") or "{}"))
+_cookie_options.setdefault("samesite", "Lax")
+c.HubOAuth.cookie_options = _cookie_options
+if _os.environ.get("JUPYTERHUB_SERVICE_PREFIX"):
+    _tornado_settings = dict(c.ServerApp.tornado_settings) if "tornado_settings" in c.ServerApp else {}
+    _xsrf_cookie = {"path": _os.environ["JUPYTERHUB_SERVICE_PREFIX"], **_tornado_settings.get("xsrf_cookie_kwargs", {})}
+    _xsrf_cookie.setdefault("samesite", "Lax")
+    c.ServerApp.tornado_settings = {**_tornado_settings, "xsrf_cookie_kwargs": _xsrf_cookie}
 
 
 if not (_sys.stdin and _sys.stdin.isatty()):

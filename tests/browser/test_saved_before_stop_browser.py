@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from tests.browser.test_login_to_lab import PASSWORD, _artifact, log_in, sign_up
-from tests.conftest import hub_form, native_sign_up, wait_until, write_utilization
+from tests.conftest import hub_form, native_sign_up, sign_up_decision, wait_until, write_utilization
 from tests.lab_browser import explained, wait_for_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -35,7 +35,7 @@ def admin_authorizes(hub_url: str, name: str) -> None:
     session = requests.Session()
     native_sign_up(session, hub_url, ADMIN, PASSWORD)
     assert hub_form(session, hub_url, "/hub/login", {"username": ADMIN, "password": PASSWORD}).status_code == 302
-    r = session.get(f"{hub_url}/hub/authorize/{name}", timeout=30, allow_redirects=False)
+    r = sign_up_decision(session, hub_url, name, "authorize")
     assert r.status_code == 302, r.text
 
 

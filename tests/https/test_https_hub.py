@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
+from tests.browser.test_login_to_lab import PASSWORD, log_in
 from tests.conftest import ARTIFACTS, REPO, free_port, missing
 from tests.https.certs import NOW
 from tests.https.conftest import TEST_NAME
@@ -133,17 +133,20 @@ def test_an_unreadable_key_stops_the_hub_at_start(tmp_path, test_ca):
 # -- behind a TLS-terminating proxy ---------------------------------------------------------------
 
 
-def signed_up_and_logged_in(url: str, headers: dict[str, str]) -> requests.Response:
-    """Sign up as admin and log in with forms, as a browser would; the login's answer (not followed)."""
+# These hubs serve other machines (or stand for one that does): the admin's account is made at start from
+# WORKBENCH_ADMIN_PASSWORD, not by whoever signs up first (workbench_hub/first_admin.py).
+FIRST_ADMIN = {"WORKBENCH_ADMIN_PASSWORD": PASSWORD}
+
+
+def logged_in_as_admin(url: str, headers: dict[str, str]) -> requests.Response:
+    """Log in as the admin (made at start from ``FIRST_ADMIN``) with the form, as a browser would; the
+    login's answer (not followed)."""
     s = requests.Session()
-    s.get(f"{url}/hub/signup", headers=headers, timeout=30)
+    s.get(f"{url}/hub/login", headers=headers, timeout=30)
     xsrf = s.cookies.get("_xsrf")
     # Sent by hand: requests keeps a Secure cookie to https:// URLs, and here the "TLS proxy in front" is
     # this test, talking plain HTTP to our proxy (a browser talks HTTPS to the real one, and sends it).
     cookies = {"_xsrf": xsrf}
-    data = {"username": "admin", "signup_password": PASSWORD, "signup_password_confirmation": PASSWORD, "_xsrf": xsrf}
-    r = s.post(f"{url}/hub/signup", data=data, headers=headers, cookies=cookies, timeout=30)
-    assert "The signup was successful" in r.text, r.text[-1500:]
     return s.post(
         f"{url}/hub/login?next=",
         data={"username": "admin", "password": PASSWORD, "_xsrf": xsrf},
@@ -162,14 +165,17 @@ def set_cookies(r: requests.Response) -> dict[str, str]:
 def test_behind_a_tls_proxy_the_hub_trusts_x_forwarded_proto(running_hub):
     """WORKBENCH_ALLOW_HTTP=1: no refusal on 0.0.0.0, and what a TLS proxy in front says about the
     browser's connection reaches the hub through our proxy, so its session cookies are Secure."""
-    hub = running_hub({"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_SIMULATED_GPUS": "1"})
+    hub = running_hub(
+        {"WORKBENCH_IP": "0.0.0.0", "WORKBENCH_ALLOW_HTTP": "1", "WORKBENCH_SIMULATED_GPUS": "1", **FIRST_ADMIN}
+    )
     assert "--no-x-forward" in _proxy_command(hub)
-    login = signed_up_and_logged_in(hub.url, {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"})
+    login = logged_in_as_admin(hub.url, {"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.9"})
     assert login.status_code == 302, login.text[-1000:]
     cookies = set_cookies(login)
     for name in ("jupyterhub-session-id", "jupyterhub-hub-login"):
         assert "; secure" in cookies[name], cookies
         assert "; httponly" in cookies[name], cookies
+        assert "; samesite=lax" in cookies[name], cookies
     # _xsrf too (JupyterHub leaves it out; workbench_hub/xsrf_cookie.py), on the hub's path as JupyterHub sets it
     assert "; secure" in cookies["_xsrf"], cookies
     assert "; path=/hub/" in cookies["_xsrf"], cookies
@@ -204,10 +210,11 @@ def test_why_our_proxy_must_not_add_its_own_x_forwarded_proto(running_hub, tmp_p
             "WORKBENCH_ALLOW_HTTP": "1",
             "WORKBENCH_SIMULATED_GPUS": "1",
             "WORKBENCH_LOCAL_CONFIG": str(local),
+            **FIRST_ADMIN,
         }
     )
     assert "--no-x-forward" not in _proxy_command(hub)
-    login = signed_up_and_logged_in(hub.url, {"X-Forwarded-Proto": "https"})
+    login = logged_in_as_admin(hub.url, {"X-Forwarded-Proto": "https"})
     assert login.status_code == 302, login.text[-1000:]
     assert "; secure" not in set_cookies(login)["jupyterhub-session-id"], set_cookies(login)
 
@@ -223,6 +230,7 @@ def test_with_the_operators_certificate_every_cookie_is_secure_xsrf_included(tls
             "WORKBENCH_SSL_CERT": str(test_ca["cert"]),
             "WORKBENCH_SSL_KEY": str(test_ca["key"]),
             "WORKBENCH_SIMULATED_GPUS": "1",
+            **FIRST_ADMIN,
         },
         ca_pem=test_ca["ca_pem"],
     )
@@ -230,11 +238,12 @@ def test_with_the_operators_certificate_every_cookie_is_secure_xsrf_included(tls
     page = requests.get(f"{hub.url}/hub/login", timeout=30)
     assert page.status_code == 200
     assert "; secure" in set_cookies(page)["_xsrf"], set_cookies(page)
-    login = signed_up_and_logged_in(hub.url, {})
+    login = logged_in_as_admin(hub.url, {})
     assert login.status_code == 302, login.text[-1000:]
     cookies = set_cookies(login)
     assert {"_xsrf", "jupyterhub-session-id", "jupyterhub-hub-login"} <= set(cookies), cookies
     assert all("; secure" in line for line in cookies.values()), cookies
+    assert all("; samesite=lax" in line for line in cookies.values()), cookies
 
 
 @pytest.mark.browser
@@ -245,6 +254,7 @@ def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, tru
             "WORKBENCH_SSL_CERT": str(test_ca["cert"]),
             "WORKBENCH_SSL_KEY": str(test_ca["key"]),
             "WORKBENCH_SIMULATED_GPUS": "2",
+            **FIRST_ADMIN,
         },
         ca_pem=test_ca["ca_pem"],
     )
@@ -272,8 +282,7 @@ def test_with_the_operators_certificate_chromium_logs_in_over_https(tls_hub, tru
     url = f"https://{TEST_NAME}:{hub.port}"
     first = page.goto(f"{url}/hub/login")
     assert first.headers["strict-transport-security"] == HSTS
-    assert "The signup was successful!" in sign_up(page, url, "admin")
-    log_in(page, url, "admin")
+    log_in(page, url, "admin")  # the account WORKBENCH_ADMIN_PASSWORD made at start
     page.wait_for_url("**/hub/spawn**")
     page.click("form#spawn_form [type=submit]")
     wait_for_lab(page, f"https://{TEST_NAME}:{hub.port}", "admin", log=hub.log)

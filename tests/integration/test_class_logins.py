@@ -26,7 +26,7 @@ import bcrypt
 import pytest
 import requests
 
-from tests.conftest import hub_form, hub_pool, native_sign_up
+from tests.conftest import hub_form, hub_pool, native_sign_up, sign_up_decision
 
 pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
 
@@ -159,7 +159,7 @@ def test_the_forms_that_hash_keep_nativeauthenticators_answers(class_hub):
     assert "The signup was successful" in native_sign_up(requests.Session(), hub.url, "admin", PASSWORD)
     admin, r = form_login(hub, "admin", PASSWORD)
     assert r.status_code == 302, r.text
-    assert admin.get(f"{hub.url}/hub/authorize/latecomer", allow_redirects=False, timeout=30).status_code == 302
+    assert sign_up_decision(admin, hub.url, "latecomer", "authorize").status_code == 302
     student, r = form_login(hub, "latecomer", PASSWORD)
     assert r.status_code == 302, r.text
 

@@ -28,7 +28,7 @@ import pytest
 import requests
 from sqlalchemy import create_engine, text
 
-from tests.conftest import Hub, hub_form, native_sign_up, wait_until
+from tests.conftest import Hub, hub_form, native_sign_up, sign_up_decision, wait_until
 from tests.postgres.server import fresh_database
 
 pytestmark = pytest.mark.integration
@@ -62,7 +62,7 @@ def quota_hub(request, tmp_path_factory) -> Iterator[QuotaHub]:
         # The student signs up, the admin authorizes them, and they log in: the spawn form needs their cookie.
         native_sign_up(requests.Session(), hub.url, STUDENT, PASSWORD)
         admin = hub.admin_pages()
-        r = admin.get(f"{hub.url}/hub/authorize/{STUDENT}", allow_redirects=False, timeout=30)
+        r = sign_up_decision(admin, hub.url, STUDENT, "authorize")
         assert r.status_code == 302, r.text
         student = requests.Session()
         r = hub_form(student, hub.url, "/hub/login", {"username": STUDENT, "password": PASSWORD})

@@ -39,7 +39,10 @@ def test_admin_sets_a_quota_on_the_page_and_the_next_spawn_follows_it(hub, chrom
     flow.log_in(admin, hub.url, "admin")
     admin.wait_for_url("**/hub/spawn**")
     assert "sent to the admin" in flow.sign_up(student, hub.url, "student")
-    admin.goto(f"{hub.url}/hub/authorize/student")
+    # The Authorize button on the authorization page (a POST with the page's _xsrf).
+    admin.goto(f"{hub.url}/hub/authorize")
+    admin.click('tr[id="student"] button:text-is("Authorize")')
+    admin.wait_for_selector('tr[id="student"].success')
 
     # The student opens the spawn form while the default quota (1) holds.
     flow.log_in(student, hub.url, "student")

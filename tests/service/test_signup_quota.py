@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 import requests
 
-from tests.conftest import hub_form, native_sign_up
+from tests.conftest import hub_form, native_sign_up, sign_up_decision
 from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = pytest.mark.integration
@@ -49,17 +49,17 @@ def test_an_authorized_sign_up_gets_a_quota_before_the_first_login(hub):
         'no user named "newbie" on this hub: they must sign up at /hub/signup and be authorized at '
         "/hub/authorize, or be created on the hub's admin page"
     )
-    r = admin.get(f"{hub.url}/hub/authorize/newbie", timeout=30, allow_redirects=False)
+    r = sign_up_decision(admin, hub.url, "newbie", "authorize")
     assert r.status_code == 302, r.text
     assert hub_user(hub, "newbie") == 200
     r = hub.service("PUT", "api/quotas/users/newbie", json={"max_gpus": 2})
     assert r.status_code == 200, r.text
     assert r.json()["effective"]["max_gpus"] == 2
     # Taking the authorization back keeps the hub user (and the quota); they cannot log in.
-    assert admin.get(f"{hub.url}/hub/authorize/newbie", timeout=30, allow_redirects=False).status_code == 302
+    assert sign_up_decision(admin, hub.url, "newbie", "unauthorize").status_code == 302
     assert hub_user(hub, "newbie") == 200
     # An unknown sign-up name is a 404, not a 500.
-    assert admin.get(f"{hub.url}/hub/authorize/nobody-signed-up", timeout=30).status_code == 404
+    assert sign_up_decision(admin, hub.url, "nobody-signed-up", "authorize").status_code == 404
 
 
 def test_sign_ups_authorized_before_are_hub_users_after_a_restart(hub):

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
-from tests.conftest import hub_form, native_sign_up
+from tests.conftest import hub_form, native_sign_up, sign_up_decision
 
 pytestmark = [pytest.mark.ssh, pytest.mark.browser, pytest.mark.docker, pytest.mark.integration]
 
@@ -26,7 +26,7 @@ def admin_authorizes(hub_url: str, name: str) -> None:
     native_sign_up(session, hub_url, ADMIN, PASSWORD)
     r = hub_form(session, hub_url, "/hub/login", {"username": ADMIN, "password": PASSWORD})
     assert r.status_code == 302, r.text
-    r = session.get(f"{hub_url}/hub/authorize/{name}", timeout=30, allow_redirects=False)
+    r = sign_up_decision(session, hub_url, name, "authorize")
     assert r.status_code == 302, r.text
 
 

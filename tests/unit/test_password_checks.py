@@ -105,7 +105,9 @@ async def test_guesses_sent_at_once_get_no_more_tries_than_allowed(monkeypatch):
     checked = []
     real = password_checks._matches
     monkeypatch.setattr(password_checks, "_matches", lambda pw, hashed: checked.append(pw) or real(pw, hashed))
-    auth = authenticator(allowed_failed_logins=3)
+    # seconds_before_next_try set as the configurer sets it: the trait's real default is 0 (its help's "600" is
+    # a tag, not the value), which is no wait at all
+    auth = authenticator(allowed_failed_logins=3, seconds_before_next_try=600)
     sign_up(auth, "ann")
     sign_up(auth, "ben")
     results = await asyncio.gather(

@@ -90,9 +90,31 @@ def final_settings(env: dict[str, str], local: dict | None = None) -> dict:
 )
 def test_xsrf_cookie_settings(env, local, xsrf, transforms, headers):
     settings = final_settings(env, local)
-    assert settings["xsrf_cookie_kwargs"] == xsrf
+    # SameSite=Lax unless the operator's settings say otherwise (the Strict rows)
+    assert settings["xsrf_cookie_kwargs"] == {"samesite": "Lax", **xsrf}
     assert settings.get("transforms") == transforms
     assert settings.get("headers") == headers
+
+
+@pytest.mark.parametrize(
+    ("local", "session", "xsrf"),
+    [
+        # JupyterHub sets no SameSite; the hub says Lax on its session cookies and _xsrf
+        ({}, {"samesite": "Lax"}, "Lax"),
+        # an operator's own choice wins, on both (JupyterHub copies cookie_options to _xsrf)
+        ({"tornado_settings": {"cookie_options": {"samesite": "Strict"}}}, {"samesite": "Strict"}, "Strict"),
+        # their own _xsrf settings still get Lax, and the session cookies keep their other options
+        (
+            {"tornado_settings": {"cookie_options": {"expires_days": 1}, "xsrf_cookie_kwargs": {"domain": "a.b"}}},
+            {"expires_days": 1, "samesite": "Lax"},
+            "Lax",
+        ),
+    ],
+)
+def test_every_hub_cookie_says_samesite(local, session, xsrf):
+    settings = final_settings({}, local)
+    assert settings["cookie_options"] == session
+    assert settings["xsrf_cookie_kwargs"]["samesite"] == xsrf
 
 
 def test_running_twice_adds_the_transform_once():

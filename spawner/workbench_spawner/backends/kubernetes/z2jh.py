@@ -63,7 +63,7 @@ from urllib.parse import urlparse
 
 from traitlets.config import Config
 
-from workbench_hub import configurer, finish, subdomains
+from workbench_hub import configurer, finish, first_admin, subdomains
 from workbench_hub.env_values import ConfigError, Env, text
 from workbench_hub.finish import fail
 
@@ -211,6 +211,9 @@ def update_chart_auth(c: Config, env: Env, get_config: GetConfig) -> None:
     site_templates = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
     configurer.update_auth(c, env)
     c.JupyterHub.template_paths = [*site_templates, *c.JupyterHub.template_paths]
+    # Browsers reach the hub through the chart's proxy: the admins' accounts come from WORKBENCH_ADMIN_PASSWORD
+    # (a Secret, deploy/z2jh/README.md) unless they exist already (workbench_hub/first_admin.py).
+    c.WorkbenchAuthenticator.reached_from = first_admin.CHART_PROXY
 
 
 def update_chart_services(
