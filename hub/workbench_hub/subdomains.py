@@ -168,21 +168,30 @@ def refuse_login_off_hub_host(authenticator, handler, auth_model):
 
     The login cookie would belong to that origin, where its user's own pages
     run. The hub's own host, and names outside its domain (``127.0.0.1`` through
-    ``ssh -L``), are left as they are."""
+    ``ssh -L``), are left as they are. The refusal is a 403 page of its own with
+    the sentence and a link to the hub's login (``web.Finish``): an ``HTTPError``
+    raised on NativeAuthenticator's login handler reaches the browser with an
+    empty body (JupyterHub's error page is rendered with the synchronous
+    template environment, the handler's templates come from the asynchronous one)."""
     from tornado import web
+    from tornado.escape import xhtml_escape
 
     subdomain_host = handler.settings.get("subdomain_host") or ""
     hub_host = (urlsplit(subdomain_host).hostname or "").lower()
     asked = (handler.request.host or "").lower()
     asked_host = urlsplit(f"//{asked}").hostname or ""
-    if hub_host and asked_host.endswith("." + hub_host):
-        raise web.HTTPError(
-            403,
-            "Cannot log in at %s: that address serves a user's own pages. Log in at %s/hub/login",
-            asked,
-            subdomain_host,
-        )
-    return auth_model
+    if not (hub_host and asked_host.endswith("." + hub_host)):
+        return auth_model
+    login = subdomain_host + handler.settings.get("login_url", "/hub/login")
+    sentence = f"Cannot log in at {asked}: that address serves a user's own pages. Log in at {login}"
+    handler.log.warning("%s (%s)", sentence, auth_model.get("name"))
+    handler.set_status(403)
+    handler.set_header("Content-Type", "text/html; charset=utf-8")
+    raise web.Finish(
+        '<!doctype html>\n<html><head><meta charset="utf-8"><title>Cannot log in here</title></head><body>'
+        f'<p>{xhtml_escape(sentence)}</p><p><a href="{xhtml_escape(login)}">{xhtml_escape(login)}</a></p>'
+        "</body></html>\n"
+    )
 
 
 def update_subdomains(c: Config, env: Env, scheme: str | None = "") -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -186,8 +187,21 @@ def test_two_users_whose_names_differ_only_in_case_get_two_hosts():
     assert subdomains.user_subdomain("Bob", "h.test", "user") != subdomains.user_subdomain("bob", "h.test", "user")
 
 
-def _handler(host: str, subdomain_host: str = "http://localhost:8000"):
-    return SimpleNamespace(settings={"subdomain_host": subdomain_host}, request=SimpleNamespace(host=host))
+class _Handler:
+    """What the hook uses of a JupyterHub login handler."""
+
+    def __init__(self, host: str, subdomain_host: str = "http://localhost:8000"):
+        self.settings = {"subdomain_host": subdomain_host, "login_url": "/hub/login"}
+        self.request = SimpleNamespace(host=host)
+        self.log = logging.getLogger("test")
+        self.status = 200
+        self.headers: dict[str, str] = {}
+
+    def set_status(self, status: int) -> None:
+        self.status = status
+
+    def set_header(self, name: str, value: str) -> None:
+        self.headers[name] = value
 
 
 @pytest.mark.parametrize(
@@ -195,13 +209,24 @@ def _handler(host: str, subdomain_host: str = "http://localhost:8000"):
 )
 def test_a_login_on_a_users_host_is_refused_with_the_hubs_address(host):
     model = {"name": "admin", "admin": True}
-    with pytest.raises(web.HTTPError) as refused:
-        subdomains.refuse_login_off_hub_host(None, _handler(host), model)
-    assert refused.value.status_code == 403
-    assert refused.value.log_message % refused.value.args == (
-        f"Cannot log in at {host.lower()}: that address serves a user's own pages. "
-        "Log in at http://localhost:8000/hub/login"
-    )
+    handler = _Handler(host)
+    with pytest.raises(web.Finish) as refused:
+        subdomains.refuse_login_off_hub_host(None, handler, model)
+    assert handler.status == 403
+    assert handler.headers["Content-Type"] == "text/html; charset=utf-8"
+    (page,) = refused.value.args
+    assert (
+        f"<p>Cannot log in at {host.lower()}: that address serves a user&#x27;s own pages. "
+        "Log in at http://localhost:8000/hub/login</p>"
+    ) in page
+    assert '<a href="http://localhost:8000/hub/login">' in page
+
+
+def test_the_refusal_escapes_what_the_browser_sent():
+    with pytest.raises(web.Finish) as refused:
+        subdomains.refuse_login_off_hub_host(None, _Handler("a<script>.localhost:8000"), {"name": "admin"})
+    assert "<script>" not in refused.value.args[0]
+    assert "a&lt;script&gt;.localhost:8000" in refused.value.args[0]
 
 
 @pytest.mark.parametrize(
@@ -215,7 +240,7 @@ def test_a_login_on_a_users_host_is_refused_with_the_hubs_address(host):
 )
 def test_a_login_elsewhere_goes_on(host, subdomain_host):
     model = {"name": "admin", "admin": True}
-    assert subdomains.refuse_login_off_hub_host(None, _handler(host, subdomain_host), model) is model
+    assert subdomains.refuse_login_off_hub_host(None, _Handler(host, subdomain_host), model) is model
 
 
 @pytest.mark.parametrize(
