@@ -156,14 +156,16 @@ def table(tmp_path_factory):
 
 
 def parameters(doc: dict, path: str, method: str) -> list[dict]:
-    """The operation's parameters and its path's, references resolved."""
+    """The operation's parameters and its path's, each local reference (``#/components/parameters/Name``)
+    followed to what it names."""
     found = []
-    for keys in (("paths", path), ("paths", path, method)):
-        node: Any = doc
-        for key in keys:
-            node = node[key]
-        for index in range(len(node.get("parameters", []))):
-            found.append(resolve(doc, (*keys, "parameters", index))[0])
+    for parameter in [*doc["paths"][path].get("parameters", []), *doc["paths"][path][method].get("parameters", [])]:
+        while "$ref" in parameter:
+            target: Any = doc
+            for key in parameter["$ref"].removeprefix("#/").split("/"):
+                target = target[key]
+            parameter = target
+        found.append(parameter)
     return found
 
 

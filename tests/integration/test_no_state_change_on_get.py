@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from tornado.routing import PathMatches
 
 from tests.integration import hub_state
 from tests.integration.sign_ups import admin_session, authorized_student, sign_up
@@ -51,6 +52,7 @@ def service_routes(names: dict[str, str]) -> list[str]:
     else serves."""
     paths = []
     for rule in make_app(None, backend=BACKEND).wildcard_router.rules:
+        assert isinstance(rule.matcher, PathMatches)
         pattern = rule.matcher.regex.pattern.removesuffix("$")
         parts = PARAMETER.split(pattern)
         path = parts[0]

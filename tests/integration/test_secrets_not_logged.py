@@ -8,14 +8,15 @@ token is made through the hub's API, and spawns and stops the student's server; 
 service's API and the user server are called with ``?token=`` (the student's token and the hub's
 ``WORKBENCH_ADMIN_TOKEN``), which JupyterHub 6 ignores but every access log sees.
 
-Then every log the run wrote is read for every secret it used (each password, the tokens, the
-login cookies of the hub, the service and the user server, the OAuth codes the browsers carried, and
-the tokens the hub gave its services, its proxy and the user server): none may be there, as is or URL-encoded. The logs are
-found, not listed: every file an open descriptor of any process of the run pointed at while all of
-them ran (the hub, its proxy, its services, the user server; their stdout and stderr among them),
-and every file under the data dir. The test prints which files it read, and fails if a process
-writes its output somewhere it cannot read (a pipe, a socket). JupyterHub hides such values as
-``[secret]``; the test checks that the requests were logged at all, so a quiet log cannot pass it.
+Then every log the run wrote is read for every secret it used (each password, the tokens, the login
+cookies of the hub, the service and the user server, the OAuth codes the browsers carried, and the
+tokens the hub gave its services, its proxy and the user server): none may be there, as is or
+URL-encoded. The logs are found, not listed: every file an open descriptor of any process of the
+run pointed at while all of them ran (the hub, its proxy, its services, the user server; their
+stdout and stderr among them), and every file under the data dir. The test prints which files it
+read, and fails if a process writes its output somewhere it cannot read (a pipe, a socket).
+JupyterHub hides such values as ``[secret]``; the test checks that the requests were logged at all,
+so a quiet log cannot pass it.
 """
 
 from __future__ import annotations
