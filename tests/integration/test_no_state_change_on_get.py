@@ -16,10 +16,10 @@ send with it), the test GETs, following redirects as a browser does:
 
 Around each GET the hub's and the service's state (``hub_state.snapshot``: hub users, groups,
 servers, NativeAuthenticator's sign-ups and password hashes, quotas, reservations, drains,
-exemptions, GPU leases) must be the same. The e-mail confirmation link (``/hub/confirm/SLUG``)
-authorizes on GET by design, only with a slug signed with the hub's secret, sent by mail where
-``allow_self_approval_for`` is set (it is not here): walked with a name, which is no valid slug.
-JupyterHub's own pages (logout, token, admin) are JupyterHub's, not walked here.
+exemptions, GPU leases) must be the same. The e-mail confirmation route (``/hub/confirm/SLUG``)
+is walked with a name, which is no slug signed with the hub's secret (those are mailed only where
+``allow_self_approval_for`` is set, as it is not here). JupyterHub's own pages (logout, token,
+admin) are JupyterHub's, not walked here.
 """
 
 from __future__ import annotations
