@@ -16,7 +16,11 @@ and loses its value, as the hub and jupyter_server do.
   mounts (its own, the OAuth callback, static files, the 404 for unknown
   paths): tornado's warning for an HTTP error and its traceback for an
   uncaught exception name the request by the same scrubbed summary, and the
-  traceback no longer prints the request object (whose repr holds the URL).
+  traceback no longer prints the request object (whose repr holds the URL);
+* ``HideOAuthState``, a filter on tornado's application log: JupyterHub's
+  OAuth callback warns of a state that does not match with both values, the
+  URL's and the one in the browser's state cookie (a login in progress); the
+  line keeps its words, the values become ``[secret]``.
 
 Headers never reach a log line: neither tornado nor the service logs them.
 """
@@ -28,6 +32,10 @@ import logging
 from jupyterhub.log import _scrub_uri
 from tornado import web
 from tornado.log import access_log, app_log
+
+SECRET = "[secret]"
+# JupyterHub's HubOAuthCallbackHandler: app_log.warning("oauth state argument %r != cookie %s=%r", ...)
+OAUTH_STATE_MISMATCH = "oauth state argument %r != cookie %s=%r"
 
 
 def scrub_uri(uri: str) -> str:
@@ -59,3 +67,19 @@ class ScrubbedRequestLog(web.RequestHandler):
             super().log_exception(typ, value, tb)  # one line through _request_summary above
             return
         app_log.error("Uncaught exception %s", self._request_summary(), exc_info=(typ, value, tb))
+
+
+class HideOAuthState(logging.Filter):
+    """Replaces the two OAuth state values of JupyterHub's state-mismatch warning by ``[secret]``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == OAUTH_STATE_MISMATCH and isinstance(record.args, tuple) and len(record.args) == 3:
+            record.msg = "oauth state argument %s != cookie %s=%s"
+            record.args = (SECRET, record.args[1], SECRET)
+        return True
+
+
+def hide_oauth_state() -> None:
+    """Install ``HideOAuthState`` on tornado's application log (once; the service calls it at start)."""
+    if not any(isinstance(f, HideOAuthState) for f in app_log.filters):
+        app_log.addFilter(HideOAuthState())

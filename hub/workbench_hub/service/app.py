@@ -40,7 +40,7 @@ from workbench_spawner.ledger.store import AllocationStore
 from . import handlers as h
 from . import page_handlers as pages
 from . import reservation_handlers as rh
-from .access_log import log_request
+from .access_log import hide_oauth_state, log_request
 from .drain_handlers import drain_routes
 from .drain_stops import DrainStops
 from .fleet import Fleet
@@ -116,6 +116,7 @@ def make_app(
         log_function=log_request,
     )
     app.add_transform(SecurityHeaders)
+    hide_oauth_state()
     return app
 
 
