@@ -6,6 +6,7 @@ from pathlib import Path
 
 from traitlets.config import Config
 
+from workbench_hub import subdomains
 from workbench_hub.accounts import Reach
 from workbench_hub.transport import Transport
 from workbench_spawner.release import version
@@ -95,6 +96,7 @@ def banner(
         )
     elif transport and transport.mode == "behind-proxy":
         transport_lines.append("HTTPS: terminated by the proxy in front (it must forward X-Forwarded-Proto)")
+    transport_lines += subdomains.banner_lines(c, transport)
     warning = shared_local_warning(reach) if backend == "local" and reach else []
     return "\n".join(
         [

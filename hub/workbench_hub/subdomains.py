@@ -54,6 +54,7 @@ from traitlets.config import Config
 
 from . import tls
 from .env_values import ConfigError, Env, opt_in, text
+from .transport import Transport
 
 VARIABLE = "WORKBENCH_SUBDOMAIN_HOST"
 # The names this machine's own clients reach the proxy by: the CLI and scripts on the host (loopback), Prometheus
@@ -236,3 +237,19 @@ def require_wildcard(cert: str, key: str, host: str) -> None:
         f"{lacks}, so browsers would refuse {refused}: serve one certificate for {host} and *.{host} "
         "(README: User content on its own origin)"
     )
+
+
+def banner_lines(c: Config, transport: Transport | None) -> list[str]:
+    """What the start-up banner says about users' origins: where they are when on; when off and other machines
+    reach the hub (HTTPS, ours or in front), that a student's page shares the hub's origin."""
+    subdomain_host = c.JupyterHub.subdomain_host if "subdomain_host" in c.JupyterHub else ""
+    if subdomain_host:
+        scheme, _, host = subdomain_host.partition("://")
+        return [f"Users' servers: each on its own origin, {scheme}://NAME.{host}/user/NAME/"]
+    if transport and transport.mode in ("https", "behind-proxy"):
+        return [
+            "Users' servers share the hub's origin: a page a student serves can act as whoever opens it;",
+            "  WORKBENCH_SUBDOMAIN_HOST gives each its own (wildcard DNS and certificate; README: User content",
+            "  on its own origin)",
+        ]
+    return []

@@ -362,3 +362,63 @@ def test_the_charts_own_subdomain_host_gets_the_same_hook_and_guard():
     configurer.update_services(c, {})
     z2jh.update_chart_subdomains(c, {}, _chart([]))  # off: no flag needed
     assert "subdomain_host" not in c.JupyterHub
+
+
+def test_the_https_profiles_caddy_refuses_subdomains_with_a_sentence():
+    """The compose profile's Caddy gets one certificate per name by HTTP-01, which cannot be a wildcard; its entry
+    script stops before Caddy starts (it ends in ``exec caddy``, which this machine need not have)."""
+    import subprocess
+
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "WORKBENCH_DOMAIN": "gpu.example.org",
+        "WORKBENCH_ACME_EMAIL": "gpu-admin@example.org",
+        "WORKBENCH_SUBDOMAIN_HOST": "https://gpu.example.org",
+    }
+    done = subprocess.run(
+        ["sh", str(REPO / "images" / "https" / "workbench-caddy")], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "GPU Workbench https: WORKBENCH_SUBDOMAIN_HOST puts every user's server on a name of its own "
+        "(NAME.gpu.example.org), which needs a wildcard certificate, and this Caddy gets certificates by HTTP-01, "
+        "which cannot issue one: leave the https profile off and serve a certificate for gpu.example.org and "
+        "*.gpu.example.org with the hub's own proxy (WORKBENCH_SSL_CERT, WORKBENCH_SSL_KEY; README: User content "
+        "on its own origin)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "shown"),
+    [
+        (
+            {"WORKBENCH_SUBDOMAIN_HOST": "https://hub.example.edu", "WORKBENCH_DOMAIN": "hub.example.edu"},
+            ["Users' servers: each on its own origin, https://NAME.hub.example.edu/user/NAME/"],
+        ),
+        (
+            {"WORKBENCH_DOMAIN": "hub.example.edu"},
+            [
+                "Users' servers share the hub's origin: a page a student serves can act as whoever opens it;",
+                "  WORKBENCH_SUBDOMAIN_HOST gives each its own (wildcard DNS and certificate; README: User content",
+                "  on its own origin)",
+            ],
+        ),
+        ({}, []),  # plain HTTP on loopback: one workstation, nothing to say
+    ],
+)
+def test_the_banner_says_where_users_servers_are(env, shown):
+    from workbench_devices import DeviceInventory
+    from workbench_hub import banner
+
+    c = build(env)
+    c.Authenticator.admin_users = {"admin"}
+    text = banner.banner(
+        c, "docker", Path("/srv/data"), DeviceInventory("none", [], "no driver"), transport.check_transport(c, env)
+    )
+    lines = text.splitlines()
+    found = [
+        line for line in lines if line.startswith(("Users' servers", "  WORKBENCH_SUBDOMAIN_HOST", "  on its own"))
+    ]
+    assert found == shown, text
+    if env.get("WORKBENCH_SUBDOMAIN_HOST"):
+        assert "GPU Workbench (docker backend) at https://hub.example.edu/" in lines
