@@ -95,7 +95,7 @@ def my_gpus(fleet: Fleet, model: Mapping, now: datetime) -> dict:
     hub_servers: Mapping[str, Mapping] = model.get("servers") or {}
     servers = []
     for server in sorted(set(hub_servers) | set(by_server), key=lambda s: (s != "", s)):
-        lease = by_server.get(server)
+        holding = by_server.get(server)
         running = hub_servers.get(server)
         servers.append(
             {
@@ -105,7 +105,7 @@ def my_gpus(fleet: Fleet, model: Mapping, now: datetime) -> dict:
                 "url": running.get("url") if running and running.get("ready") else None,
                 "held_gpus": held.get(server, 0),
                 "gpu_hours_week": (per_server.get(server) or {}).get("gpu_hours_week", 0.0),
-                "gpus": [_gpu(fleet, uuid, lease, devices) for uuid in lease.gpu_uuids] if lease else [],
+                "gpus": [_gpu(fleet, uuid, holding, devices) for uuid in holding.gpu_uuids] if holding else [],
             }
         )
     return {
