@@ -56,6 +56,21 @@ def shared_local_warning(reach: Reach) -> list[str]:
     ]
 
 
+def first_admin_line(c: Config, address: str, admins: list[str]) -> str:
+    """How the first admin begins: sign up, or (``WORKBENCH_ADMIN_PASSWORD``) log in to the account made at start."""
+    names = " or ".join(admins) or "(set WORKBENCH_ADMIN_USERS)"
+    section = c.WorkbenchAuthenticator if "WorkbenchAuthenticator" in c else {}
+    if section.get("admin_password"):
+        return (
+            f"First admin: log in at {address}/hub/login as {names} with WORKBENCH_ADMIN_PASSWORD (an admin "
+            "without an account got one at start); other sign-ups wait for an admin at /hub/authorize"
+        )
+    return (
+        f"First admin: open {address}/hub/signup and sign up as {names}; "
+        "admins are authorized at once, other sign-ups wait for an admin at /hub/authorize"
+    )
+
+
 def banner(
     c: Config,
     backend: str,
@@ -108,9 +123,7 @@ def banner(
             *([f"Class start: {class_start}"] if class_start else []),
             *transport_lines,
             f"Data: {data}",
-            f"First admin: open {address}/hub/signup and sign up as "
-            f"{' or '.join(admins) or '(set WORKBENCH_ADMIN_USERS)'}; "
-            "admins are authorized at once, other sign-ups wait for an admin at /hub/authorize",
+            first_admin_line(c, address, admins),
             *warning,
             "=" * 72,
             "",

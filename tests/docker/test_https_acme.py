@@ -26,7 +26,7 @@ import pytest
 import requests
 import urllib3
 
-from tests.browser.test_login_to_lab import log_in, sign_up
+from tests.browser.test_login_to_lab import PASSWORD, log_in
 from tests.conftest import ARTIFACTS, missing
 from tests.docker.conftest import REPO, SINGLEUSER_IMAGE, docker, inspect, remove_user_objects
 from tests.https.certs import CA
@@ -236,6 +236,8 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
                 {
                     "WORKBENCH_SIMULATED_GPUS": "1",
                     "WORKBENCH_ADMIN_USERS": user,
+                    # a public domain: the admin's account is made at start (workbench_hub/first_admin.py)
+                    "WORKBENCH_ADMIN_PASSWORD": PASSWORD,
                     "WORKBENCH_ADMIN_TOKEN": token,
                     "WORKBENCH_CULL_IDLE_SECONDS": "0",
                     "WORKBENCH_DATASETS_VOLUME": datasets,
@@ -324,8 +326,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
             return compose("logs", "hub").stdout
 
         with explained(page, f"https-acme-{user}", hub_log):
-            assert "The signup was successful!" in sign_up(page, url, user)
-            log_in(page, url, user)
+            log_in(page, url, user)  # the account WORKBENCH_ADMIN_PASSWORD made at start
             page.wait_for_url("**/hub/spawn**")
             page.click("form#spawn_form [type=submit]")
         wait_for_lab(page, url, user, log=hub_log)
@@ -335,6 +336,7 @@ def test_https_profile_gets_a_certificate_from_pebble_and_serves_the_hub(
             assert cookies[name]["secure"], cookies.get(name)
             assert cookies[name]["httpOnly"], cookies.get(name)
         assert cookies["_xsrf"]["secure"], "behind Caddy the form token is Secure too"
+        assert f"Admin account {user} made at start" in hub_log()
         context.close()
     finally:
         compose("down", "-v", "--remove-orphans", timeout=180)

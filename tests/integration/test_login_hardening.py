@@ -11,10 +11,12 @@ import re
 import sqlite3
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 import requests
+from nativeauthenticator.crypto.signing import Signer
 
 from tests.conftest import Hub, hub_form, native_sign_up, sign_up_decision
 
@@ -126,6 +128,48 @@ def test_the_old_links_change_nothing_and_the_buttons_do(running_hub):
     assert log_in(hub, "bob", STUDENT_PASSWORD, student).status_code == 302
     assert sign_up_decision(student, hub.url, "eve", "authorize").status_code == 403
     assert sign_ups(hub)["eve"] is False
+
+
+def test_the_e_mail_link_opens_a_page_and_its_button_confirms(running_hub, tmp_path):
+    """Self-approval (``allow_self_approval_for``, from the local config file): the mailed link shows a
+    Confirm button and changes nothing; its POST authorizes and makes the hub user."""
+    secret = "a-test-secret-key-for-links"
+    local = tmp_path / "local_config.py"
+    local.write_text(
+        "c = get_config()\n"
+        "c.NativeAuthenticator.allow_self_approval_for = r'^nobody@nowhere\\.invalid$'\n"
+        f"c.NativeAuthenticator.secret_key = {secret!r}\n"
+    )
+    hub = running_hub({"WORKBENCH_SIMULATED_GPUS": "1", "WORKBENCH_LOCAL_CONFIG": str(local)})
+    # carol's address does not match the pattern, so no mail is sent; the link is made as the hub makes it
+    r = hub_form(
+        requests.Session(),
+        hub.url,
+        "/hub/signup",
+        {
+            "username": "carol",
+            "email": "carol@example.org",
+            "signup_password": STUDENT_PASSWORD,
+            "signup_password_confirmation": STUDENT_PASSWORD,
+        },
+    )
+    assert "sent to the admin" in r.text, r.text[-1000:]
+    expire = (datetime.now(UTC) + timedelta(minutes=15)).isoformat()
+    link = f"{hub.url}/hub/confirm/{Signer(secret).sign_object({'username': 'carol', 'expire': expire})}"
+
+    browser = requests.Session()
+    page = browser.get(link, timeout=30)
+    assert page.status_code == 200
+    assert "Confirm the sign-up of carol" in page.text
+    assert 'id="confirm_submit"' in page.text
+    assert sign_ups(hub)["carol"] is False
+    assert browser.get(f"{hub.url}/hub/confirm/not-a-signed-link", timeout=30).text.count("Invalid URL") == 1
+
+    r = browser.post(link, data={"_xsrf": browser.cookies.get("_xsrf")}, timeout=30)
+    assert "carol has been authorized!" in r.text, r.text[-1000:]
+    assert sign_ups(hub)["carol"] is True
+    assert hub.api("GET", "/users/carol").status_code == 200
+    assert log_in(hub, "carol", STUDENT_PASSWORD).status_code == 302
 
 
 # -- the lock-out, on by default -------------------------------------------------------------------

@@ -16,7 +16,7 @@ from traitlets.config import Config
 
 from tests.unit.test_configurer import build, get
 from tests.unit.test_password_checks import FAST, authenticator, sign_up
-from workbench_hub import first_admin, lockout
+from workbench_hub import banner, first_admin, lockout
 from workbench_hub.configurer import ConfigError, update_auth
 
 # -- the lock-out's settings -----------------------------------------------------------------------
@@ -268,3 +268,16 @@ def test_an_admin_name_that_cannot_be_an_account_is_a_sentence():
     auth.admin_users = {"ada lovelace"}
     with pytest.raises(first_admin.FirstAdminError, match="WORKBENCH_ADMIN_USERS names 'ada lovelace'"):
         first_admin.set_up_admins(auth)
+
+
+def test_the_banner_says_how_the_first_admin_begins():
+    address = "https://gpu.example.org"
+    assert banner.first_admin_line(build({}), address, ["admin"]) == (
+        "First admin: open https://gpu.example.org/hub/signup and sign up as admin; admins are authorized at "
+        "once, other sign-ups wait for an admin at /hub/authorize"
+    )
+    with_password = build({"WORKBENCH_ADMIN_PASSWORD": "a-first-admin-passphrase"})
+    assert banner.first_admin_line(with_password, address, ["admin", "grace"]) == (
+        "First admin: log in at https://gpu.example.org/hub/login as admin or grace with WORKBENCH_ADMIN_PASSWORD "
+        "(an admin without an account got one at start); other sign-ups wait for an admin at /hub/authorize"
+    )

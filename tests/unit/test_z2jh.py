@@ -116,6 +116,10 @@ def test_shipped_values_give_the_workbench_its_place_in_the_chart():
     # login: NativeAuthenticator sign-ups, the admins from WORKBENCH_ADMIN_USERS
     assert c.JupyterHub.authenticator_class == "workbench_hub.auth.WorkbenchAuthenticator"
     assert c.Authenticator.admin_users == {"admin"}
+    # the lock-out as shipped, and the admins' accounts made before the chart's proxy lets anyone sign up
+    assert c.NativeAuthenticator.allowed_failed_logins == 5
+    assert c.NativeAuthenticator.seconds_before_next_try == 300
+    assert c.WorkbenchAuthenticator.reached_from == "the z2jh chart's proxy-public Service"
     # the workbench service: in the hub pod, reached through the hub's Service, reaching the proxy's
     workbench = service(c, "workbench")
     assert workbench["url"] == "http://rel-hub:10101"
@@ -268,13 +272,14 @@ def test_what_the_glue_refuses_with_a_sentence(env, changes, says):
             {"hub": {"config": {"JupyterHub": {"authenticator_class": "dummy"}}}},
             lambda c, data: c.JupyterHub.authenticator_class == "workbench_hub.auth.WorkbenchAuthenticator",
         ),
-        # a site's templates stay first, before NativeAuthenticator's
+        # a site's templates stay first, before ours (the authorization page) and NativeAuthenticator's
         (
             {},
             {"hub": {"templatePaths": ["/etc/site-templates"]}},
             lambda c, data: (
                 c.JupyterHub.template_paths[0] == "/etc/site-templates"
-                and c.JupyterHub.template_paths[1].endswith("nativeauthenticator/templates")
+                and c.JupyterHub.template_paths[1].endswith("workbench_hub/auth_templates")
+                and c.JupyterHub.template_paths[2].endswith("nativeauthenticator/templates")
             ),
         ),
         ({}, {"singleuser": {"defaultUrl": "/tree"}}, lambda c, data: c.Spawner.default_url == "/tree"),
