@@ -11,6 +11,7 @@ import pytest
 import requests
 
 from tests.conftest import wait_until
+from tests.integration.sign_ups import admin_session
 from workbench_spawner.ledger.store import AllocationStore
 
 pytestmark = pytest.mark.integration
@@ -89,6 +90,29 @@ def test_the_pages_carry_no_inline_script(hub):
         src = re.search(r'src="/services/workbench/([^"]+)"', attributes).group(1)
         assert hub.service("GET", src, token=False, validate=False).status_code == 200, src
     assert not re.search(r"<[^>]+\son[a-z]+=", page), "no event handler attributes either"
+
+
+def test_every_cookie_of_the_service_says_samesite_lax(hub):
+    """The OAuth state cookie on the way to the hub's login, then the login's own cookie and the _xsrf one the
+    callback sets: a browser sends none of them with another site's forms, frames or scripts' requests."""
+    admin = admin_session(hub)
+    r = admin.get(f"{hub.url}/services/workbench/", timeout=30)
+    assert r.status_code == 200, r.text[-500:]
+    assert 'id="workbench-gpu-table"' in r.text
+    set_by_service = [
+        line
+        for answer in r.history
+        if "/services/workbench/" in answer.url
+        for line in answer.raw.headers.getlist("Set-Cookie")
+    ]
+    kept = [line for line in set_by_service if not line.split(";", 1)[0].endswith('=""')]  # not a deletion
+    assert sorted(line.split("=", 1)[0] for line in kept) == [
+        "_xsrf",
+        "service-workbench",
+        "service-workbench-oauth-state",
+    ]
+    for line in kept:
+        assert "SameSite=Lax" in line, line
 
 
 # -- the log ----------------------------------------------------------------------------------------------------

@@ -275,6 +275,40 @@ def test_every_schema_is_json_schema_2020_12_and_every_answer_has_one():
     assert body["properties"]["max_session_hours"]["minimum"] == 0.01
 
 
+@pytest.mark.parametrize("backend", ["", *installed_backends()])
+def test_every_operation_says_who_may_call_it(backend):
+    """x-scope (or security: [] for the public document) on every operation; x-self-scope only the self scope, and
+    x-self-param only beside it, naming one of the operation's own parameters (the authorization table reads these)."""
+    doc = make_app(fleet=None, prefix=PREFIX, backend=backend).settings["openapi"]
+    scopes = {"custom:workbench:read", "custom:workbench:admin"}
+    for path, item in doc["paths"].items():
+        shared = item.get("parameters") or []
+        for method, operation in item.items():
+            if method not in METHODS:
+                continue
+            where = f"{method} {path}"
+            if operation.get("security") == []:
+                assert "x-scope" not in operation, where
+                continue
+            assert operation.get("x-scope") in scopes, where
+            if "x-self-param" in operation:
+                assert operation.get("x-self-scope") == "custom:workbench:self", where
+                names = {
+                    resolve(doc, tuple(p["$ref"][2:].split("/")))[0]["name"] if "$ref" in p else p["name"]
+                    for p in [*shared, *(operation.get("parameters") or [])]
+                }
+                assert operation["x-self-param"] in names, where
+            assert operation.get("x-self-scope") in (None, "custom:workbench:self"), where
+    me = doc["paths"]["/api/me"]["get"]
+    assert (me["x-scope"], me["x-self-scope"], "x-self-param" in me) == (
+        "custom:workbench:read",
+        "custom:workbench:self",
+        False,
+    )
+    assert doc["paths"]["/api/usage"]["get"]["x-self-param"] == "user"
+    assert doc["paths"]["/api/quotas/users/{name}"]["get"]["x-self-param"] == "name"
+
+
 def test_the_yaml_ships_with_the_package():
     assert (files("workbench_hub.service") / "openapi.yaml").is_file()
     for path in openapi_fragments(list(installed_backends())):
