@@ -29,7 +29,6 @@ import pytest
 import requests
 
 from tests.browser.test_login_to_lab import _artifact, log_in, sign_up
-from tests.browser.test_saved_before_stop_browser import admin_authorizes
 from tests.conftest import free_port, hub_pool, wait_until
 from tests.lab_browser import explained, wait_for_lab
 
@@ -114,6 +113,20 @@ def admin_opens_the_students_page(chromium_browser, hub, hub_origin: str, page_u
     return found
 
 
+def admin_authorizes(chromium_browser, hub_origin: str, name: str) -> None:
+    """The admin signs up (authorized at once), logs in on the hub's host and presses Authorize for ``name``."""
+    context = chromium_browser.new_context()
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    assert "The signup was successful!" in sign_up(page, hub_origin, ADMIN)
+    log_in(page, hub_origin, ADMIN)
+    page.wait_for_url(re.compile(r".*/hub/(spawn|home).*"))
+    page.goto(f"{hub_origin}/hub/authorize")
+    page.click(f'tr[id="{name}"] button:text-is("Authorize")')
+    page.locator(f'tr[id="{name}"] button:text-is("Unauthorize")').wait_for()
+    context.close()
+
+
 def admins_tokens(hub) -> list[str]:
     return [t.get("note") or "" for t in hub.api("GET", f"/users/{ADMIN}/tokens").json().get("api_tokens", [])]
 
@@ -161,7 +174,7 @@ def test_with_subdomains_the_students_page_gets_nothing_of_the_admins(start_hub,
     page.set_default_timeout(60_000)
     with explained(page, "subdomains-student", hub.log):
         assert "sent to the admin" in sign_up(page, hub_origin, STUDENT)
-        admin_authorizes(hub_origin, STUDENT)
+        admin_authorizes(chromium_browser, hub_origin, STUDENT)
         log_in(page, hub_origin, STUDENT)
         page.wait_for_url("**/hub/spawn**")
         page.locator("#workbench-gpus").fill("1")
