@@ -40,12 +40,14 @@ def given(pid: int) -> bytes:
 def test_the_proxy_and_the_services_get_none_of_the_hubs_secrets(running_hub):
     metrics_token = secrets.token_hex(16)
     cookie_secret = secrets.token_hex(32)
+    admin_password = "first-admin-" + secrets.token_hex(8)
     hub = running_hub(
         {
             "WORKBENCH_SIMULATED_GPUS": "1",
             "WORKBENCH_CULL_IDLE_SECONDS": "3600",  # the culler runs (it never culls here)
             "WORKBENCH_METRICS_TOKEN": metrics_token,
             "JPY_COOKIE_SECRET": cookie_secret,
+            "WORKBENCH_ADMIN_PASSWORD": admin_password,
             # an operator's variable for the proxy, passed through by name
             "WORKBENCH_PROXY_ENV_KEEP": "NO_PROXY",
             "NO_PROXY": "internal.example",
@@ -55,6 +57,7 @@ def test_the_proxy_and_the_services_get_none_of_the_hubs_secrets(running_hub):
         "WORKBENCH_ADMIN_TOKEN": hub.token,
         "WORKBENCH_METRICS_TOKEN": metrics_token,
         "JPY_COOKIE_SECRET": cookie_secret,
+        "WORKBENCH_ADMIN_PASSWORD": admin_password,
     }
     # The premise: the hub itself holds them (so a process started with its environment would too).
     hub_env = process_env(hub.proc.pid)
