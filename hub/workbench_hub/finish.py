@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from traitlets.config import Config
 
-from . import class_start, configurer, home_page, xsrf_cookie
+from . import class_start, configurer, home_page, log_secrets, xsrf_cookie
 
 if TYPE_CHECKING:
     from workbench_spawner.mixin import GPUSpawnerMixin
@@ -90,6 +90,8 @@ def finish_hub(
 
     # The _xsrf cookie gets the session cookies' Secure rule (JupyterHub leaves it out; xsrf_cookie.py).
     xsrf_cookie.secure_xsrf_cookie(c, final)
+    # Tokens in URLs never reach the hub's log, tornado's warnings and tracebacks included (log_secrets.py).
+    log_secrets.install()
     # Who shuts the hub down through its API is told to the students whose servers it stops (stop_requester.py).
     note_shutdown_requests(c)
     try:
