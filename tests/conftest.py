@@ -93,12 +93,16 @@ def native_sign_up(session: requests.Session, url: str, name: str, password: str
     return r.text
 
 
+def hub_xsrf(session: requests.Session) -> str:
+    """The hub's own ``_xsrf`` cookie (path /hub/): a session that also opened a service or a server holds theirs."""
+    return next((c.value or "" for c in session.cookies if c.name == "_xsrf" and c.path.startswith("/hub")), "")
+
+
 def sign_up_decision(session: requests.Session, url: str, name: str, action: str) -> requests.Response:
     """An admin's Authorize, Unauthorize or Discard button on ``/hub/authorize`` (``action``: ``authorize``,
     ``unauthorize`` or ``discard``): a POST with the page's ``_xsrf``, as the browser sends it (not followed)."""
     session.get(f"{url}/hub/authorize", timeout=30)
-    # the hub's own _xsrf (path /hub/): a session that also opened a service or a server holds theirs too
-    xsrf = next((c.value or "" for c in session.cookies if c.name == "_xsrf" and c.path.startswith("/hub")), "")
+    xsrf = hub_xsrf(session)
     path, data = (f"/hub/discard/{name}", {}) if action == "discard" else (f"/hub/authorize/{name}", {"action": action})
     return session.post(f"{url}{path}", data={**data, "_xsrf": xsrf}, allow_redirects=False, timeout=30)
 

@@ -2,17 +2,15 @@
 
 The security tests need real accounts with real passwords (a pending sign-up an attacker would
 authorize, an authorized student one would de-authorize, logins whose passwords must never reach a
-log). ``authorize`` is a step of their set-up, not what they test: it sends the admin's authorization
-as the hub's authorization page does, a POST of ``action=authorize`` with ``_xsrf`` to
-``/hub/authorize/NAME``, and only where that hub still answers such a POST with 405
-(NativeAuthenticator's GET link, before issue 46) follows the old link instead.
+log). ``authorize`` is a step of their set-up, not what they test: it presses the Authorize button of
+the hub's authorization page (``tests.conftest.sign_up_decision``: a POST with ``_xsrf``).
 """
 
 from __future__ import annotations
 
 import requests
 
-from tests.conftest import hub_form, native_sign_up
+from tests.conftest import hub_form, native_sign_up, sign_up_decision
 from tests.service.conftest import WorkbenchHub
 
 PASSWORD = "table-passphrase-for-students-42"
@@ -37,19 +35,9 @@ def admin_session(hub: WorkbenchHub, password: str = PASSWORD) -> requests.Sessi
     return log_in(hub, "admin", password)
 
 
-def hub_xsrf(session: requests.Session) -> str:
-    """The hub's ``_xsrf`` cookie (path /hub/): a session logged in to a service holds that one's too."""
-    return next((c.value or "" for c in session.cookies if c.name == "_xsrf" and c.path.startswith("/hub")), "")
-
-
 def authorize(admin: requests.Session, hub: WorkbenchHub, name: str) -> None:
     """The admin authorizes ``name``'s pending sign-up (a hub user from then on)."""
-    admin.get(f"{hub.url}/hub/authorize", timeout=30)  # the page the admin acts on, and its _xsrf cookie
-    url = f"{hub.url}/hub/authorize/{name}"
-    data = {"action": "authorize", "_xsrf": hub_xsrf(admin)}
-    r = admin.post(url, data=data, allow_redirects=False, timeout=30)
-    if r.status_code == 405:
-        r = admin.get(url, allow_redirects=False, timeout=30)
+    r = sign_up_decision(admin, hub.url, name, "authorize")
     assert r.status_code in (200, 302, 303), f"authorizing {name}: {r.status_code} {r.text[-1000:]}"
     assert hub.api("GET", f"/users/{name}").status_code == 200, f"{name} is not a hub user after authorization"
 
