@@ -56,9 +56,9 @@ MONITOR_SRC   := $(shell find $(MONITOR)/src $(MONITOR)/style $(MONITOR)/workben
 run: install
 	$(BIN)/jupyterhub -f hub/jupyterhub_config.py
 
-# The whole suite: the extension's vitest, then pytest as two lanes side by side (tests/lanes.py:
-# the Slurm and Kubernetes tests beside everything else; each test runs once), the version matrix
-# (test-lowest, test-newest) in the engines lane's slot once its tests end; WORKBENCH_MATRIX=0 leaves it out.
+# The whole suite: the extension's vitest, then pytest as three lanes side by side (tests/lanes.py: the
+# Slurm, Kubernetes and browser tests; the local hubs' and the service's; everything else; each test runs
+# once), the version matrix (test-lowest, test-newest) after two of them; WORKBENCH_MATRIX=0 leaves it out.
 test: install
 	cd $(MONITOR) && PATH="$(BIN):$$PATH" jlpm test
 	$(BIN)/python tests/lanes.py $(PYTEST_ARGS)

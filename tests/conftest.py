@@ -453,7 +453,7 @@ def chromium_browser():
             browser.close()
 
 
-# -- the one Docker Engine, shared by the two lanes (tests/lanes.py) ------------------------------------------
+# -- the one Docker Engine, shared by the lanes (tests/lanes.py) ----------------------------------------------
 
 ENGINE_LOCKS = Path("/run/lock")
 

@@ -1,21 +1,32 @@
-"""Run the whole pytest suite as two lanes side by side, then the version matrix: what `make test` (and CI) runs.
+"""Run the whole pytest suite as three lanes side by side, and the version matrix: what `make test` (and CI) runs.
 
-The engine tests wait mostly on their own clusters (Slurm's munge,
-slurmctld and two slurmd; Kubernetes' control plane and kubelet), the rest
-mostly on Docker, hubs and Chromium; on CI's two cores the waits overlap
-well. Lane ``engines`` is ``-m "slurm or kubernetes or second_lane"`` (the
-engine tests, and tests/browser to balance the lanes: ``second_lane``),
-lane ``main`` everything else, so every test runs exactly once. ``main`` prints as it
-goes; ``engines`` writes ``tests/artifacts/lane-engines.log``, printed once
-both lanes end.
+Most tests wait: on their own clusters (Slurm's munge, slurmctld and two
+slurmd; Kubernetes' control plane and kubelet), on Docker, on hubs starting
+and stopping, on Chromium. With two lanes CI's load average stayed between
+1 and 2 on its two cores while both lanes took about 68 minutes (measured
+2026-12-07: main 4,090 s, engines 3,150 s then the version matrix 895 s), so
+the suite runs as three pytest processes whose waits overlap:
 
-The version matrix (``make test-lowest test-newest``: the unit tests and the
-conformance suite's fake tiers against the lowest and the newest versions the
-ranges allow, each in its venv) runs in the engines lane's slot once the
-engine tests end, while ``main`` still runs: it adds about 8 minutes of one
-core's work, and ``main`` is the longer lane by about as much, so CI's wall
-time hardly grows. Its output goes to ``tests/artifacts/lane-matrix.log``,
-printed at the end. ``WORKBENCH_MATRIX=0`` leaves it out (a quick local run).
+* ``engines``: ``-m "slurm or kubernetes or second_lane"`` (the engine
+  tests and the conformance suite's engine tiers, and tests/browser:
+  ``second_lane``), then ``make test-newest``;
+* ``hubs``: the directories in ``HUBS_PATHS`` (local hubs and the workbench
+  service, which mostly wait on the hubs they start), less any engine test
+  among them;
+* ``main``: everything else (Docker, the conformance suite's fake and
+  docker tiers, the unit tests, the GPU monitor, SSH, HTTPS, notebooks),
+  then ``make test-lowest``.
+
+So every test runs exactly once. ``main`` prints as it goes; the others
+write ``tests/artifacts/lane-<name>.log``, printed once all lanes end, then
+each lane's slowest modules (from its JUnit report) so CI's own log says
+where the time went and the lanes can be balanced again.
+
+The version matrix (``make test-lowest``, ``make test-newest``: the unit
+tests and the conformance suite's fake tiers against the lowest and the
+newest versions the ranges allow, each in its venv) is split over two
+slots, after their lane's tests. ``WORKBENCH_MATRIX=0`` leaves it out (a
+quick local run).
 
 The exit status is the first failing lane's (pytest's "no tests collected",
 5, counts as passing: a selection may leave a lane empty).
@@ -37,31 +48,41 @@ from pathlib import Path
 from xml.etree import ElementTree
 
 REPO = Path(__file__).resolve().parents[1]
-LOG = REPO / "tests" / "artifacts" / "lane-engines.log"
-MATRIX_LOG = REPO / "tests" / "artifacts" / "lane-matrix.log"
+ARTIFACTS = REPO / "tests" / "artifacts"
 # Each lane's JUnit report: the seconds every test took (setup, call and teardown), summed per module below.
-JUNIT = str(REPO / "tests" / "artifacts" / "junit-{lane}.xml")
-MATRIX = ["make", "--no-print-directory", "test-lowest", "test-newest", "PYTEST_ARGS=-q -p no:cacheprovider"]
+JUNIT = str(ARTIFACTS / "junit-{lane}.xml")
+# The version matrix, one venv at a time, each after a lane's tests.
+MATRIX = {
+    name: ["make", "--no-print-directory", f"test-{name}", "PYTEST_ARGS=-q -p no:cacheprovider"]
+    for name in ("lowest", "newest")
+}
 ENGINES = "slurm or kubernetes or second_lane"
+# The hubs lane's directories (relative to the repository): tests that start hubs and wait on them.
+HUBS_PATHS = ("tests/integration", "tests/service")
 NO_TESTS = 5
 
 
-def _engines_then_matrix(pytest: list[str], argv: list[str], matrix: bool) -> tuple[int, int]:
-    """The engines lane, then (when ``matrix``) the version matrix in the same slot: both exit statuses."""
-    with open(LOG, "w") as log:
-        engines_rc = subprocess.call(
-            [*pytest, "-m", ENGINES, f"--junitxml={JUNIT.format(lane='engines')}", *argv],
-            cwd=REPO,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    if not matrix:
-        return engines_rc, 0
-    with open(MATRIX_LOG, "w") as log:
+def lane_commands(pytest: list[str], argv: list[str]) -> dict[str, list[str]]:
+    """Each lane's pytest command: disjoint selections that together are the whole suite."""
+    junit = {lane: f"--junitxml={JUNIT.format(lane=lane)}" for lane in ("main", "engines", "hubs")}
+    ignored = [f"--ignore={path}" for path in HUBS_PATHS]
+    return {
+        "main": [*pytest, "-m", f"not ({ENGINES})", *ignored, junit["main"], *argv],
+        "engines": [*pytest, "-m", ENGINES, junit["engines"], *argv],
+        "hubs": [*pytest, "-m", f"not ({ENGINES})", junit["hubs"], *argv, *HUBS_PATHS],
+    }
+
+
+def _run(command: list[str], name: str) -> int:
+    """Run ``command``: ``main`` on this process's output, any other with its output in
+    ``tests/artifacts/lane-<name>.log``; its exit status."""
+    if name == "main":
+        return subprocess.call(command, cwd=REPO)
+    with open(ARTIFACTS / f"lane-{name}.log", "w") as log:
         started = time.monotonic()
-        matrix_rc = subprocess.call(MATRIX, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-        log.write(f"== version matrix exit {matrix_rc} after {time.monotonic() - started:.0f} s\n")
-    return engines_rc, matrix_rc
+        rc = subprocess.call(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        log.write(f"== {name} exit {rc} after {time.monotonic() - started:.0f} s\n")
+    return rc
 
 
 def _module(classname: str) -> str:
@@ -86,35 +107,38 @@ def module_seconds(lane: str, top: int = 25) -> str:
 
 
 def main(argv: list[str]) -> int:
-    LOG.parent.mkdir(parents=True, exist_ok=True)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
     pytest = [sys.executable, "-m", "pytest"]
     matrix = os.environ.get("WORKBENCH_MATRIX", "1") != "0"
+    commands: dict[str, list[str]] = {**lane_commands(pytest, argv), **(MATRIX if matrix else {})}
+    slots = [["main", "lowest"], ["engines", "newest"], ["hubs"]]
     started = time.monotonic()
-    # The second slot is a thread running subprocesses one after the other (no output of its own).
-    result: dict[str, tuple[int, int]] = {}
-    second = threading.Thread(target=lambda: result.update(rcs=_engines_then_matrix(pytest, argv, matrix)))
-    second.start()
-    main_rc = subprocess.call(
-        [*pytest, "-m", f"not ({ENGINES})", f"--junitxml={JUNIT.format(lane='main')}", *argv], cwd=REPO
-    )
-    main_s = time.monotonic() - started
-    second.join()
-    engines_rc, matrix_rc = result.get("rcs", (1, 1))
-    both_s = time.monotonic() - started
-    print("\n== lane engines (tests/artifacts/lane-engines.log) ==", flush=True)
-    sys.stdout.write(LOG.read_text(errors="replace"))
-    if matrix:
-        print("\n== version matrix (tests/artifacts/lane-matrix.log) ==", flush=True)
-        sys.stdout.write(MATRIX_LOG.read_text(errors="replace"))
-    for lane in ("main", "engines"):
+    rcs: dict[str, int] = {}
+    ended: dict[str, float] = {}
+
+    def slot(names: list[str]) -> None:
+        # A slot runs its commands one after the other.
+        for name in names:
+            if name in commands:
+                rcs[name] = _run(commands[name], name)
+                ended[name] = time.monotonic() - started
+
+    threads = [threading.Thread(target=slot, args=(names,)) for names in slots]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ran = [name for names in slots for name in names if name in rcs]
+    for name in ran:
+        if name != "main":
+            print(f"\n== {name} (tests/artifacts/lane-{name}.log) ==", flush=True)
+            sys.stdout.write((ARTIFACTS / f"lane-{name}.log").read_text(errors="replace"))
+    for lane in ("main", "engines", "hubs"):
         print(module_seconds(lane), flush=True)
-    lanes = f"main exit {main_rc} after {main_s:.0f} s; engines exit {engines_rc}"
-    lanes += f"; version matrix exit {matrix_rc}" if matrix else ""
-    print(f"== lanes: {lanes}; all done after {both_s:.0f} s")
-    for rc in (main_rc, engines_rc):
-        if rc not in (0, NO_TESTS):
-            return rc
-    return matrix_rc
+    ends = "; ".join(f"{name} exit {rcs[name]} at {ended[name]:.0f} s" for name in ran)
+    print(f"== lanes: {ends}; all done after {time.monotonic() - started:.0f} s", flush=True)
+    failed = [rcs[name] for name in ran if rcs[name] not in (0, NO_TESTS)]
+    return failed[0] if failed else 0
 
 
 if __name__ == "__main__":

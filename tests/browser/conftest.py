@@ -1,5 +1,5 @@
-"""The browser tests run in tests/lanes.py's second lane, beside the engine tests: the first lane is the
-longer one (Docker, hubs, HTTPS), so these few minutes balance the two on CI's two cores."""
+"""The browser tests run in tests/lanes.py's engines lane, beside the engine tests, which wait mostly on their
+clusters: these few minutes balance the three lanes on CI's two cores."""
 
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ import requests
 
 from tests.conftest import wait_until
 
-# In the engines' lane (tests/lanes.py): a few minutes of local servers, to balance the two lanes.
-pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
+pytestmark = pytest.mark.integration
 
 HOLDERS = [f"holder{i}" for i in range(8)]
 WAITERS = [f"waiter{i:03d}" for i in range(100)]

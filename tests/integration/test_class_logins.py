@@ -28,7 +28,7 @@ import requests
 
 from tests.conftest import hub_form, hub_pool, native_sign_up, sign_up_decision
 
-pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
+pytestmark = pytest.mark.integration
 
 STUDENTS = [f"student{i:03d}" for i in range(100)]
 PASSWORD = "a-long-enough-passphrase-42"

@@ -19,8 +19,7 @@ import pytest
 
 from tests.conftest import REPO, wait_until
 
-# In the engines' lane (tests/lanes.py): a heavy local hub, to balance the two lanes.
-pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
+pytestmark = pytest.mark.integration
 
 STUDENTS = [f"student{i:03d}" for i in range(300)]
 # The last word names what it stands in for: the local backend knows its servers by "jupyter" in their command.

@@ -28,8 +28,7 @@ import requests
 from tests.conftest import wait_until, write_utilization
 from tests.kernel_ws import Kernel
 
-# In the engines' lane (tests/lanes.py): two hubs, a few minutes of local servers and kernels.
-pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
+pytestmark = pytest.mark.integration
 
 USER = "ann"
 IDLE_MINUTES = 1  # warned after 30 idle seconds, stopped 30 s later

@@ -19,8 +19,7 @@ import requests
 from tests.conftest import wait_until
 from workbench_spawner.ledger import reasons
 
-# In the engines' lane (tests/lanes.py): a few minutes of local servers, to balance the two lanes.
-pytestmark = [pytest.mark.integration, pytest.mark.second_lane]
+pytestmark = pytest.mark.integration
 
 CULL_AFTER = 30  # the culler looks every 15 s
 
