@@ -400,6 +400,16 @@ def why(ending) -> str | None:
     return ending.reason if ending is not None else None
 
 
+def test_a_blank_answer_from_squeue_is_not_an_ended_job():
+    """batchspawner leaves the status blank when its squeue call fails: the server is not judged gone (its lease
+    was closed as "server exited: exit code 1" while the job ran); a job Slurm forgot still is (above)."""
+    spawner = polled("8104", "", JobStatus.NOTFOUND)
+    spawner.log, spawner.server_label = logging.getLogger("test"), "ann"
+    assert asyncio.run(SlurmJobSpawner.poll(spawner)) is None
+    assert spawner.job_id == "8104"
+    assert spawner.slurm_end == ("", "")
+
+
 def test_a_running_job_leaves_nothing_to_remember():
     spawner = polled("8102", "RUNNING wbnode1", JobStatus.RUNNING)
     assert asyncio.run(SlurmJobSpawner.poll(spawner)) is None

@@ -71,6 +71,18 @@ class SlurmJobSpawner(SlurmSpawner):
             return 1
         if status in (JobStatus.PENDING, JobStatus.RUNNING, JobStatus.UNKNOWN):
             return None
+        if self.job_id and not self.job_status.strip():
+            # squeue answered nothing at all: its call failed (batchspawner logs "Error querying job" and
+            # leaves the status blank) or slurmctld gave no line. That says nothing about the job, which a
+            # job Slurm no longer knows does ("Invalid job id specified"): judged gone, a running server's
+            # lease was closed as "server exited: exit code 1" on a loaded CI. The next poll asks again.
+            self.log.warning(
+                "Could not read the state of Slurm job %s of %s (squeue answered nothing); asking again at the "
+                "next poll",
+                self.job_id,
+                self.server_label,
+            )
+            return None
         # The whole line ("NODE_FAIL 1:00:00 wbnode1"): the ending names the node and the time limit.
         self.slurm_end = (self.job_id, self.job_status.strip() if final_state(self.job_status) else "")
         self.clear_state()
