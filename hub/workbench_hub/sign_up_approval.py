@@ -66,6 +66,17 @@ def forget_failed_logins(authenticator, name: str) -> None:
         attempts.pop(name, None)
 
 
+async def grant(handler, name: str) -> None:
+    """What an authorization gives a name: its hub user, and a clean slate of failed logins."""
+    await make_hub_user(handler, name)
+    forget_failed_logins(handler.authenticator, name)
+
+
+def acting(handler) -> str:
+    """Who sent an admin's request, for the log: the admin's name, or a token's."""
+    return handler.current_user.name if handler.current_user else "an API token"
+
+
 class PostOnly:
     """A handler whose GET changes nothing: 405 with ``get_refusal`` and ``Allow: POST``."""
 
@@ -100,10 +111,8 @@ class ToggleAuthorizationHandler(PostOnly, NativeToggleAuthorizationHandler):
         if bool(info.is_authorized) != wanted:
             UserInfo.change_authorization(self.db, name)
         if wanted:
-            await make_hub_user(self, name)
-            forget_failed_logins(self.authenticator, name)
-        who = self.current_user.name if self.current_user else "an API token"
-        self.log.info("%s: sign-up %s %s", who, name, "authorized" if wanted else "no longer authorized")
+            await grant(self, name)
+        self.log.info("%s: sign-up %s %s", acting(self), name, "authorized" if wanted else "no longer authorized")
         self.redirect(self.hub.base_url + "authorize#" + url_escape(name, plus=False))
 
 
@@ -128,7 +137,7 @@ class DiscardHandler(PostOnly, NativeDiscardHandler):
         self.authenticator.delete_user(type("User", (), {"name": name}))
         if self.users.get(name) is not None:
             self.users.delete(name)
-        self.log.info("%s: sign-up %s discarded", self.current_user.name if self.current_user else "a token", name)
+        self.log.info("%s: sign-up %s discarded", acting(self), name)
         self.redirect(self.hub.base_url + "authorize")
 
 
@@ -151,8 +160,7 @@ class EmailAuthorizationHandler(NativeEmailAuthorizationHandler):
         # NativeAuthenticator's GET, unchanged (it checks the signature again and renders its answer).
         await NativeEmailAuthorizationHandler.get(self, slug)
         if is_authorized(self.db, name):
-            await make_hub_user(self, name)
-            forget_failed_logins(self.authenticator, name)
+            await grant(self, name)
 
     def _signed_name(self, slug: str) -> str | None:
         """The name a valid, unexpired link was signed for; None when self-approval is off or the link is bad."""

@@ -47,33 +47,31 @@ def server_state(server: Mapping | None) -> str:
 
 def _gpu(fleet: Fleet, uuid: str, lease: Lease, devices: Mapping[str, Any]) -> dict:
     device = devices.get(uuid)
-    node = lease.node or fleet.settings.node
-    if device is None:  # a device the inventory does not list (any more): its UUID is all there is
-        return {
-            "uuid": uuid,
-            "label": uuid,
-            "model": None,
-            "index": None,
-            "node": node,
-            "mig": False,
-            "profile": None,
-            "simulated": fleet.simulated,
-            "time_sliced": False,
-            "since": lease.since.isoformat(),
-        }
-    return {
+    # A device the inventory does not list (any more): its UUID is all there is.
+    entry = {
         "uuid": uuid,
-        "label": gpu_words(device),
-        "model": device.model or device.name,
-        "index": device.index,
-        "node": node,
-        "mig": device.mig,
-        "profile": device.profile or None,
-        "simulated": device.simulated,
-        # More than one server may hold it at once (WORKBENCH_SERVERS_PER_GPU): its memory is shared.
-        "time_sliced": fleet.settings.slots_for(device) > 1,
+        "label": uuid,
+        "model": None,
+        "index": None,
+        "node": lease.node or fleet.settings.node,
+        "mig": False,
+        "profile": None,
+        "simulated": fleet.simulated,
+        "time_sliced": False,
         "since": lease.since.isoformat(),
     }
+    if device is not None:
+        entry.update(
+            label=gpu_words(device),
+            model=device.model or device.name,
+            index=device.index,
+            mig=device.mig,
+            profile=device.profile or None,
+            simulated=device.simulated,
+            # More than one server may hold it at once (WORKBENCH_SERVERS_PER_GPU): its memory is shared.
+            time_sliced=fleet.settings.slots_for(device) > 1,
+        )
+    return entry
 
 
 def my_gpus(fleet: Fleet, model: Mapping, now: datetime) -> dict:
