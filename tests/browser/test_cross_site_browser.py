@@ -10,17 +10,14 @@ authorization page do. The hub's cookies in the browser say SameSite=Lax.
 from __future__ import annotations
 
 import sqlite3
-import threading
-from contextlib import contextmanager
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 
+from tests.browser.other_site import other_site
 from tests.browser.test_login_to_lab import PASSWORD, log_in, sign_up
-from tests.conftest import free_port, native_sign_up, sign_up_decision
+from tests.conftest import native_sign_up, sign_up_decision
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
@@ -31,25 +28,6 @@ ATTACKER_HOST = "127.0.0.2"  # loopback, but another host than the hub's 127.0.0
 def sign_ups(hub) -> dict[str, bool]:
     with sqlite3.connect(hub.data_dir / "jupyterhub.sqlite") as db:
         return {name: bool(ok) for name, ok in db.execute("SELECT username, is_authorized FROM users_info")}
-
-
-@contextmanager
-def attacker_site(directory: Path):
-    """A plain web server for ``directory`` on another site than the hub's."""
-    port = free_port()
-    server = ThreadingHTTPServer((ATTACKER_HOST, port), partial(_Quiet, directory=str(directory)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{ATTACKER_HOST}:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args) -> None:
-        pass
 
 
 def forged_pages(directory: Path, hub_url: str) -> None:
@@ -101,7 +79,7 @@ def test_another_site_cannot_authorize_unauthorize_or_discard_and_the_buttons_ca
     site = tmp_path / "attacker"
     site.mkdir()
     forged_pages(site, hub.url)
-    with attacker_site(site) as attacker:
+    with other_site(site, ATTACKER_HOST) as attacker:
         # Top-level navigations: the login cookies go along (Lax), and the hub answers 405, changing nothing.
         for forged in ("authorize-eve", "unauthorize-bob", "discard-mallory"):
             with page.expect_response(lambda r: r.url.startswith(hub.url + "/hub/")) as answer:

@@ -3,13 +3,9 @@ shown in a frame of another page of the same site, and its Drain button asks bef
 
 from __future__ import annotations
 
-import http.server
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 
+from tests.browser.other_site import other_site
 from tests.conftest import wait_until
 from tests.integration.sign_ups import PASSWORD, admin_session, authorized_student
 from tests.service.conftest import shut_down, start_workbench_hub
@@ -24,33 +20,6 @@ def hub(tmp_path):
     hub = start_workbench_hub(tmp_path / "hub", {"WORKBENCH_SIMULATED_GPUS": "2", "WORKBENCH_ADMIN_USERS": "admin"})
     yield hub
     shut_down(hub)
-
-
-@contextmanager
-def another_site_page(pages: dict[str, str]) -> Iterator[str]:
-    """A web server of another origin on this machine (127.0.0.1, its own port: the same site as the hub,
-    so the admin's cookies go with its frames' requests) serving ``pages`` (path -> HTML); its address."""
-
-    class Pages(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = pages.get(self.path)
-            self.send_response(200 if body is not None else 404)
-            self.send_header("Content-Type", "text/html; charset=utf-8")
-            self.end_headers()
-            self.wfile.write((body or "").encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Pages)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def log_in(page, hub, name: str) -> None:
@@ -88,7 +57,7 @@ def test_a_student_opens_my_gpus_from_the_hub_home_page(hub, chromium_browser):
     assert answer == 403
 
 
-def test_the_fleet_page_cannot_be_framed_and_its_drain_button_asks_first(hub, chromium_browser):
+def test_the_fleet_page_cannot_be_framed_and_its_drain_button_asks_first(hub, chromium_browser, tmp_path):
     admin_session(hub)
     hub.create_users("student")
     assert hub.spawn("student", gpus=1).status_code in (201, 202)
@@ -107,13 +76,15 @@ def test_the_fleet_page_cannot_be_framed_and_its_drain_button_asks_first(hub, ch
     page.on("console", lambda message: said.append(message.text))
     failed: list[str] = []
     page.on("requestfailed", lambda request: failed.append(request.failure or "") if request.url == fleet else None)
-    pages = {"/control": '<p id="inside">a page that may be framed</p>'}
-    with another_site_page(pages) as site:
-        pages["/attack"] = f'<iframe src="{fleet}"></iframe><iframe src="{site}/control"></iframe>'
+    (tmp_path / "control.html").write_text('<p id="inside">a page that may be framed</p>')
+    with other_site(tmp_path) as site:
+        (tmp_path / "attack.html").write_text(
+            f'<iframe src="{fleet}"></iframe><iframe src="{site}/control.html"></iframe>'
+        )
         with page.expect_response(fleet) as framed:
-            page.goto(f"{site}/attack")
+            page.goto(f"{site}/attack.html")
         wait_until(
-            lambda: any(f.url == f"{site}/control" and f.query_selector("#inside") for f in page.frames),
+            lambda: any(f.url == f"{site}/control.html" and f.query_selector("#inside") for f in page.frames),
             30,
             "the control frame",
         )
