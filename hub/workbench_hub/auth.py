@@ -44,9 +44,8 @@ JupyterHub 6.
 
 from __future__ import annotations
 
-import asyncio
 import re
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 from nativeauthenticator import NativeAuthenticator
@@ -270,8 +269,8 @@ class WorkbenchAuthenticator(NativeAuthenticator):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # username -> [lock, holders and waiters]: one password check at a time per name (authenticate)
-        self._checking: dict[str, list] = {}
+        # One password check at a time per name (authenticate), so guesses sent at once are all counted.
+        self._turns = lockout.OneCheckAtATime()
         # Sign-ups authorized before hub users were made at authorization:
         # JupyterHub creates every name in allowed_users when it starts
         # (allow_all stays what the config says, so this lets no one else in).
@@ -312,29 +311,11 @@ class WorkbenchAuthenticator(NativeAuthenticator):
         counting the whole time since the last failure (its own check dropped whole days)."""
         return self.lockout_seconds_left(username) > 0
 
-    @asynccontextmanager
-    async def _one_check_at_a_time(self, username: str):
-        """Serialize the logins of one name, as NativeAuthenticator's synchronous check did: a check
-        that waits for the pool must not let the next attempt past ``is_blocked`` before it is
-        counted (parallel guesses would get more than ``allowed_failed_logins`` tries). Other names
-        are not held up."""
-        turn = self._checking.get(username)
-        if turn is None:
-            turn = self._checking[username] = [asyncio.Lock(), 0]
-        turn[1] += 1
-        try:
-            async with turn[0]:
-                yield
-        finally:
-            turn[1] -= 1
-            if not turn[1]:
-                del self._checking[username]
-
     async def authenticate(self, handler, data):
         """NativeAuthenticator.authenticate, its rules and order, with the bcrypt check in the pool."""
         username = self.normalize_username(data["username"])
         password = data["password"]
-        async with self._one_check_at_a_time(username):
+        async with self._turns.turn(username):
             user = self.get_user(username)
             if not user:
                 return None

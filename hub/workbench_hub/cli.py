@@ -28,6 +28,7 @@ Examples::
     workbench slurm-nodes               # Slurm: the GPUs jobs reported per node
     workbench slurm-forget-node gpu07   # Slurm: after replacing a node's GPUs
     workbench backup /srv/backups/wb-2026-12-07   # the hub's databases, cookie secret, local config
+    workbench check-login alice         # LDAP/OIDC settings in the environment work; alice's groups
     workbench --version                 # this release (CHANGELOG.md)
 
 It has no database URL of its own: every command goes through the service,
@@ -41,6 +42,10 @@ Reservation windows are wall-clock times in the hub's time zone (the list
 prints it). A reservation the hub cannot meet (more GPUs than it has, an
 overlap the inventory cannot cover, a malformed window, an unknown group or
 model) is refused with the service's sentence and nothing is stored.
+
+``check-login`` needs no service and no token either: it asks the directory
+or the login provider in ``WORKBENCH_AUTHENTICATOR``'s settings what the hub
+asks at start (``login_check_cli.py``; exit 1 when it refuses a setting).
 
 ``backup`` needs no service and no token: it reads the hub's data directory
 and databases directly, also while the hub runs (``backup.py``;
@@ -69,6 +74,7 @@ from .backup import add_backup_parser, run_backup
 from .drain_cli import AREAS as DRAIN_AREAS
 from .drain_cli import add_drain_parsers, run_drain
 from .idle_cli import add_idle_parser, run_idle
+from .login_check_cli import add_check_login_parser, run_check_login
 
 SERVICE_PATH = "/services/workbench/"
 
@@ -218,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_idle_parser(top)
     add_drain_parsers(top)
     add_backup_parser(top)
+    add_check_login_parser(top)
     for backend in installed_backends().values():
         if backend.cli:
             backend.cli.add_parsers(top)
@@ -361,6 +368,8 @@ def run_usage(args) -> tuple[object, str]:
 def run(args) -> tuple[object, str]:
     if args.area == "backup":
         return run_backup(args, CLIError)
+    if args.area == "check-login":
+        return run_check_login(args, CLIError)
     if args.area == "usage":
         return run_usage(args)
     if args.area == "idle":

@@ -37,7 +37,7 @@ from traitlets.config import Config
 from workbench_spawner.backend import HubContext, UnknownBackendError, backend_extension
 from workbench_spawner.rules.profiles import ProfileError, parse_profiles, profiles_from_text
 
-from . import proxy_env
+from . import login_settings, proxy_env
 from .env_values import ConfigError, Env, comma_list, flag, number, port, text
 from .service.scopes import ADMIN_SCOPE, READ_SCOPE, SCOPE_DESCRIPTIONS, SELF_SCOPE
 
@@ -86,7 +86,7 @@ def update_named_servers(c: Config, env: Env) -> None:
         c.JupyterHub.named_server_limit_per_user = limit
 
 
-AUTHENTICATORS = ("native", "pam")
+AUTHENTICATORS = ("native", "pam", "ldap", "oidc")
 
 
 def update_auth(c: Config, env: Env) -> None:
@@ -96,8 +96,9 @@ def update_auth(c: Config, env: Env) -> None:
     that an admin authorizes. ``pam``: the host's own accounts (JupyterHub's
     PAMAuthenticator), what a Slurm head node needs, since jobs run as the
     hub user's Unix account; ``WORKBENCH_PAM_GROUPS`` limits it to members of
-    those Unix groups. LDAP and other authenticators go in the local config
-    file (docs/slurm.md).
+    those Unix groups. ``ldap``: the university's directory; ``oidc``: its
+    single sign-on (OpenID Connect); both with groups from the directory
+    (``login_settings.py``, docs/login.md).
 
     With NativeAuthenticator: a name is locked out after
     ``WORKBENCH_LOGIN_ATTEMPTS`` failed logins for
@@ -109,13 +110,33 @@ def update_auth(c: Config, env: Env) -> None:
 
     from . import lockout
 
-    c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "admin"))
     kind = text(env, "WORKBENCH_AUTHENTICATOR", "native").lower() or "native"
+    directory = kind in ("ldap", "oidc")
+    # With the university's accounts the default 'admin' could be anyone's name: admins are named or grouped.
+    c.Authenticator.admin_users = set(comma_list(env, "WORKBENCH_ADMIN_USERS", "" if directory else "admin"))
+    if directory and not c.Authenticator.admin_users and not comma_list(env, "WORKBENCH_ADMIN_GROUPS"):
+        raise ConfigError(
+            f"WORKBENCH_AUTHENTICATOR={kind} needs the hub's admins named: WORKBENCH_ADMIN_USERS (their "
+            "university account names) or WORKBENCH_ADMIN_GROUPS (a directory group); the default 'admin' could "
+            "be anyone's account in the directory"
+        )
     if kind not in AUTHENTICATORS:
         raise ConfigError(
             f"WORKBENCH_AUTHENTICATOR={kind!r} is not available; use 'native' (sign-up with admin "
-            "authorization) or 'pam' (this host's Unix accounts)"
+            "authorization), 'pam' (this host's Unix accounts), 'ldap' (the university's directory) or 'oidc' "
+            "(its single sign-on)"
         )
+    if directory:
+        if kind == "ldap":
+            login_settings.update_ldap(c, env)
+            lockout.update_lockout(c, env, section="WorkbenchLDAPAuthenticator")
+        else:
+            login_settings.update_oidc(c, env, proxy_url(c))
+        if env.get("WORKBENCH_ADMIN_PASSWORD", "").strip():
+            raise ConfigError(
+                f"WORKBENCH_ADMIN_PASSWORD is for the hub's own accounts; with WORKBENCH_AUTHENTICATOR={kind} "
+                "the admins log in with their university accounts: unset it"
+            )
     if kind == "pam":
         if not text(env, "WORKBENCH_ADMIN_USERS"):
             raise ConfigError(
@@ -135,6 +156,8 @@ def update_auth(c: Config, env: Env) -> None:
             "WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'; set "
             "WORKBENCH_AUTHENTICATOR=pam or unset WORKBENCH_PAM_GROUPS"
         )
+    if directory:
+        return
     c.JupyterHub.authenticator_class = "workbench_hub.auth.WorkbenchAuthenticator"
     # Our authorization page (buttons that POST, sign_up_approval.py) ahead of NativeAuthenticator's pages.
     c.JupyterHub.template_paths = [

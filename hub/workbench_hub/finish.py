@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from traitlets.config import Config
 
-from . import class_start, configurer, home_page, log_secrets, xsrf_cookie
+from . import class_start, configurer, home_page, log_secrets, login_probe, xsrf_cookie
 
 if TYPE_CHECKING:
     from workbench_spawner.mixin import GPUSpawnerMixin
@@ -88,6 +88,12 @@ def finish_hub(
     from workbench_spawner.ssh_forwarding import ssh_forwarding_problems
     from workbench_spawner.stop_requester import note_shutdown_requests
 
+    # The university's directory or single sign-on answers with these settings, or the hub stops with why
+    # (login_probe.py); OpenID Connect's endpoints come from the provider's discovery document.
+    try:
+        login_probe.check_login_at_start(c, final)
+    except login_probe.LoginProbeError as exc:
+        fail(str(exc))
     # The _xsrf cookie gets the session cookies' Secure rule (JupyterHub leaves it out; xsrf_cookie.py).
     xsrf_cookie.secure_xsrf_cookie(c, final)
     # Tokens in URLs never reach the hub's log, tornado's warnings and tracebacks included (log_secrets.py).

@@ -12,14 +12,20 @@ refuses. The counts are per name and in the hub's memory (a restart forgets
 them), as NativeAuthenticator keeps them; a guess refused during a lock-out
 is not counted and does not restart the wait.
 
-The counting itself is ``auth.WorkbenchAuthenticator``'s (guesses sent at
-once are checked one after another, so none slips past the count); this
-module says how long is left and words it for the login page.
+NativeAuthenticator counts in its own ``login_attempts``; the directory's
+login (``ldap_login.py``) counts in a :class:`FailedLogins`, with the same
+rule. Both check one login per name at a time (:class:`OneCheckAtATime`:
+guesses sent at once are checked one after another, so none slips past the
+count); this module also says how long is left and words it for the login
+page.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
 
 from traitlets.config import Config
@@ -30,13 +36,14 @@ ATTEMPTS_DEFAULT = "5"
 LOCKOUT_SECONDS_DEFAULT = "300"
 
 
-def update_lockout(c: Config, env: Env) -> None:
-    """NativeAuthenticator's ``allowed_failed_logins`` and ``seconds_before_next_try`` from the environment."""
+def update_lockout(c: Config, env: Env, section: str = "NativeAuthenticator") -> None:
+    """``allowed_failed_logins`` and ``seconds_before_next_try`` from the environment, on NativeAuthenticator
+    (or on ``section``, the directory login's, which has the same two traits)."""
     attempts = number(env, "WORKBENCH_LOGIN_ATTEMPTS", ATTEMPTS_DEFAULT, int)
     seconds = number(env, "WORKBENCH_LOGIN_LOCKOUT_SECONDS", LOCKOUT_SECONDS_DEFAULT, int)
     # 0 failed logins allowed is NativeAuthenticator's "no lock-out"; a wait of 0 s would be none either.
-    c.NativeAuthenticator.allowed_failed_logins = attempts if seconds else 0
-    c.NativeAuthenticator.seconds_before_next_try = seconds
+    c[section].allowed_failed_logins = attempts if seconds else 0
+    c[section].seconds_before_next_try = seconds
 
 
 def seconds_left(last_failure: datetime | None, wait_seconds: float, now: datetime | None = None) -> float:
@@ -71,3 +78,49 @@ def locked_out_sentence(username: str, seconds: float) -> str:
         f"Too many failed logins for {username}: you may try again in {duration(seconds)}. "
         "Until then no password is checked for this name."
     )
+
+
+class FailedLogins:
+    """Failed logins per name since its last success, and when the last one was: NativeAuthenticator's
+    ``login_attempts`` rule for an authenticator that has none (the directory's login)."""
+
+    def __init__(self) -> None:
+        self._failures: dict[str, tuple[int, datetime]] = {}
+
+    def failed(self, username: str) -> None:
+        count = self._failures.get(username, (0, datetime.now()))[0]
+        self._failures[username] = (count + 1, datetime.now())
+
+    def succeeded(self, username: str) -> None:
+        self._failures.pop(username, None)
+
+    def seconds_left(self, username: str, attempts: int, wait_seconds: float) -> float:
+        """How long ``username`` is still locked out after ``attempts`` failures in a row (0: it may try)."""
+        count, last = self._failures.get(username, (0, None))
+        if count < attempts:
+            return 0.0
+        return seconds_left(last, wait_seconds)
+
+
+class OneCheckAtATime:
+    """One login check per name at a time: a check that waits (for the bcrypt pool, for the directory)
+    must not let the next guess of that name past the lock-out before it is counted. Other names are
+    not held up."""
+
+    def __init__(self) -> None:
+        # username -> [lock, holders and waiters]
+        self._checking: dict[str, list] = {}
+
+    @asynccontextmanager
+    async def turn(self, username: str) -> AsyncIterator[None]:
+        turn = self._checking.get(username)
+        if turn is None:
+            turn = self._checking[username] = [asyncio.Lock(), 0]
+        turn[1] += 1
+        try:
+            async with turn[0]:
+                yield
+        finally:
+            turn[1] -= 1
+            if not turn[1]:
+                del self._checking[username]

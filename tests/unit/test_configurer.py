@@ -297,7 +297,7 @@ def test_a_docker_engine_that_cannot_be_reached_stops_the_hub():
             {"WORKBENCH_PROFILES": "small:1:2G,big:lots:16G"},
             "WORKBENCH_PROFILES: resource profile 'big': cpu_limit must be a number of cores",
         ),
-        ({"WORKBENCH_AUTHENTICATOR": "ldap"}, "WORKBENCH_AUTHENTICATOR='ldap' is not available; use 'native'"),
+        ({"WORKBENCH_AUTHENTICATOR": "saml"}, "WORKBENCH_AUTHENTICATOR='saml' is not available; use 'native'"),
         ({"WORKBENCH_AUTHENTICATOR": "pam"}, "WORKBENCH_AUTHENTICATOR=pam needs WORKBENCH_ADMIN_USERS set"),
         ({"WORKBENCH_PAM_GROUPS": "staff"}, "WORKBENCH_PAM_GROUPS is set but WORKBENCH_AUTHENTICATOR is not 'pam'"),
     ],

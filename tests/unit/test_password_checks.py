@@ -117,7 +117,7 @@ async def test_guesses_sent_at_once_get_no_more_tries_than_allowed(monkeypatch):
     assert results[11] == "ben"  # other names are not held up
     assert auth.login_attempts["ann"]["count"] == 3
     assert len([pw for pw in checked if pw != PASSWORD]) == 3  # only 3 guesses were ever checked
-    assert auth._checking == {}  # nothing kept per name once its checks are done
+    assert auth._turns._checking == {}  # nothing kept per name once its checks are done
 
 
 async def test_2fa_needs_the_current_token():

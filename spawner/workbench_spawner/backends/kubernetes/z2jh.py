@@ -189,7 +189,8 @@ def data_dir(env: Env, get_config: GetConfig) -> Path:
 
 
 def update_chart_auth(c: Config, env: Env, get_config: GetConfig) -> None:
-    """NativeAuthenticator (``configurer.update_auth``) unless the chart's values name another authenticator.
+    """NativeAuthenticator, or the university's login (``configurer.update_auth``: ``WORKBENCH_AUTHENTICATOR``
+    ``ldap`` or ``oidc``), unless the chart's values name another authenticator.
 
     ``hub.config.JupyterHub.authenticator_class`` left at the chart's default
     (``dummy``: any password) or set to the workbench's means the workbench's
@@ -198,14 +199,18 @@ def update_chart_auth(c: Config, env: Env, get_config: GetConfig) -> None:
     Host accounts (``pam``) do not exist in a pod.
     """
     kind = text(env, "WORKBENCH_AUTHENTICATOR", "native").lower() or "native"
-    if kind != "native":
+    if kind == "pam":
         raise ConfigError(
-            f"WORKBENCH_AUTHENTICATOR={kind!r} cannot be used in the z2jh chart's hub pod, which has no host "
-            "accounts; leave it unset (NativeAuthenticator) or set another authenticator in "
-            "hub.config.JupyterHub.authenticator_class"
+            "WORKBENCH_AUTHENTICATOR='pam' cannot be used in the z2jh chart's hub pod, which has no host "
+            "accounts; leave it unset (NativeAuthenticator), use 'ldap' or 'oidc' (the university's login), or "
+            "set another authenticator in hub.config.JupyterHub.authenticator_class"
         )
     chosen = get_config("hub.config.JupyterHub.authenticator_class")
     if chosen not in (None, "", CHART_DEFAULT_AUTHENTICATOR, WORKBENCH_AUTHENTICATOR):
+        return
+    if kind in ("ldap", "oidc"):
+        # The directory's or the provider's accounts (workbench_hub/login_settings.py); checked at start.
+        configurer.update_auth(c, env)
         return
     # The chart's hub.templatePaths stay first: a site's own templates win over NativeAuthenticator's.
     site_templates = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
