@@ -333,6 +333,10 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
             "oauth_client_allowed_scopes": [ADMIN_SCOPE, READ_SCOPE, SELF_SCOPE],
         }
     )
+    groups_from = login_settings.groups_source(c)
+    if groups_from:
+        # The admin page says where groups come from when the login manages them (login_settings.py).
+        c.JupyterHub.services[-1]["environment"] = {"WORKBENCH_GROUPS_FROM": groups_from}
     # JupyterHub's default role of every user, plus the workbench's: their own data on the service and the
     # right to open it in the browser (without access:services the hub's OAuth refuses a student the service).
     c.JupyterHub.load_roles.append(

@@ -17,6 +17,7 @@ JupyterHub's admin panel last until that member's next login
 
 from __future__ import annotations
 
+from pathlib import Path
 from urllib.parse import urlparse
 
 from traitlets.config import Config
@@ -27,6 +28,28 @@ LDAP_CLASS = "workbench_hub.ldap_login.WorkbenchLDAPAuthenticator"
 OIDC_CLASS = "workbench_hub.oidc_login.WorkbenchOIDCAuthenticator"
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 DEFAULT_GROUP_FILTER = "(|(member={userdn})(uniqueMember={userdn})(memberUid={uid}))"
+# Where the groups come from, in the words the admin pages use (JupyterHub's and the workbench's).
+GROUPS_FROM = {
+    LDAP_CLASS: "the university directory (LDAP)",
+    OIDC_CLASS: "the university's single sign-on (OpenID Connect)",
+}
+TEMPLATES = Path(__file__).with_name("directory_templates")
+
+
+def groups_source(c: Config) -> str:
+    """Where the hub's groups come from when the login manages them ("" when admins manage them by hand)."""
+    if not (c.Authenticator.get("manage_groups") if "Authenticator" in c else False):
+        return ""
+    return GROUPS_FROM.get(c.JupyterHub.get("authenticator_class", ""), "the login service")
+
+
+def _tell_the_admin_page(c: Config) -> None:
+    """JupyterHub's admin page says that groups come from the directory (after any template paths set so
+    far, so a site's own admin.html still wins)."""
+    paths = list(c.JupyterHub.template_paths) if "template_paths" in c.JupyterHub else []
+    c.JupyterHub.template_paths = [*paths, str(TEMPLATES)]
+    variables = dict(c.JupyterHub.template_vars) if "template_vars" in c.JupyterHub else {}
+    c.JupyterHub.template_vars = {**variables, "workbench_groups_from": groups_source(c)}
 
 
 def _groups(c: Config, env: Env, section: str, login_trait: str) -> None:
@@ -126,6 +149,8 @@ def update_ldap(c: Config, env: Env) -> None:
         )
     _groups(c, env, "WorkbenchLDAPAuthenticator", "login_groups")
     c.JupyterHub.authenticator_class = LDAP_CLASS
+    if group_base:
+        _tell_the_admin_page(c)
 
 
 def update_oidc(c: Config, env: Env, public_url: str) -> None:
@@ -165,3 +190,4 @@ def update_oidc(c: Config, env: Env, public_url: str) -> None:
     c.Authenticator.manage_groups = True
     _groups(c, env, "WorkbenchOIDCAuthenticator", "allowed_groups")
     c.JupyterHub.authenticator_class = OIDC_CLASS
+    _tell_the_admin_page(c)

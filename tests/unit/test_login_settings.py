@@ -156,3 +156,14 @@ def test_bad_settings_are_refused_with_a_sentence(env, sentence):
     with pytest.raises(ConfigError) as raised:
         build(env)
     assert sentence in str(raised.value)
+
+
+def test_the_admin_pages_say_that_groups_come_from_the_directory():
+    c = build(LDAP)
+    configurer.update_services(c, LDAP)
+    workbench = next(s for s in c.JupyterHub.services if s["name"] == "workbench")
+    assert workbench["environment"] == {"WORKBENCH_GROUPS_FROM": "the university directory (LDAP)"}
+    assert c.JupyterHub.template_vars["workbench_groups_from"] == "the university directory (LDAP)"
+    assert c.JupyterHub.template_paths[-1].endswith("directory_templates")
+    oidc = build(OIDC)
+    assert oidc.JupyterHub.template_vars["workbench_groups_from"] == "the university's single sign-on (OpenID Connect)"

@@ -18,6 +18,7 @@ them are escaped by Jinja's autoescape and their scripts are files of
 from __future__ import annotations
 
 import asyncio
+import os
 
 from tornado import web
 from tornado.escape import xhtml_escape
@@ -54,6 +55,8 @@ class PageHandler(WorkbenchHandler):
                 caller=self.caller,
                 reader=self.can_read(),
                 admin=self.is_admin(),
+                # Where the hub's groups come from when the login manages them (the hub's configurer).
+                groups_from=os.environ.get("WORKBENCH_GROUPS_FROM", ""),
                 **values,
             )
         )
