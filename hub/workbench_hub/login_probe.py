@@ -51,8 +51,13 @@ class Probe:
 # -- LDAP ----------------------------------------------------------------------------------------------
 
 
+def tls_strategy(auth: Any) -> str:
+    """ldapauthenticator's ``tls_strategy`` by name (an enum): on_connect, before_bind or insecure."""
+    return str(getattr(auth.tls_strategy, "name", auth.tls_strategy))
+
+
 def ldap_address(auth: Any) -> str:
-    scheme = "ldaps" if auth.tls_strategy == "on_connect" else "ldap"
+    scheme = "ldaps" if tls_strategy(auth) == "on_connect" else "ldap"
     return f"{scheme}://{auth.server_address}:{auth.server_port}"
 
 
@@ -77,7 +82,7 @@ def _ldap_failure(auth: Any, exc: LDAPException) -> LoginProbeError:
 
 def _connection(auth: Any, user: str | None = None, password: str | None = None) -> ldap3.Connection:
     """A connection to the directory with the authenticator's TLS rules, bound as ``user`` (or not at all)."""
-    on_connect = auth.tls_strategy == "on_connect"
+    on_connect = tls_strategy(auth) == "on_connect"
     server = ldap3.Server(
         auth.server_address,
         port=auth.server_port,
@@ -87,7 +92,7 @@ def _connection(auth: Any, user: str | None = None, password: str | None = None)
     )
     conn = ldap3.Connection(server, user=user, password=password, receive_timeout=TIMEOUT_SECONDS)
     conn.open()
-    if auth.tls_strategy == "before_bind":
+    if tls_strategy(auth) == "before_bind":
         conn.start_tls()
     if user is not None and not conn.bind():
         raise LDAPBindError(conn.result.get("description", "bind refused"))
@@ -108,7 +113,7 @@ def probe_ldap(auth: Any, user: str = "", password: str = "") -> Probe:
     except LDAPException as exc:
         raise _ldap_failure(auth, exc) from None
     tls = {"on_connect": "LDAPS", "before_bind": "StartTLS", "insecure": "no TLS (this machine only)"}
-    probe.checked.append(f"the directory answers at {address} ({tls.get(auth.tls_strategy, auth.tls_strategy)})")
+    probe.checked.append(f"the directory answers at {address} ({tls[tls_strategy(auth)]})")
     conn = None
     if auth.lookup_dn:
         try:
