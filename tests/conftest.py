@@ -392,11 +392,17 @@ def process_env(pid: int) -> dict[str, str]:
 def hub_pool(tmp_path: Path, prepare=None):
     """start(env, args) -> a started Hub with its own data dir; every hub cleaned up at the end.
 
-    ``prepare(hub)`` may adjust a hub before it starts (its URL scheme, say)."""
+    ``prepare(hub)`` may adjust a hub before it starts (its URL scheme, say); ``start(..., prepare=...)`` one
+    hub (tell a login provider its address)."""
     hubs: list[Hub] = []
     owned: list[Path] = []
 
-    def start(env: dict[str, str] | None = None, args: list[str] | None = None, run_as: str | None = None) -> Hub:
+    def start(
+        env: dict[str, str] | None = None,
+        args: list[str] | None = None,
+        run_as: str | None = None,
+        prepare_one=None,
+    ) -> Hub:
         if run_as:
             # pytest's own temp dirs are root's (0700); the data dir lies in the account's home, as
             # the default data dir does on a workstation (sshd's StrictModes walks up to that home).
@@ -409,8 +415,9 @@ def hub_pool(tmp_path: Path, prepare=None):
         else:
             hub = Hub(tmp_path / f"hub{len(hubs)}", env or {}, args or [])
             hub.data_dir.mkdir()
-        if prepare:
-            prepare(hub)
+        for adjust in (prepare, prepare_one):
+            if adjust:
+                adjust(hub)
         hubs.append(hub)
         return hub.start()
 

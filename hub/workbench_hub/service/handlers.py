@@ -268,6 +268,12 @@ class GPUsHandler(APIHandler):
         )
 
 
+def groups_from_login() -> str:
+    """Where the hub's groups come from when the login manages them ("" when admins manage them by hand);
+    the hub passes it (``WORKBENCH_GROUPS_FROM``, ``login_settings.groups_source``)."""
+    return os.environ.get("WORKBENCH_GROUPS_FROM", "")
+
+
 class AllocationsHandler(APIHandler):
     async def get(self):
         await self.require_read()
@@ -297,6 +303,10 @@ class QuotaHandler(APIHandler):
     async def _target(self, name: str) -> dict:
         _check_name(self.kind, name)
         model = await (self.hub.user(name) if self.kind == "user" else self.hub.group(name))
+        if model is None and self.kind == "group" and groups_from_login():
+            # The directory's groups reach the hub at their members' first logins: a course's quota may be set
+            # before term starts (the answer says no member has logged in yet).
+            return {"name": name, "users": [], "not_on_hub_yet": True}
         if model is None:
             self.fail(
                 404, unknown_user(name) if self.kind == "user" else f"no group named {json.dumps(name)} on this hub"
@@ -312,6 +322,11 @@ class QuotaHandler(APIHandler):
             ).to_json()
         else:
             result["users"] = model.get("users") or []
+            if model.get("not_on_hub_yet"):
+                result["note"] = (
+                    f"No member of {name} has logged in yet: groups come from {groups_from_login()} at each login, "
+                    "and this quota applies to its members from their first login on"
+                )
         return result
 
     async def get(self, name: str):

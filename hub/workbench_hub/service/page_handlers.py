@@ -18,7 +18,6 @@ them are escaped by Jinja's autoescape and their scripts are files of
 from __future__ import annotations
 
 import asyncio
-import os
 
 from tornado import web
 from tornado.escape import xhtml_escape
@@ -26,7 +25,7 @@ from tornado.escape import xhtml_escape
 from workbench_hub.service import scopes
 from workbench_hub.service.access_log import ScrubbedRequestLog
 from workbench_hub.service.ends import ends_by_reason, recent_stops
-from workbench_hub.service.handlers import UNAVAILABLE, WorkbenchHandler, _jinja
+from workbench_hub.service.handlers import UNAVAILABLE, WorkbenchHandler, _jinja, groups_from_login
 from workbench_hub.service.my_gpus import my_gpus_of
 from workbench_spawner.backend import node_drain_of
 from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_by_user
@@ -56,7 +55,7 @@ class PageHandler(WorkbenchHandler):
                 reader=self.can_read(),
                 admin=self.is_admin(),
                 # Where the hub's groups come from when the login manages them (the hub's configurer).
-                groups_from=os.environ.get("WORKBENCH_GROUPS_FROM", ""),
+                groups_from=groups_from_login(),
                 **values,
             )
         )
