@@ -61,6 +61,7 @@ def run_check_login(args: argparse.Namespace, error: Callable[[str, int], Except
     except ConfigError as exc:
         raise error(f"check-login: {exc}", 2) from None
     auth = login_probe.authenticator_for(c)
+    assert auth is not None  # update_auth chose the ldap or oidc class above
     password = sys.stdin.readline().rstrip("\n") if args.password_stdin else ""
     try:
         if kind == "ldap":
