@@ -36,6 +36,16 @@ counted for the same windows. Servers are real ``jupyterhub-singleuser`` process
 the MIG run, on our hub; as many as get through on plain's). At the end of each hub every process
 it caused (hub, proxy, servers, the workbench service) is stopped and checked gone.
 
+With a directory (``--hubs ours,ldap``, ``benchmarks/class_start_directory.py``): ``ldap`` is our hub
+with ``WORKBENCH_AUTHENTICATOR=ldap`` on the tests' private slapd (StartTLS, a service account finds
+each student, then the student binds, then the groups are searched), the class in the directory's
+course group ``ml-course``, which has a GPU quota before anyone logs in; no NativeAuthenticator rows,
+the hub users made through the REST API as for ``ours``. ``ldap-blocking`` is the same hub with
+ldapauthenticator's stock ``LDAPAuthenticator`` (its login on the event loop,
+``benchmarks/stock_ldap_config.py``). Before the timed part the directory hub's report measures one
+login alone (the hub's authenticator code, with and without TLS, and one bcrypt check); during it the
+CPU seconds of the hub process and of slapd are sampled, for the login phase.
+
 Plain JupyterHub: NativeAuthenticator 1.3.0 with only the two fixes its login page needs on
 JupyterHub 6, ``SimpleLocalProcessSpawner`` running ``jupyterhub-singleuser``, a static spawn form,
 ``concurrent_spawn_limit`` at the GPU count (8, or 56), as the issue did. It has no GPUs and no
@@ -51,8 +61,9 @@ Targets (our hub): 0 x 429 and 0 x 5xx; every student served or in line with a p
 60 s of pressing Start; hub loop lag p95 under 250 ms during the logins (plain JupyterHub: over
 20 s); spawn form p50 within 1.5x plain's.
 
-    .venv/bin/python benchmarks/class_start.py [--students 200] [--runs whole,mig] [--hubs ours,plain]
-        [--out benchmarks/results/<date>-class-start.md] [--follow-seconds 150] [--hub-logs DIR]
+    .venv/bin/python benchmarks/class_start.py [--students 200] [--runs whole,mig]
+        [--hubs ours,plain | ours,ldap[,ldap-blocking]] [--out benchmarks/results/<date>-class-start.md]
+        [--follow-seconds 150] [--hub-logs DIR]
 
 200 students, both runs, both hubs: about 15 to 25 minutes on the 2-core host. Each of the four
 hubs takes about 15 s to start and make the accounts, then the login phase (plain JupyterHub
@@ -87,12 +98,28 @@ from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import urlparse
 
+from class_start_directory import (
+    COURSE,
+    DIRECTORY_HUBS,
+    CpuSampler,
+    LoginCosts,
+    course_members,
+    enroll,
+    hub_env,
+    measure_login_costs,
+    set_course_quota,
+    slapd_pid,
+    start_directory,
+)
+
 HERE = Path(__file__).resolve()
 REPO = HERE.parent.parent
 PLAIN_CONFIG = HERE.parent / "plain_class_start_config.py"
 PASSWORD = "correct-horse-battery-staple"
 LAYOUTS = {"whole": "8", "mig": "8xH200-141GB:mig=7x1g.18gb"}
-HUBS = ("ours", "plain")
+HUBS = ("ours", "ldap", "ldap-blocking", "plain")
+OURS = ("ours", "ldap", "ldap-blocking")  # our hub, with NativeAuthenticator, ours for LDAP, or the stock one
+TARGETED = ("ours", "ldap")  # the hubs the targets are for
 TIMEOUT = 300  # a single request; plain JupyterHub stalls ~1 minute under the logins
 PROBE_TIMEOUT = 120
 IN_LINE = ("ahead of you", "next in line", "ahead of yours")  # "ahead of you" also matches "ahead of yours"
@@ -500,6 +527,11 @@ class Result:
     spawn_limit: int | None
     wall_seconds: float
     cleanup: str
+    cpu_hub: float = float("nan")  # CPU seconds of the hub process during the login phase
+    cpu_directory: float | None = None  # ... of slapd (directory hubs)
+    course_members: int | None = None  # hub users in the course's group at the end (directory hubs)
+    enroll_seconds: float | None = None  # adding the class to the directory
+    costs: LoginCosts | None = None  # one login alone (the first directory hub of the invocation)
 
 
 def class_start(hub_kind: str, layout: str, args, tmp: Path) -> Result:
@@ -509,19 +541,37 @@ def class_start(hub_kind: str, layout: str, args, tmp: Path) -> Result:
     limit = units(spec)
     data_dir = tmp / f"{hub_kind}-{layout}"
     data_dir.mkdir()
-    if hub_kind == "ours":
-        # The queue timeout outlasts the run: students stay in line until the end.
-        hub = Hub(data_dir, {"WORKBENCH_SIMULATED_GPUS": spec, "WORKBENCH_QUEUE_TIMEOUT": "900"}, [])
-    else:
-        hub = Hub(data_dir, {}, [f"--JupyterHub.concurrent_spawn_limit={limit}"], config_file=PLAIN_CONFIG)
     names = [f"student{i:03d}" for i in range(1, args.students + 1)]
     started = time.monotonic()
+    directory = None
+    enroll_seconds: float | None = None
+    costs: LoginCosts | None = None
+    # The queue timeout outlasts the run: students stay in line until the end.
+    ours_env = {"WORKBENCH_SIMULATED_GPUS": spec, "WORKBENCH_QUEUE_TIMEOUT": "900"}
+    if hub_kind in DIRECTORY_HUBS:
+        directory = start_directory(tmp / f"slapd-{hub_kind}-{layout}")
+        enroll_seconds = enroll(directory, names, PASSWORD)
+        if not args.measured_costs:
+            costs = args.measured_costs = measure_login_costs(directory, names, PASSWORD)
+        hub = Hub(data_dir, {**ours_env, **hub_env(directory, hub_kind)}, [])
+    elif hub_kind == "ours":
+        hub = Hub(data_dir, ours_env, [])
+    else:
+        hub = Hub(data_dir, {}, [f"--JupyterHub.concurrent_spawn_limit={limit}"], config_file=PLAIN_CONFIG)
     probe_proc: subprocess.Popen | None = None
+    sampler: CpuSampler | None = None
     students: list[Student] = []
     threads: list[threading.Thread] = []
+    members: int | None = None
     try:
         hub.start()
-        seed_students(hub, names)
+        if directory is None:
+            seed_students(hub, names)
+        else:
+            # Students who used the hub before, as on the other hubs; their passwords are the directory's.
+            for i in range(0, len(names), 100):
+                hub.create_users(*names[i : i + 100])
+            set_course_quota(hub)
         import requests
 
         for _ in range(10):
@@ -538,12 +588,17 @@ def class_start(hub_kind: str, layout: str, args, tmp: Path) -> Result:
             stdout=subprocess.PIPE,
             text=True,
         )
+        assert hub.proc is not None
+        sampler = CpuSampler({"hub": hub.proc.pid, "directory": slapd_pid(directory) if directory else None}).start()
         time.sleep(2.0)  # the probe's first samples: the idle hub
         t0, wall0 = time.monotonic(), time.time()
         go.set()
         for t in threads:
             t.join(timeout=max(1.0, t0 + TIMEOUT + args.follow_seconds + 60 - time.monotonic()))
         end = time.monotonic()
+        sampler.stop()
+        if directory is not None:
+            members = course_members(hub)
         out, _ = probe_proc.communicate(timeout=PROBE_TIMEOUT + 60)
         probe_proc = None
         samples = json.loads(out)["samples"]
@@ -556,23 +611,33 @@ def class_start(hub_kind: str, layout: str, args, tmp: Path) -> Result:
         if probe_proc is not None:
             probe_proc.kill()
             probe_proc.wait()
+        if sampler is not None:
+            sampler.stop()
         cleanup = shut_down(hub, data_dir)
+        if directory is not None:
+            directory.stop()
         print(f"{hub_kind}/{layout}: cleanup: {cleanup}", flush=True)
     logins = [s.login_done for s in students if s.login_done is not None]
+    logins_end = max(logins) if logins else t0
     return Result(
         hub=hub_kind,
         layout=layout,
         students=students,
         t0=t0,
         wall0=wall0,
-        logins_end=max(logins) if logins else t0,
+        logins_end=logins_end,
         end=end,
         samples=samples,
         loop_lines=loop_lines,
         ready=ready,
-        spawn_limit=None if hub_kind == "ours" else limit,
+        spawn_limit=None if hub_kind in OURS else limit,
         wall_seconds=time.monotonic() - started,
         cleanup=cleanup,
+        cpu_hub=sampler.used("hub", t0, logins_end) if sampler is not None else float("nan"),
+        cpu_directory=sampler.used("directory", t0, logins_end) if sampler and directory else None,
+        course_members=members,
+        enroll_seconds=enroll_seconds,
+        costs=costs,
     )
 
 
@@ -661,6 +726,13 @@ class Figures:
             )
         return "; ".join(parts)
 
+    def cpu(self, seconds: float | None) -> str:
+        """CPU seconds in the login phase, and their share of what the host's cores had in that time."""
+        if seconds is None or seconds != seconds or self.login_window <= 0:
+            return "-"
+        share = seconds / (self.login_window * (os.cpu_count() or 1))
+        return f"{seconds:.1f} s ({share:.0%})"
+
     def lag(self, values: list[float]) -> str:
         if not values:
             return "-"
@@ -696,6 +768,17 @@ def table(run: str, spec: str, figures: dict[str, Figures], students: int) -> st
     row("hub loop lag during logins, p50 / p95 / max", lambda f: f.lag(f.lag_login) + f" ({len(f.lag_login)} probes)")
     row("hub loop lag, whole class start, p50 / p95 / max", lambda f: f.lag(f.lag_all))
     row("hub loop lag idle (2 s before), p50", lambda f: secs(percentile(f.probe_idle, 50)))
+    row("hub process CPU in the login phase (share of the cores)", lambda f: f.cpu(f.r.cpu_hub))
+    if any(figures[h].r.cpu_directory is not None for h in hubs):
+        row("directory (slapd) CPU in the login phase", lambda f: f.cpu(f.r.cpu_directory))
+        row(
+            f"class in the directory's {COURSE} (added in one ldapmodify)",
+            lambda f: f"{f.n} people, {f.r.enroll_seconds:.2f} s" if f.r.enroll_seconds is not None else "-",
+        )
+        row(
+            f"hub users in the hub group {COURSE} at the end",
+            lambda f: "-" if f.r.course_members is None else f"{f.r.course_members} of {f.n}",
+        )
     row("probes unanswered (or not 200) in the class start", lambda f: str(f.probe_failed))
     row(
         '"Event loop was unresponsive" lines during logins (max)',
@@ -717,18 +800,26 @@ def table(run: str, spec: str, figures: dict[str, Figures], students: int) -> st
         if figures[h].messages:
             out += ["", f"{hub_title(h, figures[h])}, students neither served nor in line, by message:"]
             out += [f"* {count} x {msg}" for msg, count in figures[h].messages]
-    if "ours" in figures:
-        out += ["", targets(figures["ours"], figures.get("plain"))]
+    for h in hubs:
+        if h in TARGETED:
+            out += ["", targets(figures[h], figures.get("plain"), h)]
+    if "ldap-blocking" in figures:
+        blocking95 = secs(percentile(figures["ldap-blocking"].lag_login, 95))
+        out += ["", f"(stock LDAPAuthenticator's loop lag p95 during the logins: {blocking95}; no target.)"]
     return "\n".join(out)
 
 
 def hub_title(hub: str, f: Figures) -> str:
     if hub == "ours":
         return "our hub (`make run` config)"
+    if hub == "ldap":
+        return "our hub, LDAP (`WORKBENCH_AUTHENTICATOR=ldap`)"
+    if hub == "ldap-blocking":
+        return "our hub, stock LDAPAuthenticator"
     return f"plain JupyterHub 6.1.1 (limit {f.r.spawn_limit})"
 
 
-def targets(ours: Figures, plain: Figures | None) -> str:
+def targets(ours: Figures, plain: Figures | None, hub: str = "ours") -> str:
     lag95 = percentile(ours.lag_login, 95)
     checks = [
         ("0 x 429", ours.n429 == 0, str(ours.n429)),
@@ -751,7 +842,7 @@ def targets(ours: Figures, plain: Figures | None) -> str:
         )
         plain95 = percentile(plain.lag_login, 95)
         checks.append(("(plain JupyterHub's loop lag p95 during logins, issue: over 20 s)", None, secs(plain95)))
-    lines = ["| target (our hub) | result | |", "| --- | --- | --- |"]
+    lines = [f"| target ({hub_title(hub, ours)}) | result | |", "| --- | --- | --- |"]
     for label, ok, value in checks:
         verdict = "" if ok is None else ("met" if ok else "**NOT met**")
         lines.append(f"| {label} | {value} | {verdict} |")
@@ -775,16 +866,53 @@ def machine() -> str:
     return f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores{', ' + cpu if cpu else ''}{mem})"
 
 
-def versions() -> str:
+def versions(directory: bool = False) -> str:
     from importlib.metadata import version
 
     commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain"], capture_output=True, text=True)
+    ldap = ""
+    if directory:
+        slapd = subprocess.run(["slapd", "-VV"], capture_output=True, text=True, env=sbin_path())
+        found = re.search(r"slapd ([\w.+~-]+)", slapd.stderr + slapd.stdout)
+        ldap = (
+            f"jupyterhub-ldapauthenticator {version('jupyterhub-ldapauthenticator')}, ldap3 {version('ldap3')}, "
+            f"OpenLDAP slapd {found.group(1) if found else '?'}, "
+        )
     return (
         f"Python {platform.python_version()}, JupyterHub {version('jupyterhub')}, "
-        f"NativeAuthenticator {version('jupyterhub-nativeauthenticator')}, bcrypt {version('bcrypt')}, "
+        f"NativeAuthenticator {version('jupyterhub-nativeauthenticator')}, bcrypt {version('bcrypt')}, {ldap}"
         f"configurable-http-proxy from node_modules; checkout {commit.stdout.strip() or '?'}"
         f"{' (with uncommitted changes)' if dirty.stdout.strip() else ''}"
+    )
+
+
+def sbin_path() -> dict[str, str]:
+    """The environment with /usr/sbin and /sbin on PATH (slapd is not on an ordinary account's)."""
+    return {**os.environ, "PATH": f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"}
+
+
+def login_costs(c: LoginCosts) -> str:
+    """The report's lines on what one login costs alone, measured before the timed part."""
+    cores = os.cpu_count() or 1
+    return "\n".join(
+        [
+            f"One login alone, before the timed part (p50 of {c.count} in a row, nothing else running; "
+            "what the hub's own code does, outside the hub):",
+            "",
+            "| one login | wall | CPU of the client (the hub's process) | CPU of slapd |",
+            "| --- | --- | --- | --- |",
+            f"| directory, StartTLS: service-account search, then the student's bind, then the group search "
+            f"(WorkbenchLDAPAuthenticator's thread work) | {secs(c.ldap_tls)} | {secs(c.ldap_tls_cpu)} "
+            f"| {secs(c.slapd_cpu)} |",
+            f"| the same without TLS (`WORKBENCH_LDAP_STARTTLS=0`, loopback only) | {secs(c.ldap_plain)} "
+            f"| {secs(c.ldap_plain_cpu)} | - |",
+            f"| one bcrypt check at NativeAuthenticator's cost 12 | {secs(c.bcrypt)} | (the same) | - |",
+            "",
+            f"Groups the directory gave the first student: {', '.join(c.groups) or 'none'}. Threads: "
+            f"NativeAuthenticator's bcrypt pool has {cores} (one per core, nice +10); the LDAP login runs in "
+            f"asyncio's default executor, min(32, cores + 4) = {min(32, cores + 4)} threads at the hub's priority.",
+        ]
     )
 
 
@@ -805,6 +933,7 @@ def main() -> None:
     parser.add_argument("--probe-interval", type=float, default=0.1, help="seconds between GET /hub/api/ probes")
     parser.add_argument("--hub-logs", type=Path, help="copy each hub's log into this folder")
     args = parser.parse_args()
+    args.measured_costs = None  # one login alone: measured with the first directory hub (class_start)
     runs = [r.strip() for r in args.runs.split(",") if r.strip()]
     hubs = [h.strip() for h in args.hubs.split(",") if h.strip()]
     if args.students < 1 or not runs or not hubs:
@@ -826,14 +955,19 @@ def main() -> None:
                 figures[hub_kind] = Figures(class_start(hub_kind, run, args, Path(tmp)))
             sections.append(table(run, spec_of(run, args), figures, args.students))
             print("\n" + sections[-1] + "\n", flush=True)
+    if args.measured_costs is not None:
+        sections.append(login_costs(args.measured_costs))
+    directory = any(h in DIRECTORY_HUBS for h in hubs)
+    order = ", then ".join(hubs)
     report = "\n".join(
         [
             f"## Class start, {args.students} students ({date})",
             "",
             f"* Machine: {machine()}; load average before {load_before}.",
-            f"* Versions: {versions()}.",
+            f"* Versions: {versions(directory)}.",
             f"* Command: `{command}`; wall time {time.monotonic() - began:.0f} s.",
-            "* Each hub alone on the machine, ours first; the students' threads and the probe run on the same host.",
+            f"* Each hub alone on the machine, in this order: {order}; the students' threads and the probe run on "
+            "the same host" + (", and so does the directory (slapd)." if directory else "."),
             "",
             *[s + "\n" for s in sections],
         ]
