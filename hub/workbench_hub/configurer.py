@@ -131,7 +131,10 @@ def update_auth(c: Config, env: Env) -> None:
             login_settings.update_ldap(c, env)
             lockout.update_lockout(c, env, section="WorkbenchLDAPAuthenticator")
         else:
-            login_settings.update_oidc(c, env, proxy_url(c))
+            # Where browsers come back after the provider: the public name behind Caddy (WORKBENCH_DOMAIN), else
+            # the hub's own address (WORKBENCH_OIDC_CALLBACK_URL sets it where neither is what browsers use).
+            domain = text(env, "WORKBENCH_DOMAIN").lower()
+            login_settings.update_oidc(c, env, f"https://{domain}" if domain else proxy_url(c))
         if env.get("WORKBENCH_ADMIN_PASSWORD", "").strip():
             raise ConfigError(
                 f"WORKBENCH_ADMIN_PASSWORD is for the hub's own accounts; with WORKBENCH_AUTHENTICATOR={kind} "

@@ -125,7 +125,8 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
         Unicode(),
         config=True,
         help="""Only members of these directory groups (by name) may log in (``WORKBENCH_LOGIN_GROUPS``);
-        admins in ``admin_users`` always may. Empty: everyone the directory accepts.""",
+        admins (``admin_users``, members of ``admin_groups``) always may. Empty: everyone the directory
+        accepts.""",
     )
 
     admin_groups = Set(
@@ -183,6 +184,13 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
             return 0.0
         return self.failed_logins.seconds_left(username, self.allowed_failed_logins, self.seconds_before_next_try)
 
+    def refuses(self, username: str, groups: list[str]) -> bool:
+        """Whether ``login_groups`` keep this person out: in none of them and not an admin (by name or by an
+        admin group), as oauthenticator decides for single sign-on."""
+        if not self.login_groups or set(groups) & self.login_groups:
+            return False
+        return username not in self.admin_users and not set(groups) & self.admin_groups
+
     def get_user_attributes(self, conn: ldap3.Connection, userdn: str) -> dict[str, Any]:
         """ldapauthenticator's attributes, plus the user's groups under ``_groups`` (the connection is
         bound as the user)."""
@@ -238,7 +246,7 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
         groups = model["auth_state"]["user_attributes"].pop("_groups", None)
         if groups is None:
             return model
-        if self.login_groups and not (set(groups) & self.login_groups) and username not in self.admin_users:
+        if self.refuses(username, groups):
             self.log.warning(
                 "Login refused for %s: in none of the login groups %s", username, sorted(self.login_groups)
             )

@@ -172,9 +172,10 @@ def _user_lines(auth: Any, service: ldap3.Connection | None, user: str, password
         lines.append("no WORKBENCH_LDAP_GROUP_BASE: the directory gives no groups")
     else:
         lines.append(f"{name}'s groups (they become the hub groups at each login): {', '.join(groups) or 'none'}")
-        if auth.login_groups and not set(groups) & auth.login_groups:
-            lines.append(
-                f"{name} is in none of WORKBENCH_LOGIN_GROUPS ({', '.join(sorted(auth.login_groups))}): refused"
+        if auth.refuses(name, groups):
+            raise LoginProbeError(
+                f"{name} is in none of WORKBENCH_LOGIN_GROUPS ({', '.join(sorted(auth.login_groups))}) and not an "
+                f"admin: the hub would refuse {name}'s login (groups found: {', '.join(groups) or 'none'})"
             )
     return lines
 
@@ -252,15 +253,16 @@ def probe_oidc(auth: Any, hub_login_url: str) -> Probe:
 
 
 def _check_client(auth: Any, document: dict, probe: Probe) -> None:
-    """A token request with a code that cannot be valid: a known client hears ``invalid_grant``."""
-    methods = document.get("token_endpoint_auth_methods_supported") or ["client_secret_basic"]
+    """A token request with a code that cannot be valid: a known client hears ``invalid_grant``. A provider
+    that takes the secret only one way (``token_endpoint_auth_methods_supported``) refuses the other here."""
     body = {
         "grant_type": "authorization_code",
         "code": secrets.token_urlsafe(24),
         "redirect_uri": auth.oauth_callback_url,
     }
+    # The secret travels as the logins will send it (GenericOAuthenticator's basic_auth: Basic, else the body).
     auth_kwargs: dict[str, Any] = {}
-    if "client_secret_basic" in methods:
+    if auth.basic_auth:
         auth_kwargs["auth"] = (auth.client_id, auth.client_secret)
     else:
         body.update(client_id=auth.client_id, client_secret=auth.client_secret)

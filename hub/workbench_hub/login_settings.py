@@ -62,7 +62,9 @@ def _groups(c: Config, env: Env, section: str, login_trait: str) -> None:
         c[section][login_trait] = login_groups
     if admin_groups:
         c[section].admin_groups = admin_groups
-    c.Authenticator.allow_all = not login_groups
+    # oauthenticator lets in allowed_groups' members and admins itself; the LDAP class refuses outsiders in its
+    # authenticate (with a sentence), so JupyterHub's own allow check passes whoever it returns.
+    c.Authenticator.allow_all = login_trait == "login_groups" or not login_groups
 
 
 def update_ldap(c: Config, env: Env) -> None:

@@ -11,7 +11,11 @@ page, the quota on the spawn form) is tests/browser/test_university_login_browse
 from __future__ import annotations
 
 import html
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import requests
@@ -140,8 +144,27 @@ def test_the_directorys_groups_decide_the_quota_at_each_login(directory, running
     assert "lasts only until that person's next login" in page
 
 
-def test_wrong_and_locked_passwords_are_refused_and_counted(directory, running_hub):  # noqa: F811
-    hub = running_hub(ldap_env(directory, WORKBENCH_LOGIN_ATTEMPTS="3", WORKBENCH_LOGIN_LOCKOUT_SECONDS="300"))
+def test_login_groups_admin_groups_and_passwords_refused_and_counted(directory, running_hub):  # noqa: F811
+    hub = running_hub(
+        ldap_env(
+            directory,
+            WORKBENCH_LOGIN_ATTEMPTS="3",
+            WORKBENCH_LOGIN_LOCKOUT_SECONDS="300",
+            WORKBENCH_LOGIN_GROUPS="ml-course,stats-course",
+            WORKBENCH_ADMIN_USERS="",
+            WORKBENCH_ADMIN_GROUPS="staff",
+        )
+    )
+    # In no course: the right password, and a sentence that says what is missing.
+    outside = ldap_login(hub, "dave", directory.password("dave"))
+    assert outside.status_code == 403
+    assert login_error(outside.text) == (
+        "dave, your account is not in a group that may use this hub (ml-course, stats-course). Ask your course's "
+        "staff to add you to the course's group in the university directory."
+    )
+    # Staff are admins by their directory group, and may log in without a course.
+    assert ldap_login(hub, "tina", directory.password("tina")).status_code == 302
+    assert hub.api("GET", "/users/tina").json()["admin"] is True
     locked = ldap_login(hub, "mallory", directory.password("mallory"))
     assert locked.status_code == 403
     assert login_error(locked.text) == "Invalid username or password."
@@ -277,3 +300,54 @@ def test_a_bad_provider_setting_stops_the_hub_with_one_sentence(sso_provider, ru
         running_hub(oidc_env(sso_provider, **change(sso_provider)))
     assert "the hub exited with 2:\n\nGPU Workbench: " in str(stopped.value)
     assert sentence in str(stopped.value)
+
+
+# -- workbench check-login ---------------------------------------------------------------------------------------
+
+
+def check_login(env: dict[str, str], *args: str, password: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "workbench"), "check-login", *args],
+        env={**os.environ, **env},
+        input=password,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_check_login_asks_the_directory_and_the_provider_what_the_hub_will_ask(directory, sso_provider):  # noqa: F811
+    found = check_login(ldap_env(directory), "Bob")
+    assert found.returncode == 0, found.stderr
+    assert f"ok: the directory answers at {directory.url} (StartTLS)" in found.stdout
+    assert "ok: bob is uid=bob,ou=people,dc=workbench,dc=test" in found.stdout
+    assert "ok: bob's groups (they become the hub groups at each login): ml-course, stats-course" in found.stdout
+    refused = check_login(ldap_env(directory, WORKBENCH_LOGIN_GROUPS="ml-course"), "carol")
+    assert refused.returncode == 1
+    assert "carol is in none of WORKBENCH_LOGIN_GROUPS (ml-course) and not an admin" in refused.stderr
+    bad = check_login(ldap_env(directory, WORKBENCH_LDAP_BIND_PASSWORD="wrong"))
+    assert bad.returncode == 1
+    assert bad.stderr.startswith("workbench: check-login: the directory at ")
+    # Without a service account: the user's own password binds, as at login.
+    template = {
+        **{
+            k: v
+            for k, v in ldap_env(directory).items()
+            if not k.startswith(("WORKBENCH_LDAP_BIND", "WORKBENCH_LDAP_USER"))
+        },
+        "WORKBENCH_LDAP_BIND_TEMPLATE": "uid={username},ou=people,dc=workbench,dc=test",
+    }
+    own = check_login(template, "alice", "--password-stdin", password=directory.password("alice") + "\n")
+    assert own.returncode == 0, own.stderr
+    assert "alice's groups (they become the hub groups at each login): hpc-lab, ml-course" in own.stdout
+
+    oidc = check_login(oidc_env(sso_provider))
+    assert oidc.returncode == 0, oidc.stderr
+    assert f"ok: the provider knows the client {sso_provider.client_id} and its secret" in oidc.stdout
+    assert f"token_url: {sso_provider.issuer}/oauth2/token" in oidc.stdout
+    wrong = check_login(oidc_env(sso_provider, WORKBENCH_OIDC_CLIENT_SECRET="nope"))
+    assert wrong.returncode == 1
+    assert "the login provider refused the client workbench-hub (invalid_client)" in wrong.stderr
+    settings = check_login({"WORKBENCH_AUTHENTICATOR": "ldap", "WORKBENCH_ADMIN_USERS": "tina"})
+    assert settings.returncode == 2
+    assert "WORKBENCH_AUTHENTICATOR=ldap needs WORKBENCH_LDAP_URL" in settings.stderr

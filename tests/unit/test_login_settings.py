@@ -89,7 +89,13 @@ def get(c: Config, dotted: str):
             "WorkbenchLDAPAuthenticator.login_groups",
             {"ml-course", "staff"},
         ),
-        ({**LDAP, "WORKBENCH_LOGIN_GROUPS": "ml-course"}, "Authenticator.allow_all", False),
+        ({**LDAP, "WORKBENCH_LOGIN_GROUPS": "ml-course"}, "Authenticator.allow_all", True),  # checked at login
+        ({**OIDC, "WORKBENCH_LOGIN_GROUPS": "ml-course"}, "Authenticator.allow_all", False),  # oauthenticator's
+        (
+            {**OIDC, "WORKBENCH_DOMAIN": "GPU.Example.edu"},
+            "WorkbenchOIDCAuthenticator.oauth_callback_url",
+            "https://gpu.example.edu/hub/oauth_callback",
+        ),
         (SERVICE_ACCOUNT, "WorkbenchLDAPAuthenticator.lookup_dn", True),
         (SERVICE_ACCOUNT, "WorkbenchLDAPAuthenticator.lookup_dn_search_password", " secret with spaces "),
         (SERVICE_ACCOUNT, "WorkbenchLDAPAuthenticator.user_attribute", "uid"),
@@ -124,7 +130,8 @@ def test_the_config_makes_authenticators_that_verify_tls_and_lowercase_names():
     assert auth.tls_kwargs == {"validate": 2, "ca_certs_file": "/etc/ssl/campus-ca.pem"}  # ssl.CERT_REQUIRED
     assert auth.normalize_username("  Alice ") == "alice"
     oidc = WorkbenchOIDCAuthenticator(config=build(OIDC))
-    assert oidc.manage_groups and oidc.admin_groups == {"staff"}
+    assert oidc.manage_groups
+    assert oidc.admin_groups == {"staff"}
 
 
 @pytest.mark.parametrize(
@@ -167,3 +174,29 @@ def test_the_admin_pages_say_that_groups_come_from_the_directory():
     assert c.JupyterHub.template_paths[-1].endswith("directory_templates")
     oidc = build(OIDC)
     assert oidc.JupyterHub.template_vars["workbench_groups_from"] == "the university's single sign-on (OpenID Connect)"
+
+
+@pytest.mark.parametrize(
+    ("userinfo", "groups"),
+    [
+        ({"sub": "dave"}, set()),  # LemonLDAP::NG leaves an empty claim out
+        ({"groups": None}, set()),
+        ({"groups": "ml-course"}, {"ml-course"}),
+        ({"groups": ["stats-course", "ml-course", ""]}, {"ml-course", "stats-course"}),
+    ],
+)
+def test_the_groups_claim_may_be_missing_one_name_or_a_list(userinfo, groups):
+    import asyncio
+
+    oidc = WorkbenchOIDCAuthenticator(config=build(OIDC))
+    assert asyncio.run(oidc.get_user_groups({"oauth_user": userinfo})) == groups
+
+
+def test_login_groups_let_admins_in_by_name_or_by_group():
+    auth = WorkbenchLDAPAuthenticator(
+        config=build({**LDAP, "WORKBENCH_LOGIN_GROUPS": "ml-course", "WORKBENCH_ADMIN_GROUPS": "staff"})
+    )
+    assert not auth.refuses("bob", ["ml-course"])
+    assert auth.refuses("carol", ["stats-course"])
+    assert not auth.refuses("tina", ["staff"])  # an admin group
+    assert not auth.refuses("tina", [])  # WORKBENCH_ADMIN_USERS=tina
