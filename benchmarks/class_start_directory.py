@@ -126,7 +126,9 @@ def measure_login_costs(directory: Any, names: list[str], password: str, count: 
 
     def series(starttls: bool) -> tuple[list[float], list[float], float, list[str]]:
         auth = _authenticator(directory, starttls)
-        walls, cpus, groups = [], [], []
+        walls: list[float] = []
+        cpus: list[float] = []
+        groups: list[str] = []
         slapd_before = process_cpu(slapd_pid(directory))
         for name in names[:count]:
             w, c = time.monotonic(), time.process_time()
