@@ -18,8 +18,10 @@ added here:
 * **The event loop stays free.** Its ``authenticate`` is an ``async def``
   that calls the synchronous ldap3 and never awaits: each login froze the
   hub for its two TLS handshakes and searches (60-130 ms; 50 logins at once
-  froze it for 3.3 s on this machine kind). Here the whole login runs in a
-  worker thread.
+  froze it for 3.3 s on this machine kind). A worker thread is not enough
+  (ldap3 holds the interpreter's lock while it works: 200 logins in threads
+  still lagged the loop by 5 s at p95), so the whole login runs in worker
+  processes (``directory_workers.py``).
 * **The directory down is said, not hidden.** An unreachable server or a
   failed TLS handshake raised out of ``authenticate`` (a 500 page). Here
   the login page answers 503 with a sentence; servers already running are
@@ -37,13 +39,11 @@ always verifies the server's certificate (ldap3's default is
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import Any
 
 import ldap3
 from jupyterhub.handlers.login import LoginHandler
-from ldap3.core.exceptions import LDAPException
 from ldap3.utils.conv import escape_filter_chars
 from ldap3.utils.dn import parse_dn
 from ldapauthenticator import LDAPAuthenticator
@@ -51,6 +51,7 @@ from tornado import web
 from traitlets import Integer, Set, Unicode, default
 
 from workbench_hub import lockout
+from workbench_hub.directory_workers import DirectoryUnreachableError, DirectoryWorkers
 
 DIRECTORY_DOWN = (
     "The university directory cannot be reached, so no one can log in just now; servers already "
@@ -157,6 +158,14 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
         (``WORKBENCH_LOGIN_LOCKOUT_SECONDS``).""",
     )
 
+    login_processes = Integer(
+        2,
+        config=True,
+        help="""How many worker processes run directory logins (``directory_workers.py``): ldap3 is pure
+        Python, so logins in the hub's own process stall its event loop under a class logging in at once.
+        Two keep a 200-student login burst moving on a two-core hub; more help only with more cores.""",
+    )
+
     @default("tls_kwargs")
     def _verified_tls(self) -> dict[str, Any]:
         # ldap3.Tls() checks nothing by default; a directory's certificate must be the directory's.
@@ -171,6 +180,20 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
         super().__init__(**kwargs)
         self.failed_logins = lockout.FailedLogins()
         self._turns = lockout.OneCheckAtATime()
+        self._workers: DirectoryWorkers | None = None
+
+    def workers(self) -> DirectoryWorkers:
+        """The worker processes, given every directory setting of this authenticator (built once)."""
+        if self._workers is None:
+            own = {**LDAPAuthenticator.class_own_traits(config=True), **type(self).class_own_traits(config=True)}
+            settings = {name: getattr(self, name) for name in own if name != "login_processes"}
+            self._workers = DirectoryWorkers(type(self), settings, max(1, self.login_processes))
+        return self._workers
+
+    def check_allow_config(self) -> None:
+        """JupyterHub's start-time check; the directory workers start now, not at the first login."""
+        super().check_allow_config()
+        self.workers().warm_up()
 
     def get_handlers(self, app: Any) -> list[tuple[str, type]]:
         return [("/login", DirectoryLoginHandler)]
@@ -213,12 +236,8 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
             {str(value) for entry in conn.entries for value in entry[self.group_name_attribute].values if value}
         )
 
-    def _authenticate_in_thread(self, data: dict[str, str]) -> dict[str, Any] | None:
-        # LDAPAuthenticator.authenticate never awaits: it runs to its end in this thread's own loop.
-        return asyncio.run(LDAPAuthenticator.authenticate(self, None, data))
-
     async def authenticate(self, handler: Any, data: dict[str, str]) -> dict[str, Any] | None:
-        """Bind as the user in a worker thread (one check at a time per name, so guesses sent at once are
+        """Bind as the user in a worker process (one check at a time per name, so guesses sent at once are
         all counted), then the groups and the admin flag the directory gives."""
         username = self.normalize_username(data.get("username", ""))
         password = data.get("password", "")
@@ -233,10 +252,8 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
                 )
                 return None
             try:
-                model = await asyncio.to_thread(
-                    self._authenticate_in_thread, {"username": username, "password": password}
-                )
-            except LDAPException as exc:
+                model = await self.workers().login({"username": username, "password": password})
+            except DirectoryUnreachableError as exc:
                 self.log.error("The directory did not answer the login of %s: %s", username, exc)
                 raise DirectoryUnavailable() from None
             if model is None:
