@@ -9,8 +9,8 @@ benchmark, benchmarks/results/2026-12-07-class-start-ldap.md). bcrypt, by
 contrast, releases the lock, which is why NativeAuthenticator's thread pool
 is enough.
 
-So the directory work runs in a few worker processes (``processes``,
-default 2), each with its own interpreter and lock, started with ``spawn``
+So the directory work runs in worker processes (the authenticator's
+``login_processes``, default 1), each with its own interpreter and lock, started with ``spawn``
 (a fork of the hub, with its threads and loop, is not safe) and at a lower
 priority (nice 10) so that the hub's own loop wins the CPU. Each worker
 builds the same authenticator from the hub's settings and runs
@@ -66,7 +66,7 @@ def _ready() -> bool:
 class DirectoryWorkers:
     """A small pool of worker processes that run ``authenticator_class(**settings)``'s directory logins."""
 
-    def __init__(self, authenticator_class: type, settings: dict[str, Any], processes: int = 2) -> None:
+    def __init__(self, authenticator_class: type, settings: dict[str, Any], processes: int = 1) -> None:
         self._class = authenticator_class
         self._settings = settings
         self._processes = processes
