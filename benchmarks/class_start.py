@@ -906,15 +906,16 @@ def login_costs(c: LoginCosts) -> str:
             "| one login | wall | CPU of the client (the hub's process) | CPU of slapd |",
             "| --- | --- | --- | --- |",
             f"| directory, StartTLS: service-account search, then the student's bind, then the group search "
-            f"(WorkbenchLDAPAuthenticator's thread work) | {secs(c.ldap_tls)} | {secs(c.ldap_tls_cpu)} "
+            f"(what each directory login worker does) | {secs(c.ldap_tls)} | {secs(c.ldap_tls_cpu)} "
             f"| {secs(c.slapd_cpu)} |",
             f"| the same without TLS (`WORKBENCH_LDAP_STARTTLS=0`, loopback only) | {secs(c.ldap_plain)} "
             f"| {secs(c.ldap_plain_cpu)} | - |",
             f"| one bcrypt check at NativeAuthenticator's cost 12 | {secs(c.bcrypt)} | (the same) | - |",
             "",
-            f"Groups the directory gave the first student: {', '.join(c.groups) or 'none'}. Threads: "
-            f"NativeAuthenticator's bcrypt pool has {cores} (one per core, nice +10); the LDAP login runs in "
-            f"asyncio's default executor, min(32, cores + 4) = {min(32, cores + 4)} threads at the hub's priority.",
+            f"Groups the directory gave the first student: {', '.join(c.groups) or 'none'}. Workers: "
+            f"NativeAuthenticator's bcrypt pool has {cores} threads (one per core, nice +10); the LDAP login runs in "
+            "WorkbenchLDAPAuthenticator's worker processes (`login_processes`, default 1, nice +10; "
+            "hub/workbench_hub/directory_workers.py).",
         ]
     )
 

@@ -97,7 +97,7 @@ class LoginCosts:
     """Wall and CPU time of one login when nothing else runs (p50 over ``count`` logins, in seconds)."""
 
     count: int
-    ldap_tls: float  # WorkbenchLDAPAuthenticator's thread work over StartTLS: wall
+    ldap_tls: float  # what a directory login worker does over StartTLS: wall
     ldap_tls_cpu: float  # ... the client's CPU (this process)
     ldap_plain: float  # the same without TLS (WORKBENCH_LDAP_STARTTLS=0, loopback only)
     ldap_plain_cpu: float
