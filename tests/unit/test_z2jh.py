@@ -375,3 +375,34 @@ def test_finish_hub_refuses_a_spawner_of_another_backend(capsys):
 def test_only_kubernetes_spawner_classes_run_under_the_chart(backend, refused):
     cls = type("SiteSpawner", (), {"workbench_backend": backend})
     assert bool(z2jh.kubernetes_class_problem(cls)) is refused
+
+
+def test_the_chart_logs_in_with_the_university_directory_or_single_sign_on():
+    ldap, _ = build(
+        {
+            "WORKBENCH_AUTHENTICATOR": "ldap",
+            "WORKBENCH_ADMIN_USERS": "tina",
+            "WORKBENCH_ADMIN_PASSWORD": "",
+            "WORKBENCH_LDAP_URL": "ldaps://ldap.example.edu",
+            "WORKBENCH_LDAP_BIND_TEMPLATE": "uid={username},ou=people,dc=example,dc=edu",
+            "WORKBENCH_LDAP_GROUP_BASE": "ou=groups,dc=example,dc=edu",
+        }
+    )
+    assert ldap.JupyterHub.authenticator_class == "workbench_hub.ldap_login.WorkbenchLDAPAuthenticator"
+    assert ldap.Authenticator.manage_groups is True
+    assert "reached_from" not in ldap.WorkbenchAuthenticator  # NativeAuthenticator's first-admin rule is not asked
+    oidc, _ = build(
+        {
+            "WORKBENCH_AUTHENTICATOR": "oidc",
+            "WORKBENCH_ADMIN_GROUPS": "staff",
+            "WORKBENCH_ADMIN_PASSWORD": "",
+            "WORKBENCH_OIDC_ISSUER": "https://login.example.edu",
+            "WORKBENCH_OIDC_CLIENT_ID": "gpu-hub",
+            "WORKBENCH_OIDC_CLIENT_SECRET": "s3cret",
+            "WORKBENCH_OIDC_CALLBACK_URL": "https://gpu.example.edu/hub/oauth_callback",
+        }
+    )
+    assert oidc.WorkbenchOIDCAuthenticator.oauth_callback_url == "https://gpu.example.edu/hub/oauth_callback"
+    workbench = service(oidc, "workbench")
+    assert workbench is not None
+    assert workbench["environment"]["WORKBENCH_GROUPS_FROM"] == "the university's single sign-on (OpenID Connect)"
