@@ -14,20 +14,14 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/identity/processes.sh
+source "$HERE/processes.sh"
 ROOT=$(cd "$HERE/../.." && pwd)
 
 log() { echo "lemonldap.sh: $*" >&2; }
 usage() {
   log "usage: $0 start RUN_DIR PORT LDAP_URL CA_FILE [HUB_URL...] | stop RUN_DIR"
   exit 2
-}
-
-# alive PID: the process runs; a zombie does not count (its ports are closed; the init here may reap it late).
-alive() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
 }
 
 # running_pid: the pid of RUN_DIR's portal if it runs (a pid file left by a crash may name another process now).
@@ -98,17 +92,9 @@ cmd_stop() {
   RUN=$1
   [ -d "$RUN" ] || return 0
   RUN=$(cd "$RUN" && pwd)
-  local pid i
+  local pid
   if pid=$(running_pid); then
-    kill "$pid"
-    for i in $(seq 1 100); do
-      alive "$pid" || break
-      sleep 0.05
-    done
-    if alive "$pid"; then
-      log "the portal (pid $pid) still runs 5 s after SIGTERM: SIGKILL"
-      kill -9 "$pid" 2>/dev/null || true
-    fi
+    stop_process "$pid" "the portal"
   fi
   rm -f "$RUN/portal.pid"
 }

@@ -18,6 +18,8 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tests/identity/processes.sh
+source "$HERE/processes.sh"
 DATA=$HERE/directory
 BASE=dc=workbench,dc=test
 ADMIN_DN=cn=admin,$BASE
@@ -60,14 +62,6 @@ socket_dir() {
   else
     echo "/tmp/wb-slapd-$(echo "$RUN" | cksum | cut -d' ' -f1)"
   fi
-}
-
-# alive PID: the process runs; a zombie does not count (its ports are closed; the init here may reap it late).
-alive() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [ "${stat%% *}" != Z ]
 }
 
 # running_pid: the pid of RUN_DIR's slapd if it runs (a pid file left by a crash may name another process now).
@@ -168,17 +162,9 @@ cmd_stop() {
   RUN=$1
   [ -d "$RUN" ] || return 0
   RUN=$(cd "$RUN" && pwd)
-  local pid i sock
+  local pid sock
   if pid=$(running_pid); then
-    kill "$pid"
-    for i in $(seq 1 100); do
-      alive "$pid" || break
-      sleep 0.05
-    done
-    if alive "$pid"; then
-      log "slapd (pid $pid) still runs 5 s after SIGTERM: SIGKILL"
-      kill -9 "$pid" 2>/dev/null || true
-    fi
+    stop_process "$pid" "slapd"
   fi
   rm -f "$RUN/slapd.pid"
   sock=$(socket_dir)
