@@ -23,11 +23,18 @@ def open_the_provider_page(page, hub, provider) -> None:
     assert "Authentication portal" in page.title()
 
 
-def type_the_password(page, hub, name: str, password: str) -> None:
+def type_the_password(page, name: str, password: str) -> None:
     """The provider's form; with the right password the browser lands on the hub, logged in."""
     page.fill("#userfield", name)
     page.fill("#passwordfield", password)
     page.click("button[type=submit]")
+
+
+def spawn_form_quota(page, hub) -> tuple[str, str]:
+    """The spawn form's GPU quota and the sentence around it (where the quota comes from)."""
+    page.goto(f"{hub.url}/hub/spawn")
+    page.wait_for_selector("#workbench-quota")
+    return page.inner_text("#workbench-quota"), page.inner_text("#workbench-gpus-help")
 
 
 def back_on_the_hub(page, hub) -> None:
@@ -48,21 +55,19 @@ def test_a_student_signs_in_through_the_university_page_and_sees_her_courses_quo
 
     # A wrong password is the provider's to refuse: the browser stays on its page, and tries again there.
     open_the_provider_page(page, hub, sso_provider)
-    type_the_password(page, hub, "bob", "not-his-password")
+    type_the_password(page, "bob", "not-his-password")
     page.wait_for_selector(".message-negative")
     assert "Wrong credentials" in page.inner_text(".message-negative")
-    type_the_password(page, hub, "bob", password)
+    type_the_password(page, "bob", password)
     back_on_the_hub(page, hub)
-    page.goto(f"{hub.url}/hub/spawn")
-    page.wait_for_selector("#workbench-quota")
-    assert page.inner_text("#workbench-quota") == "2"
-    assert "the GPU quota of group ml-course" in page.inner_text("#workbench-gpus-help")
+    quota, said = spawn_form_quota(page, hub)
+    assert quota == "2"
+    assert "the GPU quota of group ml-course" in said
     page.screenshot(path=str(ARTIFACTS / "university-login-spawn-form.png"))
 
     # Out of the course in the directory: the form still says 2 until he logs in again.
     sso_provider.directory.remove_member("ml-course", "bob")
-    page.goto(f"{hub.url}/hub/spawn")
-    assert page.inner_text("#workbench-quota") == "2"
+    assert spawn_form_quota(page, hub)[0] == "2"
 
     # Logging out ends the hub's session and the provider's: the next login asks for his password.
     page.goto(f"{hub.url}/hub/logout")
@@ -74,9 +79,8 @@ def test_a_student_signs_in_through_the_university_page_and_sees_her_courses_quo
     page.goto(f"{hub.url}/hub/spawn")
     page.wait_for_url(f"{hub.url}/hub/login**")
     open_the_provider_page(page, hub, sso_provider)
-    type_the_password(page, hub, "bob", password)
+    type_the_password(page, "bob", password)
     back_on_the_hub(page, hub)
-    page.goto(f"{hub.url}/hub/spawn")
-    page.wait_for_selector("#workbench-quota")
-    assert page.inner_text("#workbench-quota") == "1"
-    assert "the default quota" in page.inner_text("#workbench-gpus-help")
+    quota, said = spawn_form_quota(page, hub)
+    assert quota == "1"
+    assert "the default quota" in said
