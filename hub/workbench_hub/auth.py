@@ -321,12 +321,7 @@ class WorkbenchAuthenticator(NativeAuthenticator):
                 return None
             locked_for = self.lockout_seconds_left(username)
             if locked_for:
-                self.log.warning(
-                    "Login refused for %s without a password check: locked out after %s failed logins, for %s more",
-                    username,
-                    self.allowed_failed_logins,
-                    lockout.duration(locked_for),
-                )
+                lockout.log_refusal(self.log, username, self.allowed_failed_logins, locked_for, "a password check")
                 return None
             # Everything is evaluated, as NativeAuthenticator does; the row is read before the wait.
             validations = [user.is_authorized]

@@ -246,12 +246,7 @@ class WorkbenchLDAPAuthenticator(LDAPAuthenticator):
         async with self._turns.turn(username):
             locked_for = self.lockout_seconds_left(username)
             if locked_for:
-                self.log.warning(
-                    "Login refused for %s without asking the directory: locked out after %s failed logins, for %s more",
-                    username,
-                    self.allowed_failed_logins,
-                    lockout.duration(locked_for),
-                )
+                lockout.log_refusal(self.log, username, self.allowed_failed_logins, locked_for, "asking the directory")
                 return None
             try:
                 model = await self.workers().login({"username": username, "password": password})

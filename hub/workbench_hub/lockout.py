@@ -27,6 +27,7 @@ import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
+from typing import Any
 
 from traitlets.config import Config
 
@@ -70,6 +71,17 @@ def duration(seconds: float) -> str:
     if not minutes:
         return _amount(rest, "second")
     return _amount(minutes, "minute") + (f" and {_amount(rest, 'second')}" if rest else "")
+
+
+def log_refusal(log: Any, username: str, attempts: int, seconds: float, unasked: str) -> None:
+    """The hub log's line for a login refused during a lock-out (``unasked``: what was not consulted)."""
+    log.warning(
+        "Login refused for %s without %s: locked out after %s failed logins, for %s more",
+        username,
+        unasked,
+        attempts,
+        duration(seconds),
+    )
 
 
 def locked_out_sentence(username: str, seconds: float) -> str:
