@@ -12,11 +12,13 @@ that must then be the caller's own name (absent: the operation is about the call
   the hub's API), and the hub's admin. Each caller's scopes are what the hub says its token holds
   (``GET /hub/api/user``), so the table tests the service's checks against the hub's grants; a
   separate test holds the grants to the scope design (every user holds ``custom:workbench:self``,
-  the narrowed token no workbench scope, the admin ``custom:workbench:admin``). The instructor of
-  issue 48 becomes one more entry of the callers, its token made like the students', once that role
-  exists;
+  the narrowed token no workbench scope, the admin ``custom:workbench:admin``). Two instructors
+  (issue 48): one on the staff of the students' course (through its staff group), one of another
+  course;
 * a caller may call an operation when it holds ``x-scope`` (``custom:workbench:admin`` reads too, as
-  the document says), or holds ``x-self-scope`` and the ``x-self-param`` parameter is its own name;
+  the document says), or holds ``x-self-scope`` and the ``x-self-param`` parameter is its own name,
+  or is on the staff of the course that ``x-course-staff`` names (a path parameter) with a token
+  that holds ``custom:workbench:self``;
 * every request is real: path and query parameters are filled with real names (the student's own
   name, a group they are in, a GPU, a stored reservation), every write carries a body its schema
   accepts (so a refusal is about who asks, not what), and the quotas, reservations, drains,
@@ -56,6 +58,9 @@ READ_SCOPE = "custom:workbench:read"
 SELF_SCOPE = "custom:workbench:self"
 WORKBENCH_SCOPES = {ADMIN_SCOPE, READ_SCOPE, SELF_SCOPE}
 STUDENT, OTHER, GROUP = "alice", "bob", "course"
+INSTRUCTOR, OTHER_INSTRUCTOR, OTHER_COURSE = "prof", "nlp-prof", "nlp"
+# Who is on which course's staff (the hub groups the table makes and the courses it sets up).
+STAFF = {INSTRUCTOR: GROUP, OTHER_INSTRUCTOR: OTHER_COURSE}
 # A value for each query parameter the table fills: a real name on this hub.
 QUERY_VALUES = {"user": STUDENT, "group": GROUP}
 # Bodies the schema's first example does not fit to this hub (the example's group and 8 GPUs do not
@@ -83,6 +88,7 @@ class Caller:
     name: str | None  # the hub user it acts as (None: anonymous)
     token: str | None
     scopes: frozenset[str]  # what the hub says the token holds, filters left off
+    course: str | None = None  # the course it is staff of
 
     def holds(self, scope: str) -> bool:
         return scope in self.scopes or (scope == READ_SCOPE and ADMIN_SCOPE in self.scopes)
@@ -94,8 +100,10 @@ class TableHub:
 
     def __init__(self, hub: WorkbenchHub):
         self.hub = hub
-        hub.create_users(STUDENT, OTHER)
+        hub.create_users(STUDENT, OTHER, INSTRUCTOR, OTHER_INSTRUCTOR)
         assert hub.api("POST", f"/groups/{GROUP}", json={"users": [STUDENT, OTHER]}).status_code in (201, 409)
+        for staff, course in STAFF.items():
+            assert hub.api("POST", f"/groups/{course}-staff", json={"users": [staff]}).status_code in (201, 409)
         gpus = hub.service("GET", "api/gpus").json()["gpus"]
         self.gpu = gpus[-1]["uuid"]  # a GPU to keep drained (the student's server takes the first free one)
         assert hub.spawn(STUDENT, gpus=1).status_code in (201, 202)
@@ -109,6 +117,8 @@ class TableHub:
             self._caller("narrowed token", STUDENT, narrowed.json()["token"]),
             self._caller("other student", OTHER, hub.user_token(OTHER)),
             self._caller("student", STUDENT, hub.user_token(STUDENT)),
+            self._caller("instructor", INSTRUCTOR, hub.user_token(INSTRUCTOR)),
+            self._caller("another course's instructor", OTHER_INSTRUCTOR, hub.user_token(OTHER_INSTRUCTOR)),
             self._caller("admin", "admin", hub.user_token("admin")),
         ]
 
@@ -116,7 +126,8 @@ class TableHub:
         r = requests.get(f"{self.hub.url}/hub/api/user", headers={"Authorization": f"token {token}"}, timeout=30)
         assert r.status_code == 200, f"{label}: {r.status_code} {r.text}"
         assert r.json()["name"] == name
-        return Caller(label, name, token, frozenset(scope.partition("!")[0] for scope in r.json()["scopes"]))
+        scopes = frozenset(scope.partition("!")[0] for scope in r.json()["scopes"])
+        return Caller(label, name, token, scopes, STAFF.get(name))
 
     def prepare(self) -> dict[str, str]:
         """Quotas, an exemption, a drain and a reservation in place (as the automation token sets them);
@@ -130,6 +141,13 @@ class TableHub:
         ):
             r = hub.service("PUT", path, json=body)
             assert r.status_code == 200, f"PUT {path}: {r.status_code} {r.text}"
+        for course in (GROUP, OTHER_COURSE):
+            body = {"title": course, "ceiling": {"max_gpus": 2}, "staff_group": f"{course}-staff"}
+            r = hub.service("PUT", f"api/courses/{course}", json=body)
+            assert r.status_code == 200, f"PUT api/courses/{course}: {r.status_code} {r.text}"
+        if hub.server(STUDENT) is None:  # an allowed stop of the row before (a course's staff stop it)
+            assert hub.spawn(STUDENT, gpus=1).status_code in (201, 202)
+            hub.wait_ready(STUDENT)
         reservations = hub.service("GET", "api/reservations").json()["reservations"]
         if not reservations:
             r = hub.service("POST", "api/reservations", json=BODIES["ReservationBody"])
@@ -141,6 +159,8 @@ class TableHub:
             "exemptions": GROUP,
             "drains": self.gpu,
             "reservations": str(reservations[0]["id"]),
+            "courses": GROUP,
+            "students": STUDENT,
         }
 
 
@@ -238,7 +258,10 @@ def allowed(operation: dict, caller: Caller, values: dict[str, str]) -> bool:
         return False
     if operation.get("x-scope") and caller.holds(operation["x-scope"]):
         return True
+    course_param = operation.get("x-course-staff")
     self_scope = operation.get("x-self-scope")
+    if course_param and caller.course is not None and values.get(course_param) == caller.course:
+        return caller.holds(SELF_SCOPE)  # staff act with a token that holds the workbench's self scope
     if not self_scope or not caller.holds(self_scope):
         return False
     own = operation.get("x-self-param")
@@ -285,6 +308,9 @@ def test_every_operation_says_who_may_call_it(backend):
             unsaid.append(f"{where}: neither x-scope nor security: []")
         if any(scope and not scope.startswith("custom:workbench:") for scope in scopes):
             unsaid.append(f"{where}: {scopes} are not the workbench's scopes")
+        course = operation.get("x-course-staff")
+        if course and course not in {p["name"] for p in parameters(doc, path, method) if p["in"] == "path"}:
+            unsaid.append(f"{where}: x-course-staff {course!r} is none of its path parameters")
         own = operation.get("x-self-param")
         if own and not operation.get("x-self-scope"):
             unsaid.append(f"{where}: x-self-param {own!r} without x-self-scope")
@@ -309,6 +335,8 @@ def test_the_callers_hold_the_scopes_the_design_gives_them(table):
         "narrowed token": [],
         "other student": [SELF_SCOPE],
         "student": [SELF_SCOPE],
+        "instructor": [SELF_SCOPE],
+        "another course's instructor": [SELF_SCOPE],
         "admin": sorted(held["admin"]),
     }
     assert ADMIN_SCOPE in held["admin"]
@@ -352,4 +380,6 @@ def test_each_caller_gets_what_the_document_says(table, method, path):
                 if changed:
                     failures.append(f"{where} was refused or should have been, yet changed: " + "; ".join(changed))
                 before = after
+            else:  # an allowed write changes what the next caller's refusal is compared with
+                before = hub_state.snapshot(hub)
     assert not failures, "\n".join(failures)

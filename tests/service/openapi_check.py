@@ -21,7 +21,7 @@ import jsonschema
 def _template(doc: dict, path: str) -> str | None:
     path = "/" + path.split("?")[0].lstrip("/")
     for template in doc["paths"]:
-        pattern = "^" + re.escape(template).replace(r"\{name\}", "[^/]+") + "$"
+        pattern = "^" + re.sub(r"\\\{\w+\\\}", "[^/]+", re.escape(template)) + "$"
         if re.match(pattern, path):
             return template
     return None

@@ -15,14 +15,23 @@ from tornado import web
 
 from tests.service.openapi_check import resolve
 from workbench_hub import drain_cli
-from workbench_hub.service import drain_handlers, drain_stops, handlers, idle_handlers, reservation_handlers
+from workbench_hub.service import (
+    course_handlers,
+    drain_handlers,
+    drain_stops,
+    handlers,
+    idle_handlers,
+    reservation_handlers,
+)
 from workbench_hub.service.app import make_app
 from workbench_hub.service.openapi import BodyError, load_document, load_fragment, validate_body, with_server
 from workbench_spawner.backend import installed_backends, openapi_fragments
+from workbench_spawner.ledger.course_book import CourseRow
 from workbench_spawner.ledger.drain_book import MAX_REASON as MAX_DRAIN_REASON
 from workbench_spawner.ledger.idle_book import GROUP_PATTERN, MAX_REASON, IdleExemptionRow
 from workbench_spawner.ledger.quota_book import QuotaRow
 from workbench_spawner.ledger.reservation_book import FIELDS, MAX_GROUP, ReservationRow
+from workbench_spawner.rules.course import MAX_STAFF, MAX_TITLE
 from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 from workbench_spawner.rules.quota import (
     MAX_GPU_HOURS_LIMIT,
@@ -40,7 +49,7 @@ PREFIX = "/services/workbench/"
 MAIN = load_document()
 SLURM = [load_fragment(path) for path in openapi_fragments(["slurm"])]
 DOC = load_document(SLURM)  # what a Slurm hub serves: every path there is
-HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers, drain_handlers)
+HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers, drain_handlers, course_handlers)
 
 
 def at(doc: dict, pointer: str):
@@ -60,6 +69,7 @@ def column_length(row, name: str) -> int:
 QUOTA = "/components/schemas/QuotaBody/properties"
 RESERVATION = "/components/schemas/ReservationBody/properties"
 STORED_RESERVATION = "/components/schemas/Reservation/properties"
+COURSE = "/components/schemas/CourseBody/properties"
 SLURM_NODE = "/paths/~1api~1slurm~1nodes~1{name}/parameters/0/schema"
 MODEL_LENGTH = int(re.search(r"\{0,(\d+)\}\$$", MODEL_PATTERN.pattern).group(1)) + 1
 GROUP_LENGTH = int(re.search(r"\{1,(\d+)\}\$$", GROUP_PATTERN.pattern).group(1))
@@ -106,6 +116,15 @@ BOUNDS = [
         "drain_cli.MAX_STOP_MINUTES (workbench drain --stop-in)",
     ),
     ("/components/parameters/Name/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
+    ("/components/parameters/Course/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
+    ("/components/parameters/Course/schema/maxLength", column_length(CourseRow, "name"), "workbench_courses.name"),
+    ("/components/parameters/Student/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
+    (f"{COURSE}/title/maxLength", MAX_TITLE, "rules.course.MAX_TITLE"),
+    (f"{COURSE}/title/maxLength", column_length(CourseRow, "title"), "workbench_courses.title"),
+    (f"{COURSE}/staff_group/maxLength", column_length(CourseRow, "staff_group"), "workbench_courses.staff_group"),
+    (f"{COURSE}/staff/maxItems", MAX_STAFF, "rules.course.MAX_STAFF"),
+    (f"{COURSE}/staff/items/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME (a hub user's name)"),
+    ("/components/schemas/StudentStopBody/properties/server/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/parameters/Name/schema/maxLength", column_length(QuotaRow, "name"), "gpu_quotas.name"),
     ("/paths/~1api~1usage/get/parameters/0/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/paths/~1api~1usage/get/parameters/1/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
@@ -133,6 +152,12 @@ NO_CONSTANT = {
     "/components/schemas/DrainBody/properties/stop_servers_in_minutes/exclusiveMinimum": "a countdown",
     "/components/parameters/Name/schema/minLength": "a name",
     "/components/parameters/Group/schema/minLength": "a name",
+    "/components/parameters/Course/schema/minLength": "a name",
+    "/components/parameters/Student/schema/minLength": "a name",
+    f"{COURSE}/title/minLength": "a title",
+    f"{COURSE}/title/pattern": "not only spaces",
+    f"{COURSE}/staff_group/minLength": "a name",
+    f"{COURSE}/staff/items/minLength": "a name",
     "/components/parameters/ReservationId/schema/minLength": "an id",
     "/paths/~1api~1usage/get/parameters/0/schema/minLength": "a name",
     "/paths/~1api~1usage/get/parameters/1/schema/minLength": "a name",
@@ -163,7 +188,7 @@ def _written_bounds(node, pointer: str):
             here = f"{pointer}/{key.replace('/', '~1')}"
             if key in BOUND_KEYWORDS and isinstance(value, (int, float, str)) and not isinstance(value, bool):
                 yield here
-            elif key not in ("examples", "description", "title"):
+            elif key not in ("examples", "description") and not (key == "title" and isinstance(value, str)):
                 yield from _written_bounds(value, here)
     elif isinstance(node, list):
         for index, value in enumerate(node):
@@ -172,7 +197,16 @@ def _written_bounds(node, pointer: str):
 
 def test_every_bound_a_request_may_break_is_checked_against_the_code():
     """Each number (or pattern) of a request body or parameter is in BOUNDS or says why it has no constant."""
-    request_schemas = {"QuotaBody", "ReservationBody", "IdleExemptionBody", "DrainBody"}
+    request_schemas = {
+        "QuotaBody",
+        "ReservationBody",
+        "IdleExemptionBody",
+        "DrainBody",
+        "CourseBody",
+        "StudentQuotaBody",
+        "StudentStopBody",
+        "Ceiling",
+    }
     written = set()
     for name in request_schemas:
         written |= set(_written_bounds(DOC["components"]["schemas"][name], f"/components/schemas/{name}"))
@@ -329,7 +363,7 @@ def app_routes(app: web.Application) -> set[tuple[str, str]]:
         relative = rule.matcher.regex.pattern.rstrip("$")[len(PREFIX) :]
         if relative in NOT_API:
             continue
-        path = "/" + relative.replace("([^/]+)", "{name}")
+        path = "/" + re.sub(r"\(\?P<(\w+)>\[\^/\]\+\)", r"{\1}", relative).replace("([^/]+)", "{name}")
         for method in METHODS:
             if getattr(rule.target, method) is not getattr(web.RequestHandler, method):
                 routes.add((method, path))
@@ -373,7 +407,15 @@ def test_every_request_body_is_checked_by_its_handler():
     assert (
         set(re.findall(r'valid_body\(\s*"(\w+)"', source))
         == in_document
-        == {"QuotaBody", "ReservationBody", "IdleExemptionBody", "DrainBody"}
+        == {
+            "QuotaBody",
+            "ReservationBody",
+            "IdleExemptionBody",
+            "DrainBody",
+            "CourseBody",
+            "StudentQuotaBody",
+            "StudentStopBody",
+        }
     )
 
 

@@ -37,6 +37,7 @@ from workbench_spawner.backend import extension_of, openapi_fragments
 from workbench_spawner.ledger.migrations import UnusableDatabaseError
 from workbench_spawner.ledger.store import AllocationStore
 
+from . import course_handlers as ch
 from . import handlers as h
 from . import page_handlers as pages
 from . import reservation_handlers as rh
@@ -77,6 +78,8 @@ def make_app(
     prefix = "/" + prefix.strip("/") + "/"
     extension = extension_of(backend)
     name = r"([^/]+)"
+    # The course routes name their two parameters as the document does ({course}, {user}).
+    course, student = r"(?P<course>[^/]+)", r"(?P<user>[^/]+)"
     routes = [
         (prefix, pages.PageHandler),
         (prefix + "me", pages.MyPageHandler),
@@ -89,6 +92,11 @@ def make_app(
         (prefix + "api/quotas/users/" + name, h.QuotaHandler),
         (prefix + "api/quotas/groups/" + name, h.GroupQuotaHandler),
         (prefix + "api/usage", UsageHandler),
+        (prefix + "api/courses", ch.CourseListHandler),
+        (prefix + "api/courses/" + course, ch.CourseHandler),
+        (prefix + "api/courses/" + course + "/students", ch.CourseStudentsHandler),
+        (prefix + "api/courses/" + course + "/students/" + student + "/quota", ch.StudentQuotaHandler),
+        (prefix + "api/courses/" + course + "/students/" + student + "/stop", ch.StudentStopHandler),
         (prefix + "api/reservations", rh.ReservationListHandler),
         (prefix + "api/reservations/" + name, rh.ReservationHandler),
         (prefix + "api/openapi.json", h.OpenAPIHandler),
@@ -104,6 +112,7 @@ def make_app(
         routes,
         fleet=fleet,
         hub=hub,
+        stopper=None,  # serve() sets the service's one Stopper
         prefix=prefix,
         hub_prefix=hub_prefix,
         openapi=openapi,
@@ -197,8 +206,9 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
     prefix = os.environ.get("JUPYTERHUB_SERVICE_PREFIX", "/services/workbench/")
     hub_prefix = os.environ.get("JUPYTERHUB_BASE_URL", "/").rstrip("/") + "/hub/"
     try:
+        app = make_app(fleet, hub, prefix, hub_prefix, args.backend)
         server = listen(
-            make_app(fleet, hub, prefix, hub_prefix, args.backend),
+            app,
             args.port,
             args.ip,
             max_body_size=MAX_BODY,
@@ -231,6 +241,7 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
     # One way to stop a server for the hub's reasons (stopping.py), shared by the loops below.
     servers = UserServers(args.proxy_url, hub.token)
     stopper = make_stopper(fleet, hub, servers, args.save_wait_seconds)
+    app.settings["stopper"] = stopper  # a course's staff stop a student's server through it too
     checker = None
     if args.session_check_seconds > 0:
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import datetime
 
 from workbench_hub.service.ends import ends_by_reason
 from workbench_hub.service.fleet import server_usage
@@ -26,6 +27,26 @@ from workbench_hub.service.handlers import APIHandler, _check_name, unknown_user
 from workbench_hub.service.scopes import READ_SCOPE
 from workbench_spawner.ledger.gpu_hours import WEEK, gpu_hours_split
 from workbench_spawner.ledger.store import utcnow
+
+
+def usage_report(
+    fleet, models: list[dict], now: datetime, user: str | None = None, names: set[str] | None = None
+) -> tuple[list[dict], dict[str, int]]:
+    """Each of the hub user ``models``' GPU-hours of the last 7 days (in all, by reason kind and by server),
+    quota and held GPUs, and how servers ended in the window (of ``names``; None: everyone's): api/usage's
+    answer, and a course's students (``course_handlers``). Blocking: call it from a worker thread. One read
+    of the ledger for the hours: the total is the sum of the hours by reason, and by server."""
+    split = gpu_hours_split(fleet.store, now, user=user)
+    by_reason: dict[str, dict[str, float]] = {}
+    for name, parts in split.items():
+        kinds = by_reason.setdefault(name, {})
+        for (_server, kind), value in parts.items():
+            kinds[kind] = kinds.get(kind, 0.0) + value
+    hours = {name: sum(parts.values()) for name, parts in split.items()}
+    held = fleet.held_by_server()
+    held_total = {name: sum(servers.values()) for name, servers in held.items()}
+    users = fleet.user_summaries(models, hours, held_total, by_reason, server_usage(split, held))
+    return users, ends_by_reason(fleet.store, now - WEEK, names)
 
 
 class UsageHandler(APIHandler):
@@ -68,21 +89,7 @@ class UsageHandler(APIHandler):
         fleet = self.fleet
         names = None if wanted is None and group is None else {m["name"] for m in models}
 
-        def summarise():
-            # One read of the ledger for the hours: the total is the sum of the hours by reason, and by server.
-            split = gpu_hours_split(fleet.store, now, user=wanted)
-            by_reason: dict[str, dict[str, float]] = {}
-            for name, parts in split.items():
-                kinds = by_reason.setdefault(name, {})
-                for (_server, kind), value in parts.items():
-                    kinds[kind] = kinds.get(kind, 0.0) + value
-            hours = {name: sum(parts.values()) for name, parts in split.items()}
-            held = fleet.held_by_server()
-            held_total = {name: sum(servers.values()) for name, servers in held.items()}
-            users = fleet.user_summaries(models, hours, held_total, by_reason, server_usage(split, held))
-            return users, ends_by_reason(fleet.store, now - WEEK, names)
-
-        users, ends = await asyncio.to_thread(summarise)
+        users, ends = await asyncio.to_thread(usage_report, fleet, models, now, wanted, names)
         self.send(
             {
                 "window_start": (now - WEEK).isoformat(),

@@ -18,6 +18,8 @@ STOPPED_BY_USER = "stopped by the user"
 STOPPED_BY_ADMIN = "stopped by an admin"
 STOPPED_BY_CULLER = "stopped by the idle culler"
 STOPPED_BY_SERVICE = "stopped by a service"
+# A course's instructor or TA stopped a student's server (the service's course API: "...: ann (ML-101)").
+STOPPED_BY_INSTRUCTOR = "stopped by an instructor"
 # The server's own process ended (it crashed, or the user shut it down from JupyterLab).
 SERVER_EXITED = "server exited"
 # A start that failed, timed out or was cancelled while waiting: the lease never served a running server.
@@ -41,6 +43,7 @@ ALL = (
     STOPPED_BY_ADMIN,
     STOPPED_BY_CULLER,
     STOPPED_BY_SERVICE,
+    STOPPED_BY_INSTRUCTOR,
     SERVER_EXITED,
     START_FAILED,
     START_CANCELLED,

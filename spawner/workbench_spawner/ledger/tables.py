@@ -11,6 +11,7 @@ module defining a table is imported here.
 from __future__ import annotations
 
 from workbench_spawner.ledger import (
+    course_book,  # workbench_courses (0010)
     drain_book,  # gpu_drains (0005)
     idle_book,  # gpu_idle_tracks, gpu_idle_exemptions (0003)
     notices,  # workbench_notices (0003)
@@ -24,6 +25,7 @@ from workbench_spawner.ledger import (
 from workbench_spawner.ledger.store import Base
 
 MODULES = (
+    course_book,
     drain_book,
     idle_book,
     notices,

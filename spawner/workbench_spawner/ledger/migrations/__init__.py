@@ -44,7 +44,7 @@ from workbench_spawner.ledger.release_book import record_release, release_at
 from workbench_spawner.release import version
 
 HERE = Path(__file__).resolve().parent
-HEAD = "0009"
+HEAD = "0010"
 # Where an operator reads how to go back (README links it).
 GOING_BACK = "docs/upgrading.md, Going back"
 

@@ -1,0 +1,40 @@
+"""Courses: ``workbench_courses``, one row per course (issue 48).
+
+A course is a hub group (its students) with what a hub admin sets for it:
+its title, its start and end dates, the ceiling its staff give quotas under
+(a quota's ``max_gpus``, ``gpu_hours_per_week`` and ``allowed_models``, as
+JSON) and who its staff are (a hub group and named users). Databases from
+before this revision have no courses.
+
+Revision ID: 0010
+Revises: 0009
+Create Date: 2026-12-07
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0010"
+down_revision = "0009"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    if not sa.inspect(op.get_bind()).has_table("workbench_courses"):
+        op.create_table(
+            "workbench_courses",
+            sa.Column("name", sa.String(255), primary_key=True),
+            sa.Column("title", sa.String(200), nullable=False),
+            sa.Column("starts", sa.Date, nullable=True),
+            sa.Column("ends", sa.Date, nullable=True),
+            sa.Column("ceiling", sa.Text, nullable=False),
+            sa.Column("staff_group", sa.String(255), nullable=True),
+            sa.Column("staff", sa.Text, nullable=False, server_default="[]"),
+            sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
+            sa.Column("updated_by", sa.String(255), nullable=False, server_default=""),
+        )
+
+
+def downgrade() -> None:
+    op.drop_table("workbench_courses")

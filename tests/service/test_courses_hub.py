@@ -1,0 +1,199 @@
+"""Courses against a real hub and service: an admin sets one up, its staff run it without being admins.
+
+One hub for the module (2 H100 + 2 A100, simulated). ``ml-101``'s students are
+ann and ben (its hub group); prof is on its staff through the hub group
+``ml-staff``, ta by name; ``nlp`` is another course with its own student and
+instructor. Every call goes through the hub's proxy with the caller's own
+hub token, as their browser or script would, and every answer is checked
+against the service's OpenAPI document (``WorkbenchHub.service``).
+"""
+
+from __future__ import annotations
+
+import datetime
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+ML = {
+    "title": "Machine learning 101",
+    "ceiling": {"max_gpus": 1, "gpu_hours_per_week": 10, "allowed_models": ["H100-80GB"]},
+    "staff_group": "ml-staff",
+    "staff": ["ta"],
+}
+NLP = {"title": "NLP", "ceiling": {"max_gpus": 2}, "staff": ["nlp-prof"]}
+
+
+@pytest.fixture(scope="module")
+def hub(workbench_hub):
+    hub = workbench_hub
+    hub.create_users("prof", "ta", "ann", "ben", "cat", "nlp-prof")
+    for group, users in (("ml-101", ["ann", "ben", "ta"]), ("ml-staff", ["prof"]), ("nlp", ["cat"])):
+        r = hub.api("POST", f"/groups/{group}", json={"users": users})
+        assert r.status_code == 201, r.text
+    for name, body in (("ml-101", ML), ("nlp", NLP)):
+        r = hub.service("PUT", f"api/courses/{name}", json=body)
+        assert r.status_code == 200, r.text
+    hub.tokens = {name: hub.user_token(name) for name in ("prof", "ta", "ann", "cat", "nlp-prof")}
+    return hub
+
+
+def as_(hub, who: str, method: str, path: str, **kwargs):
+    return hub.service(method, path, token=hub.tokens[who], **kwargs)
+
+
+def quota_of(hub, user: str) -> dict | None:
+    return hub.service("GET", f"api/quotas/users/{user}").json()["quota"]
+
+
+def test_the_admin_sets_a_course_up_and_bad_settings_are_refused_with_a_sentence(hub):
+    course = hub.service("GET", "api/courses/ml-101").json()
+    assert course == {
+        "name": "ml-101",
+        "title": "Machine learning 101",
+        "starts": None,
+        "ends": None,
+        "ceiling": {"max_gpus": 1, "gpu_hours_per_week": 10.0, "allowed_models": ["H100-80GB"]},
+        "staff_group": "ml-staff",
+        "staff": ["ta"],
+        "phase": "running",
+    }
+    for body, sentence in (
+        ({**ML, "ceiling": {"max_gpus": 1, "allowed_models": ["V100"]}}, 'unknown GPU model "V100"'),
+        ({**ML, "starts": "2027-03-12", "ends": "2027-01-11"}, "ends (2027-01-11) before it starts (2027-03-12)"),
+        ({**ML, "staff_group": "ml-101"}, "must not be the course's own group"),
+        ({**ML, "title": "   "}, "invalid course: title"),
+        ({"title": "x"}, "ceiling"),
+    ):
+        r = hub.service("PUT", "api/courses/ml-101", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert sentence in r.json()["message"], r.json()["message"]
+    assert hub.service("GET", "api/courses/ml-101").json()["title"] == "Machine learning 101"  # nothing changed
+    r = as_(hub, "prof", "PUT", "api/courses/ml-101", json={**ML, "ceiling": {"max_gpus": 4}})
+    assert r.status_code == 403
+    assert r.json()["message"] == "only hub admins may set up courses (scope custom:workbench:admin)"
+    assert hub.service("GET", "api/courses/ml-101").json()["ceiling"]["max_gpus"] == 1
+
+
+def test_each_caller_sees_the_courses_they_teach_and_nothing_else(hub):
+    names = lambda r: [c["name"] for c in r.json()["courses"]]  # noqa: E731
+    assert names(hub.service("GET", "api/courses")) == ["ml-101", "nlp"]
+    assert names(as_(hub, "prof", "GET", "api/courses")) == ["ml-101"]  # through the staff group
+    assert names(as_(hub, "ta", "GET", "api/courses")) == ["ml-101"]  # named (and in the course's group)
+    assert names(as_(hub, "ann", "GET", "api/courses")) == []
+    r = as_(hub, "ann", "GET", "api/courses/ml-101/students")
+    assert r.status_code == 403
+    assert r.json()["message"].startswith("only the staff of ml-101 (its instructors and TAs) or a hub admin")
+    assert as_(hub, "nlp-prof", "GET", "api/courses/ml-101").status_code == 403
+    r = as_(hub, "prof", "GET", "api/courses/no-such-course")
+    assert r.status_code == 404
+    assert "no course named" in r.json()["message"]
+
+
+def test_staff_set_a_students_quota_within_the_ceiling_and_no_further(hub):
+    r = as_(hub, "prof", "PUT", "api/courses/ml-101/students/ann/quota", json={"max_gpus": 1, "gpu_hours_per_week": 5})
+    assert r.status_code == 200, r.text
+    assert r.json()["effective"]["origin"] == "own quota"
+    assert r.json()["quota"]["updated_by"] == "user:prof for ml-101"
+    assert quota_of(hub, "ann")["gpu_hours_per_week"] == 5.0
+    refusals = [
+        ("prof", "ann", {"max_gpus": 2, "gpu_hours_per_week": 5}, "at most 1 GPU at once, not 2"),
+        (
+            "prof",
+            "ann",
+            {"max_gpus": 1, "gpu_hours_per_week": None},
+            "a student's quota must give a weekly budget of 10 GPU-hours or less",
+        ),
+        ("prof", "ann", {"max_gpus": 1, "gpu_hours_per_week": 5, "allowed_models": ["A100-40GB"]}, "not A100-40GB"),
+        ("prof", "cat", {"max_gpus": 1, "gpu_hours_per_week": 5}, "cat is not a student of ml-101"),
+        ("prof", "ta", {"max_gpus": 1, "gpu_hours_per_week": 5}, "ta is not a student of ml-101"),  # staff
+        ("nlp-prof", "ann", {"max_gpus": 1}, "only the staff of ml-101"),
+        ("ann", "ann", {"max_gpus": 1, "gpu_hours_per_week": 1}, "only the staff of ml-101"),
+    ]
+    for who, student, body, sentence in refusals:
+        r = as_(hub, who, "PUT", f"api/courses/ml-101/students/{student}/quota", json=body)
+        assert r.status_code == 403, (who, student, body, r.text)
+        assert sentence in r.json()["message"], r.json()["message"]
+    assert quota_of(hub, "ann")["gpu_hours_per_week"] == 5.0  # no refusal changed it
+    assert quota_of(hub, "cat") is None
+    # Another course's instructor within their own course, at the same moment as prof in theirs.
+    with ThreadPoolExecutor(2) as pool:
+        a = pool.submit(as_, hub, "nlp-prof", "PUT", "api/courses/nlp/students/cat/quota", json={"max_gpus": 2})
+        b = pool.submit(
+            as_,
+            hub,
+            "ta",
+            "PUT",
+            "api/courses/ml-101/students/ben/quota",
+            json={"max_gpus": 1, "gpu_hours_per_week": 2},
+        )
+        assert (a.result().status_code, b.result().status_code) == (200, 200)
+    assert (quota_of(hub, "cat")["max_gpus"], quota_of(hub, "ben")["gpu_hours_per_week"]) == (2, 2.0)
+    r = as_(hub, "prof", "DELETE", "api/courses/ml-101/students/ben/quota")
+    assert r.status_code == 204
+    assert quota_of(hub, "ben") is None
+
+
+def test_staff_see_their_students_gpus_and_stop_a_server_which_is_saved_first_and_told(hub):
+    assert hub.spawn("ann", gpus=1).status_code in (201, 202)
+    hub.wait_ready("ann")
+    students = as_(hub, "prof", "GET", "api/courses/ml-101/students").json()
+    rows = {s["name"]: s for s in students["students"]}
+    assert sorted(rows) == ["ann", "ben"]  # ta is on the staff, not a student
+    assert rows["ann"]["held_gpus"] == 1
+    assert rows["ann"]["running"] == {"": {"ready": True, "pending": None}}
+    assert rows["ben"]["running"] == {}
+
+    r = as_(hub, "nlp-prof", "POST", "api/courses/ml-101/students/ann/stop", json={})
+    assert r.status_code == 403
+    assert hub.server("ann") is not None
+    r = as_(hub, "prof", "POST", "api/courses/ml-101/students/ben/stop", json={})
+    assert r.status_code == 404
+    assert r.json()["message"].startswith("ben has no running default server")
+
+    r = as_(hub, "prof", "POST", "api/courses/ml-101/students/ann/stop", json={"server": ""})
+    assert r.status_code == 202, r.text
+    assert "stopped by an instructor (prof) of ml-101" in r.json()["message"]
+    hub.wait_stopped("ann")
+    assert "stopped by an instructor (prof) of ml-101" in hub.stop_box("ann")
+    assert hub.usage_reasons()["ann"][-1] == "stopped by an instructor: prof (ml-101)"
+    assert "ann" not in hub.leases()
+
+
+def test_a_change_made_while_the_hub_runs_holds_at_the_next_request(hub):
+    """Staff come from the hub's groups at each request: removed from the staff group, refused at once;
+    a course whose end date passed is read-only for its staff."""
+    body = {"max_gpus": 1, "gpu_hours_per_week": 3}
+    assert as_(hub, "prof", "PUT", "api/courses/ml-101/students/ann/quota", json=body).status_code == 200
+    assert hub.api("DELETE", "/groups/ml-staff/users", json={"users": ["prof"]}).status_code == 200
+    try:
+        r = as_(hub, "prof", "PUT", "api/courses/ml-101/students/ann/quota", json=body)
+        assert r.status_code == 403
+        assert [c["name"] for c in as_(hub, "prof", "GET", "api/courses").json()["courses"]] == []
+    finally:
+        assert hub.api("POST", "/groups/ml-staff/users", json={"users": ["prof"]}).status_code == 200
+    yesterday = (datetime.date.today() - datetime.timedelta(days=2)).isoformat()
+    r = hub.service("PUT", "api/courses/ml-101", json={**ML, "ends": yesterday})
+    assert r.status_code == 200
+    assert r.json()["phase"] == "ended"
+    try:
+        r = as_(hub, "prof", "PUT", "api/courses/ml-101/students/ann/quota", json=body)
+        assert r.status_code == 403
+        assert r.json()["message"] == (
+            f"the course ml-101 ended on {yesterday}, so its staff may no longer set a student's quota; "
+            "a hub admin may change its end date"
+        )
+        assert as_(hub, "prof", "GET", "api/courses/ml-101/students").status_code == 200  # still readable
+    finally:
+        assert hub.service("PUT", "api/courses/ml-101", json=ML).status_code == 200
+
+
+def test_deleting_a_course_leaves_its_group_and_quotas(hub):
+    assert hub.service("PUT", "api/courses/gone", json={"title": "Gone", "ceiling": {"max_gpus": 1}}).status_code == 200
+    assert hub.service("DELETE", "api/courses/gone").status_code == 204
+    assert hub.service("GET", "api/courses/gone").status_code == 404
+    assert hub.service("DELETE", "api/courses/gone").status_code == 204  # again: nothing to delete
+    assert as_(hub, "prof", "DELETE", "api/courses/ml-101").status_code == 403
+    assert hub.service("GET", "api/courses/ml-101").status_code == 200

@@ -1,0 +1,185 @@
+"""Courses' rules (rules/course.py) as tables, and the course book on a real SQLite database."""
+
+from __future__ import annotations
+
+from datetime import date
+
+import pytest
+
+from workbench_spawner.ledger.course_book import CourseBook
+from workbench_spawner.ledger.store import AllocationStore
+from workbench_spawner.rules.course import (
+    ENDED,
+    RUNNING,
+    UPCOMING,
+    Course,
+    CourseError,
+    course_from_body,
+    is_staff,
+    over_ceiling,
+    phase,
+    staff_quota_from_body,
+    staff_refusal,
+)
+from workbench_spawner.rules.quota import Quota
+
+MODELS = ["H100-80GB", "A100-40GB"]
+ML = Course(
+    name="ml-101",
+    title="Machine learning 101",
+    ceiling=Quota(max_gpus=2, gpu_hours_per_week=10.0, allowed_models=("A100-40GB",)),
+    starts=date(2027, 1, 11),
+    ends=date(2027, 3, 12),
+    staff_group="ml-101-staff",
+    staff=("prof-lee",),
+)
+OPEN = Course(name="lab", title="Lab", ceiling=Quota(max_gpus=1))
+
+
+@pytest.mark.parametrize(
+    ("course", "today", "expected"),
+    [
+        (ML, date(2027, 1, 10), UPCOMING),
+        (ML, date(2027, 1, 11), RUNNING),  # the first day is a course day
+        (ML, date(2027, 3, 12), RUNNING),  # and so is the last
+        (ML, date(2027, 3, 13), ENDED),
+        (OPEN, date(1999, 1, 1), RUNNING),  # no dates: always running
+    ],
+)
+def test_a_courses_phase_follows_its_dates(course, today, expected):
+    assert phase(course, today) == expected
+
+
+@pytest.mark.parametrize(
+    ("user", "groups", "expected"),
+    [
+        ("prof-lee", [], True),  # named by the admin
+        ("ta-kim", ["ml-101-staff"], True),  # in the staff group
+        ("ann", ["ml-101"], False),  # a student
+        ("ann", ["other-staff"], False),
+    ],
+)
+def test_staff_are_named_or_in_the_staff_group(user, groups, expected):
+    assert is_staff(ML, user, groups) is expected
+
+
+def test_staff_may_act_until_the_end_day_and_not_after():
+    assert staff_refusal(ML, date(2027, 3, 12), "stop a student's server") is None
+    assert staff_refusal(ML, date(2027, 1, 1), "stop a student's server") is None  # before the start: setting up
+    assert staff_refusal(ML, date(2027, 3, 13), "stop a student's server") == (
+        "the course ml-101 ended on 2027-03-12, so its staff may no longer stop a student's server; "
+        "a hub admin may change its end date"
+    )
+
+
+@pytest.mark.parametrize(
+    ("quota", "sentence"),
+    [
+        (Quota(max_gpus=2, gpu_hours_per_week=10, allowed_models=("A100-40GB",)), None),
+        (Quota(max_gpus=0, gpu_hours_per_week=0, allowed_models=()), None),
+        (
+            Quota(max_gpus=3, gpu_hours_per_week=10, allowed_models=("A100-40GB",)),
+            "the course ml-101 may give a student at most 2 GPUs at once, not 3; ask a hub admin to raise the "
+            "course's ceiling",
+        ),
+        (
+            Quota(max_gpus=1, gpu_hours_per_week=None, allowed_models=("A100-40GB",)),
+            "the course ml-101 may give a student at most 10 GPU-hours a week, so a student's quota must give a "
+            "weekly budget of 10 GPU-hours or less (gpu_hours_per_week)",
+        ),
+        (
+            Quota(max_gpus=1, gpu_hours_per_week=12.5, allowed_models=("A100-40GB",)),
+            "the course ml-101 may give a student at most 10 GPU-hours a week, not 12.5; ask a hub admin to raise "
+            "the course's ceiling",
+        ),
+        (
+            Quota(max_gpus=1, gpu_hours_per_week=5, allowed_models=None),
+            "the course ml-101 may hand out only these GPU models: A100-40GB; name them in allowed_models",
+        ),
+        (
+            Quota(max_gpus=1, gpu_hours_per_week=5, allowed_models=("A100-40GB", "H100-80GB")),
+            "the course ml-101 may hand out only these GPU models: A100-40GB, not H100-80GB",
+        ),
+    ],
+)
+def test_a_staff_quota_is_held_to_the_ceiling(quota, sentence):
+    assert over_ceiling(ML, quota) == sentence
+
+
+def test_an_open_ceiling_limits_only_the_gpus():
+    assert over_ceiling(OPEN, Quota(max_gpus=1, gpu_hours_per_week=None, allowed_models=None)) is None
+    assert "at most 1 GPU at once, not 2" in (over_ceiling(OPEN, Quota(max_gpus=2)) or "")
+
+
+def test_a_course_body_becomes_a_course():
+    body = {
+        "title": "  Machine learning 101 ",
+        "starts": "2027-01-11",
+        "ends": "2027-03-12",
+        "ceiling": {"max_gpus": 2, "gpu_hours_per_week": 10, "allowed_models": ["a100-40gb"]},
+        "staff_group": "ml-101-staff",
+        "staff": ["prof-lee", " prof-lee ", ""],
+    }
+    assert course_from_body("ml-101", body, MODELS) == ML  # the model as the inventory writes it, staff once
+
+
+@pytest.mark.parametrize(
+    ("body", "sentence"),
+    [
+        (
+            {"title": "x", "starts": "2027-03-12", "ends": "2027-01-11", "ceiling": {"max_gpus": 1}},
+            "the course ends (2027-01-11) before it starts (2027-03-12)",
+        ),
+        (
+            {"title": "x", "starts": "12 March", "ceiling": {"max_gpus": 1}},
+            'starts must be a date like 2027-03-12, not "12 March"',
+        ),
+        (
+            {"title": "x", "ceiling": {"max_gpus": 1, "allowed_models": ["V100"]}},
+            'ceiling: unknown GPU model "V100"; this hub has: A100-40GB, H100-80GB',
+        ),
+        (
+            {"title": "x", "ceiling": {"max_gpus": 1}, "staff_group": "ml-101"},
+            'the staff group must not be the course\'s own group "ml-101" (its students); name a group of its '
+            'instructors and TAs, such as "ml-101-staff"',
+        ),
+    ],
+)
+def test_a_bad_course_body_is_refused_with_a_sentence(body, sentence):
+    with pytest.raises(CourseError) as refused:
+        course_from_body("ml-101", body, MODELS)
+    assert str(refused.value) == sentence
+
+
+def test_a_staff_quota_body_takes_the_ceiling_for_what_it_leaves_out_and_the_hubs_defaults_for_the_rest():
+    assert staff_quota_from_body(ML, {"max_gpus": 1}, MODELS) == Quota(
+        max_gpus=1, gpu_hours_per_week=10.0, allowed_models=("A100-40GB",)
+    )
+    asked = staff_quota_from_body(OPEN, {"max_gpus": 1, "allowed_models": ["h100-80gb"]}, MODELS)
+    assert asked == Quota(max_gpus=1, allowed_models=("H100-80GB",))
+    # Said out loud, "no limit" is still more than the ceiling allows.
+    unlimited = staff_quota_from_body(ML, {"max_gpus": 1, "gpu_hours_per_week": None}, MODELS)
+    assert "weekly budget of 10 GPU-hours or less" in (over_ceiling(ML, unlimited) or "")
+    with pytest.raises(CourseError, match='unknown GPU model "B200"'):
+        staff_quota_from_body(ML, {"max_gpus": 1, "allowed_models": ["B200"]}, MODELS)
+
+
+def test_the_course_book_stores_replaces_finds_staff_and_deletes(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'gpu.sqlite'}")
+    try:
+        book = CourseBook(store)
+        assert book.all() == []
+        book.set(ML, by="user:admin")
+        book.set(OPEN, by="user:admin")
+        assert book.get("ml-101") == ML
+        assert [c.name for c in book.all()] == ["lab", "ml-101"]
+        assert [c.name for c in book.staffed_by("ta-kim", ["ml-101-staff"])] == ["ml-101"]
+        assert book.staffed_by("ann", ["ml-101"]) == []
+        renamed = Course(name="ml-101", title="ML 101 (spring)", ceiling=Quota(max_gpus=1))
+        book.set(renamed)
+        assert book.get("ml-101") == renamed  # replaced whole: dates and staff gone with the old settings
+        assert book.delete("ml-101") is True
+        assert book.delete("ml-101") is False
+        assert book.get("ml-101") is None
+    finally:
+        store.dispose()
