@@ -165,11 +165,12 @@ def test_the_columns_added_since_hold_their_defaults(upgraded, release):
             ("gpu_quotas", "whole_gpus"): {1},
             ("gpu_quotas", "allowed_profiles"): {None},
             ("gpu_quotas", "shared_gpus"): {1},
+            ("gpu_quotas", "course"): {None},
         }
-    else:
-        assert added == {}
+    else:  # 0010: an admin's quotas belong to no course
+        assert added == {("gpu_quotas", "course"): {None}}
     new_tables = set(after) - set(before)
-    expected = {"workbench_releases"} | (
+    expected = {"workbench_releases", "workbench_courses"} | (
         {"gpu_drains", "workbench_reconcile_fixes"} if release == "2026-12-04" else set()
     )
     assert new_tables == expected

@@ -42,6 +42,7 @@ from . import handlers as h
 from . import page_handlers as pages
 from . import reservation_handlers as rh
 from .access_log import hide_oauth_state, log_request
+from .course_ends import stop_ended_courses
 from .drain_handlers import drain_routes
 from .drain_stops import DrainStops
 from .fleet import Fleet
@@ -154,7 +155,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--session-check-seconds",
         type=float,
         default=float(os.environ.get("WORKBENCH_SESSION_CHECK_SECONDS", "60")),
-        help="how often to warn servers near their session limit and stop the ones past it (0: never)",
+        help="how often to warn servers near their session limit and stop the ones past it, and stop what an "
+        "ended course's quota kept running (0: never)",
     )
     parser.add_argument(
         "--idle-check-seconds",
@@ -254,6 +256,11 @@ async def serve(args: argparse.Namespace, parent: int, early: Sequence[str] = ()
                     await stop_overlong_servers(fleet.book, hub, stopper, lead=timedelta(minutes=warn))
                 except Exception as exc:  # noqa: BLE001 - loop boundary: the next check tries again
                     log.warning("Session limit check failed: %s", exc)
+                try:
+                    # A course whose end date passed: what its quota kept running stops (course_ends.py).
+                    await stop_ended_courses(fleet, hub, stopper)
+                except Exception as exc:  # noqa: BLE001 - loop boundary: the next check tries again
+                    log.warning("Course end check failed: %s", exc)
 
         checker = asyncio.create_task(check_sessions())
     reclaimer = None

@@ -37,7 +37,6 @@ from datetime import date
 from workbench_hub.service import scopes
 from workbench_hub.service.handlers import APIHandler, _check_name, unknown_user
 from workbench_hub.service.scopes import ADMIN_SCOPE, READ_SCOPE
-from workbench_hub.service.stopping import zone_of
 from workbench_hub.service.usage_handlers import usage_report
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.course_book import CourseBook
@@ -76,8 +75,7 @@ class CourseAPIHandler(APIHandler):
         return CourseBook(self.fleet.store)
 
     def today(self) -> date:
-        zone = zone_of(self.fleet.settings.time_zone)
-        return utcnow().astimezone(zone).date()
+        return self.fleet.today()
 
     async def caller_groups(self) -> list[str]:
         """The caller's hub groups as the hub says now (a directory login changes them at each login)."""
@@ -238,7 +236,7 @@ class StudentQuotaHandler(CourseAPIHandler):
             self.fail(403, refusal)
         model = await self.student_or_404(found, user)
         by = f"{self.caller_name()} for {found.name}"
-        stored = await asyncio.to_thread(self.fleet.book.set, "user", user, quota, by)
+        stored = await asyncio.to_thread(self.fleet.book.set, "user", user, quota, by, found.name)
         effective = await asyncio.to_thread(
             self.fleet.book.effective, user, model.get("groups") or [], self.fleet.default
         )

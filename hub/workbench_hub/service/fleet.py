@@ -37,7 +37,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from datetime import datetime
+from datetime import date, datetime
 
 from sqlalchemy import select
 
@@ -48,6 +48,7 @@ from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.quota_book import QuotaBook
 from workbench_spawner.ledger.settings_table import SettingsRow
 from workbench_spawner.ledger.store import AllocationStore, utcnow
+from workbench_spawner.policy.clock import hub_clock, zone
 from workbench_spawner.policy.inventory_refresh import load_layout_waiting
 from workbench_spawner.policy.settings import POLICY_KEY, PolicySettings, load_policy_settings
 from workbench_spawner.rules.quota import Quota
@@ -75,7 +76,7 @@ class Fleet:
 
     def __init__(self, store: AllocationStore, settings: PolicySettings | None = None, refresh_seconds: float = 2.0):
         self.store = store
-        self.book = QuotaBook(store)
+        self.book = QuotaBook(store, today=self.today)
         self.refresh_seconds = refresh_seconds
         self._settings = settings
         self._updated: datetime | None = None
@@ -136,6 +137,12 @@ class Fleet:
     @property
     def default(self) -> Quota:
         return self.settings.default_quota
+
+    def today(self) -> date:
+        """The hub's date: its clock (the test clock where one is set) in its time zone, as the hub's own
+        policy reads it, so a course starts and ends at the same moment for both."""
+        settings = self.settings
+        return hub_clock(settings.test_clock_file)().astimezone(zone(settings.time_zone)).date()
 
     @property
     def node(self) -> str:

@@ -10,9 +10,9 @@ the same numbers. Each book call is one transaction.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -31,9 +31,12 @@ from sqlalchemy import (
     select,
     true,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Mapped, mapped_column
 
+from workbench_spawner.ledger.course_book import CourseRow
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+from workbench_spawner.rules.course import RUNNING, dates_phase
 from workbench_spawner.rules.quota import KINDS, EffectiveQuota, Quota, effective_quota
 
 
@@ -57,6 +60,8 @@ class QuotaRow(Base):
     shared_gpus: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())  # migration 0006
     updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_by: Mapped[str] = mapped_column(String(255), default="")
+    # The course whose staff set it (migration 0010): it applies only while that course runs.
+    course: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class SessionLimitRow(Base):
@@ -96,6 +101,7 @@ class StoredQuota:
     quota: Quota
     updated: datetime
     updated_by: str = ""
+    course: str | None = None  # set by this course's staff: in force only while the course runs
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -104,14 +110,20 @@ class StoredQuota:
             **self.quota.to_json(),
             "updated": self.updated.isoformat(),
             "updated_by": self.updated_by,
+            "course": self.course,
         }
 
 
 class QuotaBook:
-    """Quotas in the allocation store's database; every call one transaction."""
+    """Quotas in the allocation store's database; every call one transaction.
 
-    def __init__(self, store: AllocationStore):
+    ``today`` (the hub's date in its time zone, by its clock; None: courses are not looked at) decides which
+    courses run: a course's group quota, and a quota its staff set for a student, are in force only from the
+    course's start date to its end date (``rules.course``)."""
+
+    def __init__(self, store: AllocationStore, today: Callable[[], date] | None = None):
         self.store = store
+        self.today = today
         self._sessions = store.writes()
         self._reads = store.reads()
 
@@ -127,7 +139,8 @@ class QuotaBook:
                 query = query.where(QuotaRow.kind == kind)
             return [self._stored(r) for r in session.scalars(query)]
 
-    def set(self, kind: str, name: str, quota: Quota, by: str = "") -> StoredQuota:
+    def set(self, kind: str, name: str, quota: Quota, by: str = "", course: str | None = None) -> StoredQuota:
+        """Store a quota (``course``: the course whose staff set it; its end takes the quota away)."""
         if kind not in KINDS:
             raise ValueError(f"kind must be one of {KINDS}")
         with self._sessions.begin() as session:
@@ -148,6 +161,7 @@ class QuotaBook:
             row.shared_gpus = quota.shared_gpus
             row.updated = utcnow()
             row.updated_by = by[:255]
+            row.course = course
             session.flush()
             return self._stored(row)
 
@@ -164,11 +178,13 @@ class QuotaBook:
         own: Quota | None = None
         group_rows: dict[str, Quota] = {}
         with self.store.read_engine.connect() as conn:
-            for row in conn.execute(_QUOTAS_OF_USER, {"user": user, "groups": sorted(set(groups))}):
-                if row.kind == "user":
-                    own = _row_to_quota(row)
-                else:
-                    group_rows[row.name] = _row_to_quota(row)
+            rows = list(conn.execute(_QUOTAS_OF_USER, {"user": user, "groups": sorted(set(groups))}))
+            asleep = self._dormant(conn, [r.name if r.kind == "group" else r.course for r in rows])
+        for row in rows:
+            if row.kind == "user" and row.course not in asleep:
+                own = _row_to_quota(row)
+            elif row.kind == "group" and row.name not in asleep:
+                group_rows[row.name] = _row_to_quota(row)
         return effective_quota(own, {g: group_rows[g] for g in groups if g in group_rows}, default)
 
     def effective_many(self, users: Mapping[str, Iterable[str]], default: Quota) -> dict[str, EffectiveQuota]:
@@ -179,7 +195,12 @@ class QuotaBook:
         """
         own: dict[str, Quota] = {}
         group_rows: dict[str, Quota] = {}
-        for stored in self.all():
+        stored_all = self.all()
+        with self.store.read_engine.connect() as conn:
+            asleep = self._dormant(conn, [s.name if s.kind == "group" else s.course for s in stored_all])
+        for stored in stored_all:
+            if (stored.name if stored.kind == "group" else stored.course) in asleep:
+                continue
             (own if stored.kind == "user" else group_rows)[stored.name] = stored.quota
         return {
             name: effective_quota(own.get(name), {g: group_rows[g] for g in groups if g in group_rows}, default)
@@ -203,9 +224,24 @@ class QuotaBook:
 
     @staticmethod
     def _stored(row: QuotaRow) -> StoredQuota:
-        return StoredQuota(row.kind, row.name, _row_to_quota(row), _aware(row.updated), row.updated_by or "")
+        return StoredQuota(
+            row.kind, row.name, _row_to_quota(row), _aware(row.updated), row.updated_by or "", row.course
+        )
+
+    def _dormant(self, conn: Connection, names: Collection[str | None]) -> frozenset[str]:
+        """Which of ``names`` are courses that do not run today (not started, or ended): their quotas sleep."""
+        wanted = sorted({n for n in names if n})
+        if self.today is None or not wanted:
+            return frozenset()
+        today = self.today()
+        found = conn.execute(_COURSE_DATES, {"names": wanted})
+        return frozenset(r.name for r in found if dates_phase(r.starts, r.ends, today) != RUNNING)
 
 
+# The dates of some courses (``QuotaBook._dormant``).
+_COURSE_DATES = select(CourseRow.name, CourseRow.starts, CourseRow.ends).where(
+    CourseRow.name.in_(bindparam("names", expanding=True))
+)
 # The quota rows that may apply to one user (``QuotaBook.effective``): their own and their groups'.
 _QUOTAS_OF_USER = select(QuotaRow).where(
     or_(

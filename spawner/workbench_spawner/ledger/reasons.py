@@ -20,6 +20,8 @@ STOPPED_BY_CULLER = "stopped by the idle culler"
 STOPPED_BY_SERVICE = "stopped by a service"
 # A course's instructor or TA stopped a student's server (the service's course API: "...: ann (ML-101)").
 STOPPED_BY_INSTRUCTOR = "stopped by an instructor"
+# The course whose quota a server ran under ended ("course ended: ml-101").
+COURSE_ENDED = "course ended"
 # The server's own process ended (it crashed, or the user shut it down from JupyterLab).
 SERVER_EXITED = "server exited"
 # A start that failed, timed out or was cancelled while waiting: the lease never served a running server.
@@ -44,6 +46,7 @@ ALL = (
     STOPPED_BY_CULLER,
     STOPPED_BY_SERVICE,
     STOPPED_BY_INSTRUCTOR,
+    COURSE_ENDED,
     SERVER_EXITED,
     START_FAILED,
     START_CANCELLED,

@@ -81,9 +81,10 @@ class GPUPolicy(Reconciler):
     ):
         self.settings = settings
         self.store = store
-        self.quotas = QuotaBook(store)
         self.tz = zone(settings.time_zone)
         self.clock = hub_clock(settings.test_clock_file)
+        # Courses run from their start date to their end date in the hub's time zone, by the hub's clock.
+        self.quotas = QuotaBook(store, today=lambda: self.clock().astimezone(self.tz).date())
         self.placement = placement or HostAllocator(
             store,
             settings.inventory,

@@ -67,9 +67,14 @@ class Course:
 def phase(course: Course, today: date) -> str:
     """``UPCOMING`` before ``starts``, ``ENDED`` after ``ends`` (the end day is still a course day), else
     ``RUNNING``."""
-    if course.starts is not None and today < course.starts:
+    return dates_phase(course.starts, course.ends, today)
+
+
+def dates_phase(starts: date | None, ends: date | None, today: date) -> str:
+    """``phase`` of a course known only by its dates (the quota book reads no more of it)."""
+    if starts is not None and today < starts:
         return UPCOMING
-    if course.ends is not None and today > course.ends:
+    if ends is not None and today > ends:
         return ENDED
     return RUNNING
 

@@ -6,6 +6,9 @@ its title, its start and end dates, the ceiling its staff give quotas under
 JSON) and who its staff are (a hub group and named users). Databases from
 before this revision have no courses.
 
+``gpu_quotas.course``: the course whose staff set a student's quota (null
+for an admin's): such a quota is in force only while its course runs.
+
 Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-07
@@ -34,7 +37,12 @@ def upgrade() -> None:
             sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
             sa.Column("updated_by", sa.String(255), nullable=False, server_default=""),
         )
+    if "course" not in {c["name"] for c in sa.inspect(op.get_bind()).get_columns("gpu_quotas")}:
+        with op.batch_alter_table("gpu_quotas") as batch:
+            batch.add_column(sa.Column("course", sa.String(255), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("gpu_quotas") as batch:
+        batch.drop_column("course")
     op.drop_table("workbench_courses")
