@@ -15,6 +15,9 @@ Examples::
     workbench quota set-group research --max-gpus 4 --allowed-profiles none   # whole GPUs, no MIG slices
     workbench quota set-group thesis --max-gpus 1 --no-shared-gpus   # never a time-sliced GPU
     workbench idle                      # idle time per held GPU; idle exempt/unexempt GROUP
+    workbench course set ml-101 --title "ML 101" --ends 2027-03-12 --max-gpus 1 --staff-group ml-101-staff
+    workbench course show ml-101        # its students (an instructor's own token works for their course)
+    workbench course quota ml-101 ann --max-gpus 1    # course quota/unquota/stop: course_cli.py
     workbench usage                     # GPU-hours of the last 7 days per user, by why leases ended
     workbench usage alice               # one user's (a user's own token may read their own)
     workbench usage --group ml-course   # a group's members, and how their servers ended
@@ -71,6 +74,7 @@ from workbench_spawner.backend import installed_backends
 from workbench_spawner.release import version
 
 from .backup import add_backup_parser, run_backup
+from .course_cli import add_course_parser, run_course
 from .drain_cli import AREAS as DRAIN_AREAS
 from .drain_cli import add_drain_parsers, run_drain
 from .idle_cli import add_idle_parser, run_idle
@@ -222,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("user", nargs="?", help="only this user (default: every user; needs custom:workbench:read)")
     usage.add_argument("--group", help="only this hub group's members (needs custom:workbench:read)")
     add_idle_parser(top)
+    add_course_parser(top)
     add_drain_parsers(top)
     add_backup_parser(top)
     add_check_login_parser(top)
@@ -374,6 +379,8 @@ def run(args) -> tuple[object, str]:
         return run_usage(args)
     if args.area == "idle":
         return run_idle(args, call, CLIError)
+    if args.area == "course":
+        return run_course(args, call, CLIError, _describe)
     if args.area in ("reserve", "reservations"):
         return run_reservations(args)
     if args.area in DRAIN_AREAS:

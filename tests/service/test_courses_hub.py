@@ -197,3 +197,36 @@ def test_deleting_a_course_leaves_its_group_and_quotas(hub):
     assert hub.service("DELETE", "api/courses/gone").status_code == 204  # again: nothing to delete
     assert as_(hub, "prof", "DELETE", "api/courses/ml-101").status_code == 403
     assert hub.service("GET", "api/courses/ml-101").status_code == 200
+
+
+def test_the_cli_sets_a_course_up_and_an_instructors_own_token_runs_it(hub):
+    r = hub.cli(
+        "course", "set", "cv", "--title", "Computer vision", "--starts", "2027-01-11", "--ends", "2027-03-12",
+        "--max-gpus", "1", "--gpu-hours-per-week", "4", "--staff", "prof",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("Set up cv: Computer vision (2027-01-11 to 2027-03-12, upcoming); staff: prof")
+    assert "ceiling per student: 1 GPU(s) at once, 4 GPU-hours/week, any model" in r.stdout
+    assert hub.api("POST", "/groups/cv", json={"users": ["ben"]}).status_code == 201
+    mine = hub.cli("course", token=hub.tokens["prof"])
+    assert mine.returncode == 0, mine.stderr
+    assert [line.split(":")[0] for line in mine.stdout.splitlines()] == ["cv", "ml-101"]
+    shown = hub.cli("course", "show", "cv", token=hub.tokens["prof"])
+    assert shown.returncode == 0, shown.stderr
+    assert "ben: 0 GPU(s) held, 0 GPU-hours this week" in shown.stdout
+    done = hub.cli("course", "quota", "cv", "ben", "--max-gpus", "1", token=hub.tokens["prof"])
+    assert done.returncode == 0, done.stderr
+    assert "Set ben's quota for cv: 1 GPU(s) at once, 4 GPU-hours/week" in done.stdout  # the ceiling's budget
+    # Refusals: the service's sentence and exit 1; a bad command line exit 2; nothing changed.
+    above = hub.cli("course", "quota", "cv", "ben", "--max-gpus", "3", token=hub.tokens["prof"])
+    assert (above.returncode, above.stdout) == (1, "")
+    assert "the course cv may give a student at most 1 GPU at once, not 3" in above.stderr
+    other = hub.cli("course", "quota", "nlp", "cat", "--max-gpus", "1", token=hub.tokens["prof"])
+    assert other.returncode == 1
+    assert "only the staff of nlp" in other.stderr
+    assert hub.cli("course", "quota", "cv", token=hub.tokens["prof"]).returncode == 2
+    bad = hub.cli("course", "set", "cv", "--title", "x")
+    assert bad.returncode == 2
+    assert "needs --title and --max-gpus" in bad.stderr
+    assert quota_of(hub, "ben")["max_gpus"] == 1
+    assert hub.cli("course", "delete", "cv").returncode == 0
