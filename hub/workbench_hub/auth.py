@@ -44,6 +44,7 @@ JupyterHub 6.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -70,11 +71,22 @@ from workbench_hub.sign_up_approval import (
     is_authorized,
     make_hub_user,
 )
+from workbench_spawner.ledger.invite_book import InviteBook
+from workbench_spawner.ledger.store import AllocationStore
 
 # A password and its bcrypt hash, made in the pool by the handler now serving a request (a sign-up
 # or a password change); NativeAuthenticator's create_user/change_password, called by that handler,
 # store it instead of hashing on the loop. Per request: a ContextVar follows its task.
 _hashed_in_pool: ContextVar[tuple[str, bytes] | None] = ContextVar("workbench_hashed_in_pool", default=None)
+
+
+# The name a valid one-time sign-up link (a course roster's invite, ledger/invite_book.py) vouches for, in the
+# request now signing up: NativeAuthenticator's create_user treats it as authorized in advance.
+_invited: ContextVar[str | None] = ContextVar("workbench_invited", default=None)
+INVALID_INVITE = (
+    "This sign-up link is not valid for that name: it was used already, it has expired, or it was made for "
+    "another name. Sign up with the name your instructor gave you, or ask them for a new link."
+)
 
 
 @contextmanager
@@ -138,7 +150,41 @@ class LoginHandler(NativeLoginHandler):
 
 
 class SignUpHandler(NativeSignUpHandler):
+    def get_result_message(self, user, *args):
+        if user is not None and _invited.get() is not None and getattr(user, "is_authorized", False):
+            return "alert-success", "The signup was successful! You can now log in with your name and password."
+        return super().get_result_message(user, *args)
+
     async def post(self):
+        # A course roster's one-time link (/hub/signup?invite=...; the form posts back to its address): a
+        # sign-up with the link's name is authorized at once, and the link is used up.
+        authenticator = self.authenticator
+        invite = self.get_query_argument("invite", "")
+        invited = None
+        if invite and authenticator.enable_signup:
+            name = authenticator.normalize_username(self.get_body_argument("username", "", strip=False))
+            if not await asyncio.to_thread(authenticator.invite_valid, name, invite):
+                self.set_status(403)
+                html = await self.render_template(
+                    "signup.html",
+                    alert="alert-danger",
+                    result_message=INVALID_INVITE,
+                    ask_email=authenticator.ask_email_on_signup,
+                    two_factor_auth=authenticator.allow_2fa,
+                    recaptcha_key=authenticator.recaptcha_key,
+                    tos=authenticator.tos,
+                )
+                return self.finish(html)
+            invited = name
+        token = _invited.set(invited)
+        try:
+            await self._sign_up()
+        finally:
+            _invited.reset(token)
+        if invited and is_authorized(self.db, invited):
+            await asyncio.to_thread(authenticator.use_invite, invited, invite)
+
+    async def _sign_up(self):
         # The password is hashed in the pool first, where create_user could store it; create_user
         # still applies every rule (on the loop, with the insert). With reCAPTCHA on, the captcha
         # is checked inside NativeAuthenticator's post before any hashing, so its hash stays there.
@@ -267,8 +313,16 @@ class WorkbenchAuthenticator(NativeAuthenticator):
         """,
     ).tag(config=True)
 
+    invite_db_url = Unicode(
+        "",
+        help="""The GPU database whose one-time sign-up links (a course roster's, ``workbench course import``)
+        authorize a sign-up at once. Set by the hub's config to the spawner's ``gpu_db_url``; empty: links are
+        refused as not valid.""",
+    ).tag(config=True)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        self._invites: InviteBook | None = None
         # One password check at a time per name (authenticate), so guesses sent at once are all counted.
         self._turns = lockout.OneCheckAtATime()
         # Sign-ups authorized before hub users were made at authorization:
@@ -386,7 +440,23 @@ class WorkbenchAuthenticator(NativeAuthenticator):
         """NativeAuthenticator's set (authorized sign-ups, allowed users, admins) in one query: its
         own reads every sign-up and then each one again by name, at every sign-up."""
         authorized = {name for (name,) in self.db.query(UserInfo.username).filter(UserInfo.is_authorized)}
-        return authorized | set(self.allowed_users) | set(self.admin_users)
+        invited = _invited.get()
+        return authorized | set(self.allowed_users) | set(self.admin_users) | ({invited} if invited else set())
+
+    @property
+    def invites(self) -> InviteBook:
+        """The GPU database's one-time sign-up links (opened on first use)."""
+        if self._invites is None:
+            self._invites = InviteBook(AllocationStore(self.invite_db_url))
+        return self._invites
+
+    def invite_valid(self, name: str, token: str) -> bool:
+        """Whether ``token`` is ``name``'s unused, unexpired sign-up link (blocking)."""
+        return bool(self.invite_db_url) and self.invites.valid(name, token)
+
+    def use_invite(self, name: str, token: str) -> None:
+        """Use up ``name``'s link after its sign-up (blocking)."""
+        self.invites.use(name, token)
 
     def get_unauthed_amount(self):
         """NativeAuthenticator's count of sign-ups not yet authorized, without its query per sign-up

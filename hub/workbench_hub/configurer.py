@@ -340,6 +340,10 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
     if groups_from:
         # The admin page says where groups come from when the login manages them (login_settings.py).
         c.JupyterHub.services[-1]["environment"] = {"WORKBENCH_GROUPS_FROM": groups_from}
+    if c.JupyterHub.get("authenticator_class") == "workbench_hub.auth.WorkbenchAuthenticator":
+        # Accounts are sign-ups: a course's roster gives each new student a one-time sign-up link (invite_book.py).
+        service = c.JupyterHub.services[-1]
+        service["environment"] = {**service.get("environment", {}), "WORKBENCH_SIGN_UPS": "1"}
     # JupyterHub's default role of every user, plus the workbench's: their own data on the service and the
     # right to open it in the browser (without access:services the hub's OAuth refuses a student the service).
     c.JupyterHub.load_roles.append(
@@ -353,7 +357,8 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
         {
             "name": "workbench-service",
             "description": "What the workbench service reads from the hub, stopping over-long sessions and idle "
-            "GPUs, and reaching user servers' GPU monitors (readings, notices)",
+            "GPUs, reaching user servers' GPU monitors (readings, notices), and a course roster's accounts and "
+            "group members",
             "scopes": [
                 "list:users",
                 "read:users",
@@ -362,6 +367,9 @@ def update_services(c: Config, env: Env, hub_pid: int | None = None) -> None:
                 "read:servers",
                 "delete:servers",
                 "access:servers",
+                # A course's roster (roster_handlers.py): the hub users it names, its group and members.
+                "admin:users",
+                "admin:groups",
             ],
             "services": ["workbench"],
         }

@@ -8,6 +8,7 @@
     workbench course unquota ml-101 ann                # ann's groups' or the hub's default quota applies again
     workbench course stop ml-101 ann [--server big]    # saved first; ann reads "stopped by an instructor"
     workbench course delete ml-101                     # the hub group, quotas and servers stay
+    workbench course import ml-101 roster.csv          # accounts, membership, staff; first-login instructions
 
 Every command goes through the workbench service (``api/courses``) with the
 token of ``--token`` (``WORKBENCH_ADMIN_TOKEN``): an admin's sets courses up,
@@ -22,14 +23,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import quote
 
-ACTIONS = ("list", "show", "set", "delete", "quota", "unquota", "stop")
+ACTIONS = ("list", "show", "set", "delete", "quota", "unquota", "stop", "import")
 
 
 def add_course_parser(top) -> None:
     course = top.add_parser("course", help="courses: set one up (admins), run one (its instructors and TAs)")
     course.add_argument("action", nargs="?", choices=ACTIONS, default="list")
     course.add_argument("name", nargs="?", help="the course (its students' hub group)")
-    course.add_argument("student", nargs="?", help="with quota, unquota, stop: the student")
+    course.add_argument("student", nargs="?", help="with quota, unquota, stop: the student; with import: the CSV file")
     course.add_argument("--title", help="with set: the course's title")
     course.add_argument("--starts", help="with set: its first day, YYYY-MM-DD (the hub's time zone)")
     course.add_argument("--ends", help="with set: its last day, YYYY-MM-DD")
@@ -86,6 +87,28 @@ def _set_body(args, error) -> dict:
     return body
 
 
+def _import(args, call: Callable, error: type[Exception], path: str) -> tuple[object, str]:
+    """``course import NAME FILE``: the file's text to the service, which applies it whole or not at all."""
+    if not args.student:
+        raise error("workbench course import needs the course and the roster's CSV file", 2)
+    try:
+        with open(args.student, encoding="utf-8-sig") as roster:
+            text = roster.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"cannot read the roster {args.student}: {exc}", 2) from None
+    data = call(args.url, args.token, "POST", f"{path}/roster", {"csv": text})
+    hub = args.url.rstrip("/")
+    lines = [
+        f"Roster of {args.name}: {data['created']} account(s) made, {data['joined']} student(s) joined, "
+        f"{data['staff_added']} added to its staff; {len(data['rows'])} rows. First logins (hand these out; "
+        "each link works once):"
+    ]
+    for row in data["rows"]:
+        first = row["first_login"].replace("/hub/signup?", f"{hub}/hub/signup?")
+        lines.append(f"{row['user']} ({row['role']}, line {row['line']}): {first}")
+    return data, "\n".join(lines)
+
+
 def run_course(args, call: Callable, error: type[Exception], describe: Callable[[dict], str]) -> tuple[object, str]:
     action = args.action
     if action == "list":
@@ -95,6 +118,8 @@ def run_course(args, call: Callable, error: type[Exception], describe: Callable[
         return data, "\n".join(_course_line(c) for c in data["courses"]) or "no courses (for this token)"
     _needs(args, error, "name")
     path = f"api/courses/{quote(args.name, safe='')}"
+    if action == "import":
+        return _import(args, call, error, path)
     if action in ("quota", "unquota", "stop"):
         _needs(args, error, "name", "student")
         student = f"{path}/students/{quote(args.student, safe='')}"

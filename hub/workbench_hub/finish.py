@@ -129,6 +129,8 @@ def finish_hub(
     configurer.point_service_at_settings(c, settings.db_url, settings.backend)
     # The home page shows why a server stopped, as the spawn page does (after any template paths set so far).
     home_page.update_home_page(c, settings.db_url)
+    # A course roster's one-time sign-up links live in the same database (NativeAuthenticator hubs).
+    c.WorkbenchAuthenticator.invite_db_url = settings.db_url
     # A class start: JupyterHub's own spawn limit above the GPU line, so students queue instead of getting 429s.
     limits = settings.spawn_limits()
     warning = class_start.update_spawn_limits(c, final, limits)

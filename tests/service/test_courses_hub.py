@@ -11,9 +11,14 @@ against the service's OpenAPI document (``WorkbenchHub.service``).
 from __future__ import annotations
 
 import datetime
+import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
+
+from tests.conftest import hub_form, hub_xsrf, native_sign_up
 
 pytestmark = pytest.mark.integration
 
@@ -230,3 +235,85 @@ def test_the_cli_sets_a_course_up_and_an_instructors_own_token_runs_it(hub):
     assert "needs --title and --max-gpus" in bad.stderr
     assert quota_of(hub, "ben")["max_gpus"] == 1
     assert hub.cli("course", "delete", "cv").returncode == 0
+
+
+ROSTER_SIZE = 300
+
+
+def test_a_roster_of_300_makes_accounts_membership_staff_and_one_time_links_once(hub, tmp_path):
+    assert (
+        hub.service(
+            "PUT", "api/courses/big", json={"title": "Big class", "ceiling": {"max_gpus": 1}, "staff": ["prof"]}
+        ).status_code
+        == 200
+    )
+    students = [f"s{i:03d}" for i in range(ROSTER_SIZE)]
+    roster = tmp_path / "roster.csv"
+    roster.write_text("Username,Name,Role\n" + "".join(f"{s},Student {s},\n" for s in students) + "kim,Kim,TA\n")
+    started = time.monotonic()
+    done = hub.cli("--json", "course", "import", "big", str(roster), token=hub.tokens["prof"])
+    took = time.monotonic() - started
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout)
+    print(f"roster of {ROSTER_SIZE + 1} rows imported in {took:.2f} s")  # the closing note's figure (-s)
+    assert (answer["created"], answer["joined"], answer["staff_added"]) == (ROSTER_SIZE + 1, ROSTER_SIZE, 1)
+    links = {row["user"]: row["invite"] for row in answer["rows"]}
+    assert all(links[s] and links[s].startswith("/hub/signup?invite=") for s in students)
+    assert sorted(hub.api("GET", "/groups/big").json()["users"]) == students
+    assert hub.service("GET", "api/courses/big").json()["staff"] == ["prof", "kim"]
+
+    # The same roster again changes nothing, and says so row by row (a link is shown only once).
+    again = json.loads(hub.cli("--json", "course", "import", "big", str(roster), token=hub.tokens["prof"]).stdout)
+    assert (again["created"], again["joined"], again["staff_added"]) == (0, 0, 0)
+    assert {row["invite"] for row in again["rows"]} == {None}
+    assert again["rows"][0]["first_login"].startswith("the sign-up link given before works until ")
+
+    # s000 signs up through her link: authorized at once, she logs in; the link works once, for her name only.
+    link = f"{hub.url}{links['s000']}"
+    session = requests.Session()
+    session.get(link, timeout=30)
+    form = {"username": "s000", "signup_password": "s000-pass-4321", "signup_password_confirmation": "s000-pass-4321"}
+    r = session.post(link, data={**form, "_xsrf": hub_xsrf(session)}, timeout=30)
+    assert r.status_code == 200
+    assert "The signup was successful! You can now log in" in r.text
+    assert (
+        hub_form(
+            requests.Session(), hub.url, "/hub/login", {"username": "s000", "password": "s000-pass-4321"}
+        ).status_code
+        == 302
+    )
+    other = requests.Session()
+    other.get(link, timeout=30)
+    for name in ("s000", "s001"):  # used up; and another student's name on s000's link
+        pw = f"{name}-pass-9876"
+        body = {"username": name, "signup_password": pw, "signup_password_confirmation": pw, "_xsrf": hub_xsrf(other)}
+        r = other.post(link, data=body, timeout=30)
+        assert r.status_code == 403, r.text[-500:]
+        assert "This sign-up link is not valid for that name" in r.text
+    # Without a link, a roster's name waits for an admin like any sign-up (nobody takes s002's place).
+    native_sign_up(requests.Session(), hub.url, "s002", "s002-pass-4321")
+    assert (
+        hub_form(
+            requests.Session(), hub.url, "/hub/login", {"username": "s002", "password": "s002-pass-4321"}
+        ).status_code
+        != 302
+    )
+
+
+def test_a_bad_roster_is_refused_whole_with_its_line_numbers(hub, tmp_path):
+    roster = tmp_path / "bad.csv"
+    roster.write_text("username,role\nnew-one,student\nnew two,student\nnew-three,prof\n")
+    r = hub.cli("course", "import", "ml-101", str(roster), token=hub.tokens["prof"])
+    assert r.returncode == 1
+    assert "line 3: 'new two' cannot be a login name" in r.stderr
+    assert "line 4: role 'prof' is not one of student, ta, instructor" in r.stderr
+    assert hub.api("GET", "/users/new-one").status_code == 404  # nothing of the file applied
+    roster.write_text("username\nadmin\n")
+    r = as_(hub, "prof", "POST", "api/courses/ml-101/roster", json={"csv": roster.read_text()})
+    assert r.status_code == 403
+    assert "line 2: admin is a hub admin" in r.json()["message"]
+    r = as_(hub, "nlp-prof", "POST", "api/courses/ml-101/roster", json={"csv": "username\nx\n"})
+    assert r.status_code == 403
+    assert (
+        hub.cli("course", "import", "ml-101", str(tmp_path / "missing.csv"), token=hub.tokens["prof"]).returncode == 2
+    )

@@ -1,4 +1,4 @@
-"""Courses' rules (rules/course.py) as tables, and the course book on a real SQLite database."""
+"""Courses' rules (rules/course.py, rules/roster.py) as tables; the course and invite books on real SQLite."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from datetime import date
 import pytest
 
 from workbench_spawner.ledger.course_book import CourseBook
+from workbench_spawner.ledger.invite_book import InviteBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.rules.course import (
     ENDED,
@@ -22,6 +23,7 @@ from workbench_spawner.rules.course import (
     staff_refusal,
 )
 from workbench_spawner.rules.quota import Quota
+from workbench_spawner.rules.roster import RosterError, RosterRow, parse_roster
 
 MODELS = ["H100-80GB", "A100-40GB"]
 ML = Course(
@@ -181,5 +183,59 @@ def test_the_course_book_stores_replaces_finds_staff_and_deletes(tmp_path):
         assert book.delete("ml-101") is True
         assert book.delete("ml-101") is False
         assert book.get("ml-101") is None
+    finally:
+        store.dispose()
+
+
+def test_a_roster_is_read_with_its_roles_and_names_as_logins_have_them():
+    text = "\ufeffUsername,Name,Role\nAnn ,Ann Lee,\nben,Ben,student\n\nprof-lee,Prof,Instructor\nkim,Kim,ta\n"
+    assert parse_roster(text) == [
+        RosterRow(2, "ann", "student"),
+        RosterRow(3, "ben", "student"),
+        RosterRow(5, "prof-lee", "instructor"),
+        RosterRow(6, "kim", "ta"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "problems"),
+    [
+        (
+            "name,email\nann,a@x\n",
+            ["line 1: the first line must name the columns, one of them username (found ['name', 'email'])"],
+        ),
+        ("", ["the file is empty: its first line must name the columns, one of them username"]),
+        ("username\n", ["the file names no one: add a line per student under the header"]),
+        (
+            "username,role\nann,student\n,student\nann lee,ta\nben,prof\nann,student\n-rf,student\n",
+            [
+                "line 3: no username",
+                "line 4: 'ann lee' cannot be a login name (no spaces, commas or slashes)",
+                "line 5: role 'prof' is not one of student, ta, instructor",
+                "line 6: ann is on line 2 already",
+                "line 7: '-rf' cannot be a login name (no spaces, commas or slashes)",
+            ],
+        ),
+    ],
+)
+def test_a_bad_roster_names_every_bad_line(text, problems):
+    with pytest.raises(RosterError) as refused:
+        parse_roster(text)
+    assert refused.value.problems == problems
+
+
+def test_the_invite_book_issues_once_checks_the_name_and_is_used_once(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'gpu.sqlite'}")
+    try:
+        book = InviteBook(store)
+        tokens = book.issue(["ann", "ben"], "ml-101", "user:prof")
+        assert sorted(tokens) == ["ann", "ben"]
+        assert book.issue(["ann", "cat"], "ml-101").keys() == {"cat"}  # ann keeps her link
+        assert sorted(book.pending(["ann", "ben", "cat", "dan"])) == ["ann", "ben", "cat"]
+        assert not book.valid("ben", tokens["ann"])  # another's link
+        assert book.valid("ann", tokens["ann"])
+        assert book.use("ann", tokens["ann"])
+        assert not book.use("ann", tokens["ann"])  # once
+        assert sorted(book.pending(["ann", "ben"])) == ["ben"]
     finally:
         store.dispose()

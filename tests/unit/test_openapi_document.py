@@ -22,6 +22,7 @@ from workbench_hub.service import (
     handlers,
     idle_handlers,
     reservation_handlers,
+    roster_handlers,
 )
 from workbench_hub.service.app import make_app
 from workbench_hub.service.openapi import BodyError, load_document, load_fragment, validate_body, with_server
@@ -49,7 +50,7 @@ PREFIX = "/services/workbench/"
 MAIN = load_document()
 SLURM = [load_fragment(path) for path in openapi_fragments(["slurm"])]
 DOC = load_document(SLURM)  # what a Slurm hub serves: every path there is
-HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers, drain_handlers, course_handlers)
+HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers, drain_handlers, course_handlers, roster_handlers)
 
 
 def at(doc: dict, pointer: str):
@@ -125,6 +126,7 @@ BOUNDS = [
     (f"{COURSE}/staff/maxItems", MAX_STAFF, "rules.course.MAX_STAFF"),
     (f"{COURSE}/staff/items/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME (a hub user's name)"),
     ("/components/schemas/StudentStopBody/properties/server/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
+    ("/components/schemas/RosterBody/properties/csv/maxLength", roster_handlers.MAX_CSV, "roster_handlers.MAX_CSV"),
     ("/components/parameters/Name/schema/maxLength", column_length(QuotaRow, "name"), "gpu_quotas.name"),
     ("/paths/~1api~1usage/get/parameters/0/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/paths/~1api~1usage/get/parameters/1/schema/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
@@ -205,6 +207,7 @@ def test_every_bound_a_request_may_break_is_checked_against_the_code():
         "CourseBody",
         "StudentQuotaBody",
         "StudentStopBody",
+        "RosterBody",
         "Ceiling",
     }
     written = set()
@@ -415,6 +418,7 @@ def test_every_request_body_is_checked_by_its_handler():
             "CourseBody",
             "StudentQuotaBody",
             "StudentStopBody",
+            "RosterBody",
         }
     )
 
@@ -601,3 +605,13 @@ def test_a_fragment_is_read_from_a_path_or_a_string(tmp_path):
     path.write_text("- a list\n")
     with pytest.raises(ValueError, match="not an OpenAPI document"):
         load_fragment(path)
+
+
+def test_the_largest_roster_fits_the_services_body_limit():
+    """A roster of MAX_CSV characters, each one escaped by JSON as \\uXXXX (the most a character takes), fits
+    MAX_BODY."""
+    import json
+
+    from workbench_hub.service.app import MAX_BODY
+
+    assert len(json.dumps({"csv": "\u00e9" * roster_handlers.MAX_CSV}).encode()) < MAX_BODY

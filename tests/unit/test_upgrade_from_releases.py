@@ -170,7 +170,7 @@ def test_the_columns_added_since_hold_their_defaults(upgraded, release):
     else:  # 0010: an admin's quotas belong to no course
         assert added == {("gpu_quotas", "course"): {None}}
     new_tables = set(after) - set(before)
-    expected = {"workbench_releases", "workbench_courses"} | (
+    expected = {"workbench_releases", "workbench_courses", "workbench_invites"} | (
         {"gpu_drains", "workbench_reconcile_fixes"} if release == "2026-12-04" else set()
     )
     assert new_tables == expected

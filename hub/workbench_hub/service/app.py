@@ -52,6 +52,7 @@ from .hub_client import HubClient
 from .idle_handlers import idle_routes
 from .lifetime import CannotListenError, Lifetime, listen
 from .my_gpus import MyGPUsHandler
+from .roster_handlers import CourseRosterHandler
 from .session_limits import stop_overlong_servers
 from .stopping import make_stopper
 from .usage_handlers import UsageHandler
@@ -59,7 +60,8 @@ from .user_servers import UserServers
 
 log = logging.getLogger("workbench.service")
 
-MAX_BODY = 64 * 1024
+# The largest request body: a course's roster (roster_handlers.MAX_CSV characters, JSON-escaped) is the largest.
+MAX_BODY = 512 * 1024
 STATIC = Path(__file__).parent / "static"
 
 
@@ -96,6 +98,7 @@ def make_app(
         (prefix + "api/courses", ch.CourseListHandler),
         (prefix + "api/courses/" + course, ch.CourseHandler),
         (prefix + "api/courses/" + course + "/students", ch.CourseStudentsHandler),
+        (prefix + "api/courses/" + course + "/roster", CourseRosterHandler),
         (prefix + "api/courses/" + course + "/students/" + student + "/quota", ch.StudentQuotaHandler),
         (prefix + "api/courses/" + course + "/students/" + student + "/stop", ch.StudentStopHandler),
         (prefix + "api/reservations", rh.ReservationListHandler),

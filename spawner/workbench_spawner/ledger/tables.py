@@ -14,6 +14,7 @@ from workbench_spawner.ledger import (
     course_book,  # workbench_courses (0010)
     drain_book,  # gpu_drains (0005)
     idle_book,  # gpu_idle_tracks, gpu_idle_exemptions (0003)
+    invite_book,  # workbench_invites (0010)
     notices,  # workbench_notices (0003)
     quota_book,  # gpu_quotas, gpu_session_limits (0001, 0003, 0005, 0006)
     reconcile_book,  # workbench_reconcile_fixes (0007)
@@ -28,6 +29,7 @@ MODULES = (
     course_book,
     drain_book,
     idle_book,
+    invite_book,
     notices,
     quota_book,
     reconcile_book,

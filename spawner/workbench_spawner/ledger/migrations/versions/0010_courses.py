@@ -9,6 +9,10 @@ before this revision have no courses.
 ``gpu_quotas.course``: the course whose staff set a student's quota (null
 for an admin's): such a quota is in force only while its course runs.
 
+``workbench_invites``: the one-time sign-up links a course's roster made
+(``ledger/invite_book.py``), a hash of each token, when it expires and when
+it was used.
+
 Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-07
@@ -37,6 +41,17 @@ def upgrade() -> None:
             sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
             sa.Column("updated_by", sa.String(255), nullable=False, server_default=""),
         )
+    if not sa.inspect(op.get_bind()).has_table("workbench_invites"):
+        op.create_table(
+            "workbench_invites",
+            sa.Column("username", sa.String(255), primary_key=True),
+            sa.Column("course", sa.String(255), nullable=False),
+            sa.Column("token_hash", sa.String(64), nullable=False),
+            sa.Column("created", sa.DateTime(timezone=True), nullable=False),
+            sa.Column("expires", sa.DateTime(timezone=True), nullable=False),
+            sa.Column("used", sa.DateTime(timezone=True), nullable=True),
+            sa.Column("created_by", sa.String(255), nullable=False, server_default=""),
+        )
     if "course" not in {c["name"] for c in sa.inspect(op.get_bind()).get_columns("gpu_quotas")}:
         with op.batch_alter_table("gpu_quotas") as batch:
             batch.add_column(sa.Column("course", sa.String(255), nullable=True))
@@ -45,4 +60,5 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("gpu_quotas") as batch:
         batch.drop_column("course")
+    op.drop_table("workbench_invites")
     op.drop_table("workbench_courses")
