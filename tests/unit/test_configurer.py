@@ -346,7 +346,8 @@ def test_the_workbench_service_gets_no_policy_environment_and_runs_behind_the_gu
     configurer.update_services(c, env, hub_pid=4242)
     workbench = service(c, "workbench")
     assert workbench["url"] == "http://127.0.0.1:10222"
-    assert "environment" not in workbench
+    # No policy settings: only that the hub's accounts are sign-ups (a course roster's one-time links).
+    assert workbench["environment"] == {"WORKBENCH_SIGN_UPS": "1"}
     assert workbench["command"] == [
         sys.executable,
         "-m",

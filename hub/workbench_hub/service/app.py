@@ -43,6 +43,7 @@ from . import page_handlers as pages
 from . import reservation_handlers as rh
 from .access_log import hide_oauth_state, log_request
 from .course_ends import stop_ended_courses
+from .course_pages import CourseListPageHandler, CoursePageHandler
 from .drain_handlers import drain_routes
 from .drain_stops import DrainStops
 from .fleet import Fleet
@@ -86,6 +87,8 @@ def make_app(
     routes = [
         (prefix, pages.PageHandler),
         (prefix + "me", pages.MyPageHandler),
+        (prefix + "courses", CourseListPageHandler),
+        (prefix + "courses/" + course, CoursePageHandler),
         (prefix + "oauth_callback", h.OAuthCallbackHandler),
         (prefix + "static/(.*)", pages.StaticHandler, {"path": str(STATIC)}),
         (prefix + "api/me", MyGPUsHandler),

@@ -31,8 +31,12 @@ an ended course.
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 import json
+from collections.abc import Callable, Coroutine
 from datetime import date
+from typing import Any, NoReturn
 
 from workbench_hub.service import scopes
 from workbench_hub.service.handlers import APIHandler, _check_name, unknown_user
@@ -66,9 +70,19 @@ def instructor_reason(who: str, course: str) -> str:
     return f"{reasons.STOPPED_BY_INSTRUCTOR}: {who} ({course})"[:64].rstrip()
 
 
-class CourseAPIHandler(APIHandler):
-    """What every course route needs: the courses, today in the hub's time zone, and who the caller is to a
-    course."""
+class CourseAccess:
+    """What every course route and page needs: the courses, today in the hub's time zone, who the caller is to
+    a course, and its students' report. A mixin of the API's handlers and the course pages, which each say a
+    refusal their way (``fail``: JSON, or the refusal page)."""
+
+    fleet: Any
+    hub: Any
+    fail: Callable[..., NoReturn]
+    require_caller: Callable[[], dict]
+    can_read: Callable[[], bool]
+    is_admin: Callable[[], bool]
+    caller_name: Callable[[], str]
+    wait_for_settings: Callable[[], Coroutine[Any, Any, None]]
 
     @property
     def courses(self) -> CourseBook:
@@ -161,6 +175,32 @@ class CourseAPIHandler(APIHandler):
     def view(self, course: Course) -> dict:
         return {**course.to_json(), "phase": phase(course, self.today())}
 
+    async def students_report(self, found: Course) -> dict:
+        """The course, its students (as api/usage reports users, plus their servers now) and how their servers
+        ended in the last 7 days: ``GET api/courses/{course}/students`` and the course page."""
+        models = await self.students_of(found)
+        now = utcnow()
+        students, ends = await asyncio.to_thread(
+            usage_report, self.fleet, models, now, None, {m["name"] for m in models}
+        )
+        running = {m["name"]: m.get("servers") or {} for m in models}
+        for row in students:
+            row["running"] = {
+                server: {"ready": bool(s.get("ready")), "pending": s.get("pending")}
+                for server, s in sorted(running.get(row["name"], {}).items())
+            }
+        return {
+            "course": self.view(found),
+            "window_start": (now - WEEK).isoformat(),
+            "window_end": now.isoformat(),
+            "students": students,
+            "ends_by_reason": ends,
+        }
+
+
+class CourseAPIHandler(CourseAccess, APIHandler):
+    """The course routes of the REST API."""
+
 
 class CourseListHandler(CourseAPIHandler):
     async def get(self):
@@ -201,26 +241,54 @@ class CourseHandler(CourseAPIHandler):
 class CourseStudentsHandler(CourseAPIHandler):
     async def get(self, course: str):
         found = await self.require_course_read(course)
-        models = await self.students_of(found)
-        now = utcnow()
-        students, ends = await asyncio.to_thread(
-            usage_report, self.fleet, models, now, None, {m["name"] for m in models}
+        wanted = self.get_argument("format", "json")
+        if wanted not in ("json", "csv"):
+            self.fail(400, f"format must be json or csv, not {json.dumps(wanted)[:40]}")
+        report = await self.students_report(found)
+        if wanted == "csv":
+            self.set_header("Content-Type", "text/csv; charset=utf-8")
+            self.set_header("Content-Disposition", f'attachment; filename="{found.name}-students.csv"')
+            self.finish(students_csv(report))
+            return
+        self.send(report)
+
+
+CSV_COLUMNS = (
+    "student",
+    "quota_gpus",
+    "quota_from",
+    "gpu_hours_week",
+    "gpu_hours_by_reason",
+    "held_gpus",
+    "servers_running",
+)
+
+
+def students_csv(report: dict) -> str:
+    """The course page's table as CSV, one row per student (a spreadsheet's formula characters defused)."""
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+
+    def cell(value: object) -> str:
+        text = str(value)
+        return "'" + text if text[:1] in ("=", "+", "-", "@") else text
+
+    for row in report["students"]:
+        running = ";".join(name or "default" for name in row["running"])
+        by_reason = ";".join(f"{kind} {hours:g}" for kind, hours in row["gpu_hours_week_by_reason"].items())
+        writer.writerow(
+            [
+                cell(row["name"]),
+                row["quota"]["max_gpus"],
+                cell(row["quota"]["origin"]),
+                row["gpu_hours_week"],
+                cell(by_reason),
+                row["held_gpus"],
+                cell(running),
+            ]
         )
-        running = {m["name"]: m.get("servers") or {} for m in models}
-        for row in students:
-            row["running"] = {
-                server: {"ready": bool(s.get("ready")), "pending": s.get("pending")}
-                for server, s in sorted(running.get(row["name"], {}).items())
-            }
-        self.send(
-            {
-                "course": self.view(found),
-                "window_start": (now - WEEK).isoformat(),
-                "window_end": now.isoformat(),
-                "students": students,
-                "ends_by_reason": ends,
-            }
-        )
+    return out.getvalue()
 
 
 class StudentQuotaHandler(CourseAPIHandler):

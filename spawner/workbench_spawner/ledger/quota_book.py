@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import date, datetime
 from typing import Any
 
@@ -20,12 +20,12 @@ from sqlalchemy import (
     DateTime,
     Float,
     Integer,
-    Row,
     String,
     Text,
     UniqueConstraint,
     and_,
     bindparam,
+    case,
     delete,
     or_,
     select,
@@ -77,7 +77,7 @@ class SessionLimitRow(Base):
     recorded: Mapped[datetime] = mapped_column(DateTime(timezone=True))
 
 
-def _row_to_quota(row: QuotaRow | Row[Any]) -> Quota:
+def _row_to_quota(row: Any) -> Quota:
     """An ORM row or a plain one read by the same columns (``effective``'s statement)."""
     models = json.loads(row.allowed_models) if row.allowed_models is not None else None
     profiles = json.loads(row.allowed_profiles) if row.allowed_profiles is not None else None
@@ -177,15 +177,27 @@ class QuotaBook:
         groups = list(groups)
         own: Quota | None = None
         group_rows: dict[str, Quota] = {}
+        own_course: str | None = None
         with self.store.read_engine.connect() as conn:
             rows = list(conn.execute(_QUOTAS_OF_USER, {"user": user, "groups": sorted(set(groups))}))
-            asleep = self._dormant(conn, [r.name if r.kind == "group" else r.course for r in rows])
+        # Each row comes with the course it belongs to, if any (its group's, or the course whose staff set it).
+        asleep: set[str] = set()
+        running: dict[str, str] = {}
+        today = self.today() if self.today is not None else None
+        for row in rows:
+            if row.course_name is None or today is None:
+                continue
+            if dates_phase(row.course_starts, row.course_ends, today) == RUNNING:
+                running[row.course_name] = row.course_title
+            else:
+                asleep.add(row.course_name)
         for row in rows:
             if row.kind == "user" and row.course not in asleep:
-                own = _row_to_quota(row)
+                own, own_course = _row_to_quota(row), row.course
             elif row.kind == "group" and row.name not in asleep:
                 group_rows[row.name] = _row_to_quota(row)
-        return effective_quota(own, {g: group_rows[g] for g in groups if g in group_rows}, default)
+        found = effective_quota(own, {g: group_rows[g] for g in groups if g in group_rows}, default)
+        return _with_course(found, own_course, running)
 
     def effective_many(self, users: Mapping[str, Iterable[str]], default: Quota) -> dict[str, EffectiveQuota]:
         """The effective quota of many users (name -> their groups) from ONE query.
@@ -194,16 +206,23 @@ class QuotaBook:
         read of ``gpu_quotas`` for all of them, not two per user.
         """
         own: dict[str, Quota] = {}
+        own_course: dict[str, str | None] = {}
         group_rows: dict[str, Quota] = {}
         stored_all = self.all()
         with self.store.read_engine.connect() as conn:
-            asleep = self._dormant(conn, [s.name if s.kind == "group" else s.course for s in stored_all])
+            asleep, running = self._courses(conn, [s.name if s.kind == "group" else s.course for s in stored_all])
         for stored in stored_all:
             if (stored.name if stored.kind == "group" else stored.course) in asleep:
                 continue
             (own if stored.kind == "user" else group_rows)[stored.name] = stored.quota
+            if stored.kind == "user":
+                own_course[stored.name] = stored.course
         return {
-            name: effective_quota(own.get(name), {g: group_rows[g] for g in groups if g in group_rows}, default)
+            name: _with_course(
+                effective_quota(own.get(name), {g: group_rows[g] for g in groups if g in group_rows}, default),
+                own_course.get(name),
+                running,
+            )
             for name, groups in users.items()
         }
 
@@ -228,24 +247,52 @@ class QuotaBook:
             row.kind, row.name, _row_to_quota(row), _aware(row.updated), row.updated_by or "", row.course
         )
 
-    def _dormant(self, conn: Connection, names: Collection[str | None]) -> frozenset[str]:
-        """Which of ``names`` are courses that do not run today (not started, or ended): their quotas sleep."""
+    def _courses(self, conn: Connection, names: Collection[str | None]) -> tuple[frozenset[str], dict[str, str]]:
+        """Of ``names``, the courses that do not run today (not started, or ended: their quotas sleep), and the
+        titles of those that run."""
         wanted = sorted({n for n in names if n})
         if self.today is None or not wanted:
-            return frozenset()
+            return frozenset(), {}
         today = self.today()
-        found = conn.execute(_COURSE_DATES, {"names": wanted})
-        return frozenset(r.name for r in found if dates_phase(r.starts, r.ends, today) != RUNNING)
+        asleep: set[str] = set()
+        running: dict[str, str] = {}
+        for r in conn.execute(_COURSE_DATES, {"names": wanted}):
+            if dates_phase(r.starts, r.ends, today) == RUNNING:
+                running[r.name] = r.title
+            else:
+                asleep.add(r.name)
+        return frozenset(asleep), running
 
 
-# The dates of some courses (``QuotaBook._dormant``).
-_COURSE_DATES = select(CourseRow.name, CourseRow.starts, CourseRow.ends).where(
+# The dates and titles of some courses (``QuotaBook._courses``).
+_COURSE_DATES = select(CourseRow.name, CourseRow.title, CourseRow.starts, CourseRow.ends).where(
     CourseRow.name.in_(bindparam("names", expanding=True))
 )
-# The quota rows that may apply to one user (``QuotaBook.effective``): their own and their groups'.
-_QUOTAS_OF_USER = select(QuotaRow).where(
-    or_(
-        and_(QuotaRow.kind == "user", QuotaRow.name == bindparam("user")),
-        and_(QuotaRow.kind == "group", QuotaRow.name.in_(bindparam("groups", expanding=True))),
+
+
+def _with_course(found: EffectiveQuota, own_course: str | None, running: Mapping[str, str]) -> EffectiveQuota:
+    """``found`` with the running course it comes from: its group's quota, or one its staff set for the user."""
+    course = own_course if found.source == "user" else found.group if found.source == "group" else None
+    if course is None or course not in running:
+        return found
+    return replace(found, course=course, course_title=running[course])
+
+
+# The quota rows that may apply to one user (``QuotaBook.effective``): their own and their groups', each with
+# the course it belongs to (a group's course of the same name; a user quota's course, the one whose staff set it).
+_QUOTAS_OF_USER = (
+    select(
+        QuotaRow,
+        CourseRow.name.label("course_name"),
+        CourseRow.title.label("course_title"),
+        CourseRow.starts.label("course_starts"),
+        CourseRow.ends.label("course_ends"),
+    )
+    .outerjoin(CourseRow, CourseRow.name == case((QuotaRow.kind == "group", QuotaRow.name), else_=QuotaRow.course))
+    .where(
+        or_(
+            and_(QuotaRow.kind == "user", QuotaRow.name == bindparam("user")),
+            and_(QuotaRow.kind == "group", QuotaRow.name.in_(bindparam("groups", expanding=True))),
+        )
     )
 )

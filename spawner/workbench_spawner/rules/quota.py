@@ -158,10 +158,17 @@ class EffectiveQuota:
     quota: Quota
     source: str  # "user" | "group" | "default"
     group: str | None = None
+    # The running course it comes from (its group's quota, or one its staff set for the user), and its title.
+    course: str | None = None
+    course_title: str = ""
 
     @property
     def describe(self) -> str:
         """Where the quota comes from, in words for a message."""
+        if self.course and self.source == "user":
+            return f"your GPU quota for the course {self.course_title} ({self.course}), set by its staff"
+        if self.course:
+            return f"the GPU quota of your course {self.course_title} ({self.course})"
         if self.source == "user":
             return "your own GPU quota"
         if self.source == "group":
@@ -178,7 +185,13 @@ class EffectiveQuota:
         return "default"
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.quota.to_json(), "source": self.source, "group": self.group, "origin": self.origin}
+        return {
+            **self.quota.to_json(),
+            "source": self.source,
+            "group": self.group,
+            "origin": self.origin,
+            "course": self.course,
+        }
 
 
 def quota_from_body(body: Mapping[str, Any], known_models: Iterable[str] | None = None) -> Quota:
