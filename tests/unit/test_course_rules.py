@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import date
+from datetime import UTC, date, datetime
 
 import pytest
 
 from workbench_spawner.ledger.course_book import CourseBook
 from workbench_spawner.ledger.invite_book import InviteBook
+from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore
 from workbench_spawner.rules.course import (
     ENDED,
@@ -23,7 +24,9 @@ from workbench_spawner.rules.course import (
     staff_refusal,
 )
 from workbench_spawner.rules.quota import Quota
+from workbench_spawner.rules.reservations import Reservation
 from workbench_spawner.rules.roster import RosterError, RosterRow, parse_roster
+from workbench_spawner.rules.window import parse_window
 
 MODELS = ["H100-80GB", "A100-40GB"]
 ML = Course(
@@ -237,5 +240,22 @@ def test_the_invite_book_issues_once_checks_the_name_and_is_used_once(tmp_path):
         assert book.use("ann", tokens["ann"])
         assert not book.use("ann", tokens["ann"])  # once
         assert sorted(book.pending(["ann", "ben"])) == ["ben"]
+    finally:
+        store.dispose()
+
+
+def test_a_courses_reservations_count_only_while_it_runs(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'gpu.sqlite'}")
+    try:
+        CourseBook(store).set(ML)  # 11 January to 12 March 2027
+        book = ReservationBook(store)
+        monday = datetime(2027, 1, 4, 9, tzinfo=UTC)
+        for group in ("ml-101", "research"):
+            book.create(Reservation(group, 1, parse_window("Mon 08:00-12:00")), {"H100-80GB": 4}, monday, UTC)
+        groups = lambda now: [r.group for r in book.open_at(now, UTC)]  # noqa: E731
+        assert groups(monday) == ["research"]  # before the course starts
+        assert groups(datetime(2027, 1, 11, 9, tzinfo=UTC)) == ["ml-101", "research"]  # its first day
+        assert groups(datetime(2027, 3, 15, 9, tzinfo=UTC)) == ["research"]  # after it ended
+        assert [r.group for r in book.in_force(monday, UTC)] == ["research"]
     finally:
         store.dispose()

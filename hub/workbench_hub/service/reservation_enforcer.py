@@ -64,7 +64,7 @@ class Preemption:
         held = {uuid for lease in leases for uuid in lease.gpu_uuids}
         free = [d.uuid for d in self.fleet.inventory.devices if d.uuid not in held]
         due = []
-        for res in self.book.reservations():
+        for res in self.book.in_force(now, tz):  # a course's reservations preempt only while it runs
             phase = preemption_phase(res, now, tz)
             if phase is not None:
                 due.append((phase[0], phase[1], res, preemption_plan(res, holdings(leases), free, models)))

@@ -19,7 +19,9 @@ from typing import Any
 from sqlalchemy import Boolean, CursorResult, DateTime, Float, Integer, String, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
+from workbench_spawner.ledger.course_book import CourseRow
 from workbench_spawner.ledger.store import AllocationStore, Base, _aware, utcnow
+from workbench_spawner.rules.course import RUNNING, dates_phase
 from workbench_spawner.rules.reservations import (
     DEFAULT_GRACE_MINUTES,
     DEFAULT_WARN_MINUTES,
@@ -129,9 +131,26 @@ class ReservationBook:
     def reservations(self) -> list[Reservation]:
         return [s.reservation for s in self.all()]
 
+    def in_force(self, now: datetime, tz: tzinfo) -> list[Reservation]:
+        """The reservations that count on ``now``'s day (in the hub's zone ``tz``): all but those of a course
+        (a reservation for the course's hub group) before its start date or after its end date."""
+        today = now.astimezone(tz).date()
+        query = (
+            select(ReservationRow, CourseRow.name, CourseRow.starts, CourseRow.ends)
+            .outerjoin(CourseRow, CourseRow.name == ReservationRow.group)
+            .order_by(ReservationRow.id)
+        )
+        with self.store.reads()() as session:  # one read: each reservation with its course's dates, if any
+            rows = session.execute(query).all()
+        return [
+            _from_row(row).reservation
+            for row, course, starts, ends in rows
+            if course is None or dates_phase(starts, ends, today) == RUNNING
+        ]
+
     def open_at(self, now: datetime, tz: tzinfo) -> list[Reservation]:
-        """The reservations whose window is open at ``now`` (in the hub's zone ``tz``)."""
-        return [r for r in self.reservations() if r.window.current(now, tz) is not None]
+        """The reservations in force whose window is open at ``now`` (in the hub's zone ``tz``)."""
+        return [r for r in self.in_force(now, tz) if r.window.current(now, tz) is not None]
 
     def get(self, rid: int) -> StoredReservation | None:
         with self.store.reads()() as session:
