@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from traitlets.config import Config
 
-from . import class_start, configurer, home_page, log_secrets, login_probe, xsrf_cookie
+from . import class_start, configurer, course_roles, home_page, log_secrets, login_probe, xsrf_cookie
 
 if TYPE_CHECKING:
     from workbench_spawner.mixin import GPUSpawnerMixin
@@ -131,6 +131,8 @@ def finish_hub(
     home_page.update_home_page(c, settings.db_url)
     # A course roster's one-time sign-up links live in the same database (NativeAuthenticator hubs).
     c.WorkbenchAuthenticator.invite_db_url = settings.db_url
+    # Each course's staff see their students in the hub itself (roles scoped to the course's group).
+    course_roles.update_course_roles(c, settings.db_url)
     # A class start: JupyterHub's own spawn limit above the GPU line, so students queue instead of getting 429s.
     limits = settings.spawn_limits()
     warning = class_start.update_spawn_limits(c, final, limits)
