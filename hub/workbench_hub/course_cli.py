@@ -9,6 +9,10 @@
     workbench course stop ml-101 ann [--server big]    # saved first; ann reads "stopped by an instructor"
     workbench course delete ml-101                     # the hub group, quotas and servers stay
     workbench course import ml-101 roster.csv          # accounts, membership, staff; first-login instructions
+    workbench course reserve ml-101 --gpus 2 --window "Thu 14:00-16:00"   # within the course's allowance
+    workbench course reservations ml-101               # unreserve ml-101 ID cancels one
+    workbench course exempt ml-101 --hours 3 --reason "Thursday lab"     # no idle reclaim for the session
+    workbench course unexempt ml-101
 
 Every command goes through the workbench service (``api/courses``) with the
 token of ``--token`` (``WORKBENCH_ADMIN_TOKEN``): an admin's sets courses up,
@@ -23,14 +27,30 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import quote
 
-ACTIONS = ("list", "show", "set", "delete", "quota", "unquota", "stop", "import")
+ACTIONS = (
+    "list",
+    "show",
+    "set",
+    "delete",
+    "quota",
+    "unquota",
+    "stop",
+    "import",
+    "reserve",
+    "reservations",
+    "unreserve",
+    "exempt",
+    "unexempt",
+)
 
 
 def add_course_parser(top) -> None:
     course = top.add_parser("course", help="courses: set one up (admins), run one (its instructors and TAs)")
     course.add_argument("action", nargs="?", choices=ACTIONS, default="list")
     course.add_argument("name", nargs="?", help="the course (its students' hub group)")
-    course.add_argument("student", nargs="?", help="with quota, unquota, stop: the student; with import: the CSV file")
+    course.add_argument(
+        "student", nargs="?", help="with quota, unquota, stop: the student; import: the CSV file; unreserve: the id"
+    )
     course.add_argument("--title", help="with set: the course's title")
     course.add_argument("--starts", help="with set: its first day, YYYY-MM-DD (the hub's time zone)")
     course.add_argument("--ends", help="with set: its last day, YYYY-MM-DD")
@@ -40,6 +60,12 @@ def add_course_parser(top) -> None:
     course.add_argument("--staff-group", help="with set: the hub group of its instructors and TAs")
     course.add_argument("--staff", help="with set: instructors and TAs by name, comma separated")
     course.add_argument("--server", default="", help="with stop: the student's named server (default: the default one)")
+    course.add_argument("--reservation-gpus", type=int, help="with set: the most GPUs one staff booking may hold")
+    course.add_argument("--gpus", type=int, help="with reserve: how many GPUs")
+    course.add_argument("--window", help='with reserve: "Thu 14:00-16:00" (weekly) or "2027-01-14 14:00-16:00"')
+    course.add_argument("--model", help="with reserve: only GPUs of this model")
+    course.add_argument("--hours", type=float, help="with exempt: how long (at most 12 hours)")
+    course.add_argument("--reason", help="with exempt: why")
 
 
 def _names(text: str | None) -> list[str] | None:
@@ -82,6 +108,8 @@ def _set_body(args, error) -> dict:
         "staff_group": args.staff_group,
         "staff": _names(args.staff) or [],
     }
+    if args.reservation_gpus is not None:
+        body["reservation_gpus"] = args.reservation_gpus
     if args.models is not None:
         body["ceiling"]["allowed_models"] = _names(args.models)
     return body
@@ -109,6 +137,36 @@ def _import(args, call: Callable, error: type[Exception], path: str) -> tuple[ob
     return data, "\n".join(lines)
 
 
+def _sessions(args, call: Callable, error: type[Exception], path: str) -> tuple[object, str]:
+    """``reserve``, ``reservations``, ``unreserve ID``, ``exempt`` and ``unexempt``: the course's GPU sessions."""
+    action = args.action
+    if action == "reserve":
+        if not args.gpus or not args.window:
+            raise error("workbench course reserve needs --gpus and --window", 2)
+        body: dict = {"gpus": args.gpus, "window": args.window}
+        if args.model:
+            body["model"] = args.model
+        data = call(args.url, args.token, "POST", f"{path}/reservations", body)
+        return data, f"Reserved #{data['id']}: {data['description']}."
+    if action == "reservations":
+        data = call(args.url, args.token, "GET", f"{path}/reservations")
+        lines = [f"#{r['id']} {r['description']}" for r in data["reservations"]]
+        return data, "\n".join(lines) or f"no reservations for {args.name}"
+    if action == "unreserve":
+        if not args.student or not args.student.isdigit():
+            raise error("workbench course unreserve needs the course and the reservation's id", 2)
+        call(args.url, args.token, "DELETE", f"{path}/reservations/{args.student}")
+        return None, f"Cancelled reservation #{args.student} of {args.name}."
+    if action == "exempt":
+        if args.hours is None:
+            raise error("workbench course exempt needs --hours (at most 12)", 2)
+        body = {"hours": args.hours, **({"reason": args.reason} if args.reason else {})}
+        data = call(args.url, args.token, "PUT", f"{path}/idle-exemption", body)
+        return data, f"{args.name} is exempt from idle reclaim until {data['until'][:16].replace('T', ' ')} UTC."
+    call(args.url, args.token, "DELETE", f"{path}/idle-exemption")
+    return None, f"{args.name} is subject to idle reclaim again."
+
+
 def run_course(args, call: Callable, error: type[Exception], describe: Callable[[dict], str]) -> tuple[object, str]:
     action = args.action
     if action == "list":
@@ -120,6 +178,8 @@ def run_course(args, call: Callable, error: type[Exception], describe: Callable[
     path = f"api/courses/{quote(args.name, safe='')}"
     if action == "import":
         return _import(args, call, error, path)
+    if action in ("reserve", "reservations", "unreserve", "exempt", "unexempt"):
+        return _sessions(args, call, error, path)
     if action in ("quota", "unquota", "stop"):
         _needs(args, error, "name", "student")
         student = f"{path}/students/{quote(args.student, safe='')}"

@@ -3,7 +3,8 @@ course's quota on the spawn form.
 
 prof is on the staff of ml-101 (named by the admin), whose ceiling is 1 GPU and 10 GPU-hours a week per
 student; ann and ben are its students, and nlp is another course. prof opens the course from the Courses
-page, sets ben's quota within the ceiling and is refused above it with the API's sentence, stops ann's
+page, sets ben's quota within the ceiling and is refused above it with the API's sentence, books a weekly lab
+and exempts the course from idle reclaim for the session, stops ann's
 running server after a confirmation (ann is told who stopped it), and is refused on nlp's page. ben's spawn
 form then names the course his quota comes from and the GPU-hours he has left.
 """
@@ -18,7 +19,12 @@ from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 
-ML = {"title": "Machine learning 101", "ceiling": {"max_gpus": 1, "gpu_hours_per_week": 10}, "staff": ["prof"]}
+ML = {
+    "title": "Machine learning 101",
+    "ceiling": {"max_gpus": 1, "gpu_hours_per_week": 10},
+    "staff": ["prof"],
+    "reservation_gpus": 1,
+}
 
 
 @pytest.fixture
@@ -73,6 +79,16 @@ def test_an_instructor_runs_the_course_from_its_page_and_a_student_sees_its_quot
         "the course's ceiling"
     )
     assert hub.service("GET", "api/quotas/users/ben").json()["quota"]["max_gpus"] == 1
+
+    # A weekly lab booked within the allowance, and the course exempt from idle reclaim for the session.
+    page.fill('#course-reserve-form input[name="window"]', "Thu 14:00-16:00")
+    page.click('#course-reserve-form button[type="submit"]')
+    page.wait_for_selector('#course-reservations li:has-text("1 GPU for ml-101, weekly Thu 14:00-16:00")')
+    page.fill('#course-exempt-form input[name="hours"]', "2")
+    page.fill('#course-exempt-form input[name="reason"]', "Thursday lab")
+    page.click('#course-exempt-form button[type="submit"]')
+    page.wait_for_selector('#course-exemption:has-text("Exempt from idle reclaim until")')
+    assert "Thursday lab" in page.inner_text("#course-exemption")
 
     # Stop asks first; a Yes stops ann's server, saved first, and she is told who stopped it.
     asked: list[str] = []

@@ -69,6 +69,7 @@ QUERY_VALUES = {"user": STUDENT, "group": GROUP}
 NEXT_YEAR = (datetime.date.today() + datetime.timedelta(days=300)).isoformat()
 BODIES: dict[str, dict[str, Any]] = {
     "ReservationBody": {"group": GROUP, "gpus": 1, "window": f"{NEXT_YEAR} 10:00-12:00"},
+    "CourseReservationBody": {"gpus": 1, "window": f"{NEXT_YEAR} 14:00-16:00"},
 }
 pytestmark = pytest.mark.integration
 KEPT = "kept by the authorization table"  # the reason of the drain and exemption set before each row
@@ -142,7 +143,12 @@ class TableHub:
             r = hub.service("PUT", path, json=body)
             assert r.status_code == 200, f"PUT {path}: {r.status_code} {r.text}"
         for course in (GROUP, OTHER_COURSE):
-            body = {"title": course, "ceiling": {"max_gpus": 2}, "staff_group": f"{course}-staff"}
+            body = {
+                "title": course,
+                "ceiling": {"max_gpus": 2},
+                "staff_group": f"{course}-staff",
+                "reservation_gpus": 2,
+            }
             r = hub.service("PUT", f"api/courses/{course}", json=body)
             assert r.status_code == 200, f"PUT api/courses/{course}: {r.status_code} {r.text}"
         if hub.server(STUDENT) is None:  # an allowed stop of the row before (a course's staff stop it)

@@ -63,6 +63,7 @@ def test_the_admin_sets_a_course_up_and_bad_settings_are_refused_with_a_sentence
         "ceiling": {"max_gpus": 1, "gpu_hours_per_week": 10.0, "allowed_models": ["H100-80GB"]},
         "staff_group": "ml-staff",
         "staff": ["ta"],
+        "reservation_gpus": 0,
         "phase": "running",
     }
     for body, sentence in (
@@ -317,3 +318,49 @@ def test_a_bad_roster_is_refused_whole_with_its_line_numbers(hub, tmp_path):
     assert (
         hub.cli("course", "import", "ml-101", str(tmp_path / "missing.csv"), token=hub.tokens["prof"]).returncode == 2
     )
+
+
+def test_staff_book_gpus_within_the_allowance_and_exempt_the_course_for_a_session(hub):
+    r = as_(hub, "prof", "POST", "api/courses/ml-101/reservations", json={"gpus": 1, "window": "Thu 14:00-16:00"})
+    assert r.status_code == 403
+    assert r.json()["message"].startswith("the course ml-101 has no reservation allowance")
+    assert hub.service("PUT", "api/courses/ml-101", json={**ML, "reservation_gpus": 2}).status_code == 200
+    try:
+        over = as_(
+            hub, "prof", "POST", "api/courses/ml-101/reservations", json={"gpus": 3, "window": "Thu 14:00-16:00"}
+        )
+        assert over.status_code == 403
+        assert "may reserve at most 2 GPUs at once, not 3" in over.json()["message"]
+        made = hub.cli(
+            "course", "reserve", "ml-101", "--gpus", "2", "--window", "Thu 14:00-16:00", token=hub.tokens["ta"]
+        )
+        assert made.returncode == 0, made.stderr
+        assert "2 GPUs for ml-101, weekly Thu 14:00-16:00" in made.stdout
+        listed = as_(hub, "prof", "GET", "api/courses/ml-101/reservations").json()["reservations"]
+        assert [(x["group"], x["gpus"], x["preempt"]) for x in listed] == [("ml-101", 2, False)]
+        rid = listed[0]["id"]
+        assert as_(hub, "nlp-prof", "DELETE", f"api/courses/ml-101/reservations/{rid}").status_code == 403
+        assert as_(hub, "nlp-prof", "DELETE", f"api/courses/nlp/reservations/{rid}").status_code == 404  # not nlp's
+        assert hub.cli("course", "unreserve", "ml-101", str(rid), token=hub.tokens["prof"]).returncode == 0
+        assert hub.service("GET", "api/reservations").json()["reservations"] == []
+
+        # A session without idle reclaim, which ends by itself; an admin's exemption is not theirs to change.
+        done = hub.cli(
+            "course", "exempt", "ml-101", "--hours", "3", "--reason", "Thursday lab", token=hub.tokens["prof"]
+        )
+        assert done.returncode == 0, done.stderr
+        exempt = {g["group"]: g for g in hub.service("GET", "api/idle").json()["exempt_groups"]}
+        assert exempt["ml-101"]["reason"] == "Thursday lab"
+        assert exempt["ml-101"]["until"] is not None
+        long = as_(hub, "prof", "PUT", "api/courses/ml-101/idle-exemption", json={"hours": 13})
+        assert long.status_code == 400
+        assert hub.cli("course", "unexempt", "ml-101", token=hub.tokens["prof"]).returncode == 0
+        assert hub.service("PUT", "api/idle/exemptions/ml-101", json={"reason": "research week"}).status_code == 200
+        r = as_(hub, "prof", "PUT", "api/courses/ml-101/idle-exemption", json={"hours": 1})
+        assert r.status_code == 409
+        assert "a hub admin exempted ml-101 from idle reclaim without an end" in r.json()["message"]
+        assert as_(hub, "prof", "DELETE", "api/courses/ml-101/idle-exemption").status_code == 409
+        assert as_(hub, "nlp-prof", "PUT", "api/courses/ml-101/idle-exemption", json={"hours": 1}).status_code == 403
+    finally:
+        hub.service("DELETE", "api/idle/exemptions/ml-101")
+        assert hub.service("PUT", "api/courses/ml-101", json=ML).status_code == 200

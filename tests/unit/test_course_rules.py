@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
 from workbench_spawner.ledger.course_book import CourseBook
+from workbench_spawner.ledger.idle_book import IdleBook
 from workbench_spawner.ledger.invite_book import InviteBook
 from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.ledger.store import AllocationStore
@@ -20,6 +21,7 @@ from workbench_spawner.rules.course import (
     is_staff,
     over_ceiling,
     phase,
+    reservation_refusal,
     staff_quota_from_body,
     staff_refusal,
 )
@@ -257,5 +259,35 @@ def test_a_courses_reservations_count_only_while_it_runs(tmp_path):
         assert groups(datetime(2027, 1, 11, 9, tzinfo=UTC)) == ["ml-101", "research"]  # its first day
         assert groups(datetime(2027, 3, 15, 9, tzinfo=UTC)) == ["research"]  # after it ended
         assert [r.group for r in book.in_force(monday, UTC)] == ["research"]
+    finally:
+        store.dispose()
+
+
+@pytest.mark.parametrize(
+    ("allowance", "gpus", "preempt", "sentence"),
+    [
+        (2, 2, False, None),
+        (0, 1, False, "the course ml-101 has no reservation allowance, so only a hub admin books GPUs for it; ask one "
+         "to set its reservation_gpus"),
+        (2, 3, False, "the course ml-101 may reserve at most 2 GPUs at once, not 3; ask a hub admin for more"),
+        (1, 2, False, "the course ml-101 may reserve at most 1 GPU at once, not 2; ask a hub admin for more"),
+        (2, 1, True, "a course's staff may not book a reservation that stops other users' servers (preempt); ask a "
+         "hub admin"),
+    ],
+)  # fmt: skip
+def test_staff_book_within_the_courses_allowance_and_never_preempt(allowance, gpus, preempt, sentence):
+    course = Course(name="ml-101", title="ML", ceiling=Quota(max_gpus=1), reservation_gpus=allowance)
+    assert reservation_refusal(course, gpus, preempt) == sentence
+
+
+def test_an_exemption_with_an_end_counts_until_then(tmp_path):
+    store = AllocationStore(f"sqlite:///{tmp_path / 'gpu.sqlite'}")
+    try:
+        book = IdleBook(store)
+        now = datetime(2027, 1, 14, 14, tzinfo=UTC)
+        book.exempt("ml-101", "lab", "user:prof", now, until=now + timedelta(hours=3))
+        book.exempt("research", "long runs", "user:admin", now)
+        assert sorted(book.exempt_groups(now + timedelta(hours=2))) == ["ml-101", "research"]
+        assert sorted(book.exempt_groups(now + timedelta(hours=3, seconds=1))) == ["research"]
     finally:
         store.dispose()

@@ -17,6 +17,7 @@ from tests.service.openapi_check import resolve
 from workbench_hub import drain_cli
 from workbench_hub.service import (
     course_handlers,
+    course_staff_handlers,
     drain_handlers,
     drain_stops,
     handlers,
@@ -32,7 +33,7 @@ from workbench_spawner.ledger.drain_book import MAX_REASON as MAX_DRAIN_REASON
 from workbench_spawner.ledger.idle_book import GROUP_PATTERN, MAX_REASON, IdleExemptionRow
 from workbench_spawner.ledger.quota_book import QuotaRow
 from workbench_spawner.ledger.reservation_book import FIELDS, MAX_GROUP, ReservationRow
-from workbench_spawner.rules.course import MAX_STAFF, MAX_TITLE
+from workbench_spawner.rules.course import MAX_STAFF, MAX_TITLE, Course
 from workbench_spawner.rules.idle import MAX_IDLE_MINUTES, MIN_IDLE_MINUTES
 from workbench_spawner.rules.quota import (
     MAX_GPU_HOURS_LIMIT,
@@ -50,7 +51,15 @@ PREFIX = "/services/workbench/"
 MAIN = load_document()
 SLURM = [load_fragment(path) for path in openapi_fragments(["slurm"])]
 DOC = load_document(SLURM)  # what a Slurm hub serves: every path there is
-HANDLER_MODULES = (handlers, idle_handlers, reservation_handlers, drain_handlers, course_handlers, roster_handlers)
+HANDLER_MODULES = (
+    handlers,
+    idle_handlers,
+    reservation_handlers,
+    drain_handlers,
+    course_handlers,
+    roster_handlers,
+    course_staff_handlers,
+)
 
 
 def at(doc: dict, pointer: str):
@@ -124,6 +133,14 @@ BOUNDS = [
     (f"{COURSE}/title/maxLength", column_length(CourseRow, "title"), "workbench_courses.title"),
     (f"{COURSE}/staff_group/maxLength", column_length(CourseRow, "staff_group"), "workbench_courses.staff_group"),
     (f"{COURSE}/staff/maxItems", MAX_STAFF, "rules.course.MAX_STAFF"),
+    (f"{COURSE}/reservation_gpus/maximum", MAX_GPUS_LIMIT, "rules.quota.MAX_GPUS_LIMIT"),
+    (f"{COURSE}/reservation_gpus/default", Course.reservation_gpus, "rules.course.Course.reservation_gpus"),
+    (
+        "/components/schemas/CourseExemptionBody/properties/hours/maximum",
+        course_staff_handlers.MAX_EXEMPT_HOURS,
+        "course_staff_handlers.MAX_EXEMPT_HOURS",
+    ),
+    ("/components/schemas/CourseExemptionBody/properties/reason/maxLength", MAX_REASON, "idle_book.MAX_REASON"),
     (f"{COURSE}/staff/items/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME (a hub user's name)"),
     ("/components/schemas/StudentStopBody/properties/server/maxLength", handlers.MAX_NAME, "service.handlers.MAX_NAME"),
     ("/components/schemas/RosterBody/properties/csv/maxLength", roster_handlers.MAX_CSV, "roster_handlers.MAX_CSV"),
@@ -160,6 +177,9 @@ NO_CONSTANT = {
     f"{COURSE}/title/pattern": "not only spaces",
     f"{COURSE}/staff_group/minLength": "a name",
     f"{COURSE}/staff/items/minLength": "a name",
+    f"{COURSE}/reservation_gpus/minimum": "a count",
+    "/paths/~1api~1courses~1{course}~1reservations~1{rid}/parameters/1/schema/minLength": "an id",
+    "/components/schemas/CourseExemptionBody/properties/hours/exclusiveMinimum": "a duration",
     "/components/parameters/ReservationId/schema/minLength": "an id",
     "/paths/~1api~1usage/get/parameters/0/schema/minLength": "a name",
     "/paths/~1api~1usage/get/parameters/1/schema/minLength": "a name",
@@ -208,6 +228,8 @@ def test_every_bound_a_request_may_break_is_checked_against_the_code():
         "StudentQuotaBody",
         "StudentStopBody",
         "RosterBody",
+        "CourseReservationBody",
+        "CourseExemptionBody",
         "Ceiling",
     }
     written = set()
@@ -419,6 +441,8 @@ def test_every_request_body_is_checked_by_its_handler():
             "StudentQuotaBody",
             "StudentStopBody",
             "RosterBody",
+            "CourseReservationBody",
+            "CourseExemptionBody",
         }
     )
 

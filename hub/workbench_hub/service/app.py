@@ -38,6 +38,7 @@ from workbench_spawner.ledger.migrations import UnusableDatabaseError
 from workbench_spawner.ledger.store import AllocationStore
 
 from . import course_handlers as ch
+from . import course_staff_handlers as csh
 from . import handlers as h
 from . import page_handlers as pages
 from . import reservation_handlers as rh
@@ -102,6 +103,9 @@ def make_app(
         (prefix + "api/courses/" + course, ch.CourseHandler),
         (prefix + "api/courses/" + course + "/students", ch.CourseStudentsHandler),
         (prefix + "api/courses/" + course + "/roster", CourseRosterHandler),
+        (prefix + "api/courses/" + course + "/reservations", csh.CourseReservationsHandler),
+        (prefix + "api/courses/" + course + "/reservations/" + r"(?P<rid>[^/]+)", csh.CourseReservationHandler),
+        (prefix + "api/courses/" + course + "/idle-exemption", csh.CourseIdleExemptionHandler),
         (prefix + "api/courses/" + course + "/students/" + student + "/quota", ch.StudentQuotaHandler),
         (prefix + "api/courses/" + course + "/students/" + student + "/stop", ch.StudentStopHandler),
         (prefix + "api/reservations", rh.ReservationListHandler),

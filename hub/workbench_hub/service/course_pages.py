@@ -7,7 +7,9 @@ GPU-hours of the last 7 days as bars against the ceiling's weekly budget (or
 the largest use), how their servers ended this week, and a CSV download of
 the table. While the course has not ended, its staff (and admins) get the
 controls: stop a student's server (after a confirmation), set or remove a
-student's quota within the ceiling, import a roster. The controls call the
+student's quota within the ceiling, import a roster, book or cancel the
+course's reservations within its allowance, and exempt it from idle reclaim
+for a session. The controls call the
 REST API (``static/course.js``), so the page refuses exactly what the API
 refuses, in the same sentences. A refusal or an unknown course is a page
 that says why.
@@ -23,6 +25,9 @@ from tornado import web
 from workbench_hub.service import scopes
 from workbench_hub.service.course_handlers import CourseAccess
 from workbench_hub.service.page_handlers import PageHandler
+from workbench_hub.service.reservation_handlers import hub_time, reservation_json
+from workbench_spawner.ledger.idle_book import IdleBook
+from workbench_spawner.ledger.reservation_book import ReservationBook
 from workbench_spawner.rules.course import ENDED, phase
 
 
@@ -61,6 +66,14 @@ class CoursePageHandler(CoursePages):
         acts = phase(found, self.today()) != ENDED and (self.is_admin() or await self.staffs(found))
         budget = found.ceiling.gpu_hours_per_week
         most = max([s["gpu_hours_week"] for s in report["students"]] + [budget or 0, 0.001])
+        clock, tz, zone_name = hub_time(self.fleet)
+
+        def sessions():
+            stored = ReservationBook(self.fleet.store).all()
+            mine = [reservation_json(s, clock, tz) for s in stored if s.reservation.group == found.name]
+            return mine, IdleBook(self.fleet.store).exempt_groups().get(found.name)
+
+        reservations, exemption = await asyncio.to_thread(sessions)
         self.page(
             "course.html",
             report=report,
@@ -68,5 +81,8 @@ class CoursePageHandler(CoursePages):
             acts=acts,
             scale=most,
             models=self.fleet.models(),
+            reservations=reservations,
+            exemption=exemption,
+            time_zone=zone_name,
             xsrf=self.xsrf_value(),
         )

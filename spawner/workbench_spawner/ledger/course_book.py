@@ -12,7 +12,7 @@ import json
 from collections.abc import Iterable
 from datetime import date, datetime
 
-from sqlalchemy import Date, DateTime, String, Text, delete, select
+from sqlalchemy import Date, DateTime, Integer, String, Text, delete, select
 from sqlalchemy.orm import Mapped, mapped_column
 
 from workbench_spawner.ledger.store import AllocationStore, Base, utcnow
@@ -30,6 +30,7 @@ class CourseRow(Base):
     ceiling: Mapped[str] = mapped_column(Text)  # JSON: max_gpus, gpu_hours_per_week, allowed_models
     staff_group: Mapped[str | None] = mapped_column(String(255), nullable=True)
     staff: Mapped[str] = mapped_column(Text, default="[]")  # JSON list of user names
+    reservation_gpus: Mapped[int] = mapped_column(Integer, default=0)
     updated: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     updated_by: Mapped[str] = mapped_column(String(255), default="")
 
@@ -43,6 +44,7 @@ def _course(row: CourseRow) -> Course:
         ends=row.ends,
         staff_group=row.staff_group,
         staff=tuple(json.loads(row.staff or "[]")),
+        reservation_gpus=row.reservation_gpus or 0,
     )
 
 
@@ -80,6 +82,7 @@ class CourseBook:
             row.ceiling = json.dumps(course.ceiling.to_json())
             row.staff_group = course.staff_group
             row.staff = json.dumps(list(course.staff))
+            row.reservation_gpus = course.reservation_gpus
             row.updated = utcnow()
             row.updated_by = by[:255]
         return course

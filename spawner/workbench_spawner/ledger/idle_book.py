@@ -48,6 +48,8 @@ class IdleExemptionRow(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     created: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     created_by: Mapped[str] = mapped_column(String(255), default="")
+    # When it ends (migration 0010): a course's staff exempt their course for a session; an admin's has none.
+    until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class ExemptionError(ValueError):
@@ -102,7 +104,9 @@ class IdleBook:
 
     # -- exempt groups ------------------------------------------------------------
 
-    def exempt_groups(self) -> dict[str, dict]:
+    def exempt_groups(self, now: datetime | None = None) -> dict[str, dict]:
+        """The exemptions in force at ``now`` (default: now): one that ended (``until``) counts no more."""
+        now = now or utcnow()
         with self._reads() as session:
             return {
                 r.group: {
@@ -110,19 +114,30 @@ class IdleBook:
                     "reason": r.reason or "",
                     "created": _aware(r.created).isoformat(),
                     "created_by": r.created_by or "",
+                    "until": _aware(r.until).isoformat() if r.until is not None else None,
                 }
                 for r in session.scalars(select(IdleExemptionRow).order_by(IdleExemptionRow.group))
+                if r.until is None or _aware(r.until) > now
             }
 
-    def exempt(self, group: str, reason: str = "", by: str = "", now: datetime | None = None) -> dict:
+    def exempt(
+        self,
+        group: str,
+        reason: str = "",
+        by: str = "",
+        now: datetime | None = None,
+        until: datetime | None = None,
+    ) -> dict:
+        """Exempt ``group`` (again); ``until``: when the exemption ends (None: until it is ended by hand)."""
         check_group_name(group)
+        now = now or utcnow()
         with self._writes.begin() as session:
             row = session.get(IdleExemptionRow, group)
             if row is None:
-                row = IdleExemptionRow(group=group, created=now or utcnow())
+                row = IdleExemptionRow(group=group, created=now)
                 session.add(row)
-            row.reason, row.created_by = reason, by[:255]
-        return self.exempt_groups()[group]
+            row.reason, row.created_by, row.until = reason, by[:255], until
+        return self.exempt_groups(now)[group]
 
     def unexempt(self, group: str) -> bool:
         with self._writes.begin() as session:

@@ -51,6 +51,8 @@ class Course:
     ends: date | None = None
     staff_group: str | None = None
     staff: tuple[str, ...] = field(default=())
+    # The most GPUs one reservation its staff book for the course may hold (0: only an admin books for it).
+    reservation_gpus: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -61,6 +63,7 @@ class Course:
             "ceiling": {key: self.ceiling.to_json()[key] for key in CEILING_FIELDS},
             "staff_group": self.staff_group,
             "staff": list(self.staff),
+            "reservation_gpus": self.reservation_gpus,
         }
 
 
@@ -92,6 +95,23 @@ def staff_refusal(course: Course, today: date, what: str) -> str | None:
             f"the course {course.name} ended on {course.ends.isoformat()}, so its staff may no longer {what}; "
             "a hub admin may change its end date"
         )
+    return None
+
+
+def reservation_refusal(course: Course, gpus: int, preempt: bool) -> str | None:
+    """Why the course's staff may not book a reservation of ``gpus`` for it, or None."""
+    if course.reservation_gpus <= 0:
+        return (
+            f"the course {course.name} has no reservation allowance, so only a hub admin books GPUs for it; ask one "
+            "to set its reservation_gpus"
+        )
+    if gpus > course.reservation_gpus:
+        return (
+            f"the course {course.name} may reserve at most {course.reservation_gpus} GPU"
+            f"{'' if course.reservation_gpus == 1 else 's'} at once, not {gpus}; ask a hub admin for more"
+        )
+    if preempt:
+        return "a course's staff may not book a reservation that stops other users' servers (preempt); ask a hub admin"
     return None
 
 
@@ -162,6 +182,7 @@ def course_from_body(name: str, body: Mapping[str, Any], known_models: Iterable[
         ends=ends,
         staff_group=staff_group,
         staff=staff,
+        reservation_gpus=int(body.get("reservation_gpus", 0)),
     )
 
 

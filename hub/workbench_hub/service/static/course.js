@@ -78,3 +78,57 @@
     });
   }
 })();
+
+// The course's GPU sessions (course.html, #course-sessions): book or cancel a reservation within the course's
+// allowance, exempt the course from idle reclaim for a session or end that, through the REST API.
+(function () {
+  "use strict";
+  var api = window.workbenchApi;
+  var course = document.getElementById("course-title").dataset.course;
+  var base = "api/courses/" + encodeURIComponent(course);
+  var status = document.getElementById("course-status");
+  function say(text, ok) {
+    status.textContent = text;
+    status.className = "alert " + (ok ? "alert-success" : "alert-danger");
+  }
+  function reloadSoon() { window.setTimeout(function () { window.location.reload(); }, 1500); }
+  var reserve = document.getElementById("course-reserve-form");
+  if (reserve) {
+    reserve.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var body = {gpus: parseInt(reserve.elements.gpus.value, 10), window: reserve.elements.window.value.trim()};
+      api("POST", base + "/reservations", body).then(function (data) {
+        say("Reserved #" + data.id + ": " + data.description + ".", true); reloadSoon();
+      }).catch(function (e) { say("Not reserved: " + e.message, false); });
+    });
+  }
+  document.querySelectorAll(".course-unreserve").forEach(function (button) {
+    button.addEventListener("click", function () {
+      var id = button.closest("li").dataset.reservation;
+      if (!window.workbenchConfirm("Cancel reservation #" + id + "? Its GPUs go back to everyone.")) { return; }
+      api("DELETE", base + "/reservations/" + encodeURIComponent(id)).then(function () {
+        say("Cancelled reservation #" + id + ".", true); reloadSoon();
+      }).catch(function (e) { say("Not cancelled: " + e.message, false); });
+    });
+  });
+  var exempt = document.getElementById("course-exempt-form");
+  if (exempt) {
+    exempt.addEventListener("submit", function (event) {
+      event.preventDefault();
+      var body = {hours: parseFloat(exempt.elements.hours.value)};
+      var reason = exempt.elements.reason.value.trim();
+      if (reason) { body.reason = reason; }
+      api("PUT", base + "/idle-exemption", body).then(function (data) {
+        say("Exempt from idle reclaim until " + data.until.slice(0, 16).replace("T", " ") + " UTC.", true); reloadSoon();
+      }).catch(function (e) { say("Not exempt: " + e.message, false); });
+    });
+  }
+  var end = document.getElementById("course-unexempt");
+  if (end) {
+    end.addEventListener("click", function () {
+      api("DELETE", base + "/idle-exemption").then(function () {
+        say("Idle reclaim applies to the course again.", true); reloadSoon();
+      }).catch(function (e) { say("Not changed: " + e.message, false); });
+    });
+  }
+})();

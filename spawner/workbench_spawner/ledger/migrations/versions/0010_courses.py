@@ -9,6 +9,9 @@ before this revision have no courses.
 ``gpu_quotas.course``: the course whose staff set a student's quota (null
 for an admin's): such a quota is in force only while its course runs.
 
+``gpu_idle_exemptions.until``: when an exemption ends (a course's staff
+exempt their course for a session); null for an admin's, as before.
+
 ``workbench_invites``: the one-time sign-up links a course's roster made
 (``ledger/invite_book.py``), a hash of each token, when it expires and when
 it was used.
@@ -38,6 +41,7 @@ def upgrade() -> None:
             sa.Column("ceiling", sa.Text, nullable=False),
             sa.Column("staff_group", sa.String(255), nullable=True),
             sa.Column("staff", sa.Text, nullable=False, server_default="[]"),
+            sa.Column("reservation_gpus", sa.Integer, nullable=False, server_default="0"),
             sa.Column("updated", sa.DateTime(timezone=True), nullable=False),
             sa.Column("updated_by", sa.String(255), nullable=False, server_default=""),
         )
@@ -52,12 +56,17 @@ def upgrade() -> None:
             sa.Column("used", sa.DateTime(timezone=True), nullable=True),
             sa.Column("created_by", sa.String(255), nullable=False, server_default=""),
         )
+    if "until" not in {c["name"] for c in sa.inspect(op.get_bind()).get_columns("gpu_idle_exemptions")}:
+        with op.batch_alter_table("gpu_idle_exemptions") as batch:
+            batch.add_column(sa.Column("until", sa.DateTime(timezone=True), nullable=True))
     if "course" not in {c["name"] for c in sa.inspect(op.get_bind()).get_columns("gpu_quotas")}:
         with op.batch_alter_table("gpu_quotas") as batch:
             batch.add_column(sa.Column("course", sa.String(255), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("gpu_idle_exemptions") as batch:
+        batch.drop_column("until")
     with op.batch_alter_table("gpu_quotas") as batch:
         batch.drop_column("course")
     op.drop_table("workbench_invites")
