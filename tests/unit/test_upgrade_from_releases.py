@@ -166,9 +166,10 @@ def test_the_columns_added_since_hold_their_defaults(upgraded, release):
             ("gpu_quotas", "allowed_profiles"): {None},
             ("gpu_quotas", "shared_gpus"): {1},
             ("gpu_quotas", "course"): {None},
+            ("gpu_idle_exemptions", "until"): {None},
         }
-    else:  # 0010: an admin's quotas belong to no course
-        assert added == {("gpu_quotas", "course"): {None}}
+    else:  # 0010: an admin's quotas belong to no course, an admin's exemptions have no end
+        assert added == {("gpu_quotas", "course"): {None}, ("gpu_idle_exemptions", "until"): {None}}
     new_tables = set(after) - set(before)
     expected = {"workbench_releases", "workbench_courses", "workbench_invites"} | (
         {"gpu_drains", "workbench_reconcile_fixes"} if release == "2026-12-04" else set()
