@@ -18,7 +18,7 @@ it was used.
 
 Revision ID: 0010
 Revises: 0009
-Create Date: 2026-12-07
+Create Date: 2026-12-08
 """
 
 import sqlalchemy as sa
