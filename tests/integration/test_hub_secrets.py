@@ -86,7 +86,8 @@ def test_the_proxy_and_the_services_get_none_of_the_hubs_secrets(running_hub):
     assert sorted(services.values()) == ["idle-culler", "workbench"]
     for pid, name in services.items():
         env = process_env(pid)
-        own = {"WORKBENCH_DB_URL"} if name == "workbench" else set()  # where its database is, and no more
+        # Where its database is, and whether the hub's accounts are sign-ups (a roster's links): no secret.
+        own = {"WORKBENCH_DB_URL", "WORKBENCH_SIGN_UPS"} if name == "workbench" else set()
         foreign = sorted(key for key in env if key not in SERVICE_ENV_KEEP | own and not key.startswith("JUPYTERHUB_"))
         # JPY_API_TOKEN: JupyterHub's old name for the service's own JUPYTERHUB_API_TOKEN
         assert foreign in ([], ["JPY_API_TOKEN"]), f"{name} was given {foreign}"

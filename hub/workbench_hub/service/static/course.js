@@ -132,3 +132,6 @@
     });
   }
 })();
+
+// Every control above has its handler now: enable the buttons the page rendered disabled (course.html).
+document.querySelectorAll("[data-needs-script]").forEach(function (button) { button.disabled = false; });
