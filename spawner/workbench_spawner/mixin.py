@@ -34,7 +34,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import ClassVar
 
-from jupyterhub.spawner import Spawner, SpawnException
+from jupyterhub.spawner import Spawner
 from traitlets import Float, Integer, List, Unicode, default
 
 from workbench_spawner.contract import Mode, require_contract
@@ -56,6 +56,7 @@ from workbench_spawner.policy.inventory_refresh import policy_key, spec_in_force
 from workbench_spawner.policy.settings import PolicySettings, resolve_policy_settings
 from workbench_spawner.policy.sizing import ServerSizing
 from workbench_spawner.policy.stop_timing import StopTiming
+from workbench_spawner.refusals import refused
 from workbench_spawner.rules.admission import AdmissionContext, Refusal, admit, image_refusal
 from workbench_spawner.ssh_forwarding import SSHForwarding
 from workbench_spawner.starting import ServerStarts
@@ -245,7 +246,7 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
         ctx = await asyncio.to_thread(self.gpu_admission_context)
         verdict = admit(user_options, ctx)
         if isinstance(verdict, Refusal):
-            raise SpawnException(verdict.message, reason=verdict.reason, status_code=verdict.status)
+            raise refused(verdict.message, reason=verdict.reason, status=verdict.status)
         self.gpu_limits = LeaseLimits.of(ctx.quota, ctx.contact)  # checked again where the lease is written
         # The session limit in force now; the workbench service stops servers
         # that run longer. A later quota change does not touch this server.
@@ -272,7 +273,7 @@ class GPUSpawnerMixin(ServerStarts, GPUPolicyConfig, ServerSizing, StopTiming, S
             try:
                 in_line = policy.start_line.join()  # a place in line, or a 503 past max_waiting_spawns
             except LineFullError as exc:
-                raise SpawnException(str(exc), reason="line_full", status_code=503) from None
+                raise refused(str(exc), reason="line_full", status=503) from None
             policy.starting.add(key)  # the reconciler leaves a spawn in flight alone
             # Starting again: the spawn page's "why your server stopped" has been read.
             await asyncio.to_thread(NoticeBook(policy.store).acknowledge, self.user.name, self.name)

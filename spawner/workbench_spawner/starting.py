@@ -31,8 +31,6 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from jupyterhub.spawner import SpawnException
-
 from workbench_spawner.contract import BackendContract, BackendContractError
 from workbench_spawner.ledger import reasons
 from workbench_spawner.ledger.lease_limits import LeaseLimits
@@ -40,6 +38,7 @@ from workbench_spawner.lost_cancel import give_lost_cancel_again
 from workbench_spawner.placement.engine import EnginePlacement
 from workbench_spawner.placement.start_line import Slot, SlotTimeoutError, StartLine
 from workbench_spawner.policy.gpu_policy import GPUPolicy, NoGPUAvailableError
+from workbench_spawner.refusals import refused
 from workbench_spawner.rules.reservations import gpus_text
 
 if TYPE_CHECKING:
@@ -118,7 +117,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                 limits=await self._lease_limits(policy, groups),
             )
         except NoGPUAvailableError as exc:
-            raise SpawnException(str(exc), reason=exc.reason, status_code=exc.status) from None
+            raise refused(str(exc), reason=exc.reason, status=exc.status) from None
         self._gpu_events.add(f"Got {what}: {', '.join(lease.gpu_uuids)}", 10)
         return lease
 
@@ -174,10 +173,10 @@ class ServerStarts(BackendContract, _SpawnerState):
         try:
             return await line.start_slot(max(deadline, time.monotonic() + self.http_timeout), report)
         except SlotTimeoutError as exc:
-            raise SpawnException(
+            raise refused(
                 f"The host is still busy starting other servers ({exc}). Please try again in a few minutes.",
                 reason="start_line",
-                status_code=503,
+                status=503,
             ) from None
 
     async def _start_by_engine(self, policy: GPUPolicy):
@@ -226,7 +225,7 @@ class ServerStarts(BackendContract, _SpawnerState):
                 )
             except NoGPUAvailableError as exc:
                 self.clear_state()
-                raise SpawnException(str(exc), reason=exc.reason, status_code=exc.status) from None
+                raise refused(str(exc), reason=exc.reason, status=exc.status) from None
             self.gpu_uuids = list(lease.gpu_uuids) if lease else []
             if lease:
                 self._gpu_events.add(

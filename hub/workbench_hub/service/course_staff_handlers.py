@@ -33,6 +33,7 @@ from workbench_spawner.rules.course import reservation_refusal
 from workbench_spawner.rules.window import ReservationError
 
 MAX_EXEMPT_HOURS = 12.0  # a session: the longest exemption a course's staff may give
+MIN_EXEMPT_HOURS = 0.25  # and the shortest (less ends before idle reclaim's next check would notice it)
 
 
 class CourseReservationsHandler(CourseAPIHandler):

@@ -37,9 +37,10 @@ from workbench_spawner.ledger.course_book import CourseBook
 from workbench_spawner.ledger.invite_book import InviteBook
 from workbench_spawner.rules.roster import STAFF_ROLES, RosterError, RosterRow, parse_roster
 
-# Characters of a roster a request may carry: JSON-escaped however it is written (six bytes a character at
-# most), within the service's body limit (app.MAX_BODY); about 4,000 students at 20 characters a line.
-MAX_CSV = 80_000
+# Characters of a roster a request may carry: JSON-escaped however it is written (at most twelve bytes a
+# character: one outside the Basic Multilingual Plane is a \uXXXX\uXXXX pair), within the service's body limit
+# (app.MAX_BODY); about 2,000 students at 20 characters a line.
+MAX_CSV = 40_000
 
 
 def signs_up() -> bool:

@@ -137,7 +137,14 @@ class IdleBook:
                 row = IdleExemptionRow(group=group, created=now)
                 session.add(row)
             row.reason, row.created_by, row.until = reason, by[:255], until
-        return self.exempt_groups(now)[group]
+            made = {
+                "group": group,
+                "reason": reason,
+                "created": _aware(row.created).isoformat(),
+                "created_by": row.created_by,
+                "until": _aware(until).isoformat() if until is not None else None,
+            }
+        return made
 
     def unexempt(self, group: str) -> bool:
         with self._writes.begin() as session:
