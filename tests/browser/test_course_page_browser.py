@@ -14,7 +14,8 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import wait_until
-from tests.integration.sign_ups import PASSWORD, admin_session, authorized_student
+from tests.integration.sign_ups import admin_session, authorized_student
+from tests.integration.sign_ups import browser_log_in as log_in
 from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -38,14 +39,6 @@ def hub(tmp_path):
     assert hub.service("PUT", "api/courses/nlp", json={"title": "NLP", "ceiling": {"max_gpus": 2}}).status_code == 200
     yield hub
     shut_down(hub)
-
-
-def log_in(page, hub, name: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", name)
-    page.fill("#password_input", PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/spawn**")
 
 
 def test_an_instructor_runs_the_course_from_its_page_and_a_student_sees_its_quota(hub, chromium_browser):

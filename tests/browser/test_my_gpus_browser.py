@@ -7,7 +7,8 @@ import pytest
 
 from tests.browser.other_site import other_site
 from tests.conftest import wait_until
-from tests.integration.sign_ups import PASSWORD, admin_session, authorized_student
+from tests.integration.sign_ups import admin_session, authorized_student
+from tests.integration.sign_ups import browser_log_in as log_in
 from tests.service.conftest import shut_down, start_workbench_hub
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
@@ -20,14 +21,6 @@ def hub(tmp_path):
     hub = start_workbench_hub(tmp_path / "hub", {"WORKBENCH_SIMULATED_GPUS": "2", "WORKBENCH_ADMIN_USERS": "admin"})
     yield hub
     shut_down(hub)
-
-
-def log_in(page, hub, name: str) -> None:
-    page.goto(f"{hub.url}/hub/login")
-    page.fill("#username_input", name)
-    page.fill("#password_input", PASSWORD)
-    page.click("#login_submit")
-    page.wait_for_url("**/hub/spawn**")
 
 
 def test_a_student_opens_my_gpus_from_the_hub_home_page(hub, chromium_browser):

@@ -46,3 +46,12 @@ def authorized_student(admin: requests.Session, hub: WorkbenchHub, name: str, pa
     """``name`` signed up and authorized by the admin."""
     assert "sent to the admin" in sign_up(hub, name, password)
     authorize(admin, hub, name)
+
+
+def browser_log_in(page, hub: WorkbenchHub, name: str, password: str = PASSWORD) -> None:
+    """The hub's login form in Chromium (Playwright's ``page``), until the spawn page: an authorized student."""
+    page.goto(f"{hub.url}/hub/login")
+    page.fill("#username_input", name)
+    page.fill("#password_input", password)
+    page.click("#login_submit")
+    page.wait_for_url("**/hub/spawn**")

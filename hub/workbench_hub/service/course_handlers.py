@@ -92,12 +92,18 @@ class CourseAccess:
         return self.fleet.today()
 
     async def caller_groups(self) -> list[str]:
-        """The caller's hub groups as the hub says now (a directory login changes them at each login)."""
+        """The caller's hub groups as the hub says now (a directory login changes them at each login); asked of
+        the hub once per request, however many checks need them."""
+        cached = getattr(self, "_caller_groups", None)
+        if cached is not None:
+            return cached
         caller = self.require_caller()
-        if caller.get("kind", "user") != "user":
-            return []
-        model = await self.hub.user(caller["name"])
-        return list((model or {}).get("groups") or [])
+        groups: list[str] = []
+        if caller.get("kind", "user") == "user":
+            model = await self.hub.user(caller["name"])
+            groups = list((model or {}).get("groups") or [])
+        self._caller_groups = groups
+        return groups
 
     async def course_or_404(self, name: str) -> Course:
         _check_name("course", name)
